@@ -1,0 +1,16 @@
+"""Data layer: formats → :class:`Example`; tokenisation with loss masks and span maps."""
+
+from gradian.data.formats import Example, load_examples, read_records, to_example
+from gradian.data.tokenize import TokenizeSpec, TokenizedExample, collate, tokenize_example, tokenize_examples
+
+__all__ = [
+    "Example",
+    "load_examples",
+    "read_records",
+    "to_example",
+    "TokenizeSpec",
+    "TokenizedExample",
+    "tokenize_example",
+    "tokenize_examples",
+    "collate",
+]

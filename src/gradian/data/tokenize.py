@@ -1,0 +1,233 @@
+"""Tokenisation that reproduces the loss mask the user trained with.
+
+Rules (the same as TRL's ``SFTTrainer`` with ``completion_only_loss``):
+
+* **Plain prompt/completion** (and alpaca, rendered as prompt ``instruction\\n\\ninput``
+  and completion ``output``): the tokenizer's EOS string is appended to the
+  completion unless it already ends with it; ``ids = tok(prompt + completion)``;
+  the supervised tokens start where ``tok(prompt)`` and ``ids`` stop agreeing
+  (TRL's common-prefix rule).
+* **Chat** (``messages``, or prompt/completion given as message lists): the
+  tokenizer's chat template renders ``prompt`` with ``add_generation_prompt=True``
+  and ``prompt + completion`` in full; supervised tokens start at the common
+  prefix. The template decides end-of-turn / EOS, exactly as at training time.
+  For ``messages`` rows, the prompt is every turn before the final assistant
+  turn, and the completion is that turn.
+* **text**: EOS appended as TRL does; every token is supervised.
+* ``loss_on="all"`` supervises prompt and completion (TRL's
+  ``completion_only_loss=False``).
+* Truncation keeps the start (TRL's default ``keep_start``), at ``max_length``;
+  each example records whether it was truncated and its untruncated length.
+
+Labels follow the HF convention: ``labels[t] = input_ids[t]`` on supervised
+tokens, ``-100`` elsewhere; the model shifts them internally.
+
+Each example keeps its rendered text and the token→character offsets, so a
+character span of the completion text can become a token mask
+(:meth:`TokenizedExample.span_mask`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Sequence
+
+import torch
+
+from gradian.data.formats import Example
+from gradian.errors import GradianUserError
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class TokenizeSpec:
+    """How training rows become tokens and a loss mask. Serialised into the manifest.
+
+    Attributes:
+        max_length: truncate rendered sequences to this many tokens (keep the start).
+        loss_on: ``"completion"`` (completion-only loss, the default) or ``"all"``.
+        add_eos: append the EOS string to plain (non-chat) completions and text, as TRL does.
+    """
+
+    max_length: int = 1024
+    loss_on: Literal["completion", "all"] = "completion"
+    add_eos: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TokenizedExample:
+    """One example as the trainer saw it.
+
+    Attributes:
+        input_ids: (t,) token ids after truncation.
+        labels: (t,) ``input_ids`` on supervised tokens, ``-100`` elsewhere.
+        offsets: (t,) ``(char_start, char_end)`` of each token in ``text``.
+        text: the rendered string that was tokenised.
+        completion_char_start: where the completion's text starts in ``text``.
+        full_length: token count before truncation.
+        truncated: whether ``full_length > max_length``.
+    """
+
+    id: str
+    input_ids: list[int]
+    labels: list[int]
+    offsets: list[tuple[int, int]]
+    text: str
+    completion_char_start: int
+    full_length: int
+    truncated: bool
+    prompt_length: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_supervised(self) -> int:
+        return sum(1 for x in self.labels if x != IGNORE_INDEX)
+
+    def span_mask(self, char_start: int, char_end: int) -> list[bool]:
+        """Token mask of the supervised tokens overlapping a character span of the completion text.
+
+        Args:
+            char_start, char_end: span in the *completion text* (``Example.completion_text``),
+                half-open.
+        Returns:
+            (t,) booleans; True where a supervised token overlaps the span.
+        """
+        a = self.completion_char_start + char_start
+        b = self.completion_char_start + char_end
+        return [
+            (lab != IGNORE_INDEX) and (s < b) and (e > a) and e > s
+            for (s, e), lab in zip(self.offsets, self.labels)
+        ]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool, where: str) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise GradianUserError(
+            "chat rows need a tokenizer with a chat template, and this tokenizer has none",
+            where=where,
+            fix="use a tokenizer with a chat_template, or give prompt/completion strings",
+        )
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    except Exception as e:  # jinja TemplateError, e.g. "roles must alternate"
+        raise GradianUserError(
+            f"chat template rejected the conversation: {e}", where=where, fix="fix the roles or the template"
+        ) from None
+
+
+def _encode(tokenizer, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
+    enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+
+def tokenize_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> TokenizedExample:
+    """Tokenise one example as TRL's SFTTrainer would (see module docstring)."""
+    where = where or f"example {ex.id}"
+    if ex.is_chat:
+        prompt_msgs = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
+        compl_msgs = (
+            ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
+        )
+        prompt_text = _render_chat(tokenizer, prompt_msgs, True, where)
+        text = _render_chat(tokenizer, prompt_msgs + compl_msgs, False, where)
+        special = False  # the template writes BOS/specials itself
+        content = ex.completion_text
+        found = text.rfind(content) if content else -1
+        completion_char_start = found if found >= 0 else len(prompt_text)
+    else:
+        prompt_text = ex.prompt
+        completion = ex.completion
+        eos = tokenizer.eos_token
+        if spec.add_eos and eos and not completion.endswith(eos):
+            completion = completion + eos
+        text = prompt_text + completion
+        special = True
+        completion_char_start = len(prompt_text)
+
+    ids, offsets = _encode(tokenizer, text, special)
+    if ex.format == "text" or not prompt_text:
+        prompt_len = 0
+    else:
+        p_ids, _ = _encode(tokenizer, prompt_text, special)
+        prompt_len = _common_prefix(p_ids, ids)
+    if spec.loss_on == "all":
+        labels = list(ids)
+    else:
+        labels = [IGNORE_INDEX] * prompt_len + ids[prompt_len:]
+    if labels:
+        # The first token has no context, so it is never a target (the causal
+        # shift drops it). Masking it explicitly keeps a left-padded batch from
+        # asking the pad position before it to predict it.
+        labels[0] = IGNORE_INDEX
+    full = len(ids)
+    truncated = full > spec.max_length
+    if truncated:
+        ids, labels, offsets = ids[: spec.max_length], labels[: spec.max_length], offsets[: spec.max_length]
+    return TokenizedExample(
+        id=ex.id,
+        input_ids=ids,
+        labels=labels,
+        offsets=offsets,
+        text=text,
+        completion_char_start=completion_char_start,
+        full_length=full,
+        truncated=truncated,
+        prompt_length=prompt_len,
+    )
+
+
+def tokenize_examples(examples: Sequence[Example], tokenizer, spec: TokenizeSpec) -> list[TokenizedExample]:
+    return [tokenize_example(ex, tokenizer, spec) for ex in examples]
+
+
+def collate(
+    items: Sequence[TokenizedExample],
+    pad_token_id: int,
+    padding_side: Literal["right", "left"] = "right",
+    label_masks: Sequence[Sequence[bool]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Pad a batch.
+
+    Args:
+        items: tokenised examples.
+        pad_token_id: id written into padding (never supervised: labels there are -100,
+            so a pad id equal to EOS does not mask real EOS tokens).
+        padding_side: ``"right"`` or ``"left"``.
+        label_masks: optional per-example token masks (e.g. one sentence's tokens);
+            labels outside the mask become -100.
+
+    Returns:
+        ``input_ids``, ``attention_mask``, ``labels``, ``position_ids``: each (b, T) long.
+        ``position_ids`` count real tokens only, so left padding does not shift positions.
+    """
+    if not items:
+        raise ValueError("empty batch")
+    T = max(len(it.input_ids) for it in items)
+    b = len(items)
+    input_ids = torch.full((b, T), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((b, T), dtype=torch.long)
+    labels = torch.full((b, T), IGNORE_INDEX, dtype=torch.long)
+    for i, it in enumerate(items):
+        n = len(it.input_ids)
+        lab = list(it.labels)
+        if label_masks is not None:
+            lab = [x if m else IGNORE_INDEX for x, m in zip(lab, label_masks[i])]
+        sl = slice(T - n, T) if padding_side == "left" else slice(0, n)
+        input_ids[i, sl] = torch.tensor(it.input_ids, dtype=torch.long)
+        attn[i, sl] = 1
+        labels[i, sl] = torch.tensor(lab, dtype=torch.long)
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": input_ids, "attention_mask": attn, "labels": labels, "position_ids": position_ids}

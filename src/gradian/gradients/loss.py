@@ -1,0 +1,58 @@
+"""The per-example loss whose gradients Gradian attributes.
+
+One example's loss is the **mean** token cross-entropy over its supervised
+tokens (labels ≠ -100, after the causal shift):
+
+    ℓ_j = (1 / |S_j|) Σ_{t ∈ S_j} −log p(x_{t+1} | x_{≤t})
+
+so every example counts equally whatever its length (an example with no
+supervised tokens has ℓ_j = 0 and a zero gradient). A batch's loss is the
+plain **sum** over examples, L = Σ_j ℓ_j, so ∂L/∂θ = Σ_j ∂ℓ_j/∂θ and the
+per-example gradients can be read off one backward pass.
+"""
+
+from __future__ import annotations
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean supervised-token cross-entropy per example.
+
+    Args:
+        logits: (b, T, V).
+        labels: (b, T), -100 where not supervised (unshifted; shifted here).
+    Returns:
+        (b,) losses, in float32 or wider.
+    """
+    shift_logits = logits[:, :-1, :]
+    shift_labels = labels[:, 1:]
+    mask = shift_labels != IGNORE_INDEX
+    safe = shift_labels.clamp(min=0)
+    logp = torch.log_softmax(shift_logits.float() if shift_logits.dtype in (torch.float16, torch.bfloat16) else shift_logits, dim=-1)
+    tok = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1) * mask
+    count = mask.sum(-1).clamp(min=1).to(tok.dtype)
+    return tok.sum(-1) / count
+
+
+def sequence_logprob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed log-probability of the supervised tokens per example (nats).
+
+    Args:
+        logits: (b, T, V); labels: (b, T) with -100 on unscored tokens.
+    Returns:
+        (b,) Σ_t log p(x_{t+1} | x_{≤t}) over scored tokens.
+    """
+    shift_logits = logits[:, :-1, :].float()
+    shift_labels = labels[:, 1:]
+    mask = shift_labels != IGNORE_INDEX
+    logp = torch.log_softmax(shift_logits, dim=-1).gather(-1, shift_labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return (logp * mask).sum(-1)
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The forward kwargs (labels excluded: Gradian computes its own loss)."""
+    keys = ("input_ids", "attention_mask", "position_ids")
+    return {k: batch[k] for k in keys if k in batch}

@@ -1,0 +1,308 @@
+"""Loading a user's base model, tokenizer and PEFT LoRA adapter, with checks.
+
+* Base model: an HF id (resolved from the local HF cache; Gradian never needs
+  the network if the model is cached) or a local folder, loaded with
+  ``AutoModelForCausalLM``. ``trust_remote_code`` is off unless asked for.
+  A ``gguf_file`` inside the folder is supported (it is de-quantised).
+* Adapter: a PEFT folder holding ``adapter_config.json`` and
+  ``adapter_model.safetensors`` (``.bin`` is read with ``weights_only=True``).
+  Before PEFT touches it we check: the adapter type is plain LoRA (DoRA, IA3,
+  prompt tuning, ... are refused), the target modules exist in the base, and
+  every ``lora_A``/``lora_B`` shape matches the base layer it attaches to.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gradian.errors import GradianUserError
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which base model and how to load it. Serialised into the manifest."""
+
+    base: str
+    dtype: str = "float32"
+    device: str = "cpu"
+    trust_remote_code: bool = False
+    gguf_file: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise GradianUserError(f"unknown dtype {name!r}", where="--dtype", fix=f"use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise GradianUserError("CUDA is not available on this machine", where="--device", fix="use --device cpu")
+    return name
+
+
+def _find_gguf(folder: Path) -> str | None:
+    if folder.is_dir() and not (folder / "config.json").exists():
+        ggufs = sorted(folder.glob("*.gguf"))
+        if ggufs:
+            return ggufs[0].name
+    return None
+
+
+def load_tokenizer(spec: ModelSpec):
+    from transformers import AutoTokenizer
+
+    kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
+    gguf = spec.gguf_file or _find_gguf(Path(spec.base))
+    if gguf:
+        kw["gguf_file"] = gguf
+    try:
+        tok = AutoTokenizer.from_pretrained(spec.base, **kw)
+    except (OSError, ValueError) as e:
+        raise GradianUserError(
+            f"cannot load a tokenizer ({str(e).splitlines()[0][:160]})",
+            where=spec.base,
+            fix="pass a local model folder or an HF id that is in the local cache",
+        ) from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_base(spec: ModelSpec):
+    """Load the base causal LM in eval mode (dropout off), all parameters frozen.
+
+    Returns:
+        ``(model, tokenizer)``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    dtype = resolve_dtype(spec.dtype)
+    device = resolve_device(spec.device)
+    kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
+    gguf = spec.gguf_file or _find_gguf(Path(spec.base))
+    if gguf:
+        kw["gguf_file"] = gguf
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                model = AutoModelForCausalLM.from_pretrained(spec.base, dtype=dtype, **kw)
+            except TypeError:  # transformers 4.x spells it torch_dtype
+                model = AutoModelForCausalLM.from_pretrained(spec.base, torch_dtype=dtype, **kw)
+    except (OSError, ValueError) as e:
+        msg = str(e).splitlines()[0][:200]
+        fix = "pass a local model folder, or an HF id already in the local cache"
+        if "trust_remote_code" in str(e):
+            fix = "this model needs custom code: pass --trust-remote-code if you trust it"
+        raise GradianUserError(f"cannot load the base model ({msg})", where=spec.base, fix=fix) from None
+    model.to(device=device, dtype=dtype)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, load_tokenizer(spec)
+
+
+# --------------------------------------------------------------------------- adapters
+
+SUPPORTED_PEFT = {"LORA"}
+
+
+def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
+    d = Path(adapter_dir)
+    cfg_path = d / "adapter_config.json"
+    if not d.is_dir():
+        raise GradianUserError("adapter folder not found", where=str(d), fix="pass the folder PEFT's save_pretrained wrote")
+    if not cfg_path.exists():
+        raise GradianUserError(
+            "no adapter_config.json in the adapter folder", where=str(d), fix="pass the folder PEFT's save_pretrained wrote"
+        )
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise GradianUserError(f"malformed JSON: {e.msg}", where=f"{cfg_path}:{e.lineno}", fix="fix the JSON") from None
+    return cfg
+
+
+def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
+    """The adapter's tensors. safetensors preferred; ``.bin`` only with ``weights_only=True``."""
+    d = Path(adapter_dir)
+    st = d / "adapter_model.safetensors"
+    if st.exists():
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(st))
+        except Exception as e:
+            raise GradianUserError(
+                f"unreadable safetensors ({type(e).__name__})", where=str(st), fix="re-save the adapter"
+            ) from None
+    binf = d / "adapter_model.bin"
+    if binf.exists():
+        try:
+            return torch.load(str(binf), map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise GradianUserError(
+                f"cannot read adapter_model.bin safely ({type(e).__name__}); Gradian never unpickles arbitrary objects",
+                where=str(binf),
+                fix="re-save the adapter with safe_serialization=True (safetensors)",
+            ) from None
+    raise GradianUserError(
+        "no adapter_model.safetensors in the adapter folder", where=str(d), fix="pass the folder PEFT's save_pretrained wrote"
+    )
+
+
+def _module_suffix(key: str) -> tuple[str, str] | None:
+    """``...layers.0.self_attn.q_proj.lora_A.weight`` → (``layers.0.self_attn.q_proj``, ``lora_A``)."""
+    parts = key.split(".")
+    for tag in ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector"):
+        if tag in parts:
+            i = parts.index(tag)
+            return ".".join(parts[:i]), tag
+    return None
+
+
+def _in_out(module: torch.nn.Module) -> tuple[int, int] | None:
+    """(in_features, out_features) of a Linear or GPT-2 Conv1D; None for other layers."""
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    if type(module).__name__ == "Conv1D":  # transformers.pytorch_utils.Conv1D, weight (in, out)
+        w = module.weight
+        return int(w.shape[0]), int(w.shape[1])
+    return None
+
+
+def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dict[str, Any] | None = None) -> None:
+    """Refuse adapters Gradian cannot handle and adapters that do not fit ``model``.
+
+    Raises :class:`GradianUserError` with the module and shapes that disagree.
+    """
+    d = Path(adapter_dir)
+    cfg = cfg if cfg is not None else read_adapter_config(d)
+    where = str(d / "adapter_config.json")
+    ptype = str(cfg.get("peft_type", "")).upper()
+    if ptype not in SUPPORTED_PEFT:
+        raise GradianUserError(
+            f"adapter type {ptype or '(missing peft_type)'} is not supported; Gradian attributes through LoRA matrices only",
+            where=f"{where}: peft_type",
+            fix="use a LoRA adapter (peft_type LORA)",
+        )
+    if cfg.get("use_dora"):
+        raise GradianUserError(
+            "DoRA adapters are not supported (the magnitude vector breaks the per-example gradient factorisation)",
+            where=f"{where}: use_dora",
+            fix="attribute a plain LoRA adapter",
+        )
+    weights = read_adapter_weights(d)
+    modules = dict(model.named_modules())
+    # Map the adapter's module paths onto the base's by longest matching suffix.
+    base_names = list(modules)
+    checked = 0
+    for key, t in weights.items():
+        parsed = _module_suffix(key)
+        if parsed is None:
+            continue
+        path, tag = parsed
+        if tag.startswith("lora_embedding"):
+            raise GradianUserError(
+                f"LoRA on an embedding layer ({path}) is not supported",
+                where=str(d),
+                fix="attribute an adapter whose target_modules are Linear layers",
+            )
+        if tag == "lora_magnitude_vector":
+            raise GradianUserError("DoRA adapters are not supported", where=str(d), fix="attribute a plain LoRA adapter")
+        stripped = path
+        for prefix in ("base_model.model.", "base_model."):
+            if stripped.startswith(prefix):
+                stripped = stripped[len(prefix):]
+                break
+        target = modules.get(stripped)
+        if target is None:
+            cands = [n for n in base_names if n.endswith("." + stripped) or stripped.endswith("." + n)]
+            target = modules[cands[0]] if len(cands) == 1 else None
+        if target is None:
+            raise GradianUserError(
+                f"the adapter targets module {stripped!r}, which the base model does not have",
+                where=str(d),
+                fix="pass the base model this adapter was trained on (see base_model_name_or_path)",
+            )
+        io = _in_out(target)
+        if io is None:
+            raise GradianUserError(
+                f"the adapter targets {stripped!r}, a {type(target).__name__}; only Linear/Conv1D layers are supported",
+                where=str(d),
+                fix="attribute an adapter on Linear layers",
+            )
+        fin, fout = io
+        if cfg.get("fan_in_fan_out") and type(target).__name__ != "Conv1D":
+            fin, fout = fout, fin
+        r = t.shape[0] if tag == "lora_A" else t.shape[1]
+        expected = (r, fin) if tag == "lora_A" else (fout, r)
+        if tuple(t.shape) != expected:
+            raise GradianUserError(
+                f"{key} has shape {tuple(t.shape)} but the base layer {stripped} needs {expected}",
+                where=str(d),
+                fix="pass the base model this adapter was trained on (see base_model_name_or_path)",
+            )
+        checked += 1
+    if checked == 0:
+        raise GradianUserError("the adapter holds no LoRA weights", where=str(d), fix="re-save the adapter with PEFT")
+
+
+def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str | None = None):
+    """Attach a checked LoRA adapter to ``model`` with PEFT.
+
+    Only LoRA parameters require grad; LoRA dropout is disabled (eval mode and
+    dropout modules replaced by identity), so gradients are deterministic.
+
+    Returns:
+        ``(peft_model, adapter_config_dict, notes)``; ``notes`` lists non-fatal
+        observations (e.g. a ``base_model_name_or_path`` that names another model).
+    """
+    from peft import PeftModel
+
+    cfg = read_adapter_config(adapter_dir)
+    check_adapter_fits(model, adapter_dir, cfg)
+    notes: list[str] = []
+    declared = cfg.get("base_model_name_or_path")
+    if declared and base_name:
+        a = Path(str(declared).rstrip("/")).name.lower()
+        b = Path(str(base_name).rstrip("/")).name.lower()
+        if a and b and a != b and a not in b and b not in a:
+            notes.append(
+                f"adapter_config.json says base_model_name_or_path={declared!r}, but the base given is {base_name!r}; "
+                "the shapes fit, so Gradian continues"
+            )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+    prepare_lora_for_gradients(peft_model)
+    return peft_model, cfg, notes
+
+
+def prepare_lora_for_gradients(peft_model: torch.nn.Module) -> None:
+    """Eval mode, LoRA dropout → identity, only ``lora_A``/``lora_B`` weights require grad."""
+    peft_model.eval()
+    for name, mod in peft_model.named_modules():
+        if hasattr(mod, "lora_dropout"):
+            for k in list(mod.lora_dropout.keys()):
+                mod.lora_dropout[k] = torch.nn.Identity()
+    for name, p in peft_model.named_parameters():
+        p.requires_grad_(".lora_A." in name or ".lora_B." in name)
