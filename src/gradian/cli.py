@@ -1,0 +1,54 @@
+"""The ``gradian`` command line: thin, typer + rich.
+
+Each command lives in its own module under :mod:`gradian.commands` and exposes
+``register(app)``; modules are discovered here, so the CLI lists exactly the
+commands that exist. User mistakes (:class:`gradian.errors.GradianUserError`)
+print one line and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import typer
+
+import gradian.commands as _commands
+
+app = typer.Typer(
+    name="gradian",
+    help="Which of my training examples, or which config setting, broke my LoRA fine-tune?",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register_all() -> None:
+    for info in sorted(pkgutil.iter_modules(_commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"gradian.commands.{info.name}")
+        mod.register(app)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
+) -> None:
+    if version:
+        from gradian import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+_register_all()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
