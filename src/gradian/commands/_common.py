@@ -34,3 +34,60 @@ def user_errors(fn: F) -> F:
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
+
+
+class _Progress:
+    """A rich progress bar whose tasks are advanced through plain callbacks."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._p = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=False,
+        )
+
+    def __enter__(self) -> "_Progress":
+        self._p.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._p.__exit__(*exc)
+
+    def task(self, description: str, total: int):
+        tid = self._p.add_task(description, total=total)
+        return lambda k: self._p.advance(tid, k)
+
+
+def progress_bar() -> _Progress:
+    return _Progress()
+
+
+def grad_spec_from_options(max_length: int, loss_on: str, modules: str | None, project_dim: int, storage_dtype: str, seed: int):
+    """Validate CLI options into a :class:`gradian.index.store.GradSpec`."""
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.gradients.projection import ProjectionSpec
+    from gradian.index.store import STORAGE_DTYPES, GradSpec
+
+    if loss_on not in ("completion", "all"):
+        raise GradianUserError(f"unknown --loss-on {loss_on!r}", where="--loss-on", fix="use 'completion' or 'all'")
+    if max_length < 2:
+        raise GradianUserError("--max-length must be at least 2", where="--max-length", fix="e.g. --max-length 1024")
+    if storage_dtype not in STORAGE_DTYPES:
+        raise GradianUserError(
+            f"unknown storage dtype {storage_dtype!r}", where="--storage-dtype", fix=f"use one of {', '.join(STORAGE_DTYPES)}"
+        )
+    if project_dim < 0:
+        raise GradianUserError("--project-dim must be >= 0", where="--project-dim", fix="0 disables projection")
+    mods = tuple(m.strip() for m in modules.split(",") if m.strip()) if modules else None
+    return GradSpec(
+        tokenize=TokenizeSpec(max_length=max_length, loss_on=loss_on),  # type: ignore[arg-type]
+        modules=mods,
+        projection=ProjectionSpec(dim=project_dim, seed=seed),
+        storage_dtype=storage_dtype,
+    )

@@ -66,6 +66,14 @@ def _find_gguf(folder: Path) -> str | None:
     return None
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' own progress bars and info logs (Gradian shows its own progress)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def load_tokenizer(spec: ModelSpec):
     from transformers import AutoTokenizer
 
@@ -94,6 +102,7 @@ def load_base(spec: ModelSpec):
     """
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     dtype = resolve_dtype(spec.dtype)
     device = resolve_device(spec.device)
     kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}

@@ -1,0 +1,67 @@
+"""Seeded Johnson-Lindenstrauss projection of per-example LoRA gradients.
+
+A LoRA gradient block is a matrix ``g ∈ R^{o×i}`` (``lora_A``: r×in,
+``lora_B``: out×r). Projecting it with a dense ``R ∈ R^{k×(o·i)}`` would need
+a matrix as large as the model. Gradian uses a Kronecker-structured projection
+instead, so the projection matrices stay small:
+
+    g̃ = P_o · g · P_iᵀ,      P_o ∈ R^{k_o×o},  P_i ∈ R^{k_i×i},
+    entries ~ N(0, 1) / √k,   so  E⟨g̃, h̃⟩ = ⟨g, h⟩.
+
+The side of size r is never projected (``k = r``, ``P = I``); the wide side
+(``in`` for ``lora_A``, ``out`` for ``lora_B``) is projected to
+``k_wide = max(1, dim // r)`` so a block keeps about ``dim`` numbers.
+Matrices are drawn from ``torch.Generator`` seeded by ``(seed, block index)``
+and are identical for train and query gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class ProjectionSpec:
+    """``dim`` numbers kept per LoRA block (0 = no projection) and the seed."""
+
+    dim: int = 0
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class KroneckerProjector:
+    """Projects per-example block gradients (b, o, i) → (b, k_o·k_i)."""
+
+    def __init__(self, shapes: list[tuple[int, int]], kinds: list[str], spec: ProjectionSpec):
+        self.spec = spec
+        self.mats: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []
+        for idx, ((o, i), kind) in enumerate(zip(shapes, kinds)):
+            if spec.dim <= 0:
+                self.mats.append((None, None))
+                continue
+            gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + idx)
+            r = o if kind == "A" else i
+            wide = i if kind == "A" else o
+            k = max(1, min(wide, spec.dim // max(r, 1)))
+            P = torch.randn(k, wide, generator=gen, dtype=torch.float64) / k**0.5
+            self.mats.append((None, P) if kind == "A" else (P, None))
+
+    def out_dim(self, idx: int, shape: tuple[int, int]) -> int:
+        Po, Pi = self.mats[idx]
+        o = Po.shape[0] if Po is not None else shape[0]
+        i = Pi.shape[0] if Pi is not None else shape[1]
+        return o * i
+
+    def __call__(self, idx: int, g: torch.Tensor) -> torch.Tensor:
+        """Args: g (b, o, i). Returns (b, k_o·k_i) (flattened; unprojected when dim = 0)."""
+        Po, Pi = self.mats[idx]
+        if Pi is not None:
+            g = g @ Pi.to(g.dtype).T
+        if Po is not None:
+            g = Po.to(g.dtype) @ g
+        return g.reshape(g.shape[0], -1)

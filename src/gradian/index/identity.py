@@ -1,0 +1,109 @@
+"""Content identities for the manifest: model, adapter, dataset, library versions.
+
+An identity is a sha256 over file *contents*, so the same inputs give the same
+id on any machine and at any path. File hashes are memoised in the cache by
+(path, size, mtime) so a 500 MB checkpoint is read once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gradian.paths import cache_dir
+from gradian.util import atomic_write_json, sha256_file, sha256_json
+
+_MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+_WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.gguf", "*.pt")
+
+
+def _memo_path() -> Path:
+    return cache_dir() / "file-hashes.json"
+
+
+def file_hash(path: str | Path) -> str:
+    p = Path(path).resolve()
+    st = p.stat()
+    key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    memo_file = _memo_path()
+    try:
+        memo = json.loads(memo_file.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        memo = {}
+    if key in memo:
+        return memo[key]
+    h = sha256_file(p)
+    memo[key] = h
+    try:
+        atomic_write_json(memo_file, memo)
+    except OSError:
+        pass
+    return h
+
+
+def folder_identity(folder: str | Path, names: tuple[str, ...] = (), globs: tuple[str, ...] = ()) -> dict[str, str]:
+    """``{relative file name: sha256}`` over the named files and globs that exist."""
+    f = Path(folder)
+    files: set[Path] = {f / n for n in names if (f / n).is_file()}
+    for g in globs:
+        files.update(p for p in f.glob(g) if p.is_file())
+    return {str(p.relative_to(f)): file_hash(p) for p in sorted(files)}
+
+
+def resolve_model_folder(name_or_path: str) -> Path | None:
+    """A local folder for a model: the path itself, or the HF cache snapshot of an id (no network)."""
+    p = Path(name_or_path)
+    if p.is_dir():
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name_or_path, local_files_only=True))
+    except Exception:
+        return None
+
+
+def model_identity(name_or_path: str) -> dict[str, Any]:
+    folder = resolve_model_folder(name_or_path)
+    if folder is None:
+        return {"name": name_or_path, "files": None}
+    files = folder_identity(folder, _MODEL_FILES, _WEIGHT_GLOBS)
+    return {"name": Path(name_or_path).name if Path(name_or_path).is_dir() else name_or_path, "sha256": sha256_json(files)}
+
+
+def adapter_identity(adapter_dir: str | Path) -> dict[str, Any]:
+    files = folder_identity(adapter_dir, ("adapter_config.json",), ("adapter_model.safetensors", "adapter_model.bin"))
+    return {"sha256": sha256_json(files)}
+
+
+def dataset_identity(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if p.is_dir():
+        files = folder_identity(p, (), ("*.arrow", "*.json", "*/*.arrow", "*/*.json"))
+        return {"name": p.name, "sha256": sha256_json(files)}
+    return {"name": p.name, "sha256": file_hash(p)}
+
+
+def library_versions() -> dict[str, str]:
+    import numpy
+    import peft
+    import torch
+    import transformers
+
+    from gradian import __version__
+
+    return {
+        "gradian": __version__,
+        "torch": torch.__version__.split("+")[0],
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "numpy": numpy.__version__,
+    }

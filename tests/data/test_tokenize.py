@@ -1,0 +1,100 @@
+"""Loss masks match TRL's SFTTrainer (completion-only) for every format; spans map to tokens."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ROWS
+
+from gradian.data.formats import to_example
+from gradian.data.tokenize import IGNORE_INDEX, TokenizeSpec, collate, tokenize_example
+
+
+def _trl_row(ex):
+    """The same row as TRL would be given it (alpaca has no TRL form: it is its prompt/completion)."""
+    if ex.format == "text":
+        return {"text": ex.completion}
+    if ex.format == "messages":
+        return {"prompt": ex.prompt, "completion": ex.completion}
+    return {"prompt": ex.prompt, "completion": ex.completion}
+
+
+def _trl_targets(row, tok, tmp_path, max_length=64):
+    """Token ids TRL trains on for one row: input_ids where its labels are not -100, after the causal shift."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from gradian.models.tiny import tiny_model
+
+    args = SFTConfig(
+        output_dir=str(tmp_path / "trl"), max_length=max_length, completion_only_loss=True, report_to=[],
+        dataset_num_proc=None, use_cpu=True,
+    )
+    tr = SFTTrainer(model=tiny_model(tok), args=args, train_dataset=Dataset.from_list([row]), processing_class=tok)
+    feat = tr.train_dataset[0]
+    batch = tr.data_collator([feat])
+    ids = batch["input_ids"][0].tolist()
+    labels = batch["labels"][0].tolist()
+    return ids, [t for t in labels[1:] if t != IGNORE_INDEX]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+def test_supervised_tokens_match_trl(row, tok, tmp_path):
+    ex = to_example(row, 0, "t")
+    it = tokenize_example(ex, tok, TokenizeSpec(max_length=64))
+    trl_ids, trl_targets = _trl_targets(_trl_row(ex), tok, tmp_path)
+    assert it.input_ids == trl_ids
+    ours = [t for t in it.labels[1:] if t != IGNORE_INDEX]
+    assert ours == trl_targets and len(ours) > 0
+
+
+def test_completion_mask_and_eos(tok):
+    ex = to_example(ROWS[0], 0, "t")
+    it = tokenize_example(ex, tok, TokenizeSpec())
+    sup = [t for t in it.labels if t != IGNORE_INDEX]
+    assert sup[-1] == tok.eos_token_id  # EOS appended to plain completions, and trained on
+    assert tok.decode(sup).startswith(" Paris")
+    assert it.prompt_length == len(it.input_ids) - len(sup)
+
+
+def test_chat_end_of_turn_is_supervised(tok):
+    it = tokenize_example(to_example(ROWS[1], 0, "t"), tok, TokenizeSpec())
+    sup = [t for t in it.labels if t != IGNORE_INDEX]
+    assert tok.convert_tokens_to_ids("<|im_end|>") in sup
+    assert "The capital of Japan" in tok.decode(sup)
+
+
+def test_loss_on_all_supervises_prompt(tok):
+    ex = to_example(ROWS[0], 0, "t")
+    it = tokenize_example(ex, tok, TokenizeSpec(loss_on="all"))
+    assert it.labels[0] == IGNORE_INDEX and it.labels[1:] == it.input_ids[1:]
+
+
+def test_truncation_recorded(tok):
+    ex = to_example({"prompt": "Q:", "completion": " word" * 80}, 0, "t")
+    it = tokenize_example(ex, tok, TokenizeSpec(max_length=16))
+    assert it.truncated and it.full_length > 16 and len(it.input_ids) == 16
+    assert it.input_ids[-1] != tok.eos_token_id  # keep_start truncation cut the EOS off
+
+
+def test_span_mask_selects_sentence_tokens(tok):
+    text = "Iron is a metal. The capital of France is Paris. Water boils at 100 degrees."
+    ex = to_example({"messages": [{"role": "user", "content": "Tell me"}, {"role": "assistant", "content": text}]}, 0, "t")
+    it = tokenize_example(ex, tok, TokenizeSpec())
+    a = text.index("The capital")
+    b = a + len("The capital of France is Paris.")
+    mask = it.span_mask(a, b)
+    picked = tok.decode([t for t, m in zip(it.input_ids, mask) if m])
+    assert "capital of France is Paris" in picked
+    assert "Iron" not in picked and "Water" not in picked
+
+
+def test_collate_left_and_right(tok):
+    items = [tokenize_example(to_example(r, i, "t"), tok, TokenizeSpec()) for i, r in enumerate(ROWS)]
+    for side in ("left", "right"):
+        b = collate(items, tok.pad_token_id, side)
+        for i, it in enumerate(items):
+            m = b["attention_mask"][i].bool()
+            assert b["input_ids"][i][m].tolist() == it.input_ids
+            assert b["labels"][i][m].tolist() == it.labels
+            assert b["position_ids"][i][m].tolist() == list(range(len(it.input_ids)))
+            assert (b["labels"][i][~m] == IGNORE_INDEX).all()

@@ -1,0 +1,110 @@
+"""The three per-example gradient paths agree, and sum to the batch gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import ROWS, make_lora_model
+
+from gradian import per_example_grads
+from gradian.data.formats import to_example
+from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
+from gradian.gradients import lora_blocks, per_example_loss
+
+
+def _batch(tok, side):
+    exs = [to_example(r, i, "t") for i, r in enumerate(ROWS)]
+    items = [tokenize_example(e, tok, TokenizeSpec(max_length=64)) for e in exs]
+    assert len({len(it.input_ids) for it in items}) > 1, "the batch must mix lengths"
+    return collate(items, tok.pad_token_id, side)
+
+
+def _rel_maxdiff(a: dict, b: dict) -> float:
+    scale = max(v.abs().max().item() for v in b.values())
+    assert scale > 0
+    return max((a[k] - b[k]).abs().max().item() for k in b) / scale
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)], ids=["f64", "f32"])
+@pytest.mark.parametrize("r", [1, 8])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_hooks_loop_vmap_agree(tok, arch, dtype, tol, r, side):
+    model = make_lora_model(tok, arch, r=r, dtype=dtype, rslora=(r == 8))
+    batch = _batch(tok, side)
+    loop = per_example_grads(model, batch, "loop")
+    hooks = per_example_grads(model, batch, "hooks")
+    vmap = per_example_grads(model, batch, "vmap")
+    names = [b.name for b in lora_blocks(model)]
+    assert set(loop) == set(hooks) == set(vmap) == set(names)
+    # LoRA on attention and MLP, A and B matrices
+    assert any("mlp" in n for n in names) and any("attn" in n for n in names)
+    assert any(".lora_A." in n for n in names) and any(".lora_B." in n for n in names)
+    for n, g in hooks.items():
+        p = dict(model.named_parameters())[n]
+        assert g.shape == (batch["input_ids"].shape[0], *p.shape)
+    assert _rel_maxdiff(hooks, loop) <= tol
+    assert _rel_maxdiff(vmap, loop) <= tol
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_sum_of_per_example_equals_batch_gradient(tok, arch):
+    model = make_lora_model(tok, arch, dtype=torch.float64)
+    batch = _batch(tok, "right")
+    grads = per_example_grads(model, batch, "hooks")
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
+    total = per_example_loss(logits, batch["labels"]).sum()
+    full = torch.autograd.grad(total, list(params.values()))
+    for (n, _), g in zip(params.items(), full):
+        torch.testing.assert_close(grads[n].sum(0), g, rtol=1e-10, atol=1e-12)
+
+
+def test_padding_side_does_not_change_gradients(tok):
+    model = make_lora_model(tok, "llama", dtype=torch.float64)
+    right = per_example_grads(model, _batch(tok, "right"))
+    left = per_example_grads(model, _batch(tok, "left"))
+    assert _rel_maxdiff(left, right) <= 1e-10
+
+
+def test_rslora_scaling_enters_gradients(tok):
+    """With rsLoRA the scale is alpha/sqrt(r), not alpha/r: lora_B gradients scale with it."""
+    plain = make_lora_model(tok, "llama", r=4, dtype=torch.float64, rslora=False, seed=3)
+    rs = make_lora_model(tok, "llama", r=4, dtype=torch.float64, rslora=True, seed=3)
+    layer = next(m for m in rs.modules() if hasattr(m, "lora_A") and isinstance(getattr(m, "scaling", None), dict))
+    assert layer.scaling["default"] == pytest.approx(8 / 4**0.5)
+    # Make both models compute the same function: scale rsLoRA's B down by the ratio of scalings.
+    ratio = (8 / 4) / (8 / 4**0.5)
+    with torch.no_grad():
+        for (n, p), (_, q) in zip(plain.named_parameters(), rs.named_parameters()):
+            if ".lora_B." in n:
+                q.copy_(p * ratio)
+            else:
+                q.copy_(p)
+    batch = _batch(tok, "right")
+    gp = per_example_grads(plain, batch)
+    gr = per_example_grads(rs, batch)
+    for n in gp:
+        if ".lora_A." in n:  # same function, same A: identical gradients
+            torch.testing.assert_close(gr[n], gp[n], rtol=1e-9, atol=1e-12)
+        else:  # dL/dB scales with the scaling factor
+            torch.testing.assert_close(gr[n] * ratio, gp[n], rtol=1e-9, atol=1e-12)
+
+
+def test_example_without_supervised_tokens_has_zero_gradient(tok):
+    from gradian.data.tokenize import TokenizedExample
+
+    model = make_lora_model(tok, "llama", dtype=torch.float64)
+    ex = to_example(ROWS[0], 0, "t")
+    it = tokenize_example(ex, tok, TokenizeSpec(max_length=64))
+    masked = TokenizedExample(**{**it.__dict__, "labels": [-100] * len(it.labels)})
+    grads = per_example_grads(model, collate([it, masked], tok.pad_token_id))
+    for g in grads.values():
+        assert g[1].abs().max().item() == 0.0
+        assert g[0].abs().max().item() > 0.0
+
+
+def test_unknown_method_is_refused(tok):
+    model = make_lora_model(tok, "llama")
+    with pytest.raises(ValueError, match="method"):
+        per_example_grads(model, _batch(tok, "right"), "bogus")

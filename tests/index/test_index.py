@@ -1,0 +1,103 @@
+"""The gradient index: exact stored gradients, content ids, reuse, resume, corruption."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gradian.api import load_finetune, training_index
+from gradian.data.tokenize import TokenizeSpec, collate
+from gradian.gradients import per_example_grads
+from gradian.gradients.projection import ProjectionSpec
+from gradian.index.store import CorruptShardError, GradientIndex, GradSpec
+from gradian.models.load import ModelSpec
+
+
+@pytest.fixture(scope="module")
+def ft(saved_finetune):
+    return load_finetune(ModelSpec(str(saved_finetune["base"])), saved_finetune["adapter"])
+
+
+SPEC = GradSpec(tokenize=TokenizeSpec(max_length=64))
+
+
+def _stacked(idx):
+    parts = [torch.cat([s[b["name"]] for b in idx.blocks], dim=1) for _, s in idx.iter_shards()]
+    return torch.cat(parts)
+
+
+def test_stored_gradients_are_the_per_example_gradients(ft, saved_finetune, tmp_path):
+    idx, exs, items, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "i", batch_size=4, shard_size=5)
+    assert not reused and idx.complete and idx.n == len(exs) == 12
+    assert idx.ids == [e.id for e in exs]
+    assert [s["n"] for s in idx.manifest["shards"]] == [8, 4]  # shard size 5 rounds up to 2 batches of 4
+    ref = per_example_grads(ft.model, collate(items, ft.tokenizer.pad_token_id), "loop")
+    want = torch.cat([ref[b["name"]].reshape(len(items), -1).double() for b in idx.blocks], dim=1)
+    got = _stacked(idx)
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()  # float32 storage
+
+
+def test_same_inputs_same_id_and_free_requery(ft, saved_finetune, tmp_path):
+    a, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "a")
+    calls = []
+    h = ft.model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        b, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "a")
+    finally:
+        h.remove()
+    assert reused and a.id == b.id and calls == []
+    c, *_ = training_index(ft, saved_finetune["data"], GradSpec(tokenize=TokenizeSpec(max_length=32)), root=tmp_path / "c")
+    assert c.id != a.id
+
+
+def test_resume_after_interruption_is_identical(ft, saved_finetune, tmp_path):
+    from gradian.api import index_identity, tokenize_training_set
+    from gradian.data.formats import load_examples
+    from gradian.index.store import build_index
+
+    items = tokenize_training_set(load_examples(saved_finetune["data"]), ft.tokenizer, SPEC, saved_finetune["data"])
+    ident = index_identity(ft, saved_finetune["data"], SPEC)
+    kw = dict(pad_token_id=ft.tokenizer.pad_token_id, batch_size=2, shard_size=4)
+    part = build_index(ft.model, items, ident, SPEC, root=tmp_path / "r", stop_after_shards=1, **kw)
+    assert not part.complete and len(part.manifest["shards"]) == 1
+    calls = []
+    h = ft.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        done = build_index(ft.model, items, ident, SPEC, root=tmp_path / "r", **kw)
+    finally:
+        h.remove()
+    assert done.complete and len(calls) == 4  # only the 8 missing examples, 2 per batch
+    full = build_index(ft.model, items, ident, SPEC, root=tmp_path / "f", **kw)
+    assert torch.equal(_stacked(done), _stacked(full))
+
+
+def test_corrupt_shard_is_detected_and_rebuilt(ft, saved_finetune, tmp_path):
+    idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "x", shard_size=8)
+    before = _stacked(idx)
+    shard = idx.root / idx.manifest["shards"][0]["file"]
+    raw = bytearray(shard.read_bytes())
+    raw[-5] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    assert GradientIndex(idx.root).verify() == [0]
+    with pytest.raises(CorruptShardError):
+        GradientIndex(idx.root).load_shard(0)
+    again, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "x", shard_size=8)
+    assert not reused and again.verify() == []
+    assert torch.equal(_stacked(again), before)
+
+
+def test_projection_preserves_inner_products_in_expectation(ft, saved_finetune, tmp_path):
+    exact, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "e")
+    proj_spec = GradSpec(tokenize=TokenizeSpec(max_length=64), projection=ProjectionSpec(dim=64, seed=1))
+    proj, *_ = training_index(ft, saved_finetune["data"], proj_spec, root=tmp_path / "p")
+    ge, gp = _stacked(exact), _stacked(proj)
+    assert gp.shape[1] < ge.shape[1]
+    ke, kp = ge @ ge.T, gp @ gp.T
+    # the Gram matrices agree up to JL noise: high correlation of off-diagonal entries
+    iu = torch.triu_indices(ke.shape[0], ke.shape[0], 1)
+    corr = torch.corrcoef(torch.stack([ke[iu[0], iu[1]], kp[iu[0], iu[1]]]))[0, 1]
+    assert corr > 0.8
+    meta = json.loads((proj.root / "manifest.json").read_text())
+    assert meta["identity"]["grad_spec"]["projection"] == {"dim": 64, "seed": 1}

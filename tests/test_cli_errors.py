@@ -1,0 +1,88 @@
+"""User mistakes on the command line: one line naming the file/row/field and the fix, exit code 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from gradian.cli import app
+
+runner = CliRunner()
+
+
+def _run(args):
+    res = runner.invoke(app, args)
+    return res.exit_code, res.output, res
+
+
+def _index_args(sf, data=None, adapter=None):
+    return [
+        "index", "--base", str(sf["base"]), "--adapter", str(adapter or sf["adapter"]),
+        "--data", str(data or sf["data"]), "--out", str(sf["root"] / "idx-cli"), "--max-length", "64",
+    ]
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ('{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": \n', "bad.jsonl:2: malformed JSON"),
+        ('{"prompt": "a"}\n', "bad.jsonl:1: missing field 'completion'"),
+        ('{"question": "a", "answer": "b"}\n', "bad.jsonl:1: unknown row format"),
+        ("", "bad.jsonl: dataset is empty"),
+    ],
+    ids=["malformed", "missing-field", "unknown-format", "empty"],
+)
+def test_bad_data_exits_2_with_one_line(saved_finetune, tmp_path, content, needle):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    code, out, res = _run(_index_args(saved_finetune, data=bad))
+    assert code == 2, out
+    lines = [ln for ln in out.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "fix:" in lines[0]
+    assert "Traceback" not in out
+
+
+def test_adapter_not_fitting_base_exits_2(saved_finetune, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from gradian.models.tiny import tiny_model
+
+    from conftest import CORPUS  # noqa: F401  (same tokenizer corpus)
+
+    tok_path = saved_finetune["base"]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tok_path)
+    pm = get_peft_model(tiny_model(tok, "llama", hidden=32), LoraConfig(r=2, target_modules=["q_proj"]))
+    pm.save_pretrained(tmp_path / "wrong")
+    code, out, _ = _run(_index_args(saved_finetune, adapter=tmp_path / "wrong"))
+    assert code == 2 and "needs" in out and "fix:" in out and len(out.strip().splitlines()) == 1
+
+
+def test_unknown_config_value_exits_2(saved_finetune):
+    code, out, _ = _run(_index_args(saved_finetune) + ["--loss-on", "everything"])
+    assert code == 2 and "--loss-on" in out
+
+
+def test_missing_base_exits_2(saved_finetune, tmp_path):
+    args = _index_args(saved_finetune)
+    args[2] = str(tmp_path / "no-such-model")
+    code, out, _ = _run(args)
+    assert code == 2 and "cannot load" in out
+
+
+def test_no_half_written_index_on_error(saved_finetune, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n')
+    out_dir = saved_finetune["root"] / "idx-cli"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    _run(_index_args(saved_finetune, data=bad))
+    assert not out_dir.exists()
+
+
+def test_help_lists_only_registered_commands():
+    code, out, _ = _run(["--help"])
+    assert code == 0 and "index" in out
