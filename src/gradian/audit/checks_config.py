@@ -1,0 +1,478 @@
+"""Checks that read the training config (and the data size where it matters).
+
+Evidence cites the config field each value came from (``TrainConfig.cite``),
+including ``default (<stack>)`` when a field was left unset and the trainer's
+default applied. Device count is not in any config: step arithmetic assumes
+one device and says so.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from gradian.audit.checks_dataset import ids, pct
+from gradian.audit.context import AuditContext
+from gradian.audit.registry import Hit, NotApplicable, check
+from gradian.audit.versions import before, within
+
+LORA_LR_LOW = 5e-5
+LORA_LR_HIGH = 5e-4
+LORA_LR_HIGH_BIG = 2e-4
+FULL_LR_HIGH = 5e-5
+
+
+def _lora(ctx: AuditContext) -> bool:
+    c = ctx.config
+    if c.is_lora is None:
+        raise NotApplicable("cannot tell whether the run used LoRA (no adapter / finetuning type in the config)")
+    return c.is_lora
+
+
+def _model_billions(name: str | None) -> float | None:
+    if not name:
+        return None
+    m = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])", name)
+    return float(m.group(1)) if m else None
+
+
+def total_steps(ctx: AuditContext) -> tuple[int | None, str]:
+    """Optimiser steps of the run: max_steps if set, else ceil(N / effective batch) x epochs (one device)."""
+    c = ctx.config
+    if c.max_steps:
+        return c.max_steps, f"max_steps ({c.source('max_steps')})"
+    eb = c.effective_batch()
+    if ctx.examples is None or not eb or not c.num_epochs:
+        return None, "unknown (needs --data and a batch size)"
+    spe = math.ceil(ctx.n / eb)
+    return int(math.ceil(spe * c.num_epochs)), f"ceil({ctx.n} rows / batch {eb}) x {c.num_epochs:g} epochs, 1 device"
+
+
+# ---------------------------------------------------------------------- C01
+@check("C01", "lr_fullft_on_lora", "Full fine-tuning learning rate on a LoRA run", requires=("config",),
+       severity="warning", rank=50,
+       rule=f"LoRA/QLoRA with learning_rate < {LORA_LR_LOW:g} (TRL's SFTConfig default 2e-5 is a full fine-tuning "
+            f"rate)",
+       fix="use 1e-4 to 2e-4 for LoRA",
+       source="trl docs sft_trainer.md (adapters ~1e-4; SFTConfig default 2e-5); lora_without_regret.md")
+def c01(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    if not _lora(ctx):
+        raise NotApplicable("full fine-tuning")
+    if c.learning_rate is None:
+        raise NotApplicable("learning rate unknown")
+    if c.learning_rate >= LORA_LR_LOW:
+        return []
+    d = " (the default, because learning_rate is unset)" if c.is_default("learning_rate") else ""
+    return [Hit("warning", f"learning_rate={c.learning_rate:g}{d} on a LoRA run is below {LORA_LR_LOW:g}: LoRA "
+                           f"needs roughly 10x the full fine-tuning rate, so the adapter barely moves",
+                {"value": c.learning_rate, "threshold": LORA_LR_LOW, **c.cite("learning_rate", "finetuning")})]
+
+
+# ---------------------------------------------------------------------- C02
+@check("C02", "lr_too_high", "Learning rate far too high", requires=("config",), severity="error", rank=50,
+       rule=f"LoRA lr > {LORA_LR_HIGH:g} (> {LORA_LR_HIGH_BIG:g} for models >= 13B) warns, > 4x that errors; full "
+            f"fine-tuning lr > {FULL_LR_HIGH:g} warns, > 4x errors",
+       fix="lower the learning rate (LoRA 1e-4 to 2e-4; full fine-tuning 1e-5 to 2e-5)",
+       source="artidoro/qlora README; Unsloth guide")
+def c02(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    lr = c.learning_rate
+    if lr is None:
+        raise NotApplicable("learning rate unknown")
+    lora = _lora(ctx)
+    size = _model_billions(c.base_model)
+    thr = (LORA_LR_HIGH_BIG if (size and size >= 13) else LORA_LR_HIGH) if lora else FULL_LR_HIGH
+    if lr <= thr:
+        return []
+    sev = "error" if lr > 4 * thr else "warning"
+    kind = "LoRA" if lora else "full fine-tuning"
+    sz = f" on a {size:g}B model" if size else ""
+    return [Hit(sev, f"learning_rate={lr:g} is above {thr:g} for {kind}{sz} ({4 * thr:g} is the error line): "
+                     f"expect loss spikes and forgetting",
+                {"value": lr, "threshold": thr, "model_billions": size, **c.cite("learning_rate", "finetuning")})]
+
+
+# ---------------------------------------------------------------------- C03
+@check("C03", "too_many_epochs", "Too many epochs for the data size", requires=("config",), reads=("data",),
+       severity="error", rank=50,
+       rule="epochs > 3 warns; >= 5 epochs with fewer than 2,000 rows errors (12 x 400 fires); epochs implied by "
+            "max_steps count",
+       fix="train 1-3 epochs, and stop at the best eval loss",
+       source="Unsloth guide ('more than 3 generally not optimal'); fast.ai/W&B 'Can LLMs learn from a single example?'")
+def c03(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    epochs, src = c.num_epochs, c.source("num_epochs")
+    eb = c.effective_batch()
+    if c.max_steps and ctx.examples is not None and eb:
+        epochs = c.max_steps * eb / ctx.n
+        src = f"max_steps={c.max_steps} x batch {eb} / {ctx.n} rows ({c.source('max_steps')})"
+    if epochs is None:
+        raise NotApplicable("epochs unknown")
+    if epochs <= 3:
+        return []
+    n = ctx.n if ctx.examples is not None else None
+    sev = "error" if (epochs >= 5 and n is not None and n < 2000) else "warning"
+    size = f" over {n} rows" if n is not None else " (row count unknown: pass --data)"
+    return [Hit(sev, f"{epochs:g} epochs{size} ({src}): past 3 epochs small sets are memorised "
+                     f"(thresholds: > 3 warns, >= 5 with < 2,000 rows errors)",
+                {"value": round(epochs, 3), "threshold": 3, "n_rows": n, "from": src})]
+
+
+# ---------------------------------------------------------------------- C04
+@check("C04", "step_budget", "Step budget too small or mis-set", requires=("config", "data"), severity="error",
+       rank=50,
+       rule="effective batch > rows (error); total optimiser steps < 30 (warning); max_steps > 0 silently "
+            "overrides num_train_epochs (info); one device assumed",
+       fix="lower the batch / gradient accumulation, or train more steps; remove max_steps to train by epochs",
+       source="tf TrainingArguments (max_steps overrides num_train_epochs); heuristic step floor")
+def c04(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    eb = c.effective_batch()
+    if not eb:
+        raise NotApplicable("batch size unknown")
+    hits = []
+    cite = c.cite("micro_batch_size", "gradient_accumulation_steps", "num_epochs", "max_steps")
+    if eb > ctx.n:
+        hits.append(Hit("error", f"the effective batch ({eb} = micro batch x grad accumulation, 1 device) is larger "
+                                 f"than the {ctx.n} training rows: every step sees the whole set",
+                        {"value": eb, "threshold": ctx.n, **cite}))
+    steps, how = total_steps(ctx)
+    if steps is not None and steps < 30:
+        hits.append(Hit("warning", f"only {steps} optimiser steps ({how}): too few for the schedule and warmup to "
+                                   f"mean anything (threshold 30)", {"value": steps, "threshold": 30, "how": how,
+                                                                     **cite}))
+    if c.max_steps and c.num_epochs and not c.is_default("num_epochs"):
+        implied = c.max_steps * eb / ctx.n
+        if abs(implied - c.num_epochs) / c.num_epochs > 0.25:
+            hits.append(Hit("info", f"max_steps={c.max_steps} overrides num_epochs={c.num_epochs:g}: the run "
+                                    f"trains {implied:.2f} epochs", {"value": round(implied, 3),
+                                                                     "threshold": c.num_epochs, **cite}))
+    return hits
+
+
+# ---------------------------------------------------------------------- C05
+@check("C05", "warmup", "Warmup longer than sensible", requires=("config",), reads=("data",), severity="error",
+       rank=50,
+       rule="warmup steps >= total steps (error); warmup ratio > 0.2 (warning); warmup_steps and warmup_ratio both "
+            "set (warning: axolotl refuses, transformers uses the steps)",
+       fix="warm up for 3-10% of the steps, with one of warmup_steps / warmup_ratio",
+       source="axolotl validation.py check_warmup; tf TrainingArguments")
+def c05(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    hits = []
+    ws, wr = c.warmup_steps or 0, c.warmup_ratio or 0
+    cite = c.cite("warmup_steps", "warmup_ratio")
+    if ws > 0 and wr > 0 and not c.is_default("warmup_steps") and not c.is_default("warmup_ratio"):
+        hits.append(Hit("warning", f"both warmup_steps={ws:g} and warmup_ratio={wr:g} are set: axolotl refuses this, "
+                                   f"transformers silently uses warmup_steps", {"value": [ws, wr], "threshold": "one",
+                                                                                **cite}))
+    if wr > 0.2:
+        hits.append(Hit("warning", f"warmup_ratio={wr:g} is above 0.2: a fifth of the run at a reduced learning rate",
+                        {"value": wr, "threshold": 0.2, **cite}))
+    steps, how = total_steps(ctx)
+    if steps is not None and ws > 0 and ws >= steps:
+        hits.append(Hit("error", f"warmup_steps={ws:g} >= the run's {steps} steps ({how}): the learning rate never "
+                                 f"reaches its peak", {"value": ws, "threshold": steps, **cite}))
+    return hits
+
+
+# ---------------------------------------------------------------------- C06
+@check("C06", "max_len_default", "max_length left at the trainer's default", requires=("config",),
+       reads=("data", "tokenizer"), severity="warning", rank=20,
+       rule="max_length unset, so the trainer's default applies (TRL 1024, axolotl 512, LLaMA-Factory 2048): info; "
+            "a warning when the data's p95 length (with a tokenizer) exceeds it",
+       fix="set max_length explicitly, at or above the data's p99 length",
+       source="trl v0.12 'default to 1024' warning; axolotl config.py; LLaMA-Factory data_args.py")
+def c06(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    if not c.is_default("max_length"):
+        return []
+    L = c.max_length
+    ev = {"value": L, "threshold": "set explicitly", **c.cite("max_length")}
+    if ctx.examples is not None and ctx.tokenizer is not None:
+        lens = sorted(tr.tx.full_length for tr in ctx.token_rows if tr.tx is not None)
+        if lens:
+            p95 = lens[min(len(lens) - 1, int(0.95 * len(lens)))]
+            ev["data_p95"] = p95
+            if p95 > L:
+                return [Hit("warning", f"max_length is unset, so {c.source('max_length')} = {L} applies, and the "
+                                       f"data's p95 length is {p95} tokens", ev)]
+    return [Hit("info", f"max_length is unset, so {c.source('max_length')} = {L} applies", ev)]
+
+
+# ---------------------------------------------------------------------- C08
+_RESPONSE_MARKERS = ("### Response:", "<|im_start|>assistant", "[/INST]", "<|start_header_id|>assistant",
+                     "<start_of_turn>model", "<|assistant|>", "ASSISTANT:", "\nAssistant:")
+
+
+@check("C08", "loss_on_prompt", "The loss covers the prompt", requires=(), reads=("config", "data"),
+       severity="warning", rank=20,
+       rule="train_on_inputs / train_on_prompt / train_on_input true, completion_only_loss false, TRL on "
+            "'messages' rows without assistant_only_loss (every turn is trained), or 'text' rows that hold a "
+            "flattened prompt and response ('### Response:', '<|im_start|>assistant', '[/INST]' ...)",
+       fix="train on completions only: prompt/completion rows with completion_only_loss, assistant_only_loss for "
+           "conversations, or train_on_inputs: false",
+       source="trl sft_config.py (completion_only_loss); axolotl training.py (train_on_inputs default false)")
+def c08(ctx: AuditContext) -> list[Hit]:
+    if ctx.config is None and ctx.examples is None:
+        raise NotApplicable("needs --config or --data")
+    c = ctx.config
+    hits = []
+    if c is not None:
+        if c.train_on_inputs and not c.is_default("train_on_inputs"):
+            hits.append(Hit("warning", f"the loss covers the prompt ({c.source('train_on_inputs')} = true): the model "
+                                       f"spends capacity learning to write prompts",
+                            {"value": True, "threshold": False, **c.cite("train_on_inputs")}))
+        if c.completion_only_loss is False:
+            pc = sum(1 for e in ctx.examples or [] if e.format == "prompt_completion")
+            hits.append(Hit("warning", f"completion_only_loss=false ({c.source('completion_only_loss')}): "
+                                       f"prompt tokens are trained{f' on {pc} prompt/completion rows' if pc else ''}",
+                            {"value": False, "threshold": True, **c.cite("completion_only_loss")}))
+        if c.trainer == "trl" and not c.assistant_only_loss and ctx.examples is not None:
+            msg_rows = [i for i, e in enumerate(ctx.examples) if e.format == "messages"]
+            if msg_rows:
+                hits.append(Hit("warning", f"{pct(len(msg_rows), ctx.n)} are 'messages' conversations and "
+                                           f"assistant_only_loss is off ({c.source('assistant_only_loss')}): TRL trains "
+                                           f"on every turn, user turns included",
+                                {"value": len(msg_rows), "threshold": 0, **c.cite("assistant_only_loss")},
+                                row_ids=ids(ctx, msg_rows),
+                                fix="set assistant_only_loss: true (with a {% generation %} template), or convert "
+                                    "to prompt/completion rows"))
+    if ctx.examples is not None:
+        flat = [i for i, e in enumerate(ctx.examples)
+                if e.format == "text" and any(m in e.completion_text for m in _RESPONSE_MARKERS)]
+        if flat:
+            hits.append(Hit("warning", f"{pct(len(flat), ctx.n)} are 'text' rows holding a flattened prompt and "
+                                       f"response: text rows are trained on every token, the prompt included",
+                            {"value": len(flat), "threshold": 0}, row_ids=ids(ctx, flat),
+                            fix="split them into prompt/completion (or messages) rows"))
+    return hits
+
+
+# ---------------------------------------------------------------------- C11
+@check("C11", "packing_with_completion_mask", "Packing with completion-only masking", requires=("config",),
+       reads=("data",), severity="error", rank=20,
+       rule="packing with a response_template collator (TRL <= 0.14 errors, later silently wrong): error; "
+            "completion/assistant-only loss with packing on TRL 0.18-0.19 (masks dropped): error; TRL version "
+            "unknown: warning; packing_strategy 'wrapped' (rows cut across boundaries): warning",
+       fix="upgrade to TRL >= 0.20 and use packing_strategy 'bfd', or turn packing off",
+       source="trl#1163; trl#3728, fixed in PR #3749 (v0.20)")
+def c11(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    if not c.packing:
+        raise NotApplicable("packing is off")
+    if c.trainer != "trl":
+        raise NotApplicable(f"{c.trainer or 'this trainer'} packs with its own per-row masks")
+    cite = c.cite("packing", "packing_strategy", "completion_only_loss", "assistant_only_loss")
+    if c.response_template:
+        return [Hit("error", "packing=true with DataCollatorForCompletionOnlyLM (response_template set): TRL <= 0.14 "
+                             "refuses it and later versions mask the wrong tokens in packed sequences",
+                    {"value": True, "threshold": False, **cite})]
+    if ctx.examples is not None:
+        pc = any(e.format == "prompt_completion" for e in ctx.examples)
+    else:
+        pc = True
+    completion_only = c.assistant_only_loss or c.completion_only_loss or (c.completion_only_loss is None and pc)
+    if not completion_only:
+        return []
+    hits = []
+    v = ctx.versions.get("trl")
+    if within(ctx.versions, "trl", "0.18", "0.20"):
+        hits.append(Hit("error", f"packing with completion-only/assistant-only loss on TRL {v}: the masks are dropped "
+                                 f"when sequences are packed, so prompts are trained", {"value": v, "threshold": ">=0.20",
+                                                                                        **cite}))
+    elif v is None:
+        hits.append(Hit("warning", "packing with completion-only loss is correct only on TRL >= 0.20 (0.18-0.19 drop "
+                                   "the masks); pass --versions trl=X to confirm",
+                        {"value": None, "threshold": ">=0.20", **cite}))
+    if (c.packing_strategy or "").lower() == "wrapped":
+        hits.append(Hit("warning", "packing_strategy='wrapped' cuts rows across sequence boundaries: completions lose "
+                                   "their prompts", {"value": "wrapped", "threshold": "bfd", **cite}))
+    return hits
+
+
+# ---------------------------------------------------------------------- C12
+_VARLEN = ("flash_attention_2", "flash_attention_3", "flash_attention", "flex_attention", "kernels-community",
+           "neat_packing")
+
+
+@check("C12", "packing_no_varlen_attn", "Packing without variable-length attention", requires=("config",),
+       severity="warning", rank=60,
+       rule="packing / padding_free / sample_packing without flash or flex attention: packed rows attend to each "
+            "other",
+       fix="set attn_implementation: flash_attention_2 (or flex_attention); LLaMA-Factory: neat_packing: true",
+       source="trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention")
+def c12(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    if not (c.packing or c.padding_free):
+        raise NotApplicable("packing and padding_free are off")
+    if c.trainer == "torchtune":
+        raise NotApplicable("torchtune packs with block-causal masks")
+    impl = (c.attn_implementation or "").lower()
+    if any(v in impl for v in _VARLEN):
+        return []
+    return [Hit("warning", f"packing is on and attention is {impl or 'the default (sdpa/eager)'}: sequences packed "
+                           f"together attend across their boundaries",
+                {"value": impl or None, "threshold": "flash_attention_2 / flex_attention",
+                 **c.cite("packing", "padding_free", "attn_implementation")})]
+
+
+# ---------------------------------------------------------------------- C13
+@check("C13", "lora_alpha_rank", "Unusual LoRA rank / alpha", requires=("config",), reads=("data",),
+       severity="warning", rank=50,
+       rule="without rsLoRA: alpha/r outside [0.5, 4] is info, outside [0.25, 8] warns; r > 64 with < 1,000 rows "
+            "warns; r < 4 is info",
+       fix="r 16-32 with alpha r to 2r (or use_rslora for large r)",
+       source="PEFT LoraConfig use_rslora help; Unsloth guide; axolotl examples")
+def c13(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    if not _lora(ctx):
+        raise NotApplicable("full fine-tuning")
+    r, a = c.lora_r, c.lora_alpha
+    if not r or a is None:
+        raise NotApplicable("LoRA rank or alpha unknown")
+    cite = c.cite("lora_r", "lora_alpha", "use_rslora")
+    hits = []
+    ratio = a / r
+    if not c.use_rslora and not 0.5 <= ratio <= 4:
+        sev = "warning" if not 0.25 <= ratio <= 8 else "info"
+        hits.append(Hit(sev, f"lora_alpha/r = {a:g}/{r} = {ratio:.3g}, outside [0.5, 4]: the update is scaled by "
+                             f"{ratio:.3g}, which the learning rate must make up for",
+                        {"value": round(ratio, 4), "threshold": [0.5, 4], **cite}))
+    if r > 64 and ctx.examples is not None and ctx.n < 1000:
+        hits.append(Hit("warning", f"rank {r} over only {ctx.n} rows (threshold: r > 64 with < 1,000 rows): capacity "
+                                   f"to memorise", {"value": r, "threshold": 64, "n_rows": ctx.n, **cite}))
+    if r < 4:
+        hits.append(Hit("info", f"rank {r} is below 4", {"value": r, "threshold": 4, **cite}))
+    return hits
+
+
+# ---------------------------------------------------------------------- C14
+_ATTN = {"q_proj", "k_proj", "v_proj", "o_proj", "q", "k", "v", "o", "query", "key", "value", "c_attn", "qkv_proj",
+         "wqkv", "query_key_value", "output_proj", "out_proj", "dense", "self_attn", "attn", "attention"}
+
+
+@check("C14", "narrow_targets", "LoRA targets attention only, or repeats modules", requires=("config",),
+       severity="warning", rank=50,
+       rule="target_modules lists a module twice (warning), or covers attention projections only (info)",
+       fix="target all linear layers ('all-linear'; axolotl lora_target_linear: true)",
+       source="trl lora_without_regret.md; a torchtune config variant listing v_proj twice")
+def c14(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    if not _lora(ctx):
+        raise NotApplicable("full fine-tuning")
+    t = c.lora_target_modules
+    if c.lora_target_linear:
+        return []
+    if t is None:
+        raise NotApplicable("target modules unknown")
+    if isinstance(t, str):
+        if t.lower() in ("all-linear", "all", "all_linear"):
+            return []
+        raise NotApplicable(f"target_modules is a pattern ({t!r})")
+    hits = []
+    dup = sorted({m for m in t if t.count(m) > 1})
+    cite = c.cite("lora_target_modules")
+    if dup:
+        hits.append(Hit("warning", f"target_modules lists {dup} more than once", {"value": dup, "threshold": "unique",
+                                                                                  **cite}))
+    if t and all(m.split(".")[-1].lower() in _ATTN for m in t):
+        hits.append(Hit("info", f"LoRA targets attention only ({sorted(set(t))}): MLP layers hold most of what SFT "
+                                f"changes", {"value": sorted(set(t)), "threshold": "all-linear", **cite}))
+    return hits
+
+
+# ---------------------------------------------------------------------- C16
+_BF16_NATIVE = re.compile(r"llama-?3|qwen|gemma|mistral|mixtral|phi-?3|phi-?4|smollm|olmo|deepseek", re.IGNORECASE)
+
+
+@check("C16", "precision_risk", "Risky precision settings", requires=("config",), reads=("tokenizer",),
+       severity="error", rank=60,
+       rule="bf16 and fp16 both on, or 4/8-bit quantisation without an adapter (error); fp16 on a bf16-native "
+            "model (config.json torch_dtype, or the model name), or 4-bit with float16 compute (warning)",
+       fix="use bf16 (or fp32 on hardware without bf16); train quantised models through LoRA only",
+       source="qlora README (known issue 3); google/gemma_pytorch#24; axolotl peft.py validate_adapter")
+def c16(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    hits = []
+    cite = c.cite("bf16", "fp16", "load_in_4bit", "load_in_8bit")
+    if c.bf16 and c.fp16:
+        hits.append(Hit("error", "bf16 and fp16 are both true", {"value": "bf16+fp16", "threshold": "one", **cite}))
+    if (c.load_in_4bit or c.load_in_8bit) and c.is_lora is False:
+        hits.append(Hit("error", "the model is loaded in 4/8-bit but no adapter is trained: quantised weights cannot be "
+                                 "fine-tuned directly", {"value": "quantised full fine-tune", "threshold": "LoRA",
+                                                         **cite}))
+    if c.fp16 and not c.bf16:
+        native = None
+        if ctx.tokenizer is not None and str(ctx.tok_info.torch_dtype or "") == "bfloat16":
+            native = "config.json torch_dtype=bfloat16"
+        elif c.base_model and _BF16_NATIVE.search(c.base_model):
+            native = f"model {c.base_model!r} is released in bf16"
+        if native:
+            hits.append(Hit("warning", f"fp16 training on a bf16-native model ({native}): activations overflow fp16's "
+                                       f"range, giving NaN/inf losses", {"value": "fp16", "threshold": "bf16", **cite}))
+    if c.load_in_4bit and (c.bnb_4bit_compute_dtype or "").lower() in ("float16", "fp16", "torch.float16"):
+        hits.append(Hit("warning", "4-bit weights with float16 compute: the QLoRA README's known instability",
+                        {"value": c.bnb_4bit_compute_dtype, "threshold": "bfloat16",
+                         **c.cite("bnb_4bit_compute_dtype")}))
+    return hits
+
+
+# ---------------------------------------------------------------------- C17
+@check("C17", "eval_misconfig", "Evaluation mis-configured", requires=("config",), reads=("eval", "data"),
+       severity="error", rank=60,
+       rule="an eval set exists but eval_strategy is 'no' (warning); eval_steps > total steps (warning); "
+            "load_best_model_at_end with eval and save strategies that differ, or save_steps not a multiple of "
+            "eval_steps (error: transformers refuses)",
+       fix="set eval_strategy (and save_strategy) to 'steps' with eval_steps dividing save_steps",
+       source="tf TrainingArguments __post_init__")
+def c17(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    if c.trainer not in ("trl", "hf", "llamafactory", "axolotl"):
+        raise NotApplicable(f"{c.trainer or 'this trainer'} does not use TrainingArguments' eval settings")
+    hits = []
+    cite = c.cite("eval_strategy", "eval_steps", "save_strategy", "save_steps", "load_best_model_at_end")
+    has_eval = bool(c.has_eval_dataset or (c.val_set_size or 0) > 0)
+    es = (c.eval_strategy or "no").lower()
+    if has_eval and es == "no" and c.trainer != "axolotl":
+        hits.append(Hit("warning", f"an eval set is configured but eval_strategy is 'no' ({c.source('eval_strategy')}):"
+                                   f" it is never evaluated", {"value": "no", "threshold": "steps/epoch", **cite}))
+    steps, how = total_steps(ctx)
+    if es == "steps" and c.eval_steps and c.eval_steps >= 1 and steps is not None and c.eval_steps > steps:
+        hits.append(Hit("warning", f"eval_steps={c.eval_steps:g} is beyond the run's {steps} steps ({how}): it never "
+                                   f"evaluates", {"value": c.eval_steps, "threshold": steps, **cite}))
+    if c.load_best_model_at_end:
+        ss = (c.save_strategy or "steps").lower()
+        if ss != es:
+            hits.append(Hit("error", f"load_best_model_at_end needs save_strategy == eval_strategy ({ss!r} vs "
+                                     f"{es!r}): transformers refuses to start", {"value": [ss, es], "threshold": "equal",
+                                                                                  **cite}))
+        elif ss == "steps" and c.save_steps and c.eval_steps and c.save_steps >= 1 and c.eval_steps >= 1 \
+                and c.save_steps % c.eval_steps:
+            hits.append(Hit("error", f"load_best_model_at_end needs save_steps ({c.save_steps:g}) to be a multiple of "
+                                     f"eval_steps ({c.eval_steps:g})", {"value": c.save_steps,
+                                                                        "threshold": f"multiple of {c.eval_steps:g}",
+                                                                        **cite}))
+    return hits
+
+
+# ---------------------------------------------------------------------- C18
+@check("C18", "big_batch_lora", "Large effective batch for LoRA", requires=("config",), severity="warning",
+       rank=50,
+       rule="LoRA effective batch (micro batch x grad accumulation, 1 device) > 32 is info, > 128 warns",
+       fix="keep LoRA's effective batch at 32 or below",
+       source="trl lora_without_regret.md (LoRA is less tolerant of large batches)")
+def c18(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    if not _lora(ctx):
+        raise NotApplicable("full fine-tuning")
+    eb = c.effective_batch()
+    if not eb:
+        raise NotApplicable("batch size unknown")
+    if eb <= 32:
+        return []
+    return [Hit("warning" if eb > 128 else "info",
+                f"effective batch {eb} (micro batch x grad accumulation, 1 device) is above 32 for LoRA",
+                {"value": eb, "threshold": 32, **c.cite("micro_batch_size", "gradient_accumulation_steps",
+                                                        "total_batch_size")})]

@@ -1,0 +1,592 @@
+"""Checks that read the rows themselves (train, and eval where given); no tokenizer needed.
+
+Each finding lists the affected training example ids in ``row_ids`` (and eval ids in
+``eval_row_ids``), and its evidence holds the measured value against the threshold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from gradian.audit import text as T
+from gradian.audit.context import AuditContext
+from gradian.audit.registry import Hit, NotApplicable, check
+
+
+def ids(ctx: AuditContext, idxs) -> list[str]:
+    ex = ctx.examples or []
+    return [ex[i].id for i in sorted(set(idxs))]
+
+
+def eval_ids(ctx: AuditContext, idxs) -> list[str]:
+    ex = ctx.eval_examples or []
+    return [ex[i].id for i in sorted(set(idxs))]
+
+
+def pct(k: int, n: int) -> str:
+    return f"{k} of {n} rows ({100.0 * k / max(n, 1):.1f}%)"
+
+
+def _schema(ex) -> str:
+    if ex.format == "prompt_completion":
+        return "prompt_completion (chat)" if ex.is_chat else "prompt_completion (text)"
+    return ex.format
+
+
+# ---------------------------------------------------------------------- D01
+@check("D01", "format_mixed", "Rows mix dataset schemas", requires=("data",), severity="error", rank=10,
+       rule="rows whose schema (messages / prompt+completion / alpaca / text) differs from the majority: any warns; "
+            "error when row 0 is in the minority (TRL picks the loss mode from the first row only)",
+       fix="normalise every row to one schema (e.g. all messages, or all prompt/completion)",
+       source="trl sft_trainer.py decides the dataset type from next(iter(train_dataset))")
+def d01(ctx: AuditContext) -> list[Hit]:
+    schemas = [_schema(e) for e in ctx.examples]
+    counts = Counter(schemas)
+    if len(counts) < 2:
+        return []
+    major = max(sorted(counts), key=lambda k: counts[k])
+    minority = [i for i, s in enumerate(schemas) if s != major]
+    first_minor = schemas[0] != major
+    sev = "error" if first_minor else "warning"
+    msg = (f"{pct(len(minority), ctx.n)} use a schema other than the majority {major!r} "
+           f"(counts: {dict(sorted(counts.items()))})")
+    if first_minor:
+        msg += f"; row 0 is {schemas[0]!r}, and TRL sets the loss mode for the whole dataset from the first row"
+    return [Hit(sev, msg, {"value": len(minority), "threshold": 0, "counts": dict(counts), "majority": major,
+                           "first_row_schema": schemas[0]}, row_ids=ids(ctx, minority))]
+
+
+# ---------------------------------------------------------------------- D02
+@check("D02", "text_field_missing", "The trainer's text/messages field is missing from rows",
+       requires=("data", "config"), severity="error", rank=10,
+       rule="TRL: language-modeling rows (not messages, not prompt/completion) lack dataset_text_field "
+            "(default 'text'); axolotl: rows lack the field its datasets[].type reads (field_messages, field, "
+            "instruction/output); any",
+       fix="rename the field in the data, or set dataset_text_field / field_messages to the field the rows have",
+       source="trl sft_config.py dataset_text_field; axolotl datasets[].field_messages")
+def d02(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    if c.trainer == "trl":
+        field = c.dataset_text_field or "text"
+        bad = [i for i, e in enumerate(ctx.examples)
+               if e.format not in ("messages", "prompt_completion") and field not in e.raw]
+        if not bad:
+            return []
+        fmts = Counter(ctx.examples[i].format for i in bad)
+        return [Hit("error", f"{pct(len(bad), ctx.n)} have no {field!r} field, and TRL reads language-modeling rows "
+                             f"from dataset_text_field={field!r} ({c.source('dataset_text_field')}); their formats: "
+                             f"{dict(fmts)}", {"value": len(bad), "threshold": 0, "field": field,
+                                               "from": c.source("dataset_text_field"), "formats": dict(fmts)},
+                    row_ids=ids(ctx, bad),
+                    fix="convert the rows to prompt/completion or messages (TRL does not read alpaca fields), or "
+                        "set dataset_text_field to the field that holds the text")]
+    if c.trainer == "axolotl" and c.datasets:
+        entry = None
+        if len(c.datasets) == 1:
+            entry = c.datasets[0]
+        elif ctx.data_path:
+            stem = Path(ctx.data_path).name
+            entry = next((d for d in c.datasets if d.get("path") and Path(str(d["path"])).name == stem), None)
+        if entry is None:
+            raise NotApplicable("cannot tell which axolotl datasets[] entry is the given data file")
+        typ = (entry.get("type") or "").split(".")[0].lower()
+        if typ in ("chat_template", "sharegpt"):
+            need = [entry.get("field_messages") or ("messages" if typ == "chat_template" else "conversations")]
+        elif typ == "completion":
+            need = [entry.get("field") or "text"]
+        elif typ.startswith("alpaca"):
+            need = ["instruction", "output"]
+        elif typ == "input_output":
+            need = ["segments"]
+        else:
+            raise NotApplicable(f"axolotl dataset type {typ or '(custom)'!r} has no known field layout")
+        bad = [i for i, e in enumerate(ctx.examples) if any(k not in e.raw for k in need)]
+        if not bad:
+            return []
+        where = f"datasets[{entry['index']}]"
+        return [Hit("error", f"{pct(len(bad), ctx.n)} lack the field(s) {need} that axolotl's {where}.type={typ!r} "
+                             f"reads", {"value": len(bad), "threshold": 0, "fields": need, "type": typ,
+                                        "from": f"{Path(c.paths[0]).name}: {where}"}, row_ids=ids(ctx, bad),
+                    fix=f"set {where}.field_messages (or field) to the field the rows use, or rename it in the data")]
+    raise NotApplicable(f"the trainer ({c.trainer or 'unknown'}) does not read a configurable text field")
+
+
+# ---------------------------------------------------------------------- D03
+@check("D03", "empty_target", "Empty or whitespace-only targets", requires=("data",), severity="error", rank=10,
+       rule="the completion / output / final assistant turn is empty or whitespace; any",
+       fix="drop these rows or fill in their targets",
+       source="axolotl utils/trainer.py drops 'samples with no trainable tokens'; trl PR #6320")
+def d03(ctx: AuditContext) -> list[Hit]:
+    bad = [i for i, e in enumerate(ctx.examples) if not e.completion_text.strip()]
+    if not bad:
+        return []
+    return [Hit("error", f"{pct(len(bad), ctx.n)} have an empty target: they train nothing, or teach the model to "
+                         f"answer with nothing", {"value": len(bad), "threshold": 0}, row_ids=ids(ctx, bad))]
+
+
+# ---------------------------------------------------------------------- D09
+KNOWN_ROLES = {"system", "user", "assistant", "tool", "function", "ipython", "developer"}
+
+
+def _raw_roles(raw: dict) -> list[str] | None:
+    msgs = raw.get("messages", raw.get("conversations"))
+    if not isinstance(msgs, list):
+        if isinstance(raw.get("prompt"), list) and isinstance(raw.get("completion"), list):
+            msgs = raw["prompt"] + raw["completion"]
+        else:
+            return None
+    roles = []
+    for m in msgs:
+        if not isinstance(m, dict):
+            return None
+        r = m.get("role", m.get("from"))
+        roles.append({"human": "user", "gpt": "assistant"}.get(r, str(r)))
+    return roles
+
+
+def role_problems(roles: list[str]) -> list[str]:
+    probs = []
+    unknown = sorted({r for r in roles if r not in KNOWN_ROLES})
+    if unknown:
+        probs.append(f"unknown role(s) {unknown}")
+    for k, r in enumerate(roles):
+        if r == "system" and k > 0:
+            probs.append(f"system turn at position {k}")
+            break
+    conv = [r for r in roles if r in ("user", "assistant")]
+    if conv and conv[0] != "user":
+        probs.append("first turn after the system prompt is not from the user")
+    for a, b in zip(conv, conv[1:]):
+        if a == b:
+            probs.append(f"two {a} turns in a row")
+            break
+    if roles and roles[-1] != "assistant":
+        probs.append(f"last turn is {roles[-1]!r}, not the assistant (it is dropped from training)")
+    return probs
+
+
+@check("D09", "role_order", "Chat roles unknown or out of order", requires=("data",), severity="error", rank=10,
+       rule="unknown role, system turn not first, first turn not the user, two user/assistant turns in a row, or "
+            "last turn not the assistant; any",
+       fix="remap roles to system/user/assistant, merge consecutive turns, and end each conversation with the "
+           "assistant",
+       source="templates that raise 'Conversation roles must alternate' (tf#34494); FastChat filter_sharegpt.py")
+def d09(ctx: AuditContext) -> list[Hit]:
+    bad: list[int] = []
+    kinds: Counter = Counter()
+    examples: dict[str, str] = {}
+    chat_rows = 0
+    for i, e in enumerate(ctx.examples):
+        roles = _raw_roles(e.raw)
+        if roles is None:
+            continue
+        chat_rows += 1
+        probs = role_problems(roles)
+        if probs:
+            bad.append(i)
+            for p in probs:
+                key = p.split(" at position")[0].split(" [")[0]
+                kinds[key] += 1
+                examples.setdefault(key, e.id)
+    if chat_rows == 0:
+        raise NotApplicable("no chat (messages) rows")
+    if not bad:
+        return []
+    return [Hit("error", f"{pct(len(bad), ctx.n)} have chat roles a template rejects or silently drops: "
+                         + "; ".join(f"{k} ({v})" for k, v in kinds.most_common()),
+                {"value": len(bad), "threshold": 0, "problems": dict(kinds), "first_example": examples},
+                row_ids=ids(ctx, bad))]
+
+
+# ---------------------------------------------------------------------- D11
+@check("D11", "dup_exact", "Exact duplicate rows", requires=("data",), severity="warning", rank=40,
+       rule="rows identical after NFC, casefold and whitespace normalisation; extra copies > 1% of rows warns, "
+            "any is info",
+       fix="deduplicate (axolotl: dataset_exact_deduplication: true), or keep the copies only if the upweighting "
+           "is intended",
+       source="axolotl dataset_exact_deduplication; cleanlab Datalab near_duplicate")
+def d11(ctx: AuditContext) -> list[Hit]:
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(ctx.norm_row):
+        groups[r].append(i)
+    dups = [g for g in groups.values() if len(g) > 1]
+    if not dups:
+        return []
+    extra = sum(len(g) - 1 for g in dups)
+    rate = extra / ctx.n
+    sev = "warning" if rate > 0.01 else "info"
+    members = [i for g in dups for i in g]
+    dups.sort(key=lambda g: (-len(g), g[0]))
+    return [Hit(sev, f"{extra} extra copies in {len(dups)} groups of identical rows ({100 * rate:.1f}% of rows; "
+                     f"threshold 1%); the largest group has {len(dups[0])} copies",
+                {"value": round(rate, 4), "threshold": 0.01, "n_extra_copies": extra, "n_groups": len(dups),
+                 "groups": [ids(ctx, g) for g in dups[:20]]},
+                row_ids=ids(ctx, members))]
+
+
+# ---------------------------------------------------------------------- D12
+def near_dup_pairs(ctx: AuditContext, threshold: float = 0.8) -> list[tuple[int, int, float]]:
+    sig = ctx.signatures
+    valid = [len(s) > 0 for s in ctx.shingles5]
+    cands = T.lsh_candidates(sig, bands=16, valid=valid)
+    sets: dict[int, set] = {}
+
+    def s(i: int) -> set:
+        if i not in sets:
+            sets[i] = set(ctx.shingles5[i].tolist())
+        return sets[i]
+
+    out = []
+    for a, b in sorted(cands):
+        if ctx.norm_row[a] == ctx.norm_row[b]:
+            continue
+        j = T.jaccard(s(a), s(b))
+        if j >= threshold:
+            out.append((a, b, j))
+    return out
+
+
+def _clusters(pairs, n) -> list[list[int]]:
+    parent = list(range(n))
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for a, b, _ in pairs:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    groups: dict[int, list[int]] = defaultdict(list)
+    for a, b, _ in pairs:
+        for x in (a, b):
+            groups[find(x)].append(x)
+    return [sorted(set(g)) for g in groups.values()]
+
+
+@check("D12", "dup_near", "Near-duplicate rows", requires=("data",), severity="warning", rank=40,
+       rule="MinHash over word 5-gram shingles, verified by exact Jaccard >= 0.8 (exact copies excluded); rows "
+            "beyond the first in each cluster > 5% warns, any is info",
+       fix="deduplicate near-copies (keep one per cluster) unless the variation is the point",
+       source="NeMo Curator fuzzy deduplication (Jaccard 0.8)")
+def d12(ctx: AuditContext) -> list[Hit]:
+    pairs = near_dup_pairs(ctx)
+    if not pairs:
+        return []
+    clusters = _clusters(pairs, ctx.n)
+    extra = sum(len(c) - 1 for c in clusters)
+    rate = extra / ctx.n
+    sev = "warning" if rate > 0.05 else "info"
+    clusters.sort(key=lambda c: (-len(c), c[0]))
+    return [Hit(sev, f"{len(clusters)} clusters of near-duplicate rows (Jaccard >= 0.8); {extra} rows beyond the "
+                     f"first of each = {100 * rate:.1f}% of rows (threshold 5%)",
+                {"value": round(rate, 4), "threshold": 0.05, "jaccard_min": 0.8, "n_clusters": len(clusters),
+                 "clusters": [ids(ctx, c) for c in clusters[:20]],
+                 "pairs": [[ctx.examples[a].id, ctx.examples[b].id, round(j, 3)] for a, b, j in pairs[:20]]},
+                row_ids=ids(ctx, [i for c in clusters for i in c]))]
+
+
+# ---------------------------------------------------------------------- D13
+@check("D13", "conflicting_targets", "One prompt, different targets", requires=("data",), severity="warning",
+       rank=40,
+       rule="the same normalised prompt appears with two or more different targets; > 1% of distinct prompts warns, "
+            "any is info (**H**)",
+       fix="reconcile the targets (keep the correct one), or make the prompts say what differs",
+       source="cleanlab label issues (analogue, heuristic)")
+def d13(ctx: AuditContext) -> list[Hit]:
+    by_prompt: dict[str, list[int]] = defaultdict(list)
+    for i, (e, p) in enumerate(zip(ctx.examples, ctx.norm_prompt)):
+        if e.format != "text" and p:
+            by_prompt[p].append(i)
+    if not by_prompt:
+        raise NotApplicable("no rows with a prompt")
+    conflicts = [g for g in by_prompt.values() if len({ctx.norm_completion[i] for i in g}) > 1]
+    if not conflicts:
+        return []
+    rate = len(conflicts) / len(by_prompt)
+    sev = "warning" if rate > 0.01 else "info"
+    conflicts.sort(key=lambda g: (-len(g), g[0]))
+    return [Hit(sev, f"{len(conflicts)} of {len(by_prompt)} distinct prompts ({100 * rate:.1f}%; threshold 1%) have "
+                     f"conflicting targets across {sum(map(len, conflicts))} rows",
+                {"value": round(rate, 4), "threshold": 0.01, "n_prompts": len(conflicts),
+                 "groups": [ids(ctx, g) for g in conflicts[:20]]},
+                row_ids=ids(ctx, [i for g in conflicts for i in g]))]
+
+
+# ---------------------------------------------------------------------- D14
+@check("D14", "contam_exact", "Eval rows found verbatim in training", requires=("data", "eval"), severity="error",
+       rank=30,
+       rule="an eval row's normalised prompt+target, or its prompt (>= 3 words), equals a training row's: any is an "
+            "error; a long eval target (>= 8 words) found as a training target warns",
+       fix="remove the contaminated rows from the training set (or from the eval set) and re-run",
+       source="lm-eval-harness docs/decontamination.md; saurabhav88/EnviousWispr#2547")
+def d14(ctx: AuditContext) -> list[Hit]:
+    train_rows: dict[str, list[int]] = defaultdict(list)
+    train_prompts: dict[str, list[int]] = defaultdict(list)
+    train_targets: dict[str, list[int]] = defaultdict(list)
+    for i, (r, p, c) in enumerate(zip(ctx.norm_row, ctx.norm_prompt, ctx.norm_completion)):
+        train_rows[r].append(i)
+        if len(p.split()) >= 3:
+            train_prompts[p].append(i)
+        if len(c.split()) >= 8:
+            train_targets[c].append(i)
+    full, prompt_only, target_only = [], [], []
+    tr_full, tr_prompt, tr_target = set(), set(), set()
+    for j, (p, c) in enumerate(zip(ctx.eval_norm_prompt, ctx.eval_norm_completion)):
+        row = p + "\x1f" + c
+        if row in train_rows:
+            full.append(j)
+            tr_full.update(train_rows[row])
+        elif p in train_prompts:
+            prompt_only.append(j)
+            tr_prompt.update(train_prompts[p])
+        elif c in train_targets:
+            target_only.append(j)
+            tr_target.update(train_targets[c])
+    n_eval = len(ctx.eval_examples)
+    hits = []
+    if full or prompt_only:
+        ev = full + prompt_only
+        hits.append(Hit("error", f"{len(ev)} of {n_eval} eval rows ({100 * len(ev) / n_eval:.1f}%) appear in training: "
+                                 f"{len(full)} verbatim (prompt and target), {len(prompt_only)} with the same prompt",
+                        {"value": len(ev), "threshold": 0, "n_eval": n_eval, "verbatim": len(full),
+                         "same_prompt": len(prompt_only)},
+                        row_ids=ids(ctx, tr_full | tr_prompt), eval_row_ids=eval_ids(ctx, ev)))
+    if target_only:
+        hits.append(Hit("warning", f"{len(target_only)} eval targets (>= 8 words) appear verbatim as training targets",
+                        {"value": len(target_only), "threshold": 0, "n_eval": n_eval},
+                        row_ids=ids(ctx, tr_target), eval_row_ids=eval_ids(ctx, target_only)))
+    return hits
+
+
+# ---------------------------------------------------------------------- D15
+@check("D15", "contam_near", "Eval rows nearly copied from training", requires=("data", "eval"),
+       severity="warning", rank=30,
+       rule="an eval row (not already an exact match) shares a word 13-gram with a training row (13-grams found in "
+            "more than 0.5% of training rows are boilerplate and ignored), or has MinHash-verified Jaccard >= 0.8 "
+            "with one; > 1% of eval rows warns, any is info",
+       fix="decontaminate: drop the training rows that overlap the eval set",
+       source="lm-eval-harness docs/decontamination.md (13-grams, GPT-3 App. C); NeMo Curator (0.8)")
+def d15(ctx: AuditContext) -> list[Hit]:
+    exact_rows = set(ctx.norm_row)
+    exact_prompts = {p for p in ctx.norm_prompt if len(p.split()) >= 3}
+    n_train = ctx.n
+    # 13-gram overlap: one sorted array of (gram, train row), searched once for every eval gram
+    grams, owners = [], []
+    for i, (ws, g) in enumerate(zip(ctx.row_word_hashes, T.ngrams_rows(ctx.row_word_hashes, 13))):
+        if len(ws) >= 13:
+            g = np.unique(g)
+            grams.append(g)
+            owners.append(np.full(len(g), i, dtype=np.int64))
+    matched: dict[int, set[int]] = defaultdict(set)
+    how: dict[int, str] = {}
+    egrams, eowners = [], []
+    for j, (ws, g) in enumerate(zip(ctx.eval_row_word_hashes, T.ngrams_rows(ctx.eval_row_word_hashes, 13))):
+        if len(ws) >= 13:
+            g = np.unique(g)
+            egrams.append(g)
+            eowners.append(np.full(len(g), j, dtype=np.int64))
+    if grams and egrams:
+        allg = np.concatenate(grams)
+        allo = np.concatenate(owners)
+        order = np.argsort(allg, kind="stable")
+        allg, allo = allg[order], allo[order]
+        uniq, first, counts = np.unique(allg, return_index=True, return_counts=True)
+        limit = max(2, int(0.005 * n_train))
+        eg, eo = np.concatenate(egrams), np.concatenate(eowners)
+        pos = np.searchsorted(uniq, eg)
+        pos_c = np.minimum(pos, len(uniq) - 1)
+        found = (uniq[pos_c] == eg) & (counts[pos_c] <= limit)
+        for k in np.nonzero(found)[0]:
+            u = pos_c[k]
+            j = int(eo[k])
+            matched[j].update(allo[first[u]:first[u] + counts[u]].tolist())
+            how[j] = "13-gram"
+    # MinHash near-duplicates between eval and train
+    kt = T.band_keys(ctx.signatures, 16)
+    ke = T.band_keys(ctx.eval_signatures, 16)
+    t_ok = np.array([len(x) > 0 for x in ctx.shingles5], dtype=bool)
+    sets_t: dict[int, set] = {}
+    for b in range(16):
+        e_keys = {int(ke[b, j]): j for j in range(len(ctx.eval_examples)) if len(ctx.eval_shingles5[j])}
+        if not e_keys:
+            break
+        hit_rows = np.nonzero(np.isin(kt[b], np.fromiter(e_keys, dtype=np.uint64)) & t_ok)[0]
+        per_eval: dict[int, list[int]] = defaultdict(list)
+        for i in hit_rows.tolist():
+            per_eval[e_keys[int(kt[b, i])]].append(i)
+        for j, trs in per_eval.items():
+            es = set(ctx.eval_shingles5[j].tolist())
+            for i in trs[:50]:
+                if i in matched[j]:
+                    continue
+                if i not in sets_t:
+                    sets_t[i] = set(ctx.shingles5[i].tolist())
+                if T.jaccard(es, sets_t[i]) >= 0.8:
+                    matched[j].add(i)
+                    how.setdefault(j, "jaccard")
+    ev = []
+    tr: set[int] = set()
+    for j, trs in matched.items():
+        if not trs:
+            continue
+        row = ctx.eval_norm_prompt[j] + "\x1f" + ctx.eval_norm_completion[j]
+        if row in exact_rows or ctx.eval_norm_prompt[j] in exact_prompts:
+            continue  # D14's
+        ev.append(j)
+        tr |= trs
+    if not ev:
+        return []
+    n_eval = len(ctx.eval_examples)
+    rate = len(ev) / n_eval
+    sev = "warning" if rate > 0.01 else "info"
+    return [Hit(sev, f"{len(ev)} of {n_eval} eval rows ({100 * rate:.1f}%; threshold 1%) nearly match {len(tr)} "
+                     f"training rows (shared 13-gram or Jaccard >= 0.8)",
+                {"value": round(rate, 4), "threshold": 0.01, "n_eval": n_eval,
+                 "by": dict(Counter(how[j] for j in ev))},
+                row_ids=ids(ctx, tr), eval_row_ids=eval_ids(ctx, ev))]
+
+
+# ---------------------------------------------------------------------- D16
+@check("D16", "answer_in_prompt", "The target is already in its prompt", requires=("data",), severity="warning",
+       rank=40,
+       rule="the normalised target (>= 20 characters) appears verbatim inside its own prompt; > 5% warns, any is "
+            "info (**H**)",
+       fix="check for leakage: the model learns to copy, not to answer",
+       source="heuristic")
+def d16(ctx: AuditContext) -> list[Hit]:
+    bad = [i for i, (p, c) in enumerate(zip(ctx.norm_prompt, ctx.norm_completion)) if len(c) >= 20 and c in p]
+    if not bad:
+        return []
+    rate = len(bad) / ctx.n
+    return [Hit("warning" if rate > 0.05 else "info",
+                f"{pct(len(bad), ctx.n)} contain their own target verbatim in the prompt (threshold 5%)",
+                {"value": round(rate, 4), "threshold": 0.05}, row_ids=ids(ctx, bad))]
+
+
+# ---------------------------------------------------------------------- D17
+@check("D17", "length_outliers", "Target length outliers", requires=("data",), reads=("tokenizer",),
+       severity="warning", rank=40,
+       rule="robust z-score of log target length > 5 (median/MAD, MAD floored at 0.1); tokens when a tokenizer is "
+            "given, characters otherwise; > 1% of rows warns, any is info",
+       fix="inspect the outliers: split very long targets, drop stubs",
+       source="FastChat split_long_conversation")
+def d17(ctx: AuditContext) -> list[Hit]:
+    if ctx.tokenizer is not None:
+        unit = "tokens"
+        lens = [(tr.tx.full_length - tr.tx.prompt_length) if tr.tx is not None else None for tr in ctx.token_rows]
+    else:
+        unit = "characters"
+        lens = [len(e.completion_text) for e in ctx.examples]
+    pts = [(i, math.log1p(max(L, 0))) for i, L in enumerate(lens) if L is not None]
+    if len(pts) < 20:
+        raise NotApplicable(f"too few rows ({len(pts)}) for a robust length distribution (needs 20)")
+    vals = np.array([v for _, v in pts])
+    med = float(np.median(vals))
+    mad = max(float(np.median(np.abs(vals - med))), 0.1)
+    z = np.abs(vals - med) / (1.4826 * mad)
+    out = [pts[k][0] for k in np.nonzero(z > 5)[0]]
+    if not out:
+        return []
+    rate = len(out) / ctx.n
+    lv = [lens[i] for i in out]
+    return [Hit("warning" if rate > 0.01 else "info",
+                f"{pct(len(out), ctx.n)} have target lengths far from the median of {math.expm1(med):.0f} {unit} "
+                f"(robust z > 5; outliers range {min(lv)}-{max(lv)} {unit})",
+                {"value": round(rate, 4), "threshold": 0.01, "z_threshold": 5, "unit": unit,
+                 "median": round(math.expm1(med), 1), "outlier_lengths": lv[:50]}, row_ids=ids(ctx, out))]
+
+
+# ---------------------------------------------------------------------- D18
+@check("D18", "language_mix", "Unexpected language mix", requires=("data",), severity="warning", rank=40,
+       rule="language per row by script, and for Latin script by a stopword vote (en/fr/de/es/it/pt/nl): a "
+            "minority language in 1-20% of rows, or prompt and target in different languages in > 5% of rows, "
+            "warns; smaller shares are info (**H**)",
+       fix="filter the rows in the wrong language (or ignore this for translation data)",
+       source="FastChat optional_clean --skip-lang; DialogStudio ShareGPT README")
+def d18(ctx: AuditContext) -> list[Hit]:
+    langs, mism = [], []
+    for i, e in enumerate(ctx.examples):
+        p = T.language_of(e.prompt_text, ctx.prompt_words[i]) if ctx.prompt_words[i] else None
+        c = T.language_of(e.completion_text, ctx.completion_words[i])
+        both = c if p is None else p if c is None or p == c else \
+            T.language_of(e.prompt_text + "\n" + e.completion_text, ctx.row_words[i])
+        langs.append(both)
+        if p and c and p != c:
+            mism.append(i)
+    known = [x for x in langs if x]
+    if len(known) < 10:
+        raise NotApplicable(f"language identified for only {len(known)} rows (needs 10)")
+    counts = Counter(known)
+    major = max(sorted(counts), key=lambda k: counts[k])
+    minority = [i for i, x in enumerate(langs) if x and x != major]
+    hits = []
+    share = len(minority) / len(known)
+    if minority:
+        sev = "warning" if 0.01 <= share <= 0.20 else "info"
+        hits.append(Hit(sev, f"{len(minority)} rows ({100 * share:.1f}% of rows with a known language) are not in "
+                             f"the majority language {major!r} (warn band 1-20%): {dict(counts.most_common(6))}",
+                        {"value": round(share, 4), "threshold": [0.01, 0.20], "majority": major,
+                         "counts": dict(counts)}, row_ids=ids(ctx, minority)))
+    if mism:
+        rate = len(mism) / ctx.n
+        hits.append(Hit("warning" if rate > 0.05 else "info",
+                        f"{pct(len(mism), ctx.n)} answer in a different language from their prompt (threshold 5%)",
+                        {"value": round(rate, 4), "threshold": 0.05}, row_ids=ids(ctx, mism)))
+    return hits
+
+
+# ---------------------------------------------------------------------- D20
+@check("D20", "boilerplate_noise", "Refusal boilerplate, HTML or mojibake", requires=("data",), severity="warning",
+       rank=40,
+       rule="targets matching refusal/AI-disclaimer patterns ('as an AI language model', 'OpenAI'), or rows with "
+            "HTML tags/entities or mojibake ('Ã©', 'â€™', U+FFFD); > 1% warns, any is info",
+       fix="filter or clean these rows (ftfy fixes mojibake; strip HTML)",
+       source="FastChat clean_sharegpt; airoboros-style filter lists")
+def d20(ctx: AuditContext) -> list[Hit]:
+    kinds: dict[str, list[int]] = defaultdict(list)
+    for i, e in enumerate(ctx.examples):
+        c = e.completion_text
+        if T.REFUSAL.search(c):
+            kinds["refusal"].append(i)
+        both = e.prompt_text + "\n" + c
+        if ("<" in both or "&" in both) and T.HTML.search(both):
+            kinds["html"].append(i)
+        if not both.isascii() and T.MOJIBAKE.search(both):
+            kinds["mojibake"].append(i)
+    allrows = sorted({i for v in kinds.values() for i in v})
+    if not allrows:
+        return []
+    rate = len(allrows) / ctx.n
+    return [Hit("warning" if rate > 0.01 else "info",
+                f"{pct(len(allrows), ctx.n)} carry noise (threshold 1%): "
+                + ", ".join(f"{k} {len(v)}" for k, v in sorted(kinds.items())),
+                {"value": round(rate, 4), "threshold": 0.01,
+                 "by_kind": {k: ids(ctx, v)[:20] for k, v in sorted(kinds.items())}},
+                row_ids=ids(ctx, allrows))]
+
+
+# ---------------------------------------------------------------------- D21
+@check("D21", "no_eval_split", "No held-out eval set", requires=("data",), reads=("eval", "config"),
+       severity="warning", rank=30,
+       rule="no eval set given and the config holds none out (val_set_size / val_size / eval_strategy); info, "
+            "a warning when the training set has fewer than 200 rows",
+       fix="hold out 5-10% of the rows and watch eval loss (pass it here with --eval)",
+       source="Unsloth fine-tuning guide (watch the eval loss)")
+def d21(ctx: AuditContext) -> list[Hit]:
+    if ctx.eval_examples is not None:
+        return []
+    c = ctx.config
+    if c is not None and ((c.val_set_size or 0) > 0 or c.has_eval_dataset
+                          or (c.eval_strategy not in (None, "no") and not c.is_default("eval_strategy"))):
+        return []
+    sev = "warning" if ctx.n < 200 else "info"
+    why = "and the config holds none out" if c is not None else "and no config says one was used"
+    return [Hit(sev, f"no eval set was given {why}; with {ctx.n} training rows (threshold 200) overfitting goes "
+                     f"unseen", {"value": ctx.n, "threshold": 200})]

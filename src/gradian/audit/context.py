@@ -1,0 +1,467 @@
+"""What the checks read: the inputs, and what is derived from them once (lazily).
+
+:class:`AuditContext` holds the training rows, the eval rows, the merged
+:class:`~gradian.audit.config.TrainConfig`, the :class:`~gradian.audit.logs.TrainLog`,
+the tokenizer and the library versions, and caches what several checks share:
+normalised texts, word n-gram hashes and MinHash signatures, and the token
+view of every row.
+
+The token view is :func:`gradian.data.tokenize.tokenize_example` run once per
+row with ``max_length`` unbounded, under the loss mode and EOS rule of the
+training run (from the config and versions); truncation at the run's
+``max_length`` is then a slice of that (``keep_start``), which is exactly what
+``tokenize_example`` at that ``max_length`` returns. So token-level findings
+agree with the sequences and masks the attribution lane trains on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradian.audit import text as T
+from gradian.audit.config import TrainConfig
+from gradian.audit.logs import TrainLog
+from gradian.audit.versions import before
+from gradian.data.formats import Example
+from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example
+from gradian.errors import GradianUserError
+
+UNBOUNDED = 10**9
+#: When no config says otherwise, the max length TRL's SFTConfig applies.
+ASSUMED_MAX_LENGTH = 1024
+
+
+@dataclass
+class TokenInfo:
+    """Facts about the tokenizer and, when the folder has them, the model's config."""
+
+    name: str
+    eos_token: str | None
+    eos_id: int | None
+    bos_token: str | None
+    bos_id: int | None
+    pad_token: str | None
+    pad_id: int | None
+    adds_bos: bool
+    model_max_length: int | None
+    max_position_embeddings: int | None
+    vocab_size: int | None
+    n_tokens: int
+    torch_dtype: str | None
+    generation_eos_ids: list[int]
+    special_strings: list[str]
+    chat_template: str | None
+
+
+def load_tokenizer_folder(path: str | Path):
+    """A tokenizer from a local folder (no network, no remote code). GGUF folders work too."""
+    from transformers import AutoTokenizer
+
+    p = Path(path)
+    if not p.exists():
+        raise GradianUserError("tokenizer folder not found", where=str(p), fix="pass a local model or tokenizer folder")
+    kw: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
+    if p.is_dir() and not (p / "tokenizer_config.json").exists() and not (p / "tokenizer.json").exists():
+        ggufs = sorted(p.glob("*.gguf"))
+        if ggufs:
+            kw["gguf_file"] = ggufs[0].name
+    try:
+        return AutoTokenizer.from_pretrained(str(p), **kw)
+    except Exception as e:  # transformers raises OSError/ValueError/KeyError for a bad folder
+        msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise GradianUserError(
+            f"cannot load a tokenizer ({msg})", where=str(p),
+            fix="pass a folder holding tokenizer.json / tokenizer_config.json (e.g. the base model's folder)",
+        ) from None
+
+
+def token_info(tok, folder: str | Path | None) -> TokenInfo:
+    cfg: dict[str, Any] = {}
+    gen: dict[str, Any] = {}
+    if folder is not None and Path(folder).is_dir():
+        for name, target in (("config.json", cfg), ("generation_config.json", gen)):
+            f = Path(folder) / name
+            if f.exists():
+                try:
+                    target.update(json.loads(f.read_text(encoding="utf-8")))
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    pass
+    mml = getattr(tok, "model_max_length", None)
+    if not isinstance(mml, int) or mml > 10**8:
+        mml = None
+    ids = tok("a", add_special_tokens=True)["input_ids"]
+    adds_bos = bool(ids) and tok.bos_token_id is not None and ids[0] == tok.bos_token_id
+    ge = gen.get("eos_token_id", cfg.get("eos_token_id"))
+    gen_eos = [int(x) for x in (ge if isinstance(ge, list) else [ge] if isinstance(ge, int) else [])]
+    specials = sorted({s for s in getattr(tok, "all_special_tokens", []) if s}
+                      | {t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if getattr(t, "special", False)})
+    return TokenInfo(
+        name=str(folder) if folder is not None else getattr(tok, "name_or_path", "") or "(in-memory tokenizer)",
+        eos_token=tok.eos_token, eos_id=tok.eos_token_id, bos_token=tok.bos_token, bos_id=tok.bos_token_id,
+        pad_token=tok.pad_token, pad_id=tok.pad_token_id, adds_bos=adds_bos,
+        model_max_length=mml,
+        max_position_embeddings=cfg.get("max_position_embeddings") or cfg.get("n_positions"),
+        vocab_size=cfg.get("vocab_size"), n_tokens=len(tok), torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+        generation_eos_ids=gen_eos, special_strings=specials,
+        chat_template=tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None,
+    )
+
+
+@dataclass
+class TokenRow:
+    """A row as the trainer tokenises it (untruncated) plus what the checks need.
+
+    Attributes:
+        tx: the :class:`TokenizedExample` at unbounded ``max_length`` (or None if rendering failed).
+        error: the one-line rendering error (e.g. the chat template rejected the roles).
+        first_sup: index of the first supervised token (``len`` if none).
+        last_sup: index of the last supervised token (-1 if none).
+    """
+
+    tx: TokenizedExample | None
+    error: str | None
+    first_sup: int
+    last_sup: int
+    prompt_ids_len: int | None = None
+
+
+def _row(tx: TokenizedExample | None, error: str | None, prompt_ids_len: int | None) -> TokenRow:
+    if tx is None:
+        return TokenRow(None, error, 0, -1, None)
+    sup = [i for i, lab in enumerate(tx.labels) if lab != IGNORE_INDEX]
+    return TokenRow(tx, None, sup[0] if sup else len(tx.labels), sup[-1] if sup else -1, prompt_ids_len)
+
+
+def _plain_backend(tok):
+    """The fast tokenizer's Rust backend when calling it directly is equivalent (no truncation/padding set)."""
+    be = getattr(tok, "backend_tokenizer", None) if getattr(tok, "is_fast", False) else None
+    if be is None or getattr(be, "truncation", None) is not None or getattr(be, "padding", None) is not None:
+        return None
+    if getattr(tok, "split_special_tokens", False):
+        return None
+    return be
+
+
+def batch_tokenize(examples: list[Example], tok, spec: TokenizeSpec):
+    """``tokenize_example`` for many rows with two batched tokenizer calls per kind (plain / chat).
+
+    Reproduces :func:`gradian.data.tokenize.tokenize_example` step by step (same chat rendering
+    helper, EOS rule, common-prefix mask, first label masked); only the tokenizer calls are
+    batched. Returns ``(TokenizedExample | None, error | None, len(tok(prompt)) | None)`` per row.
+    ``AuditContext`` checks a sample of rows against ``tokenize_example`` itself.
+    """
+    from gradian.data.tokenize import _common_prefix, _render_chat
+
+    n = len(examples)
+    out: list[Any] = [None] * n
+    texts: list[str | None] = [None] * n
+    prompts: list[str | None] = [None] * n
+    starts = [0] * n
+    special = [True] * n
+    for i, ex in enumerate(examples):
+        where = f"example {ex.id}"
+        if ex.is_chat:
+            pm = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
+            cm = ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
+            try:
+                ptext = _render_chat(tok, pm, True, where)
+                text = _render_chat(tok, pm + cm, False, where)
+            except GradianUserError as e:
+                out[i] = (None, e.what, None)
+                continue
+            special[i] = False
+            content = ex.completion_text
+            found = text.rfind(content) if content else -1
+            starts[i] = found if found >= 0 else len(ptext)
+        else:
+            ptext = ex.prompt
+            completion = ex.completion
+            eos = tok.eos_token
+            if spec.add_eos and eos and not completion.endswith(eos):
+                completion = completion + eos
+            text = ptext + completion
+            starts[i] = len(ptext)
+        texts[i] = text
+        if not (ex.format == "text" or not ptext):
+            prompts[i] = ptext
+    backend = _plain_backend(tok)
+    for flag in (True, False):
+        sel = [i for i in range(n) if texts[i] is not None and special[i] == flag]
+        if not sel:
+            continue
+        psel = [i for i in sel if prompts[i] is not None]
+        if backend is not None:  # the Rust tokenizer directly: same ids/offsets, no per-row Python conversion
+            encs = backend.encode_batch([texts[i] for i in sel], add_special_tokens=flag)
+            all_ids = [e.ids for e in encs]  # fresh lists of ints
+            all_offsets = [e.offsets for e in encs]  # lists of (start, end) tuples
+            penc = [e.ids for e in backend.encode_batch([prompts[i] for i in psel], add_special_tokens=flag)] \
+                if psel else []
+        else:
+            enc = tok([texts[i] for i in sel], add_special_tokens=flag, return_offsets_mapping=True)
+            all_ids = enc["input_ids"]
+            all_offsets = enc["offset_mapping"]
+            penc = tok([prompts[i] for i in psel], add_special_tokens=flag)["input_ids"] if psel else []
+        p_ids = dict(zip(psel, penc))
+        for k, i in enumerate(sel):
+            ids = all_ids[k] if backend is not None else list(all_ids[k])
+            offsets = all_offsets[k] if backend is not None else [tuple(o) for o in all_offsets[k]]
+            pl_ids = p_ids.get(i)
+            if pl_ids is None:
+                prompt_len = 0
+            elif ids[:len(pl_ids)] == pl_ids:  # the usual case, compared in C
+                prompt_len = len(pl_ids)
+            else:
+                prompt_len = _common_prefix(pl_ids, ids)
+            labels = list(ids) if spec.loss_on == "all" else [IGNORE_INDEX] * prompt_len + ids[prompt_len:]
+            if labels:
+                labels[0] = IGNORE_INDEX
+            full = len(ids)
+            truncated = full > spec.max_length
+            if truncated:
+                ids, labels, offsets = ids[: spec.max_length], labels[: spec.max_length], offsets[: spec.max_length]
+            tx = TokenizedExample(id=examples[i].id, input_ids=ids, labels=labels, offsets=offsets, text=texts[i],
+                                  completion_char_start=starts[i], full_length=full, truncated=truncated,
+                                  prompt_length=prompt_len)
+            out[i] = (tx, None, len(pl_ids) if pl_ids is not None else None)
+    return out
+
+
+class AuditContext:
+    """Inputs plus shared derived data; see the module docstring."""
+
+    def __init__(
+        self,
+        examples: list[Example] | None,
+        eval_examples: list[Example] | None,
+        config: TrainConfig | None,
+        logs: TrainLog | None,
+        tokenizer: Any,
+        tokenizer_folder: str | None,
+        versions: dict[str, str],
+        version_sources: dict[str, str],
+        data_path: str | None = None,
+        eval_path: str | None = None,
+    ):
+        self.examples = examples
+        self.eval_examples = eval_examples
+        self.config = config
+        self.logs = logs
+        self.tokenizer = tokenizer
+        self.tokenizer_folder = tokenizer_folder
+        self.versions = versions
+        self.version_sources = version_sources
+        self.data_path = data_path
+        self.eval_path = eval_path
+        self.notes: list[str] = []
+
+    # ------------------------------------------------------------------ presence
+    def has(self, inp: str) -> bool:
+        return {
+            "data": self.examples is not None,
+            "eval": self.eval_examples is not None,
+            "config": self.config is not None,
+            "logs": self.logs is not None,
+            "tokenizer": self.tokenizer is not None,
+        }[inp]
+
+    @property
+    def n(self) -> int:
+        return len(self.examples or [])
+
+    # ------------------------------------------------------------------ text views
+    @cached_property
+    def norm_prompt(self) -> list[str]:
+        return [T.normalise(e.prompt_text) for e in self.examples or []]
+
+    @cached_property
+    def norm_completion(self) -> list[str]:
+        return [T.normalise(e.completion_text) for e in self.examples or []]
+
+    @cached_property
+    def norm_row(self) -> list[str]:
+        return [p + "\x1f" + c for p, c in zip(self.norm_prompt, self.norm_completion)]
+
+    @cached_property
+    def eval_norm_prompt(self) -> list[str]:
+        return [T.normalise(e.prompt_text) for e in self.eval_examples or []]
+
+    @cached_property
+    def eval_norm_completion(self) -> list[str]:
+        return [T.normalise(e.completion_text) for e in self.eval_examples or []]
+
+    @cached_property
+    def prompt_words(self) -> list[list[str]]:
+        return [T._WORD.findall(p) for p in self.norm_prompt]
+
+    @cached_property
+    def completion_words(self) -> list[list[str]]:
+        return [T._WORD.findall(c) for c in self.norm_completion]
+
+    @cached_property
+    def row_words(self) -> list[list[str]]:
+        return [p + c for p, c in zip(self.prompt_words, self.completion_words)]
+
+    @cached_property
+    def eval_row_words(self) -> list[list[str]]:
+        return [T._WORD.findall(p + " " + c) for p, c in zip(self.eval_norm_prompt, self.eval_norm_completion)]
+
+    @cached_property
+    def row_word_hashes(self) -> list[np.ndarray]:
+        return [T.word_hashes(ws) for ws in self.row_words]
+
+    @cached_property
+    def eval_row_word_hashes(self) -> list[np.ndarray]:
+        return [T.word_hashes(ws) for ws in self.eval_row_words]
+
+    @cached_property
+    def shingles5(self) -> list[np.ndarray]:
+        return T.ngrams_rows(self.row_word_hashes, 5)
+
+    @cached_property
+    def eval_shingles5(self) -> list[np.ndarray]:
+        return T.ngrams_rows(self.eval_row_word_hashes, 5)
+
+    @cached_property
+    def minhasher(self) -> T.MinHasher:
+        return T.MinHasher(k=64)
+
+    @cached_property
+    def signatures(self) -> np.ndarray:
+        return self.minhasher.signatures(self.shingles5)
+
+    @cached_property
+    def eval_signatures(self) -> np.ndarray:
+        return self.minhasher.signatures(self.eval_shingles5)
+
+    # ------------------------------------------------------------------ run semantics
+    @property
+    def trainer(self) -> str | None:
+        return self.config.trainer if self.config else None
+
+    def max_length(self) -> tuple[int | None, str]:
+        """The run's max length and where it came from; (None, why) when the trainer does not truncate."""
+        c = self.config
+        if c is None:
+            return ASSUMED_MAX_LENGTH, f"assumed: no config given, TRL SFTConfig's default max_length={ASSUMED_MAX_LENGTH}"
+        if c.max_length:
+            return int(c.max_length), c.source("max_length") or "config"
+        if c.truncation == "none":
+            return None, f"no truncation ({c.source('truncation')})"
+        if c.trainer == "hf":
+            return None, "HF Trainer does not truncate; the max length is whatever your preprocessing used"
+        if c.trainer is None:
+            return ASSUMED_MAX_LENGTH, f"assumed: the config names no trainer, TRL's default max_length={ASSUMED_MAX_LENGTH}"
+        return None, "max length unknown"
+
+    def loss_on_prompt(self) -> tuple[bool, str]:
+        """Whether the loss covers the prompt, and why (the config field or default)."""
+        c = self.config
+        if c is None:
+            return False, "assumed completion-only loss (no config given)"
+        if c.train_on_inputs is not None:
+            return bool(c.train_on_inputs), c.source("train_on_inputs") or ""
+        if c.completion_only_loss is not None:
+            return (not c.completion_only_loss), c.source("completion_only_loss") or ""
+        return False, "default: completion-only loss for prompt/completion rows"
+
+    def pipeline_appends_eos(self) -> tuple[bool, str]:
+        """Whether the trainer appends EOS to plain (non-chat) rows."""
+        b = before(self.versions, "trl", "0.16")
+        if self.trainer in ("trl", None) and b:
+            return False, f"TRL {self.versions['trl']} < 0.16 does not append EOS to plain text"
+        return True, "the trainer appends EOS to plain rows (TRL >= 0.16, axolotl, LLaMA-Factory, torchtune)"
+
+    # ------------------------------------------------------------------ tokenizer views
+    @cached_property
+    def tok_info(self) -> TokenInfo:
+        return token_info(self.tokenizer, self.tokenizer_folder)
+
+    @cached_property
+    def token_spec(self) -> TokenizeSpec:
+        on_prompt, _ = self.loss_on_prompt()
+        add_eos, _ = self.pipeline_appends_eos()
+        return TokenizeSpec(max_length=UNBOUNDED, loss_on="all" if on_prompt else "completion", add_eos=add_eos)
+
+    @cached_property
+    def token_rows(self) -> list[TokenRow]:
+        """One :class:`TokenRow` per training row (``tokenize_example`` at unbounded max length)."""
+        return self._tokenize(self.examples or [])
+
+    @cached_property
+    def eval_token_rows(self) -> list[TokenRow]:
+        return self._tokenize(self.eval_examples or [])
+
+    def _tokenize(self, examples: list[Example]) -> list[TokenRow]:
+        """Batch path checked against ``tokenize_example`` on a sample; any disagreement -> per-row path."""
+        spec = self.token_spec
+        fast = batch_tokenize(examples, self.tokenizer, spec)
+        n = len(examples)
+        sample = sorted(set(range(min(16, n))) | set(range(0, n, max(1, n // 16))))
+        for i in sample:
+            ex = examples[i]
+            try:
+                ref = tokenize_example(ex, self.tokenizer, spec)
+            except GradianUserError as e:
+                if fast[i][1] != e.what:
+                    break
+                continue
+            got = fast[i][0]
+            if got is None or (got.input_ids, got.labels, got.offsets, got.text, got.completion_char_start,
+                               got.full_length, got.prompt_length) != (
+                    ref.input_ids, ref.labels, ref.offsets, ref.text, ref.completion_char_start, ref.full_length,
+                    ref.prompt_length):
+                break
+        else:
+            return [_row(tx, err, plen) for tx, err, plen in fast]
+        self.notes.append("the batch tokenisation disagreed with tokenize_example on a sampled row; every row was "
+                          "tokenised one by one instead")
+        out = []
+        for ex in examples:
+            try:
+                out.append(_row(tokenize_example(ex, self.tokenizer, spec), None, None))
+            except GradianUserError as e:
+                out.append(_row(None, e.what, None))
+        return out
+
+    @cached_property
+    def prompt_token_lengths(self) -> list[int | None]:
+        """Length of ``tok(prompt)`` alone as the trainer encodes it (None for text rows / failed renders).
+
+        ``TokenizedExample.prompt_length`` is the common prefix of ``tok(prompt)`` and
+        ``tok(prompt + completion)``; when it is shorter than this, the boundary tokens merged.
+        """
+        if all(tr.prompt_ids_len is not None or tr.tx is None or tr.tx.prompt_length == 0 for tr in self.token_rows):
+            return [tr.prompt_ids_len for tr in self.token_rows]
+        tok = self.tokenizer
+        texts: list[str] = []
+        idx: list[int] = []
+        special: list[bool] = []
+        for i, (ex, tr) in enumerate(zip(self.examples or [], self.token_rows)):
+            if tr.tx is None or ex.format == "text" or not ex.prompt_text and not ex.is_chat:
+                continue
+            if ex.is_chat:
+                msgs = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
+                try:
+                    texts.append(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True))
+                except Exception:
+                    continue
+                special.append(False)
+            else:
+                texts.append(ex.prompt)
+                special.append(True)
+            idx.append(i)
+        out: list[int | None] = [None] * self.n
+        for flag in (True, False):
+            sel = [k for k in range(len(texts)) if special[k] == flag]
+            if not sel:
+                continue
+            enc = tok([texts[k] for k in sel], add_special_tokens=flag)["input_ids"]
+            for k, ids in zip(sel, enc):
+                out[idx[k]] = len(ids)
+        return out

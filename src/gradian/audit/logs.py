@@ -1,0 +1,201 @@
+"""Trainer logs: ``trainer_state.json`` (``log_history``) or JSONL of logged dicts.
+
+Both become a :class:`TrainLog`: train entries (``loss``, ``grad_norm``,
+``learning_rate``, ``epoch``, ``mean_token_accuracy``), eval entries
+(``eval_loss``), the final summary (``train_runtime``, ``train_loss``), and the
+state fields of ``trainer_state.json`` (``global_step``, ``max_steps``,
+``num_train_epochs``, ...). Keys logged by W&B-style loggers (``train/loss``,
+``eval/loss``, ``train/global_step``) are accepted too. NaN and inf survive as
+floats (``NaN``/``Infinity`` in JSON, or the strings ``"nan"``/``"inf"``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gradian.errors import GradianUserError
+
+_ALIASES = {
+    "train/loss": "loss", "train_loss_step": "loss",
+    "train/grad_norm": "grad_norm", "train/learning_rate": "learning_rate", "lr": "learning_rate",
+    "train/epoch": "epoch", "train/global_step": "step", "global_step": "step",
+    "eval/loss": "eval_loss", "train/mean_token_accuracy": "mean_token_accuracy",
+}
+_NUMERIC = ("loss", "grad_norm", "learning_rate", "epoch", "step", "eval_loss", "mean_token_accuracy",
+            "train_loss", "train_runtime")
+
+
+@dataclass
+class LogPoint:
+    """One logged value at a step."""
+
+    step: int
+    epoch: float | None
+    value: float
+
+
+@dataclass
+class TrainLog:
+    """A run's logged history.
+
+    Attributes:
+        train: train entries as dicts with ``step`` (int), ``epoch``, ``loss``, ``grad_norm``,
+            ``learning_rate``, ``mean_token_accuracy`` (missing keys absent).
+        eval: eval entries with ``step``, ``epoch``, ``eval_loss``.
+        summary: the final entry (``train_runtime``, ``train_loss``, ...), or None.
+        state: top-level ``trainer_state.json`` fields (``global_step``, ``max_steps``, ...).
+        path: the file read; ``kind``: ``"trainer_state"`` or ``"jsonl"``.
+        steps_inferred: True when entries had no step and their order was used.
+    """
+
+    train: list[dict[str, float]]
+    eval: list[dict[str, float]]
+    summary: dict[str, Any] | None
+    state: dict[str, Any]
+    path: str
+    kind: str
+    steps_inferred: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def series(self, key: str, source: str = "train") -> list[LogPoint]:
+        """(step, epoch, value) of ``key`` over train (or eval) entries that log it."""
+        rows = self.train if source == "train" else self.eval
+        return [LogPoint(int(e["step"]), e.get("epoch"), float(e[key])) for e in rows if key in e]
+
+    @property
+    def global_step(self) -> int | None:
+        gs = self.state.get("global_step")
+        if isinstance(gs, (int, float)) and not isinstance(gs, bool):
+            return int(gs)
+        steps = [int(e["step"]) for e in self.train + self.eval]
+        return max(steps) if steps else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "kind": self.kind, "n_train": len(self.train), "n_eval": len(self.eval),
+                "has_summary": self.summary is not None, "global_step": self.global_step,
+                "max_steps": self.state.get("max_steps")}
+
+
+def _num(v: Any, where: str, key: str) -> float:
+    if isinstance(v, bool):
+        raise GradianUserError(f"{key} is a boolean, not a number", where=where, fix="log numbers")
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip())  # "nan", "inf", "1e-4"
+        except ValueError:
+            pass
+    raise GradianUserError(f"{key} is {v!r}, not a number", where=where, fix=f"log {key} as a number")
+
+
+def _normalise(entries: list[Any], path: Path, kind: str) -> TrainLog:
+    train: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
+    summary = None
+    inferred = False
+    for i, raw in enumerate(entries):
+        where = f"{path}:{i + 1}" if kind == "jsonl" else f"{path}: log_history[{i}]"
+        if not isinstance(raw, dict):
+            raise GradianUserError(
+                f"log entry is a JSON {type(raw).__name__}, not an object", where=where,
+                fix="log one JSON object per entry, e.g. {\"step\": 10, \"loss\": 1.2}",
+            )
+        e = {_ALIASES.get(k, k): v for k, v in raw.items()}
+        out: dict[str, float] = {}
+        for k in _NUMERIC:
+            if k in e and e[k] is not None:
+                out[k] = _num(e[k], where, k)
+        if "step" not in out:
+            inferred = True
+            out["step"] = float(i)
+        out["step"] = int(out["step"])
+        if "train_runtime" in out or ("train_loss" in out and "loss" not in out):
+            summary = {k: v for k, v in e.items() if not isinstance(v, (dict, list))}
+            continue
+        if "eval_loss" in out:
+            evals.append({k: out[k] for k in ("step", "epoch", "eval_loss") if k in out})
+        elif "loss" in out:
+            train.append({k: out[k] for k in ("step", "epoch", "loss", "grad_norm", "learning_rate",
+                                               "mean_token_accuracy") if k in out})
+    train.sort(key=lambda d: d["step"])
+    evals.sort(key=lambda d: d["step"])
+    return TrainLog(train=train, eval=evals, summary=summary, state={}, path=str(path), kind=kind,
+                    steps_inferred=inferred)
+
+
+def load_logs(path: str | Path) -> TrainLog:
+    """Read ``trainer_state.json`` (or a checkpoint folder holding one) or a JSONL of logged dicts."""
+    p = Path(path)
+    if not p.exists():
+        raise GradianUserError("log file not found", where=str(p), fix="check the path")
+    if p.is_dir():
+        cand = p / "trainer_state.json"
+        if not cand.exists():
+            raise GradianUserError(
+                "folder has no trainer_state.json", where=str(p),
+                fix="pass trainer_state.json (in the output or checkpoint folder) or a JSONL of logged dicts",
+            )
+        p = cand
+    if p.suffix.lower() == ".jsonl":
+        entries = []
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise GradianUserError("not UTF-8", where=str(p), fix="re-encode the log as UTF-8") from None
+        for i, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise GradianUserError(
+                    f"malformed JSON at column {e.colno}: {e.msg}", where=f"{p}:{i}",
+                    fix="make every line one JSON object of logged values",
+                ) from None
+        if not entries:
+            raise GradianUserError("log file is empty", where=str(p), fix="pass a log with at least one entry")
+        log = _normalise(entries, p, "jsonl")
+    elif p.suffix.lower() == ".json":
+        try:
+            obj = json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise GradianUserError(
+                f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}", where=f"{p}:{e.lineno}",
+                fix="fix the JSON (trainer_state.json is written by transformers' Trainer)",
+            ) from None
+        except UnicodeDecodeError:
+            raise GradianUserError("not UTF-8", where=str(p), fix="re-encode the log as UTF-8") from None
+        if isinstance(obj, list):
+            log = _normalise(obj, p, "jsonl")
+        elif isinstance(obj, dict):
+            if not isinstance(obj.get("log_history"), list):
+                raise GradianUserError(
+                    "no log_history list (is this trainer_state.json?)", where=f"{p}: log_history",
+                    fix="pass the trainer_state.json that Trainer writes to the output/checkpoint folder, "
+                        "or a JSONL with one logged dict per line",
+                )
+            log = _normalise(obj["log_history"], p, "trainer_state")
+            log.state = {k: v for k, v in obj.items() if k != "log_history" and not isinstance(v, (list,))}
+        else:
+            raise GradianUserError("top level is not an object or a list", where=str(p),
+                                   fix="pass trainer_state.json or a JSONL of logged dicts")
+    else:
+        raise GradianUserError(
+            f"unknown log file type {p.suffix or '(no extension)'!r}", where=str(p),
+            fix="pass trainer_state.json or a .jsonl of logged dicts",
+        )
+    if not log.train and not log.eval:
+        raise GradianUserError(
+            "no loss or eval_loss in any log entry", where=str(p),
+            fix="log 'loss' (and 'eval_loss'): set logging_steps, or pass the full trainer_state.json",
+        )
+    return log
+
+
+def is_finite(x: float) -> bool:
+    return not (math.isnan(x) or math.isinf(x))

@@ -1,0 +1,162 @@
+"""Run the registered checks over what was given, and order the findings by what to fix first."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from gradian.audit.config import TrainConfig, load_config
+from gradian.audit.context import AuditContext, load_tokenizer_folder
+from gradian.audit.logs import TrainLog, load_logs
+from gradian.audit.model import SEVERITY_RANK, AuditResult, Finding, SkippedCheck
+from gradian.audit.registry import NotApplicable, _id_key, all_checks
+from gradian.audit.versions import parse_versions
+from gradian.data.formats import Example, load_examples
+from gradian.errors import GradianUserError
+
+_FLAG = {"data": "--data", "eval": "--eval", "config": "--config", "logs": "--logs", "tokenizer": "--tokenizer"}
+
+
+def _examples(x: Any, what: str) -> tuple[list[Example] | None, str | None]:
+    if x is None:
+        return None, None
+    if isinstance(x, (str, Path)):
+        return load_examples(x), str(x)
+    xs = list(x)
+    if xs and not all(isinstance(e, Example) for e in xs):
+        raise GradianUserError(f"{what} must be a path or a list of Example", where=what,
+                               fix="pass a dataset path or gradian.data.formats.load_examples(...)")
+    return xs, None
+
+
+def diagnose(
+    data: str | Path | Sequence[Example] | None = None,
+    eval: str | Path | Sequence[Example] | None = None,
+    configs: str | Path | TrainConfig | Iterable[str | Path] = (),
+    logs: str | Path | TrainLog | None = None,
+    tokenizer: Any = None,
+    versions: dict[str, str] | Iterable[str] | str | None = None,
+    *,
+    select: Iterable[str] | None = None,
+    on_check: Callable[[str], None] | None = None,
+) -> Any:
+    """Run every Audit check on what is given; skip (with the reason) those whose input is missing.
+
+    Args:
+        data: training rows: a file (JSONL/JSON/Parquet/save_to_disk folder) or ``load_examples`` output.
+        eval: eval rows, same forms.
+        configs: config files (TRL/HF JSON or YAML, axolotl, LLaMA-Factory, torchtune YAML, PEFT
+            ``adapter_config.json`` or adapter folder), or one :class:`TrainConfig`.
+        logs: ``trainer_state.json`` / its folder / a JSONL of logged dicts, or a :class:`TrainLog`.
+        tokenizer: a local tokenizer/model folder, or a tokenizer object.
+        versions: library versions, e.g. ``{"trl": "0.19.0"}`` or ``["trl=0.19.0"]``; these beat
+            versions read from the adapter folder.
+        select: run only these check ids (others are reported as skipped: "not selected").
+        on_check: called with each check id before it runs (progress).
+
+    Returns:
+        :class:`gradian.audit.model.AuditResult`.
+    """
+    import gc
+
+    # Many small lists are built (tokens, n-grams); the cyclic GC has nothing to find in them.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) -> AuditResult:
+    examples, data_path = _examples(data, "data")
+    eval_examples, eval_path = _examples(eval, "eval")
+    if isinstance(configs, (str, Path)):
+        configs = [configs]
+    if isinstance(configs, TrainConfig):
+        cfg: TrainConfig | None = configs
+    else:
+        paths = list(configs or [])
+        cfg = load_config(paths) if paths else None
+    log = logs if isinstance(logs, TrainLog) or logs is None else load_logs(logs)
+    tok, tok_folder = None, None
+    if tokenizer is not None:
+        if isinstance(tokenizer, (str, Path)):
+            tok_folder = str(tokenizer)
+            tok = load_tokenizer_folder(tokenizer)
+        else:
+            tok = tokenizer
+    vers: dict[str, str] = {}
+    vsrc: dict[str, str] = {}
+    if cfg is not None:
+        vers.update(cfg.versions)
+        vsrc.update(cfg.version_sources)
+    for k, v in parse_versions(versions).items():
+        vers[k] = v
+        vsrc[k] = "--versions"
+
+    ctx = AuditContext(examples, eval_examples, cfg, log, tok, tok_folder, vers, vsrc, data_path, eval_path)
+    wanted = {s.upper() for s in select} if select is not None else None
+    findings: list[Finding] = []
+    skipped: list[SkippedCheck] = []
+    passed: list[str] = []
+    checks = all_checks()
+    ranks = {c.id: c.rank for c in checks}
+    for spec in checks:
+        if on_check is not None:
+            on_check(spec.id)
+        if wanted is not None and spec.id not in wanted:
+            skipped.append(SkippedCheck(spec.id, spec.name, spec.title, list(spec.reads), "not selected"))
+            continue
+        missing = [i for i in spec.requires if not ctx.has(i)]
+        if missing:
+            reason = "needs " + " and ".join(_FLAG[i] for i in missing)
+            skipped.append(SkippedCheck(spec.id, spec.name, spec.title, list(spec.reads), reason))
+            continue
+        try:
+            hits = spec.fn(ctx) or []
+        except NotApplicable as e:
+            skipped.append(SkippedCheck(spec.id, spec.name, spec.title, list(spec.reads), f"not applicable: {e}"))
+            continue
+        if not hits:
+            passed.append(spec.id)
+            continue
+        for h in hits:
+            frac = round(len(h.row_ids) / ctx.n, 4) if h.row_ids and ctx.n else None
+            findings.append(Finding(
+                id=spec.id, name=spec.name, title=spec.title, severity=h.severity, reads=list(spec.reads),
+                message=h.message, evidence=h.evidence, fix=h.fix or spec.fix, row_ids=list(h.row_ids),
+                eval_row_ids=list(h.eval_row_ids), steps=list(h.steps), fraction=frac,
+            ))
+    findings.sort(key=lambda f: (SEVERITY_RANK[f.severity], ranks[f.id], -(f.fraction or 0.0), _id_key(f.id)))
+
+    inputs: dict[str, Any] = {}
+    if examples is not None:
+        inputs["data"] = {"path": data_path, "n_rows": len(examples),
+                          "formats": dict(Counter(e.format for e in examples))}
+    if eval_examples is not None:
+        inputs["eval"] = {"path": eval_path, "n_rows": len(eval_examples)}
+    if cfg is not None:
+        inputs["config"] = {"paths": cfg.paths, "formats": cfg.formats, "trainer": cfg.trainer}
+    if log is not None:
+        inputs["logs"] = log.to_dict()
+    if tok is not None:
+        ti = ctx.tok_info
+        inputs["tokenizer"] = {"name": ti.name, "eos_token": ti.eos_token, "pad_token": ti.pad_token,
+                               "bos_token": ti.bos_token, "has_chat_template": ti.chat_template is not None}
+    if examples is not None and tok is not None:
+        L, src = ctx.max_length()
+        inputs["token_view"] = {"max_length": L, "max_length_from": src, **ctx.token_spec.to_dict(),
+                                "render_failures": sum(1 for t in ctx.token_rows if t.tx is None)}
+        inputs["token_view"]["max_length"] = L
+    notes = (list(cfg.conflicts) if cfg is not None else []) + ctx.notes
+    if log is not None and log.steps_inferred:
+        notes.append(f"{log.path}: some log entries have no step; their order was used as the step")
+    return AuditResult(
+        findings=findings, skipped=skipped, passed=passed, inputs=inputs,
+        config=cfg.to_dict() if cfg is not None else None,
+        versions={k: {"version": v, "from": vsrc.get(k)} for k, v in sorted(vers.items())},
+        notes=notes, n_checks=len(checks),
+    )

@@ -1,0 +1,301 @@
+"""Text utilities for the data checks: normalisation, n-gram hashing, MinHash, scripts.
+
+All hashing is deterministic (``zlib.crc32`` of words, combined with a fixed
+polynomial in uint64 arithmetic); nothing depends on Python's per-process
+string hash, so a diagnosis is exactly reproducible.
+
+* ``normalise(s)``: NFC, casefold, whitespace collapsed to one space.
+* word n-gram hash of words ``w_i..w_{i+n-1}``: ``h = sum_k crc32(w_{i+k}) * P^k  (mod 2^64)``.
+* MinHash with K permutations ``(a_k * h + b_k) mod 2^64``; signature = min over the row's
+  shingles; LSH with ``bands`` bands of ``K / bands`` rows; candidate pairs are then verified
+  by the exact Jaccard of their shingle sets (so LSH only decides what gets compared).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+import zlib
+from collections import defaultdict
+from typing import Iterable, Sequence
+
+import numpy as np
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_P = np.uint64(1099511628211)  # FNV prime as the polynomial base
+
+
+def normalise(s: str) -> str:
+    return " ".join(unicodedata.normalize("NFC", s).casefold().split())
+
+
+def words(s: str) -> list[str]:
+    return _WORD.findall(normalise(s))
+
+
+_WH: dict[str, int] = {}
+
+
+def _word_hash(w: str) -> int:
+    h = zlib.crc32(w.encode("utf-8"))
+    if len(_WH) < 2_000_000:
+        _WH[w] = h
+    return h
+
+
+def word_hashes(ws: Sequence[str]) -> np.ndarray:
+    """(len(ws),) uint64 crc32 of each word."""
+    return np.array([_WH[w] if w in _WH else _word_hash(w) for w in ws], dtype=np.uint64)
+
+
+def ngram_hashes(ws: Sequence[str] | np.ndarray, n: int) -> np.ndarray:
+    """(max(len(ws)-n+1, 1 if ws else 0),) uint64 hashes of word n-grams; a row shorter than n is one gram.
+
+    ``ws`` is a list of words, or their :func:`word_hashes`.
+    """
+    if len(ws) == 0:
+        return np.zeros(0, dtype=np.uint64)
+    h = ws if isinstance(ws, np.ndarray) else word_hashes(ws)
+    m = len(ws) - n + 1
+    if m <= 0:
+        n, m = len(ws), 1
+    out = np.zeros(m, dtype=np.uint64)
+    mult = np.uint64(1)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            out += h[k:k + m] * mult
+            mult = mult * _P
+    return out
+
+
+def ngrams_rows(hash_rows: Sequence[np.ndarray], n: int) -> list[np.ndarray]:
+    """:func:`ngram_hashes` for many rows at once (one rolling pass over the concatenation)."""
+    lens = np.fromiter((len(h) for h in hash_rows), dtype=np.int64, count=len(hash_rows))
+    out: list[np.ndarray] = [np.zeros(0, dtype=np.uint64)] * len(hash_rows)
+    if not len(lens) or lens.sum() == 0:
+        return out
+    flat = np.concatenate([h for h in hash_rows if len(h)]) if lens.sum() else np.zeros(0, dtype=np.uint64)
+    T = len(flat)
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+    if T >= n:
+        m = T - n + 1
+        roll = np.zeros(m, dtype=np.uint64)
+        mult = np.uint64(1)
+        with np.errstate(over="ignore"):
+            for k in range(n):
+                roll += flat[k:k + m] * mult
+                mult = mult * _P
+    else:
+        roll = np.zeros(0, dtype=np.uint64)
+    for i, (s0, L) in enumerate(zip(starts.tolist(), lens.tolist())):
+        if L == 0:
+            continue
+        if L >= n:
+            out[i] = roll[s0:s0 + L - n + 1]
+        else:
+            out[i] = ngram_hashes(hash_rows[i], n)
+    return out
+
+
+class MinHasher:
+    """MinHash signatures for many rows at once (vectorised with ``np.minimum.reduceat``)."""
+
+    def __init__(self, k: int = 64, seed: int = 1234):
+        rng = np.random.default_rng(seed)
+        self.a = rng.integers(1, 2**63 - 1, size=k, dtype=np.uint64) | np.uint64(1)
+        self.b = rng.integers(0, 2**63 - 1, size=k, dtype=np.uint64)
+        self.k = k
+
+    def signatures(self, shingles: list[np.ndarray]) -> np.ndarray:
+        """(n_rows, k) uint64; rows with no shingles get all-max signatures (never candidates)."""
+        n = len(shingles)
+        sig = np.full((n, self.k), np.iinfo(np.uint64).max, dtype=np.uint64)
+        nonempty = [i for i, s in enumerate(shingles) if len(s)]
+        if not nonempty:
+            return sig
+        flat = np.concatenate([shingles[i] for i in nonempty])
+        offsets = np.cumsum([0] + [len(shingles[i]) for i in nonempty[:-1]])
+        with np.errstate(over="ignore"):
+            for j in range(self.k):
+                v = flat * self.a[j] + self.b[j]
+                sig[nonempty, j] = np.minimum.reduceat(v, offsets)
+        return sig
+
+
+def band_keys(sig: np.ndarray, bands: int) -> np.ndarray:
+    """(bands, n_rows) uint64: one hash per band of each signature (rows of a band combined polynomially)."""
+    n, k = sig.shape
+    r = k // bands
+    out = np.zeros((bands, n), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for b in range(bands):
+            acc = np.zeros(n, dtype=np.uint64)
+            for j in range(b * r, (b + 1) * r):
+                acc = acc * _P + sig[:, j]
+            out[b] = acc
+    return out
+
+
+def lsh_candidates(sig: np.ndarray, bands: int, valid: Sequence[bool] | None = None,
+                   max_bucket: int = 50) -> set[tuple[int, int]]:
+    """Pairs (i < j) sharing at least one band of their signatures.
+
+    A bucket larger than ``max_bucket`` contributes a chain (i_1, i_2), (i_2, i_3), ... instead
+    of all pairs: its members are near-identical on that band, and clustering is transitive.
+    """
+    n = sig.shape[0]
+    keys = band_keys(sig, bands)
+    ok = np.ones(n, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
+    rows = np.nonzero(ok)[0]
+    pairs: set[tuple[int, int]] = set()
+    for b in range(bands):
+        kb = keys[b, rows]
+        order = np.argsort(kb, kind="stable")
+        ks = kb[order]
+        if len(ks) < 2:
+            continue
+        same = ks[1:] == ks[:-1]
+        if not same.any():
+            continue
+        starts = np.nonzero(np.concatenate(([True], ~same)))[0]
+        ends = np.append(starts[1:], len(ks))
+        for s0, e0 in zip(starts, ends):
+            if e0 - s0 < 2:
+                continue
+            members = sorted(rows[order[s0:e0]].tolist())
+            if len(members) <= max_bucket:
+                for x in range(len(members)):
+                    for y in range(x + 1, len(members)):
+                        pairs.add((members[x], members[y]))
+            else:
+                pairs.update(zip(members, members[1:]))
+    return pairs
+
+
+def jaccard(a: set, b: set) -> float:
+    if not a and not b:
+        return 1.0
+    return len(a & b) / len(a | b)
+
+
+# ---------------------------------------------------------------------- scripts & languages
+_SCRIPT_RANGES = [
+    ("Latin", 0x0041, 0x024F), ("Greek", 0x0370, 0x03FF), ("Cyrillic", 0x0400, 0x052F),
+    ("Armenian", 0x0530, 0x058F), ("Hebrew", 0x0590, 0x05FF), ("Arabic", 0x0600, 0x06FF),
+    ("Devanagari", 0x0900, 0x097F), ("Bengali", 0x0980, 0x09FF), ("Tamil", 0x0B80, 0x0BFF),
+    ("Thai", 0x0E00, 0x0E7F), ("Georgian", 0x10A0, 0x10FF), ("Hangul", 0x1100, 0x11FF),
+    ("Latin", 0x1E00, 0x1EFF), ("Kana", 0x3040, 0x30FF), ("Han", 0x3400, 0x4DBF), ("Han", 0x4E00, 0x9FFF),
+    ("Hangul", 0xAC00, 0xD7AF),
+]
+
+
+def dominant_script(s: str) -> str | None:
+    """The script with the most letters in ``s`` (Latin, Cyrillic, Han, Kana, Arabic, ...), or None."""
+    if s.isascii():
+        return "Latin" if any(c.isalpha() for c in s) else None
+    counts: dict[str, int] = defaultdict(int)
+    for c in s:
+        if not c.isalpha():
+            continue
+        o = ord(c)
+        for name, lo, hi in _SCRIPT_RANGES:
+            if lo <= o <= hi:
+                counts[name] += 1
+                break
+        else:
+            counts["Other"] += 1
+    if not counts:
+        return None
+    if counts.get("Kana"):  # Japanese mixes Han and Kana
+        counts["Kana"] += counts.pop("Han", 0)
+    return max(sorted(counts), key=lambda k: counts[k])
+
+
+_STOPWORDS = {
+    "en": "the and of to is in that it for was with as on are this be by not you have".split(),
+    "fr": "le la les des est et une dans que pour pas qui sur avec sont du au il elle".split(),
+    "de": "der die das und ist nicht ein eine zu den mit von sich auf für dem auch".split(),
+    "es": "el los las que del por una con para como pero más sus este esta está son".split(),
+    "it": "il che della di una per non sono gli nel alla anche come questo questa".split(),
+    "pt": "os que não uma para com por como mais das dos pelo está são muito também".split(),
+    "nl": "de het een en van dat niet is op te zijn voor met ook maar".split(),
+}
+_SW_LOOKUP: dict[str, list[str]] = defaultdict(list)
+for _lang, _ws in _STOPWORDS.items():
+    for _w in _ws:
+        _SW_LOOKUP[_w].append(_lang)
+
+
+def latin_language(ws: Iterable[str], min_hits: int = 4) -> str | None:
+    """A stopword vote among en/fr/de/es/it/pt/nl; None when fewer than ``min_hits`` stopwords or a tie."""
+    votes: dict[str, float] = defaultdict(float)
+    hits = 0
+    for w in ws:
+        langs = _SW_LOOKUP.get(w)
+        if langs:
+            hits += 1
+            for lang in langs:
+                votes[lang] += 1.0 / len(langs)
+    if hits < min_hits or not votes:
+        return None
+    ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))
+    if len(ranked) > 1 and ranked[0][1] < 1.5 * ranked[1][1]:
+        return None
+    return ranked[0][0]
+
+
+def language_of(s: str, ws: list[str] | None = None) -> str | None:
+    """``en``/``fr``/... for Latin-script text (stopword vote), else the script name; None if unsure."""
+    script = dominant_script(s)
+    if script != "Latin":
+        return script
+    return latin_language(ws if ws is not None else words(s))
+
+
+# ---------------------------------------------------------------------- noise patterns
+REFUSAL = re.compile(
+    r"\b(as an ai( language model)?|as a language model|i(?:'m| am) (?:just )?an ai\b|i cannot (?:fulfill|comply)"
+    r"|i'm sorry, but i (?:can't|cannot)|openai|chatgpt|my knowledge cutoff)",
+    re.IGNORECASE,
+)
+HTML = re.compile(r"</?(?:div|span|p|br|a|img|table|tr|td|script|style|html|body)\b[^>]*>|&(?:nbsp|amp|lt|gt|quot|#\d+);",
+                  re.IGNORECASE)
+MOJIBAKE = re.compile("\ufffd|Ã[\u0080-\u00bf]|â€[\u0080-\u00bf\u2018-\u201d\u2122\u0153\u0161]|Â\u00a0|Ã©|Ã¨")
+
+# Chat-template markers by family (strings a template writes around turns).
+TEMPLATE_MARKERS: dict[str, tuple[str, ...]] = {
+    "chatml": ("<|im_start|>", "<|im_end|>"),
+    "llama3": ("<|start_header_id|>", "<|eot_id|>", "<|end_header_id|>"),
+    "llama2": ("[INST]", "[/INST]", "<<SYS>>"),
+    "gemma": ("<start_of_turn>", "<end_of_turn>"),
+    "phi3": ("<|user|>", "<|assistant|>", "<|end|>"),
+    "alpaca": ("### Instruction:", "### Response:"),
+    "vicuna": ("USER:", "ASSISTANT:"),
+    "deepseek": ("<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"),
+}
+
+# Training-template names (axolotl chat_template, LLaMA-Factory template) -> family.
+TEMPLATE_NAME_FAMILY = {
+    "chatml": "chatml", "qwen": "chatml", "qwen2": "chatml", "qwen2_5": "chatml", "qwen3": "chatml",
+    "qwen25": "chatml", "smollm": "chatml", "smollm2": "chatml",
+    "llama3": "llama3", "llama3_2": "llama3", "llama3_1": "llama3", "llama-3": "llama3",
+    "llama2": "llama2", "llama2_chat": "llama2", "mistral": "llama2", "mistral_v1": "llama2",
+    "mistral_v2v3": "llama2", "mistral_v3_tekken": "llama2", "mistral_v7_tekken": "llama2", "mixtral": "llama2",
+    "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma",
+    "phi_3": "phi3", "phi3": "phi3", "phi_35": "phi3", "phi": "phi3",
+    "alpaca": "alpaca", "vicuna": "vicuna", "deepseek3": "deepseek", "deepseek_v3": "deepseek", "deepseek": "deepseek",
+}
+
+
+def template_family(template: str | None) -> str | None:
+    """The family a chat template string belongs to, by the markers it writes; None if unknown."""
+    if not template:
+        return None
+    scores = {fam: sum(template.count(m) for m in marks) for fam, marks in TEMPLATE_MARKERS.items()}
+    best = max(sorted(scores), key=lambda k: scores[k])
+    return best if scores[best] > 0 else None
+
+
+def markers_in(s: str) -> list[str]:
+    """Template families whose markers appear in ``s``."""
+    return [fam for fam, marks in TEMPLATE_MARKERS.items() if any(m in s for m in marks)]
