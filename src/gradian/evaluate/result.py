@@ -1,0 +1,453 @@
+"""The Evaluate lane's result model and its JSON form (schema ``gradian.evaluate/1``).
+
+The JSON is ``EvalResult.to_dict()``; ``EvalResult.from_dict`` reads it back
+(round trip exact). Field-by-field documentation: ``docs/evaluate.md`` and
+:data:`RESULT_JSON_SCHEMA` (a JSON Schema, draft 2020-12).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gradian.data.formats import Example
+from gradian.evaluate.items import as_example
+from gradian.evaluate.spec import EvalSpec
+from gradian.evaluate.verdict import BaseBounds
+
+SCHEMA_VERSION = "gradian.evaluate/1"
+STATUSES = ("kept", "lost", "gained", "both_fail")
+
+
+@dataclass
+class ModelAnswer:
+    """One model's result on one item.
+
+    Attributes:
+        score: the item score: 1.0/0.0 for exact_match and contains; for loglik the
+            best log p(accepted answer | prompt) in nats (≤ 0).
+        passed: exact_match/contains: the metric matched; loglik: some accepted answer
+            is the greedy continuation under teacher forcing.
+        output: the full decoded generation (None for loglik).
+        answer: what the model said, as judged: the extracted first line (None for loglik).
+        finished: the generation ended with EOS / end of turn within max_new_tokens (None for loglik).
+    """
+
+    score: float
+    passed: bool
+    output: str | None = None
+    answer: str | None = None
+    finished: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Margin:
+    """Base preference margin of a failing item (adapter disabled), in nats.
+
+    ``nats = logp_correct − logp_said``; each log-probability is summed over the
+    answer's supervised tokens including the end of the answer (EOS / end of turn).
+    """
+
+    nats: float
+    logp_correct: float
+    logp_said: float
+    tokens_correct: int
+    tokens_said: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class ItemResult:
+    """Per-item result.
+
+    Attributes:
+        prompt: the prompt as given in the eval set.
+        model_prompt: the prompt as the model ran on it (a message list when the chat
+            template was applied, else the string).
+        status: ``kept`` (both pass), ``lost`` (reference passes, tuned fails),
+            ``gained`` (tuned passes, reference fails), ``both_fail``.
+        base_margin: computed for every item the tuned model fails under a generative
+            metric; None otherwise.
+    """
+
+    id: str
+    row: int
+    capability: str
+    metric: str
+    prompt: str | list[dict[str, str]]
+    model_prompt: str | list[dict[str, str]]
+    answer: str
+    aliases: list[str]
+    reference: ModelAnswer
+    tuned: ModelAnswer
+    status: str
+    base_margin: Margin | None = None
+
+    @property
+    def chat(self) -> bool:
+        return isinstance(self.model_prompt, list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "row": self.row,
+            "capability": self.capability,
+            "metric": self.metric,
+            "prompt": self.prompt,
+            "model_prompt": self.model_prompt,
+            "chat": self.chat,
+            "answer": self.answer,
+            "aliases": list(self.aliases),
+            "reference": self.reference.to_dict(),
+            "tuned": self.tuned.to_dict(),
+            "status": self.status,
+            "base_margin": self.base_margin.to_dict() if self.base_margin else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ItemResult":
+        return cls(
+            id=d["id"],
+            row=d["row"],
+            capability=d["capability"],
+            metric=d["metric"],
+            prompt=d["prompt"],
+            model_prompt=d["model_prompt"],
+            answer=d["answer"],
+            aliases=list(d["aliases"]),
+            reference=ModelAnswer(**d["reference"]),
+            tuned=ModelAnswer(**d["tuned"]),
+            status=d["status"],
+            base_margin=Margin(**d["base_margin"]) if d.get("base_margin") else None,
+        )
+
+
+@dataclass
+class CapabilityResult:
+    """Per-capability summary with its verdict.
+
+    Attributes:
+        unit: ``"accuracy"`` (exact_match/contains: scores are pass rates) or
+            ``"nats"`` (loglik: scores are mean log-likelihoods).
+        reference_score, tuned_score: mean item score.
+        delta: ``tuned_score − reference_score``.
+        ci_low, ci_high: paired-bootstrap CI of ``delta`` at ``confidence``.
+        sign_test_p: exact two-sided sign test on the paired differences (cross-check).
+        verdict: ``regressed`` | ``improved`` | ``within_noise``.
+        diagnosed: True only for ``regressed`` (its lost items go to attribution).
+        reason: one sentence explaining the verdict ("... includes zero: within noise, not diagnosed").
+        n_kept, n_lost, n_gained, n_both_fail: item status counts.
+    """
+
+    name: str
+    metric: str
+    unit: str
+    n: int
+    reference_score: float
+    tuned_score: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    resamples: int
+    seed: int
+    sign_test_p: float
+    verdict: str
+    diagnosed: bool
+    reason: str
+    reference_pass_rate: float
+    tuned_pass_rate: float
+    n_kept: int
+    n_lost: int
+    n_gained: int
+    n_both_fail: int
+    base_bounds: BaseBounds
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["base_bounds"] = self.base_bounds.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CapabilityResult":
+        return cls(**{**d, "base_bounds": BaseBounds.from_dict(d["base_bounds"])})
+
+
+@dataclass
+class FailingItem:
+    """An item to attribute: in a regressed capability, the reference passes and the tuned model fails.
+
+    Attributes:
+        prompt: the prompt as the model ran on it (message list when the chat template
+            was applied, else a string): build queries from this.
+        answer: the correct answer.
+        tuned_answer: what the tuned model said instead (extracted first line); None for loglik.
+        margin: base preference margin in nats (None for loglik).
+        thin_margin: ``margin < thin_margin_nats`` (None for loglik).
+        query: ``"contrastive"`` (∇ℓ(correct) − ∇ℓ(said)) or ``"cross_entropy"`` (loglik fallback).
+    """
+
+    id: str
+    capability: str
+    metric: str
+    prompt: str | list[dict[str, str]]
+    answer: str
+    aliases: list[str]
+    tuned_answer: str | None
+    reference_answer: str | None
+    margin: float | None
+    thin_margin: bool | None
+    query: str
+
+    @property
+    def chat(self) -> bool:
+        return isinstance(self.prompt, list)
+
+    def correct_example(self) -> Example:
+        """(prompt, correct answer) as a training-row Example, tokenised like the margin was."""
+        return as_example(self.id, self.prompt, self.answer)
+
+    def said_example(self) -> Example | None:
+        """(prompt, what the tuned model said) as an Example; None for loglik."""
+        if self.tuned_answer is None:
+            return None
+        return as_example(self.id, self.prompt, self.tuned_answer)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__, aliases=list(self.aliases), chat=self.chat)
+
+
+@dataclass
+class EvalResult:
+    """The whole evaluation.
+
+    Attributes:
+        spec: the :class:`EvalSpec` used.
+        reference: ``{"kind": "base"}`` (adapter disabled) or
+            ``{"kind": "adapter", "adapter": <dir or name>}``.
+        capabilities: per-capability summaries, sorted by name.
+        items: per-item results, in eval-set order.
+        notes: run-level notes (e.g. the loglik fallback).
+        timing: seconds: ``generate``, ``score``, ``total``.
+        meta: free-form context filled by the caller (base, adapter, eval file and hash, versions).
+    """
+
+    spec: EvalSpec
+    reference: dict[str, Any]
+    capabilities: list[CapabilityResult]
+    items: list[ItemResult]
+    notes: list[str] = field(default_factory=list)
+    timing: dict[str, float] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    schema: str = SCHEMA_VERSION
+
+    def capability(self, name: str) -> CapabilityResult:
+        for c in self.capabilities:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    @property
+    def regressed(self) -> list[CapabilityResult]:
+        return [c for c in self.capabilities if c.verdict == "regressed"]
+
+    def failing_items(self, capability: str | None = None, *, include_undiagnosed: bool = False) -> list[FailingItem]:
+        """Items for attribution: reference passes, tuned fails, in a regressed capability.
+
+        Args:
+            capability: keep only this capability.
+            include_undiagnosed: also return lost items of capabilities that are not
+                ``regressed`` (for inspection; attributing them is attributing noise).
+        """
+        caps = {c.name: c for c in self.capabilities}
+        if capability is not None and capability not in caps:
+            raise KeyError(capability)
+        thin = self.spec.thin_margin_nats
+        out = []
+        for it in self.items:
+            if it.status != "lost":
+                continue
+            if capability is not None and it.capability != capability:
+                continue
+            if not include_undiagnosed and caps[it.capability].verdict != "regressed":
+                continue
+            m = it.base_margin.nats if it.base_margin else None
+            out.append(
+                FailingItem(
+                    id=it.id,
+                    capability=it.capability,
+                    metric=it.metric,
+                    prompt=it.model_prompt,
+                    answer=it.answer,
+                    aliases=list(it.aliases),
+                    tuned_answer=it.tuned.answer,
+                    reference_answer=it.reference.answer,
+                    margin=m,
+                    thin_margin=None if m is None else m < thin,
+                    query="cross_entropy" if it.metric == "loglik" else "contrastive",
+                )
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "spec": self.spec.to_dict(),
+            "reference": dict(self.reference),
+            "capabilities": [c.to_dict() for c in self.capabilities],
+            "items": [i.to_dict() for i in self.items],
+            "failing_items": [f.to_dict() for f in self.failing_items()],
+            "notes": list(self.notes),
+            "timing": dict(self.timing),
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalResult":
+        if d.get("schema") != SCHEMA_VERSION:
+            raise ValueError(f"not a {SCHEMA_VERSION} result (schema={d.get('schema')!r})")
+        return cls(
+            spec=EvalSpec.from_dict(d["spec"]),
+            reference=dict(d["reference"]),
+            capabilities=[CapabilityResult.from_dict(c) for c in d["capabilities"]],
+            items=[ItemResult.from_dict(i) for i in d["items"]],
+            notes=list(d.get("notes", [])),
+            timing=dict(d.get("timing", {})),
+            meta=dict(d.get("meta", {})),
+        )
+
+
+# ----------------------------------------------------------------------------- JSON Schema
+
+_num = {"type": "number"}
+_int = {"type": "integer"}
+_str = {"type": "string"}
+_bool = {"type": "boolean"}
+_messages = {
+    "type": "array",
+    "items": {"type": "object", "required": ["role", "content"], "properties": {"role": _str, "content": _str}},
+}
+_prompt = {"oneOf": [_str, _messages]}
+
+
+def _obj(props: dict[str, Any], nullable: bool = False) -> dict[str, Any]:
+    o = {"type": ["object", "null"] if nullable else "object", "required": sorted(props), "properties": props}
+    return o
+
+
+def _n(s: dict[str, Any]) -> dict[str, Any]:
+    """Nullable variant of a simple schema."""
+    return {"type": [s["type"], "null"]}
+
+
+_model_answer = _obj({"score": _num, "passed": _bool, "output": _n(_str), "answer": _n(_str), "finished": _n(_bool)})
+_margin = _obj(
+    {"nats": _num, "logp_correct": _num, "logp_said": _num, "tokens_correct": _int, "tokens_said": _int},
+    nullable=True,
+)
+_bounds = _obj(
+    {
+        "base_fails": _int,
+        "base_fail_share": _num,
+        "base_score": _num,
+        "low_base": _bool,
+        "low_base_threshold": _num,
+        "failing": _int,
+        "margins_available": _bool,
+        "thin_margin": _int,
+        "thin_margin_share": _n(_num),
+        "thin_margin_nats": _num,
+        "median_margin": _n(_num),
+        "query": {"enum": ["contrastive", "cross_entropy"]},
+        "qualifiers": {"type": "array", "items": _str},
+    }
+)
+
+RESULT_JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": SCHEMA_VERSION,
+    **_obj(
+        {
+            "schema": {"const": SCHEMA_VERSION},
+            "spec": {"type": "object"},
+            "reference": _obj({"kind": {"enum": ["base", "adapter"]}}),
+            "capabilities": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "name": _str,
+                        "metric": {"enum": ["exact_match", "contains", "loglik"]},
+                        "unit": {"enum": ["accuracy", "nats"]},
+                        "n": _int,
+                        "reference_score": _num,
+                        "tuned_score": _num,
+                        "delta": _num,
+                        "ci_low": _num,
+                        "ci_high": _num,
+                        "confidence": _num,
+                        "resamples": _int,
+                        "seed": _int,
+                        "sign_test_p": _num,
+                        "verdict": {"enum": ["regressed", "improved", "within_noise"]},
+                        "diagnosed": _bool,
+                        "reason": _str,
+                        "reference_pass_rate": _num,
+                        "tuned_pass_rate": _num,
+                        "n_kept": _int,
+                        "n_lost": _int,
+                        "n_gained": _int,
+                        "n_both_fail": _int,
+                        "base_bounds": _bounds,
+                    }
+                ),
+            },
+            "items": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "id": _str,
+                        "row": _int,
+                        "capability": _str,
+                        "metric": {"enum": ["exact_match", "contains", "loglik"]},
+                        "prompt": _prompt,
+                        "model_prompt": _prompt,
+                        "chat": _bool,
+                        "answer": _str,
+                        "aliases": {"type": "array", "items": _str},
+                        "reference": _model_answer,
+                        "tuned": _model_answer,
+                        "status": {"enum": list(STATUSES)},
+                        "base_margin": _margin,
+                    }
+                ),
+            },
+            "failing_items": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "id": _str,
+                        "capability": _str,
+                        "metric": _str,
+                        "prompt": _prompt,
+                        "chat": _bool,
+                        "answer": _str,
+                        "aliases": {"type": "array", "items": _str},
+                        "tuned_answer": _n(_str),
+                        "reference_answer": _n(_str),
+                        "margin": _n(_num),
+                        "thin_margin": _n(_bool),
+                        "query": {"enum": ["contrastive", "cross_entropy"]},
+                    }
+                ),
+            },
+            "notes": {"type": "array", "items": _str},
+            "timing": {"type": "object", "additionalProperties": _num},
+            "meta": {"type": "object"},
+        }
+    ),
+}

@@ -1,0 +1,78 @@
+"""The typed evaluation spec: every knob that changes an Evaluate number."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from gradian.errors import GradianUserError
+from gradian.evaluate.normalize import NormalizeSpec
+
+MIN_RESAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """How an evaluation is run and judged. Serialised into the manifest via :meth:`to_dict`.
+
+    Attributes:
+        max_new_tokens: greedy generation stops after this many new tokens (or at EOS/end of turn).
+        batch_size: prompts per generation / scoring batch (does not change results).
+        seed: seeds the bootstrap's generator (generation is greedy, hence seed-free).
+        resamples: bootstrap resamples B (at least 1000).
+        confidence: the CI's coverage, e.g. 0.95.
+        min_items: a capability with fewer items is not diagnosed (too few for a bootstrap CI).
+        low_base_threshold: a reference pass rate below this is flagged as a low base score.
+        thin_margin_nats: a base preference margin below this (nats) is "thin".
+        use_chat_template: run string prompts through the tokenizer's chat template as a
+            user turn when it has one (message-list prompts always use it).
+        max_length: token limit when scoring prompt + answer (margins, loglik), as in training.
+        normalize: answer normalisation rules.
+    """
+
+    max_new_tokens: int = 32
+    batch_size: int = 8
+    seed: int = 0
+    resamples: int = 10_000
+    confidence: float = 0.95
+    min_items: int = 10
+    low_base_threshold: float = 0.5
+    thin_margin_nats: float = 1.0
+    use_chat_template: bool = True
+    max_length: int = 1024
+    normalize: NormalizeSpec = field(default_factory=NormalizeSpec)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise GradianUserError(
+                f"max_new_tokens must be at least 1, got {self.max_new_tokens}", where="--max-new-tokens", fix="use e.g. 32"
+            )
+        if self.batch_size < 1:
+            raise GradianUserError(
+                f"batch_size must be at least 1, got {self.batch_size}", where="--batch-size", fix="use e.g. 8"
+            )
+        if self.resamples < MIN_RESAMPLES:
+            raise GradianUserError(
+                f"resamples must be at least {MIN_RESAMPLES}, got {self.resamples}",
+                where="--resamples",
+                fix="use 10000 (the default) or more",
+            )
+        if not 0.5 <= self.confidence < 1.0:
+            raise GradianUserError(
+                f"confidence must be in [0.5, 1), got {self.confidence}", where="confidence", fix="use 0.95"
+            )
+        if self.min_items < 1:
+            raise GradianUserError(f"min_items must be at least 1, got {self.min_items}", where="min_items", fix="use 10")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["normalize"] = self.normalize.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalSpec":
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        if isinstance(kw.get("normalize"), dict):
+            kw["normalize"] = NormalizeSpec(**kw["normalize"])
+        return cls(**kw)
