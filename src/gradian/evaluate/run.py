@@ -1,0 +1,351 @@
+"""``evaluate()``: reference vs tuned on an eval set, on an already-loaded PEFT model.
+
+Steps (all under ``torch.no_grad``; the model is left as it was found: same
+active adapter, same ``requires_grad`` flags, same train/eval mode, so the
+attribution lane can reuse it):
+
+1. **tuned**: the active adapter. Generative items (exact_match / contains) are
+   generated greedily in batches and judged (:mod:`gradian.evaluate.normalize`);
+   loglik items are scored by teacher forcing (:mod:`gradian.evaluate.likelihood`).
+2. **reference**: the same with the adapter disabled (``peft_model.disable_adapter()``),
+   or with a second adapter (an earlier checkpoint) loaded under a temporary name,
+   activated with ``set_adapter``, and deleted afterwards.
+3. **base margins**: for every generative item the tuned model fails, with the
+   adapter disabled, m = log p_base(correct answer) − log p_base(tuned model's answer).
+4. **per capability**: scores, delta, paired-bootstrap CI, verdict, base bounds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from gradian.errors import GradianUserError
+from gradian.evaluate.bootstrap import paired_bootstrap, sign_test_p
+from gradian.evaluate.generate import encode_prompt, generate_greedy
+from gradian.evaluate.items import GENERATIVE_METRICS, EvalItem, as_example, check_items, model_prompt
+from gradian.evaluate.likelihood import score_answers
+from gradian.evaluate.normalize import TEXT_METRICS, extract_answer, normalize_answer
+from gradian.evaluate.result import CapabilityResult, EvalResult, ItemResult, Margin, ModelAnswer
+from gradian.evaluate.spec import EvalSpec
+from gradian.evaluate.verdict import LOGLIK_QUERY_NOTE, base_bounds, decide
+
+#: progress(task, advance, total): ``task`` names the stage, ``advance`` items just finished.
+Progress = Callable[[str, int, int], None]
+
+REFERENCE_ADAPTER_NAME = "gradian_reference"
+
+
+def _require_peft(model) -> None:
+    if not hasattr(model, "disable_adapter") or not hasattr(model, "peft_config"):
+        raise TypeError(
+            "evaluate() needs a PEFT model (the base with the tuned adapter loaded, "
+            "e.g. from gradian.models.load.load_adapter)"
+        )
+
+
+def _snapshot(model) -> dict[str, Any]:
+    return {
+        "grad": {n: p.requires_grad for n, p in model.named_parameters()},
+        "training": model.training,
+        "active": model.active_adapter,
+    }
+
+
+def _restore(model, snap: dict[str, Any]) -> None:
+    if model.active_adapter != snap["active"]:
+        model.set_adapter(snap["active"])
+    for n, p in model.named_parameters():
+        if n in snap["grad"]:
+            p.requires_grad_(snap["grad"][n])
+    model.train(snap["training"])
+
+
+class _UnwrappedModules:
+    """Presents a PEFT model's modules with each LoRA wrapper replaced by its base layer,
+    so :func:`gradian.models.load.check_adapter_fits` can check a second adapter."""
+
+    def __init__(self, peft_model) -> None:
+        self._m = peft_model.get_base_model()
+
+    def named_modules(self):
+        for name, mod in self._m.named_modules():
+            yield name, getattr(mod, "base_layer", mod)
+
+
+@contextlib.contextmanager
+def _reference_active(model, reference_adapter: str | Path | None) -> Iterator[dict[str, Any]]:
+    """Make the reference model current for the duration of the block."""
+    if reference_adapter is None:
+        with model.disable_adapter():
+            yield {"kind": "base"}
+        return
+    from gradian.models.load import check_adapter_fits, read_adapter_config
+
+    original = model.active_adapter
+    ref = str(reference_adapter)
+    loaded = False
+    if ref in model.peft_config:
+        name = ref
+    else:
+        cfg = read_adapter_config(ref)
+        check_adapter_fits(_UnwrappedModules(model), ref, cfg)  # type: ignore[arg-type]
+        name = REFERENCE_ADAPTER_NAME
+        k = 1
+        while name in model.peft_config:
+            k += 1
+            name = f"{REFERENCE_ADAPTER_NAME}_{k}"
+        model.load_adapter(ref, adapter_name=name, is_trainable=False)
+        loaded = True
+    if name == original:
+        raise GradianUserError(
+            "the reference adapter is the tuned adapter itself",
+            where="--reference-adapter",
+            fix="pass an earlier checkpoint, or omit it to compare against the base model",
+        )
+    try:
+        model.set_adapter(name, inference_mode=True)
+        model.eval()
+        yield {"kind": "adapter", "adapter": ref}
+    finally:
+        model.set_adapter(original)
+        if loaded:
+            model.delete_adapter(name)
+
+
+def _run_model(
+    model,
+    tokenizer,
+    items: Sequence[EvalItem],
+    prompts: Sequence[str | list[dict[str, str]]],
+    spec: EvalSpec,
+    label: str,
+    progress: Progress | None,
+) -> tuple[list[ModelAnswer], float, float]:
+    """Score every item with the currently active model. Returns (answers, generate_s, score_s)."""
+    answers: list[ModelAnswer | None] = [None] * len(items)
+    gen_idx = [i for i, it in enumerate(items) if it.metric in GENERATIVE_METRICS]
+    ll_idx = [i for i, it in enumerate(items) if it.metric == "loglik"]
+
+    t0 = time.perf_counter()
+    if gen_idx:
+        ids = [encode_prompt(prompts[i], tokenizer, items[i].where or f"eval item {items[i].id}") for i in gen_idx]
+        task = f"{label}: generate"
+        cb = (lambda k: progress(task, k, len(gen_idx))) if progress else None
+        gens = generate_greedy(
+            model, tokenizer, ids, max_new_tokens=spec.max_new_tokens, batch_size=spec.batch_size, on_batch=cb
+        )
+        for i, g in zip(gen_idx, gens):
+            it = items[i]
+            ok = TEXT_METRICS[it.metric](g.text, it.accepted, spec.normalize)
+            answers[i] = ModelAnswer(
+                score=1.0 if ok else 0.0,
+                passed=ok,
+                output=g.text,
+                answer=extract_answer(g.text, spec.normalize),
+                finished=g.finished,
+            )
+    t1 = time.perf_counter()
+    if ll_idx:
+        exs, owner = [], []
+        for i in ll_idx:
+            for a in items[i].accepted:
+                exs.append(as_example(items[i].id, prompts[i], a))
+                owner.append(i)
+        task = f"{label}: loglik"
+        cb = (lambda k: progress(task, k, len(exs))) if progress else None
+        scores = score_answers(model, tokenizer, exs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb)
+        best: dict[int, float] = {}
+        greedy: dict[int, bool] = {}
+        for i, s in zip(owner, scores):
+            best[i] = max(best.get(i, -np.inf), s.logprob)
+            greedy[i] = greedy.get(i, False) or s.greedy
+        for i in ll_idx:
+            answers[i] = ModelAnswer(score=float(best[i]), passed=bool(greedy[i]))
+    t2 = time.perf_counter()
+    return answers, t1 - t0, t2 - t1  # type: ignore[return-value]
+
+
+def _status(ref_pass: bool, tuned_pass: bool) -> str:
+    if ref_pass and tuned_pass:
+        return "kept"
+    if ref_pass:
+        return "lost"
+    if tuned_pass:
+        return "gained"
+    return "both_fail"
+
+
+def evaluate(
+    model,
+    tokenizer,
+    eval_items: Sequence[EvalItem],
+    *,
+    reference_adapter: str | Path | None = None,
+    spec: EvalSpec | None = None,
+    progress: Progress | None = None,
+    meta: dict[str, Any] | None = None,
+) -> EvalResult:
+    """Evaluate the tuned adapter against its reference on ``eval_items``.
+
+    Args:
+        model: a PEFT model whose active adapter is the tuned one (base + adapter, loaded once).
+        tokenizer: its tokenizer.
+        eval_items: from :func:`gradian.evaluate.load_eval_set`.
+        reference_adapter: None → the base model (adapter disabled); else an adapter folder
+            (an earlier checkpoint), or the name of an adapter already loaded in ``model``.
+        spec: the :class:`EvalSpec` (defaults if None).
+        progress: optional callback ``progress(task, advance, total)``.
+        meta: free-form context stored in the result (paths, hashes).
+
+    Returns:
+        :class:`EvalResult`. The model comes back with the tuned adapter active and its
+        ``requires_grad`` flags and train/eval mode unchanged.
+    """
+    _require_peft(model)
+    spec = spec or EvalSpec()
+    items = list(eval_items)
+    check_items(items)
+    for it in items:
+        if it.metric in GENERATIVE_METRICS and not any(normalize_answer(a, spec.normalize) for a in it.accepted):
+            raise GradianUserError(
+                f"field 'answer' ({it.answer!r}) is empty after normalisation, so no output can match it",
+                where=it.where or f"eval item {it.id}",
+                fix="give an answer with letters or digits, or use the loglik metric",
+            )
+    prompts = [model_prompt(it.prompt, tokenizer, spec.use_chat_template) for it in items]
+    torch.manual_seed(spec.seed)
+    t_start = time.perf_counter()
+    snap = _snapshot(model)
+    timing = {"generate": 0.0, "score": 0.0}
+    try:
+        model.eval()
+        tuned, g, s = _run_model(model, tokenizer, items, prompts, spec, "tuned", progress)
+        timing["generate"] += g
+        timing["score"] += s
+        with _reference_active(model, reference_adapter) as ref_info:
+            ref, g, s = _run_model(model, tokenizer, items, prompts, spec, "reference", progress)
+        timing["generate"] += g
+        timing["score"] += s
+
+        # base margins for every generative item the tuned model fails (adapter disabled)
+        need = [i for i, it in enumerate(items) if it.metric in GENERATIVE_METRICS and not tuned[i].passed]
+        margins: list[Margin | None] = [None] * len(items)
+        if need:
+            t0 = time.perf_counter()
+            exs = []
+            for i in need:
+                exs.append(as_example(items[i].id, prompts[i], items[i].answer))
+                exs.append(as_example(items[i].id, prompts[i], tuned[i].answer or ""))
+            cb = (lambda k: progress("base: margins", k, len(exs))) if progress else None
+            with model.disable_adapter():
+                sc = score_answers(
+                    model, tokenizer, exs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb
+                )
+            for k, i in enumerate(need):
+                c, w = sc[2 * k], sc[2 * k + 1]
+                margins[i] = Margin(
+                    nats=c.logprob - w.logprob,
+                    logp_correct=c.logprob,
+                    logp_said=w.logprob,
+                    tokens_correct=c.n_tokens,
+                    tokens_said=w.n_tokens,
+                )
+            timing["score"] += time.perf_counter() - t0
+    finally:
+        _restore(model, snap)
+
+    item_results = [
+        ItemResult(
+            id=it.id,
+            row=it.row,
+            capability=it.capability,
+            metric=it.metric,
+            prompt=it.prompt,
+            model_prompt=prompts[i],
+            answer=it.answer,
+            aliases=list(it.aliases),
+            reference=ref[i],
+            tuned=tuned[i],
+            status=_status(ref[i].passed, tuned[i].passed),
+            base_margin=margins[i],
+        )
+        for i, it in enumerate(items)
+    ]
+    caps = summarise(item_results, spec)
+    notes = []
+    if any(it.metric == "loglik" for it in items):
+        notes.append(LOGLIK_QUERY_NOTE)
+    timing["total"] = time.perf_counter() - t_start
+    return EvalResult(
+        spec=spec,
+        reference=ref_info,
+        capabilities=caps,
+        items=item_results,
+        notes=notes,
+        timing={k: round(v, 3) for k, v in timing.items()},
+        meta=dict(meta or {}),
+    )
+
+
+def summarise(items: Sequence[ItemResult], spec: EvalSpec) -> list[CapabilityResult]:
+    """Per-capability scores, paired-bootstrap CI, verdict and base bounds (sorted by name).
+
+    The bootstrap seed of a capability is ``spec.seed``, so every capability's CI
+    is reproducible on its own.
+    """
+    by_cap: dict[str, list[ItemResult]] = {}
+    for it in items:
+        by_cap.setdefault(it.capability, []).append(it)
+    out = []
+    for name in sorted(by_cap):
+        its = by_cap[name]
+        n = len(its)
+        metric = its[0].metric
+        r = np.array([it.reference.score for it in its], dtype=np.float64)
+        t = np.array([it.tuned.score for it in its], dtype=np.float64)
+        ci = paired_bootstrap(r, t, resamples=spec.resamples, confidence=spec.confidence, seed=spec.seed)
+        verdict, diagnosed, reason = decide(n, ci.low, ci.high, min_items=spec.min_items, confidence=spec.confidence)
+        statuses = [it.status for it in its]
+        bounds = base_bounds(
+            n=n,
+            reference_passed=[it.reference.passed for it in its],
+            tuned_passed=[it.tuned.passed for it in its],
+            margins=[it.base_margin.nats if it.base_margin else None for it in its],
+            generative=metric in GENERATIVE_METRICS,
+            low_base_threshold=spec.low_base_threshold,
+            thin_margin_nats=spec.thin_margin_nats,
+        )
+        out.append(
+            CapabilityResult(
+                name=name,
+                metric=metric,
+                unit="nats" if metric == "loglik" else "accuracy",
+                n=n,
+                reference_score=float(r.mean()),
+                tuned_score=float(t.mean()),
+                delta=ci.delta,
+                ci_low=ci.low,
+                ci_high=ci.high,
+                confidence=spec.confidence,
+                resamples=spec.resamples,
+                seed=spec.seed,
+                sign_test_p=sign_test_p(r, t),
+                verdict=verdict,
+                diagnosed=diagnosed,
+                reason=reason,
+                reference_pass_rate=float(np.mean([it.reference.passed for it in its])),
+                tuned_pass_rate=float(np.mean([it.tuned.passed for it in its])),
+                n_kept=statuses.count("kept"),
+                n_lost=statuses.count("lost"),
+                n_gained=statuses.count("gained"),
+                n_both_fail=statuses.count("both_fail"),
+                base_bounds=bounds,
+            )
+        )
+    return out
