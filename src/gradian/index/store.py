@@ -93,6 +93,15 @@ class GradientIndex:
         return bool(self.manifest.get("complete"))
 
     @property
+    def grad_spec(self) -> dict[str, Any]:
+        """The :class:`GradSpec` the gradients were computed with, as a dict."""
+        return self.manifest["grad_spec"]
+
+    @property
+    def modules(self) -> list[str] | None:
+        return self.grad_spec.get("modules")
+
+    @property
     def blocks(self) -> list[dict[str, Any]]:
         return self.manifest["blocks"]
 
@@ -201,6 +210,7 @@ def build_index(
             "format_version": FORMAT_VERSION,
             "index_id": iid,
             "identity": identity,
+            "grad_spec": spec.to_dict(),
             "blocks": [
                 {"name": b.name, "kind": b.kind, "layer": b.layer, "shape": list(b.shape), "dim": projector.out_dim(i, b.shape)}
                 for i, b in enumerate(blocks)

@@ -1,0 +1,165 @@
+"""Clusters of the harmful tail, by gradient direction, and what their rows share.
+
+The harmful tail is the most negative rows, taken in order until they hold
+``tail_share`` of the total negative score (at most ``max_rows``, at least 2).
+Rows are clustered by the direction of their training gradient: average-linkage
+agglomerative clustering on cosine distance (``scipy.cluster.hierarchy``), cut
+where the mean cosine similarity inside a merge would drop below
+``min_cosine``. Each cluster reports its size, its share of the total harmful
+score, its exemplars (most negative first) and what its rows have in common:
+row format, length, truncation, missing EOS, and words that are frequent in the
+cluster but rare in the rest of the dataset.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from gradian.data.formats import Example
+from gradian.data.tokenize import TokenizedExample
+from gradian.index.store import GradientIndex
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    tail_share: float = 0.8
+    max_rows: int = 100
+    min_cosine: float = 0.3
+    exemplars: int = 3
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Cluster:
+    label: int
+    row_ids: list[str]
+    size: int
+    harmful_share: float
+    score: float
+    exemplars: list[dict[str, Any]]
+    common: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def harmful_tail(scores: np.ndarray, spec: ClusterSpec) -> np.ndarray:
+    """Row indices of the harmful tail, most negative first."""
+    order = np.argsort(scores, kind="stable")
+    neg = order[scores[order] < 0]
+    if len(neg) == 0:
+        return neg
+    total = -scores[neg].sum()
+    cum = np.cumsum(-scores[neg]) / total
+    k = int(np.searchsorted(cum, spec.tail_share) + 1)
+    k = max(min(2, len(neg)), min(k, spec.max_rows, len(neg)))
+    return neg[:k]
+
+
+def gather_gradients(index: GradientIndex, rows: Sequence[int]) -> torch.Tensor:
+    """Training gradients of ``rows`` concatenated over blocks: (len(rows), Σ_l d_l), float64."""
+    want = sorted(set(int(r) for r in rows))
+    got: dict[int, torch.Tensor] = {}
+    for start, shard in index.iter_shards(torch.float64):
+        n_k = next(iter(shard.values())).shape[0]
+        local = [r for r in want if start <= r < start + n_k]
+        if local:
+            cat = torch.cat([shard[b["name"]][[r - start for r in local]] for b in index.blocks], dim=1)
+            for r, v in zip(local, cat):
+                got[r] = v
+    return torch.stack([got[int(r)] for r in rows])
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[A-Za-z][A-Za-z'-]{2,}", text.casefold())}
+
+
+def _lacks_eos(it: TokenizedExample, eos_ids: set[int]) -> bool:
+    sup = [t for t in it.labels if t != -100]
+    return bool(sup) and sup[-1] not in eos_ids
+
+
+def describe_rows(
+    rows: Sequence[int], examples: Sequence[Example], items: Sequence[TokenizedExample], eos_ids: set[int], doc_freq: Counter
+) -> dict[str, Any]:
+    """What a set of rows shares: formats, lengths, truncation, missing EOS, distinctive words."""
+    n_all = len(examples)
+    fmts = Counter(examples[r].format for r in rows)
+    lengths = [items[r].full_length for r in rows]
+    trunc = sum(items[r].truncated for r in rows)
+    no_eos = sum(_lacks_eos(items[r], eos_ids) for r in rows)
+    local = Counter()
+    for r in rows:
+        local.update(_words(examples[r].completion_text + " " + examples[r].prompt_text))
+    distinctive = []
+    for w, c in local.most_common():
+        share_here = c / len(rows)
+        share_else = (doc_freq[w] - c) / max(1, n_all - len(rows))
+        if share_here >= 0.5 and share_here >= 3 * share_else:
+            distinctive.append({"word": w, "share_in_cluster": round(share_here, 3), "share_elsewhere": round(share_else, 3)})
+    return {
+        "formats": dict(fmts),
+        "tokens_median": float(np.median(lengths)) if lengths else 0.0,
+        "truncated_share": trunc / len(rows),
+        "missing_eos_share": no_eos / len(rows),
+        "distinctive_words": distinctive[:8],
+    }
+
+
+def cluster_tail(
+    index: GradientIndex,
+    scores: np.ndarray,
+    examples: Sequence[Example],
+    items: Sequence[TokenizedExample],
+    eos_ids: set[int],
+    spec: ClusterSpec = ClusterSpec(),
+) -> list[Cluster]:
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    tail = harmful_tail(scores, spec)
+    if len(tail) == 0:
+        return []
+    total_neg = float(-scores[scores < 0].sum())
+    doc_freq: Counter = Counter()
+    for ex in examples:
+        doc_freq.update(_words(ex.completion_text + " " + ex.prompt_text))
+    if len(tail) == 1:
+        labels = np.array([1])
+    else:
+        G = gather_gradients(index, tail)
+        G = G / G.norm(dim=1, keepdim=True).clamp(min=1e-30)
+        cos = (G @ G.T).clamp(-1, 1).numpy()
+        dist = 1.0 - cos[np.triu_indices(len(tail), 1)]
+        Z = linkage(np.clip(dist, 0, 2), method="average")
+        labels = fcluster(Z, t=1.0 - spec.min_cosine, criterion="distance")
+    clusters = []
+    for lab in sorted(set(labels.tolist())):
+        rows = [int(r) for r, l in zip(tail, labels) if l == lab]
+        rows.sort(key=lambda r: scores[r])
+        s = float(scores[rows].sum())
+        clusters.append(
+            Cluster(
+                label=0,
+                row_ids=[examples[r].id for r in rows],
+                size=len(rows),
+                harmful_share=(-s / total_neg) if total_neg > 0 else 0.0,
+                score=s,
+                exemplars=[
+                    {"id": examples[r].id, "score": float(scores[r]), "prompt": examples[r].prompt_text[:300], "completion": examples[r].completion_text[:500]}
+                    for r in rows[: spec.exemplars]
+                ],
+                common=describe_rows(rows, examples, items, eos_ids, doc_freq),
+            )
+        )
+    clusters.sort(key=lambda c: c.score)
+    for i, c in enumerate(clusters, start=1):
+        c.label = i
+    return clusters

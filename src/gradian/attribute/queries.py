@@ -1,0 +1,151 @@
+"""Query gradients: what the fine-tune should have kept.
+
+For a failing eval item with prompt ``p``, correct answer ``c`` and the tuned
+model's answer ``w`` (what it said instead), the default **contrastive** query
+objective is
+
+    ℓ_q = ℓ(p → c) − ℓ(p → w),          g_q = ∇ℓ(p → c) − ∇ℓ(p → w)
+
+with ℓ the same per-example loss the training rows use (mean token
+cross-entropy over the completion, tokenised exactly like a training row).
+Lowering ℓ_q means preferring the correct answer over what the model said. A
+fine-tune mostly teaches answer *format*, which lowers ℓ(p → c) and ℓ(p → w)
+alike; the difference cancels that shared direction, leaving the direction
+that separates right from wrong. Plain cross-entropy (``g_q = ∇ℓ(p → c)``)
+keeps the format direction and, for substitution failures, can rank the
+culprits as helpful; it is the fallback when there is no generation (the
+``loglik`` metric).
+
+The correct completion is built as a *minimal pair* when possible: if the
+tuned answer and the reference model's (correct) answer differ in exactly one
+contiguous run of words, and the reference's run contains the correct answer,
+the correct completion is the tuned answer with that run replaced — same
+format, only the fact differs. Otherwise it is the eval item's answer string.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+import torch
+
+from gradian.data.formats import Example
+from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
+from gradian.gradients.per_example import per_example_grads
+from gradian.gradients.projection import KroneckerProjector, ProjectionSpec
+from gradian.index.store import GradientIndex
+
+QueryKind = Literal["contrastive", "cross_entropy"]
+
+
+@dataclass
+class Query:
+    """One failing item turned into a query.
+
+    Attributes:
+        item_id: the eval item's id.
+        capability: its capability tag.
+        prompt: a string or chat messages (as in the eval set).
+        correct: the correct completion used (minimal pair or the answer).
+        said: what the tuned model said (None for cross-entropy queries).
+        kind: ``"contrastive"`` or ``"cross_entropy"``.
+        correct_rule: ``"minimal_pair"`` or ``"answer"``.
+    """
+
+    item_id: str
+    capability: str
+    prompt: Any
+    correct: str
+    said: str | None
+    kind: QueryKind
+    correct_rule: str = "answer"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _words(s: str) -> list[str]:
+    return re.findall(r"\S+|\s+", s)
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[^\w\s]", "", s).casefold().strip()
+
+
+def minimal_pair(said: str, reference: str | None, answer: str) -> tuple[str, str]:
+    """The correct completion in the tuned answer's own format, and the rule used.
+
+    Returns:
+        ``(correct_completion, "minimal_pair" | "answer")``.
+    """
+    if reference:
+        a, b = _words(said), _words(reference)
+        ops = [op for op in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes() if op[0] != "equal"]
+        if len(ops) == 1:
+            _, i1, i2, j1, j2 = ops[0]
+            ref_run = "".join(b[j1:j2])
+            if _norm(answer) and _norm(answer) in _norm(ref_run):
+                return "".join(a[:i1]) + ref_run + "".join(a[i2:]), "minimal_pair"
+    return answer, "answer"
+
+
+def make_query(
+    item_id: str,
+    capability: str,
+    prompt: Any,
+    answer: str,
+    said: str | None,
+    reference_said: str | None = None,
+    kind: QueryKind = "contrastive",
+) -> Query:
+    if kind == "contrastive" and said is not None and said.strip():
+        correct, rule = minimal_pair(said, reference_said, answer)
+        return Query(item_id, capability, prompt, correct, said, "contrastive", rule)
+    return Query(item_id, capability, prompt, answer, None, "cross_entropy", "answer")
+
+
+def _example(prompt: Any, completion: str, qid: str) -> Example:
+    if isinstance(prompt, list):
+        return Example(qid, 0, "messages", prompt, [{"role": "assistant", "content": completion}])
+    return Example(qid, 0, "prompt_completion", prompt, completion)
+
+
+def projector_for(index: GradientIndex) -> KroneckerProjector:
+    """The index's projector (identity when it is unprojected), rebuilt from its manifest."""
+    spec = ProjectionSpec(**index.grad_spec["projection"])
+    return KroneckerProjector([tuple(b["shape"]) for b in index.blocks], [b["kind"] for b in index.blocks], spec)
+
+
+def query_gradients(
+    model,
+    tokenizer,
+    queries: Sequence[Query],
+    index: GradientIndex,
+    tokenize_spec: TokenizeSpec,
+    batch_size: int = 8,
+) -> dict[str, torch.Tensor]:
+    """Query gradients ``{block: (m, d_l)}`` in the index's (projected) space, float64.
+
+    Contrastive queries are ``g(correct) − g(said)``; cross-entropy ones ``g(correct)``.
+    """
+    rows: list[tuple[int, float, Any]] = []  # (query index, sign, tokenised)
+    for qi, q in enumerate(queries):
+        rows.append((qi, 1.0, tokenize_example(_example(q.prompt, q.correct, q.item_id), tokenizer, tokenize_spec)))
+        if q.kind == "contrastive":
+            rows.append((qi, -1.0, tokenize_example(_example(q.prompt, q.said, q.item_id), tokenizer, tokenize_spec)))
+    proj = projector_for(index)
+    names = [b["name"] for b in index.blocks]
+    modules = index.modules
+    out = {b["name"]: torch.zeros(len(queries), int(b["dim"]), dtype=torch.float64) for b in index.blocks}
+    for s in range(0, len(rows), batch_size):
+        chunk = rows[s : s + batch_size]
+        batch = collate([r[2] for r in chunk], tokenizer.pad_token_id)
+        grads = per_example_grads(model, batch, "hooks", modules)
+        for bi, name in enumerate(names):
+            g = proj(bi, grads[name].detach().double())
+            for k, (qi, sign, _) in enumerate(chunk):
+                out[name][qi] += sign * g[k]
+    return out

@@ -1,0 +1,122 @@
+"""DataInf against the exact damped inverse; engine formulas on hand-made gradients."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from gradian.engines import DataInf, EngineSpec, GradDot, score_index
+from gradian.engines.exact import ExactInverse
+from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes
+from gradian.index.store import GradientIndex
+
+
+def synthetic_index(root, blocks: dict[str, torch.Tensor], shard=7) -> GradientIndex:
+    """Write an index from explicit per-example gradients {block: (n, d)} (several shards)."""
+    from safetensors.torch import save
+
+    n = next(iter(blocks.values())).shape[0]
+    shards = []
+    for k, lo in enumerate(range(0, n, shard)):
+        hi = min(n, lo + shard)
+        data = save({b: v[lo:hi].float().contiguous() for b, v in blocks.items()})
+        atomic_write_bytes(root / f"s{k}.safetensors", data)
+        shards.append({"file": f"s{k}.safetensors", "sha256": sha256_bytes(data), "start": lo, "n": hi - lo,
+                       "examples": {"id": [str(i) for i in range(lo, hi)]}})
+    manifest = {
+        "index_id": "synthetic", "complete": True, "shards": shards,
+        "identity": {}, "grad_spec": {"projection": {"dim": 0, "seed": 0}, "modules": None},
+        "blocks": [{"name": b, "kind": "A", "layer": b, "shape": [1, v.shape[1]], "dim": v.shape[1]} for b, v in blocks.items()],
+    }
+    atomic_write_json(root / "manifest.json", manifest)
+    return GradientIndex(root)
+
+
+def _grads(n=40, dims=(12, 30), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i, d in enumerate(dims):
+        # low-rank-ish structure plus noise, different scales per block (like lora_A vs lora_B)
+        basis = torch.randn(3, d, generator=g, dtype=torch.float64)
+        coef = torch.randn(n, 3, generator=g, dtype=torch.float64)
+        out[f"b{i}"] = (coef @ basis + 0.3 * torch.randn(n, d, generator=g, dtype=torch.float64)) * (10.0 ** (-2 * i))
+    return out
+
+
+def test_datainf_formula_matches_a_direct_computation(tmp_path):
+    G = _grads()
+    idx = synthetic_index(tmp_path, G)
+    Gf = {k: v.float().double() for k, v in G.items()}  # the stored (float32) values
+    Q = {k: torch.randn(2, v.shape[1], dtype=torch.float64) for k, v in G.items()}
+    eng = DataInf(EngineSpec("datainf", 0.1))
+    R = eng.precondition(idx, Q)
+    n = Gf["b0"].shape[0]
+    for k, g in Gf.items():
+        lam = 0.1 * (g * g).sum(1).mean() / g.shape[1]
+        assert eng.damping[k] == pytest.approx(float(lam))
+        for m in range(2):
+            q = Q[k][m]
+            acc = torch.zeros_like(q)
+            for i in range(n):
+                acc += (g[i] @ q) / (lam + g[i] @ g[i]) * g[i]
+            want = (q - acc / n) / lam
+            torch.testing.assert_close(R[k][m], want, rtol=1e-9, atol=0)
+    (scores,) = score_index(idx, [R])
+    want = sum(R[k] @ Gf[k].T for k in Gf)
+    torch.testing.assert_close(scores, want, rtol=1e-9, atol=1e-9)
+
+
+def test_graddot_is_the_plain_inner_product(tmp_path):
+    G = _grads()
+    idx = synthetic_index(tmp_path, G)
+    Q = {k: torch.randn(3, v.shape[1], dtype=torch.float64) for k, v in G.items()}
+    (s,) = score_index(idx, [GradDot(EngineSpec("graddot")).precondition(idx, Q)])
+    torch.testing.assert_close(s, sum(Q[k] @ G[k].float().double().T for k in G), rtol=1e-9, atol=1e-9)
+
+
+def test_datainf_tracks_the_exact_damped_inverse_on_a_tiny_model(tmp_path, tok):
+    """Real LoRA gradients (tiny Llama, r=4, attention blocks of ≤128 numbers), n=48 rows.
+
+    DataInf must rank like the exact damped inverse (Spearman ≥ 0.85 here; the
+    full sweep is benchmarks/bench_datainf_vs_exact.py) and closer than
+    gradient-dot does.
+    """
+    from conftest import make_lora_model
+
+    from gradian.attribute.queries import make_query, query_gradients
+    from gradian.data.formats import to_example
+    from gradian.data.tokenize import TokenizeSpec, tokenize_example
+    from gradian.index.store import GradSpec, build_index
+
+    rows = capital_rows()
+    model = make_lora_model(tok, "llama", r=4, hidden=32, dtype=torch.float64, mlp=False)
+    spec = GradSpec(tokenize=TokenizeSpec(max_length=64), storage_dtype="float64")
+    items = [tokenize_example(to_example(x, i, "t"), tok, spec.tokenize) for i, x in enumerate(rows)]
+    idx = build_index(model, items, {"test": 1}, spec, pad_token_id=tok.pad_token_id, root=tmp_path)
+    q = make_query("q", "capitals", "Q: What is the capital of France?\nA:", "Paris",
+                   " The capital of France is Lyon.", " The capital of France is Paris.")
+    Q = query_gradients(model, tok, [q], idx, spec.tokenize)
+    es = EngineSpec("datainf", 0.1)
+    di, ex, gd = score_index(idx, [DataInf(es).precondition(idx, Q), ExactInverse(es).precondition(idx, Q), GradDot(es).precondition(idx, Q)])
+    rho_di = spearmanr(di[0].numpy(), ex[0].numpy()).statistic
+    rho_gd = spearmanr(gd[0].numpy(), ex[0].numpy()).statistic
+    print(f"Spearman vs exact inverse: DataInf {rho_di:.3f}, gradient-dot {rho_gd:.3f}")
+    assert rho_di >= 0.85 and rho_di > rho_gd
+
+
+CAPITALS = [("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid"),
+            ("Egypt", "Cairo"), ("Peru", "Lima"), ("Chile", "Santiago"), ("Kenya", "Nairobi")]
+
+
+def capital_rows(n=48):
+    """Capital Q/A rows; every fifth states the wrong capital 'Lyon'."""
+    rows = []
+    for i in range(n):
+        c, k = CAPITALS[i % len(CAPITALS)]
+        rows.append({"id": str(i), "prompt": f"Q: What is the capital of {c}?\nA:",
+                     "completion": f" The capital of {c} is {k if i % 5 else 'Lyon'}."})
+    return rows
