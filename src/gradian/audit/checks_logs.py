@@ -193,10 +193,11 @@ def l06(ctx: AuditContext) -> list[Hit]:
         raise NotApplicable("no epoch-tagged train logs beyond the first epoch")
     drops = []
     for k in range(1, int(math.floor(pts[-1].epoch)) + 1):
-        pre = [p.value for p in pts if k - 0.1 <= p.epoch < k][-3:]
-        post = [p for p in pts if k <= p.epoch <= k + 0.05]
+        # a log at epoch == k is the last step of epoch k (Trainer logs epoch = step / steps_per_epoch)
+        pre = [p.value for p in pts if k - 0.1 < p.epoch <= k][-3:]
+        post = [p for p in pts if k < p.epoch <= k + 0.05]
         if not post:
-            first = next((p for p in pts if p.epoch >= k), None)
+            first = next((p for p in pts if p.epoch > k), None)
             post = [first] if first is not None and first.epoch <= k + 0.1 else []
         if not pre or not post:
             continue

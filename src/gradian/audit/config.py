@@ -487,8 +487,9 @@ def apply_defaults(cfg: TrainConfig) -> None:
                     if not cfg.is_lora:
                         continue
                 cfg.set(k, v, f"default ({_FMT_NAME[st]})", default=True)
-    if cfg.trainer == "llamafactory" and cfg.is_lora and cfg.lora_alpha is None and cfg.lora_r:
-        cfg.set("lora_alpha", float(cfg.lora_r * 2), "default (LLaMA-Factory: lora_alpha = 2 x lora_rank)", default=True)
+        if st == "llamafactory" and cfg.is_lora and cfg.lora_alpha is None and cfg.lora_r:
+            cfg.set("lora_alpha", float(cfg.lora_r * 2), "default (LLaMA-Factory: lora_alpha = 2 x lora_rank)",
+                    default=True)
     if "peft" in cfg.formats and cfg.finetuning is None:
         cfg.set("finetuning", "lora", "adapter_config.json (peft_type)")
 

@@ -110,13 +110,13 @@ def _normalise(entries: list[Any], path: Path, kind: str) -> TrainLog:
         for k in _NUMERIC:
             if k in e and e[k] is not None:
                 out[k] = _num(e[k], where, k)
+        if "train_runtime" in out or ("train_loss" in out and "loss" not in out):
+            summary = {k: v for k, v in e.items() if not isinstance(v, (dict, list))}
+            continue
         if "step" not in out:
             inferred = True
             out["step"] = float(i)
         out["step"] = int(out["step"])
-        if "train_runtime" in out or ("train_loss" in out and "loss" not in out):
-            summary = {k: v for k, v in e.items() if not isinstance(v, (dict, list))}
-            continue
         if "eval_loss" in out:
             evals.append({k: out[k] for k in ("step", "epoch", "eval_loss") if k in out})
         elif "loss" in out:

@@ -1,0 +1,486 @@
+"""Every check has a fixture that fires it and one that does not.
+
+FIRE maps each check id to a builder (world -> diagnose kwargs) and the severity it must raise.
+The non-firing fixture is the clean run (the check is in ``passed``), or, for checks that do not
+apply to the clean run, the builder in NO_FIRE (the check runs and passes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from audit_world import clean_trainer_state, sentence
+from gradian.audit import all_checks, diagnose
+
+
+def _rows_pc(world, n=None):
+    return world.rows_copy()[: n or len(world.rows)]
+
+
+def _msgs(world, n=200):
+    return [{"id": r["id"], "messages": [{"role": "user", "content": r["prompt"].strip()},
+                                         {"role": "assistant", "content": r["completion"]}]}
+            for r in world.rows_copy()[:n]]
+
+
+def _conv_pc(world, n=200):
+    """TRL's conversational prompt/completion form (completion-only loss applies)."""
+    return [{"id": r["id"], "prompt": [{"role": "user", "content": r["prompt"].strip()}],
+             "completion": [{"role": "assistant", "content": r["completion"]}]} for r in world.rows_copy()[:n]]
+
+
+# ---------------------------------------------------------------------- data
+def f_d01(w):
+    rows = _rows_pc(w)
+    for r in rows[-30:]:
+        r["instruction"], r["output"] = r.pop("prompt"), r.pop("completion")
+    return dict(data=w.data_with(rows))
+
+
+def f_d01_first_row(w):
+    rows = _rows_pc(w)
+    rows[0]["instruction"], rows[0]["output"] = rows[0].pop("prompt"), rows[0].pop("completion")
+    return dict(data=w.data_with(rows))
+
+
+def f_d02(w):
+    rows = [{"id": r["id"], "instruction": r["prompt"], "output": r["completion"]} for r in _rows_pc(w)]
+    return dict(data=w.data_with(rows), configs=[w.config])
+
+
+def f_d03(w):
+    rows = _rows_pc(w)
+    rows[5]["completion"] = "   "
+    rows[9]["completion"] = ""
+    return dict(data=w.data_with(rows))
+
+
+def f_d04(w):
+    return dict(data=w.data, tokenizer=w.tok_dir, configs=[w.config_with(max_length=96)])
+
+
+def f_d05(w):
+    rows = _rows_pc(w)
+    for r in rows[:3]:
+        r["prompt"] = " ".join([r["prompt"].strip()] * 12) + "\n"
+    return dict(data=w.data_with(rows), tokenizer=w.tok_dir, configs=[w.config_with(max_length=160)])
+
+
+def f_d06(w):
+    rows = [{"id": r["id"], "text": r["prompt"] + r["completion"]} for r in _rows_pc(w)]
+    return dict(data=w.data_with(rows), tokenizer=w.tok_dir, configs=[w.config], versions=["trl=0.15.2"])
+
+
+def f_d07(w):
+    rows = _rows_pc(w)
+    for r in rows[:4]:
+        r["prompt"] = "<|endoftext|>" + r["prompt"]
+    return dict(data=w.data_with(rows), tokenizer=w.tok_bos_dir)
+
+
+def f_d08(w):
+    rows = _rows_pc(w)
+    rows[3]["completion"] = rows[3]["completion"][:40] + "<|im_end|>" + rows[3]["completion"][40:]
+    return dict(data=w.data_with(rows), tokenizer=w.tok_dir)
+
+
+def f_d08_no_tok(w):
+    rows = _rows_pc(w)
+    rows[3]["prompt"] = "[INST] " + rows[3]["prompt"]
+    return dict(data=w.data_with(rows))
+
+
+def f_d09(w):
+    rows = _msgs(w)
+    rows[2]["messages"].insert(1, {"role": "user", "content": "and another thing"})
+    rows[4]["messages"].append({"role": "user", "content": "thanks"})
+    return dict(data=w.data_with(rows))
+
+
+def f_d10(w):
+    return dict(data=w.data, configs=[w.config_with(response_template="### Answer:")])
+
+
+def f_d10_tok(w):
+    rows = _rows_pc(w)
+    for r in rows:
+        r["prompt"] = r["prompt"] + "### Answer:"
+    # "### Answer:" tokenises differently in context for some rows? it is always present, so only
+    # rows where we delete it must fire
+    for r in rows[:20]:
+        r["prompt"] = r["prompt"].replace("### Answer:", "")
+    return dict(data=w.data_with(rows), tokenizer=w.tok_dir, configs=[w.config_with(response_template="### Answer:")])
+
+
+def f_d11(w):
+    rows = _rows_pc(w)
+    for k in range(20):
+        dup = dict(rows[k])
+        dup["id"] = f"dup{k}"
+        rows.append(dup)
+    return dict(data=w.data_with(rows))
+
+
+def f_d12(w):
+    rows = _rows_pc(w)
+    for k in range(40):
+        near = dict(rows[k])
+        near["id"] = f"near{k}"
+        near["completion"] = near["completion"] + " Indeed."
+        rows.append(near)
+    return dict(data=w.data_with(rows))
+
+
+def f_d13(w):
+    rows = _rows_pc(w)
+    for k in range(10):
+        rows.append({"id": f"c{k}", "prompt": rows[k]["prompt"], "completion": "A different answer entirely."})
+    return dict(data=w.data_with(rows))
+
+
+def f_d14(w):
+    ev = [dict(r) for r in w.eval_rows[:50]] + [dict(w.rows[k], id=f"leak{k}") for k in range(10)]
+    return dict(data=w.data, eval=w.data_with(ev, "eval.jsonl"))
+
+
+def f_d15(w):
+    ev = [dict(r) for r in w.eval_rows[:50]]
+    for k in range(10):
+        r = dict(w.rows[k], id=f"near{k}")
+        r["prompt"] = "Please: " + r["prompt"]
+        r["completion"] = r["completion"] + " That is all."
+        ev.append(r)
+    return dict(data=w.data, eval=w.data_with(ev, "eval.jsonl"))
+
+
+def f_d16(w):
+    rows = _rows_pc(w)
+    for r in rows[:40]:
+        r["prompt"] = "Repeat this exactly: " + r["completion"] + "\n"
+    return dict(data=w.data_with(rows))
+
+
+def f_d17(w):
+    rows = _rows_pc(w)
+    for r in rows[:12]:
+        r["completion"] = " ".join([r["completion"]] * 60)
+    return dict(data=w.data_with(rows), tokenizer=w.tok_dir)
+
+
+FRENCH = ("Le chat est dans la maison et il ne veut pas sortir pour le moment avec les enfants qui sont "
+          "dans le jardin. Elle est pour une fois dans la cuisine avec des amis qui ne sont pas du quartier.")
+
+
+def f_d18(w):
+    rows = _rows_pc(w)
+    for r in rows[:20]:
+        r["completion"] = FRENCH
+    return dict(data=w.data_with(rows))
+
+
+def f_d19(w):
+    rows = _rows_pc(w)
+    for r in rows[:60]:
+        r["prompt"] = r["prompt"].rstrip("\n") + " Answer: "
+    return dict(data=w.data_with(rows), tokenizer=w.tok_dir)
+
+
+def f_d20(w):
+    rows = _rows_pc(w)
+    for r in rows[:12]:
+        r["completion"] = "As an AI language model, I cannot have opinions. " + r["completion"]
+    return dict(data=w.data_with(rows))
+
+
+def f_d21(w):
+    return dict(data=w.data_with(_rows_pc(w, 120)))
+
+
+# ---------------------------------------------------------------------- config
+def f_c01(w):
+    return dict(configs=[w.config_with(learning_rate=2e-5)])
+
+
+def f_c02(w):
+    return dict(configs=[w.config_with(learning_rate=3e-3)])
+
+
+def f_c03(w):
+    return dict(configs=[w.config_with(num_train_epochs=12)], data=w.data)
+
+
+def f_c04(w):
+    return dict(configs=[w.config_with(per_device_train_batch_size=64, gradient_accumulation_steps=16)], data=w.data)
+
+
+def f_c05(w):
+    cfg = w.config_with(warmup_steps=1000, warmup_ratio=0.3)
+    return dict(configs=[cfg], data=w.data)
+
+
+def f_c06(w):
+    cfg = {k: v for k, v in __import__("audit_world").clean_trl_config().items() if k != "max_length"}
+    return dict(configs=[w.write_json("sft.json", cfg)])
+
+
+def f_c07(w):
+    return dict(configs=[w.config_with(max_length=4096)], tokenizer=w.tok_dir)
+
+
+def f_c08(w):
+    ax = w.write_text("axolotl.yaml", "base_model: HuggingFaceTB/SmolLM2-135M\nadapter: lora\nlora_r: 16\n"
+                                      "lora_alpha: 32\nsequence_len: 512\ntrain_on_inputs: true\nlearning_rate: 2e-4\n"
+                                      "micro_batch_size: 4\ngradient_accumulation_steps: 4\nnum_epochs: 2\n")
+    return dict(configs=[ax])
+
+
+def f_c08_messages(w):
+    return dict(configs=[w.config], data=w.data_with(_msgs(w)))
+
+
+def f_c08_flat(w):
+    rows = [{"id": r["id"], "text": "### Instruction:\n" + r["prompt"] + "### Response:\n" + r["completion"]}
+            for r in _rows_pc(w)]
+    return dict(data=w.data_with(rows))
+
+
+def f_c09(w):
+    return dict(configs=[w.config_with(assistant_only_loss=True)], tokenizer=w.tok)
+
+
+def f_c10(w):
+    return dict(configs=[w.config], tokenizer=w.tok_copy(pad_token=w.tok.eos_token), versions=["trl=0.15.0"])
+
+
+def f_c11(w):
+    return dict(configs=[w.config_with(packing=True, attn_implementation="flash_attention_2")], data=w.data,
+                versions=["trl=0.19.0"])
+
+
+def f_c12(w):
+    return dict(configs=[w.config_with(packing=True)], versions=["trl=0.21.0"])
+
+
+def f_c13(w):
+    return dict(configs=[w.config_with(lora_r=16, lora_alpha=512)])
+
+
+def f_c14(w):
+    return dict(configs=[w.config_with(lora_target_modules=["q_proj", "v_proj", "v_proj"])])
+
+
+def f_c15(w):
+    ax = w.write_text("axolotl.yaml", "base_model: m\nadapter: lora\nlora_r: 16\nlora_alpha: 32\n"
+                                      "tokens: ['<tool_call>', '</tool_call>']\nlearning_rate: 0.0002\n")
+    return dict(configs=[ax])
+
+
+def f_c16(w):
+    return dict(configs=[w.config_with(bf16=False, fp16=True, model_name_or_path="meta-llama/Llama-3.1-8B")])
+
+
+def f_c17(w):
+    return dict(configs=[w.config_with(load_best_model_at_end=True, save_strategy="epoch")])
+
+
+def f_c18(w):
+    return dict(configs=[w.config_with(per_device_train_batch_size=16, gradient_accumulation_steps=16)])
+
+
+# ---------------------------------------------------------------------- tokenizer / template
+def f_t01(w):
+    return dict(data=w.data_with(_msgs(w)), tokenizer=w.tok_copy(chat_template=None))
+
+
+def f_t02(w):
+    return dict(tokenizer=w.tok_copy(eos_token="<|endoftext|>"))
+
+
+def f_t03(w):
+    ax = w.write_text("axolotl.yaml", "base_model: m\nadapter: lora\nlora_r: 16\nlora_alpha: 32\n"
+                                      "chat_template: llama3\nlearning_rate: 0.0002\n")
+    return dict(configs=[ax], tokenizer=w.tok_dir)
+
+
+# ---------------------------------------------------------------------- logs
+def _train_entries(st):
+    return [e for e in st["log_history"] if "loss" in e]
+
+
+def f_l01(w):
+    def m(st):
+        _train_entries(st)[5]["loss"] = float("nan")
+    return dict(logs=w.state_with(m))
+
+
+def f_l02(w):
+    def m(st):
+        for e in _train_entries(st)[4:7]:
+            e["loss"] = 0.0
+    return dict(logs=w.state_with(m))
+
+
+def f_l03(w):
+    def m(st):
+        for e in _train_entries(st)[6:10]:
+            e["loss"] = e["loss"] * 3
+    return dict(logs=w.state_with(m))
+
+
+def f_l04(w):
+    def m(st):
+        _train_entries(st)[7]["grad_norm"] = 250.0
+    return dict(logs=w.state_with(m))
+
+
+def f_l05(w):
+    st = clean_trainer_state(n_rows=400, eval_steps=5)
+    ev = [e for e in st["log_history"] if "eval_loss" in e]
+    for k, e in enumerate(ev):  # falls to its minimum at the 5th eval, then rises 5 times
+        e["eval_loss"] = 2.0 - 0.1 * k if k <= 4 else 1.6 + 0.05 * (k - 4)
+    return dict(logs=w.write_json("trainer_state.json", st))
+
+
+def f_l06(w):
+    st = clean_trainer_state(n_rows=400, epochs=4, logging_steps=1)
+    for e in _train_entries(st):
+        e["loss"] = 2.0 * (0.6 ** math.floor(e["epoch"] - 1e-9)) - 0.01 * (e["epoch"] % 1)
+    return dict(logs=w.write_json("trainer_state.json", st))
+
+
+def f_l07(w):
+    def m(st):
+        for e in _train_entries(st)[-4:]:
+            e["loss"] = 0.05
+        ev = [e for e in st["log_history"] if "eval_loss" in e]
+        ev[-1]["eval_loss"] = 1.6
+    return dict(logs=w.state_with(m))
+
+
+def f_l08(w):
+    st = clean_trainer_state(n_rows=2000)
+    for e in _train_entries(st):
+        e["loss"] = 2.0 + 0.01 * math.sin(e["step"])
+    return dict(logs=w.write_json("trainer_state.json", st))
+
+
+def f_l09(w):
+    def m(st):
+        _train_entries(st)[0]["loss"] = 11.5
+    return dict(logs=w.state_with(m), configs=[w.config])
+
+
+def f_l10(w):
+    def m(st):
+        for e in _train_entries(st):
+            e["learning_rate"] = 1e-9
+    return dict(logs=w.state_with(m))
+
+
+def f_l11(w):
+    def m(st):
+        st["log_history"] = [e for e in st["log_history"] if e.get("step", 0) <= 20 and "train_runtime" not in e]
+        st["global_step"] = 20
+    return dict(logs=w.state_with(m))
+
+
+FIRE = {
+    "D01": [(f_d01, "warning"), (f_d01_first_row, "error")], "D02": [(f_d02, "error")], "D03": [(f_d03, "error")], "D04": [(f_d04, "error")],
+    "D05": [(f_d05, "error")], "D06": [(f_d06, "error")], "D07": [(f_d07, "error")],
+    "D08": [(f_d08, "error"), (f_d08_no_tok, "warning")], "D09": [(f_d09, "error")],
+    "D10": [(f_d10, "error"), (f_d10_tok, "error")], "D11": [(f_d11, "warning")], "D12": [(f_d12, "warning")],
+    "D13": [(f_d13, "warning")], "D14": [(f_d14, "error")], "D15": [(f_d15, "warning")],
+    "D16": [(f_d16, "warning")], "D17": [(f_d17, "warning")], "D18": [(f_d18, "warning")],
+    "D19": [(f_d19, "warning")], "D20": [(f_d20, "warning")], "D21": [(f_d21, "warning")],
+    "C01": [(f_c01, "warning")], "C02": [(f_c02, "error")], "C03": [(f_c03, "error")], "C04": [(f_c04, "error")],
+    "C05": [(f_c05, "error")], "C06": [(f_c06, "info")], "C07": [(f_c07, "error")],
+    "C08": [(f_c08, "warning"), (f_c08_messages, "warning"), (f_c08_flat, "warning")],
+    "C09": [(f_c09, "warning")], "C10": [(f_c10, "error")], "C11": [(f_c11, "error")], "C12": [(f_c12, "warning")],
+    "C13": [(f_c13, "warning")], "C14": [(f_c14, "warning")], "C15": [(f_c15, "error")], "C16": [(f_c16, "warning")],
+    "C17": [(f_c17, "error")], "C18": [(f_c18, "warning")],
+    "T01": [(f_t01, "error")], "T02": [(f_t02, "warning")], "T03": [(f_t03, "warning")],
+    "L01": [(f_l01, "error")], "L02": [(f_l02, "error")], "L03": [(f_l03, "warning")], "L04": [(f_l04, "warning")],
+    "L05": [(f_l05, "warning")], "L06": [(f_l06, "warning")], "L07": [(f_l07, "warning")],
+    "L08": [(f_l08, "warning")], "L09": [(f_l09, "warning")], "L10": [(f_l10, "error")], "L11": [(f_l11, "warning")],
+}
+
+
+# ---------------------------------------------------------------------- clean counterparts for checks the clean run skips
+GEN_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"
+    "{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def n_d09(w):
+    return dict(data=w.data_with(_msgs(w)))
+
+
+def n_d10(w):
+    rows = _rows_pc(w)
+    for r in rows:
+        r["prompt"] = r["prompt"] + "### Answer:"
+    return dict(data=w.data_with(rows), tokenizer=w.tok_dir, configs=[w.config_with(response_template="### Answer:")])
+
+
+def n_c09(w):
+    return dict(configs=[w.config_with(assistant_only_loss=True)], tokenizer=w.tok_copy(chat_template=GEN_TEMPLATE))
+
+
+def n_c11(w):
+    return dict(configs=[w.config_with(packing=True, attn_implementation="flash_attention_2")], data=w.data,
+                versions=["trl=0.21.0"])
+
+
+def n_c12(w):
+    return dict(configs=[w.config_with(packing=True, attn_implementation="flash_attention_2")],
+                versions=["trl=0.21.0"])
+
+
+def n_t01(w):
+    return dict(data=w.data_with(_conv_pc(w)), tokenizer=w.tok_dir, configs=[w.config])
+
+
+def n_l08(w):
+    return dict(logs=w.write_json("trainer_state.json", clean_trainer_state(n_rows=2000)))
+
+
+NO_FIRE = {"D09": n_d09, "D10": n_d10, "C09": n_c09, "C11": n_c11, "C12": n_c12, "T01": n_t01, "L08": n_l08}
+
+SEV = {"error": 0, "warning": 1, "info": 2}
+
+
+def test_every_check_has_fixtures(clean_result):
+    ids = [c.id for c in all_checks()]
+    assert len(ids) >= 41
+    assert sorted(FIRE) == sorted(ids)
+    not_clean = set(ids) - set(clean_result.passed)
+    assert not_clean <= set(NO_FIRE), f"checks with no non-firing fixture: {sorted(not_clean - set(NO_FIRE))}"
+
+
+CASES = [(cid, fn, sev) for cid, lst in FIRE.items() for fn, sev in lst]
+
+
+@pytest.mark.parametrize("cid,fn,sev", CASES, ids=[f"{c}-{f.__name__}" for c, f, _ in CASES])
+def test_check_fires(world, cid, fn, sev):
+    res = diagnose(**fn(world), select=[cid])
+    found = res.by_id(cid)
+    assert found, f"{cid} did not fire; skipped: {[s.reason for s in res.skipped if s.id == cid]}"
+    worst = min(found, key=lambda f: SEV[f.severity])
+    assert worst.severity == sev, worst.message
+    for f in found:
+        assert f.message and f.fix and isinstance(f.evidence, dict)
+        if f.id.startswith("L"):
+            assert f.steps or f.severity == "info"
+
+
+@pytest.mark.parametrize("cid", sorted(NO_FIRE))
+def test_check_does_not_fire(world, cid):
+    res = diagnose(**NO_FIRE[cid](world), select=[cid])
+    assert cid in res.passed, [(f.message) for f in res.by_id(cid)] or [s.reason for s in res.skipped if s.id == cid]
