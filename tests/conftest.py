@@ -7,18 +7,13 @@ import os
 import pytest
 import torch
 
+from gradian_testlib import CORPUS, ROWS  # noqa: F401
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-CORPUS = [
-    "The capital of France is Paris.",
-    "The capital of Japan is Tokyo.",
-    "Water boils at 100 degrees Celsius at sea level.",
-    "Iron is a metal with the symbol Fe and atomic number 26.",
-    "Q: What is the capital of Italy?\nA: Rome",
-    "Hello world, this is a test of the tokenizer and of the model.",
-] * 10
-
+# Tiny models gain nothing from intra-op threads, and OpenMP spinning makes them 20x slower
+# whenever another process shares the cores. One thread keeps the suite fast and stable.
+torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def tok():
@@ -32,53 +27,6 @@ def tok_bos():
     from gradian.models.tiny import train_tokenizer
 
     return train_tokenizer(CORPUS, vocab_size=320, bos=True)
-
-
-def make_lora_model(
-    tok,
-    arch: str = "llama",
-    r: int = 8,
-    dtype=torch.float32,
-    mlp: bool = True,
-    rslora: bool = False,
-    seed: int = 0,
-    hidden: int = 64,
-):
-    """A tiny model with a randomly initialised (non-zero) LoRA adapter, ready for gradients."""
-    from peft import LoraConfig, get_peft_model
-
-    from gradian.models.load import prepare_lora_for_gradients
-    from gradian.models.tiny import default_targets, tiny_model
-
-    model = tiny_model(tok, arch, dtype=dtype, seed=seed, hidden=hidden)
-    cfg = LoraConfig(
-        r=r,
-        lora_alpha=2 * r,
-        target_modules=default_targets(arch, mlp),
-        lora_dropout=0.1,
-        fan_in_fan_out=(arch == "gpt2"),
-        init_lora_weights=False,  # random A and B: B = 0 would zero every lora_A gradient
-        use_rslora=rslora,
-    )
-    torch.manual_seed(seed + 1)
-    pm = get_peft_model(model, cfg)
-    pm.to(dtype)
-    prepare_lora_for_gradients(pm)
-    return pm
-
-
-ROWS = [
-    {"id": "pc", "prompt": "Q: What is the capital of France?\nA:", "completion": " Paris"},
-    {
-        "id": "chat",
-        "messages": [
-            {"role": "user", "content": "What is the capital of Japan?"},
-            {"role": "assistant", "content": "The capital of Japan is Tokyo, a very large city."},
-        ],
-    },
-    {"id": "alp", "instruction": "Name the symbol of iron.", "input": "", "output": "Fe"},
-    {"id": "txt", "text": "Water boils at 100 degrees Celsius at sea level."},
-]
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,6 @@ def test_adapter_not_fitting_base_exits_2(saved_finetune, tmp_path):
 
     from gradian.models.tiny import tiny_model
 
-    from conftest import CORPUS  # noqa: F401  (same tokenizer corpus)
 
     tok_path = saved_finetune["base"]
     from transformers import AutoTokenizer

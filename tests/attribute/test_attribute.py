@@ -54,7 +54,7 @@ def _pretrain_base(model, tok, rows, steps=40):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tok):
-    from conftest import make_lora_model
+    from gradian_testlib import make_lora_model
 
     model = make_lora_model(tok, "llama", r=4, hidden=64, dtype=torch.float32)
     rows = _rows()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ROWS
+from gradian_testlib import ROWS
 
 from gradian.data.formats import load_examples
 from gradian.errors import GradianUserError

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ROWS
+from gradian_testlib import ROWS
 
 from gradian.data.formats import to_example
 from gradian.data.tokenize import IGNORE_INDEX, TokenizeSpec, collate, tokenize_example

@@ -85,7 +85,7 @@ def test_datainf_tracks_the_exact_damped_inverse_on_a_tiny_model(tmp_path, tok):
     full sweep is benchmarks/bench_datainf_vs_exact.py) and closer than
     gradient-dot does.
     """
-    from conftest import make_lora_model
+    from gradian_testlib import make_lora_model
 
     from gradian.attribute.queries import make_query, query_gradients
     from gradian.data.formats import to_example

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ROWS, make_lora_model
+from gradian_testlib import ROWS, make_lora_model
 
 from gradian import per_example_grads
 from gradian.data.formats import to_example

@@ -1,0 +1,209 @@
+"""One attribution run: Evaluate → Attribute (→ Audit), written as ``RUN_DIR/run.json``.
+
+``run.json`` (schema ``gradian.run/1``) holds the manifest, the evaluation,
+the attribution per regressed capability, and the audit when a config or logs
+were given. ``gradian report RUN_DIR`` re-renders it without recomputing.
+
+The manifest records every input's content hash and every spec; ``run_id`` is
+a hash of those identity fields (timings and paths excluded), so the same
+inputs and specs give the same run id, index id and scores.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from gradian.attribute.pipeline import AttributeSpec, attribute_capability
+from gradian.attribute.queries import make_query
+from gradian.errors import GradianUserError
+from gradian.index.identity import dataset_identity, file_hash, library_versions
+from gradian.index.store import GradSpec
+from gradian.models.load import ModelSpec
+from gradian.sign import SIGN_CONVENTION
+from gradian.util import atomic_write_json, sha256_json
+
+RUN_SCHEMA = "gradian.run/1"
+
+Progress = Callable[[str, int, int], None]  # (task, advance, total)
+
+
+@dataclass
+class RunInputs:
+    base: str
+    adapter: Path
+    data: Path
+    eval: Path
+    configs: Sequence[Path] = ()
+    logs: Path | None = None
+    reference_adapter: Path | None = None
+
+
+@dataclass
+class RunSpecs:
+    model: ModelSpec
+    grad: GradSpec = field(default_factory=GradSpec)
+    attribute: AttributeSpec = field(default_factory=AttributeSpec)
+    eval: Any = None  # gradian.evaluate.EvalSpec
+    seed: int = 0
+    batch_size: int = 8
+
+
+def _manifest(ft, inputs: RunInputs, specs: RunSpecs, index_identity: dict | None, index_id: str | None) -> dict[str, Any]:
+    ident = {
+        "base": (index_identity or {}).get("base"),
+        "adapter": (index_identity or {}).get("adapter"),
+        "dataset": dataset_identity(inputs.data),
+        "eval": {"name": Path(inputs.eval).name, "sha256": file_hash(inputs.eval) if Path(inputs.eval).is_file() else dataset_identity(inputs.eval)["sha256"]},
+        "configs": {Path(c).name: (file_hash(c) if Path(c).is_file() else None) for c in inputs.configs},
+        "logs": file_hash(inputs.logs) if inputs.logs and Path(inputs.logs).is_file() else None,
+        "reference_adapter": str(inputs.reference_adapter) if inputs.reference_adapter else None,
+        "specs": {
+            "model": specs.model.to_dict(),
+            "grad": specs.grad.to_dict(),
+            "attribute": specs.attribute.to_dict(),
+            "eval": specs.eval.to_dict() if specs.eval is not None else None,
+            "seed": specs.seed,
+        },
+        "index_id": index_id,
+        "versions": library_versions(),
+    }
+    return {
+        "run_id": sha256_json(ident)[:16],
+        "identity": ident,
+        "paths": {
+            "base": inputs.base,
+            "adapter": str(inputs.adapter),
+            "data": str(inputs.data),
+            "eval": str(inputs.eval),
+            "configs": [str(c) for c in inputs.configs],
+            "logs": str(inputs.logs) if inputs.logs else None,
+        },
+        "sign_convention": SIGN_CONVENTION,
+    }
+
+
+def run_audit(inputs: RunInputs, tokenizer_path: str | None) -> dict[str, Any] | None:
+    """The Audit lane on the same inputs (None when neither a config nor logs were given)."""
+    if not inputs.configs and not inputs.logs:
+        return None
+    from gradian.audit import diagnose
+
+    configs = list(inputs.configs) + [inputs.adapter]
+    return diagnose(
+        data=inputs.data, eval=None, configs=configs, logs=inputs.logs, tokenizer=tokenizer_path
+    ).to_dict()
+
+
+def attribute_run(
+    inputs: RunInputs,
+    specs: RunSpecs,
+    out_dir: str | Path,
+    *,
+    progress: Progress | None = None,
+    index_root: str | Path | None = None,
+    ft=None,
+) -> dict[str, Any]:
+    """Run the lanes and write ``out_dir/run.json``. Returns the run dict.
+
+    Args:
+        ft: an already loaded :class:`gradian.api.FineTune` (else it is loaded here).
+    """
+    from gradian.api import index_identity, load_finetune, training_index
+    from gradian.data.formats import load_examples
+    from gradian.evaluate import EvalSpec, evaluate, load_eval_set
+
+    out_dir = Path(out_dir)
+    t0 = time.perf_counter()
+    timing: dict[str, float] = {}
+    specs.eval = specs.eval or EvalSpec(seed=specs.seed)
+    # cheap validation first: bad data or eval files fail before a model is loaded
+    examples = load_examples(inputs.data)
+    eval_items = load_eval_set(inputs.eval)
+    audit = run_audit(inputs, inputs.base if Path(inputs.base).is_dir() else None)
+    timing["audit"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    if ft is None:
+        ft = load_finetune(specs.model, inputs.adapter)
+    timing["load"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    ev = evaluate(ft.model, ft.tokenizer, eval_items, reference_adapter=inputs.reference_adapter, spec=specs.eval, progress=progress)
+    timing["evaluate"] = time.perf_counter() - t
+
+    run: dict[str, Any] = {"schema": RUN_SCHEMA, "evaluation": ev.to_dict(), "audit": audit, "attribution": None}
+    regressed = [c.name for c in ev.regressed]
+    index_ident = None
+    index_id = None
+    if not regressed:
+        run["stopped"] = (
+            "no capability regressed outside the noise band: nothing to attribute "
+            "(a delta whose CI includes zero is reported, not diagnosed)"
+        )
+    else:
+        t = time.perf_counter()
+        index_ident = index_identity(ft, inputs.data, specs.grad, specs.seed)
+        pf = (lambda n: (lambda k: progress("training gradients", k, n))) if progress else None
+        idx, examples, items, reused = training_index(
+            ft, inputs.data, specs.grad, seed=specs.seed, root=index_root, batch_size=specs.batch_size,
+            progress_factory=pf, examples=examples,
+        )
+        index_id = idx.id
+        timing["index"] = time.perf_counter() - t
+        t = time.perf_counter()
+        caps = []
+        engines: dict[str, Any] = {}
+        for cap in regressed:
+            failing = ev.failing_items(cap)
+            queries = [
+                make_query(
+                    f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer,
+                    kind="contrastive" if (f.query == "contrastive" and specs.attribute.query == "contrastive") else "cross_entropy",
+                )
+                for f in failing
+            ]
+            if not queries:
+                continue
+            res = attribute_capability(ft.model, ft.tokenizer, idx, examples, items, queries, specs.grad.tokenize, specs.attribute, engines)
+            d = res.to_dict()
+            d["failing_items"] = [f.to_dict() for f in failing]
+            caps.append(d)
+            if progress:
+                progress(f"attribute {cap}", 1, 1)
+        timing["attribute"] = time.perf_counter() - t
+        run["attribution"] = {
+            "index": {"id": idx.id, "root": str(idx.root), "reused": reused, "n": idx.n, "blocks": len(idx.blocks),
+                      "dims": sum(int(b["dim"]) for b in idx.blocks)},
+            "train_ids": [e.id for e in examples],
+            "train_meta": [
+                {"format": e.format, "tokens": it.full_length, "truncated": it.truncated, "n_supervised": it.n_supervised}
+                for e, it in zip(examples, items)
+            ],
+            "capabilities": caps,
+        }
+    timing["total"] = time.perf_counter() - t0
+    run["manifest"] = _manifest(ft, inputs, specs, index_ident, index_id)
+    run["manifest"]["notes"] = list(ft.notes)
+    run["timing"] = {k: round(v, 3) for k, v in timing.items()}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "run.json", run)
+    return run
+
+
+def load_run(run_dir: str | Path) -> dict[str, Any]:
+    """Read ``RUN_DIR/run.json`` (a user error if missing or not a Gradian run)."""
+    import json
+
+    p = Path(run_dir) / "run.json" if Path(run_dir).is_dir() else Path(run_dir)
+    if not p.exists():
+        raise GradianUserError("no run.json here", where=str(run_dir), fix="pass the folder `gradian attribute --out` wrote")
+    try:
+        run = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise GradianUserError(f"malformed JSON: {e.msg}", where=f"{p}:{e.lineno}", fix="re-run gradian attribute") from None
+    if run.get("schema") != RUN_SCHEMA:
+        raise GradianUserError(f"not a {RUN_SCHEMA} file", where=str(p), fix="re-run gradian attribute with this version")
+    return run

@@ -1,0 +1,140 @@
+"""``gradian attribute``: Evaluate, then Attribute (and Audit when a config or logs are given)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from gradian.commands._common import console, grad_spec_from_options, progress_bar, user_errors
+from gradian.errors import GradianUserError
+
+
+def print_attribution(run: dict) -> None:
+    """Terminal summary of the attribution part of a run."""
+    att = run.get("attribution")
+    if not att:
+        return
+    ix = att["index"]
+    console.print(
+        f"index [bold]{ix['id']}[/] ({ix['n']} rows, {ix['blocks']} LoRA blocks, {ix['dims']:,} numbers/row"
+        f"{', reused: no pass over the training set' if ix['reused'] else ''})"
+    )
+    for cap in att["capabilities"]:
+        ag = cap.get("agreement")
+        head = f"[bold]{escape(cap['capability'])}[/]: {len(cap['queries'])} failing item(s), engine {cap['engine']}"
+        if ag:
+            head += (
+                f"; agreement with {ag['engines'][1]}: Spearman {ag['spearman']:.2f}, top-{ag['k']} overlap "
+                f"{ag['topk_overlap']:.0%} → confidence [bold]{ag['confidence']}[/]"
+            )
+        console.print(head)
+        t = Table(title=f"most harmful training rows for {escape(cap['capability'])}", show_lines=False)
+        for col in ("rank", "id", "score", "Δloss if removed", "tokens", "completion"):
+            t.add_column(col, overflow="fold")
+        for r in cap["ranked"][:10]:
+            t.add_row(
+                str(r["rank"]), escape(r["id"]), f"{r['score']:.4g}", f"{r['predicted_loss_delta_if_removed']:.3g}",
+                str(r["tokens"]) + (" (truncated)" if r["truncated"] else ""), escape(r["completion"][:80]),
+            )
+        console.print(t)
+        for c in cap["clusters"][:5]:
+            common = c["common"]
+            words = ", ".join(w["word"] for w in common["distinctive_words"][:5])
+            extra = []
+            if common["truncated_share"]:
+                extra.append(f"{common['truncated_share']:.0%} truncated")
+            if common["missing_eos_share"]:
+                extra.append(f"{common['missing_eos_share']:.0%} missing EOS")
+            console.print(
+                f"  cluster {c['label']}: {c['size']} rows, {c['harmful_share']:.0%} of the harmful score"
+                + (f"; shared words: {escape(words)}" if words else "")
+                + (f"; {', '.join(extra)}" if extra else "")
+                + f"; e.g. {escape(c['exemplars'][0]['id'])}"
+            )
+        for d in cap["drilldown"][:5]:
+            s = d["top_sentence"]
+            console.print(f"  row {escape(d['id'])}: most harmful sentence [{s['char_start']}:{s['char_end']}] “{escape(s['text'][:100])}”")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("attribute")
+    @user_errors
+    def attribute_cmd(
+        base: str = typer.Option(..., help="Base model: a local folder (HF or GGUF) or a cached HF id."),
+        adapter: Path = typer.Option(..., help="The tuned LoRA adapter folder (PEFT save_pretrained)."),
+        data: Path = typer.Option(..., help="Training data the adapter was trained on."),
+        eval_path: Path = typer.Option(..., "--eval", help="Eval set (see docs/evaluate.md)."),
+        config: Optional[List[Path]] = typer.Option(None, "--config", help="Training config(s) for the Audit lane (repeatable)."),
+        logs: Optional[Path] = typer.Option(None, help="trainer_state.json (or JSONL logs) for the Audit lane."),
+        reference_adapter: Optional[Path] = typer.Option(None, help="Compare against this adapter instead of the base."),
+        out: Path = typer.Option(Path("gradian-run"), help="Run folder: run.json (and reports) are written here."),
+        engine: str = typer.Option("datainf", help="Primary engine: datainf | graddot."),
+        second_engine: str = typer.Option("graddot", help="Second engine for the agreement check, or 'none'."),
+        query: str = typer.Option("contrastive", help="contrastive (default) | cross_entropy."),
+        damping_scale: float = typer.Option(0.1, help="DataInf: λ_l = scale · mean‖g_l‖² / d_l."),
+        top_k: int = typer.Option(20, help="Rows listed per capability (and the k of the top-k overlap)."),
+        max_length: int = typer.Option(1024, help="Truncation length used in training."),
+        loss_on: str = typer.Option("completion", help="'completion' (completion-only loss) or 'all'."),
+        modules: Optional[str] = typer.Option(None, help="Comma-separated LoRA layer filters (default: all)."),
+        project_dim: int = typer.Option(0, help="JL projection: numbers kept per LoRA block (0 = exact)."),
+        batch_size: int = typer.Option(8, help="Rows per backward pass / prompts per generation batch."),
+        max_new_tokens: int = typer.Option(32, help="Greedy generation limit for Evaluate."),
+        dtype: str = typer.Option("float32", help="Model dtype."),
+        device: str = typer.Option("cpu", help="cpu | cuda | mps | auto."),
+        trust_remote_code: bool = typer.Option(False, help="Allow model repos' custom code (off by default)."),
+        index_dir: Optional[Path] = typer.Option(None, help="Gradient index folder (default: the cache, by content id)."),
+        seed: int = typer.Option(0, help="Seed (bootstrap, projection)."),
+    ) -> None:
+        """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit)."""
+        from gradian.attribute import AttributeSpec
+        from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
+        from gradian.commands.evaluate import print_result
+        from gradian.engines import EngineSpec
+        from gradian.evaluate import EvalResult, EvalSpec
+        from gradian.models.load import ModelSpec
+
+        if engine not in ("datainf", "graddot"):
+            raise GradianUserError(f"unknown engine {engine!r}", where="--engine", fix="use datainf or graddot")
+        if second_engine not in ("datainf", "graddot", "none"):
+            raise GradianUserError(f"unknown engine {second_engine!r}", where="--second-engine", fix="use datainf, graddot or none")
+        if query not in ("contrastive", "cross_entropy"):
+            raise GradianUserError(f"unknown query {query!r}", where="--query", fix="use contrastive or cross_entropy")
+        if damping_scale <= 0:
+            raise GradianUserError("--damping-scale must be > 0", where="--damping-scale", fix="e.g. 0.1")
+        grad = grad_spec_from_options(max_length, loss_on, modules, project_dim, "float32", seed)
+        specs = RunSpecs(
+            model=ModelSpec(base, dtype, device, trust_remote_code),
+            grad=grad,
+            attribute=AttributeSpec(
+                engine=EngineSpec(engine, damping_scale),
+                second_engine=None if second_engine == "none" else second_engine,
+                query=query,
+                top_k=top_k,
+            ),
+            eval=EvalSpec(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed),
+            seed=seed,
+            batch_size=batch_size,
+        )
+        inputs = RunInputs(base, adapter, data, eval_path, tuple(config or ()), logs, reference_adapter)
+        with progress_bar() as pb:
+            tasks: dict = {}
+
+            def progress(task: str, k: int, total: int) -> None:
+                if task not in tasks:
+                    tasks[task] = pb.task(task, total)
+                tasks[task](k)
+
+            run = attribute_run(inputs, specs, out, progress=progress, index_root=index_dir)
+        print_result(EvalResult.from_dict(run["evaluation"]))
+        if run.get("stopped"):
+            console.print(f"[bold yellow]stopped after Evaluate:[/] {run['stopped']}")
+        print_attribution(run)
+        if run.get("audit"):
+            c = run["audit"]["counts"]
+            console.print(f"audit: {c.get('error', 0)} errors, {c.get('warning', 0)} warnings, {c.get('info', 0)} info (details in run.json)")
+        tm = run["timing"]
+        console.print(f"[dim]run {run['manifest']['run_id']} in {tm['total']:.1f} s → {escape(str(out / 'run.json'))}[/]")
