@@ -259,6 +259,9 @@ class AuditContext:
         self.data_path = data_path
         self.eval_path = eval_path
         self.notes: list[str] = []
+        self._token_rows: list[TokenRow] | None = None
+        self._token_thread = None
+        self._token_error: BaseException | None = None
 
     # ------------------------------------------------------------------ presence
     def has(self, inp: str) -> bool:
@@ -388,14 +391,43 @@ class AuditContext:
         add_eos, _ = self.pipeline_appends_eos()
         return TokenizeSpec(max_length=UNBOUNDED, loss_on="all" if on_prompt else "completion", add_eos=add_eos)
 
-    @cached_property
+    def prefetch_token_rows(self) -> None:
+        """Start computing :attr:`token_rows` in a background thread.
+
+        The tokenizer's Rust encoder releases the GIL, so the data checks that read no tokens run
+        meanwhile. Nothing else may use the tokenizer until :attr:`token_rows` has been read.
+        """
+        import threading
+
+        if self._token_rows is not None or self._token_thread is not None:
+            return
+
+        def work() -> None:
+            try:
+                self._token_rows = self._tokenize(self.examples or [])
+            except BaseException as e:  # re-raised in the caller's thread
+                self._token_error = e
+
+        self._token_thread = threading.Thread(target=work, name="gradian-audit-tokens", daemon=True)
+        self._token_thread.start()
+
+    def finish_prefetch(self) -> None:
+        """Wait for a prefetch started by :meth:`prefetch_token_rows` (re-raising its error)."""
+        if self._token_thread is not None:
+            self.token_rows  # noqa: B018  (joins the thread)
+
+    @property
     def token_rows(self) -> list[TokenRow]:
         """One :class:`TokenRow` per training row (``tokenize_example`` at unbounded max length)."""
-        return self._tokenize(self.examples or [])
-
-    @cached_property
-    def eval_token_rows(self) -> list[TokenRow]:
-        return self._tokenize(self.eval_examples or [])
+        if self._token_thread is not None:
+            self._token_thread.join()
+            self._token_thread = None
+            if self._token_error is not None:
+                err, self._token_error = self._token_error, None
+                raise err
+        if self._token_rows is None:
+            self._token_rows = self._tokenize(self.examples or [])
+        return self._token_rows
 
     def _tokenize(self, examples: list[Example]) -> list[TokenRow]:
         """Batch path checked against ``tokenize_example`` on a sample; any disagreement -> per-row path."""

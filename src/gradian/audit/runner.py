@@ -104,32 +104,43 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
     passed: list[str] = []
     checks = all_checks()
     ranks = {c.id: c.rank for c in checks}
-    for spec in checks:
+    # Checks that read no tokenizer run first, while the token view is computed in a thread.
+    order = [c for c in checks if "tokenizer" not in c.reads] + [c for c in checks if "tokenizer" in c.reads]
+    if ctx.has("data") and ctx.has("tokenizer") and any(
+            "tokenizer" in c.reads and (wanted is None or c.id in wanted) for c in checks):
+        ctx.prefetch_token_rows()
+    outcome: dict[str, tuple[str, Any]] = {}
+    for spec in order:
         if on_check is not None:
             on_check(spec.id)
         if wanted is not None and spec.id not in wanted:
-            skipped.append(SkippedCheck(spec.id, spec.name, spec.title, list(spec.reads), "not selected"))
+            outcome[spec.id] = ("skipped", "not selected")
             continue
         missing = [i for i in spec.requires if not ctx.has(i)]
         if missing:
-            reason = "needs " + " and ".join(_FLAG[i] for i in missing)
-            skipped.append(SkippedCheck(spec.id, spec.name, spec.title, list(spec.reads), reason))
+            outcome[spec.id] = ("skipped", "needs " + " and ".join(_FLAG[i] for i in missing))
             continue
         try:
             hits = spec.fn(ctx) or []
         except NotApplicable as e:
-            skipped.append(SkippedCheck(spec.id, spec.name, spec.title, list(spec.reads), f"not applicable: {e}"))
+            outcome[spec.id] = ("skipped", f"not applicable: {e}")
             continue
-        if not hits:
+        outcome[spec.id] = ("hits", hits) if hits else ("passed", None)
+    ctx.finish_prefetch()  # never leave the thread running
+    for spec in checks:
+        kind, val = outcome[spec.id]
+        if kind == "skipped":
+            skipped.append(SkippedCheck(spec.id, spec.name, spec.title, list(spec.reads), val))
+        elif kind == "passed":
             passed.append(spec.id)
-            continue
-        for h in hits:
-            frac = round(len(h.row_ids) / ctx.n, 4) if h.row_ids and ctx.n else None
-            findings.append(Finding(
-                id=spec.id, name=spec.name, title=spec.title, severity=h.severity, reads=list(spec.reads),
-                message=h.message, evidence=h.evidence, fix=h.fix or spec.fix, row_ids=list(h.row_ids),
-                eval_row_ids=list(h.eval_row_ids), steps=list(h.steps), fraction=frac,
-            ))
+        else:
+            for h in val:
+                frac = round(len(h.row_ids) / ctx.n, 4) if h.row_ids and ctx.n else None
+                findings.append(Finding(
+                    id=spec.id, name=spec.name, title=spec.title, severity=h.severity, reads=list(spec.reads),
+                    message=h.message, evidence=h.evidence, fix=h.fix or spec.fix, row_ids=list(h.row_ids),
+                    eval_row_ids=list(h.eval_row_ids), steps=list(h.steps), fraction=frac,
+                ))
     findings.sort(key=lambda f: (SEVERITY_RANK[f.severity], ranks[f.id], -(f.fraction or 0.0), _id_key(f.id)))
 
     inputs: dict[str, Any] = {}
