@@ -105,3 +105,12 @@ def test_user_errors_one_line_exit_2(world, tmp_path, args, needle):
     lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("error:"), res.output
     assert "Traceback" not in res.output
+
+
+def test_docs_diagnose_md_schema_is_current():
+    """The JSON schema printed in docs/diagnose.md is gradian.audit.JSON_SCHEMA."""
+    from gradian.audit import JSON_SCHEMA
+
+    text = (DOCS.parent / "diagnose.md").read_text(encoding="utf-8")
+    block = text.split("a test keeps this copy equal to it):\n\n```json\n", 1)[1].split("\n```", 1)[0]
+    assert json.loads(block) == JSON_SCHEMA
