@@ -304,6 +304,12 @@ def f_t03(w):
     return dict(configs=[ax], tokenizer=w.tok_dir)
 
 
+def f_t03_rows(w):
+    rows = [{"id": r["id"], "prompt": "[INST] " + r["prompt"].strip() + " [/INST]", "completion": r["completion"]}
+            for r in _rows_pc(w)]
+    return dict(data=w.data_with(rows), tokenizer=w.tok_dir)
+
+
 # ---------------------------------------------------------------------- logs
 def _train_entries(st):
     return [e for e in st["log_history"] if "loss" in e]
@@ -400,7 +406,7 @@ FIRE = {
     "C09": [(f_c09, "warning")], "C10": [(f_c10, "error")], "C11": [(f_c11, "error")], "C12": [(f_c12, "warning")],
     "C13": [(f_c13, "warning")], "C14": [(f_c14, "warning")], "C15": [(f_c15, "error")], "C16": [(f_c16, "warning")],
     "C17": [(f_c17, "error")], "C18": [(f_c18, "warning")],
-    "T01": [(f_t01, "error")], "T02": [(f_t02, "warning")], "T03": [(f_t03, "warning")],
+    "T01": [(f_t01, "error")], "T02": [(f_t02, "warning")], "T03": [(f_t03, "warning"), (f_t03_rows, "warning")],
     "L01": [(f_l01, "error")], "L02": [(f_l02, "error")], "L03": [(f_l03, "warning")], "L04": [(f_l04, "warning")],
     "L05": [(f_l05, "warning")], "L06": [(f_l06, "warning")], "L07": [(f_l07, "warning")],
     "L08": [(f_l08, "warning")], "L09": [(f_l09, "warning")], "L10": [(f_l10, "error")], "L11": [(f_l11, "warning")],

@@ -84,6 +84,7 @@ def test_docs_checks_md_is_generated():
     (["--config", "{good}", "--versions", "trl"], "not NAME=VERSION"),
     (["--config", "{good}", "--format", "html"], "unknown format"),
     (["--config", "{good}", "--fail-on", "sometimes"], "unknown level"),
+    (["--config", "{good}", "--check", "Z99"], "unknown check id"),
 ])
 def test_user_errors_one_line_exit_2(world, tmp_path, args, needle):
     files = {

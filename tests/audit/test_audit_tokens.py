@@ -64,3 +64,13 @@ def test_disagreement_falls_back_to_tokenize_example(world, monkeypatch):
     res = diagnose(data=world.data, tokenizer=world.tok, configs=[world.config], select=["D04", "D06"])
     assert any("disagreed with tokenize_example" in n for n in res.notes)
     assert "D06" in res.passed and "D04" in res.passed
+
+
+def test_trl_messages_rows_are_trained_on_every_token(world):
+    """TRL without assistant_only_loss trains every token of 'messages' rows; the token view follows it."""
+    rows = [{"id": r["id"], "messages": [{"role": "user", "content": r["prompt"].strip()},
+                                         {"role": "assistant", "content": r["completion"]}]} for r in world.rows[:50]]
+    res = diagnose(data=world.data_with(rows), configs=[world.config_with(completion_only_loss=None)],
+                   tokenizer=world.tok, select=["D04", "C08"])
+    assert res.inputs["token_view"]["loss_on"] == "all"
+    assert res.by_id("C08") and res.by_id("C08")[0].row_ids == [r["id"] for r in rows]

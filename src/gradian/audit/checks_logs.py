@@ -238,7 +238,7 @@ def l07(ctx: AuditContext) -> list[Hit]:
         return [Hit("warning", f"{what} while eval loss is {ev[-1].value:.3g} ({ratio:.1f}x train; threshold 1.5x): "
                                f"the training set is memorised", {"value": round(ratio, 3), "threshold": 1.5,
                                                                   "train_loss": t_end, "token_accuracy": a_end},
-                    steps=[tr[-1].step, ev[-1].step])]
+                    steps=sorted({tr[-1].step, ev[-1].step}))]
     return [Hit("info", f"{what} (threshold 0.2 / 0.97) and no eval loss was logged to tell memorising from "
                         f"learning", {"value": round(t_end, 4), "threshold": 0.2, "token_accuracy": a_end},
                 steps=[tr[-1].step])]

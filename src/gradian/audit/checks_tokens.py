@@ -575,7 +575,7 @@ def t03(ctx: AuditContext) -> list[Hit]:
                                        f"{c.source('chat_template')}) but the tokenizer's template is {model_fam}: "
                                        f"inference prompts will not look like training prompts",
                             {"value": fam, "threshold": model_fam, **c.cite("chat_template")}))
-    if ctx.examples is not None:
+    if ctx.examples is not None and model_fam is not None:
         bad, fams = [], Counter()
         for i, e in enumerate(ctx.examples):
             if e.is_chat:
@@ -584,13 +584,12 @@ def t03(ctx: AuditContext) -> list[Hit]:
             if not re.search(r"[<\[#]|USER:", s):
                 continue
             found = T.markers_in(s)
-            other = [f for f in found if f != model_fam]
-            if other and (model_fam or len(found) > 0) and model_fam not in found:
+            if found and model_fam not in found:
                 bad.append(i)
-                fams.update(other)
-        if bad and (model_fam or ctx.tok_info.chat_template is None):
+                fams.update(found)
+        if bad:
             hits.append(Hit("warning", f"{pct(len(bad), ctx.n)} are pre-formatted with {dict(fams)} markers, but the "
-                                       f"model's template is {model_fam or 'none'}",
+                                       f"model's template is {model_fam}",
                             {"value": dict(fams), "threshold": model_fam}, row_ids=ids(ctx, bad)))
     if not hits and model_fam is None and (c is None or not c.chat_template):
         raise NotApplicable("neither the tokenizer's template family nor a training template is known")

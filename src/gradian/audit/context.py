@@ -371,6 +371,11 @@ class AuditContext:
             return bool(c.train_on_inputs), c.source("train_on_inputs") or ""
         if c.completion_only_loss is not None:
             return (not c.completion_only_loss), c.source("completion_only_loss") or ""
+        if c.trainer == "trl" and not c.assistant_only_loss and self.examples:
+            n_msgs = sum(1 for e in self.examples if e.format == "messages")
+            if n_msgs * 2 > len(self.examples):
+                return True, ("TRL trains every token of 'messages' rows unless assistant_only_loss "
+                              f"({c.source('assistant_only_loss')})")
         return False, "default: completion-only loss for prompt/completion rows"
 
     def pipeline_appends_eos(self) -> tuple[bool, str]:

@@ -99,6 +99,11 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
 
     ctx = AuditContext(examples, eval_examples, cfg, log, tok, tok_folder, vers, vsrc, data_path, eval_path)
     wanted = {s.upper() for s in select} if select is not None else None
+    if wanted:
+        unknown = sorted(wanted - {c.id for c in all_checks()})
+        if unknown:
+            raise GradianUserError(f"unknown check id(s) {', '.join(unknown)}", where="--check",
+                                   fix="see `gradian diagnose --list` for the ids")
     findings: list[Finding] = []
     skipped: list[SkippedCheck] = []
     passed: list[str] = []
