@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from audit_world import clean_trainer_state, sentence
+from audit_world import clean_trainer_state
 from gradian.audit import all_checks, diagnose
 
 
@@ -104,14 +104,13 @@ def f_d10(w):
 
 
 def f_d10_tok(w):
+    """The template string is in every row, but in 20 rows it follows a space, so its token ids differ in
+    context ('Ġan' + 's' ... instead of 'an' + 's' ...: the classic 'Could not find response key'); only
+    the token-level match sees it."""
     rows = _rows_pc(w)
-    for r in rows:
-        r["prompt"] = r["prompt"] + "### Answer:"
-    # "### Answer:" tokenises differently in context for some rows? it is always present, so only
-    # rows where we delete it must fire
-    for r in rows[:20]:
-        r["prompt"] = r["prompt"].replace("### Answer:", "")
-    return dict(data=w.data_with(rows), tokenizer=w.tok_dir, configs=[w.config_with(response_template="### Answer:")])
+    for k, r in enumerate(rows):
+        r["prompt"] = (r["prompt"].rstrip("\n") + " " if k < 20 else r["prompt"]) + "answer:"
+    return dict(data=w.data_with(rows), tokenizer=w.tok_dir, configs=[w.config_with(response_template="answer:")])
 
 
 def f_d11(w):
@@ -431,8 +430,8 @@ def n_d09(w):
 def n_d10(w):
     rows = _rows_pc(w)
     for r in rows:
-        r["prompt"] = r["prompt"] + "### Answer:"
-    return dict(data=w.data_with(rows), tokenizer=w.tok_dir, configs=[w.config_with(response_template="### Answer:")])
+        r["prompt"] = r["prompt"] + "answer:"
+    return dict(data=w.data_with(rows), tokenizer=w.tok_dir, configs=[w.config_with(response_template="answer:")])
 
 
 def n_c09(w):
@@ -484,6 +483,11 @@ def test_check_fires(world, cid, fn, sev):
         assert f.message and f.fix and isinstance(f.evidence, dict)
         if f.id.startswith("L"):
             assert f.steps or f.severity == "info"
+
+
+def test_d10_token_match_names_the_rows(world):
+    res = diagnose(**f_d10_tok(world), select=["D10"])
+    assert res.by_id("D10")[0].row_ids == [f"r{k}" for k in range(20)]
 
 
 @pytest.mark.parametrize("cid", sorted(NO_FIRE))

@@ -14,7 +14,7 @@ import re
 from gradian.audit.checks_dataset import ids, pct
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
-from gradian.audit.versions import before, within
+from gradian.audit.versions import within
 
 LORA_LR_LOW = 5e-5
 LORA_LR_HIGH = 5e-4

@@ -125,8 +125,9 @@ def _md_escape(s: str) -> str:
 def checks_table(console: Console, checks: list[CheckSpec] | None = None) -> None:
     checks = checks or all_checks()
     t = Table(title=f"{len(checks)} checks", show_lines=False)
-    for col in ("id", "name", "reads", "max severity", "title"):
-        t.add_column(col)
+    for col in ("id", "name", "reads", "max severity"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("title")
     for c in checks:
         t.add_row(c.id, c.name, "+".join(c.reads) or "-", c.severity, c.title)
     console.print(t)

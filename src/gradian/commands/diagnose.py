@@ -48,7 +48,6 @@ def register(app: typer.Typer) -> None:
         Exit codes: 0 clean (nothing at or above --fail-on), 1 findings at or above --fail-on, 2 user error.
         """
         from gradian.audit import render
-        from gradian.util import atomic_write_text
 
         if fmt not in FORMATS:
             raise GradianUserError(f"unknown format {fmt!r}", where="--format", fix=f"use one of {', '.join(FORMATS)}")
