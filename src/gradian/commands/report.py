@@ -1,0 +1,66 @@
+"""``gradian report RUN_DIR``: re-render a finished run (no model is loaded, nothing is recomputed).
+
+Without ``--format``: write ``RUN_DIR/report.html`` and print the terminal summary.
+With ``--format html|md|json|text``: write that format to ``--out`` (html defaults to
+``RUN_DIR/report.html``; md, json and text default to standard output).
+Exit codes: 0 on success, 2 on a user error (no run.json in RUN_DIR, a malformed
+run.json, an unknown format, an --out folder that does not exist).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from gradian.commands._common import console, user_errors
+from gradian.errors import GradianUserError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    @user_errors
+    def report_cmd(
+        run_dir: Path = typer.Argument(..., help="The run folder `gradian attribute --out` wrote (holds run.json)."),
+        fmt: Optional[str] = typer.Option(
+            None, "--format", help="html | md | json | text (default: write RUN_DIR/report.html and print the summary)."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Write the report here instead."),
+        details: bool = typer.Option(False, "--details", help="Terminal summary: also print the details."),
+        no_logs: bool = typer.Option(False, "--no-logs", help="Do not read the training log file named in the manifest."),
+    ) -> None:
+        """Re-render a finished run as HTML, Markdown, JSON or text; nothing is recomputed."""
+        from gradian.report import FORMATS, render, render_terminal, report_for_run
+        from gradian.util import atomic_write_text
+
+        if fmt is not None and fmt not in FORMATS:
+            raise GradianUserError(f"unknown format {fmt!r}", where="--format", fix=f"use one of {', '.join(FORMATS)}")
+        if not run_dir.exists():
+            raise GradianUserError("run folder not found", where=str(run_dir), fix="pass the folder `gradian attribute --out` wrote")
+        if out is not None and not out.parent.exists():
+            raise GradianUserError("the folder of --out does not exist", where=str(out), fix=f"create {out.parent} first")
+        report = report_for_run(run_dir, read_logs=not no_logs)
+        base = run_dir if run_dir.is_dir() else run_dir.parent
+        if fmt is None or fmt == "html":
+            target = out or base / "report.html"
+            atomic_write_text(target, render(report, "html"))
+            if fmt is None:
+                render_terminal(report, console, details=details)
+            console.print(_dim(f"report → {target}"))
+            return
+        text = render(report, fmt)
+        if out is not None:
+            atomic_write_text(out, text)
+            console.print(_dim(f"report → {out}"))
+        elif fmt == "text":
+            render_terminal(report, console, details=True)
+        else:
+            typer.echo(text, nl=False)
+
+
+def _dim(s: str):
+    from rich.text import Text
+
+    from gradian.report.safe import clean
+
+    return Text(clean(s), style="dim")

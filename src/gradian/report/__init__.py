@@ -1,0 +1,48 @@
+"""The report: one model (schema ``gradian.report/1``) joining Evaluate, Attribute and Audit, and its renderers.
+
+* :func:`build_report` (pure) turns a ``gradian.run/1`` dict into a :class:`Report`;
+  :func:`report_for_run` reads ``RUN_DIR/run.json`` (and the training log, when it still exists) first.
+* :func:`render_html` (self-contained page, inline CSS + SVG, no script), :func:`render_markdown`,
+  :func:`render_terminal` / :func:`render_text` (rich), :func:`report_json` (the JSON form).
+* :func:`write_reports` writes them atomically.
+
+Docs: ``docs/report.md``.
+"""
+
+from gradian.report.html import render_html
+from gradian.report.io import load_report_json, read_training_log, report_for_run, report_json
+from gradian.report.markdown import render_markdown
+from gradian.report.model import REPORT_SCHEMA, Report, build_report
+from gradian.report.terminal import render_terminal, render_text
+
+FORMATS = ("html", "md", "json", "text")
+
+
+def render(report: Report, fmt: str) -> str:
+    """The report in ``fmt`` (``html``, ``md``, ``json`` or ``text``)."""
+    if fmt == "html":
+        return render_html(report)
+    if fmt == "md":
+        return render_markdown(report)
+    if fmt == "json":
+        return report_json(report)
+    if fmt == "text":
+        return render_text(report)
+    raise ValueError(f"unknown report format {fmt!r} (use one of {', '.join(FORMATS)})")
+
+
+__all__ = [
+    "FORMATS",
+    "REPORT_SCHEMA",
+    "Report",
+    "build_report",
+    "load_report_json",
+    "read_training_log",
+    "render",
+    "render_html",
+    "render_markdown",
+    "render_terminal",
+    "render_text",
+    "report_for_run",
+    "report_json",
+]

@@ -1,0 +1,78 @@
+"""Reading what a report needs from disk, and writing reports (atomically).
+
+:func:`report_for_run` is what ``gradian report RUN_DIR`` calls: read
+``RUN_DIR/run.json`` (:func:`gradian.attribute.run.load_run`), read the training
+log the run was given if it still exists (:func:`read_training_log`), and
+:func:`gradian.report.model.build_report`. Nothing is recomputed and no model
+is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from gradian.report.model import Report, build_report
+
+
+def read_training_log(run: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's training log history, when the manifest names a log file that can still be read.
+
+    Returns:
+        None when the run was given no logs; else ``{"path", "status", "note", "train", "eval"}``
+        with ``status`` one of ``plotted`` (same sha256 as at run time), ``changed`` (the file's
+        sha256 differs from the manifest's: plotted, with a note), ``missing`` or ``unreadable``
+        (``train``/``eval`` empty, ``note`` says why).
+    """
+    from gradian.errors import GradianUserError
+    from gradian.util import sha256_file
+
+    manifest = run.get("manifest") or {}
+    path = (manifest.get("paths") or {}).get("logs")
+    if not path:
+        return None
+    p = Path(path)
+    if not p.exists():
+        return {"path": path, "status": "missing", "note": "the log file no longer exists; the loss curve is not shown",
+                "train": [], "eval": []}
+    from gradian.audit.logs import load_logs
+
+    try:
+        log = load_logs(p)
+    except GradianUserError as e:
+        return {"path": path, "status": "unreadable", "note": f"the log file could not be read: {e.one_line()}",
+                "train": [], "eval": []}
+    want = (manifest.get("identity") or {}).get("logs")
+    status, note = "plotted", None
+    if want and p.is_file() and sha256_file(p) != want:
+        status, note = "changed", "the log file changed since the run (its sha256 differs from the manifest's)"
+    return {"path": path, "status": status, "note": note, "train": log.train, "eval": log.eval}
+
+
+def report_for_run(run_dir: str | Path, read_logs: bool = True) -> Report:
+    """Load ``RUN_DIR/run.json`` and build its report (no model, no recomputation)."""
+    from gradian.attribute.run import load_run
+
+    run = load_run(run_dir)
+    return build_report(run, read_training_log(run) if read_logs else None)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def report_json(report: Report) -> str:
+    """The ``gradian.report/1`` JSON (strict JSON: a number that is NaN or infinite is ``null``)."""
+    return json.dumps(_json_safe(report.to_dict()), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def load_report_json(text: str) -> Report:
+    return Report.from_dict(json.loads(text))

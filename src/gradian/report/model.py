@@ -1,0 +1,669 @@
+"""The report model (schema ``gradian.report/1``): one view of a run that every renderer reads.
+
+:func:`build_report` is a pure function of a ``gradian.run/1`` dict (what
+``gradian attribute --out RUN_DIR`` wrote to ``RUN_DIR/run.json``) and,
+optionally, the training log history (see :func:`gradian.report.io.read_training_log`).
+It recomputes nothing: every number is copied from the run or is simple
+arithmetic on it (shares, counts, a subsample of the sorted scores).
+
+Order of the report, and of every renderer:
+
+1. ``headline``: a few sentences: per capability the verdict; for each
+   regressed one the confidence in the data verdict and what the most harmful
+   cluster is (and whether Audit explains it);
+2. per capability the verdict, then the confidence ``qualifiers`` (noise band,
+   base bounds: base also fails, low base score, thin margins; engine agreement);
+3. the top harmful clusters with the audit findings that explain them
+   (:mod:`gradian.report.join`);
+4. details: score profile, ranked rows with their audit flags, sentence
+   drill-down, failing items, all audit findings, the training loss curve with
+   the log anomalies Audit flagged;
+5. the manifest the report came from.
+
+The strings are kept exactly as the run recorded them (the JSON form is data);
+renderers show them only through :mod:`gradian.report.safe`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from gradian.report.join import explain_cluster, row_flags
+
+REPORT_SCHEMA = "gradian.report/1"
+RUN_SCHEMA = "gradian.run/1"
+
+#: At most this many row ids / steps per finding in the report (the run.json keeps all).
+ID_CAP = 200
+#: At most this many points in a score profile (all rows when fewer; the harmful tail always exact).
+PROFILE_POINTS = 400
+#: Clusters listed in the summary per capability.
+SUMMARY_CLUSTERS = 3
+
+LEVELS = ("ok", "caution", "warning")
+
+
+@dataclass
+class Qualifier:
+    """One confidence qualifier on a capability's verdict or its data verdict.
+
+    Attributes:
+        kind: ``noise_band`` | ``few_items`` | ``base_fails`` | ``low_base`` | ``thin_margin`` |
+            ``margins`` | ``loglik_query`` | ``engine_agreement`` | ``single_engine`` | ``base_bound``.
+        level: ``ok`` (supports the verdict), ``caution``, or ``warning`` (weakens it).
+        text: one sentence.
+    """
+
+    kind: str
+    level: str
+    text: str
+
+
+@dataclass
+class ScoreProfile:
+    """The distribution of one capability's scores over all training rows.
+
+    Attributes:
+        n, n_negative, n_positive: rows; rows with score < 0 (degraded), > 0 (reinforced).
+        min, max, median: of the scores.
+        total_negative: ``Σ_{s_j<0} −s_j`` (the harmful mass).
+        tail_n: rows in the harmful tail (the rows the clusters hold).
+        tail_mass: the tail's share of ``total_negative``.
+        points: ``[rank, score, in_tail]`` sorted most harmful first (rank 0-based over all n
+            rows); every row when ``n ≤ PROFILE_POINTS``, else every tail row plus evenly
+            spaced ranks of the rest, always including the first and last.
+    """
+
+    n: int
+    n_negative: int
+    n_positive: int
+    min: float
+    max: float
+    median: float
+    total_negative: float
+    tail_n: int
+    tail_mass: float
+    points: list[list[Any]]
+
+
+@dataclass
+class ClusterView:
+    """A harmful cluster (from the Attribute lane) with its explanations (see :mod:`gradian.report.join`).
+
+    Attributes:
+        mechanics: ``{"truncated": {"share", "source"}, "missing_eos": {...}}``: the share of the
+            cluster's rows that are truncated / lack EOS. ``source`` is the Audit check (``"D04"``,
+            ``"D06"``) when Audit ran it (its row ids decide), else ``"attribute"`` (the cluster's
+            own ``common`` statistics).
+    """
+
+    label: int
+    size: int
+    harmful_share: float
+    score: float
+    row_ids: list[str]
+    exemplars: list[dict[str, Any]]
+    common: dict[str, Any]
+    explanations: list[dict[str, Any]]
+    mechanics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def explained(self) -> bool:
+        return any(e["source"] == "audit" for e in self.explanations)
+
+
+@dataclass
+class DrilldownView:
+    """One row's sentence scores, with the row text cut into segments for display.
+
+    Attributes:
+        text: the completion text the spans index into (``text_source``: ``"row"`` when the
+            ranked row's stored completion covers every span, else ``"sentences"``: the
+            sentences placed at their offsets with single spaces in the gaps).
+        segments: ``{"text", "sentence"}`` in text order; ``sentence`` is the index into
+            ``sentences`` (most harmful first) or None for text between sentences.
+    """
+
+    id: str
+    item_id: str
+    row_score_for_item: float
+    text: str
+    text_source: str
+    segments: list[dict[str, Any]]
+    sentences: list[dict[str, Any]]
+
+
+@dataclass
+class AttributionView:
+    """Attribution of one regressed capability."""
+
+    engine: str
+    engines: list[str]
+    n_train: int
+    n_failing: int
+    query_kinds: dict[str, int]
+    agreement: dict[str, Any] | None
+    profile: ScoreProfile
+    clusters: list[ClusterView]
+    explained_share: float
+    ranked: list[dict[str, Any]]
+    drilldown: list[DrilldownView]
+    failing_items: list[dict[str, Any]]
+
+
+@dataclass
+class CapabilityView:
+    """One capability: the Evaluate verdict, its qualifiers, and its attribution when regressed."""
+
+    name: str
+    metric: str
+    unit: str
+    n: int
+    reference_score: float
+    tuned_score: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    verdict: str
+    diagnosed: bool
+    reason: str
+    sign_test_p: float
+    n_kept: int
+    n_lost: int
+    n_gained: int
+    n_both_fail: int
+    base_bounds: dict[str, Any]
+    qualifiers: list[Qualifier]
+    attribution: AttributionView | None = None
+
+
+@dataclass
+class FindingView:
+    """An audit finding, with the clusters it explains."""
+
+    id: str
+    name: str
+    title: str
+    severity: str
+    reads: list[str]
+    message: str
+    fix: str
+    evidence: dict[str, Any]
+    n_rows: int
+    row_ids: list[str]
+    n_steps: int
+    steps: list[int]
+    fraction: float | None
+    clusters: list[dict[str, Any]]
+
+
+@dataclass
+class AuditView:
+    counts: dict[str, int]
+    findings: list[FindingView]
+    passed: list[str]
+    skipped: list[dict[str, Any]]
+    notes: list[str]
+
+
+@dataclass
+class TrainingLogView:
+    """The loss curve and the log anomalies Audit flagged.
+
+    Attributes:
+        path: the log file the run was given.
+        status: ``plotted`` (read, same content hash as at run time), ``changed`` (read, but its
+            hash differs from the manifest's: plotted with a note), ``missing``, ``unreadable``,
+            or ``not_read`` (the report was built without reading it).
+        loss, eval_loss, learning_rate: ``[step, value]`` pairs.
+        anomalies: ``{check, name, severity, steps, message}`` of Audit's log findings with steps.
+    """
+
+    path: str | None
+    status: str
+    note: str | None
+    loss: list[list[float]]
+    eval_loss: list[list[float]]
+    learning_rate: list[list[float]]
+    anomalies: list[dict[str, Any]]
+
+
+@dataclass
+class Report:
+    """The whole report; ``to_dict()`` is the ``gradian.report/1`` JSON, ``from_dict`` reads it back."""
+
+    run_id: str
+    status: str
+    headline: list[str]
+    capabilities: list[CapabilityView]
+    audit: AuditView | None
+    training_log: TrainingLogView | None
+    manifest: dict[str, Any]
+    timing: dict[str, Any]
+    stopped: str | None = None
+    notes: list[str] = field(default_factory=list)
+    gradian_version: str = ""
+    run_schema: str = RUN_SCHEMA
+    schema: str = REPORT_SCHEMA
+
+    def capability(self, name: str) -> CapabilityView:
+        for c in self.capabilities:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {"schema": d.pop("schema"), **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Report":
+        if d.get("schema") != REPORT_SCHEMA:
+            raise ValueError(f"not a {REPORT_SCHEMA} report (schema={d.get('schema')!r})")
+        return _load(cls, d)
+
+
+_NESTED: dict[tuple[type, str], tuple[type, bool]] = {
+    (Report, "capabilities"): (CapabilityView, True),
+    (Report, "audit"): (AuditView, False),
+    (Report, "training_log"): (TrainingLogView, False),
+    (CapabilityView, "qualifiers"): (Qualifier, True),
+    (CapabilityView, "attribution"): (AttributionView, False),
+    (AttributionView, "profile"): (ScoreProfile, False),
+    (AttributionView, "clusters"): (ClusterView, True),
+    (AttributionView, "drilldown"): (DrilldownView, True),
+    (AuditView, "findings"): (FindingView, True),
+}
+
+
+def _load(cls: type, d: dict[str, Any] | None):
+    if d is None:
+        return None
+    kw = {}
+    for f in fields(cls):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        nested = _NESTED.get((cls, f.name))
+        if nested and v is not None:
+            sub, many = nested
+            v = [_load(sub, x) for x in v] if many else _load(sub, v)
+        kw[f.name] = v
+    return cls(**kw)
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _f(x: Any) -> float:
+    """A JSON number (the audit writes NaN/inf as strings)."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _qualifiers(cap: dict[str, Any], att: dict[str, Any] | None, failing: list[dict[str, Any]]) -> list[Qualifier]:
+    out: list[Qualifier] = []
+    pct = f"{cap['confidence'] * 100:g}%"
+    ci = f"{pct} CI [{cap['ci_low']:+.3f}, {cap['ci_high']:+.3f}]"
+    reason = str(cap.get("reason", ""))
+    if reason.startswith("only "):
+        out.append(Qualifier("few_items", "warning", f"{reason} (too few items to tell a change from noise)"))
+    elif cap["verdict"] == "within_noise":
+        out.append(Qualifier("noise_band", "caution", f"{ci} includes zero: within the noise band, so nothing is diagnosed"))
+    elif cap["verdict"] == "regressed":
+        out.append(Qualifier("noise_band", "ok", f"{ci} excludes zero: outside the noise band"))
+    else:
+        out.append(Qualifier("noise_band", "ok", f"{ci} excludes zero: an improvement, nothing to attribute"))
+    bb = cap.get("base_bounds") or {}
+    for q in bb.get("qualifiers") or []:
+        ql = q.lower()
+        if ql.startswith("the base also fails"):
+            kind, level = "base_fails", "caution"
+        elif ql.startswith("low base score"):
+            kind, level = "low_base", "warning"
+        elif "preference margin" in ql:
+            share = bb.get("thin_margin_share")
+            kind, level = "thin_margin", ("warning" if isinstance(share, (int, float)) and share >= 0.5 else "caution")
+        elif ql.startswith("loglik"):
+            kind, level = "loglik_query", "warning"
+        else:
+            kind, level = "base_bound", "caution"
+        out.append(Qualifier(kind, level, q))
+    if bb.get("margins_available") and bb.get("failing") and not bb.get("thin_margin"):
+        med = bb.get("median_margin")
+        med_s = f" (median {med:.2f} nats)" if isinstance(med, (int, float)) else ""
+        out.append(Qualifier(
+            "margins", "ok",
+            f"no failing item has a thin base margin{med_s}: the base held these answers firmly, so the fine-tune took them",
+        ))
+    if att is not None:
+        ag = att.get("agreement")
+        if ag:
+            conf = ag.get("confidence", "unknown")
+            rho, ov = _f(ag.get("spearman")), _f(ag.get("topk_overlap"))
+            e1, e2 = (ag.get("engines") or ["?", "?"])[:2]
+            level = {"high": "ok", "medium": "caution"}.get(conf, "warning")
+            text = (f"engine agreement {conf}: {e1} and {e2} rank the rows with Spearman {rho:.2f} "
+                    f"and share {ov:.0%} of their top {ag.get('k')}")
+            if level == "warning":
+                text += "; the ranking depends on the engine, so treat it as a lead, not a verdict"
+            out.append(Qualifier("engine_agreement", level, text))
+        else:
+            out.append(Qualifier("single_engine", "caution",
+                                 f"one engine only ({att.get('engine')}): no agreement check, confidence unknown"))
+    return out
+
+
+def _profile(scores: list[float], tail: set[int]) -> ScoreProfile:
+    n = len(scores)
+    order = sorted(range(n), key=lambda j: (scores[j], j))
+    neg = [s for s in scores if s < 0]
+    total_neg = -sum(neg)
+    tail_mass = (-sum(scores[j] for j in tail if scores[j] < 0) / total_neg) if total_neg > 0 else 0.0
+    if n <= PROFILE_POINTS:
+        keep = list(range(n))
+    else:
+        ranks_in_tail = [r for r, j in enumerate(order) if j in tail]
+        step = (n - 1) / (PROFILE_POINTS - len(ranks_in_tail) - 1)
+        spread = {int(round(i * step)) for i in range(PROFILE_POINTS - len(ranks_in_tail))}
+        keep = sorted(spread | set(ranks_in_tail) | {0, n - 1})
+    srt = [scores[j] for j in order]
+    med = (srt[(n - 1) // 2] + srt[n // 2]) / 2 if n else float("nan")
+    return ScoreProfile(
+        n=n,
+        n_negative=len(neg),
+        n_positive=sum(1 for s in scores if s > 0),
+        min=srt[0] if n else float("nan"),
+        max=srt[-1] if n else float("nan"),
+        median=med,
+        total_negative=total_neg,
+        tail_n=len(tail),
+        tail_mass=tail_mass,
+        points=[[r, srt[r], order[r] in tail] for r in keep],
+    )
+
+
+def _drilldown(d: dict[str, Any], stored_text: str | None) -> DrilldownView:
+    sents = list(d.get("sentences") or [])
+    spans = sorted(range(len(sents)), key=lambda i: sents[i]["char_start"])
+    ok = stored_text is not None and all(
+        sents[i]["char_end"] <= len(stored_text) and stored_text[sents[i]["char_start"]:sents[i]["char_end"]] == sents[i]["text"]
+        for i in spans
+    )
+    if ok:
+        text, source = stored_text, "row"
+    else:  # place the sentences at their offsets, single spaces in between
+        buf: list[str] = []
+        pos = 0
+        for i in spans:
+            a = sents[i]["char_start"]
+            if a > pos:
+                buf.append(" ")
+            buf.append(sents[i]["text"])
+            pos = sents[i]["char_end"]
+        text, source = "".join(buf), "sentences"
+    segments: list[dict[str, Any]] = []
+    if source == "row":
+        pos = 0
+        for i in spans:
+            a, b = sents[i]["char_start"], sents[i]["char_end"]
+            if a > pos:
+                segments.append({"text": text[pos:a], "sentence": None})
+            segments.append({"text": text[a:b], "sentence": i})
+            pos = b
+        if pos < len(text):
+            segments.append({"text": text[pos:], "sentence": None})
+    else:
+        first = True
+        for i in spans:
+            if not first:
+                segments.append({"text": " ", "sentence": None})
+            segments.append({"text": sents[i]["text"], "sentence": i})
+            first = False
+    return DrilldownView(
+        id=d["id"], item_id=d.get("item_id", ""), row_score_for_item=_f(d.get("row_score_for_item")),
+        text=text, text_source=source, segments=segments, sentences=sents,
+    )
+
+
+def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list[dict[str, Any]],
+                 checks_ran: set[str] | None) -> AttributionView:
+    scores = [float(s) for s in cap["scores"]]
+    pos = {rid: j for j, rid in enumerate(train_ids)}
+    n_train = int(cap.get("n_train") or len(scores))
+    clusters = []
+    tail: set[int] = set()
+    for c in cap.get("clusters") or []:
+        tail.update(pos[r] for r in c["row_ids"] if r in pos)
+        clusters.append(ClusterView(
+            label=int(c["label"]), size=int(c["size"]), harmful_share=float(c["harmful_share"]), score=float(c["score"]),
+            row_ids=list(c["row_ids"]), exemplars=list(c.get("exemplars") or []), common=dict(c.get("common") or {}),
+            explanations=explain_cluster(c, audit_findings, n_train, checks_ran),
+        ))
+    by_check: dict[str, set[str]] = {}
+    for f in audit_findings:
+        by_check.setdefault(f.get("id", ""), set()).update(f.get("row_ids") or [])
+    for cl in clusters:
+        for key, cid, common_key in (("truncated", "D04", "truncated_share"), ("missing_eos", "D06", "missing_eos_share")):
+            if checks_ran is not None and cid in checks_ran:
+                share = len(set(cl.row_ids) & by_check.get(cid, set())) / max(1, cl.size)
+                cl.mechanics[key] = {"share": share, "source": cid}
+            else:
+                v = cl.common.get(common_key)
+                cl.mechanics[key] = {"share": float(v) if isinstance(v, (int, float)) else None, "source": "attribute"}
+    label_of = {r: c.label for c in clusters for r in c.row_ids}
+    flags = row_flags(audit_findings)
+    ranked = [dict(r, cluster=label_of.get(r["id"]), flags=list(flags.get(r["id"], []))) for r in cap.get("ranked") or []]
+    completion = {r["id"]: r.get("completion") for r in cap.get("ranked") or []}
+    for c in cap.get("clusters") or []:
+        for e in c.get("exemplars") or []:
+            completion.setdefault(e["id"], e.get("completion"))
+    kinds: dict[str, int] = {}
+    for q in cap.get("queries") or []:
+        k = q.get("kind", "?")
+        kinds[k] = kinds.get(k, 0) + 1
+    ag = cap.get("agreement")
+    return AttributionView(
+        engine=cap.get("engine", "?"),
+        engines=list(ag["engines"]) if ag else [cap.get("engine", "?")],
+        n_train=n_train,
+        n_failing=len(cap.get("queries") or []),
+        query_kinds=kinds,
+        agreement=dict(ag) if ag else None,
+        profile=_profile(scores, tail),
+        clusters=clusters,
+        explained_share=sum(c.harmful_share for c in clusters if c.explained),
+        ranked=ranked,
+        drilldown=[_drilldown(d, completion.get(d["id"])) for d in cap.get("drilldown") or []],
+        failing_items=[
+            {k: f.get(k) for k in ("id", "prompt", "answer", "tuned_answer", "reference_answer", "margin", "thin_margin", "query")}
+            for f in cap.get("failing_items") or []
+        ],
+    )
+
+
+def _audit(audit: dict[str, Any] | None, caps: list[CapabilityView]) -> AuditView | None:
+    if not audit:
+        return None
+    views = []
+    for f in audit.get("findings") or []:
+        rows = list(f.get("row_ids") or [])
+        steps = [int(s) for s in f.get("steps") or []]
+        rs = set(rows)
+        in_clusters = []
+        for c in caps:
+            if c.attribution is None:
+                continue
+            for cl in c.attribution.clusters:
+                ov = len(rs & set(cl.row_ids))
+                if ov:
+                    in_clusters.append({"capability": c.name, "label": cl.label, "overlap": ov,
+                                        "explains": any(e.get("check") == f.get("id") for e in cl.explanations)})
+        views.append(FindingView(
+            id=f.get("id", ""), name=f.get("name", ""), title=f.get("title", ""), severity=f.get("severity", "info"),
+            reads=list(f.get("reads") or []), message=f.get("message", ""), fix=f.get("fix", ""),
+            evidence=dict(f.get("evidence") or {}), n_rows=len(rows), row_ids=rows[:ID_CAP], n_steps=len(steps),
+            steps=steps[:ID_CAP], fraction=f.get("fraction"), clusters=in_clusters,
+        ))
+    return AuditView(
+        counts=dict(audit.get("counts") or {}), findings=views, passed=list(audit.get("passed") or []),
+        skipped=[{k: s.get(k) for k in ("id", "name", "reason")} for s in audit.get("skipped") or []],
+        notes=list(audit.get("notes") or []),
+    )
+
+
+def _training_log(run: dict[str, Any], log: dict[str, Any] | None) -> TrainingLogView | None:
+    findings = (run.get("audit") or {}).get("findings") or []
+    anomalies = [
+        {"check": f.get("id"), "name": f.get("name"), "severity": f.get("severity"),
+         "steps": [int(s) for s in f.get("steps") or []][:ID_CAP], "message": f.get("message", "")}
+        for f in findings if f.get("steps") and "logs" in (f.get("reads") or ["logs"])
+    ]
+    path = ((run.get("manifest") or {}).get("paths") or {}).get("logs")
+    if log is None and not path and not anomalies:
+        return None
+    if log is None:
+        return TrainingLogView(path=path, status="not_read", note="the log file was not read for this report",
+                               loss=[], eval_loss=[], learning_rate=[], anomalies=anomalies)
+
+    def series(rows: list[dict[str, Any]], key: str) -> list[list[float]]:
+        return [[int(e["step"]), float(e[key])] for e in rows if key in e and "step" in e]
+
+    return TrainingLogView(
+        path=log.get("path", path), status=log.get("status", "plotted"), note=log.get("note"),
+        loss=series(log.get("train") or [], "loss"), eval_loss=series(log.get("eval") or [], "eval_loss"),
+        learning_rate=series(log.get("train") or [], "learning_rate"), anomalies=anomalies,
+    )
+
+
+def _fmt_score(x: float, unit: str) -> str:
+    return f"{x:.2f}" if unit == "accuracy" else f"{x:.3f} nats"
+
+
+def _headline(caps: list[CapabilityView], audit: AuditView | None, stopped: str | None) -> list[str]:
+    out: list[str] = []
+    order = sorted(caps, key=lambda c: {"regressed": 0, "improved": 2}.get(c.verdict, 1))
+    for c in order:
+        pct = f"{c.confidence * 100:g}%"
+        ci = f"{pct} CI [{c.ci_low:+.2f}, {c.ci_high:+.2f}]"
+        move = f"{_fmt_score(c.reference_score, c.unit)} → {_fmt_score(c.tuned_score, c.unit)}"
+        if c.verdict == "regressed":
+            out.append(f"{c.name} regressed: {move} (Δ {c.delta:+.2f}, {ci}); {c.n_lost} of {c.n} items lost.")
+        elif c.verdict == "improved":
+            out.append(f"{c.name} improved: {move} (Δ {c.delta:+.2f}, {ci}); nothing to attribute.")
+        else:
+            why = c.reason if c.reason.startswith("only ") else f"{ci} includes zero"
+            out.append(f"{c.name}: Δ {c.delta:+.2f}, {why}: within noise, not diagnosed.")
+    if stopped:
+        out.append(f"Nothing was attributed: {stopped}.")
+    for c in order:
+        a = c.attribution
+        if a is None:
+            continue
+        cautions = [q for q in c.qualifiers if q.level != "ok" and q.kind != "engine_agreement"]
+        if a.agreement:
+            ag = a.agreement
+            conf = (f"{ag.get('confidence', 'unknown')} engine agreement (Spearman {_f(ag.get('spearman')):.2f}, "
+                    f"top-{ag.get('k')} overlap {_f(ag.get('topk_overlap')):.0%})")
+        else:
+            conf = "unknown (one engine, no agreement check)"
+        s = f"Confidence in the data verdict for {c.name}: {conf}"
+        if cautions:
+            s += "; but " + "; ".join(q.text for q in cautions)
+        else:
+            s += "".join(f"; {q.text}" for q in c.qualifiers if q.kind == "margins")
+        out.append(s + ".")
+        if not a.clusters:
+            out.append(f"No training row degraded {c.name} (no negative scores): the data does not explain it.")
+            continue
+        top = a.clusters[0]
+        desc = (f"The most harmful cluster for {c.name} (#{top.label}: {top.size} row{'s' if top.size != 1 else ''}, "
+                f"{top.harmful_share:.0%} of the harmful score)")
+        audit_ex = [e for e in top.explanations if e["source"] == "audit"]
+        if audit_ex:
+            fix = ""
+            if audit is not None:
+                fx = [f.fix for f in audit.findings if f.id == audit_ex[0]["check"]]
+                fix = f" Fix that first: {fx[0].rstrip('.')}." if fx and fx[0] else ""
+            out.append(f"{desc} is a mechanical problem: {audit_ex[0]['text']}.{fix}")
+        elif top.explanations:
+            out.append(f"{desc}: {top.explanations[0]['text']}.")
+        else:
+            words = ", ".join(w["word"] for w in (top.common.get("distinctive_words") or [])[:4])
+            out.append(f"{desc} has no mechanical explanation in the audit: its content is the likely cause"
+                       + (f" (shared words: {words})." if words else "."))
+        if len(a.clusters) > 1:
+            out.append(f"Audit explains clusters holding {a.explained_share:.0%} of the harmful score for {c.name}.")
+    if audit is not None:
+        k = audit.counts
+        out.append(f"Audit: {k.get('error', 0)} errors, {k.get('warning', 0)} warnings, {k.get('info', 0)} info.")
+    return out
+
+
+def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Report:
+    """The report of a finished run. Pure: reads only its arguments.
+
+    Args:
+        run: a ``gradian.run/1`` dict (:func:`gradian.attribute.run.load_run`).
+        log: the training log as :func:`gradian.report.io.read_training_log` returns it
+            (``{"path", "status", "note", "train": [...], "eval": [...]}``), or None.
+    Returns:
+        the :class:`Report`.
+    """
+    from gradian import __version__
+
+    if run.get("schema") != RUN_SCHEMA:
+        raise ValueError(f"not a {RUN_SCHEMA} run (schema={run.get('schema')!r})")
+    ev = run.get("evaluation") or {}
+    att = run.get("attribution") or None
+    audit = run.get("audit") or None
+    findings = [f for f in (audit or {}).get("findings") or []]
+    checks_ran = ({f.get("id") for f in findings} | set(audit.get("passed") or [])) if audit else None
+    att_by_cap = {c["capability"]: c for c in (att or {}).get("capabilities") or []}
+    train_ids = list((att or {}).get("train_ids") or [])
+    caps: list[CapabilityView] = []
+    for c in ev.get("capabilities") or []:
+        a = att_by_cap.get(c["name"])
+        av = _attribution(a, train_ids, findings, checks_ran) if a else None
+        caps.append(CapabilityView(
+            name=c["name"], metric=c["metric"], unit=c.get("unit", "accuracy"), n=int(c["n"]),
+            reference_score=_f(c["reference_score"]), tuned_score=_f(c["tuned_score"]), delta=_f(c["delta"]),
+            ci_low=_f(c["ci_low"]), ci_high=_f(c["ci_high"]), confidence=_f(c.get("confidence", 0.95)),
+            verdict=c["verdict"], diagnosed=bool(c.get("diagnosed")), reason=c.get("reason", ""),
+            sign_test_p=_f(c.get("sign_test_p")), n_kept=int(c.get("n_kept", 0)), n_lost=int(c.get("n_lost", 0)),
+            n_gained=int(c.get("n_gained", 0)), n_both_fail=int(c.get("n_both_fail", 0)),
+            base_bounds=dict(c.get("base_bounds") or {}),
+            qualifiers=_qualifiers(c, a, (a or {}).get("failing_items") or []),
+            attribution=av,
+        ))
+    audit_view = _audit(audit, caps)
+    stopped = run.get("stopped")
+    if stopped:
+        status = "stopped"
+    elif any(c.attribution for c in caps):
+        status = "attributed"
+    else:
+        status = "not_attributed"
+    notes = list((run.get("manifest") or {}).get("notes") or []) + list(ev.get("notes") or [])
+    return Report(
+        run_id=str((run.get("manifest") or {}).get("run_id", "")),
+        status=status,
+        headline=_headline(caps, audit_view, stopped),
+        capabilities=caps,
+        audit=audit_view,
+        training_log=_training_log(run, log),
+        manifest=dict(run.get("manifest") or {}),
+        timing=dict(run.get("timing") or {}),
+        stopped=stopped,
+        notes=notes,
+        gradian_version=__version__,
+    )
+
+
+def finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
