@@ -31,3 +31,6 @@ def test_clean_run_with_real_tokenizer(world, smol_folder):
     res = diagnose(data=world.data, configs=[world.config_with(max_length=64)], tokenizer=smol_folder,
                    select=["D04"])
     assert res.by_id("D04")[0].severity == "error"
+    # the GGUF's context length (8192) bounds max_length
+    res = diagnose(configs=[world.config_with(max_length=16384)], tokenizer=smol_folder, select=["C07"])
+    assert res.by_id("C07")[0].evidence["threshold"] == 8192

@@ -574,8 +574,10 @@ def _read_trl(cfg: TrainConfig, r: _Reader) -> None:
                 r.where("use_peft"))
     elif r.has("use_peft"):
         cfg.set("finetuning", "full", r.where("use_peft"))
-    if r.str_("eval_dataset") or r.str_("dataset_test_split") and r.has("eval_strategy"):
-        cfg.set("has_eval_dataset", True, r.where("eval_dataset" if r.has("eval_dataset") else "dataset_test_split"))
+    if r.has("eval_dataset"):
+        cfg.set("has_eval_dataset", True, r.where("eval_dataset"))
+    elif r.has("dataset_test_split") and r.has("eval_strategy"):
+        cfg.set("has_eval_dataset", True, r.where("dataset_test_split"))
 
 
 def _read_axolotl(cfg: TrainConfig, r: _Reader) -> None:
@@ -752,9 +754,6 @@ def _read_torchtune(cfg: TrainConfig, r: _Reader) -> None:
     if dtype:
         cfg.set("bf16", dtype in ("bf16", "bfloat16"), r.where("dtype"))
         cfg.set("fp16", dtype in ("fp16", "float16"), r.where("dtype"))
-    mspe = r.int_("max_steps_per_epoch")
-    if mspe and cfg.num_epochs:
-        cfg.set("max_steps", int(mspe * cfg.num_epochs), r.where("max_steps_per_epoch") + " x epochs")
     mods = r.get("model.lora_attn_modules")
     if isinstance(mods, list):
         targets = [str(m) for m in mods]

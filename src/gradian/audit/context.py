@@ -92,6 +92,8 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
                     target.update(json.loads(f.read_text(encoding="utf-8")))
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     pass
+    if folder is not None and Path(folder).is_dir() and not cfg:
+        cfg.update(_gguf_config(Path(folder)))
     mml = getattr(tok, "model_max_length", None)
     if not isinstance(mml, int) or mml > 10**8:
         mml = None
@@ -111,6 +113,25 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
         generation_eos_ids=gen_eos, special_strings=specials,
         chat_template=tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None,
     )
+
+
+def _gguf_config(folder: Path) -> dict[str, Any]:
+    """``max_position_embeddings`` / ``vocab_size`` from a GGUF file's metadata (a GGUF folder has no config.json)."""
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        return {}
+    try:
+        from transformers.integrations.gguf import read_gguf_metadata
+
+        md, _ = read_gguf_metadata(str(ggufs[0]))
+    except Exception:  # an older/newer transformers without this reader, or an unreadable file
+        return {}
+    arch = md.get("general.architecture")
+    out: dict[str, Any] = {}
+    ctx_len = md.get(f"{arch}.context_length")
+    if isinstance(ctx_len, int):
+        out["max_position_embeddings"] = ctx_len
+    return out
 
 
 @dataclass
