@@ -125,3 +125,69 @@ def test_api_accepts_objects(world):
                    versions={"trl": "0.21.0"})
     assert (res.counts["error"], res.counts["warning"]) == (0, 0), [f.message for f in res.findings]
     assert res.versions["trl"] == {"version": "0.21.0", "from": "--versions"}
+
+
+AXOLOTL_CLEAN = """\
+base_model: HuggingFaceTB/SmolLM2-135M-Instruct
+adapter: lora
+lora_r: 16
+lora_alpha: 32
+lora_dropout: 0.05
+lora_target_linear: true
+sequence_len: 512
+sample_packing: false
+train_on_inputs: false
+micro_batch_size: 4
+gradient_accumulation_steps: 4
+num_epochs: 2
+learning_rate: 2e-4
+lr_scheduler: cosine
+warmup_ratio: 0.05
+val_set_size: 0.05
+evals_per_epoch: 2
+bf16: true
+chat_template: chatml
+datasets:
+  - path: train.jsonl
+    type: chat_template
+    field_messages: messages
+"""
+
+LF_CLEAN = """\
+model_name_or_path: HuggingFaceTB/SmolLM2-135M-Instruct
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_rank: 16
+lora_target: all
+dataset: my_alpaca
+template: qwen
+cutoff_len: 512
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 4
+learning_rate: 2.0e-4
+num_train_epochs: 2.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.05
+bf16: true
+val_size: 0.05
+eval_strategy: steps
+eval_steps: 10
+"""
+
+
+def test_clean_axolotl_and_llamafactory_runs(world):
+    """No false alarms on sensible axolotl (chat_template rows) and LLaMA-Factory (alpaca rows) setups."""
+    msgs = [{"id": r["id"], "messages": [{"role": "user", "content": r["prompt"].strip()},
+                                         {"role": "assistant", "content": r["completion"]}]} for r in world.rows]
+    ax = world.write_text("axolotl.yaml", AXOLOTL_CLEAN)
+    res = diagnose(data=world.data_with(msgs), eval=world.eval, configs=[ax], logs=world.logs,
+                   tokenizer=world.tok_dir)
+    assert (res.counts["error"], res.counts["warning"]) == (0, 0), [f.message for f in res.findings]
+    assert {"D02", "T03", "C15", "C08"} <= set(res.passed)
+    alpaca = [{"id": r["id"], "instruction": r["prompt"].strip(), "input": "", "output": r["completion"]}
+              for r in world.rows]
+    lf = world.write_text("lf.yaml", LF_CLEAN)
+    res = diagnose(data=world.data_with(alpaca), eval=world.eval, configs=[lf], logs=world.logs,
+                   tokenizer=world.tok_dir)
+    assert (res.counts["error"], res.counts["warning"]) == (0, 0), [f.message for f in res.findings]
