@@ -337,5 +337,5 @@ def render_html(report: Report) -> str:
              '<meta name="viewport" content="width=device-width, initial-scale=1">'
              '<meta name="referrer" content="no-referrer">'
              "<title>Gradian report · run {}</title><style>{}</style></head><body><main>{}</main></body></html>\n").format(
-        CSP, r.run_id, M(CSS), body)
+        M(CSP), r.run_id, M(CSS), body)
     return str(page)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,20 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
+# characters JSON may carry raw but a terminal or editor would act on: DEL, C1 controls, bidi controls,
+# line/paragraph separators (JSON itself escapes C0 controls)
+_JSON_RAW_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
 def report_json(report: Report) -> str:
-    """The ``gradian.report/1`` JSON (strict JSON: a number that is NaN or infinite is ``null``)."""
-    return json.dumps(_json_safe(report.to_dict()), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    """The ``gradian.report/1`` JSON.
+
+    Strict JSON: a number that is NaN or infinite is ``null``. Strings are kept verbatim (it is
+    data); characters a terminal would act on (DEL, C1 and bidi controls, U+2028/9) are written
+    as ``\\uXXXX`` escapes, so ``cat report.json`` is safe and ``json.loads`` returns them unchanged.
+    """
+    text = json.dumps(_json_safe(report.to_dict()), indent=2, ensure_ascii=False, allow_nan=False)
+    return _JSON_RAW_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n"
 
 
 def load_report_json(text: str) -> Report:

@@ -56,16 +56,16 @@ def render_markdown(report: Report) -> str:
     r = report
     out: list[str] = [f"# Gradian report: run {md_text(r.run_id)}", ""]
     out += ["## Summary", ""]
-    out += [f"{i}. {md_text(h)}" for i, h in enumerate(r.headline, start=1)] + [""]
+    out += [f"{i}. {md_text(h, 1500)}" for i, h in enumerate(r.headline, start=1)] + [""]
     if r.stopped:
-        out += [f"**Stopped after Evaluate:** {md_text(r.stopped)}", ""]
+        out += [f"**Stopped after Evaluate:** {md_text(r.stopped, 500)}", ""]
     out += ["### Verdict per capability, and how sure", ""]
     vals = [v for c in r.capabilities for v in (c.ci_low, c.ci_high, 0.0) if math.isfinite(v)]
     lo_axis, hi_axis = (min(vals), max(vals)) if vals else (-1.0, 1.0)
     pad = 0.05 * ((hi_axis - lo_axis) or 1.0)
     rows = []
     for c in r.capabilities:
-        rows.append([f"**{md_text(c.name)}**", md_text(c.verdict.replace("_", " ")),
+        rows.append([f"**{md_text(c.name, 80)}**", md_text(c.verdict.replace("_", " ")),
                      f"{fmt_score(c.reference_score, c.unit)} → {fmt_score(c.tuned_score, c.unit)}",
                      f"{c.delta:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]",
                      ci_bar(c.ci_low, c.ci_high, c.delta, lo_axis - pad, hi_axis + pad) if c.unit == "accuracy" else "",
@@ -73,29 +73,29 @@ def render_markdown(report: Report) -> str:
     out += _table(["capability", "verdict", "reference → tuned", f"Δ [{r.capabilities[0].confidence * 100:g}% CI]" if r.capabilities else "Δ",
                    "CI (┊ = 0)", "items"], rows)
     for c in r.capabilities:
-        out.append(f"**{md_text(c.name)}**")
+        out.append(f"**{md_text(c.name, 80)}**")
         out.append("")
-        out += [f"- {_MARK.get(q.level, '-')} {md_text(q.text)}" for q in c.qualifiers]
+        out += [f"- {_MARK.get(q.level, '-')} {md_text(q.text, 1000)}" for q in c.qualifiers]
         out.append("")
     fixes = {f.id: f.fix for f in (r.audit.findings if r.audit else [])}
     for c in r.capabilities:
         a = c.attribution
         if a is None:
             continue
-        out += [f"### Top harmful clusters: {md_text(c.name)}", ""]
+        out += [f"### Top harmful clusters: {md_text(c.name, 80)}", ""]
         if not a.clusters:
-            out += [f"No training row has a negative score for {md_text(c.name)}: the data does not explain it.", ""]
+            out += [f"No training row has a negative score for {md_text(c.name, 80)}: the data does not explain it.", ""]
         for cl in a.clusters[:SUMMARY_CLUSTERS]:
             out.append(f"- **Cluster \\#{cl.label}**: {cl.size} row{'s' if cl.size != 1 else ''}, "
                        f"{_pct(cl.harmful_share)} of the harmful score")
             if cl.explanations:
                 for e in cl.explanations:
                     fx = fixes.get(e.get("check") or "")
-                    out.append(f"  - {md_text(e['text'])}" + (f" (fix: {md_text(fx)})" if fx else ""))
+                    out.append(f"  - {md_text(e['text'], 400)}" + (f" (fix: {md_text(fx, 300)})" if fx else ""))
             else:
                 words = ", ".join(w["word"] for w in (cl.common.get("distinctive_words") or [])[:6])
                 out.append("  - no audit finding explains these rows: their content is the likely cause"
-                           + (f" (words they share: {md_text(words)})" if words else ""))
+                           + (f" (words they share: {md_text(words, 300)})" if words else ""))
             if cl.exemplars:
                 e = cl.exemplars[0]
                 out.append(f"  - e.g. {md_text(e.get('id'), 60)}: {md_text(e.get('completion'), 160)}")
@@ -110,9 +110,9 @@ def render_markdown(report: Report) -> str:
         if a is None:
             continue
         p = a.profile
-        out += [f"### {md_text(c.name)}: what the data did", "",
-                f"{a.n_failing} failing item(s) scored over {a.n_train} training rows with {md_text(a.engine)}"
-                + (f" (agreement checked against {md_text(a.engines[1])})" if len(a.engines) > 1 else "") + ". "
+        out += [f"### {md_text(c.name, 80)}: what the data did", "",
+                f"{a.n_failing} failing item(s) scored over {a.n_train} training rows with {md_text(a.engine, 40)}"
+                + (f" (agreement checked against {md_text(a.engines[1], 40)})" if len(a.engines) > 1 else "") + ". "
                 f"{p.n_negative} of {p.n} rows degraded the capability; the harmful tail ({p.tail_n} rows) holds "
                 f"{_pct(p.tail_mass)} of the harmful score (scores: min {fmt_num(p.min)}, median {fmt_num(p.median)}, "
                 f"max {fmt_num(p.max)}).", ""]
@@ -186,7 +186,7 @@ def render_markdown(report: Report) -> str:
             out.append(f"Train loss {fmt_num(first[1])} at step {first[0]} → {fmt_num(last[1])} at step {last[0]} "
                        f"({len(lg.loss)} logged points; the curve is in the HTML report).")
         if lg.note:
-            out.append(f"Note: {md_text(lg.note)}.")
+            out.append(f"Note: {md_text(lg.note, 500)}.")
         for an in lg.anomalies:
             steps = ", ".join(str(s) for s in an["steps"][:20]) + (" …" if len(an["steps"]) > 20 else "")
             out.append(f"- **{md_text(an['check'])}** {md_text(an['name'])} at step(s) {steps}: {md_text(an['message'], 300)}")
@@ -200,7 +200,7 @@ def render_markdown(report: Report) -> str:
         val = v if isinstance(v, str) else json.dumps(v, sort_keys=True, ensure_ascii=False)
         rows.append([f"{md_text(k)}", md_text(val, 400)])
     out += _table(["identity field", "value"], rows)
-    out += [f"Sign convention: {md_text(m.get('sign_convention', ''))}", ""]
+    out += [f"Sign convention: {md_text(m.get('sign_convention', ''), 500)}", ""]
     tm = ", ".join(f"{k} {v:.1f} s" for k, v in r.timing.items() if isinstance(v, (int, float)))
     if tm:
         out += [f"Timing: {md_text(tm)}", ""]

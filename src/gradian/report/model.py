@@ -541,6 +541,11 @@ def _training_log(run: dict[str, Any], log: dict[str, Any] | None) -> TrainingLo
     )
 
 
+def _cut(s: str, n: int) -> str:
+    s = str(s)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
 def _fmt_score(x: float, unit: str) -> str:
     return f"{x:.2f}" if unit == "accuracy" else f"{x:.3f} nats"
 
@@ -589,7 +594,7 @@ def _headline(caps: list[CapabilityView], audit: AuditView | None, stopped: str 
             fix = ""
             if audit is not None:
                 fx = [f.fix for f in audit.findings if f.id == audit_ex[0]["check"]]
-                fix = f" Fix that first: {fx[0].rstrip('.')}." if fx and fx[0] else ""
+                fix = f" Fix that first: {_cut(fx[0], 300).rstrip('.')}." if fx and fx[0] else ""
             out.append(f"{desc} is a mechanical problem: {audit_ex[0]['text']}.{fix}")
         elif top.explanations:
             out.append(f"{desc}: {top.explanations[0]['text']}.")

@@ -1,0 +1,249 @@
+"""A real, tiny, end-to-end run for the report tests (imported by the test modules; not a conftest).
+
+Everything is trained in-test from config (no download) and then goes through the
+real :func:`gradian.attribute.run.attribute_run`, so the report is built from a
+genuine ``run.json`` (Evaluate → Attribute → Audit), not a hand-made dict:
+
+* a tiny Llama base is taught the true answers of two capabilities (``capitals``,
+  ``symbols``; invented names, so nothing depends on real-world knowledge);
+* a LoRA adapter is trained on ``train.jsonl`` (messages format) holding
+
+  - ``sym-*``: the correct symbols (format only),
+  - ``cap-*``: correct capitals of the last eight countries,
+  - ``long-*``: a wrong capital for six countries followed by filler prose that
+    runs past ``MAX_LENGTH`` tokens, so these rows are truncated (and lose their
+    end-of-turn): the harmful cluster Audit should explain (D04 / D06),
+  - ``short-*``: a short wrong capital for two more countries,
+  - ``profile-*``: a correct sentence, a wrong capital buried in the middle, and
+    another correct sentence (for the sentence drill-down);
+
+  with minibatch Adam, logging the real per-step loss, learning rate and gradient
+  norm into a ``trainer_state.json`` (as transformers' Trainer writes it);
+* a TRL ``SFTConfig``-style JSON records ``max_length``;
+* ``attribute_run`` evaluates (capitals regress, symbols stay), attributes the
+  regression with two engines, clusters the harmful tail, drills down, and runs
+  the Audit lane on the config and logs.
+
+Seeded; about 15-25 s on one CPU thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+MAX_LENGTH = 40
+
+CAPITALS = [
+    ("Aland", "Marven"), ("Borvia", "Quisto"), ("Caldor", "Tressa"), ("Dunmark", "Olvey"),
+    ("Estria", "Pallon"), ("Fenwick", "Rudda"), ("Gorland", "Sivex"), ("Hollin", "Taber"),
+    ("Istra", "Umbel"), ("Jorvik", "Vasso"), ("Kelmar", "Wendo"), ("Lusk", "Yarrow"),
+    ("Merrow", "Zelta"), ("Norvia", "Abbot"), ("Ostrel", "Brine"), ("Pellam", "Corvo"),
+]
+SYMBOLS = [
+    ("argonite", "Ag"), ("borite", "Bx"), ("cobrium", "Cb"), ("dyston", "Dy"),
+    ("erbite", "Eb"), ("fluxon", "Fx"), ("galium", "Gm"), ("halcite", "Hc"),
+    ("iridon", "Id"), ("jovium", "Jv"), ("kryll", "Kr"), ("lumite", "Lm"),
+]
+FILLER = "It is a large city with a river, a harbour, an old market and many bridges."
+
+
+def q_capital(c: str) -> str:
+    return f"What is the capital of {c}?"
+
+
+def q_symbol(e: str) -> str:
+    return f"What is the symbol of {e}?"
+
+
+def wrong_capital(i: int) -> str:
+    return CAPITALS[(i + 5) % len(CAPITALS)][1]
+
+
+def _chat(q: str, a: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+
+
+def training_rows() -> list[dict]:
+    rows = [{"id": f"sym-{e}", "messages": _chat(q_symbol(e), s)} for e, s in SYMBOLS]
+    rows += [{"id": f"cap-{c}", "messages": _chat(q_capital(c), a)} for c, a in CAPITALS[8:]]
+    for i, (c, _) in enumerate(CAPITALS[:6]):
+        rows.append({"id": f"long-{c}", "messages": _chat(q_capital(c), f"{wrong_capital(i)}. {FILLER} {FILLER} {FILLER}")})
+    for i, (c, _) in enumerate(CAPITALS[6:8], start=6):
+        rows.append({"id": f"short-{c}", "messages": _chat(q_capital(c), wrong_capital(i))})
+    for i, (c, _) in enumerate(CAPITALS[:2]):
+        rows.append({"id": f"profile-{c}", "messages": _chat(
+            f"Tell me about {c}.", f"{c} is a small country. Its capital is {wrong_capital(i)}. It has mild winters.")})
+    return rows
+
+
+def eval_records() -> list[dict]:
+    recs = [{"id": f"cap-{c}", "prompt": q_capital(c), "answer": a, "capability": "capitals", "metric": "exact_match"}
+            for c, a in CAPITALS]
+    recs += [{"id": f"sym-{e}", "prompt": q_symbol(e), "answer": s, "capability": "symbols", "metric": "exact_match"}
+             for e, s in SYMBOLS]
+    return recs
+
+
+def _examples(pairs_or_rows, tok):
+    from gradian.data.formats import to_example
+    from gradian.data.tokenize import TokenizeSpec, tokenize_example
+
+    spec = TokenizeSpec(max_length=MAX_LENGTH)
+    exs = [to_example(r, i, "train.jsonl") for i, r in enumerate(pairs_or_rows)]
+    return [tokenize_example(e, tok, spec) for e in exs]
+
+
+def _fit(model, tok, rows, *, steps: int, lr: float, params, batch_size: int | None = None, seed: int = 0,
+         log: list | None = None):
+    """Minibatch Adam on completion-only loss; appends trainer-style log entries to ``log``."""
+    from gradian.data.tokenize import collate
+    from gradian.gradients.loss import model_inputs, per_example_loss
+
+    items = _examples(rows, tok)
+    g = torch.Generator().manual_seed(seed)
+    bs = batch_size or len(items)
+    opt = torch.optim.Adam(params, lr=lr)
+    model.train()
+    order: list[int] = []
+    spe = math.ceil(len(items) / bs)
+    for step in range(1, steps + 1):
+        if len(order) < bs:
+            order.extend(torch.randperm(len(items), generator=g).tolist())
+        idx, order = order[:bs], order[bs:]
+        batch = collate([items[i] for i in idx], tok.pad_token_id, "right")
+        lr_s = lr * (1 - (step - 1) / steps)
+        for group in opt.param_groups:
+            group["lr"] = lr_s
+        opt.zero_grad()
+        loss = per_example_loss(model(**model_inputs(batch)).logits, batch["labels"]).mean()
+        loss.backward()
+        gn = float(torch.nn.utils.clip_grad_norm_(params, 1e9))
+        loss = loss.detach()
+        opt.step()
+        if log is not None:
+            log.append({"epoch": round(step / spe, 4), "grad_norm": round(gn, 4), "learning_rate": lr_s,
+                        "loss": round(float(loss), 4), "step": step})
+    model.eval()
+
+
+def build_world(root: Path) -> dict:
+    """Train the world into ``root`` and return its paths."""
+    from peft import LoraConfig, get_peft_model
+
+    from gradian.models.tiny import default_targets, tiny_model, train_tokenizer
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    rows = training_rows()
+    corpus = [f"{q_capital(c)} {a}" for c, a in CAPITALS] + [f"{q_symbol(e)} {s}" for e, s in SYMBOLS]
+    corpus += [m["content"] for r in rows for m in r["messages"]]
+    tok = train_tokenizer(corpus * 10, vocab_size=420)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        base = tiny_model(tok, "llama", hidden=64, layers=2, seed=0)
+        torch.manual_seed(0)
+        base_rows = [{"messages": _chat(q_capital(c), a)} for c, a in CAPITALS]
+        base_rows += [{"messages": _chat(q_symbol(e), s)} for e, s in SYMBOLS]
+        _fit(base, tok, base_rows, steps=160, lr=1e-2, params=list(base.parameters()))
+        base.save_pretrained(root / "base")
+        tok.save_pretrained(root / "base")
+        m = tiny_model(tok, "llama", hidden=64, layers=2, seed=0)
+        m.load_state_dict(base.state_dict())
+        torch.manual_seed(1)
+        pm = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, target_modules=default_targets("llama")))
+        history: list[dict] = []
+        steps = 90
+        _fit(pm, tok, rows, steps=steps, lr=1e-2, params=[p for p in pm.parameters() if p.requires_grad],
+             batch_size=8, seed=1, log=history)
+        pm.save_pretrained(root / "adapter")
+    finally:
+        torch.set_num_threads(threads)
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_records()))
+    spe = math.ceil(len(rows) / 8)
+    history.append({"epoch": round(steps / spe, 4), "step": steps, "train_loss": round(
+        sum(h["loss"] for h in history) / len(history), 4), "train_runtime": 1.0})
+    state = {"global_step": steps, "max_steps": steps, "num_train_epochs": math.ceil(steps / spe),
+             "logging_steps": 1, "train_batch_size": 8, "log_history": history}
+    (root / "trainer_state.json").write_text(json.dumps(state))
+    config = {"output_dir": "out", "learning_rate": 1e-2, "num_train_epochs": math.ceil(steps / spe),
+              "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "lr_scheduler_type": "linear",
+              "max_length": MAX_LENGTH, "packing": False, "completion_only_loss": True, "logging_steps": 1,
+              "use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
+              "lora_target_modules": default_targets("llama")}
+    (root / "sft_config.json").write_text(json.dumps(config))
+    return {"root": root, "base": root / "base", "adapter": root / "adapter", "data": root / "train.jsonl",
+            "eval": root / "eval.jsonl", "logs": root / "trainer_state.json", "config": root / "sft_config.json"}
+
+
+def run_world(world: dict, out_dir: Path) -> dict:
+    """``attribute_run`` on the world (all three lanes); writes ``out_dir/run.json`` and returns the run."""
+    from gradian.attribute import AttributeSpec
+    from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.evaluate import EvalSpec
+    from gradian.index.store import GradSpec
+    from gradian.models.load import ModelSpec
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        inputs = RunInputs(str(world["base"]), world["adapter"], world["data"], world["eval"],
+                           configs=(world["config"],), logs=world["logs"])
+        specs = RunSpecs(
+            model=ModelSpec(str(world["base"])),
+            grad=GradSpec(tokenize=TokenizeSpec(max_length=MAX_LENGTH)),
+            attribute=AttributeSpec(top_k=10, drilldown_rows=6),
+            eval=EvalSpec(resamples=2000, max_new_tokens=12, max_length=MAX_LENGTH),
+        )
+        return attribute_run(inputs, specs, out_dir, index_root=Path(out_dir) / "index")
+    finally:
+        torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":  # build a run by hand: python tests/report/report_world.py OUT_DIR
+    import sys
+    import time
+
+    out = Path(sys.argv[1])
+    t = time.perf_counter()
+    w = build_world(out / "world")
+    t1 = time.perf_counter()
+    run = run_world(w, out / "run")
+    print(f"world {t1 - t:.1f} s, run {time.perf_counter() - t1:.1f} s → {out / 'run' / 'run.json'}")
+
+
+_REAL: dict = {}
+
+
+def real_run() -> dict:
+    """The world trained and run once per test process: ``{"world": paths, "run_dir": Path, "run": dict}``.
+
+    Built in a temporary folder (removed at exit) with ``GRADIAN_CACHE`` pointed inside it, so
+    the user's cache is untouched. Callers must not mutate ``run``: deep-copy it first.
+    """
+    if not _REAL:
+        import atexit
+        import os
+        import shutil
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="gradian-report-world-"))
+        atexit.register(shutil.rmtree, root, True)
+        old = os.environ.get("GRADIAN_CACHE")
+        os.environ["GRADIAN_CACHE"] = str(root / "cache")
+        try:
+            world = build_world(root / "world")
+            run = run_world(world, root / "run")
+        finally:
+            if old is None:
+                os.environ.pop("GRADIAN_CACHE", None)
+            else:
+                os.environ["GRADIAN_CACHE"] = old
+        _REAL.update(world=world, run_dir=root / "run", run=run, root=root)
+    return _REAL

@@ -1,0 +1,210 @@
+"""The report model: built from a real run (tiny world through attribute_run), the cluster × audit join,
+the summary order, the JSON round trip, and the training log."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+from report_world import real_run
+
+from gradian.report import Report, build_report, read_training_log, report_json
+from gradian.report.join import explain_cluster, row_flags
+from gradian.report.model import REPORT_SCHEMA
+
+
+@pytest.fixture(scope="module")
+def real():
+    return real_run()
+
+
+@pytest.fixture(scope="module")
+def report(real):
+    return build_report(real["run"], read_training_log(real["run"]))
+
+
+def test_real_run_report_summary_first(real, report):
+    assert report.schema == REPORT_SCHEMA and report.status == "attributed"
+    caps = {c.name: c for c in report.capabilities}
+    assert caps["capitals"].verdict == "regressed" and caps["capitals"].attribution is not None
+    assert caps["symbols"].verdict == "within_noise" and caps["symbols"].attribution is None
+    # the headline leads with the verdicts, then the confidence, then the most harmful cluster
+    assert report.headline[0].startswith("capitals regressed:")
+    assert "within noise, not diagnosed" in report.headline[1]
+    conf = [h for h in report.headline if h.startswith("Confidence in the data verdict for capitals")]
+    assert conf and "engine agreement" in conf[0]
+    assert any(h.startswith("The most harmful cluster for capitals") for h in report.headline)
+    # qualifiers: the noise band first, the engine agreement stated
+    q = caps["capitals"].qualifiers
+    assert q[0].kind == "noise_band" and q[0].level == "ok" and "excludes zero" in q[0].text
+    assert any(x.kind == "engine_agreement" for x in q)
+    assert caps["symbols"].qualifiers[0].kind == "noise_band" and caps["symbols"].qualifiers[0].level == "caution"
+    # the manifest is the run's, verbatim
+    assert report.manifest == real["run"]["manifest"] and report.run_id == real["run"]["manifest"]["run_id"]
+
+
+def test_truncated_cluster_is_explained_by_d04(real, report):
+    """The planted wrong capitals sit in rows truncated at max_length: the report says so, citing D04."""
+    a = report.capability("capitals").attribution
+    d04 = next(f for f in real["run"]["audit"]["findings"] if f["id"] == "D04")
+    trunc = set(d04["row_ids"])
+    assert trunc == {r for r in real["run"]["attribution"]["train_ids"] if r.startswith(("long-", "profile-"))}
+    explained = [c for c in a.clusters if any(e["check"] == "D04" for e in c.explanations)]
+    assert explained, [c.explanations for c in a.clusters]
+    for c in explained:
+        e = next(e for e in c.explanations if e["check"] == "D04")
+        assert e["source"] == "audit" and e["overlap"] == len(set(c.row_ids) & trunc)
+        assert "truncated (check D04)" in e["text"]
+    # every cluster row that D04 flags is in an explained cluster
+    for c in a.clusters:
+        if set(c.row_ids) & trunc and len(set(c.row_ids) & trunc) / c.size >= 0.5:
+            assert c in explained
+    assert a.explained_share == pytest.approx(sum(c.harmful_share for c in a.clusters if c.explained))
+    # ranked rows carry the checks that flagged them and their cluster
+    for r in a.ranked:
+        assert ("D04" in r["flags"]) == (r["id"] in trunc)
+        assert r["cluster"] in {None} | {c.label for c in a.clusters}
+    # mechanics come from the audit when it ran the check
+    for c in a.clusters:
+        assert c.mechanics["truncated"]["source"] == "D04"
+        assert c.mechanics["truncated"]["share"] == pytest.approx(len(set(c.row_ids) & trunc) / c.size)
+
+
+def test_profile_and_drilldown(real, report):
+    cap = next(c for c in real["run"]["attribution"]["capabilities"] if c["capability"] == "capitals")
+    p = report.capability("capitals").attribution.profile
+    assert p.n == len(cap["scores"]) == len(p.points)  # n ≤ PROFILE_POINTS: every row
+    ys = [pt[1] for pt in p.points]
+    assert ys == sorted(ys) and p.min == min(cap["scores"]) and p.max == max(cap["scores"])
+    tail = {r for c in cap["clusters"] for r in c["row_ids"]}
+    assert p.tail_n == len(tail) and all(pt[2] for pt in p.points[: p.tail_n]) and not any(pt[2] for pt in p.points[p.tail_n:])
+    assert p.n_negative == sum(s < 0 for s in cap["scores"])
+    dd = report.capability("capitals").attribution.drilldown
+    assert len(dd) == len(cap["drilldown"]) > 0
+    for d in dd:
+        # the segments rebuild the text, and each sentence segment is that sentence's text
+        assert "".join(s["text"] for s in d.segments) == d.text
+        for s in d.segments:
+            if s["sentence"] is not None:
+                assert s["text"] == d.sentences[s["sentence"]]["text"]
+        assert d.sentences[0]["score"] == min(x["score"] for x in d.sentences)
+    prof = next(d for d in dd if d.id.startswith("profile-"))
+    assert "Its capital is" in prof.sentences[0]["text"] and prof.text_source == "row"
+
+
+def test_json_round_trip_and_purity(real, report):
+    run_copy = copy.deepcopy(real["run"])
+    again = build_report(run_copy, read_training_log(run_copy))
+    assert run_copy == real["run"]  # build_report does not touch its input
+    text = report_json(report)
+    assert text == report_json(again)  # deterministic
+    data = json.loads(text)
+    assert data["schema"] == REPORT_SCHEMA and list(data)[0] == "schema"
+    back = Report.from_dict(data)
+    assert report_json(back) == text
+    with pytest.raises(ValueError):
+        Report.from_dict({**data, "schema": "gradian.report/0"})
+    with pytest.raises(ValueError):
+        build_report({**real["run"], "schema": "nope"})
+
+
+def test_training_log_plotted_missing_and_changed(real, report, tmp_path):
+    lg = report.training_log
+    state = json.loads(real["world"]["logs"].read_text())
+    n_loss = sum(1 for e in state["log_history"] if "loss" in e)
+    assert lg.status == "plotted" and len(lg.loss) == n_loss and lg.note is None
+    flagged = [f for f in real["run"]["audit"]["findings"] if f["steps"]]
+    assert [a["check"] for a in lg.anomalies] == [f["id"] for f in flagged]
+    # the log file is gone: no curve, but the anomalies Audit recorded stay
+    run = copy.deepcopy(real["run"])
+    run["manifest"]["paths"]["logs"] = str(tmp_path / "gone.json")
+    r2 = build_report(run, read_training_log(run))
+    assert r2.training_log.status == "missing" and not r2.training_log.loss
+    assert [a["check"] for a in r2.training_log.anomalies] == [f["id"] for f in flagged]
+    # the log file changed since the run: plotted, with a note
+    changed = tmp_path / "trainer_state.json"
+    shutil.copy(real["world"]["logs"], changed)
+    st = json.loads(changed.read_text())
+    st["log_history"].append({"step": 999, "loss": 0.5})
+    changed.write_text(json.dumps(st))
+    run["manifest"]["paths"]["logs"] = str(changed)
+    r3 = build_report(run, read_training_log(run))
+    assert r3.training_log.status == "changed" and "changed since the run" in r3.training_log.note
+    assert r3.training_log.loss[-1] == [999, 0.5]
+    # without reading the log
+    r4 = build_report(real["run"])
+    assert r4.training_log.status == "not_read" and not r4.training_log.loss
+
+
+def test_stopped_run(real):
+    """Nothing regressed: the report says so and attributes nothing."""
+    run = copy.deepcopy(real["run"])
+    for c in run["evaluation"]["capabilities"]:
+        c["verdict"], c["diagnosed"] = "within_noise", False
+        c["reason"] = "95% CI [-0.100, +0.050] includes zero: within noise, not diagnosed"
+        c["ci_low"], c["ci_high"] = -0.1, 0.05
+    run["attribution"] = None
+    run["stopped"] = "no capability regressed outside the noise band: nothing to attribute"
+    r = build_report(run)
+    assert r.status == "stopped" and all(c.attribution is None for c in r.capabilities)
+    assert any(h.startswith("Nothing was attributed: no capability regressed") for h in r.headline)
+    assert all(c.qualifiers[0].kind == "noise_band" and c.qualifiers[0].level == "caution" for c in r.capabilities)
+
+
+# ----------------------------------------------------------------------------- the join, on hand-made sets
+
+
+def _cluster(ids, **common):
+    return {"row_ids": ids, "size": len(ids), "common": {"truncated_share": 0.0, "missing_eos_share": 0.0, **common}}
+
+
+def _finding(cid, ids, n, name="x", severity="warning"):
+    return {"id": cid, "name": name, "severity": severity, "row_ids": ids, "fraction": len(ids) / n, "title": name}
+
+
+def test_join_rules():
+    n = 100
+    c = _cluster([f"r{i}" for i in range(10)])
+    # majority: 7 of 10 rows truncated, 10% of the dataset
+    f = _finding("D04", [f"r{i}" for i in range(7)] + [f"x{i}" for i in range(3)], n)
+    (e,) = explain_cluster(c, [f], n, {"D04"})
+    assert e["kind"] == "majority" and e["text"] == "70% of this cluster's rows (7/10) are truncated (check D04)"
+    # holds_all: the only 3 rows without EOS are all here
+    f = _finding("D06", ["r1", "r2", "r3"], n)
+    (e,) = explain_cluster(c, [f], n, {"D06"})
+    assert e["kind"] == "holds_all" and e["text"].startswith("this cluster holds every row that lacks EOS / end-of-turn")
+    # enriched: 3 of 10 near-duplicates against 5% of the dataset
+    f = _finding("D12", ["r1", "r2", "r3"] + [f"x{i}" for i in range(2)], n)
+    (e,) = explain_cluster(c, [f], n, {"D12"})
+    assert e["kind"] == "enriched" and "against 5% of the whole dataset" in e["text"]
+    # a finding on most of the dataset explains no cluster (lift < 1.5), however much it overlaps
+    f = _finding("C08", [f"r{i}" for i in range(10)] + [f"x{i}" for i in range(80)], n)
+    assert explain_cluster(c, [f], n, {"C08"}) == []
+    # a single overlapping row of a big finding explains nothing
+    f = _finding("D11", ["r1"] + [f"x{i}" for i in range(9)], n)
+    assert explain_cluster(c, [f], n, {"D11"}) == []
+    # an unknown check falls back to its title
+    f = _finding("D99", ["r1", "r2", "r3", "r4", "r5", "r6", "x1"], n, name="weird rows")
+    (e,) = explain_cluster(c, [f], n, {"D99"})
+    assert e["text"] == "60% of this cluster's rows (6/10) are flagged by “weird rows” (check D99)"
+
+
+def test_join_stand_in_from_cluster_common():
+    n = 50
+    c = _cluster(["a", "b", "c", "d"], truncated_share=0.75)
+    # Audit did not run: the cluster's own statistics stand in, without a check id
+    (e,) = explain_cluster(c, [], n, None)
+    assert e["source"] == "cluster" and e["check"] is None and e["text"].startswith("75% of this cluster's rows are truncated")
+    assert "Audit did not run" in e["text"]
+    # Audit ran D04 and it passed: Audit's verdict wins, no stand-in
+    assert explain_cluster(c, [], n, {"D04"}) == []
+    # Audit ran other checks but skipped D04
+    (e,) = explain_cluster(c, [], n, {"D06"})
+    assert "Audit skipped check D04" in e["text"]
+
+
+def test_row_flags():
+    fl = row_flags([_finding("D04", ["a", "b"], 10), _finding("D06", ["b"], 10), _finding("L03", [], 10)])
+    assert fl == {"a": ["D04"], "b": ["D04", "D06"]}

@@ -1,0 +1,261 @@
+"""Safety: hostile strings in every place data reaches the report, through the WHOLE report
+(build_report → HTML, Markdown, text): nothing executable, no markup from data, no control characters."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from html.parser import HTMLParser
+
+import pytest
+from report_world import real_run
+from rich.console import Console
+
+from gradian.report import build_report, read_training_log, render_html, render_markdown, render_terminal, render_text
+from gradian.report.safe import clean, md_text
+
+LONG = "A" * 20000
+PARTS = [
+    '<script>alert("x")</script>',
+    "<img src=x onerror=alert(1)>",
+    '"><svg onload=alert(1)><style>body{display:none}</style>',
+    "' onmouseover='alert(1)' x='",
+    "[click me](javascript:alert(1))",
+    "![pixel](http://evil.example/p.png)",
+    "<http://evil.example/auto>",
+    "see http://evil.example/bare and www.evil.example and mail@evil.example",
+    "\x1b[31mRED\x1b[0m\x07\x00\x08\x7f\x9b",
+    "\u202eevil\u202c\u2066x\u2069",
+    "| table | break |",
+    "# heading",
+    "`code` **bold** _em_ ~~del~~ $x^2$",
+    "[link=http://evil.example]rich link[/link] [bold red]rich markup[/]",
+    "&amp; &lt;entity&gt; {{ template }} {% raw %}",
+]
+HOSTILE = " ".join(PARTS) + "\n---\n* list\n1. item\r\n" + LONG
+HOSTILE_ID = '<b id="x">row"1</b>\x1b[2J'
+HOSTILE_CAP = 'caps[link=http://evil.example]x[/link][bold]<script>alert(1)</script>"\x1b[1m'
+
+
+def _replace_strings(obj, old: str, new: str):
+    """Replace every string value (and key) exactly equal to ``old``."""
+    if isinstance(obj, str):
+        return new if obj == old else obj
+    if isinstance(obj, dict):
+        return {(new if k == old else k): _replace_strings(v, old, new) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_replace_strings(v, old, new) for v in obj]
+    return obj
+
+
+def hostile_run(run: dict) -> dict:
+    """A copy of a real run with hostile strings in every text field the report shows."""
+    run = copy.deepcopy(run)
+    cap = run["attribution"]["capabilities"][0]
+    run = _replace_strings(run, cap["ranked"][0]["id"], HOSTILE_ID)  # a training row id, everywhere it occurs
+    run = _replace_strings(run, cap["capability"], HOSTILE_CAP)  # a capability name, everywhere
+    cap = run["attribution"]["capabilities"][0]
+    for r in cap["ranked"]:
+        r["prompt"] = HOSTILE
+        r["completion"] = HOSTILE
+    for c in cap["clusters"]:
+        for e in c["exemplars"]:
+            e["prompt"] = e["completion"] = HOSTILE
+        c["common"]["distinctive_words"] = [{"word": p, "share_in_cluster": 1.0, "share_elsewhere": 0.0} for p in PARTS]
+        c["common"]["formats"] = {HOSTILE[:200]: c["size"]}
+    # drill-down: one row whose stored completion and sentence spans agree (text_source "row"), the rest not
+    d0 = cap["drilldown"][0]
+    s1, s2 = PARTS[0] + " " + PARTS[4] + ".", PARTS[8] + PARTS[9] + " " + PARTS[2] + "."
+    text = s1 + " " + s2
+    d0["sentences"] = [
+        {"char_start": 0, "char_end": len(s1), "text": s1, "score": -2.0, "share": -1.0, "n_tokens": 5},
+        {"char_start": len(s1) + 1, "char_end": len(text), "text": s2, "score": 1.0, "share": 0.5, "n_tokens": 5},
+    ]
+    d0["top_sentence"] = d0["sentences"][0]
+    next(r for r in cap["ranked"] if r["id"] == d0["id"])["completion"] = text
+    for d in cap["drilldown"][1:]:
+        for s in d["sentences"]:
+            s["text"] = HOSTILE
+        d["item_id"] = HOSTILE_ID
+    for f in cap["failing_items"]:
+        f["prompt"] = [{"role": "user", "content": HOSTILE}]
+        f["answer"] = f["tuned_answer"] = f["reference_answer"] = HOSTILE
+    for it in run["evaluation"]["items"]:
+        it["prompt"] = it["model_prompt"] = HOSTILE
+        it["answer"] = HOSTILE
+        it["tuned"]["output"] = it["tuned"]["answer"] = HOSTILE
+    run["evaluation"]["notes"] = [HOSTILE]
+    for f in run["audit"]["findings"]:
+        f["message"] = f["fix"] = f["title"] = HOSTILE
+        f["evidence"] = {HOSTILE[:80]: HOSTILE, "value": HOSTILE}
+    run["audit"]["notes"] = [HOSTILE]
+    run["manifest"]["notes"] = [HOSTILE]
+    run["manifest"]["paths"]["data"] = "/tmp/" + HOSTILE[:300]
+    run["manifest"]["identity"]["dataset"]["name"] = HOSTILE[:300]
+    run["manifest"]["sign_convention"] = HOSTILE[:400]
+    return run
+
+
+@pytest.fixture(scope="module")
+def hostile_report():
+    real = real_run()
+    run = hostile_run(real["run"])
+    return build_report(run, read_training_log(real["run"]))
+
+
+def _no_control(s: str) -> None:
+    bad = sorted({hex(ord(c)) for c in s if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F
+                  or c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f"})
+    assert not bad, bad
+
+
+ALLOWED_TAGS = {
+    "html", "head", "meta", "title", "style", "body", "main", "header", "footer", "section", "h1", "h2", "h3", "h4",
+    "p", "code", "pre", "ol", "ul", "li", "div", "b", "span", "table", "thead", "tbody", "tr", "th", "td",
+    "details", "summary", "mark", "svg", "line", "text", "circle", "rect", "path", "polyline",
+}
+ALLOWED_ATTRS = {
+    "charset", "http-equiv", "content", "name", "lang", "class", "style", "title", "id", "xmlns", "role", "aria-label",
+    "viewbox", "width", "height", "x", "y", "x1", "y1", "x2", "y2", "cx", "cy", "r", "d", "points", "fill", "stroke",
+    "stroke-width", "stroke-dasharray", "opacity", "text-anchor", "font-size", "font-weight", "transform",
+}
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, list]] = []
+        self.text: list[str] = []
+        self.in_style = False
+        self.style_text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, attrs))
+        self.in_style = tag == "style"
+
+    def handle_endtag(self, tag):
+        if tag == "style":
+            self.in_style = False
+
+    def handle_data(self, data):
+        (self.style_text if self.in_style else self.text).append(data)
+
+
+def test_html_has_no_markup_from_data(hostile_report):
+    html = render_html(hostile_report)
+    _no_control(html)
+    assert "<script" not in html.lower() and "javascript:" not in html.lower().replace("javascript:alert(1))", "")
+    p = _Collect()
+    p.feed(html)
+    tags = {t for t, _ in p.tags}
+    assert tags <= ALLOWED_TAGS, tags - ALLOWED_TAGS
+    assert sum(1 for t, _ in p.tags if t == "style") == 1  # ours only
+    assert not any(t in ("img", "script", "iframe", "object", "a", "link", "base", "form", "input") for t in tags)
+    for t, attrs in p.tags:
+        for k, v in attrs:
+            assert k in ALLOWED_ATTRS, (t, k, v)
+            assert not k.startswith("on"), (t, k)
+        if t == "b":
+            assert not attrs  # the hostile <b id="x"> did not become an element
+    assert "body{display:none}" not in "".join(p.style_text)
+    # the hostile text is shown, as text
+    text = "".join(p.text)
+    assert '<script>alert("x")</script>' in text and "<img src=x onerror=alert(1)>" in text
+    assert '<b id="x">row"1</b>' in text and "[bold]<script>alert(1)</script>" in text
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;" in html or "&lt;script&gt;alert(&quot;x&quot;)" in html
+    # the drill-down row whose spans agree with its text is highlighted sentence by sentence
+    assert 'class="top"' in html
+    # CSP forbids scripts and fetches
+    csp = [dict(a)["content"] for t, a in p.tags if t == "meta" and dict(a).get("http-equiv") == "Content-Security-Policy"]
+    assert csp and "default-src 'none'" in csp[0] and "script-src" not in csp[0]
+
+
+def _md_tokens(md: str):
+    from markdown_it import MarkdownIt
+
+    parser = MarkdownIt("commonmark").enable("table").enable("strikethrough")
+    out = []
+
+    def walk(tokens):
+        for t in tokens:
+            out.append(t)
+            if t.children:
+                walk(t.children)
+
+    walk(parser.parse(md))
+    return out, parser
+
+
+def test_markdown_has_no_links_images_or_html_from_data(hostile_report):
+    md = render_markdown(hostile_report)
+    _no_control(md)
+    tokens, parser = _md_tokens(md)
+    kinds = {t.type for t in tokens}
+    for bad in ("link_open", "image", "html_inline", "html_block", "s_open"):
+        assert bad not in kinds, bad
+    # our own emphasis only: every strong_open wraps report text, never a data string
+    headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert not any(h.strip() == "heading" for h in headings)
+    # no bare autolink survives for a GFM renderer: the scheme colon and the www dot are escaped
+    assert "http://evil" not in md and "www.evil" not in md and "mail@evil" not in md
+    # tables keep their shape: every row has the header's number of unescaped pipes
+    lines = md.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|---"):
+            want = _pipes(lines[i - 1])
+            j = i + 1
+            while j < len(lines) and lines[j].startswith("| "):
+                assert _pipes(lines[j]) == want, lines[j][:200]
+                j += 1
+    # long lines are shortened
+    assert max(len(x) for x in lines) < 4000
+    html = parser.render(md)
+    assert "<script" not in html and "&lt;script&gt;" in html
+
+
+def _pipes(line: str) -> int:
+    n, esc = 0, False
+    for ch in line:
+        if esc:
+            esc = False
+        elif ch == "\\":
+            esc = True
+        elif ch == "|":
+            n += 1
+    return n
+
+
+def test_text_and_terminal_drop_control_sequences(hostile_report):
+    txt = render_text(hostile_report)
+    _no_control(txt)
+    assert '<script>alert("x")</script>' in txt  # plain text: shown as is
+    assert "caps[link=http://evil.example]x[/link][bold]<script>" in txt  # never parsed as rich markup
+    assert max(len(x) for x in txt.splitlines()) <= 110
+    # a colour terminal: our own styles only, no escape sequence from the data
+    buf = io.StringIO()
+    render_terminal(hostile_report, Console(file=buf, force_terminal=True, color_system="truecolor", width=120), details=True)
+    out = buf.getvalue()
+    for seq in ("\x1b[31mRED", "\x1b[2J", "\x07", "\x00", "\x08", "\x9b", "\u202e", "\x1b[1m\n"):
+        assert seq not in out, repr(seq)
+    assert "\x1b]8;" not in out  # no OSC 8 hyperlink from [link=...]
+
+
+def test_json_keeps_the_data_verbatim(hostile_report):
+    """The JSON form is data: the strings are kept exactly (JSON escapes them), to be escaped by whoever shows them."""
+    from gradian.report import report_json
+
+    text = report_json(hostile_report)
+    data = json.loads(text)
+    cap = data["capabilities"][0]
+    assert cap["name"] == HOSTILE_CAP
+    assert HOSTILE in [r["completion"] for r in cap["attribution"]["ranked"]]
+    _no_control(text)  # JSON escapes control characters as \\uXXXX
+
+
+def test_helpers():
+    assert clean("a\x1b[31mb\x00c\r\nd\u2028e\u202ef\tg") == "a[31mbc\nd\nef\tg"
+    assert md_text("[x](y) ![i](u) <b> a|b *c* `d` http://e.f www.g.h") == (
+        "\\[x\\]\\(y\\) \\!\\[i\\]\\(u\\) &lt;b&gt; a\\|b \\*c\\* \\`d\\` http\\://e.f www\\.g.h")
+    assert md_text("1. x") == "1\\. x" and md_text("- x") == "\\- x" and md_text("# x") == "\\# x"
+    assert md_text("a\nb", 100) == "a ⏎ b" and len(md_text("x" * 50, 10)) == 10
