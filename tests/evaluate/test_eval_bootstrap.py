@@ -124,7 +124,7 @@ def test_base_bounds_numbers():
 
 def _item(i, cap, r, t, metric="exact_match", margin=None):
     status = {(1, 1): "kept", (1, 0): "lost", (0, 1): "gained", (0, 0): "both_fail"}[(r, t)]
-    m = Margin(margin, -1.0, -1.0 - margin, 2, 2) if margin is not None else None
+    m = Margin(margin, "a", "reference", -1.0, -1.0 - margin, 2, 2, margin, -1.0, 2) if margin is not None else None
     return ItemResult(
         id=f"{cap}-{i}", row=i, capability=cap, metric=metric, prompt="q", model_prompt="q", answer="a", aliases=[],
         reference=ModelAnswer(float(r), bool(r), "a" if r else "b", "a" if r else "b", True),

@@ -90,7 +90,7 @@ def test_failing_items_carry_what_attribution_needs(poison_result):
         assert f.prompt == [{"role": "user", "content": it.prompt}]  # the chat form the model ran on
         assert f.tuned_answer == it.tuned.answer and f.tuned_answer != f.answer
         assert f.margin == it.base_margin.nats and f.query == "contrastive"
-        assert f.correct_example().completion == f.answer and f.said_example().completion == f.tuned_answer
+        assert f.correct_example().completion == f.correct_completion and f.said_example().completion == f.tuned_answer
     # items the base also fails are never handed to attribution
     both = [i.id for i in res.items if i.status == "both_fail"]
     assert not set(both) & {f.id for f in fails}
@@ -120,12 +120,36 @@ def test_base_margin_matches_a_hand_computation(eval_world, poison_result):
 
     for f in res.failing_items()[:3]:
         it = next(i for i in res.items if i.id == f.id)
-        lc, nc = by_hand(f.prompt, f.answer)
-        ls, ns = by_hand(f.prompt, f.tuned_answer)
         m = it.base_margin
+        assert m.correct == f.correct_completion == it.reference.answer and m.correct_source == "reference"
+        lc, nc = by_hand(f.prompt, m.correct)
+        ls, ns = by_hand(f.prompt, f.tuned_answer)
+        lg, ng = by_hand(f.prompt, f.answer)
         assert m.logp_correct == pytest.approx(lc, abs=1e-4) and m.tokens_correct == nc
         assert m.logp_said == pytest.approx(ls, abs=1e-4) and m.tokens_said == ns
-        assert m.nats == pytest.approx(lc - ls, abs=2e-4)
+        assert m.logp_gold == pytest.approx(lg, abs=1e-4) and m.tokens_gold == ng
+        assert m.nats == pytest.approx(lc - ls, abs=2e-4) and m.gold_nats == pytest.approx(lg - ls, abs=2e-4)
+
+
+def test_margin_uses_the_references_own_words_when_they_differ_from_the_answer(eval_world):
+    """Correct answer given in lower case: the reference passes saying "Marven"; the margin's correct
+    side is the reference's own answer (format-matched to what the tuned model says), and the
+    bare-answer margin is kept beside it."""
+    pm, tok = load_peft(eval_world, "poison")
+    recs = eval_records()
+    for r in recs:
+        r["answer"] = r["answer"].lower()
+    res = evaluate(pm, tok, items_from_records(recs), spec=SPEC)
+    fails = res.failing_items("capitals")
+    assert fails
+    for f in fails:
+        it = next(i for i in res.items if i.id == f.id)
+        m = it.base_margin
+        assert m.correct_source == "reference" and m.correct == it.reference.answer != it.answer
+        assert f.correct_completion == m.correct and f.correct_example().completion == m.correct
+        assert m.gold_nats == pytest.approx(m.logp_gold - m.logp_said) and m.gold_nats != m.nats
+    both = [i for i in res.items if i.status == "both_fail" and i.base_margin is not None]
+    assert all(i.base_margin.correct_source == "answer" and i.base_margin.nats == i.base_margin.gold_nats for i in both)
 
 
 def test_plain_prompt_margin_matches_hand_computation(eval_world):
@@ -139,7 +163,8 @@ def test_plain_prompt_margin_matches_hand_computation(eval_world):
     failed = [i for i in res.items if i.base_margin is not None]
     assert failed and all(isinstance(i.model_prompt, str) for i in res.items)
     it = failed[0]
-    for text, got, n in ((it.answer, it.base_margin.logp_correct, it.base_margin.tokens_correct),
+    for text, got, n in ((it.base_margin.correct, it.base_margin.logp_correct, it.base_margin.tokens_correct),
+                         (it.answer, it.base_margin.logp_gold, it.base_margin.tokens_gold),
                          (it.tuned.answer, it.base_margin.logp_said, it.base_margin.tokens_said)):
         p_ids = tok(it.prompt)["input_ids"]
         ids = tok(it.prompt + text + tok.eos_token)["input_ids"]
@@ -322,3 +347,19 @@ def test_cli_end_to_end(eval_world, tmp_path):
     assert r.capability("capitals").verdict == "regressed"
     assert r.meta["eval_sha256"] and r.meta["adapter"] == str(eval_world["poison"])
     assert r.timing["wall"] >= r.timing["total"] > 0
+
+
+def test_reference_adapter_that_does_not_fit_is_a_user_error(eval_world, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from gradian.errors import GradianUserError
+    from gradian.models.tiny import tiny_model
+
+    pm, tok = load_peft(eval_world, "poison")
+    before = _state(pm)
+    get_peft_model(tiny_model(tok, "llama", hidden=32), LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(
+        tmp_path / "wrong"
+    )
+    with pytest.raises(GradianUserError, match="has shape"):
+        evaluate(pm, tok, load_eval_set(eval_world["eval"]), reference_adapter=tmp_path / "wrong", spec=SPEC)
+    assert _state(pm) == before

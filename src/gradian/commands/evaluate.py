@@ -105,9 +105,10 @@ def print_result(result) -> None:
     for n in result.notes:
         console.print(f"[dim]note: {escape(n)}[/]")
     tm = result.timing
+    load = f", loading {tm['load']:.1f} s, wall {tm['wall']:.1f} s" if "wall" in tm else ""
     console.print(
         f"[dim]evaluate took {tm.get('total', 0):.1f} s (generation {tm.get('generate', 0):.1f} s, "
-        f"scoring {tm.get('score', 0):.1f} s)[/]"
+        f"scoring {tm.get('score', 0):.1f} s){load}[/]"
     )
 
 

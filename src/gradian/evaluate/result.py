@@ -45,17 +45,28 @@ class ModelAnswer:
 
 @dataclass
 class Margin:
-    """Base preference margin of a failing item (adapter disabled), in nats.
+    """Base preference margin of an item the tuned model fails (adapter disabled), in nats.
 
-    ``nats = logp_correct − logp_said``; each log-probability is summed over the
-    answer's supervised tokens including the end of the answer (EOS / end of turn).
+    ``nats = logp_correct − logp_said``: ``correct`` is the correct answer *in the
+    model's own words* when the reference passed the item (its extracted answer,
+    ``correct_source="reference"``), else the eval set's answer
+    (``correct_source="answer"``); ``said`` is the tuned model's extracted answer.
+    ``gold_nats = logp_gold − logp_said`` uses the eval set's bare answer instead
+    (equal to ``nats`` when ``correct_source == "answer"``). Each log-probability is
+    summed over the completion's supervised tokens, including the end of the
+    answer (EOS / end of turn).
     """
 
     nats: float
+    correct: str
+    correct_source: str
     logp_correct: float
     logp_said: float
     tokens_correct: int
     tokens_said: int
+    gold_nats: float
+    logp_gold: float
+    tokens_gold: int
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -187,7 +198,10 @@ class FailingItem:
             was applied, else a string): build queries from this.
         answer: the correct answer.
         tuned_answer: what the tuned model said instead (extracted first line); None for loglik.
-        margin: base preference margin in nats (None for loglik).
+        correct_completion: the correct answer in the model's own words (the reference's
+            passing answer) when there is one, else ``answer``: the positive side of the
+            contrastive query, matched in format to ``tuned_answer`` so the query cancels format.
+        margin: base preference margin in nats, correct_completion vs tuned_answer (None for loglik).
         thin_margin: ``margin < thin_margin_nats`` (None for loglik).
         query: ``"contrastive"`` (∇ℓ(correct) − ∇ℓ(said)) or ``"cross_entropy"`` (loglik fallback).
     """
@@ -200,6 +214,7 @@ class FailingItem:
     aliases: list[str]
     tuned_answer: str | None
     reference_answer: str | None
+    correct_completion: str
     margin: float | None
     thin_margin: bool | None
     query: str
@@ -209,8 +224,8 @@ class FailingItem:
         return isinstance(self.prompt, list)
 
     def correct_example(self) -> Example:
-        """(prompt, correct answer) as a training-row Example, tokenised like the margin was."""
-        return as_example(self.id, self.prompt, self.answer)
+        """(prompt, ``correct_completion``) as a training-row Example, tokenised like the margin was."""
+        return as_example(self.id, self.prompt, self.correct_completion)
 
     def said_example(self) -> Example | None:
         """(prompt, what the tuned model said) as an Example; None for loglik."""
@@ -287,6 +302,7 @@ class EvalResult:
                     aliases=list(it.aliases),
                     tuned_answer=it.tuned.answer,
                     reference_answer=it.reference.answer,
+                    correct_completion=it.base_margin.correct if it.base_margin else it.answer,
                     margin=m,
                     thin_margin=None if m is None else m < thin,
                     query="cross_entropy" if it.metric == "loglik" else "contrastive",
@@ -347,7 +363,18 @@ def _n(s: dict[str, Any]) -> dict[str, Any]:
 
 _model_answer = _obj({"score": _num, "passed": _bool, "output": _n(_str), "answer": _n(_str), "finished": _n(_bool)})
 _margin = _obj(
-    {"nats": _num, "logp_correct": _num, "logp_said": _num, "tokens_correct": _int, "tokens_said": _int},
+    {
+        "nats": _num,
+        "correct": _str,
+        "correct_source": {"enum": ["reference", "answer"]},
+        "logp_correct": _num,
+        "logp_said": _num,
+        "tokens_correct": _int,
+        "tokens_said": _int,
+        "gold_nats": _num,
+        "logp_gold": _num,
+        "tokens_gold": _int,
+    },
     nullable=True,
 )
 _bounds = _obj(
@@ -439,6 +466,7 @@ RESULT_JSON_SCHEMA: dict[str, Any] = {
                         "aliases": {"type": "array", "items": _str},
                         "tuned_answer": _n(_str),
                         "reference_answer": _n(_str),
+                        "correct_completion": _str,
                         "margin": _n(_num),
                         "thin_margin": _n(_bool),
                         "query": {"enum": ["contrastive", "cross_entropy"]},

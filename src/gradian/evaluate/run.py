@@ -11,7 +11,10 @@ attribution lane can reuse it):
    or with a second adapter (an earlier checkpoint) loaded under a temporary name,
    activated with ``set_adapter``, and deleted afterwards.
 3. **base margins**: for every generative item the tuned model fails, with the
-   adapter disabled, m = log p_base(correct answer) − log p_base(tuned model's answer).
+   adapter disabled, m = log p_base(correct) − log p_base(tuned model's answer), where
+   "correct" is the reference's own passing answer when it has one (same format as
+   the tuned answer, so the margin measures the fact, not the phrasing), else the
+   eval set's answer; the margin with the bare eval-set answer is kept beside it.
 4. **per capability**: scores, delta, paired-bootstrap CI, verdict, base bounds.
 """
 
@@ -238,23 +241,37 @@ def evaluate(
         margins: list[Margin | None] = [None] * len(items)
         if need:
             t0 = time.perf_counter()
-            exs = []
+            exs, slots = [], []
             for i in need:
-                exs.append(as_example(items[i].id, prompts[i], items[i].answer))
-                exs.append(as_example(items[i].id, prompts[i], tuned[i].answer or ""))
+                own = ref[i].answer if ref[i].passed and ref[i].answer else None
+                texts = {"said": tuned[i].answer or "", "gold": items[i].answer}
+                if own is not None and own != items[i].answer:
+                    texts["own"] = own
+                slot = {}
+                for key, text in texts.items():
+                    slot[key] = len(exs)
+                    exs.append(as_example(items[i].id, prompts[i], text))
+                slots.append((texts, slot))
             cb = (lambda k: progress("base: margins", k, len(exs))) if progress else None
             with model.disable_adapter():
                 sc = score_answers(
                     model, tokenizer, exs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb
                 )
-            for k, i in enumerate(need):
-                c, w = sc[2 * k], sc[2 * k + 1]
+            for i, (texts, slot) in zip(need, slots):
+                said, gold = sc[slot["said"]], sc[slot["gold"]]
+                key = "own" if "own" in slot else "gold"
+                corr = sc[slot[key]]
                 margins[i] = Margin(
-                    nats=c.logprob - w.logprob,
-                    logp_correct=c.logprob,
-                    logp_said=w.logprob,
-                    tokens_correct=c.n_tokens,
-                    tokens_said=w.n_tokens,
+                    nats=corr.logprob - said.logprob,
+                    correct=texts[key],
+                    correct_source="reference" if ref[i].passed and ref[i].answer else "answer",
+                    logp_correct=corr.logprob,
+                    logp_said=said.logprob,
+                    tokens_correct=corr.n_tokens,
+                    tokens_said=said.n_tokens,
+                    gold_nats=gold.logprob - said.logprob,
+                    logp_gold=gold.logprob,
+                    tokens_gold=gold.n_tokens,
                 )
             timing["score"] += time.perf_counter() - t0
     finally:

@@ -15,7 +15,8 @@ the base model's training):
 * **low base score**: the reference pass rate on the capability is below
   ``low_base_threshold`` (default 0.5): there was little there to lose.
 * **thin margin**: for a failing item (reference passes, tuned fails) the base
-  preference margin m = log p_base(correct) − log p_base(what the tuned model
+  preference margin m = log p_base(correct, in the model's own words: see
+  :class:`~gradian.evaluate.result.Margin`) − log p_base(what the tuned model
   now says), in nats; m < ``thin_margin_nats`` (default 1) means the base held
   the capability so weakly that almost any fine-tune would have tipped it.
   Reported as a count and share of the failing items.
