@@ -89,7 +89,7 @@ def main():
         for cap in ev.regressed:
             failing = ev.failing_items(cap.name)
             for qkind in ("contrastive", "cross_entropy"):
-                qs = [make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer, kind=qkind) for f in failing]
+                qs = [make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer, kind=qkind, fallback=f.correct_completion) for f in failing]
                 res = attribute_capability(ft.model, ft.tokenizer, idx, examples, items, qs, grad.tokenize,
                                            AttributeSpec(engine=EngineSpec("datainf"), second_engine="graddot", drilldown_rows=0))
                 for eng, sc in (("datainf", res.scores), ("graddot", res.second_scores)):

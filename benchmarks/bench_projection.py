@@ -51,7 +51,7 @@ def main():
         return
     cap = ev.regressed[0]
     failing = ev.failing_items(cap.name)
-    qs = [make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer) for f in failing]
+    qs = [make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer, fallback=f.correct_completion) for f in failing]
     spec = AttributeSpec(second_engine=None, drilldown_rows=0)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

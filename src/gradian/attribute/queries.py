@@ -20,7 +20,9 @@ The correct completion is built as a *minimal pair* when possible: if the
 tuned answer and the reference model's (correct) answer differ in exactly one
 contiguous run of words, and the reference's run contains the correct answer,
 the correct completion is the tuned answer with that run replaced — same
-format, only the fact differs. Otherwise it is the eval item's answer string.
+format, only the fact differs. Otherwise it is the reference model's own
+passing answer when there is one (Evaluate's ``correct_completion``), else the
+eval item's answer string.
 """
 
 from __future__ import annotations
@@ -100,11 +102,22 @@ def make_query(
     said: str | None,
     reference_said: str | None = None,
     kind: QueryKind = "contrastive",
+    fallback: str | None = None,
 ) -> Query:
+    """A query for one failing item.
+
+    Args:
+        answer: the eval answer; reference_said: what the reference model said;
+        fallback: the correct answer in the model's words (Evaluate's
+            ``correct_completion``), used when no minimal pair can be formed.
+    """
     if kind == "contrastive" and said is not None and said.strip():
         correct, rule = minimal_pair(said, reference_said, answer)
+        if rule == "answer" and fallback and fallback != answer:
+            correct, rule = fallback, "reference_answer"
         return Query(item_id, capability, prompt, correct, said, "contrastive", rule)
-    return Query(item_id, capability, prompt, answer, None, "cross_entropy", "answer")
+    correct = fallback or answer
+    return Query(item_id, capability, prompt, correct, None, "cross_entropy", "reference_answer" if correct != answer else "answer")
 
 
 def _example(prompt: Any, completion: str, qid: str) -> Example:

@@ -162,6 +162,7 @@ def attribute_run(
                 make_query(
                     f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer,
                     kind="contrastive" if (f.query == "contrastive" and specs.attribute.query == "contrastive") else "cross_entropy",
+                    fallback=f.correct_completion,
                 )
                 for f in failing
             ]
