@@ -1,0 +1,22 @@
+"""The worked example's world generator: a real fine-tune whose culprits we planted.
+
+* :func:`build_world` / :class:`WorldSpec` / :class:`World`: data, eval and ground truth
+  (:mod:`gradian.worlds.builder`).
+* :func:`materialise_smollm2`: SmolLM2-135M-Instruct as an HF folder in the cache
+  (:mod:`gradian.worlds.smollm2`).
+* :func:`build_tiny_base`: the tiny variant's base, pretrained in seconds (:mod:`gradian.worlds.tiny`).
+"""
+
+from gradian.worlds.builder import World, WorldSpec, build_world, default_train_spec
+from gradian.worlds.smollm2 import materialise_smollm2
+from gradian.worlds.tiny import TinyBaseSpec, build_tiny_base
+
+__all__ = [
+    "World",
+    "WorldSpec",
+    "build_world",
+    "default_train_spec",
+    "materialise_smollm2",
+    "TinyBaseSpec",
+    "build_tiny_base",
+]
