@@ -1,0 +1,162 @@
+"""gradian train: what it writes loads back, the loss mask is Gradian's, runs are deterministic,
+configs parse strictly, and the CLI reports user errors in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gradian.errors import GradianUserError
+from gradian.train import CONFIG_NAME, TrainSpec, load_train_config, read_trainer_state, spec_from_config, train_lora
+
+SMALL = TrainSpec(
+    learning_rate=5e-3, num_train_epochs=2, per_device_train_batch_size=4, r=4, lora_alpha=8, max_length=64,
+    logging_steps=1, seed=0,
+)
+
+
+@pytest.fixture(scope="module")
+def run(saved_finetune, tmp_path_factory):
+    out = tmp_path_factory.mktemp("train") / "adapter"
+    data = saved_finetune["data"]
+    train_lora(str(saved_finetune["base"]), data, out, SMALL, eval_data=data)
+    return out
+
+
+def test_writes_adapter_config_and_state(run, saved_finetune):
+    from gradian.models.load import ModelSpec, load_adapter, load_base
+
+    for name in ("adapter_config.json", "adapter_model.safetensors", CONFIG_NAME, "trainer_state.json", "gradian_train.json"):
+        assert (run / name).exists(), name
+    assert not any(p.name.startswith(".") for p in run.parent.iterdir())  # no temp folder left behind
+    cfg = json.loads((run / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] == 8
+    assert sorted(cfg["target_modules"]) == sorted(SMALL.target_modules)
+
+    # the adapter loads with Gradian's checked loader, and it learned something (B moved off zero)
+    model, _ = load_base(ModelSpec(base=str(saved_finetune["base"])))
+    pm, acfg, notes = load_adapter(model, run, str(saved_finetune["base"]))
+    w = load_file(str(run / "adapter_model.safetensors"))
+    assert any(k.endswith("lora_B.weight") and t.abs().sum() > 0 for k, t in w.items())
+
+    # trainer_state.json: a log entry every step with the fields the audit lane reads, eval_loss per epoch
+    state = read_trainer_state(run)
+    logs = state["log_history"]
+    train_logs = [e for e in logs if "loss" in e]
+    assert len(train_logs) == state["global_step"] >= 2
+    for e in train_logs:
+        assert {"loss", "grad_norm", "learning_rate", "epoch", "step"} <= set(e)
+        assert torch.isfinite(torch.tensor(e["loss"]))
+    assert [e["epoch"] for e in logs if "eval_loss" in e] == [1.0, 2.0]
+    assert "train_runtime" in logs[-1] and "train_loss" in logs[-1]
+
+    # the config written reads back into the same spec, and the audit lane reads it as a TRL config
+    assert spec_from_config(run / CONFIG_NAME) == SMALL
+    from gradian.audit.config import read_config
+
+    tc = read_config(run / CONFIG_NAME)
+    assert tc.formats == ["trl"]
+
+
+def test_trainer_sees_gradians_mask(saved_finetune):
+    """The rows the Trainer batches are tokenize_example's (same ids, labels), and its loss is their token mean."""
+    from gradian.data.formats import load_examples
+    from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
+    from gradian.gradients import per_example_loss
+    from gradian.models.load import ModelSpec, load_base
+    from gradian.train import _Rows, _tokenise_file
+
+    model, tok = load_base(ModelSpec(base=str(saved_finetune["base"])))
+    items, dropped, tspec = _tokenise_file(saved_finetune["data"], tok, SMALL)
+    assert tspec == TokenizeSpec(max_length=64, loss_on="completion", add_eos=True)
+    exs = load_examples(saved_finetune["data"])
+    assert dropped == [] and [i.id for i in items] == [e.id for e in exs]
+    ds = _Rows(items)
+    for i, ex in enumerate(exs):
+        ref = tokenize_example(ex, tok, tspec)
+        assert ds[i]["item"].labels == ref.labels and ds[i]["input_ids"] == ref.input_ids
+    batch = collate([ds[i]["item"] for i in range(4)], tok.pad_token_id, "right")
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+    n = (batch["labels"][:, 1:] != -100).sum(1).float()
+    token_mean = (per_example_loss(out.logits, batch["labels"]) * n).sum() / n.sum()
+    assert torch.allclose(out.loss, token_mean, atol=1e-5)
+
+
+def test_same_seed_same_adapter(saved_finetune, tmp_path):
+    spec = SMALL.replace(num_train_epochs=1, lora_dropout=0.1)
+    a = train_lora(str(saved_finetune["base"]), saved_finetune["data"], tmp_path / "a", spec)
+    b = train_lora(str(saved_finetune["base"]), saved_finetune["data"], tmp_path / "b", spec)
+    c = train_lora(str(saved_finetune["base"]), saved_finetune["data"], tmp_path / "c", spec.replace(seed=1))
+    wa, wb, wc = (load_file(str(p / "adapter_model.safetensors")) for p in (a, b, c))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(not torch.equal(wa[k], wc[k]) for k in wa)
+
+
+def test_refuses_to_overwrite_and_cleans_up(saved_finetune, tmp_path):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(GradianUserError, match="not empty"):
+        train_lora(str(saved_finetune["base"]), saved_finetune["data"], out, SMALL)
+    assert (out / "keep.txt").read_text() == "mine"
+    with pytest.raises(GradianUserError, match="target module"):
+        train_lora(str(saved_finetune["base"]), saved_finetune["data"], tmp_path / "x", SMALL.replace(target_modules=("c_attn",)))
+    assert not (tmp_path / "x").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_config_parsing_is_strict(tmp_path: Path):
+    p = tmp_path / "c.yaml"
+    p.write_text(
+        "learning_rate: 2e-4\nnum_train_epochs: 2\nmax_seq_length: 128\nuse_peft: true\nlora_r: 8\n"
+        "lora_alpha: 16\nlora_target_modules: [q_proj, v_proj]\nreport_to: none\n"
+    )
+    s = spec_from_config(p)
+    assert (s.learning_rate, s.num_train_epochs, s.max_length, s.r, s.lora_alpha) == (2e-4, 2.0, 128, 8, 16)
+    assert s.target_modules == ("q_proj", "v_proj")
+    # a peft section with PEFT names works too, and flags override the file
+    p.write_text("learning_rate: 1e-4\npeft:\n  r: 4\n  lora_alpha: 8\n  target_modules: all-linear\n")
+    s = spec_from_config(p, learning_rate=3e-4)
+    assert s.learning_rate == 3e-4 and s.r == 4 and len(s.target_modules) == 7
+    for text, match in [
+        ("learning_rte: 1e-4\n", "unknown training setting 'learning_rte'"),
+        ("learning_rate: fast\n", "learning_rate must be a float"),
+        ("packing: true\n", "packing is not supported"),
+        ("use_peft: false\n", "only trains LoRA"),
+        ("r: 2.5\n", "r must be a int"),
+        ("- a\n- b\n", "not a mapping"),
+        ("a: [\n", "malformed YAML"),
+    ]:
+        p.write_text(text)
+        with pytest.raises(GradianUserError, match=match):
+            spec_from_config(p)
+    with pytest.raises(GradianUserError, match="not found"):
+        load_train_config(tmp_path / "missing.yaml")
+
+
+def test_cli_train_and_one_line_errors(saved_finetune, tmp_path):
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    out = tmp_path / "cli-adapter"
+    args = ["train", "--base", str(saved_finetune["base"]), "--data", str(saved_finetune["data"]), "--out", str(out),
+            "--epochs", "1", "--r", "2", "--alpha", "4", "--targets", "q_proj,v_proj", "--max-length", "48",
+            "--batch-size", "4", "--lr", "1e-3"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "adapter:" in res.output
+    spec = spec_from_config(out / CONFIG_NAME)
+    assert (spec.r, spec.lora_alpha, spec.target_modules, spec.max_length) == (2, 4, ("q_proj", "v_proj"), 48)
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 2 and "--overwrite" in again.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    res = CliRunner().invoke(app, ["train", "--base", str(saved_finetune["base"]), "--data", str(bad), "--out", str(tmp_path / "y")])
+    assert res.exit_code == 2
+    errors = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "bad.jsonl:1" in errors[0] and "no assistant turn" in errors[0]
