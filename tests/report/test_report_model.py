@@ -133,6 +133,12 @@ def test_training_log_plotted_missing_and_changed(real, report, tmp_path):
     r3 = build_report(run, read_training_log(run))
     assert r3.training_log.status == "changed" and "changed since the run" in r3.training_log.note
     assert r3.training_log.loss[-1] == [999, 0.5]
+    # a relative path (as given to gradian attribute in another folder) is found next to the run folder
+    rel = copy.deepcopy(real["run"])
+    rel["manifest"]["paths"]["logs"] = "world/trainer_state.json"
+    assert real["run_dir"].parent.joinpath("world/trainer_state.json").exists()
+    lg5 = read_training_log(rel, real["run_dir"])
+    assert lg5["status"] == "plotted" and len([e for e in lg5["train"] if "loss" in e]) == n_loss
     # without reading the log
     r4 = build_report(real["run"])
     assert r4.training_log.status == "not_read" and not r4.training_log.loss
@@ -208,3 +214,69 @@ def test_join_stand_in_from_cluster_common():
 def test_row_flags():
     fl = row_flags([_finding("D04", ["a", "b"], 10), _finding("D06", ["b"], 10), _finding("L03", [], 10)])
     assert fl == {"a": ["D04"], "b": ["D04", "D06"]}
+
+
+# ----------------------------------------------------------------------------- the JSON schema
+
+
+def _validate(value, schema, path="$"):
+    """A small validator for the subset REPORT_JSON_SCHEMA uses (type, required, properties, items, prefixItems, enum)."""
+    if "enum" in schema:
+        assert value in schema["enum"], f"{path}: {value!r} not in {schema['enum']}"
+        return
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else types
+        py = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list,
+              "null": type(None)}
+        ok = any(isinstance(value, py[t]) and not (t in ("integer", "number") and isinstance(value, bool)) for t in types)
+        assert ok, f"{path}: {type(value).__name__} is not {types}"
+    if isinstance(value, dict) and "properties" in schema:
+        for k in schema.get("required", []):
+            assert k in value, f"{path}: missing {k}"
+        for k, sub in schema["properties"].items():
+            if k in value:
+                _validate(value[k], sub, f"{path}.{k}")
+    if isinstance(value, list):
+        if "prefixItems" in schema:
+            for i, (v, sub) in enumerate(zip(value, schema["prefixItems"])):
+                _validate(v, sub, f"{path}[{i}]")
+        elif "items" in schema:
+            for i, v in enumerate(value):
+                _validate(v, schema["items"], f"{path}[{i}]")
+
+
+def test_json_schema_matches_the_model_and_the_output(real, report):
+    import dataclasses
+
+    from gradian.report.model import (
+        REPORT_JSON_SCHEMA,
+        AttributionView,
+        AuditView,
+        CapabilityView,
+        ClusterView,
+        DrilldownView,
+        FindingView,
+        ScoreProfile,
+        TrainingLogView,
+    )
+
+    props = REPORT_JSON_SCHEMA["properties"]
+    assert set(props) == {f.name for f in dataclasses.fields(Report)}
+    cap = props["capabilities"]["items"]["properties"]
+    assert set(cap) == {f.name for f in dataclasses.fields(CapabilityView)}
+    att = cap["attribution"]["properties"]
+    assert set(att) == {f.name for f in dataclasses.fields(AttributionView)}
+    assert set(att["profile"]["properties"]) == {f.name for f in dataclasses.fields(ScoreProfile)}
+    assert set(att["clusters"]["items"]["properties"]) == {f.name for f in dataclasses.fields(ClusterView)}
+    assert set(att["drilldown"]["items"]["properties"]) == {f.name for f in dataclasses.fields(DrilldownView)}
+    assert set(props["audit"]["properties"]) == {f.name for f in dataclasses.fields(AuditView)}
+    assert set(props["audit"]["properties"]["findings"]["items"]["properties"]) == {f.name for f in dataclasses.fields(FindingView)}
+    assert set(props["training_log"]["properties"]) == {f.name for f in dataclasses.fields(TrainingLogView)}
+    data = json.loads(report_json(report))
+    _validate(data, REPORT_JSON_SCHEMA)
+    stopped = copy.deepcopy(real["run"])
+    stopped["attribution"], stopped["audit"], stopped["stopped"] = None, None, "nothing regressed"
+    _validate(json.loads(report_json(build_report(stopped))), REPORT_JSON_SCHEMA)
+    with pytest.raises(AssertionError):
+        _validate({**data, "status": "maybe"}, REPORT_JSON_SCHEMA)

@@ -37,7 +37,7 @@ ALLOWED_TAGS = {
 ALLOWED_ATTRS = {
     "charset", "http-equiv", "content", "name", "lang", "class", "style", "title", "id", "xmlns", "role", "aria-label",
     "viewbox", "width", "height", "x", "y", "x1", "y1", "x2", "y2", "cx", "cy", "r", "d", "points", "fill", "stroke",
-    "stroke-width", "stroke-dasharray", "opacity", "text-anchor", "font-size", "font-weight", "transform",
+    "stroke-width", "stroke-dasharray", "opacity", "fill-opacity", "text-anchor", "font-size", "font-weight", "transform",
 }
 
 

@@ -99,14 +99,14 @@ def _qualifiers(qs: list[Any]) -> Markup:
     return M('<ul class="q">{}</ul>').format(_join(M('<li class="{}">{}</li>').format(q.level, q.text) for q in qs))
 
 
-def _explanations(cl: Any, fixes: dict[str, str]) -> Markup:
+def _explanations(cl: Any, fixes: dict[int, str]) -> Markup:
     if not cl.explanations:
         words = ", ".join(w["word"] for w in (cl.common.get("distinctive_words") or [])[:6])
         return M('<p class="none">No audit finding explains these rows: their content is the likely cause{}.</p>').format(
             f" (words they share: {words})" if words else "")
     items = []
     for e in cl.explanations:
-        fix = fixes.get(e.get("check") or "", "")
+        fix = fixes.get(e.get("finding"), "")
         items.append(M("<li>{}{}</li>").format(
             e["text"], M(' <span class="legend">fix: {}</span>').format(fix) if fix else ""))
     return M('<ul class="expl">{}</ul>').format(_join(items))
@@ -117,7 +117,7 @@ def _exemplar(e: dict[str, Any]) -> Markup:
         e.get("id"), svg.fmt_num(e.get("score")), _txt(e.get("prompt"), 400), _txt(e.get("completion"), 600))
 
 
-def _cluster_summary(cap: Any, fixes: dict[str, str]) -> Markup:
+def _cluster_summary(cap: Any, fixes: dict[int, str]) -> Markup:
     a = cap.attribution
     if not a.clusters:
         return M('<p class="none">No training row has a negative score for {}: the data does not explain it.</p>').format(cap.name)
@@ -175,7 +175,7 @@ def _sentence_view(d: Any) -> Markup:
         _table(["#", "sentence", "score", "share of row score", "tokens"], rows, (2, 3, 4)))
 
 
-def _capability_details(cap: Any, fixes: dict[str, str]) -> Markup:
+def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
     a = cap.attribution
     out = [M("<h3>{}: what the data did</h3>").format(cap.name)]
     q = ", ".join(f"{v} {k}" for k, v in sorted(a.query_kinds.items()))
@@ -219,7 +219,9 @@ def _capability_details(cap: Any, fixes: dict[str, str]) -> Markup:
     if a.drilldown:
         out.append(M("<h4>Which sentence did it</h4>{}").format(_join(_sentence_view(d) for d in a.drilldown)))
     if a.failing_items:
-        rows = [[M("<code>{}</code>").format(f.get("id")), _txt(_prompt_text(f.get("prompt")), 200), _txt(f.get("answer"), 120),
+        rows = [[M("<code>{}</code>").format(f.get("id")), _txt(_prompt_text(f.get("prompt")), 200),
+                 M("{}{}").format(_txt(f.get("answer"), 120), M('<div class="legend">the base says: {}</div>').format(
+                     _txt(f.get("correct_completion"), 160)) if f.get("correct_completion") not in (None, f.get("answer")) else ""),
                  _txt(f.get("tuned_answer") if f.get("tuned_answer") is not None else "(loglik: no generation)", 120),
                  M("{}{}").format(svg.fmt_num(f.get("margin")) if f.get("margin") is not None else "n/a",
                                   " (thin)" if f.get("thin_margin") else "")]
@@ -277,21 +279,25 @@ def _log_section(r: Report) -> Markup:
 
 
 def _manifest(r: Report) -> Markup:
+    from gradian.report.model import flatten
+
     m = r.manifest
-    ident = m.get("identity") or {}
-    rows = []
-    for k, v in ident.items():
-        val = v if isinstance(v, str) else json.dumps(v, sort_keys=True, ensure_ascii=False)
-        rows.append([M("<code>{}</code>").format(k), M('<span class="mono txt">{}</span>').format(shorten(val, 600))])
+    rows, spec_rows = [], []
+    for k, v in flatten(m.get("identity") or {})[:400]:
+        val = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+        row = [M("<code>{}</code>").format(k), M('<span class="mono txt">{}</span>').format(shorten(val, 300))]
+        (spec_rows if k.startswith("specs.") else rows).append(row)
     paths = m.get("paths") or {}
     prow = [[M("<code>{}</code>").format(k), M('<span class="mono txt">{}</span>').format(
         ", ".join(v) if isinstance(v, list) else ("" if v is None else v))] for k, v in paths.items()]
     timing = ", ".join(f"{k} {v:.1f} s" for k, v in r.timing.items() if isinstance(v, (int, float)))
     return M('<h2 id="manifest">Manifest</h2><p>This report was rendered from run <code>{}</code> ({}). '
              'Every number above comes from it; if a number differs between two runs, a changed field here is the explanation.</p>'
-             "<h4>Identity (hashed into the run id)</h4>{}<h4>Paths</h4>{}<p><b>Sign convention:</b> {}</p>"
+             "<h4>Identity (hashed into the run id)</h4>{}<details><summary>every spec ({} fields)</summary>{}</details>"
+             "<h4>Paths</h4>{}<p><b>Sign convention:</b> {}</p>"
              "<p><b>Timing:</b> {}</p><details><summary>the manifest as JSON</summary><pre>{}</pre></details>").format(
-        r.run_id, r.run_schema, _table(["field", "value"], rows), _table(["input", "path"], prow),
+        r.run_id, r.run_schema, _table(["field", "value"], rows), len(spec_rows), _table(["field", "value"], spec_rows),
+        _table(["input", "path"], prow),
         m.get("sign_convention", ""), timing or "n/a", json.dumps(m, indent=2, ensure_ascii=False, sort_keys=True))
 
 
@@ -300,7 +306,7 @@ def render_html(report: Report) -> str:
     from gradian.report.model import Report as _R
 
     r = _R.from_dict(clean_tree(report.to_dict()))  # every string cleaned of control/bidi characters
-    fixes = {f.id: f.fix for f in (r.audit.findings if r.audit else [])}
+    fixes = {i: f.fix for i, f in enumerate(r.audit.findings if r.audit else [])}
     caps_html = []
     for c in r.capabilities:
         caps_html.append(M('<div class="card"><b>{}</b> <span class="badge {}">{}</span> '

@@ -18,8 +18,12 @@ from typing import Any
 from gradian.report.model import Report, build_report
 
 
-def read_training_log(run: dict[str, Any]) -> dict[str, Any] | None:
+def read_training_log(run: dict[str, Any], run_dir: str | Path | None = None) -> dict[str, Any] | None:
     """The run's training log history, when the manifest names a log file that can still be read.
+
+    The manifest keeps the path as it was given to ``gradian attribute`` (possibly relative to the
+    folder it ran in), so a relative path is tried as given, then against ``run_dir`` and its parent;
+    a candidate whose sha256 matches the manifest's wins.
 
     Returns:
         None when the run was given no logs; else ``{"path", "status", "note", "train", "eval"}``
@@ -34,22 +38,32 @@ def read_training_log(run: dict[str, Any]) -> dict[str, Any] | None:
     path = (manifest.get("paths") or {}).get("logs")
     if not path:
         return None
-    p = Path(path)
-    if not p.exists():
+    want = (manifest.get("identity") or {}).get("logs")
+    cands = [Path(path)]
+    if not Path(path).is_absolute() and run_dir is not None:
+        rd = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
+        cands += [rd / path, rd.parent / path]
+    existing = [c for c in cands if c.exists()]
+    if not existing:
         return {"path": path, "status": "missing", "note": "the log file no longer exists; the loss curve is not shown",
                 "train": [], "eval": []}
+    p = existing[0]
+    if want:
+        for c in existing:
+            if c.is_file() and sha256_file(c) == want:
+                p = c
+                break
     from gradian.audit.logs import load_logs
 
     try:
         log = load_logs(p)
     except GradianUserError as e:
-        return {"path": path, "status": "unreadable", "note": f"the log file could not be read: {e.one_line()}",
+        return {"path": str(p), "status": "unreadable", "note": f"the log file could not be read: {e.one_line()}",
                 "train": [], "eval": []}
-    want = (manifest.get("identity") or {}).get("logs")
     status, note = "plotted", None
     if want and p.is_file() and sha256_file(p) != want:
         status, note = "changed", "the log file changed since the run (its sha256 differs from the manifest's)"
-    return {"path": path, "status": status, "note": note, "train": log.train, "eval": log.eval}
+    return {"path": str(p), "status": status, "note": note, "train": log.train, "eval": log.eval}
 
 
 def report_for_run(run_dir: str | Path, read_logs: bool = True) -> Report:
@@ -57,7 +71,7 @@ def report_for_run(run_dir: str | Path, read_logs: bool = True) -> Report:
     from gradian.attribute.run import load_run
 
     run = load_run(run_dir)
-    return build_report(run, read_training_log(run) if read_logs else None)
+    return build_report(run, read_training_log(run, run_dir) if read_logs else None)
 
 
 def _json_safe(obj: Any) -> Any:

@@ -94,8 +94,9 @@ def explain_cluster(
         n_train: training rows in the run.
         checks_ran: ids of checks Audit ran (findings + passed), or None when Audit did not run.
     Returns:
-        dicts ``{source, check, name, severity, kind, overlap, size, finding_rows,
-        cluster_share, finding_share, dataset_share, text}``.
+        dicts ``{source, check, finding, name, severity, kind, overlap, size, finding_rows,
+        cluster_share, finding_share, dataset_share, text}``; ``finding`` is the index of the
+        finding in ``findings`` (None for a stand-in).
     """
     rows = set(cluster.get("row_ids") or [])
     size = len(rows)
@@ -103,7 +104,7 @@ def explain_cluster(
     if not size:
         return out
     seen_checks: set[str] = set()
-    for f in findings:
+    for fi, f in enumerate(findings):
         r = set(f.get("row_ids") or [])
         if not r:
             continue
@@ -136,7 +137,7 @@ def explain_cluster(
             continue
         seen_checks.add(cid)
         out.append({
-            "source": "audit", "check": cid, "name": f.get("name"), "severity": f.get("severity"), "kind": kind,
+            "source": "audit", "check": cid, "finding": fi, "name": f.get("name"), "severity": f.get("severity"), "kind": kind,
             "overlap": ov, "size": size, "finding_rows": len(r), "cluster_share": cs, "finding_share": fs,
             "dataset_share": ds, "text": text,
         })
@@ -152,7 +153,7 @@ def explain_cluster(
         lead = (f"its only row {'is truncated' if key == 'truncated_share' else 'lacks EOS / end-of-turn'}"
                 if size == 1 else f"{_pct(share)} of this cluster's rows {what}")
         out.append({
-            "source": "cluster", "check": None, "name": name, "severity": None, "kind": "majority",
+            "source": "cluster", "check": None, "finding": None, "name": name, "severity": None, "kind": "majority",
             "overlap": round(share * size), "size": size, "finding_rows": None, "cluster_share": float(share),
             "finding_share": None, "dataset_share": None,
             "text": f"{lead} (measured by Attribute's tokenisation; {why}, so no check confirms it)",

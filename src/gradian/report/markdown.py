@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any
 
-from gradian.report.model import SUMMARY_CLUSTERS, Report
+from gradian.report.model import SUMMARY_CLUSTERS, Report, flatten
 from gradian.report.safe import md_text
 from gradian.report.svg import fmt_num, fmt_score
 
@@ -77,7 +77,7 @@ def render_markdown(report: Report) -> str:
         out.append("")
         out += [f"- {_MARK.get(q.level, '-')} {md_text(q.text, 1000)}" for q in c.qualifiers]
         out.append("")
-    fixes = {f.id: f.fix for f in (r.audit.findings if r.audit else [])}
+    fixes = {i: f.fix for i, f in enumerate(r.audit.findings if r.audit else [])}
     for c in r.capabilities:
         a = c.attribution
         if a is None:
@@ -90,7 +90,7 @@ def render_markdown(report: Report) -> str:
                        f"{_pct(cl.harmful_share)} of the harmful score")
             if cl.explanations:
                 for e in cl.explanations:
-                    fx = fixes.get(e.get("check") or "")
+                    fx = fixes.get(e.get("finding"))
                     out.append(f"  - {md_text(e['text'], 400)}" + (f" (fix: {md_text(fx, 300)})" if fx else ""))
             else:
                 words = ", ".join(w["word"] for w in (cl.common.get("distinctive_words") or [])[:6])
@@ -196,9 +196,9 @@ def render_markdown(report: Report) -> str:
     m = r.manifest
     out += ["## Manifest", "", f"Rendered from run {md_text(r.run_id)} ({md_text(r.run_schema)}); nothing was recomputed.", ""]
     rows = []
-    for k, v in (m.get("identity") or {}).items():
-        val = v if isinstance(v, str) else json.dumps(v, sort_keys=True, ensure_ascii=False)
-        rows.append([f"{md_text(k)}", md_text(val, 400)])
+    for k, v in flatten(m.get("identity") or {})[:300]:
+        val = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+        rows.append([md_text(k, 120), md_text(val, 300)])
     out += _table(["identity field", "value"], rows)
     out += [f"Sign convention: {md_text(m.get('sign_convention', ''), 500)}", ""]
     tm = ", ".join(f"{k} {v:.1f} s" for k, v in r.timing.items() if isinstance(v, (int, float)))

@@ -481,7 +481,8 @@ def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list
         ranked=ranked,
         drilldown=[_drilldown(d, completion.get(d["id"])) for d in cap.get("drilldown") or []],
         failing_items=[
-            {k: f.get(k) for k in ("id", "prompt", "answer", "tuned_answer", "reference_answer", "margin", "thin_margin", "query")}
+            {k: f.get(k) for k in ("id", "prompt", "answer", "correct_completion", "tuned_answer", "reference_answer",
+                                   "margin", "thin_margin", "query")}
             for f in cap.get("failing_items") or []
         ],
     )
@@ -491,7 +492,7 @@ def _audit(audit: dict[str, Any] | None, caps: list[CapabilityView]) -> AuditVie
     if not audit:
         return None
     views = []
-    for f in audit.get("findings") or []:
+    for fi, f in enumerate(audit.get("findings") or []):
         rows = list(f.get("row_ids") or [])
         steps = [int(s) for s in f.get("steps") or []]
         rs = set(rows)
@@ -503,7 +504,7 @@ def _audit(audit: dict[str, Any] | None, caps: list[CapabilityView]) -> AuditVie
                 ov = len(rs & set(cl.row_ids))
                 if ov:
                     in_clusters.append({"capability": c.name, "label": cl.label, "overlap": ov,
-                                        "explains": any(e.get("check") == f.get("id") for e in cl.explanations)})
+                                        "explains": any(e.get("finding") == fi for e in cl.explanations)})
         views.append(FindingView(
             id=f.get("id", ""), name=f.get("name", ""), title=f.get("title", ""), severity=f.get("severity", "info"),
             reads=list(f.get("reads") or []), message=f.get("message", ""), fix=f.get("fix", ""),
@@ -593,8 +594,9 @@ def _headline(caps: list[CapabilityView], audit: AuditView | None, stopped: str 
         if audit_ex:
             fix = ""
             if audit is not None:
-                fx = [f.fix for f in audit.findings if f.id == audit_ex[0]["check"]]
-                fix = f" Fix that first: {_cut(fx[0], 300).rstrip('.')}." if fx and fx[0] else ""
+                i = audit_ex[0].get("finding")
+                fx = audit.findings[i].fix if isinstance(i, int) and 0 <= i < len(audit.findings) else ""
+                fix = f" Fix that first: {_cut(fx, 300).rstrip('.')}." if fx else ""
             out.append(f"{desc} is a mechanical problem: {audit_ex[0]['text']}.{fix}")
         elif top.explanations:
             out.append(f"{desc}: {top.explanations[0]['text']}.")
@@ -670,5 +672,95 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
     )
 
 
+def flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """``[(dotted.key, leaf)]`` of a nested dict (lists kept as leaves), in key order."""
+    if not isinstance(d, dict) or not d:
+        return [(prefix, d)] if prefix else []
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        out += flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    return out
+
+
 def finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# ----------------------------------------------------------------------------- JSON Schema
+
+_S = {"type": "string"}
+_NS = {"type": ["string", "null"]}
+_I = {"type": "integer"}
+_N = {"type": ["number", "null"]}  # null where a number is undefined (NaN)
+_B = {"type": "boolean"}
+_O = {"type": "object"}
+_NO = {"type": ["object", "null"]}
+
+
+def _arr(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+def _obj(props: dict[str, Any], nullable: bool = False) -> dict[str, Any]:
+    return {"type": ["object", "null"] if nullable else "object", "required": list(props), "properties": props}
+
+
+_QUALIFIER = _obj({"kind": _S, "level": {"enum": list(LEVELS)}, "text": _S})
+_PROFILE = _obj({
+    "n": _I, "n_negative": _I, "n_positive": _I, "min": _N, "max": _N, "median": _N, "total_negative": _N,
+    "tail_n": _I, "tail_mass": _N, "points": _arr({"type": "array", "prefixItems": [_I, _N, _B]}),
+})
+_EXPLANATION = _obj({
+    "source": {"enum": ["audit", "cluster"]}, "check": _NS, "finding": {"type": ["integer", "null"]}, "name": _NS,
+    "severity": _NS,
+    "kind": {"enum": ["holds_all", "majority", "enriched"]}, "overlap": _I, "size": _I,
+    "finding_rows": {"type": ["integer", "null"]}, "cluster_share": _N, "finding_share": _N, "dataset_share": _N,
+    "text": _S,
+})
+_CLUSTER = _obj({
+    "label": _I, "size": _I, "harmful_share": _N, "score": _N, "row_ids": _arr(_S), "exemplars": _arr(_O),
+    "common": _O, "explanations": _arr(_EXPLANATION), "mechanics": _O,
+})
+_DRILL = _obj({
+    "id": _S, "item_id": _S, "row_score_for_item": _N, "text": _S, "text_source": {"enum": ["row", "sentences"]},
+    "segments": _arr(_obj({"text": _S, "sentence": {"type": ["integer", "null"]}})), "sentences": _arr(_O),
+})
+_ATTRIBUTION = _obj({
+    "engine": _S, "engines": _arr(_S), "n_train": _I, "n_failing": _I, "query_kinds": _O, "agreement": _NO,
+    "profile": _PROFILE, "clusters": _arr(_CLUSTER), "explained_share": _N, "ranked": _arr(_O),
+    "drilldown": _arr(_DRILL), "failing_items": _arr(_O),
+}, nullable=True)
+_CAPABILITY = _obj({
+    "name": _S, "metric": _S, "unit": {"enum": ["accuracy", "nats"]}, "n": _I, "reference_score": _N,
+    "tuned_score": _N, "delta": _N, "ci_low": _N, "ci_high": _N, "confidence": _N,
+    "verdict": {"enum": ["regressed", "improved", "within_noise"]}, "diagnosed": _B, "reason": _S, "sign_test_p": _N,
+    "n_kept": _I, "n_lost": _I, "n_gained": _I, "n_both_fail": _I, "base_bounds": _O,
+    "qualifiers": _arr(_QUALIFIER), "attribution": _ATTRIBUTION,
+})
+_FINDING = _obj({
+    "id": _S, "name": _S, "title": _S, "severity": {"enum": ["error", "warning", "info"]}, "reads": _arr(_S),
+    "message": _S, "fix": _S, "evidence": _O, "n_rows": _I, "row_ids": _arr(_S), "n_steps": _I, "steps": _arr(_I),
+    "fraction": _N, "clusters": _arr(_obj({"capability": _S, "label": _I, "overlap": _I, "explains": _B})),
+})
+_AUDIT = _obj({"counts": _O, "findings": _arr(_FINDING), "passed": _arr(_S), "skipped": _arr(_O), "notes": _arr(_S)},
+              nullable=True)
+_POINTS = _arr({"type": "array", "prefixItems": [_I, _N]})
+_LOG = _obj({
+    "path": _NS, "status": {"enum": ["plotted", "changed", "missing", "unreadable", "not_read"]}, "note": _NS,
+    "loss": _POINTS, "eval_loss": _POINTS, "learning_rate": _POINTS,
+    "anomalies": _arr(_obj({"check": _S, "name": _S, "severity": _S, "steps": _arr(_I), "message": _S})),
+}, nullable=True)
+
+#: JSON Schema (draft 2020-12 subset: type, required, properties, items, prefixItems, enum) of ``Report.to_dict()``
+#: as written by :func:`gradian.report.io.report_json`. ``docs/report.md`` documents every field.
+REPORT_JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": REPORT_SCHEMA,
+    **_obj({
+        "schema": {"enum": [REPORT_SCHEMA]}, "run_id": _S,
+        "status": {"enum": ["attributed", "stopped", "not_attributed"]},
+        "headline": _arr(_S), "capabilities": _arr(_CAPABILITY), "audit": _AUDIT, "training_log": _LOG,
+        "manifest": _O, "timing": _O, "stopped": _NS, "notes": _arr(_S), "gradian_version": _S,
+        "run_schema": {"enum": [RUN_SCHEMA]},
+    }),
+}

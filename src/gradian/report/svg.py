@@ -236,15 +236,20 @@ def cluster_plot(clusters: Sequence[Any], capability: str) -> Markup:
     for t in xt:
         body.append(_line(xpos(t), top, xpos(t), height - bottom))
         body.append(_text(xpos(t), height - bottom + 14, f"{t:g}", "middle", "#616161", 11))
-    for c in sorted(clusters, key=lambda c: -c.size):
+    placed: list[tuple[float, float]] = []  # label anchors already used, to keep labels apart
+    for c in sorted(clusters, key=lambda c: (c.size, -c.harmful_share)):
         x, y = xpos(c.size), sy(c.harmful_share)
         ex = [e["text"] for e in c.explanations]
         tip = f"cluster #{c.label}: {c.size} rows, {c.harmful_share:.0%} of the harmful score" + (
             "; " + "; ".join(ex) if ex else "; no audit finding explains it")
         fill = ORANGE if c.explained else "#ffffff"
-        body.append(Markup('<circle cx="{:.1f}" cy="{:.1f}" r="9" fill="{}" stroke="{}" stroke-width="2">'
+        body.append(Markup('<circle cx="{:.1f}" cy="{:.1f}" r="8" fill="{}" stroke="{}" stroke-width="2" fill-opacity="0.85">'
                            "<title>{}</title></circle>").format(x, y, fill, ORANGE if c.explained else "#455a64", clean(tip)))
-        body.append(_text(x, y - 13, f"#{c.label}", "middle", INK, 11, "600"))
+        lx = x + 12
+        while any(abs(lx - px) < 26 and abs(y - py) < 12 for px, py in placed):
+            lx += 26
+        placed.append((lx, y))
+        body.append(_text(lx, y + 4, f"#{c.label}", "start", INK, 11, "600"))
     body.append(_text((left + width - right) / 2, height - 8,
                       "rows in the cluster" + (" (log scale)" if use_log else "") +
                       "   ● filled: an audit finding explains it   ○ open: no mechanical explanation",
@@ -291,7 +296,14 @@ def loss_plot(log: Any) -> Markup:
         body.append(Markup('<polyline points="{}" fill="none" stroke="{}" stroke-width="1.6"/>').format(pts, ORANGE))
         for s, v in ev:
             body.append(Markup('<circle cx="{:.1f}" cy="{:.1f}" r="2.5" fill="{}"/>').format(sx(s), sy(v), ORANGE))
-    legend = "— train loss" + ("   — eval loss (orange)" if ev else "") + (
-        "   ┆ steps flagged by Audit" if log.anomalies else "")
-    body.append(_text((left + width - right) / 2, height - 8, "step      " + legend, "middle", "#616161", 11))
+    lx = left
+    ly = height - 12
+    body.append(_text(lx, ly + 4, "step →", "start", "#616161", 11))
+    lx += 60
+    items = [(BLUE, None, "train loss")] + ([(ORANGE, None, "eval loss")] if ev else []) + (
+        [(RED, "4 3", "steps flagged by Audit")] if log.anomalies else [])
+    for col, dash, label in items:
+        body.append(_line(lx, ly, lx + 22, ly, col, 2, dash))
+        body.append(_text(lx + 28, ly + 4, label, "start", "#616161", 11))
+        lx += 40 + 7 * len(label)
     return _svg(width, height, "Training loss with the log anomalies Audit flagged", body, "loss")

@@ -63,7 +63,7 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
         for q in c.qualifiers:
             mark, style = _LEVEL.get(q.level, ("-", ""))
             _hang(console, _t("   ", (mark, style), " "), _t(q.text))
-    fixes = {f.id: f.fix for f in (r.audit.findings if r.audit else [])}
+    fixes = {i: f.fix for i, f in enumerate(r.audit.findings if r.audit else [])}
     for c in r.capabilities:
         a = c.attribution
         if a is None:
@@ -76,7 +76,7 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
             console.print(_t(("   #" + str(cl.label), "bold"), f" {cl.size} row{'s' if cl.size != 1 else ''}, "
                              f"{_pct(cl.harmful_share)} of the harmful score"))
             for e in cl.explanations:
-                fx = fixes.get(e.get("check") or "")
+                fx = fixes.get(e.get("finding"))
                 _hang(console, _t("      · "), _t((e["text"], "yellow" if e["source"] == "audit" else ""),
                                                    (f"  fix: {one_line(fx, 160)}" if fx else "", "green")))
             if not cl.explanations:
