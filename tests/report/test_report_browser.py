@@ -40,6 +40,23 @@ def run_chromium(exe: str, args: list[str], profile: Path, timeout: int = 90) ->
                           env={**os.environ, "HOME": str(profile)})
 
 
+def screenshot(exe: str, html: Path, png: Path, width: int = 1280, height: int = 2000, hide_css: str = "") -> Path:
+    """PNG of ``html`` in headless Chromium; ``hide_css`` (e.g. ``"#summary{display:none}"``) is added
+    to a temporary copy of the page to start the view at a later section."""
+    src = html
+    if hide_css:
+        src = png.with_suffix(".view.html")
+        src.write_text(html.read_text(encoding="utf-8").replace("</style>", hide_css + "</style>", 1), encoding="utf-8")
+    profile = png.with_suffix(".profile")
+    res = run_chromium(exe, [f"--screenshot={png}", f"--window-size={width},{height}", src.as_uri()], profile)
+    shutil.rmtree(profile, ignore_errors=True)
+    if src != html:
+        src.unlink()
+    if not png.exists():
+        raise RuntimeError(res.stderr.decode(errors="replace")[-2000:])
+    return png
+
+
 def png_info(path: Path) -> tuple[int, int, int]:
     """(width, height, distinct byte values in the decompressed image data) of a PNG."""
     data = path.read_bytes()
@@ -72,9 +89,7 @@ def page(tmp_path_factory):
 
 def test_screenshot_is_a_real_rendering(page):
     exe, root, html = page
-    png = root / "shot.png"
-    res = run_chromium(exe, [f"--screenshot={png}", "--window-size=1280,2000", html.as_uri()], root / "profile-shot")
-    assert png.exists(), res.stderr.decode(errors="replace")[-2000:]
+    png = screenshot(exe, html, root / "shot.png", 1280, 2000)
     w, h, distinct = png_info(png)
     assert (w, h) == (1280, 2000)
     assert png.stat().st_size > 30_000 and distinct > 50  # text, plots and colours, not a blank page
@@ -100,3 +115,21 @@ def test_dom_holds_summary_plots_and_escaped_text(page):
     assert "<script" not in dom.lower() and "<img" not in dom.lower() and "onerror=" not in dom.replace(
         "&lt;img src=x onerror=alert(1)&gt;", "")
     assert "<iframe" not in dom and "<a " not in dom
+
+
+if __name__ == "__main__":  # the docs screenshots: python tests/report/test_report_browser.py RUN_DIR OUT_DIR
+    import sys
+
+    from gradian.report import render_html, report_for_run
+
+    run_dir, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
+    exe = chromium()
+    if exe is None:
+        sys.exit("chromium not found")
+    html = out / "report.tmp.html"
+    html.write_text(render_html(report_for_run(run_dir)), encoding="utf-8")
+    a = screenshot(exe, html, out / "report-summary.png", 1100, 1450)
+    b = screenshot(exe, html, out / "report-details.png", 1100, 1450, "header,#summary{display:none}")
+    html.unlink()
+    for p in (a, b):
+        print(p, png_info(p)[:2], p.stat().st_size, "bytes")

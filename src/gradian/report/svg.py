@@ -49,6 +49,18 @@ def fmt_num(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def fmt_tick(x: float) -> str:
+    """An axis label: ``-100k``, ``2.5M``, ``0.25``, ``3e-05``."""
+    ax = abs(x)
+    if ax >= 1e9:
+        return f"{x / 1e9:g}G"
+    if ax >= 1e6:
+        return f"{x / 1e6:g}M"
+    if ax >= 1e4:
+        return f"{x / 1e3:g}k"
+    return fmt_num(x)
+
+
 def fmt_score(x: float, unit: str) -> str:
     """A capability score: ``0.56`` for accuracy, ``-1.234 nats`` for log-likelihood."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
@@ -65,10 +77,10 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     raw = (hi - lo) / max(1, n)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.ceil(lo / step - 1e-9) * step
+    start = math.floor(lo / step + 1e-9) * step
     out = []
     v = start
-    while v <= hi + 1e-9 * step:
+    while v < hi + step * (1 - 1e-9):
         out.append(round(v, 12) + 0.0 if abs(v) > 1e-9 * step else 0.0)
         v += step
     return out
@@ -109,7 +121,7 @@ def _line(x1, y1, x2, y2, stroke=GRID, width=1.0, dash: str | None = None) -> Ma
         x1, y1, x2, y2, stroke, width, d)
 
 
-def _x_axis(sx: _Scale, y: float, top: float, ticks: list[float], fmt=fmt_num) -> list[Markup]:
+def _x_axis(sx: _Scale, y: float, top: float, ticks: list[float], fmt=fmt_tick) -> list[Markup]:
     out = []
     for t in ticks:
         x = sx(t)
@@ -118,7 +130,7 @@ def _x_axis(sx: _Scale, y: float, top: float, ticks: list[float], fmt=fmt_num) -
     return out
 
 
-def _y_axis(sy: _Scale, x0: float, x1: float, ticks: list[float], fmt=fmt_num) -> list[Markup]:
+def _y_axis(sy: _Scale, x0: float, x1: float, ticks: list[float], fmt=fmt_tick) -> list[Markup]:
     out = []
     for t in ticks:
         y = sy(t)
