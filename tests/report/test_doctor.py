@@ -119,3 +119,25 @@ def test_cli_exit_zero_and_json_here():
         assert word in res.output
     res = runner.invoke(app, ["doctor", "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["ok"] is True
+
+
+def test_cuda_and_mps_branches(monkeypatch):
+    """The GPU branches, with torch's device queries stubbed (this machine has no GPU)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=141 * 2**30))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    checks, facts = doctor.check_device()
+    dev, bf = checks
+    assert dev.found == "cuda: NVIDIA H200 (+1 more)" and "compute capability 9.0, 141 GiB" in dev.detail
+    assert bf.found == "no" and "float16 or float32" in bf.detail and facts["capability"] == ["9.0", "9.0"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(doctor, "_bf16_works", lambda device: device == "mps")
+    (dev, bf), _ = doctor.check_device()
+    assert dev.found == "mps" and bf.found == "yes"

@@ -280,3 +280,45 @@ def test_json_schema_matches_the_model_and_the_output(real, report):
     _validate(json.loads(report_json(build_report(stopped))), REPORT_JSON_SCHEMA)
     with pytest.raises(AssertionError):
         _validate({**data, "status": "maybe"}, REPORT_JSON_SCHEMA)
+
+
+def test_stopped_and_odd_runs_render(real):
+    """No attribution, no audit, no log, a loglik capability and undefined numbers: every renderer copes."""
+    from gradian.report import render
+
+    run = copy.deepcopy(real["run"])
+    run["attribution"], run["audit"], run["stopped"] = None, None, "no capability regressed outside the noise band"
+    run["manifest"]["paths"]["logs"] = None
+    sym = next(c for c in run["evaluation"]["capabilities"] if c["name"] == "symbols")
+    sym.update(metric="loglik", unit="nats", reference_score=-1.2, tuned_score=-1.3, delta=-0.1, sign_test_p=float("nan"))
+    r = build_report(run)
+    assert r.audit is None and r.training_log is None and r.status == "stopped"
+    html = render(r, "html")
+    assert "Stopped after Evaluate" in html and html.count('class="plot ci"') == 2  # accuracy and nats apart
+    assert "Audit lane did not run" in html
+    assert "Stopped after Evaluate" in render(r, "md") and "Nothing was attributed" in render(r, "text")
+    # a report read back from its JSON (NaN became null) renders the same
+    back = Report.from_dict(json.loads(report_json(r)))
+    assert render(back, "html") == html
+
+
+def test_profile_subsamples_large_runs():
+    import math
+    import random
+
+    from gradian.report.model import PROFILE_POINTS, _profile
+    from gradian.report.svg import profile_plot
+
+    rng = random.Random(0)
+    scores = [rng.gauss(0, 1) for _ in range(5000)]
+    order = sorted(range(5000), key=lambda j: scores[j])
+    tail = set(order[:37])
+    p = _profile(scores, tail)
+    ranks = [pt[0] for pt in p.points]
+    assert ranks == sorted(ranks) and ranks[0] == 0 and ranks[-1] == 4999
+    assert len(p.points) <= PROFILE_POINTS + 2 and sum(pt[2] for pt in p.points) == 37
+    assert [pt[1] for pt in p.points] == sorted(pt[1] for pt in p.points)
+    assert p.tail_n == 37 and p.n_negative == sum(s < 0 for s in scores)
+    assert math.isclose(p.tail_mass, -sum(scores[j] for j in tail) / -sum(s for s in scores if s < 0))
+    svg = str(profile_plot(p, "cap"))
+    assert svg.count("<path") == 3 and "harmful tail: 37 rows" in svg  # area drawing for large n

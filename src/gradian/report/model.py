@@ -287,6 +287,8 @@ def _load(cls: type, d: dict[str, Any] | None):
         if f.name not in d:
             continue
         v = d[f.name]
+        if v is None and f.type == "float":
+            v = float("nan")  # the JSON writes an undefined number as null
         nested = _NESTED.get((cls, f.name))
         if nested and v is not None:
             sub, many = nested
