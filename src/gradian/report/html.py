@@ -204,9 +204,9 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
         out.append(M('<p class="legend">truncated / missing EOS: the share of the cluster&#39;s rows that the Audit check '
                      'named in brackets flagged; * = measured by Attribute&#39;s tokenisation because Audit did not run that check.</p>'))
         for cl in a.clusters:
-            out.append(M("<details><summary>cluster #{}: {} row{} ({})</summary>{}{}</details>").format(
+            out.append(M("<details><summary>cluster #{}: {} row{} ({})</summary>{}</details>").format(
                 cl.label, cl.size, "" if cl.size == 1 else "s", shorten(", ".join(cl.row_ids), 300),
-                _join(_exemplar(e) for e in cl.exemplars), ""))
+                _join(_exemplar(e) for e in cl.exemplars)))
     if a.ranked:
         rows = [[M("{}").format(r.get("rank")), M("<code>{}</code>").format(r.get("id")), M("{}").format(svg.fmt_num(r.get("score"))),
                  M("{}").format(svg.fmt_num(r.get("predicted_loss_delta_if_removed"))),
@@ -303,9 +303,7 @@ def _manifest(r: Report) -> Markup:
 
 def render_html(report: Report) -> str:
     """The whole report as one self-contained HTML page (see module docstring)."""
-    from gradian.report.model import Report as _R
-
-    r = _R.from_dict(clean_tree(report.to_dict()))  # every string cleaned of control/bidi characters
+    r = Report.from_dict(clean_tree(report.to_dict()))  # every string cleaned of control/bidi characters
     fixes = {i: f.fix for i, f in enumerate(r.audit.findings if r.audit else [])}
     caps_html = []
     for c in r.capabilities:
