@@ -11,6 +11,10 @@ whose scores are aligned with ``attribution.train_ids`` (negative = degraded):
   (k = number of culprits, and k = 10).
 * **recall per kind**: the share of each kind's culprits (direct, buried)
   found among the k = number-of-culprits most harmful rows.
+* **queried culprits**: the same numbers restricted to culprits whose target
+  item the tuned model actually lost (only those items become queries; a
+  culprit whose target survived did no measurable harm to attribute), with all
+  other culprits left out of the comparison.
 * **localisation**: for buried culprits, whether the most harmful sentence of the
   drill-down overlaps the planted wrong sentence's character span.
 """
@@ -87,9 +91,17 @@ def scorecard(run: dict[str, Any], truth: dict[str, Any], localisation: Sequence
         return card
     ids = att["train_ids"]
     for cap in att["capabilities"]:
-        entry: dict[str, Any] = {cap["engine"]: score_ranking(cap["scores"], ids, culprits)}
+        queried = {q["item_id"] for q in cap["queries"]}
+        hit = [c for c in culprits if c.get("eval_id") in queried]
+        unqueried = {c["id"] for c in culprits} - {c["id"] for c in hit}
+        keep = [j for j, i in enumerate(ids) if i not in unqueried]
+        engines = [(cap["engine"], cap["scores"])]
         if cap.get("second_scores") is not None and cap.get("agreement"):
-            entry[cap["agreement"]["engines"][1]] = score_ranking(cap["second_scores"], ids, culprits)
+            engines.append((cap["agreement"]["engines"][1], cap["second_scores"]))
+        entry: dict[str, Any] = {}
+        for name, sc in engines:
+            entry[name] = score_ranking(sc, ids, culprits)
+            entry[name]["queried_culprits"] = score_ranking([sc[j] for j in keep], [ids[j] for j in keep], hit)
         buried = {c["id"]: c for c in culprits if c["kind"] == "buried"}
         drills = localisation if localisation is not None else cap.get("drilldown", [])
         hits = n = 0
