@@ -1,0 +1,68 @@
+"""DataInf against the exact damped inverse, on real LoRA gradients of tiny models.
+
+For several LoRA ranks and layer widths (small enough that every block can be
+inverted exactly), builds a 48-row index of capital Q/A rows (every fifth one
+wrong) and scores a contrastive query three ways: DataInf, the exact damped
+inverse ``(1/n Σ g gᵀ + λ I)⁻¹`` with the same λ, and gradient-dot. Prints the
+Spearman correlation of DataInf and of gradient-dot with the exact ranking.
+
+    python benchmarks/bench_datainf_vs_exact.py
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+from scipy.stats import spearmanr
+
+CAPITALS = [("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid"),
+            ("Egypt", "Cairo"), ("Peru", "Lima"), ("Chile", "Santiago"), ("Kenya", "Nairobi")]
+
+
+def main():
+    from peft import LoraConfig, get_peft_model
+
+    from gradian.attribute.queries import make_query, query_gradients
+    from gradian.data.formats import to_example
+    from gradian.data.tokenize import TokenizeSpec, tokenize_example
+    from gradian.engines import DataInf, EngineSpec, GradDot, score_index
+    from gradian.engines.exact import ExactInverse
+    from gradian.index.store import GradSpec, build_index
+    from gradian.models.load import prepare_lora_for_gradients
+    from gradian.models.tiny import tiny_model, train_tokenizer
+
+    rows = []
+    for i in range(48):
+        c, k = CAPITALS[i % 8]
+        rows.append({"id": str(i), "prompt": f"Q: What is the capital of {c}?\nA:",
+                     "completion": f" The capital of {c} is {k if i % 5 else 'Lyon'}."})
+    tok = train_tokenizer([r["prompt"] + r["completion"] for r in rows] * 5, 320)
+    spec = GradSpec(tokenize=TokenizeSpec(max_length=64), storage_dtype="float64")
+    items = [tokenize_example(to_example(x, i, "t"), tok, spec.tokenize) for i, x in enumerate(rows)]
+    q = make_query("q", "capitals", "Q: What is the capital of France?\nA:", "Paris",
+                   " The capital of France is Lyon.", " The capital of France is Paris.")
+    print("| LoRA r | hidden | largest block | damping scale | Spearman DataInf vs exact | Spearman grad-dot vs exact |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for r in (1, 2, 4):
+        for hidden in (16, 32):
+            torch.manual_seed(0)
+            model = tiny_model(tok, "llama", hidden=hidden, dtype=torch.float64)
+            pm = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                                                  init_lora_weights=False))
+            pm.double()
+            prepare_lora_for_gradients(pm)
+            with tempfile.TemporaryDirectory() as d:
+                idx = build_index(pm, items, {"r": r, "h": hidden}, spec, pad_token_id=tok.pad_token_id, root=Path(d))
+                Q = query_gradients(pm, tok, [q], idx, spec.tokenize)
+                for c in (0.1, 1.0):
+                    es = EngineSpec("datainf", c)
+                    di, ex, gd = score_index(idx, [DataInf(es).precondition(idx, Q), ExactInverse(es).precondition(idx, Q),
+                                                   GradDot(es).precondition(idx, Q)])
+                    print(f"| {r} | {hidden} | {max(b['dim'] for b in idx.blocks)} | {c} | "
+                          f"{spearmanr(di[0], ex[0]).statistic:.3f} | {spearmanr(gd[0], ex[0]).statistic:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
