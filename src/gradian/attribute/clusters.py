@@ -82,20 +82,36 @@ def _words(text: str) -> set[str]:
     return {w for w in re.findall(r"[A-Za-z][A-Za-z'-]{2,}", text.casefold())}
 
 
-def _lacks_eos(it: TokenizedExample, eos_ids: set[int]) -> bool:
+def lacks_eos(it: TokenizedExample, eos_ids: set[int], whitespace_ids: set[int]) -> bool:
+    """True when the supervised tokens do not end in EOS / end-of-turn.
+
+    Trailing whitespace-only tokens are skipped first: ChatML templates put a
+    newline after ``<|im_end|>``, and that newline is supervised too.
+    """
     sup = [t for t in it.labels if t != -100]
+    while sup and sup[-1] in whitespace_ids:
+        sup.pop()
     return bool(sup) and sup[-1] not in eos_ids
 
 
+def whitespace_token_ids(tokenizer, items: Sequence[TokenizedExample]) -> set[int]:
+    """Ids among the rows' last supervised tokens that decode to whitespace only."""
+    cands = set()
+    for it in items:
+        sup = [t for t in it.labels if t != -100]
+        cands.update(sup[-3:])
+    return {t for t in cands if not tokenizer.decode([t]).strip() and t not in (tokenizer.all_special_ids or [])}
+
+
 def describe_rows(
-    rows: Sequence[int], examples: Sequence[Example], items: Sequence[TokenizedExample], eos_ids: set[int], doc_freq: Counter
+    rows: Sequence[int], examples: Sequence[Example], items: Sequence[TokenizedExample], no_eos: Sequence[bool], doc_freq: Counter
 ) -> dict[str, Any]:
     """What a set of rows shares: formats, lengths, truncation, missing EOS, distinctive words."""
     n_all = len(examples)
     fmts = Counter(examples[r].format for r in rows)
     lengths = [items[r].full_length for r in rows]
     trunc = sum(items[r].truncated for r in rows)
-    no_eos = sum(_lacks_eos(items[r], eos_ids) for r in rows)
+    missing = sum(bool(no_eos[r]) for r in rows)
     local = Counter()
     for r in rows:
         local.update(_words(examples[r].completion_text + " " + examples[r].prompt_text))
@@ -109,7 +125,7 @@ def describe_rows(
         "formats": dict(fmts),
         "tokens_median": float(np.median(lengths)) if lengths else 0.0,
         "truncated_share": trunc / len(rows),
-        "missing_eos_share": no_eos / len(rows),
+        "missing_eos_share": missing / len(rows),
         "distinctive_words": distinctive[:8],
     }
 
@@ -119,9 +135,14 @@ def cluster_tail(
     scores: np.ndarray,
     examples: Sequence[Example],
     items: Sequence[TokenizedExample],
-    eos_ids: set[int],
+    no_eos: Sequence[bool],
     spec: ClusterSpec = ClusterSpec(),
 ) -> list[Cluster]:
+    """Cluster the harmful tail of ``scores`` (aligned with ``examples``).
+
+    Args:
+        no_eos: per row, whether its supervised tokens lack EOS (see :func:`lacks_eos`).
+    """
     from scipy.cluster.hierarchy import fcluster, linkage
 
     tail = harmful_tail(scores, spec)
@@ -156,7 +177,7 @@ def cluster_tail(
                     {"id": examples[r].id, "score": float(scores[r]), "prompt": examples[r].prompt_text[:300], "completion": examples[r].completion_text[:500]}
                     for r in rows[: spec.exemplars]
                 ],
-                common=describe_rows(rows, examples, items, eos_ids, doc_freq),
+                common=describe_rows(rows, examples, items, no_eos, doc_freq),
             )
         )
     clusters.sort(key=lambda c: c.score)

@@ -29,7 +29,9 @@ from gradian.data.tokenize import TokenizedExample, collate
 from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector
 
-_SENT = re.compile(r"[^.!?\n]+(?:[.!?]+|$)", re.M)
+# A sentence ends at . ! or ? followed by whitespace or the end of the text, or at a newline;
+# "the domain is .uz." stays one sentence.
+_SENT = re.compile(r"[^\n]+?(?:[.!?]+(?=\s|$)|(?=\n)|$)")
 
 
 def split_sentences(text: str) -> list[tuple[int, int]]:

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from gradian.attribute.clusters import ClusterSpec, cluster_tail
+from gradian.attribute.clusters import ClusterSpec, cluster_tail, lacks_eos, whitespace_token_ids
 from gradian.attribute.drilldown import drill_down
 from gradian.attribute.queries import Query, projector_for, query_gradients
 from gradian.data.formats import Example
@@ -166,14 +166,12 @@ def attribute_capability(
             "k": min(k, n),
             "confidence": confidence_label(rho, ov),
         }
-    eos_ids = {tokenizer.eos_token_id}
-    try:
-        eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(eot, int) and eot >= 0:
-            eos_ids.add(eot)
-    except Exception:
-        pass
-    clusters = [c.to_dict() for c in cluster_tail(index, main, examples, items, eos_ids, spec.clusters)]
+    # EOS or any other special token (an end-of-turn such as <|im_end|> or <|eot_id|>) ends a row
+    not_ends = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id}
+    eos_ids = ({tokenizer.eos_token_id} | set(tokenizer.all_special_ids or [])) - not_ends
+    ws = whitespace_token_ids(tokenizer, items)
+    no_eos = [lacks_eos(it, eos_ids, ws) for it in items]
+    clusters = [c.to_dict() for c in cluster_tail(index, main, examples, items, no_eos, spec.clusters)]
     # per-item top harmful rows (the single-item view the drill-down uses)
     per_item_top = {}
     for qi, q in enumerate(queries):

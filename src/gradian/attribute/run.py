@@ -74,21 +74,21 @@ def _manifest(ft, inputs: RunInputs, specs: RunSpecs, index_identity: dict | Non
         "run_id": sha256_json(ident)[:16],
         "identity": ident,
         "paths": {
-            "base": inputs.base,
-            "adapter": str(inputs.adapter),
-            "data": str(inputs.data),
-            "eval": str(inputs.eval),
-            "configs": [str(c) for c in inputs.configs],
-            "logs": str(inputs.logs) if inputs.logs else None,
+            "base": str(Path(inputs.base).resolve()) if Path(inputs.base).exists() else inputs.base,
+            "adapter": str(Path(inputs.adapter).resolve()),
+            "data": str(Path(inputs.data).resolve()),
+            "eval": str(Path(inputs.eval).resolve()),
+            "configs": [str(Path(c).resolve()) for c in inputs.configs],
+            "logs": str(Path(inputs.logs).resolve()) if inputs.logs else None,
         },
         "sign_convention": SIGN_CONVENTION,
     }
 
 
-def run_audit(inputs: RunInputs, tokenizer_path: str | None) -> dict[str, Any] | None:
-    """The Audit lane on the same inputs (None when neither a config nor logs were given)."""
-    if not inputs.configs and not inputs.logs:
-        return None
+def run_audit(inputs: RunInputs, tokenizer_path: str | None) -> dict[str, Any]:
+    """The Audit lane on the same inputs: the data (and eval) checks always run; config and
+    log checks run when ``--config`` / ``--logs`` were given (the adapter's own
+    ``adapter_config.json`` always counts as a config). Checks without their input are skipped."""
     from gradian.audit import diagnose
 
     configs = list(inputs.configs) + [inputs.adapter]

@@ -136,5 +136,10 @@ def register(app: typer.Typer) -> None:
         if run.get("audit"):
             c = run["audit"]["counts"]
             console.print(f"audit: {c.get('error', 0)} errors, {c.get('warning', 0)} warnings, {c.get('info', 0)} info (details in run.json)")
+        from gradian.report import render, report_for_run
+        from gradian.util import atomic_write_text
+
+        atomic_write_text(out / "report.html", render(report_for_run(out), "html"))
         tm = run["timing"]
-        console.print(f"[dim]run {run['manifest']['run_id']} in {tm['total']:.1f} s → {escape(str(out / 'run.json'))}[/]")
+        console.print(f"[dim]run {run['manifest']['run_id']} in {tm['total']:.1f} s → {escape(str(out / 'run.json'))}, "
+                      f"{escape(str(out / 'report.html'))}[/]")
