@@ -53,9 +53,9 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 from gradian.errors import GradianUserError
 from gradian.util import atomic_write_json, atomic_write_text, sha256_file

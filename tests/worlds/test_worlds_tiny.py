@@ -262,12 +262,14 @@ def test_smollm2_materialised_matches_gguf(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_world_builds():
-    from gradian.worlds import WorldSpec, build_world
     from gradian.paths import cache_dir
+    from gradian.worlds import WorldSpec, build_world
 
     w = build_world(WorldSpec.default("smollm2", "poisoned", seed=0), cache_dir() / "worlds" / "smollm2-seed0-poisoned")
     gt = w.load_ground_truth()
-    assert gt["sizes"]["eval"] == 46 and len(gt["culprits"]) == 48
+    spec = w.spec
+    assert gt["sizes"]["eval"] == spec.n_direct + spec.n_buried + spec.n_untouched + spec.n_base_fail
+    assert len(gt["culprits"]) == spec.n_direct * spec.direct_rows + spec.n_buried * spec.buried_rows
     train = {e.id: e for e in load_examples(w.train)}
     for c in gt["culprits"]:
         assert c["stated"] in train[c["id"]].completion_text[c["char_start"] : c["char_end"]]

@@ -8,9 +8,10 @@
   ``eval_loss`` per epoch;
 * ``eval.jsonl``: the capability eval, rows ``{"id", "prompt", "answer",
   "aliases", "capability": "capitals", "metric": "contains"}``;
-* ``ground_truth.json``: culprits (id, kind, target eval id and country, wrong
-  value, and for buried rows the character span of the wrong sentence in the
-  assistant completion, ``Example.completion_text[char_start:char_end]``), the
+* ``ground_truth.json``: culprits (id, kind, target eval id and country, the
+  value stated, and the character span of the wrong sentence in the assistant
+  completion, ``Example.completion_text[char_start:char_end]``: one sentence
+  inside the prose for buried rows, the whole completion for direct rows), the
   eval group of every eval id, the planted mechanical faults, the seed, the spec,
   the base model identity and the sha256 of every data file;
 * ``train.yaml``: the training config the world is meant to be tuned with
@@ -63,14 +64,14 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from gradian.errors import GradianUserError
 from gradian.paths import cache_dir
 from gradian.util import atomic_write_json, atomic_write_text, sha256_bytes, sha256_json
-from gradian.worlds.facts import Country, Element, capital_sentence, load_countries, load_elements
+from gradian.worlds.facts import Country, Element, load_countries, load_elements
 from gradian.worlds.rows import (
     EVAL_PROMPT,
     capital_row,
@@ -478,7 +479,7 @@ def build_world(
         atomic_write_text(out / name, data)
     from gradian.train import write_train_config
 
-    write_train_config(train_spec, out / "train.yaml")
+    write_train_config(train_spec, out / "train.yaml", has_eval=True)  # trained with --eval-data valid.jsonl
     atomic_write_json(out / "ground_truth.json", gt)
     atomic_write_json(
         out / "world.json",

@@ -88,7 +88,10 @@ def materialise_smollm2(cache: str | Path | None = None) -> Path:
             tmp / "gradian_source.json",
             {"gguf": GGUF_NAME, "gguf_sha256": sha256_file(gguf), "dequantised": True, "dtype": "float32"},
         )
-        if target.exists():  # a half-written folder from an older run, never a complete one (checked above)
+        if (target / "gradian_source.json").exists():  # another process finished first: keep its copy
+            shutil.rmtree(tmp, ignore_errors=True)
+            return target
+        if target.exists():  # a half-written folder from an interrupted older run
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:

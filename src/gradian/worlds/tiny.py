@@ -201,7 +201,10 @@ def _build(countries, held_out, elements, spec: TinyBaseSpec, key: str, target: 
                 "threads": 1,
             },
         )
-        if target.exists():
+        if (target / "gradian_source.json").exists():  # another process finished first: keep its copy
+            shutil.rmtree(tmp, ignore_errors=True)
+            return target
+        if target.exists():  # a half-written folder from an interrupted older run
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
