@@ -273,3 +273,20 @@ def test_smollm2_world_builds():
     train = {e.id: e for e in load_examples(w.train)}
     for c in gt["culprits"]:
         assert c["stated"] in train[c["id"]].completion_text[c["char_start"] : c["char_end"]]
+
+
+def test_evaluate_lane_sees_the_regression(tiny_worlds, tiny_trained):
+    """gradian.evaluate, run as the demo runs it, calls the poisoned run regressed and the null run not."""
+    from gradian.evaluate import EvalSpec, evaluate, load_eval_set
+    from gradian.models.load import ModelSpec, load_adapter, load_base
+
+    verdicts = {}
+    for v, w in tiny_worlds.items():
+        model, tok = load_base(ModelSpec(base=str(w.base)))
+        pm, _, _ = load_adapter(model, tiny_trained[v]["adapter"], str(w.base))
+        res = evaluate(pm, tok, load_eval_set(w.eval), spec=EvalSpec(max_new_tokens=24, resamples=2000))
+        (cap,) = res.capabilities
+        verdicts[v] = cap
+    p, n = verdicts["poisoned"], verdicts["null"]
+    assert p.verdict == "regressed" and p.ci_high < 0, p
+    assert n.verdict != "regressed" and n.ci_low <= 0 <= n.ci_high, n
