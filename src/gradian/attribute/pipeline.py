@@ -167,7 +167,10 @@ def attribute_capability(
             "confidence": confidence_label(rho, ov),
         }
     # EOS or any other special token (an end-of-turn such as <|im_end|> or <|eot_id|>) ends a row
-    not_ends = {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id}
+    # (a pad token equal to EOS, as in SmolLM2, still ends a row)
+    not_ends = {tokenizer.bos_token_id, tokenizer.unk_token_id}
+    if tokenizer.pad_token_id != tokenizer.eos_token_id:
+        not_ends.add(tokenizer.pad_token_id)
     eos_ids = ({tokenizer.eos_token_id} | set(tokenizer.all_special_ids or [])) - not_ends
     ws = whitespace_token_ids(tokenizer, items)
     no_eos = [lacks_eos(it, eos_ids, ws) for it in items]
