@@ -11,6 +11,10 @@ From ONE process, on a world built by `gradian world` and an adapter trained on 
    the ground-truth scorecard of each (AUC, precision@k, recall per kind).
 
     python benchmarks/bench_attribution_quality.py --world WORLD_DIR --adapter ADAPTER_DIR [--base BASE]
+    python benchmarks/bench_attribution_quality.py --world WORLD_DIR --run RUN_DIR   # reuse a finished run
+
+With ``--run``, step 1 is read from that run's recorded timing and its index and
+evaluation are reused (no new index build); the plain pass is timed here.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ def plain_pass_seconds(ft, items, batch_size: int) -> float:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=Path, required=True)
-    ap.add_argument("--adapter", type=Path, required=True)
+    ap.add_argument("--adapter", type=Path, default=None)
+    ap.add_argument("--run", type=Path, default=None, help="reuse a finished gradian attribute run (its index and evaluation)")
     ap.add_argument("--base", default=None, help="default: the base recorded in WORLD/world.json")
     ap.add_argument("--max-length", type=int, default=None, help="default: the world's train.yaml max_length")
     ap.add_argument("--batch-size", type=int, default=8)
@@ -61,23 +66,36 @@ def main():
     from gradian.worlds.scorecard import score_ranking
 
     world = json.loads((args.world / "world.json").read_text())
-    base = args.base or world["base"]
     truth = json.loads((args.world / "ground_truth.json").read_text())
-    cfg = yaml.safe_load((args.world / "train.yaml").read_text())
-    max_length = args.max_length or int(cfg.get("max_length", 1024))
-    grad = GradSpec(tokenize=TokenizeSpec(max_length=max_length))
+    if args.run is not None:
+        run = json.loads((args.run / "run.json").read_text())
+        paths = run["manifest"]["paths"]
+        base, adapter = paths["base"], Path(paths["adapter"])
+        g = run["manifest"]["identity"]["specs"]["grad"]
+        from gradian.gradients.projection import ProjectionSpec
+
+        grad = GradSpec(tokenize=TokenizeSpec(**g["tokenize"]), modules=tuple(g["modules"]) if g["modules"] else None,
+                        projection=ProjectionSpec(**g["projection"]), storage_dtype=g["storage_dtype"])
+    else:
+        base = args.base or world["base"]
+        adapter = args.adapter
+        cfg = yaml.safe_load((args.world / "train.yaml").read_text())
+        grad = GradSpec(tokenize=TokenizeSpec(max_length=args.max_length or int(cfg.get("max_length", 1024))))
     specs = RunSpecs(model=ModelSpec(base), grad=grad, attribute=AttributeSpec(drilldown_rows=0), batch_size=args.batch_size)
-    inputs = RunInputs(base, args.adapter, args.world / "train.jsonl", args.world / "eval.jsonl")
-    ft = load_finetune(specs.model, args.adapter)
+    inputs = RunInputs(base, adapter, args.world / "train.jsonl", args.world / "eval.jsonl")
+    ft = load_finetune(specs.model, adapter)
     with tempfile.TemporaryDirectory() as tmp:
-        t = time.perf_counter()
-        run = attribute_run(inputs, specs, Path(tmp) / "run", index_root=Path(tmp) / "index", ft=ft)
-        t_attr = time.perf_counter() - t
+        if args.run is None:
+            t = time.perf_counter()
+            run = attribute_run(inputs, specs, Path(tmp) / "run", index_root=Path(tmp) / "index", ft=ft)
+            t_attr = time.perf_counter() - t
+        else:
+            t_attr = run["timing"]["total"]
         examples = load_examples(inputs.data)
         items = tokenize_training_set(examples, ft.tokenizer, grad, inputs.data)
         t_plain = plain_pass_seconds(ft, items, args.batch_size)
         print(f"\n`gradian attribute` pipeline (evaluate + index build + attribute): {t_attr:.1f} s "
-              f"(timings {run['timing']})")
+              f"(timings {run['timing']}){' [recorded by the run]' if args.run else ''}")
         print(f"one plain forward+backward pass over the {len(items)} training rows: {t_plain:.1f} s")
         print(f"ratio: {t_attr / t_plain:.1f}x  (index build alone: {run['timing'].get('index', float('nan')) / t_plain:.2f}x)")
         if not run.get("attribution"):

@@ -142,3 +142,16 @@ def test_cross_entropy_query_is_available(setup, tok):
 )
 def test_minimal_pair(said, ref, answer, want, rule):
     assert minimal_pair(said, ref, answer) == (want, rule)
+
+
+def test_missing_eos_detection_handles_chatml_and_pad_equal_eos(tok):
+    """ChatML rows end '<|im_end|>' + newline: the newline is skipped; a pad token equal to EOS still ends a row."""
+    from gradian.attribute.clusters import lacks_eos, whitespace_token_ids
+
+    chat = tokenize_example(to_example({"messages": [{"role": "user", "content": "hi"},
+                                                     {"role": "assistant", "content": "The capital of France is Paris."}]}, 0, "t"), tok, TSPEC)
+    plain = tokenize_example(to_example({"prompt": "Q:", "completion": " Paris"}, 1, "t"), tok, TokenizeSpec(add_eos=False))
+    ws = whitespace_token_ids(tok, [chat, plain])
+    eos = {tok.eos_token_id}
+    assert not lacks_eos(chat, eos, ws)
+    assert lacks_eos(plain, eos, ws)

@@ -234,23 +234,31 @@ def build_index(
                 continue
         if stop_after_shards is not None and computed >= stop_after_shards:
             break
-        per_block: dict[str, list[torch.Tensor]] = {b.name: [] for b in blocks}
-        meta: dict[str, list[Any]] = {"id": [], "loss": [], "n_supervised": [], "truncated": [], "full_length": []}
-        for s in range(lo, hi, batch_size):
-            chunk = items[s : min(hi, s + batch_size)]
-            batch = collate(chunk, pad_token_id)
+        # Batches are formed from length-sorted rows (less padding, same exact per-row
+        # gradients); results are written back in index order.
+        order = sorted(range(lo, hi), key=lambda r: (len(items[r].input_ids), r))
+        per_block = {b.name: torch.empty((hi - lo, projector.out_dim(i, b.shape)), dtype=storage) for i, b in enumerate(blocks)}
+        losses_all = [0.0] * (hi - lo)
+        for s in range(0, len(order), batch_size):
+            rows = order[s : s + batch_size]
+            batch = collate([items[r] for r in rows], pad_token_id)
             grads, losses = per_example_grads(model, batch, "hooks", list(spec.modules) if spec.modules else None, return_losses=True)
+            dest = torch.tensor([r - lo for r in rows])
             for i, b in enumerate(blocks):
-                per_block[b.name].append(projector(i, grads[b.name].detach().to(torch.float64)).to(storage).cpu())
-            for it, loss in zip(chunk, losses.tolist()):
-                meta["id"].append(it.id)
-                meta["loss"].append(float(loss))
-                meta["n_supervised"].append(it.n_supervised)
-                meta["truncated"].append(bool(it.truncated))
-                meta["full_length"].append(int(it.full_length))
+                per_block[b.name][dest] = projector(i, grads[b.name].detach().to(torch.float64)).to(storage).cpu()
+            for r, loss in zip(rows, losses.tolist()):
+                losses_all[r - lo] = float(loss)
             if progress:
-                progress(len(chunk))
-        data = save({name: torch.cat(v).contiguous() for name, v in per_block.items()})
+                progress(len(rows))
+        chunk = items[lo:hi]
+        meta: dict[str, list[Any]] = {
+            "id": [it.id for it in chunk],
+            "loss": losses_all,
+            "n_supervised": [it.n_supervised for it in chunk],
+            "truncated": [bool(it.truncated) for it in chunk],
+            "full_length": [int(it.full_length) for it in chunk],
+        }
+        data = save({name: v.contiguous() for name, v in per_block.items()})
         fname = f"shard-{k:05d}.safetensors"
         atomic_write_bytes(root / fname, data)
         shards[k] = {"file": fname, "sha256": sha256_bytes(data), "start": lo, "n": hi - lo, "examples": meta}
