@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -58,7 +57,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gradian.errors import GradianUserError
-from gradian.util import atomic_write_json, atomic_write_text, sha256_file
+from gradian.util import atomic_write_json, atomic_write_text, sha256_file, publish_folder
 
 ALL_LINEAR_LLAMA = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CONFIG_NAME = "training_config.yaml"
@@ -556,13 +555,10 @@ def train_lora(
                 "threads": torch.get_num_threads(),
             },
         )
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        return publish_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
 
 
 def read_trainer_state(folder: str | Path) -> dict[str, Any]:

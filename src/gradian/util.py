@@ -59,3 +59,25 @@ def canonical_json(obj: Any) -> str:
 
 def sha256_json(obj: Any) -> str:
     return sha256_bytes(canonical_json(obj).encode("utf-8"))
+
+
+def publish_folder(tmp: str | Path, target: str | Path, keep_if: str | None = None) -> Path:
+    """Publish a fully written temporary folder as ``target`` with one rename.
+
+    Args:
+        tmp: the finished folder (created beside ``target``, so the rename is atomic).
+        keep_if: a file name; when ``target`` already holds it (another process
+            finished first), ``tmp`` is discarded and ``target`` kept.
+    Returns:
+        ``target``. A half-written ``target`` from an interrupted run is replaced.
+    """
+    import shutil
+
+    tmp, target = Path(tmp), Path(target)
+    if keep_if and (target / keep_if).exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+        return target
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    return target

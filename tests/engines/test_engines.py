@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 
-import numpy as np
 import pytest
 import torch
 from scipy.stats import spearmanr

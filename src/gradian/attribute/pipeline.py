@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 from gradian.attribute.clusters import ClusterSpec, cluster_tail, lacks_eos, whitespace_token_ids
 from gradian.attribute.drilldown import drill_down

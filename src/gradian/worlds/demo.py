@@ -16,7 +16,6 @@ in the top few.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import dataclass

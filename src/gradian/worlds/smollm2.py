@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 import warnings
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from gradian.errors import GradianUserError
 from gradian.paths import cache_dir
-from gradian.util import atomic_write_json, sha256_file
+from gradian.util import atomic_write_json, sha256_file, publish_folder
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "SmolLM2-135M-Instruct"
@@ -88,16 +87,10 @@ def materialise_smollm2(cache: str | Path | None = None) -> Path:
             tmp / "gradian_source.json",
             {"gguf": GGUF_NAME, "gguf_sha256": sha256_file(gguf), "dequantised": True, "dtype": "float32"},
         )
-        if (target / "gradian_source.json").exists():  # another process finished first: keep its copy
-            shutil.rmtree(tmp, ignore_errors=True)
-            return target
-        if target.exists():  # a half-written folder from an interrupted older run
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        return publish_folder(tmp, target, keep_if="gradian_source.json")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def smollm2_identity(folder: str | Path) -> str:

@@ -25,7 +25,6 @@ from a seeded generator; CPU kernels are deterministic at a fixed thread count).
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import tempfile
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gradian.paths import cache_dir
-from gradian.util import atomic_write_json, sha256_json
+from gradian.util import atomic_write_json, sha256_json, publish_folder
 from gradian.worlds.facts import Country, Element, capital_sentence, load_countries
 from gradian.worlds.rows import (
     CAPITAL_PROMPTS,
@@ -201,16 +200,10 @@ def _build(countries, held_out, elements, spec: TinyBaseSpec, key: str, target: 
                 "threads": 1,
             },
         )
-        if (target / "gradian_source.json").exists():  # another process finished first: keep its copy
-            shutil.rmtree(tmp, ignore_errors=True)
-            return target
-        if target.exists():  # a half-written folder from an interrupted older run
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        return publish_folder(tmp, target, keep_if="gradian_source.json")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def tiny_identity(folder: str | Path) -> str:
