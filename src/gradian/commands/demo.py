@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="World seed."),
         project_dim: int = typer.Option(512, help="JL numbers per LoRA block in the gradient index (0 = exact)."),
         null: bool = typer.Option(False, "--null/--no-null", help="Also train and evaluate the null variant."),
-        faults: bool = typer.Option(True, "--faults/--no-faults", help="Plant mechanical faults for the Audit lane."),
+        faults: bool = typer.Option(False, "--faults/--no-faults", help="Also plant mechanical faults (truncated cluster, unterminated rows) for the Audit lane."),
     ) -> None:
         """Run the worked example end to end: world → train → evaluate/attribute/audit → report → scorecard."""
         from gradian.errors import GradianUserError

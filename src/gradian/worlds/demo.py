@@ -44,7 +44,7 @@ class DemoSpec:
     seed: int = 0
     project_dim: int = 512
     null: bool = False
-    faults: bool = True
+    faults: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -113,6 +113,7 @@ def localise_buried(ft, run: dict[str, Any], truth: dict[str, Any], grad_spec) -
         sents = drill_down(ft.model, ft.tokenizer, examples[j], items[j], {k: v[qi] for k, v in R.items()}, proj, names, idx.modules)
         if sents:
             out.append({"id": c["id"], "item_id": c["eval_id"], "top_sentence": sents[0].to_dict(),
+                        "sentences": [x.to_dict() for x in sents],
                         "truth": {"char_start": c["char_start"], "char_end": c["char_end"]}})
     return out
 
