@@ -2,7 +2,7 @@
 
 from gradian.gradients.lora import LoraBlock, lora_blocks
 from gradian.gradients.loss import per_example_loss, sequence_logprob
-from gradian.gradients.per_example import capture_per_example_grads, per_example_grads
+from gradian.gradients.per_example import per_example_grads
 
 __all__ = [
     "LoraBlock",
@@ -10,5 +10,4 @@ __all__ = [
     "per_example_loss",
     "sequence_logprob",
     "per_example_grads",
-    "capture_per_example_grads",
 ]

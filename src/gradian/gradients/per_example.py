@@ -5,9 +5,10 @@ batch and every LoRA matrix W (see :mod:`gradian.gradients.loss` for ℓ_j):
 
 ``hooks`` (default, one forward + one backward)
     For a LoRA Linear ``y = x Wᵀ`` applied at every token, a forward hook keeps
-    its input ``X`` (b, t, i) and a tensor hook on ``y`` receives
-    ``G = ∂L/∂y`` (b, t, o). Because ``L = Σ_j ℓ_j`` and example j only
-    touches row j, ``G[j] = ∂ℓ_j/∂y[j]`` and
+    its input ``X`` (b, t, i) and its output ``y``; one backward pass
+    (``autograd.grad`` w.r.t. every kept ``y``) gives ``G = ∂L/∂y`` (b, t, o).
+    Because ``L = Σ_j ℓ_j`` and example j only touches row j,
+    ``G[j] = ∂ℓ_j/∂y[j]`` and
 
         g = einsum("bto,bti->boi", G, X)          # (b, o, i) = per-example ∂ℓ_j/∂W
 
@@ -24,8 +25,7 @@ The test suite holds the three to float tolerance.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Callable, Iterator, Literal
+from typing import Callable, Literal
 
 import torch
 
@@ -35,48 +35,38 @@ from gradian.gradients.loss import model_inputs, per_example_loss
 Method = Literal["hooks", "loop", "vmap"]
 
 
-@contextmanager
-def capture_per_example_grads(blocks: list[LoraBlock], out: dict[str, torch.Tensor]) -> Iterator[None]:
-    """Install hooks that fill ``out[name]`` with (b, o, i) per-example gradients on backward.
-
-    If a module runs more than once per forward, its contributions are summed.
-    """
+def _hooks(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Forward hooks keep each LoRA Linear's input X and output y; one ``autograd.grad`` call
+    w.r.t. all the outputs returns every G = ∂L/∂y at once. Asking for the outputs rather than
+    the weights means autograd never forms the (summed) weight gradients it does not need."""
+    seen: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (block index, X, y)
     handles = []
 
-    def make_fwd(block: LoraBlock) -> Callable:
+    def make_fwd(k: int) -> Callable:
         def fwd(module, inputs, output):
-            if not output.requires_grad:
-                return
-            X = inputs[0].detach()  # (b, t, i)
-
-            def on_grad(G: torch.Tensor) -> None:  # G: (b, t, o)
-                g = torch.einsum("bto,bti->boi", G, X.to(G.dtype))
-                prev = out.get(block.name)
-                out[block.name] = g if prev is None else prev + g
-
-            output.register_hook(on_grad)
+            if output.requires_grad:
+                seen.append((k, inputs[0].detach(), output))
 
         return fwd
 
     try:
-        for b in blocks:
-            handles.append(b.module.register_forward_hook(make_fwd(b)))
-        yield
+        for k, b in enumerate(blocks):
+            handles.append(b.module.register_forward_hook(make_fwd(k)))
+        logits = model(**model_inputs(batch)).logits
     finally:
         for h in handles:
             h.remove()
-
-
-def _hooks(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    params = [b.module.weight for b in blocks]
-    with capture_per_example_grads(blocks, out):
-        logits = model(**model_inputs(batch)).logits
-        losses = per_example_loss(logits, batch["labels"])
-        # grads of the LoRA weights themselves are not needed: autograd.grad w.r.t.
-        # the weights still triggers every tensor hook on the way, and leaves .grad untouched.
-        torch.autograd.grad(losses.sum(), params, allow_unused=True)
+    losses = per_example_loss(logits, batch["labels"])
     b = batch["input_ids"].shape[0]
+    out: dict[str, torch.Tensor] = {}
+    if seen:
+        Gs = torch.autograd.grad(losses.sum(), [y for _, _, y in seen], allow_unused=True)
+        for (k, X, y), G in zip(seen, Gs):
+            if G is None:
+                continue
+            g = torch.einsum("bto,bti->boi", G, X.to(G.dtype))  # (b, o, i)
+            name = blocks[k].name
+            out[name] = g if name not in out else out[name] + g
     for blk in blocks:
         if blk.name not in out:  # the block never ran with grad (e.g. a skipped layer)
             out[blk.name] = torch.zeros((b, *blk.shape), dtype=blk.module.weight.dtype, device=blk.module.weight.device)
