@@ -94,7 +94,7 @@ def report_json(report: Report) -> str:
 
     Strict JSON: a number that is NaN or infinite is ``null``. Strings are kept verbatim (it is
     data); characters a terminal would act on (DEL, C1 and bidi controls, U+2028/9) are written
-    as ``\\uXXXX`` escapes, so ``cat report.json`` is safe and ``json.loads`` returns them unchanged.
+    as ``\\u`` escapes (four hex digits), so ``cat report.json`` is safe and ``json.loads`` returns them unchanged.
     """
     text = json.dumps(_json_safe(report.to_dict()), indent=2, ensure_ascii=False, allow_nan=False)
     return _JSON_RAW_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n"
