@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--base", default=None, help="default: the base recorded in WORLD/world.json")
     ap.add_argument("--max-length", type=int, default=None, help="default: the world's train.yaml max_length")
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--project-dim", type=int, default=0, help="JL numbers per LoRA block for the fresh index (0 = exact)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -80,7 +81,10 @@ def main():
         base = args.base or world["base"]
         adapter = args.adapter
         cfg = yaml.safe_load((args.world / "train.yaml").read_text())
-        grad = GradSpec(tokenize=TokenizeSpec(max_length=args.max_length or int(cfg.get("max_length", 1024))))
+        from gradian.gradients.projection import ProjectionSpec
+
+        grad = GradSpec(tokenize=TokenizeSpec(max_length=args.max_length or int(cfg.get("max_length", 1024))),
+                        projection=ProjectionSpec(dim=args.project_dim, seed=0))
     specs = RunSpecs(model=ModelSpec(base), grad=grad, attribute=AttributeSpec(drilldown_rows=0), batch_size=args.batch_size)
     inputs = RunInputs(base, adapter, args.world / "train.jsonl", args.world / "eval.jsonl")
     ft = load_finetune(specs.model, adapter)
