@@ -5,7 +5,8 @@ From ONE process, on a world built by `gradian world` and an adapter trained on 
 1. runs the whole `gradian attribute` pipeline (Evaluate → index build from scratch →
    Attribute) and times it;
 2. times one plain forward+backward pass over the same training set (same batch
-   size, no per-example gradients) and prints the ratio;
+   size and the same length-sorted batches as the index build, no per-example
+   gradients) and prints the ratio;
 3. re-scores the regressed capability with the index just built, for the query
    kinds {contrastive, cross_entropy} × engines {datainf, graddot}, and prints
    the ground-truth scorecard of each (AUC, precision@k, recall per kind).
@@ -33,6 +34,7 @@ def plain_pass_seconds(ft, items, batch_size: int) -> float:
     from gradian.gradients import per_example_loss
 
     params = [p for p in ft.model.parameters() if p.requires_grad]
+    items = sorted(items, key=lambda it: len(it.input_ids))  # the same length-sorted batches the index build uses
     t = time.perf_counter()
     for s in range(0, len(items), batch_size):
         b = collate(items[s : s + batch_size], ft.tokenizer.pad_token_id)
