@@ -112,22 +112,6 @@ def print_result(result) -> None:
     )
 
 
-def _versions() -> dict[str, str]:
-    import peft
-    import torch
-    import transformers
-
-    from gradian import __version__
-
-    return {
-        "gradian": __version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "peft": peft.__version__,
-        "python": platform.python_version(),
-    }
-
-
 @user_errors
 def evaluate_cmd(
     base: str = typer.Option(..., "--base", help="Base model: a local folder (HF or GGUF) or a cached HF id."),
@@ -151,6 +135,7 @@ def evaluate_cmd(
     """Measure what the adapter changed per capability; refuse to diagnose noise; bound the blame on the base."""
     from gradian.evaluate import EvalSpec, evaluate, load_eval_set
     from gradian.models.load import ModelSpec, load_adapter, load_base, read_adapter_config
+    from gradian.index.identity import library_versions
     from gradian.util import atomic_write_json, sha256_file
 
     t_start = time.perf_counter()
@@ -199,7 +184,7 @@ def evaluate_cmd(
             "eval_sha256": sha256_file(eval_path) if eval_path.is_file() else None,
             "model": mspec.to_dict(),
             "adapter_notes": notes,
-            "versions": _versions(),
+            "versions": {**library_versions(), "python": platform.python_version()},
         }
         result = evaluate(
             peft_model,
