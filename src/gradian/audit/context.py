@@ -177,40 +177,19 @@ def batch_tokenize(examples: list[Example], tok, spec: TokenizeSpec):
     batched. Returns ``(TokenizedExample | None, error | None, len(tok(prompt)) | None)`` per row.
     ``AuditContext`` checks a sample of rows against ``tokenize_example`` itself.
     """
-    from gradian.data.tokenize import _common_prefix, _render_chat
+    from gradian.data.tokenize import build_tokenized, render_example
 
     n = len(examples)
     out: list[Any] = [None] * n
-    texts: list[str | None] = [None] * n
-    prompts: list[str | None] = [None] * n
-    starts = [0] * n
-    special = [True] * n
+    rendered: list[Any] = [None] * n
     for i, ex in enumerate(examples):
-        where = f"example {ex.id}"
-        if ex.is_chat:
-            pm = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
-            cm = ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
-            try:
-                ptext = _render_chat(tok, pm, True, where)
-                text = _render_chat(tok, pm + cm, False, where)
-            except GradianUserError as e:
-                out[i] = (None, e.what, None)
-                continue
-            special[i] = False
-            content = ex.completion_text
-            found = text.rfind(content) if content else -1
-            starts[i] = found if found >= 0 else len(ptext)
-        else:
-            ptext = ex.prompt
-            completion = ex.completion
-            eos = tok.eos_token
-            if spec.add_eos and eos and not completion.endswith(eos):
-                completion = completion + eos
-            text = ptext + completion
-            starts[i] = len(ptext)
-        texts[i] = text
-        if not (ex.format == "text" or not ptext):
-            prompts[i] = ptext
+        try:
+            rendered[i] = render_example(ex, tok, spec)
+        except GradianUserError as e:
+            out[i] = (None, e.what, None)
+    texts = [r.text if r is not None else None for r in rendered]
+    prompts = [r.prompt_text if r is not None else None for r in rendered]
+    special = [r.add_special_tokens if r is not None else True for r in rendered]
     backend = _plain_backend(tok)
     for flag in (True, False):
         sel = [i for i in range(n) if texts[i] is not None and special[i] == flag]
@@ -233,22 +212,7 @@ def batch_tokenize(examples: list[Example], tok, spec: TokenizeSpec):
             ids = all_ids[k] if backend is not None else list(all_ids[k])
             offsets = all_offsets[k] if backend is not None else [tuple(o) for o in all_offsets[k]]
             pl_ids = p_ids.get(i)
-            if pl_ids is None:
-                prompt_len = 0
-            elif ids[:len(pl_ids)] == pl_ids:  # the usual case, compared in C
-                prompt_len = len(pl_ids)
-            else:
-                prompt_len = _common_prefix(pl_ids, ids)
-            labels = list(ids) if spec.loss_on == "all" else [IGNORE_INDEX] * prompt_len + ids[prompt_len:]
-            if labels:
-                labels[0] = IGNORE_INDEX
-            full = len(ids)
-            truncated = full > spec.max_length
-            if truncated:
-                ids, labels, offsets = ids[: spec.max_length], labels[: spec.max_length], offsets[: spec.max_length]
-            tx = TokenizedExample(id=examples[i].id, input_ids=ids, labels=labels, offsets=offsets, text=texts[i],
-                                  completion_char_start=starts[i], full_length=full, truncated=truncated,
-                                  prompt_length=prompt_len)
+            tx = build_tokenized(examples[i].id, rendered[i], ids, offsets, pl_ids, spec)
             out[i] = (tx, None, len(pl_ids) if pl_ids is not None else None)
     return out
 

@@ -113,7 +113,7 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool, where: str) -> str:
+def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool, where: str) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise GradianUserError(
             "chat rows need a tokenizer with a chat template, and this tokenizer has none",
@@ -133,40 +133,67 @@ def _encode(tokenizer, text: str, add_special_tokens: bool) -> tuple[list[int], 
     return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
 
-def tokenize_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> TokenizedExample:
-    """Tokenise one example as TRL's SFTTrainer would (see module docstring)."""
+@dataclass(frozen=True)
+class Rendered:
+    """One example rendered to the string the trainer tokenises.
+
+    Attributes:
+        text: the full rendered string (prompt + completion, chat template applied).
+        prompt_text: the rendered prompt whose tokens are masked, or None when every
+            token is supervised (``text`` rows, an empty prompt).
+        completion_char_start: where the completion's text starts in ``text``.
+        add_special_tokens: False for chat rows (the template writes BOS/specials itself).
+    """
+
+    text: str
+    prompt_text: str | None
+    completion_char_start: int
+    add_special_tokens: bool
+
+
+def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> Rendered:
+    """The string a trainer would tokenise for ``ex`` (see module docstring for the rules)."""
     where = where or f"example {ex.id}"
     if ex.is_chat:
         prompt_msgs = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
         compl_msgs = (
             ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
         )
-        prompt_text = _render_chat(tokenizer, prompt_msgs, True, where)
-        text = _render_chat(tokenizer, prompt_msgs + compl_msgs, False, where)
-        special = False  # the template writes BOS/specials itself
+        prompt_text = render_chat(tokenizer, prompt_msgs, True, where)
+        text = render_chat(tokenizer, prompt_msgs + compl_msgs, False, where)
         content = ex.completion_text
         found = text.rfind(content) if content else -1
-        completion_char_start = found if found >= 0 else len(prompt_text)
-    else:
-        prompt_text = ex.prompt
-        completion = ex.completion
-        eos = tokenizer.eos_token
-        if spec.add_eos and eos and not completion.endswith(eos):
-            completion = completion + eos
-        text = prompt_text + completion
-        special = True
-        completion_char_start = len(prompt_text)
+        start = found if found >= 0 else len(prompt_text)
+        return Rendered(text, prompt_text or None, start, False)
+    completion = ex.completion
+    eos = tokenizer.eos_token
+    if spec.add_eos and eos and not completion.endswith(eos):
+        completion = completion + eos
+    masked_prompt = None if (ex.format == "text" or not ex.prompt) else ex.prompt
+    return Rendered(ex.prompt + completion, masked_prompt, len(ex.prompt), True)
 
-    ids, offsets = _encode(tokenizer, text, special)
-    if ex.format == "text" or not prompt_text:
+
+def build_tokenized(
+    ex_id: str,
+    r: Rendered,
+    ids: list[int],
+    offsets: list[tuple[int, int]],
+    prompt_ids: list[int] | None,
+    spec: TokenizeSpec,
+) -> TokenizedExample:
+    """Loss mask and truncation from the token ids of ``r.text`` (and of ``r.prompt_text``).
+
+    The supervised tokens start where the prompt's and the full text's ids stop
+    agreeing (TRL's common-prefix rule); ``loss_on="all"`` supervises everything;
+    the first token is never a target; truncation keeps the start.
+    """
+    if prompt_ids is None:
         prompt_len = 0
+    elif list(ids[: len(prompt_ids)]) == list(prompt_ids):  # the usual case, one list comparison
+        prompt_len = len(prompt_ids)
     else:
-        p_ids, _ = _encode(tokenizer, prompt_text, special)
-        prompt_len = _common_prefix(p_ids, ids)
-    if spec.loss_on == "all":
-        labels = list(ids)
-    else:
-        labels = [IGNORE_INDEX] * prompt_len + ids[prompt_len:]
+        prompt_len = _common_prefix(prompt_ids, ids)
+    labels = list(ids) if spec.loss_on == "all" else [IGNORE_INDEX] * prompt_len + list(ids[prompt_len:])
     if labels:
         # The first token has no context, so it is never a target (the causal
         # shift drops it). Masking it explicitly keeps a left-padded batch from
@@ -177,16 +204,24 @@ def tokenize_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | No
     if truncated:
         ids, labels, offsets = ids[: spec.max_length], labels[: spec.max_length], offsets[: spec.max_length]
     return TokenizedExample(
-        id=ex.id,
-        input_ids=ids,
+        id=ex_id,
+        input_ids=list(ids),
         labels=labels,
-        offsets=offsets,
-        text=text,
-        completion_char_start=completion_char_start,
+        offsets=list(offsets),
+        text=r.text,
+        completion_char_start=r.completion_char_start,
         full_length=full,
         truncated=truncated,
         prompt_length=prompt_len,
     )
+
+
+def tokenize_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> TokenizedExample:
+    """Tokenise one example as TRL's SFTTrainer would (see module docstring)."""
+    r = render_example(ex, tokenizer, spec, where)
+    ids, offsets = _encode(tokenizer, r.text, r.add_special_tokens)
+    p_ids = None if r.prompt_text is None else _encode(tokenizer, r.prompt_text, r.add_special_tokens)[0]
+    return build_tokenized(ex.id, r, ids, offsets, p_ids, spec)
 
 
 def tokenize_examples(examples: Sequence[Example], tokenizer, spec: TokenizeSpec) -> list[TokenizedExample]:

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from gradian.data.tokenize import _render_chat
+from gradian.data.tokenize import render_chat
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Generation:
 def encode_prompt(prompt: str | list[dict[str, str]], tokenizer, where: str = "eval item") -> list[int]:
     """Token ids of a prompt, as the prompt part of a training row."""
     if isinstance(prompt, list):
-        text = _render_chat(tokenizer, prompt, True, where)
+        text = render_chat(tokenizer, prompt, True, where)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
