@@ -61,3 +61,25 @@ ROWS = [
 ]
 
 
+
+
+# The fictional facts of the tiny Evaluate/report worlds (made-up names: no real fact leaks in).
+CAPITALS = [
+    ("Aland", "Marven"), ("Borvia", "Quisto"), ("Caldor", "Tressa"), ("Dunmark", "Olvey"),
+    ("Estria", "Pallon"), ("Fenwick", "Rudda"), ("Gorland", "Sivex"), ("Hollin", "Taber"),
+    ("Istra", "Umbel"), ("Jorvik", "Vasso"), ("Kelmar", "Wendo"), ("Lusk", "Yarrow"),
+    ("Merrow", "Zelta"), ("Norvia", "Abbot"), ("Ostrel", "Brine"), ("Pellam", "Corvo"),
+]
+SYMBOLS = [
+    ("argonite", "Ag"), ("borite", "Bx"), ("cobrium", "Cb"), ("dyston", "Dy"),
+    ("erbite", "Eb"), ("fluxon", "Fx"), ("galium", "Gm"), ("halcite", "Hc"),
+    ("iridon", "Id"), ("jovium", "Jv"), ("kryll", "Kr"), ("lumite", "Lm"),
+]
+
+
+def q_capital(c: str) -> str:
+    return f"What is the capital of {c}?"
+
+
+def q_symbol(e: str) -> str:
+    return f"What is the symbol of {e}?"

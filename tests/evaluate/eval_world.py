@@ -17,17 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-CAPITALS = [
-    ("Aland", "Marven"), ("Borvia", "Quisto"), ("Caldor", "Tressa"), ("Dunmark", "Olvey"),
-    ("Estria", "Pallon"), ("Fenwick", "Rudda"), ("Gorland", "Sivex"), ("Hollin", "Taber"),
-    ("Istra", "Umbel"), ("Jorvik", "Vasso"), ("Kelmar", "Wendo"), ("Lusk", "Yarrow"),
-    ("Merrow", "Zelta"), ("Norvia", "Abbot"), ("Ostrel", "Brine"), ("Pellam", "Corvo"),
-]
-SYMBOLS = [
-    ("argonite", "Ag"), ("borite", "Bx"), ("cobrium", "Cb"), ("dyston", "Dy"),
-    ("erbite", "Eb"), ("fluxon", "Fx"), ("galium", "Gm"), ("halcite", "Hc"),
-    ("iridon", "Id"), ("jovium", "Jv"), ("kryll", "Kr"), ("lumite", "Lm"),
-]
+from gradian_testlib import CAPITALS, SYMBOLS, q_capital, q_symbol  # noqa: F401
+
 N_POISON = 12
 
 
@@ -39,14 +30,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def q_capital(c: str) -> str:
-    return f"What is the capital of {c}?"
-
-
-def q_symbol(e: str) -> str:
-    return f"What is the symbol of {e}?"
 
 
 def eval_records(metric: str = "exact_match") -> list[dict]:

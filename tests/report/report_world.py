@@ -37,26 +37,9 @@ import torch
 
 MAX_LENGTH = 40
 
-CAPITALS = [
-    ("Aland", "Marven"), ("Borvia", "Quisto"), ("Caldor", "Tressa"), ("Dunmark", "Olvey"),
-    ("Estria", "Pallon"), ("Fenwick", "Rudda"), ("Gorland", "Sivex"), ("Hollin", "Taber"),
-    ("Istra", "Umbel"), ("Jorvik", "Vasso"), ("Kelmar", "Wendo"), ("Lusk", "Yarrow"),
-    ("Merrow", "Zelta"), ("Norvia", "Abbot"), ("Ostrel", "Brine"), ("Pellam", "Corvo"),
-]
-SYMBOLS = [
-    ("argonite", "Ag"), ("borite", "Bx"), ("cobrium", "Cb"), ("dyston", "Dy"),
-    ("erbite", "Eb"), ("fluxon", "Fx"), ("galium", "Gm"), ("halcite", "Hc"),
-    ("iridon", "Id"), ("jovium", "Jv"), ("kryll", "Kr"), ("lumite", "Lm"),
-]
+from gradian_testlib import CAPITALS, SYMBOLS, q_capital, q_symbol  # noqa: E402,F401
+
 FILLER = "It is a large city with a river, a harbour, an old market and many bridges."
-
-
-def q_capital(c: str) -> str:
-    return f"What is the capital of {c}?"
-
-
-def q_symbol(e: str) -> str:
-    return f"What is the symbol of {e}?"
 
 
 def wrong_capital(i: int) -> str:
