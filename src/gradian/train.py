@@ -86,6 +86,9 @@ class TrainSpec:
         r, lora_alpha, lora_dropout, target_modules, use_rslora: the LoRA adapter.
         dtype: training dtype of the base weights and adapter (``"float32"`` on CPU).
         device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
+        save_strategy: ``"epoch"`` (default) keeps a checkpoint per epoch in ``out/checkpoint-<step>/``
+            (HF Trainer layout: adapter, ``optimizer.pt``, ``trainer_state.json``), the training
+            trajectory ``gradian attribute`` scores over; ``"no"`` keeps only the final adapter.
     """
 
     learning_rate: float = 2e-4
@@ -110,6 +113,7 @@ class TrainSpec:
     use_rslora: bool = False
     dtype: str = "float32"
     device: str = "cpu"
+    save_strategy: str = "epoch"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -139,7 +143,7 @@ class TrainSpec:
         ):
             cfg[k] = d[k]
         cfg["eval_strategy"] = "epoch" if has_eval else "no"
-        cfg["save_strategy"] = "no"
+        cfg["save_strategy"] = d["save_strategy"]
         cfg["use_peft"] = True
         cfg["lora_r"] = d["r"]
         cfg["lora_alpha"] = d["lora_alpha"]
@@ -170,6 +174,8 @@ class TrainSpec:
             raise bad("lora_dropout", "lora_dropout must be in [0, 1)", "use 0.0 to 0.1")
         if not self.target_modules:
             raise bad("target_modules", "no LoRA target modules", "list module names such as q_proj, v_proj")
+        if self.save_strategy not in ("epoch", "no"):
+            raise bad("save_strategy", f"unknown save_strategy {self.save_strategy!r}", "use epoch or no")
         if self.lr_scheduler_type not in ("linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial"):
             raise bad("lr_scheduler_type", f"unknown scheduler {self.lr_scheduler_type!r}", "use linear or cosine")
 
@@ -188,7 +194,7 @@ _ALIASES = {
 }
 # SFTConfig/TrainingArguments fields that do not change what gradian train computes; accepted and ignored.
 _IGNORED = {
-    "output_dir", "report_to", "logging_dir", "save_strategy", "save_steps", "save_total_limit", "eval_strategy",
+    "output_dir", "report_to", "logging_dir", "save_steps", "save_total_limit", "eval_strategy",
     "evaluation_strategy", "eval_steps", "per_device_eval_batch_size", "bf16", "fp16", "tf32", "optim",
     "dataset_text_field", "run_name", "push_to_hub", "peft_type", "task_type", "bias", "gradient_checkpointing",
     "dataloader_num_workers", "logging_first_step", "overwrite_output_dir", "do_train", "do_eval",
@@ -321,7 +327,8 @@ def _training_args(spec: TrainSpec, output_dir: str, has_eval: bool, use_cpu: bo
         max_grad_norm=spec.max_grad_norm,
         logging_steps=spec.logging_steps,
         logging_first_step=True,
-        save_strategy="no",
+        save_strategy=spec.save_strategy,
+        save_only_model=False,
         report_to=[],
         seed=spec.seed,
         data_seed=spec.seed,
@@ -524,6 +531,7 @@ def train_lora(
             else:
                 trainer.train()
         wall = time.time() - t0
+        _keep_checkpoints(tmp / "_trainer", tmp)
         shutil.rmtree(tmp / "_trainer", ignore_errors=True)
         model.save_pretrained(str(tmp), safe_serialization=True)
         trainer.state.save_to_json(str(tmp / "trainer_state.json"))
@@ -559,6 +567,25 @@ def train_lora(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# What a kept checkpoint holds (HF Trainer layout). The Trainer's pickled extras (training_args.bin,
+# rng_state.pth, scheduler.pt) are dropped: nothing in Gradian reads them, and a folder we hand out
+# should hold no pickles.
+CHECKPOINT_FILES = ("adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "trainer_state.json")
+
+
+def _keep_checkpoints(trainer_dir: Path, out: Path) -> list[Path]:
+    """Move the Trainer's ``checkpoint-<step>/`` folders into ``out`` with :data:`CHECKPOINT_FILES` only."""
+    kept = []
+    for ck in sorted(trainer_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1])):
+        dst = out / ck.name
+        dst.mkdir()
+        for name in CHECKPOINT_FILES:
+            if (ck / name).is_file():
+                shutil.move(str(ck / name), str(dst / name))
+        kept.append(dst)
+    return kept
 
 
 def read_trainer_state(folder: str | Path) -> dict[str, Any]:

@@ -160,3 +160,23 @@ def test_cli_train_and_one_line_errors(saved_finetune, tmp_path):
     assert res.exit_code == 2
     errors = [line for line in res.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "bad.jsonl:1" in errors[0] and "no assistant turn" in errors[0]
+
+
+def test_checkpoint_per_epoch(run):
+    """save_strategy=epoch (the default) leaves the HF layout: out/checkpoint-<step>/ with the adapter at that
+    step, optimizer.pt (readable with weights_only=True) and trainer_state.json; no pickled Trainer extras."""
+    from gradian.train import CHECKPOINT_FILES
+
+    cks = sorted(run.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert len(cks) == SMALL.num_train_epochs
+    steps = [int(p.name.split("-")[1]) for p in cks]
+    assert steps[-1] == read_trainer_state(run)["global_step"]
+    for ck in cks:
+        assert sorted(p.name for p in ck.iterdir()) == sorted(CHECKPOINT_FILES)
+        opt = torch.load(ck / "optimizer.pt", map_location="cpu", weights_only=True)
+        assert {"state", "param_groups"} <= set(opt)
+    # the last checkpoint is the final adapter
+    last, final = load_file(str(cks[-1] / "adapter_model.safetensors")), load_file(str(run / "adapter_model.safetensors"))
+    assert last.keys() == final.keys() and all(torch.equal(last[k], final[k]) for k in final)
+    first = load_file(str(cks[0] / "adapter_model.safetensors"))
+    assert any(not torch.equal(first[k], final[k]) for k in final)
