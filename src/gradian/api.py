@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from gradian.data.formats import Example, load_examples
 from gradian.data.tokenize import TokenizedExample, tokenize_example
 from gradian.errors import GradianUserError
-from gradian.index.identity import adapter_identity, dataset_identity, library_versions, model_identity
+from gradian.index.identity import adapter_identity, dataset_identity, file_hash, library_versions, model_identity
 from gradian.index.store import GradientIndex, GradSpec, build_index, default_index_root
 from gradian.models.load import ModelSpec, load_adapter, load_base
+
+if TYPE_CHECKING:
+    from gradian.attribute.trajectory import Checkpoint
 
 
 @dataclass
@@ -49,17 +52,39 @@ def tokenize_training_set(examples: list[Example], tokenizer, spec: GradSpec, pa
     return out
 
 
-def index_identity(ft: FineTune, data: str | Path, spec: GradSpec, seed: int = 0) -> dict[str, Any]:
-    """Everything that decides the stored training gradients (hashed into the index id)."""
-    return {
+def index_identity(
+    ft: FineTune, data: str | Path, spec: GradSpec, seed: int = 0, checkpoint: Checkpoint | None = None
+) -> dict[str, Any]:
+    """Everything that decides the stored training gradients (hashed into the index id).
+
+    Args:
+        checkpoint: the trajectory point whose weights are loaded (default: the final adapter).
+    """
+    ident = {
         "base": model_identity(ft.model_spec.base),
         "model_dtype": ft.model_spec.dtype,
-        "adapter": adapter_identity(ft.adapter),
+        "adapter": adapter_identity(checkpoint.path if checkpoint is not None else ft.adapter),
         "dataset": dataset_identity(data),
         "grad_spec": spec.to_dict(),
         "seed": seed,
         "versions": library_versions(),
     }
+    if spec.optimizer != "none":
+        opt = _optimizer_file(ft, checkpoint)
+        ident["optimizer"] = {"kind": spec.optimizer, "sha256": file_hash(opt)}
+    return ident
+
+
+def _optimizer_file(ft: FineTune, checkpoint: Checkpoint | None) -> Path:
+    opt = checkpoint.optimizer if checkpoint is not None else (ft.adapter / "optimizer.pt")
+    if opt is None or not Path(opt).is_file():
+        where = checkpoint.path if checkpoint is not None else ft.adapter
+        raise GradianUserError(
+            "Adam preconditioning needs the optimizer.pt saved with this adapter, and there is none",
+            where=str(where),
+            fix="pass HF Trainer checkpoint folders (checkpoint-*/ with optimizer.pt) or use --optimizer none",
+        )
+    return Path(opt)
 
 
 def training_index(
@@ -73,22 +98,44 @@ def training_index(
     shard_size: int = 256,
     progress_factory: Callable[[int], Callable[[int], None]] | None = None,
     examples: list[Example] | None = None,
+    checkpoint: Checkpoint | None = None,
+    items: list[TokenizedExample] | None = None,
 ) -> tuple[GradientIndex, list[Example], list[TokenizedExample], bool]:
     """Open the training-gradient index for this fine-tune, building (or resuming) it if needed.
 
+    Args:
+        checkpoint: the trajectory point whose LoRA weights are loaded in ``ft.model`` now
+            (default: the final adapter); it decides the index identity.
+        items: the tokenised rows, when the caller has them already.
     Returns:
-        ``(index, examples, tokenized, reused)``; ``reused`` is True when no
-        gradient had to be computed (a free re-query).
+        ``(index, examples, tokenized rows, reused)``; ``reused`` is True when no
+        gradient had to be computed (a free re-query). With ``spec.unit == "sentence"``
+        the index holds one gradient per sentence unit (:func:`gradian.attribute.spans.sentence_units`).
     """
     examples = examples if examples is not None else load_examples(data)
-    items = tokenize_training_set(examples, ft.tokenizer, spec, data)
+    items = items if items is not None else tokenize_training_set(examples, ft.tokenizer, spec, data)
     if all(it.n_supervised == 0 for it in items):
         raise GradianUserError(
             "no row has a supervised token after masking and truncation",
             where=str(data),
             fix="check the completion fields and --max-length",
         )
-    identity = index_identity(ft, data, spec, seed)
+    identity = index_identity(ft, data, spec, seed, checkpoint)
+    transform = None
+    if spec.optimizer == "adam":
+        from gradian.gradients.adam import read_adam_state
+
+        states = read_adam_state(_optimizer_file(ft, checkpoint), ft.model)
+        transform = lambda name, g: states[name].update(g)  # noqa: E731
+    elif spec.optimizer != "none":
+        raise GradianUserError(f"unknown optimizer preconditioning {spec.optimizer!r}", where="--optimizer", fix="use none or adam")
+    units = items
+    if spec.unit == "sentence":
+        from gradian.attribute.spans import sentence_units
+
+        units = [u.item for u in sentence_units(examples, items)]
+    elif spec.unit != "row":
+        raise GradianUserError(f"unknown index unit {spec.unit!r}", where="--unit", fix="use row or sentence")
     root = Path(root) if root is not None else default_index_root(identity)
     try:
         existing = GradientIndex(root)
@@ -96,10 +143,10 @@ def training_index(
             return existing, examples, items, True
     except FileNotFoundError:
         pass
-    progress = progress_factory(len(items)) if progress_factory else None
+    progress = progress_factory(len(units)) if progress_factory else None
     idx = build_index(
         ft.model,
-        items,
+        units,
         identity,
         spec,
         pad_token_id=ft.tokenizer.pad_token_id,
@@ -107,5 +154,6 @@ def training_index(
         batch_size=batch_size,
         shard_size=shard_size,
         progress=progress,
+        transform=transform,
     )
     return idx, examples, items, False

@@ -18,7 +18,6 @@ to the row's score.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,25 +27,7 @@ from gradian.data.formats import Example
 from gradian.data.tokenize import TokenizedExample, collate
 from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector
-
-# A sentence ends at . ! or ? followed by whitespace or the end of the text, or at a newline;
-# "the domain is .uz." stays one sentence.
-_SENT = re.compile(r"[^\n]+?(?:[.!?]+(?=\s|$)|(?=\n)|$)")
-
-
-def split_sentences(text: str) -> list[tuple[int, int]]:
-    """Half-open character spans of the sentences of ``text`` (leading whitespace excluded)."""
-    spans = []
-    for m in _SENT.finditer(text):
-        a, b = m.start(), m.end()
-        while a < b and text[a].isspace():
-            a += 1
-        while b > a and text[b - 1].isspace():
-            b -= 1
-        if b > a:
-            spans.append((a, b))
-    return spans
-
+from gradian.attribute.spans import split_sentences
 
 @dataclass
 class SentenceScore:

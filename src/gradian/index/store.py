@@ -44,12 +44,27 @@ STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "float64":
 
 @dataclass(frozen=True)
 class GradSpec:
-    """What a stored training gradient is. Every field changes the numbers, so all are identity."""
+    """What a stored training gradient is. Every field changes the numbers, so all are identity.
+
+    Attributes:
+        tokenize: how rows become tokens and loss masks.
+        modules: layer-name substrings to restrict the LoRA blocks (None: all).
+        projection: the Kronecker JL projection (dim 0: exact).
+        storage_dtype: ``float32`` (default), ``float16`` or ``float64``.
+        optimizer: ``"none"`` (plain gradients) or ``"adam"``: each per-example gradient is
+            replaced by Adam's update direction from the checkpoint's ``optimizer.pt``
+            (:mod:`gradian.gradients.adam`), before projection. The file's hash is identity.
+        unit: ``"row"`` (one gradient per training row) or ``"sentence"`` (one per sentence of
+            each row's completion, the loss mask restricted to that sentence;
+            :func:`gradian.attribute.spans.sentence_units`).
+    """
 
     tokenize: TokenizeSpec = field(default_factory=TokenizeSpec)
     modules: tuple[str, ...] | None = None
     projection: ProjectionSpec = field(default_factory=ProjectionSpec)
     storage_dtype: str = "float32"
+    optimizer: str = "none"
+    unit: str = "row"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -165,6 +180,7 @@ def build_index(
     shard_size: int = 256,
     progress: Callable[[int], None] | None = None,
     stop_after_shards: int | None = None,
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
 ) -> GradientIndex:
     """Compute per-example training gradients and store them shard by shard.
 
@@ -183,6 +199,9 @@ def build_index(
         progress: called with the number of examples just processed (or skipped).
         stop_after_shards: stop after computing this many new shards (tests
             use it to simulate an interrupted build).
+        transform: optional ``(block name, g (b, o, i)) -> (b, o, i)`` applied to each
+            per-example gradient before projection (Adam preconditioning); it must be
+            reflected in ``identity``.
     Returns:
         the opened :class:`GradientIndex`.
     """
@@ -245,7 +264,10 @@ def build_index(
             grads, losses = per_example_grads(model, batch, "hooks", list(spec.modules) if spec.modules else None, return_losses=True)
             dest = torch.tensor([r - lo for r in rows])
             for i, b in enumerate(blocks):
-                per_block[b.name][dest] = projector(i, grads[b.name].detach().to(torch.float64)).to(storage).cpu()
+                g = grads[b.name].detach().to(torch.float64)
+                if transform is not None:
+                    g = transform(b.name, g)
+                per_block[b.name][dest] = projector(i, g).to(storage).cpu()
             for r, loss in zip(rows, losses.tolist()):
                 losses_all[r - lo] = float(loss)
             if progress:

@@ -1,0 +1,342 @@
+"""The training trajectory: checkpoints as first-class inputs to attribution.
+
+Influence at the final adapter alone misses rows the fine-tune has memorised:
+their loss is near zero there, so their gradient is near zero and they look
+harmless, although they did their damage earlier. TracIn (Pruthi et al., 2020)
+sums the first-order effect over the checkpoints of the run:
+
+    score_j = Σ_t w_t · score_t(j),      w_t = η_t / Σ_s η_s
+
+where ``score_t(j)`` is any engine's score of row j computed entirely at
+checkpoint t (its own training gradients, its own query gradients, its own
+fitted curvature) and ``η_t`` is the learning rate the optimizer used for the
+steps that checkpoint t stands for: the mean logged ``learning_rate`` over the
+steps after the previous checkpoint, up to and including t's step (LESS's
+choice), read from ``trainer_state.json``'s ``log_history``. Without a log the
+weights are equal. The weights are normalised to sum to 1, so the combined score
+keeps the units of a single-checkpoint influence and ``score / n`` stays a
+first-order loss change (:mod:`gradian.sign`).
+
+The queries are always the *final* model's failing items and its wrong
+answers; their gradients are re-evaluated at every checkpoint.
+
+Layout (HF Trainer): ``output_dir/checkpoint-<step>/`` with
+``adapter_config.json``, ``adapter_model.safetensors``, ``optimizer.pt`` and
+``trainer_state.json``. :func:`discover_checkpoints` finds the checkpoints
+that are children or siblings of the adapter folder; when the adapter is
+itself ``checkpoint-S``, later checkpoints are excluded (they are the future).
+Checkpoints with the same adapter weights as another (the last checkpoint is
+usually the final adapter) are counted once. A checkpoint trained on another
+base or with another LoRA shape is refused.
+
+Cost is linear in the number of checkpoints: one gradient index per checkpoint
+(content-addressed, so each is built once) and one query pass per checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from gradian.errors import GradianUserError
+from gradian.index.identity import adapter_identity
+
+_CKPT = re.compile(r"^checkpoint-(\d+)$")
+# LoRA settings that must agree between the final adapter and every checkpoint.
+_MUST_MATCH = ("peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "fan_in_fan_out")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One point of the trajectory.
+
+    Attributes:
+        path: a PEFT adapter folder.
+        step: its optimizer step (``checkpoint-<step>``, or the final adapter's
+            ``trainer_state.json`` ``global_step``); None when unknown.
+        final: whether this is the adapter being debugged.
+        weight: ``w_t`` (normalised, see the module docstring).
+        sha256: the adapter weights' content identity.
+        also: other folders holding the same adapter weights (the last ``checkpoint-*`` of a run
+            is usually the final adapter); their ``optimizer.pt`` counts as this point's.
+    """
+
+    path: Path
+    step: int | None
+    final: bool
+    weight: float
+    sha256: str
+    also: tuple[Path, ...] = ()
+
+    @property
+    def optimizer(self) -> Path | None:
+        """The ``optimizer.pt`` saved with these weights, if any."""
+        for folder in (self.path, *self.also):
+            p = folder / "optimizer.pt"
+            if p.is_file():
+                return p
+        return None
+
+    @property
+    def label(self) -> str:
+        return "final" if self.final else f"step {self.step}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": str(self.path), "step": self.step, "final": self.final, "weight": self.weight,
+                "adapter_sha256": self.sha256, "optimizer": str(self.optimizer) if self.optimizer else None}
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """The checkpoints to score over and how their scores combine.
+
+    Attributes:
+        checkpoints: in training order; the final adapter last.
+        weight_rule: how the weights were set (``"lr"`` or ``"equal"``) and why.
+    """
+
+    checkpoints: tuple[Checkpoint, ...]
+    weight_rule: str
+
+    @property
+    def weights(self) -> list[float]:
+        return [c.weight for c in self.checkpoints]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"weight_rule": self.weight_rule, "checkpoints": [c.to_dict() for c in self.checkpoints]}
+
+
+def _step_of(folder: Path) -> int | None:
+    m = _CKPT.match(folder.name)
+    if m:
+        return int(m.group(1))
+    st = folder / "trainer_state.json"
+    if st.is_file():
+        try:
+            gs = json.loads(st.read_text()).get("global_step")
+            return int(gs) if isinstance(gs, (int, float)) else None
+        except (json.JSONDecodeError, OSError, ValueError):
+            return None
+    return None
+
+
+def _ckpt_folders(parent: Path) -> list[Path]:
+    out = []
+    for p in parent.iterdir() if parent.is_dir() else []:
+        if p.is_dir() and _CKPT.match(p.name) and (p / "adapter_config.json").is_file():
+            out.append(p)
+    return out
+
+
+def discover_checkpoints(adapter: str | Path) -> list[Path]:
+    """``checkpoint-*`` adapter folders that are children or siblings of ``adapter``, by step.
+
+    When ``adapter`` is itself ``checkpoint-S``, only checkpoints with step ≤ S are kept.
+    """
+    a = Path(adapter)
+    found = {p.resolve() for p in _ckpt_folders(a)}
+    if a.parent != a:
+        found |= {p.resolve() for p in _ckpt_folders(a.parent)}
+    found.discard(a.resolve())
+    own = _CKPT.match(a.name)
+    if own:
+        found = {p for p in found if int(_CKPT.match(p.name).group(1)) <= int(own.group(1))}  # type: ignore[union-attr]
+    return sorted(found, key=lambda p: int(_CKPT.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def _read_cfg(folder: Path) -> dict[str, Any]:
+    from gradian.models.load import read_adapter_config
+
+    return read_adapter_config(folder)
+
+
+def check_compatible(final: Path, ckpt: Path) -> None:
+    """Refuse a checkpoint that is not the same LoRA adapter on the same base at another step.
+
+    Checks the LoRA settings (:data:`_MUST_MATCH`, the target modules), the
+    declared base, and that every stored tensor has the final adapter's name and shape.
+    """
+    from gradian.models.load import read_adapter_weights
+
+    a, b = _read_cfg(final), _read_cfg(ckpt)
+    where = str(ckpt / "adapter_config.json")
+    for k in _MUST_MATCH:
+        if a.get(k) != b.get(k):
+            raise GradianUserError(
+                f"checkpoint has {k}={b.get(k)!r} but the adapter has {a.get(k)!r}: not the same fine-tune",
+                where=f"{where}: {k}", fix="pass only checkpoints of this adapter's training run (--checkpoints)",
+            )
+    ta, tb = a.get("target_modules"), b.get("target_modules")
+    if (sorted(ta) if isinstance(ta, list) else ta) != (sorted(tb) if isinstance(tb, list) else tb):
+        raise GradianUserError(
+            f"checkpoint targets {tb!r} but the adapter targets {ta!r}", where=f"{where}: target_modules",
+            fix="pass only checkpoints of this adapter's training run (--checkpoints)",
+        )
+    ba, bb = a.get("base_model_name_or_path"), b.get("base_model_name_or_path")
+    if ba and bb and Path(str(ba).rstrip("/")).name != Path(str(bb).rstrip("/")).name:
+        raise GradianUserError(
+            f"checkpoint was trained on base {bb!r}, the adapter on {ba!r}", where=f"{where}: base_model_name_or_path",
+            fix="pass only checkpoints of this adapter's training run (--checkpoints)",
+        )
+    wa, wb = read_adapter_weights(final), read_adapter_weights(ckpt)
+    sa = {k: tuple(v.shape) for k, v in wa.items()}
+    sb = {k: tuple(v.shape) for k, v in wb.items()}
+    if sa != sb:
+        diff = sorted(set(sa.items()) ^ set(sb.items()))[:1]
+        raise GradianUserError(
+            f"checkpoint's LoRA tensors differ from the adapter's (first difference: {diff[0][0]} {diff[0][1]})",
+            where=str(ckpt), fix="pass only checkpoints of this adapter's training run (--checkpoints)",
+        )
+
+
+def _log_history(folders: Sequence[Path]) -> list[dict[str, Any]]:
+    """The longest ``log_history`` among the folders' ``trainer_state.json`` files (the final one usually)."""
+    best: list[dict[str, Any]] = []
+    for f in folders:
+        p = f / "trainer_state.json"
+        if not p.is_file():
+            continue
+        try:
+            hist = json.loads(p.read_text()).get("log_history")
+        except (json.JSONDecodeError, OSError):
+            raise GradianUserError("malformed trainer_state.json", where=str(p), fix="re-save it or remove it") from None
+        if isinstance(hist, list) and len(hist) > len(best):
+            best = [e for e in hist if isinstance(e, dict)]
+    return best
+
+
+def learning_rate_weights(steps: Sequence[int | None], history: list[dict[str, Any]]) -> tuple[list[float], str]:
+    """``η_t`` per checkpoint: the mean logged learning rate over (previous step, step].
+
+    Falls back to the last logged rate at or before the step when none was
+    logged inside the interval, and to equal weights when there is no log or a
+    step is unknown. Returns ``(normalised weights, rule)``.
+    """
+    n = len(steps)
+    lr_log = sorted(
+        (int(e["step"]), float(e["learning_rate"]))
+        for e in history
+        if isinstance(e.get("step"), (int, float)) and isinstance(e.get("learning_rate"), (int, float))
+    )
+    if not lr_log or any(s is None for s in steps):
+        why = "no learning_rate in trainer_state.json" if not lr_log else "a checkpoint's step is unknown"
+        return [1.0 / n] * n, f"equal ({why})"
+    eta = []
+    prev = 0
+    for s in steps:
+        inside = [lr for st, lr in lr_log if prev < st <= s]  # type: ignore[operator]
+        if inside:
+            eta.append(sum(inside) / len(inside))
+        else:
+            before = [lr for st, lr in lr_log if st <= s]  # type: ignore[operator]
+            eta.append(before[-1] if before else lr_log[0][1])
+        prev = s  # type: ignore[assignment]
+    total = sum(eta)
+    if not total > 0:
+        return [1.0 / n] * n, "equal (logged learning rates sum to 0)"
+    return [e / total for e in eta], "lr (mean logged learning_rate since the previous checkpoint)"
+
+
+def resolve_trajectory(adapter: str | Path, checkpoints: Sequence[str | Path] | str | None = "auto") -> Trajectory:
+    """The trajectory to attribute over.
+
+    Args:
+        adapter: the final adapter (the one being debugged).
+        checkpoints: ``"auto"`` (discover ``checkpoint-*`` children/siblings; the
+            final adapter alone when there are none), ``"final"`` / None (final
+            adapter only), or explicit adapter folders (a subset; the final adapter is
+            added when it is not among them).
+    Raises:
+        GradianUserError: a folder is not an adapter, or is not a checkpoint of this run.
+    """
+    final = Path(adapter)
+    _read_cfg(final)
+    if checkpoints in (None, "final"):
+        folders: list[Path] = []
+    elif checkpoints == "auto":
+        folders = discover_checkpoints(final)
+    else:
+        folders = [Path(c) for c in checkpoints]  # type: ignore[union-attr]
+        for c in folders:
+            _read_cfg(c)
+    for c in folders:
+        check_compatible(final, c)
+    entries: list[tuple[Path, int | None, bool, str]] = []
+    same: dict[str, list[Path]] = {}  # sha -> other folders with these weights
+    final_sha = adapter_identity(final)["sha256"]
+    for c in folders:
+        sha = adapter_identity(c)["sha256"]
+        if sha in same or sha == final_sha:
+            same.setdefault(sha, []).append(c)  # the same weights as another point (the last checkpoint is the final adapter)
+            continue
+        same[sha] = []
+        entries.append((c, _step_of(c), False, sha))
+    dup_steps = [_step_of(c) for c in same.get(final_sha, [])]
+    entries.sort(key=lambda e: (e[1] is None, e[1] or 0))
+    fstep = _step_of(final)
+    if fstep is None and dup_steps and dup_steps[0] is not None:
+        fstep = dup_steps[0]
+    if fstep is None and entries and entries[-1][1] is not None:
+        # the final adapter comes after every checkpoint; without its own step it stands for the rest of the run
+        hist = _log_history([final] + [e[0] for e in entries])
+        logged = [int(e["step"]) for e in hist if isinstance(e.get("step"), (int, float))]
+        fstep = max(logged) if logged else None
+    entries.append((final, fstep, True, final_sha))
+    if len(entries) > 1:
+        steps = [e[1] for e in entries]
+        if all(s is not None for s in steps) and len(set(steps)) < len(steps):
+            raise GradianUserError(
+                f"two checkpoints have the same step {sorted(s for s in steps if steps.count(s) > 1)[0]} but different weights",
+                where=str(final), fix="pass the checkpoints of one training run (--checkpoints)",
+            )
+        weights, rule = learning_rate_weights(steps, _log_history([e[0] for e in entries]))
+    else:
+        weights, rule = [1.0], "single (final adapter only)"
+    return Trajectory(
+        tuple(Checkpoint(p, s, f, w, sha, tuple(same.get(sha, ()))) for (p, s, f, sha), w in zip(entries, weights)), rule
+    )
+
+
+# --------------------------------------------------------------------------- weights in and out of a loaded model
+
+
+def lora_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of every LoRA parameter (``name -> tensor``) of the loaded PEFT model."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_A." in n or ".lora_B." in n}
+
+
+@contextmanager
+def checkpoint_weights(model: torch.nn.Module, ckpt: Checkpoint | Path) -> Iterator[None]:
+    """Load a checkpoint's LoRA weights into ``model`` for the block; restore the previous ones after.
+
+    The base weights are shared; only the LoRA matrices are swapped (in place, so
+    hooks and module references stay valid).
+    """
+    from peft import set_peft_model_state_dict
+
+    from gradian.models.load import read_adapter_weights
+
+    path = ckpt.path if isinstance(ckpt, Checkpoint) else Path(ckpt)
+    saved = lora_state(model)
+    weights = read_adapter_weights(path)
+    try:
+        with torch.no_grad():
+            res = set_peft_model_state_dict(model, weights)
+        missing = [k for k in getattr(res, "unexpected_keys", []) if "lora_" in k]
+        if missing:
+            raise GradianUserError(
+                f"checkpoint tensor {missing[0]} has no place in the loaded adapter", where=str(path),
+                fix="pass only checkpoints of this adapter's training run (--checkpoints)",
+            )
+        yield
+    finally:
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for n, t in saved.items():
+                params[n].copy_(t)

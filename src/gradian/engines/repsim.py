@@ -1,0 +1,104 @@
+"""RepSim: representation evidence, a reference engine beside the gradient engines.
+
+Li et al. (2024) find that plain hidden-state similarity often beats influence
+functions at tracing LLM behaviour to training data. A row's representation is
+the tuned model's last hidden state (after the final norm), mean-pooled over the
+row's supervised tokens:
+
+    h_j = (1/|S_j|) Σ_{t ∈ S_j} H_L[j, t]            (d,)
+
+and a failing item's are the same pooling over the tokens of what the model
+said (``h_w``) and of the correct completion (``h_c``), each after the item's
+prompt. In Gradian's sign convention (negative = evidence that j taught what
+the model said):
+
+    ``said``      mode:  score_j = − cos(h_w, h_j)
+    ``contrast``  mode:  score_j = cos(h_c, h_j) − cos(h_w, h_j)
+
+Training representations need one forward pass without gradients; they are
+cached by content (adapter, dataset, tokenisation) like the gradient index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate
+from gradian.gradients.loss import model_inputs
+
+
+@dataclass(frozen=True)
+class RepSimSpec:
+    """Attributes: mode (``"said"`` or ``"contrast"``)."""
+
+    mode: str = "said"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@torch.no_grad()
+def pooled_states(
+    model, items: Sequence[TokenizedExample], pad_token_id: int, batch_size: int = 8,
+    progress: Callable[[int], None] | None = None,
+) -> torch.Tensor:
+    """Mean last hidden state over each item's supervised tokens: (n, d) float64.
+
+    Batches are length-sorted (less padding); results come back in item order.
+    """
+    order = sorted(range(len(items)), key=lambda r: (len(items[r].input_ids), r))
+    out: torch.Tensor | None = None
+    device = next(model.parameters()).device
+    for s in range(0, len(order), batch_size):
+        rows = order[s : s + batch_size]
+        batch = {k: v.to(device) for k, v in collate([items[r] for r in rows], pad_token_id).items()}
+        hs = model(**model_inputs(batch), output_hidden_states=True).hidden_states[-1].double()  # (b, T, d)
+        # the token at t is supervised when labels[t] != -100 (HF labels are not yet shifted)
+        w = (batch["labels"] != IGNORE_INDEX).double()  # (b, T)
+        pooled = (hs * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp(min=1.0)
+        if out is None:
+            out = torch.zeros(len(items), hs.shape[-1], dtype=torch.float64)
+        out[torch.tensor(rows)] = pooled.cpu()
+        if progress:
+            progress(len(rows))
+    return out if out is not None else torch.zeros(0, 0, dtype=torch.float64)
+
+
+def cached_train_states(model, items, pad_token_id: int, identity: dict[str, Any], batch_size: int = 8,
+                        progress: Callable[[int], None] | None = None) -> torch.Tensor:
+    """:func:`pooled_states` of the training rows, cached under ``<cache>/repsim/<id>.safetensors``."""
+    from safetensors.torch import load_file, save
+
+    from gradian.paths import cache_dir
+    from gradian.util import atomic_write_bytes, sha256_json
+
+    key = sha256_json({"repsim": 1, **identity})[:16]
+    path = Path(cache_dir()) / "repsim" / f"{key}.safetensors"
+    if path.exists():
+        try:
+            t = load_file(str(path))["h"]
+            if t.shape[0] == len(items) and torch.isfinite(t).all():
+                return t
+        except Exception:  # a damaged cache file is recomputed, never trusted
+            pass
+    h = pooled_states(model, items, pad_token_id, batch_size, progress)
+    atomic_write_bytes(path, save({"h": h.contiguous()}))
+    return h
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm(dim=-1, keepdim=True).clamp(min=1e-30)
+
+
+def repsim_scores(train: torch.Tensor, said: torch.Tensor, correct: torch.Tensor | None, spec: RepSimSpec = RepSimSpec()) -> np.ndarray:
+    """Representation scores (m, n) from train (n, d), said (m, d) and correct (m, d) states (module docstring)."""
+    t = _unit(train)
+    s = -(_unit(said) @ t.T)
+    if spec.mode == "contrast" and correct is not None:
+        s = s + _unit(correct) @ t.T
+    return s.numpy()
