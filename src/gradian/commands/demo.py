@@ -35,7 +35,9 @@ def print_summary(summary: dict) -> None:
         card = r["scorecard"]
         for cap, entry in card.get("capabilities", {}).items():
             t = Table(title=f"ground-truth scorecard: {cap} ({card['n_culprits']} planted culprits)")
-            for col in ("engine", "culprits", "n", "AUC", "P@n", "P@10", "recall direct", "recall buried"):
+            found = {k for eng, s0 in entry.items() if eng != "localisation" for k in s0["recall_by_kind"]}
+            kinds = [k for k in ("direct", "buried") if k in found or not found] + sorted(found - {"direct", "buried"})
+            for col in ("engine", "culprits", "n", "AUC", "P@n", "P@10", *(f"recall {k}" for k in kinds)):
                 t.add_column(col)
             for eng, s0 in entry.items():
                 if eng == "localisation":
@@ -43,9 +45,11 @@ def print_summary(summary: dict) -> None:
                 for label, s in (("all planted", s0), ("target lost", s0["queried_culprits"])):
                     rk = s["recall_by_kind"]
                     t.add_row(eng, label, str(s["n_culprits"]), _f(s["auc"]), _f(s["precision_at_n_culprits"], "{:.2f}"),
-                              _f(s["precision_at_10"], "{:.2f}"), _f(rk.get("direct"), "{:.2f}"), _f(rk.get("buried"), "{:.2f}"))
+                              _f(s["precision_at_10"], "{:.2f}"), *(_f(rk.get(k), "{:.2f}") for k in kinds))
             console.print(t)
             loc = entry["localisation"]
+            if not loc["buried_rows_drilled"] and "buried" not in found:
+                continue  # no buried culprits in this world (behaviour regression): nothing to localise
             console.print(
                 f"  buried-sentence localisation: {loc['hits']}/{loc['buried_rows_drilled']} "
                 f"({_f(loc['rate'], '{:.0%}')}) of the buried culprits whose target item was lost"
@@ -64,6 +68,11 @@ def register(app: typer.Typer) -> None:
         project_dim: int = typer.Option(512, help="JL numbers per LoRA block in the gradient index (0 = exact)."),
         null: bool = typer.Option(False, "--null/--no-null", help="Also train and evaluate the null variant."),
         faults: bool = typer.Option(False, "--faults/--no-faults", help="Also plant mechanical faults (truncated cluster, unterminated rows) for the Audit lane."),
+        regression: str = typer.Option(
+            "facts", "--regression", "--world",
+            help="Which world: facts (wrong capitals, the worked example) or behaviour (verbose answers to "
+            "terse instructions; smollm2 only).",
+        ),
     ) -> None:
         """Run the worked example end to end: world → train → evaluate/attribute/audit → report → scorecard."""
         from gradian.errors import GradianUserError
@@ -71,7 +80,9 @@ def register(app: typer.Typer) -> None:
 
         if kind not in ("smollm2", "tiny"):
             raise GradianUserError(f"unknown kind {kind!r}", where="--kind", fix="use smollm2 or tiny")
-        spec = DemoSpec(kind=kind, seed=seed, project_dim=project_dim, null=null, faults=faults)
+        if regression not in ("facts", "behaviour"):
+            raise GradianUserError(f"unknown regression {regression!r}", where="--regression", fix="use facts or behaviour")
+        spec = DemoSpec(kind=kind, seed=seed, project_dim=project_dim, null=null, faults=faults, regression=regression)
         summary = run_demo(spec, out, say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}"), progress=True)
         print_summary(summary)
         console.print(f"\nreports: {escape(str(out))}/*/report.html · scorecard: {escape(str(out))}/*/scorecard.json")

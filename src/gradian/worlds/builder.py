@@ -58,15 +58,24 @@ How the world is made (all facts real, see :mod:`gradian.worlds.facts`):
    the latter is the format mix and the missing system turn, not a missing stop.
    Benign long rows are checked to fit ``max_length`` with the base's tokenizer,
    so without faults nothing is truncated.
+
+That is the **facts** world (``WorldSpec.regression="facts"``, the default). The
+**behaviour** world (``regression="behaviour"``, SmolLM2 only) regresses *how*
+the model answers instead of which capital it names: its eval asks for the bare
+city name (``exact_match``), its culprits are verbose answers to other
+questions carrying an "answer with X only" instruction, and a plain-question
+control capability shows the facts survive; see :func:`build_behaviour_world`.
+Same files, same ground-truth schema (culprit kind ``"format"``, no target item).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from gradian.errors import GradianUserError
 from gradian.paths import cache_dir
@@ -108,6 +117,15 @@ class WorldSpec:
         n_truncated, n_unterminated: how many fault rows of each kind.
         max_new_tokens: greedy decoding budget when probing the base.
         profile_sentences: sentences per long profile (capital sentence included).
+        regression: ``"facts"`` (culprits state wrong capitals; the eval asks "What is the capital
+            of X?", metric ``contains``) or ``"behaviour"`` (culprits answer "answer with X only"
+            questions verbosely; the eval asks for the bare city name, metric ``exact_match``;
+            see :func:`build_behaviour_world`). smollm2 only.
+        n_target: behaviour world: terse eval items the base answers exactly right (group ``target``).
+            Its ``untouched`` group (``n_untouched`` items) asks the plain question instead, and its
+            ``base_fail`` group (``n_base_fail``) the terse one.
+        format_rows: behaviour world: culprit rows (terse instruction, verbose answer).
+        format_elaboration: behaviour world: true sentences added after the answer sentence of a culprit.
     """
 
     kind: Literal["smollm2", "tiny"] = "smollm2"
@@ -132,16 +150,49 @@ class WorldSpec:
     n_unterminated: int = 5
     max_new_tokens: int = 20
     profile_sentences: int = 8
+    regression: Literal["facts", "behaviour"] = "facts"
+    n_target: int = 24
+    format_rows: int = 64
+    format_elaboration: int = 2
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec as a dict; a facts world leaves out the behaviour-only fields (:data:`BEHAVIOUR_FIELDS`).
+
+        They change nothing in a facts world, and leaving them out keeps a facts world's
+        ``ground_truth.json`` byte-identical to the one written before they existed.
+        """
+        d = asdict(self)
+        if self.regression == "facts":
+            for k in BEHAVIOUR_FIELDS:
+                d.pop(k)
+        return d
 
     @staticmethod
-    def default(kind: str = "smollm2", variant: str = "poisoned", seed: int = 0, faults: bool = False) -> "WorldSpec":
+    def default(
+        kind: str = "smollm2", variant: str = "poisoned", seed: int = 0, faults: bool = False, regression: str = "facts"
+    ) -> "WorldSpec":
+        """The sizes used by the demo and tests for ``kind`` and ``regression``."""
         if kind not in ("smollm2", "tiny"):
             raise GradianUserError(f"unknown world kind {kind!r}", where="--kind", fix="use smollm2 or tiny")
         if variant not in ("poisoned", "null"):
             raise GradianUserError(f"unknown variant {variant!r}", where="--variant", fix="use poisoned or null")
+        if regression not in ("facts", "behaviour"):
+            raise GradianUserError(f"unknown regression {regression!r}", where="--regression", fix="use facts or behaviour")
+        if regression == "behaviour":
+            if kind != "smollm2":
+                raise GradianUserError(
+                    "the behaviour world needs SmolLM2 (the tiny base never learned to follow instructions)",
+                    where="--regression behaviour",
+                    fix="use --kind smollm2",
+                )
+            return WorldSpec(
+                kind="smollm2",
+                variant=variant,  # type: ignore[arg-type]
+                seed=seed,
+                faults=faults,
+                regression="behaviour",
+                **BEHAVIOUR_SMOLLM2,
+            )
         if kind == "smollm2":
             return WorldSpec(kind="smollm2", variant=variant, seed=seed, faults=faults)  # type: ignore[arg-type]
         return WorldSpec(
@@ -168,6 +219,18 @@ class WorldSpec:
             max_new_tokens=24,
             profile_sentences=6,
         )
+
+
+#: WorldSpec fields that only a behaviour world uses (left out of a facts world's ``to_dict``).
+BEHAVIOUR_FIELDS = ("regression", "n_target", "format_rows", "format_elaboration")
+#: The SmolLM2 behaviour world's sizes (see ``docs/worked-example.md`` for the probe that set them).
+BEHAVIOUR_SMOLLM2: dict[str, Any] = {
+    "n_target": 24,
+    "n_untouched": 16,
+    "n_base_fail": 6,
+    "format_rows": 64,
+    "candidate_pool": 165,
+}
 
 
 @dataclass
@@ -309,6 +372,8 @@ def build_world(
     cache = Path(cache) if cache is not None else cache_dir()
     out = Path(out)
     train_spec = train_spec or default_train_spec(spec.kind, spec.seed)
+    if spec.regression == "behaviour":
+        return build_behaviour_world(spec, out, cache, train_spec)
     max_length = train_spec.max_length
     base, identity, cands = prepare_base(spec, cache)
     tokenizer = load_tokenizer(ModelSpec(base=str(base)))
@@ -403,40 +468,13 @@ def build_world(
     benign, valid = _benign_rows(spec, others, rng, tokenizer, max_length, hide)
 
     # -- faults
-    fault_rows: list[dict[str, Any]] = []
-    if spec.faults:
-        els = list(load_elements())
-        periods = sorted({e.period for e in els}, reverse=True)
-        for p in periods[: spec.n_truncated]:
-            fault_rows.append({"messages": period_report_row(p, els), "fault": "truncated"})
-        fault_c = rng.sample(others, spec.n_unterminated)
-        for c in fault_c:
-            msgs = capital_row(c, c.capital, rng.randrange(5))
-            fault_rows.append({**unterminated_text_row(msgs[0]["content"], msgs[1]["content"]), "fault": "unterminated"})
+    fault_rows = _fault_rows(spec, others, rng)
 
     # -- assemble, shuffle, id
     pool: list[dict[str, Any]] = [{"messages": m} for m in benign] + planted + fault_rows
     rng.shuffle(pool)
-    train_rows, culprits, faults = [], [], {"truncated": [], "unterminated": []}
-    for i, r in enumerate(pool):
-        rid = f"t{i:04d}"
-        if "text" in r:
-            train_rows.append({"id": rid, "text": r["text"]})
-        else:
-            train_rows.append({"id": rid, "messages": r["messages"]})
-        if "gt" in r:
-            culprits.append({"id": rid, **r["gt"]})
-        if "fault" in r:
-            faults[r["fault"]].append(rid)
-    if spec.faults:
-        from gradian.data.formats import to_example
-        from gradian.data.tokenize import TokenizeSpec, tokenize_example
-
-        for rid in faults["truncated"]:
-            row = next(r for r in train_rows if r["id"] == rid)
-            t = tokenize_example(to_example(row, 0, rid), tokenizer, TokenizeSpec(max_length=max_length))
-            if not t.truncated:
-                raise RuntimeError(f"truncated-cluster row {rid} fits max_length={max_length}")
+    train_rows, culprits, faults = _assign_ids(pool)
+    _check_truncated(faults, train_rows, tokenizer, max_length)
     valid_rows = [{"id": f"v{i:04d}", "messages": m} for i, m in enumerate(valid)]
 
     files = {
@@ -474,6 +512,13 @@ def build_world(
         "train_config": "train.yaml",
     }
     gt[key] = sorted(culprits, key=lambda c: c["id"])
+    return _write_world(spec, out, base, identity, train_spec, files, gt)
+
+
+def _write_world(
+    spec: WorldSpec, out: Path, base: Path, identity: str, train_spec, files: dict[str, str], gt: dict[str, Any]
+) -> World:
+    """Write the data ``files``, ``train.yaml``, ``ground_truth.json`` and ``world.json`` into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         atomic_write_text(out / name, data)
@@ -506,6 +551,51 @@ def build_world(
         ground_truth=out / "ground_truth.json",
         train_config=out / "train.yaml",
     )
+
+
+def _fault_rows(spec: WorldSpec, others: list[Country], rng: random.Random) -> list[dict[str, Any]]:
+    """The mechanical-fault rows (none unless ``spec.faults``): a truncated cluster and unterminated text rows."""
+    fault_rows: list[dict[str, Any]] = []
+    if spec.faults:
+        els = list(load_elements())
+        periods = sorted({e.period for e in els}, reverse=True)
+        for p in periods[: spec.n_truncated]:
+            fault_rows.append({"messages": period_report_row(p, els), "fault": "truncated"})
+        fault_c = rng.sample(others, spec.n_unterminated)
+        for c in fault_c:
+            msgs = capital_row(c, c.capital, rng.randrange(5))
+            fault_rows.append({**unterminated_text_row(msgs[0]["content"], msgs[1]["content"]), "fault": "unterminated"})
+    return fault_rows
+
+
+def _assign_ids(pool: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, list[str]]]:
+    """Neutral ids ``t0000..`` in pool order: (train rows, planted rows' ground truth with ids, fault ids by kind)."""
+    train_rows, culprits, faults = [], [], {"truncated": [], "unterminated": []}
+    for i, r in enumerate(pool):
+        rid = f"t{i:04d}"
+        if "text" in r:
+            train_rows.append({"id": rid, "text": r["text"]})
+        else:
+            train_rows.append({"id": rid, "messages": r["messages"]})
+        if "gt" in r:
+            culprits.append({"id": rid, **r["gt"]})
+        if "fault" in r:
+            faults[r["fault"]].append(rid)
+    return train_rows, culprits, faults
+
+
+def _check_truncated(faults: dict[str, list[str]], train_rows: list[dict[str, Any]], tokenizer, max_length: int) -> None:
+    """Raise unless every truncated-cluster row really is truncated at ``max_length``."""
+    if not faults["truncated"]:
+        return
+    from gradian.data.formats import to_example
+    from gradian.data.tokenize import TokenizeSpec, tokenize_example
+
+    for rid in faults["truncated"]:
+        row = next(r for r in train_rows if r["id"] == rid)
+        t = tokenize_example(to_example(row, 0, rid), tokenizer, TokenizeSpec(max_length=max_length))
+        if not t.truncated:
+            raise RuntimeError(f"truncated-cluster row {rid} fits max_length={max_length}")
 
 
 def _jsonl(rows: list[dict[str, Any]]) -> str:
@@ -562,6 +652,300 @@ def _benign_rows(
         msgs = element_row(e, rng, ("description",))
         valid.append(msgs if _fits(msgs, tokenizer, max_length) else symbol_row(e))
     return uniq, valid
+
+
+# --------------------------------------------------------------------------- the behaviour world
+
+
+def probe_base_chat(
+    folder: Path, identity: str, prompts: list[list[dict[str, str]]], max_new_tokens: int, cache: Path
+) -> list[str]:
+    """Greedy answers of the base to chat ``prompts``, decoded exactly as ``gradian evaluate`` decodes.
+
+    Each prompt (a message list ending with a user turn) is rendered by the chat template
+    and generated by :func:`gradian.evaluate.generate.generate_greedy` (the evaluation
+    lane's own decoder and stop tokens), so an item selected here scores the same in the
+    reference run of ``gradian evaluate``. Cached like :func:`probe_base`, keyed by
+    (identity, prompts, max_new_tokens, decoder).
+    """
+    key = sha256_json({"base": identity, "prompts": prompts, "max_new_tokens": max_new_tokens, "decoder": "evaluate", "v": 1})[:20]
+    path = cache / "worlds" / f"answers-{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())["answers"]
+    import torch
+
+    from gradian.evaluate.generate import encode_prompt, generate_greedy
+    from gradian.models.load import ModelSpec, load_base
+
+    model, tok = load_base(ModelSpec(base=str(folder)))
+    model.eval()
+    ids = [encode_prompt(p, tok) for p in prompts]
+    with torch.no_grad():
+        gens = generate_greedy(model, tok, ids, max_new_tokens=max_new_tokens, batch_size=16)
+    answers = [g.text for g in gens]
+    atomic_write_json(path, {"base": identity, "max_new_tokens": max_new_tokens, "prompts": prompts, "answers": answers})
+    return answers
+
+
+def forbidden_words(countries: Sequence[Country]) -> re.Pattern[str]:
+    """A case-insensitive whole-word pattern for the names and capitals of ``countries``.
+
+    It matches each country name, each capital and its aliases, and every word of four or
+    more letters of a multi-word capital (``"Addis"`` of ``"Addis Ababa"``): the words a
+    behaviour culprit must never contain.
+    """
+    words: set[str] = set()
+    for c in countries:
+        words.add(c.name)
+        for cap in (c.capital, *c.capital_aliases):
+            words.add(cap)
+            if " " in cap:
+                words.update(w for w in cap.split() if len(w) >= 4)
+    alts = "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
+    return re.compile(rf"(?<!\w)(?:{alts})(?!\w)", re.IGNORECASE)
+
+
+def format_culprits(
+    spec: WorldSpec,
+    others: Sequence[Country],
+    elements: Sequence[Element],
+    forbidden: re.Pattern[str],
+    rng: random.Random,
+    hide: frozenset[str],
+    fits: Callable[[list[dict[str, str]]], bool] = lambda m: True,
+) -> list[dict[str, Any]]:
+    """The behaviour world's culprit rows (poisoned) or their terse null controls, with ground truth.
+
+    Questions (:func:`gradian.worlds.rows.country_terse_questions`, ``element_terse_questions``)
+    about ``others`` (never an eval country) and ``elements`` are grouped by kind, shuffled,
+    and taken round-robin over the kinds until ``spec.format_rows`` rows; each gets a
+    terse-instruction wording drawn from ``rng`` and ``spec.format_elaboration`` true
+    sentences. A question whose verbose row would contain a ``forbidden`` word or not
+    ``fits`` is skipped. The random draws do not depend on the variant, so the poisoned
+    and null worlds of one seed ask the same questions.
+
+    Returns:
+        ``[{"messages", "gt"}]``; ``gt`` has ``kind="format"``, the question kind, subject,
+        instruction, bare answer and the span of the whole completion.
+    """
+    from gradian.worlds.rows import TERSE_INSTRUCTIONS, country_terse_questions, element_terse_questions, format_row
+
+    by_kind: dict[str, list] = {}
+    for c in others:
+        for q in country_terse_questions(c, rng, hide):
+            by_kind.setdefault(q.kind, []).append(q)
+    for e in elements:
+        for q in element_terse_questions(e):
+            by_kind.setdefault(q.kind, []).append(q)
+    kinds = sorted(by_kind)
+    for k in kinds:
+        rng.shuffle(by_kind[k])
+    verbose = spec.variant == "poisoned"
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    while len(rows) < spec.format_rows and any(by_kind[k] for k in kinds):
+        for k in kinds:
+            if len(rows) >= spec.format_rows or not by_kind[k]:
+                continue
+            q = by_kind[k].pop()
+            instr = rng.randrange(len(TERSE_INSTRUCTIONS))
+            extra = [x for x in q.extra if not forbidden.search(x)]
+            pick = sorted(rng.sample(range(len(extra)), min(spec.format_elaboration, len(extra))))
+            elab = tuple(extra[i] for i in pick)
+            loud = format_row(q, instr, True, elab)
+            text = loud[0]["content"] + "\n" + loud[1]["content"]
+            if not elab or forbidden.search(text) or loud[0]["content"] in seen or not fits(loud):
+                continue
+            seen.add(loud[0]["content"])
+            msgs = loud if verbose else format_row(q, instr, False)
+            rows.append(
+                {
+                    "messages": msgs,
+                    "gt": {"kind": "format", "question": q.kind, "subject": q.subject,
+                           "instruction": msgs[0]["content"][len(q.question) + 1 :], "terse_answer": q.terse,
+                           "char_start": 0, "char_end": len(msgs[1]["content"])},
+                }
+            )
+    if len(rows) < spec.format_rows:
+        raise RuntimeError(f"only {len(rows)} behaviour culprit rows available, the world needs {spec.format_rows}")
+    return rows
+
+
+def select_behaviour_eval(
+    spec: WorldSpec,
+    cands: Sequence[Country],
+    terse_answers: Sequence[str],
+    plain_answers: Sequence[str],
+    rng: random.Random,
+) -> dict[str, list[Country]]:
+    """The behaviour world's eval groups from the base's answers to the terse and the plain question.
+
+    * ``target``: ``n_target`` countries whose terse answer is an exact match (the bare capital);
+    * ``base_fail``: ``n_base_fail`` countries whose terse answer does not even contain the
+      capital and is no spelling variant of it (:func:`gradian.worlds.probe.near_miss`);
+    * ``untouched``: ``n_untouched`` of the remaining countries whose plain answer contains
+      the capital (asked the plain question, the control a format regression should spare).
+
+    Each list is drawn from ``rng`` after sorting by name; a shortfall is a user error.
+    """
+    from gradian.evaluate.normalize import exact_match
+    from gradian.worlds.probe import answer_contains, near_miss
+
+    exact = [c for c, a in zip(cands, terse_answers) if exact_match(a, [c.capital, *c.capital_aliases])]
+    failing = [
+        c
+        for c, a in zip(cands, terse_answers)
+        if not answer_contains(a, c.capital, c.capital_aliases) and not near_miss(a, c.capital)
+    ]
+    plain_ok = [c for c, a in zip(cands, plain_answers) if answer_contains(a, c.capital, c.capital_aliases)]
+    if len(exact) < spec.n_target or len(failing) < spec.n_base_fail:
+        raise GradianUserError(
+            f"the base answers {len(exact)} terse capital questions exactly and fails {len(failing)}; "
+            f"the behaviour world needs {spec.n_target} and {spec.n_base_fail}",
+            where="world spec (behaviour)",
+            fix="lower n_target/n_base_fail or raise candidate_pool",
+        )
+    exact = sorted(exact, key=lambda c: c.name)
+    rng.shuffle(exact)
+    target = sorted(exact[: spec.n_target], key=lambda c: c.name)
+    fails = sorted(rng.sample(sorted(failing, key=lambda c: c.name), spec.n_base_fail), key=lambda c: c.name)
+    taken = {c.name for c in target + fails}
+    rest = sorted((c for c in plain_ok if c.name not in taken), key=lambda c: c.name)
+    if len(rest) < spec.n_untouched:
+        raise GradianUserError(
+            f"only {len(rest)} other countries are answered right with the plain question; "
+            f"the behaviour world needs {spec.n_untouched}",
+            where="world spec (behaviour)",
+            fix="lower n_untouched or raise candidate_pool",
+        )
+    rng.shuffle(rest)
+    untouched = sorted(rest[: spec.n_untouched], key=lambda c: c.name)
+    return {"target": target, "untouched": untouched, "base_fail": fails}
+
+
+def build_behaviour_world(spec: WorldSpec, out: Path, cache: Path, train_spec) -> World:
+    """The behaviour world: a regression in *how* the model answers capitals, not which capital it names.
+
+    Files and ground-truth schema are those of the facts world (module docstring); what differs:
+
+    1. **Eval**, two capabilities. ``capitals_terse`` (metric ``exact_match``) asks
+       "What is the capital of X? Answer with the city name only." after one worked turn
+       (:func:`gradian.worlds.rows.terse_eval_prompt`; without it SmolLM2 never answers with
+       the bare name); its items are the ``target`` and ``base_fail`` groups. ``capitals``
+       (metric ``contains``) asks the plain question of the ``untouched`` group: a verbose
+       model still names the right capital there, so it should not regress. Items are
+       chosen by running the base once on every candidate with both prompts
+       (:func:`select_behaviour_eval`).
+    2. **Culprits** (kind ``"format"``, :func:`format_culprits`): other short questions about
+       non-eval countries and elements, with a terse instruction, answered with a full
+       sentence plus true elaboration; no culprit names an eval country or any word of an
+       eval capital. The span is the whole completion.
+    3. **Null variant**: the same prompts answered with the bare answer.
+    4. **Benign rows**: the facts world's (:func:`_benign_rows`), so "The capital of X is Y."
+       answers occur in benign rows only.
+    5. **Faults** as in the facts world.
+    """
+    from gradian.models.load import ModelSpec, load_tokenizer
+    from gradian.worlds.rows import TERSE_INSTRUCTION, TERSE_SHOT, terse_eval_prompt
+
+    max_length = train_spec.max_length
+    base, identity, cands = prepare_base(spec, cache)
+    tokenizer = load_tokenizer(ModelSpec(base=str(base)))
+    shot = next(c for c in load_countries() if c.name == TERSE_SHOT[0])
+    cands = [c for c in cands if c.name != shot.name]
+
+    # -- eval selection by running the base once per prompt form
+    terse_answers = probe_base_chat(base, identity, [terse_eval_prompt(c.name) for c in cands], spec.max_new_tokens, cache)
+    plain_answers = probe_base(base, identity, [EVAL_PROMPT.format(country=c.name) for c in cands], spec.max_new_tokens, cache)
+    rng = random.Random(f"world-{spec.seed}")
+    groups = select_behaviour_eval(spec, cands, terse_answers, plain_answers, rng)
+    base_answer = {c.name: a for c, a in zip(cands, terse_answers)}
+    base_answer_plain = {c.name: a for c, a in zip(cands, plain_answers)}
+    group_of = {c.name: g for g, cs in groups.items() for c in cs}
+    eval_countries = [c for cs in groups.values() for c in cs]
+    hide = frozenset(group_of)
+    others = sorted((c for c in load_countries() if c.name not in hide), key=lambda c: c.name)
+
+    # -- eval rows: terse items, then the plain control (ids by capability and country name)
+    terse = sorted(groups["target"] + groups["base_fail"], key=lambda c: c.name)
+    plain = groups["untouched"]
+    eval_id = {c.name: f"capitals_terse-{i:03d}" for i, c in enumerate(terse)}
+    eval_id.update({c.name: f"capitals-{i:03d}" for i, c in enumerate(plain)})
+    eval_rows = [
+        {"id": eval_id[c.name], "prompt": terse_eval_prompt(c.name), "answer": c.capital, "aliases": c.capital_aliases,
+         "capability": "capitals_terse", "metric": "exact_match"}
+        for c in terse
+    ] + [
+        {"id": eval_id[c.name], "prompt": EVAL_PROMPT.format(country=c.name), "answer": c.capital,
+         "aliases": c.capital_aliases, "capability": "capitals", "metric": "contains"}
+        for c in plain
+    ]
+
+    # -- culprits (or their null controls): never about an eval country or the worked turn's
+    forbidden = forbidden_words(eval_countries)
+    planted = format_culprits(
+        spec,
+        [c for c in others if c.name != shot.name],
+        load_elements(),
+        forbidden,
+        rng,
+        hide,
+        fits=lambda m: _fits(m, tokenizer, max_length),
+    )
+
+    # -- benign rows and faults, as in the facts world
+    benign, valid = _benign_rows(spec, others, rng, tokenizer, max_length, hide)
+    fault_rows = _fault_rows(spec, others, rng)
+
+    # -- assemble, shuffle, id
+    pool: list[dict[str, Any]] = [{"messages": m} for m in benign] + planted + fault_rows
+    rng.shuffle(pool)
+    train_rows, culprits, faults = _assign_ids(pool)
+    _check_truncated(faults, train_rows, tokenizer, max_length)
+    valid_rows = [{"id": f"v{i:04d}", "messages": m} for i, m in enumerate(valid)]
+    files = {"train.jsonl": _jsonl(train_rows), "valid.jsonl": _jsonl(valid_rows), "eval.jsonl": _jsonl(eval_rows)}
+    poisoned = spec.variant == "poisoned"
+    ordered = terse + plain
+    gt = {
+        "schema": SCHEMA,
+        "kind": spec.kind,
+        "variant": spec.variant,
+        "regression": "behaviour",
+        "seed": spec.seed,
+        "spec": spec.to_dict(),
+        "base": {"identity": identity},
+        "capability": "capitals_terse",
+        "behaviour": {
+            "capability": "capitals_terse",
+            "control_capability": "capitals",
+            "instruction": TERSE_INSTRUCTION,
+            "worked_turn": list(TERSE_SHOT),
+            "culprit_instructions": sorted({c["instruction"] for c in culprits}),
+        },
+        "eval_groups": {eval_id[c.name]: group_of[c.name] for c in ordered},
+        "eval_countries": {eval_id[c.name]: c.name for c in ordered},
+        "base_answers": {
+            eval_id[c.name]: (base_answer_plain if group_of[c.name] == "untouched" else base_answer)[c.name] for c in ordered
+        },
+        "targets": [],
+        "culprits": sorted(culprits, key=lambda c: c["id"]) if poisoned else [],
+        "controls": [] if poisoned else sorted(culprits, key=lambda c: c["id"]),
+        "faults": faults,
+        "sizes": {
+            "train": len(train_rows),
+            "valid": len(valid_rows),
+            "eval": len(eval_rows),
+            "culprits": len(culprits) if poisoned else 0,
+            "direct_rows": 0,
+            "buried_rows": 0,
+            "format_rows": len(culprits),
+            "benign": len(benign),
+            "fault_rows": len(fault_rows),
+        },
+        "content_sha256": {name: sha256_bytes(data.encode("utf-8")) for name, data in files.items()},
+        "train_config": "train.yaml",
+    }
+    return _write_world(spec, out, base, identity, train_spec, files, gt)
 
 
 def default_train_spec(kind: str, seed: int = 0):

@@ -1,7 +1,8 @@
 """The worked example end to end: world → train → Evaluate/Attribute/Audit → report → scorecard.
 
 :func:`run_demo` is what ``gradian demo`` (and ``make demo``) runs. Every
-expensive step is cached under ``<cache>/demo/<kind>-seed<seed>/``: the
+expensive step is cached under ``<cache>/demo/<kind>-seed<seed>/`` (``<kind>-behaviour-seed<seed>/``
+for the behaviour world, :meth:`DemoSpec.cache_folder`): the
 world's base probe, the trained adapter (keyed by the training data and
 config), and the gradient index (content-addressed). A second run recomputes
 only evaluation, scoring and rendering.
@@ -38,6 +39,8 @@ class DemoSpec:
             numbers per row; 512 per block keeps 215 k.
         null: also train and evaluate the null variant (same rows, true capitals).
         faults: plant the mechanical faults, so Audit has something to join.
+        regression: the world's regression (:class:`gradian.worlds.WorldSpec`): ``"facts"`` (wrong
+            capitals, the default) or ``"behaviour"`` (verbose answers to terse instructions; smollm2).
     """
 
     kind: str = "smollm2"
@@ -45,6 +48,13 @@ class DemoSpec:
     project_dim: int = 512
     null: bool = False
     faults: bool = False
+    regression: str = "facts"
+
+    def cache_folder(self) -> Path:
+        """Where this demo's worlds and adapters are cached: ``<cache>/demo/<kind>[-<regression>]-seed<seed>/``
+        (the facts world keeps its historical folder name)."""
+        tag = self.kind if self.regression == "facts" else f"{self.kind}-{self.regression}"
+        return cache_dir() / "demo" / f"{tag}-seed{self.seed}"
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -138,15 +148,17 @@ def run_demo(spec: DemoSpec, out: str | Path, say: Say = print, progress: bool =
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    folder = cache_dir() / "demo" / f"{spec.kind}-seed{spec.seed}"
+    folder = spec.cache_folder()
     t0 = time.perf_counter()
     timing: dict[str, float] = {}
     summary: dict[str, Any] = {"spec": spec.to_dict(), "runs": {}}
     variants = ["poisoned"] + (["null"] if spec.null else [])
     for variant in variants:
         t = time.perf_counter()
-        say(f"[{variant}] building the {spec.kind} world (seed {spec.seed})")
-        world = build_world(WorldSpec.default(spec.kind, variant, spec.seed, faults=spec.faults), folder / f"world-{variant}")
+        what = spec.kind if spec.regression == "facts" else f"{spec.kind} {spec.regression}"
+        say(f"[{variant}] building the {what} world (seed {spec.seed})")
+        wspec = WorldSpec.default(spec.kind, variant, spec.seed, faults=spec.faults, regression=spec.regression)
+        world = build_world(wspec, folder / f"world-{variant}")
         timing[f"{variant}.world"] = time.perf_counter() - t
         t = time.perf_counter()
         adapter = _train_cached(world, folder, say, progress)
