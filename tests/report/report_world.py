@@ -6,7 +6,8 @@ genuine ``run.json`` (Evaluate → Attribute → Audit), not a hand-made dict:
 
 * a tiny Llama base is taught the true answers of two capabilities (``capitals``,
   ``symbols``; invented names, so nothing depends on real-world knowledge);
-* a LoRA adapter is trained on ``train.jsonl`` (messages format) holding
+* a LoRA adapter is trained on ``train.jsonl`` (messages format), with checkpoints after steps 30
+  and 60 (``adapter/checkpoint-*/``, the trajectory attribution scores over), holding
 
   - ``sym-*``: the correct symbols (format only),
   - ``cap-*``: correct capitals of the last eight countries,
@@ -81,8 +82,12 @@ def _examples(pairs_or_rows, tok):
 
 
 def _fit(model, tok, rows, *, steps: int, lr: float, params, batch_size: int | None = None, seed: int = 0,
-         log: list | None = None):
-    """Minibatch Adam on completion-only loss; appends trainer-style log entries to ``log``."""
+         log: list | None = None, checkpoints: dict | None = None):
+    """Minibatch Adam on completion-only loss; appends trainer-style log entries to ``log``.
+
+    ``checkpoints``: ``{step: folder}``; the (PEFT) model and a ``trainer_state.json`` with the log
+    so far are saved there after that step, as HF's Trainer lays out ``checkpoint-<step>/``.
+    """
     from gradian.data.tokenize import collate
     from gradian.gradients.loss import model_inputs, per_example_loss
 
@@ -110,6 +115,9 @@ def _fit(model, tok, rows, *, steps: int, lr: float, params, batch_size: int | N
         if log is not None:
             log.append({"epoch": round(step / spe, 4), "grad_norm": round(gn, 4), "learning_rate": lr_s,
                         "loss": round(float(loss), 4), "step": step})
+        if checkpoints and step in checkpoints:
+            model.save_pretrained(checkpoints[step])
+            Path(checkpoints[step], "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": list(log or [])}))
     model.eval()
 
 
@@ -141,8 +149,10 @@ def build_world(root: Path) -> dict:
         pm = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, target_modules=default_targets("llama")))
         history: list[dict] = []
         steps = 90
+        # a checkpoint per "epoch" of 30 steps, as a Trainer run with save_strategy=epoch leaves them
+        cks = {s: root / "adapter" / f"checkpoint-{s}" for s in (30, 60)}
         _fit(pm, tok, rows, steps=steps, lr=1e-2, params=[p for p in pm.parameters() if p.requires_grad],
-             batch_size=8, seed=1, log=history)
+             batch_size=8, seed=1, log=history, checkpoints=cks)
         pm.save_pretrained(root / "adapter")
     finally:
         torch.set_num_threads(threads)
@@ -154,6 +164,7 @@ def build_world(root: Path) -> dict:
     state = {"global_step": steps, "max_steps": steps, "num_train_epochs": math.ceil(steps / spe),
              "logging_steps": 1, "train_batch_size": 8, "log_history": history}
     (root / "trainer_state.json").write_text(json.dumps(state))
+    (root / "adapter" / "trainer_state.json").write_text(json.dumps(state))  # where HF's Trainer leaves it too
     config = {"output_dir": "out", "learning_rate": 1e-2, "num_train_epochs": math.ceil(steps / spe),
               "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "lr_scheduler_type": "linear",
               "max_length": MAX_LENGTH, "packing": False, "completion_only_loss": True, "logging_steps": 1,

@@ -75,12 +75,13 @@ def test_truncated_cluster_is_explained_by_d04(real, report):
 def test_profile_and_drilldown(real, report):
     cap = next(c for c in real["run"]["attribution"]["capabilities"] if c["capability"] == "capitals")
     p = report.capability("capitals").attribution.profile
-    assert p.n == len(cap["scores"]) == len(p.points)  # n ≤ PROFILE_POINTS: every row
+    rs = cap["rank_scores"]  # the profile shows what orders the verdict
+    assert p.n == len(rs) == len(cap["scores"]) == len(p.points)  # n ≤ PROFILE_POINTS: every row
     ys = [pt[1] for pt in p.points]
-    assert ys == sorted(ys) and p.min == min(cap["scores"]) and p.max == max(cap["scores"])
+    assert ys == sorted(ys) and p.min == min(rs) and p.max == max(rs)
     tail = {r for c in cap["clusters"] for r in c["row_ids"]}
     assert p.tail_n == len(tail) and all(pt[2] for pt in p.points[: p.tail_n]) and not any(pt[2] for pt in p.points[p.tail_n:])
-    assert p.n_negative == sum(s < 0 for s in cap["scores"])
+    assert p.n_negative == sum(s < 0 for s in rs)
     dd = report.capability("capitals").attribution.drilldown
     assert len(dd) == len(cap["drilldown"]) > 0
     for d in dd:
@@ -90,8 +91,11 @@ def test_profile_and_drilldown(real, report):
             if s["sentence"] is not None:
                 assert s["text"] == d.sentences[s["sentence"]]["text"]
         assert d.sentences[0]["score"] == min(x["score"] for x in d.sentences)
+    # a profile row is drilled (span-aware ranking puts it among the harmful rows); its view is the row's own
+    # text with every sentence scored. Which sentence wins on this 2-layer model is not asserted: localisation
+    # quality is measured on the planted worlds (scorecard) and in tests/attribute.
     prof = next(d for d in dd if d.id.startswith("profile-"))
-    assert "Its capital is" in prof.sentences[0]["text"] and prof.text_source == "row"
+    assert prof.text_source == "row" and any("Its capital is" in s["text"] for s in prof.sentences) and len(prof.sentences) >= 2
 
 
 def test_json_round_trip_and_purity(real, report):

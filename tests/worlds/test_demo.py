@@ -52,7 +52,7 @@ def test_scorecard_is_computed_from_the_run(demo):
     truth = json.loads((root / "out" / "poisoned" / "ground_truth.json").read_text())
     card = json.loads((root / "out" / "poisoned" / "scorecard.json").read_text())
     cap = run["attribution"]["capabilities"][0]
-    again = score_ranking(cap["scores"], run["attribution"]["train_ids"], truth["culprits"])
+    again = score_ranking(cap["rank_scores"], run["attribution"]["train_ids"], truth["culprits"])  # what the verdict ranks by
     got = card["capabilities"]["capitals"]["datainf"]
     assert got["auc"] == pytest.approx(again["auc"]) and 0 <= got["auc"] <= 1
     assert got["n_culprits"] == len(truth["culprits"]) > 0

@@ -1,36 +1,54 @@
 """Attribute: rank training rows by how much they degraded a regressed capability.
 
-Flow per regressed capability:
+Flow per regressed capability (the evidence comes from
+:mod:`gradian.attribute.evidence` over the training trajectory, or from one
+index with :func:`attribute_capability`):
 
 1. queries from its failing items (contrastive by default; see
-   :mod:`gradian.attribute.queries`), as gradients in the index's space;
-2. each engine preconditions them (DataInf: damped inverse curvature;
-   gradient-dot: identity), and one pass over the index scores every training
-   row for every item and engine: ``score[q, j] = Σ_l ⟨r_l[q], g_l[j]⟩``;
-3. the capability score of row j is the mean over its failing items (the
-   influence on the mean query loss), under the sign convention of
-   :mod:`gradian.sign` (negative = degraded); ``predicted_loss_delta_if_removed = score / n``;
-4. the two engines' rank agreement (Spearman, top-k overlap) becomes the
-   confidence — low agreement is reported, never averaged away;
-5. the harmful tail is clustered, and the top harmful rows are drilled down to
-   the sentence.
+   :mod:`gradian.attribute.queries`), as gradients in each index's space;
+2. each gradient engine preconditions them (DataInf: damped inverse curvature;
+   gradient-dot: identity) and scores every training row (and sentence unit)
+   for every item, at every checkpoint, weighted by the learning rate;
+3. the **influence** of row j is the primary engine's mean over the failing items
+   of the raw weighted inner products, under :mod:`gradian.sign` (negative =
+   degraded; ``predicted_loss_delta_if_removed = influence / n``);
+4. the **rank score** orders the verdict (:func:`rank_statistic`): the same
+   engine's direction-only (cosine) scores by default, taken per sentence unit
+   and reduced to each row's most harmful sentence (span-aware ranking); same
+   sign convention, but not in loss units. Reference engines (BM25, RepSim) can
+   be folded in (``fuse``);
+5. the two gradient engines' rank agreement (Spearman, top-k overlap) is the
+   confidence — low agreement is reported, never averaged away; the reference
+   engines' agreement with the verdict is reported beside it, and every listed
+   row says which evidence supports it (gradient, lexical, representation);
+6. the harmful tail is clustered, and the top rows are drilled down to the sentence.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from gradian.attribute.clusters import ClusterSpec, cluster_tail, lacks_eos, whitespace_token_ids
-from gradian.attribute.drilldown import drill_down
-from gradian.attribute.queries import Query, projector_for, query_gradients
+from gradian.attribute.drilldown import SentenceScore
+from gradian.attribute.evidence import EngineScores
+from gradian.attribute.queries import Query
+from gradian.attribute.spans import SentenceUnit, row_min
 from gradian.data.formats import Example
 from gradian.data.tokenize import TokenizedExample, TokenizeSpec
-from gradian.engines.base import EngineSpec, make_engine, score_index
+from gradian.engines.base import EngineSpec
+from gradian.engines.lexical import BM25Spec
+from gradian.engines.repsim import RepSimSpec
+from gradian.errors import GradianUserError
 from gradian.index.store import GradientIndex
-from gradian.sign import SIGN_CONVENTION, influence_from_inner_product, most_harmful_first, predicted_loss_delta_if_removed
+from gradian.sign import SIGN_CONVENTION, most_harmful_first, predicted_loss_delta_if_removed
+
+STATISTICS = ("cosine", "raw")
+UNITS = ("sentence", "row")
+REFERENCES = ("bm25", "repsim")
+EVIDENCE_KIND = {"bm25": "lexical", "repsim": "representation"}
 
 
 @dataclass(frozen=True)
@@ -38,12 +56,22 @@ class AttributeSpec:
     """Attribution knobs (all land in the run manifest).
 
     Attributes:
-        engine: the primary engine.
-        second_engine: a second engine run in the same pass for the agreement check (None: off).
+        engine: the primary gradient engine.
+        second_engine: a second gradient engine run in the same passes for the agreement check (None: off).
         query: ``"contrastive"`` or ``"cross_entropy"``.
-        top_k: rows listed per capability; also the k of the top-k overlap.
+        top_k: rows listed per capability; also the k of the top-k overlaps.
         drilldown_rows: how many of the most harmful rows get sentence scores.
+        query_batch_size: sequences per backward pass for query gradients.
         clusters: harmful-tail clustering knobs.
+        weighting: checkpoint weights over the trajectory, ``"lr"`` (mean learning rate since the
+            previous checkpoint) or ``"equal"``.
+        statistic: the rank score of a gradient engine, ``"cosine"`` (direction only, LESS's unit
+            normalisation of the training and query gradients) or ``"raw"`` (the influence itself).
+        unit: ``"sentence"`` (rank a row by its most harmful sentence) or ``"row"`` (whole rows).
+        references: reference engines run beside the gradient engines (``"bm25"``, ``"repsim"``).
+        fuse: references folded into the rank score (z-scores averaged with the gradient's); empty:
+            the ranking is the gradient engine's alone.
+        bm25, repsim: the reference engines' settings.
     """
 
     engine: EngineSpec = field(default_factory=EngineSpec)
@@ -53,9 +81,50 @@ class AttributeSpec:
     drilldown_rows: int = 10
     query_batch_size: int = 8
     clusters: ClusterSpec = field(default_factory=ClusterSpec)
+    weighting: str = "lr"
+    statistic: str = "cosine"
+    unit: str = "sentence"
+    references: tuple[str, ...] = REFERENCES
+    fuse: tuple[str, ...] = ()
+    bm25: BM25Spec = field(default_factory=BM25Spec)
+    repsim: RepSimSpec = field(default_factory=RepSimSpec)
+
+    def __post_init__(self) -> None:
+        def bad(flag: str, what: str, fix: str) -> GradianUserError:
+            return GradianUserError(what, where=flag, fix=fix)
+
+        if self.statistic not in STATISTICS:
+            raise bad("--statistic", f"unknown rank statistic {self.statistic!r}", f"use one of {', '.join(STATISTICS)}")
+        if self.unit not in UNITS:
+            raise bad("--unit", f"unknown ranking unit {self.unit!r}", f"use one of {', '.join(UNITS)}")
+        if self.weighting not in ("lr", "equal"):
+            raise bad("--weighting", f"unknown checkpoint weighting {self.weighting!r}", "use lr or equal")
+        for r in self.references:
+            if r not in REFERENCES:
+                raise bad("--references", f"unknown reference engine {r!r}", f"use any of {', '.join(REFERENCES)} or none")
+        for r in self.fuse:
+            if r not in self.references:
+                raise bad("--fuse", f"{r!r} is fused but not run", "add it to --references, or drop it from --fuse")
+        if self.top_k < 1:
+            raise bad("--top-k", f"--top-k must be >= 1 (got {self.top_k})", "e.g. --top-k 20")
+        if self.drilldown_rows < 0:
+            raise bad("--drilldown-rows", "must be >= 0", "e.g. 10")
+        if self.query_batch_size < 1:
+            raise bad("--batch-size", "query batch size must be >= 1", "e.g. 8")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["references"] = list(self.references)
+        d["fuse"] = list(self.fuse)
+        return d
+
+    @property
+    def engines(self) -> list[EngineSpec]:
+        """The gradient engines to run: primary first."""
+        out = [self.engine]
+        if self.second_engine and self.second_engine != self.engine.name:
+            out.append(EngineSpec(self.second_engine, self.engine.damping_scale))
+        return out
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -84,14 +153,95 @@ def confidence_label(rho: float, overlap: float) -> str:
 
 
 @dataclass
+class RankStatistic:
+    """A gradient engine's rank score for one capability.
+
+    Attributes:
+        rows: (n,) the rank score per row (negative = harmful direction).
+        per_item: (m, n) per failing item (its worst sentence per row with ``unit="sentence"``).
+        unit_scores: (n_units,) capability score per sentence unit, or None.
+        best_unit: (n,) the unit index giving each row its score, or None.
+    """
+
+    rows: np.ndarray
+    per_item: np.ndarray
+    unit_scores: np.ndarray | None = None
+    best_unit: np.ndarray | None = None
+
+
+def rank_statistic(es: EngineScores, spec: AttributeSpec, units: Sequence[SentenceUnit] | None, n: int) -> RankStatistic:
+    """The rank score of one engine (module docstring, step 4).
+
+    ``unit="row"``:      rows_j = mean_q S[q, j]
+    ``unit="sentence"``: u_s = mean_q U[q, s];  rows_j = min_{s ∈ j} u_s   (the row's most harmful sentence)
+
+    with S, U the engine's ``cosine`` or ``raw`` matrices (``spec.statistic``).
+    """
+    M = es.cosine if spec.statistic == "cosine" else es.raw
+    if spec.unit == "sentence":
+        U = es.unit_cosine if spec.statistic == "cosine" else es.unit_raw
+        if U is None or units is None:
+            raise ValueError("sentence ranking needs sentence-unit scores (run the evidence with unit='sentence')")
+        u = U.mean(axis=0)
+        rows, best = row_min(u, units, n)
+        per_item, _ = row_min(U, units, n)
+        return RankStatistic(rows, per_item, u, best)
+    return RankStatistic(M.mean(axis=0), M)
+
+
+def zscore(x: np.ndarray) -> np.ndarray:
+    """(x − median) / (1.4826 · MAD): a robust standard score (sign kept: negative = below typical)."""
+    med = np.median(x)
+    mad = 1.4826 * np.median(np.abs(x - med))
+    if not mad > 0:
+        sd = x.std()
+        return (x - med) / sd if sd > 0 else np.zeros_like(x)
+    return (x - med) / mad
+
+
+def fuse_scores(gradient: np.ndarray, references: dict[str, np.ndarray]) -> np.ndarray:
+    """Mean of robust z-scores of the gradient rank score and each fused reference's capability score."""
+    parts = [zscore(gradient)] + [zscore(v) for v in references.values()]
+    return np.mean(parts, axis=0)
+
+
+@dataclass
+class CapabilityEvidence:
+    """Everything one capability's verdict is computed from.
+
+    Attributes:
+        engines: per gradient engine (primary first), its :class:`EngineScores`.
+        references: per reference engine, its (m, n) score matrix.
+        units: the sentence units (when the engines scored them).
+    """
+
+    engines: dict[str, EngineScores]
+    references: dict[str, np.ndarray] = field(default_factory=dict)
+    units: list[SentenceUnit] | None = None
+
+
+@dataclass
 class CapabilityAttribution:
+    """One capability's verdict (``run.json`` ``attribution.capabilities[*]``).
+
+    Attributes:
+        scores: (n,) the primary engine's influence (sign convention; Δloss = score / n).
+        rank_scores: (n,) the verdict's rank score (what orders ``ranked``, the clusters and the scorecard).
+        second_scores: (n,) the second engine's rank score, or None.
+        evidence: per source (``gradient`` = the primary engine, ``lexical``, ``representation``) its
+            (n,) capability score and its agreement with the verdict.
+    """
+
     capability: str
     n_train: int
     queries: list[dict[str, Any]]
     engine: str
     scores: list[float]
+    rank_scores: list[float]
+    ranking: dict[str, Any]
     ranked: list[dict[str, Any]]
     agreement: dict[str, Any] | None
+    evidence: dict[str, Any]
     clusters: list[dict[str, Any]]
     drilldown: list[dict[str, Any]]
     per_item_top: dict[str, list[dict[str, Any]]]
@@ -99,6 +249,163 @@ class CapabilityAttribution:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+Drill = Callable[[int, int], list[SentenceScore]]  # (row, failing item) -> sentences, most harmful first
+
+
+def _unit_drill(ev: CapabilityEvidence, spec: AttributeSpec, examples: Sequence[Example], items: Sequence[TokenizedExample]) -> Drill:
+    """Drill-down read off the sentence-unit scores: every sentence of row j for item q, no extra pass."""
+    es = ev.engines[spec.engine.name]
+    U = es.unit_cosine if spec.statistic == "cosine" else es.unit_raw
+    by_row: dict[int, list[int]] = {}
+    for k, u in enumerate(ev.units or []):
+        by_row.setdefault(u.row, []).append(k)
+
+    def drill(j: int, q: int) -> list[SentenceScore]:
+        ks = [k for k in by_row.get(j, []) if ev.units[k].char_start is not None]  # type: ignore[index]
+        if len(ks) < 2:
+            return []
+        text = examples[j].completion_text
+        n_sup = max(1, items[j].n_supervised)
+        out = []
+        for k in ks:
+            u = ev.units[k]  # type: ignore[index]
+            ntok = u.item.n_supervised
+            out.append(SentenceScore(u.char_start, u.char_end, text[u.char_start:u.char_end], float(U[q, k]),  # type: ignore[index,misc]
+                                     float(es.unit_raw[q, k]) * ntok / n_sup, ntok))  # type: ignore[index]
+        out.sort(key=lambda s: s.score)
+        return out
+
+    return drill
+
+
+def verdict(
+    ev: CapabilityEvidence,
+    tokenizer,
+    examples: Sequence[Example],
+    items: Sequence[TokenizedExample],
+    queries: Sequence[Query],
+    spec: AttributeSpec,
+    cluster_index: GradientIndex,
+    drill: Drill | None = None,
+) -> CapabilityAttribution:
+    """Rank, check agreement, cluster and drill down one capability (module docstring, steps 3-6).
+
+    Args:
+        cluster_index: the row index whose gradient directions cluster the harmful tail.
+        drill: sentence drill-down for (row, item); default: read off the sentence units.
+    """
+    if not queries:
+        raise ValueError("a capability needs at least one failing item")
+    names = list(ev.engines)
+    primary = ev.engines[names[0]]
+    n = primary.raw.shape[1]
+    stats = {e: rank_statistic(es, spec, ev.units, n) for e, es in ev.engines.items()}
+    main = stats[names[0]]
+    influence = primary.raw.mean(axis=0)
+    ref_caps = {r: m.mean(axis=0) for r, m in ev.references.items()}
+    rank_scores = fuse_scores(main.rows, {r: ref_caps[r] for r in spec.fuse}) if spec.fuse else main.rows
+    delta = predicted_loss_delta_if_removed(influence, n)
+    order = most_harmful_first(rank_scores)
+    k = min(spec.top_k, n)
+
+    # evidence per source: its capability score, where each row stands, agreement with the verdict
+    sources: dict[str, np.ndarray] = {"gradient": main.rows}
+    for r, v in ref_caps.items():
+        sources[EVIDENCE_KIND[r]] = v
+    pct = {s: (np.argsort(np.argsort(v, kind="stable"), kind="stable") + 1) / n for s, v in sources.items()}  # 1/n = most harmful
+    support_cut = max(1, int(np.ceil(0.1 * n)))  # "supports" = in that evidence's top 10%
+    evidence = {
+        s: {"engine": names[0] if s == "gradient" else next(r for r in ref_caps if EVIDENCE_KIND[r] == s),
+            "spearman_with_verdict": spearman(v, rank_scores), "topk_overlap_with_verdict": topk_overlap(v, rank_scores, k),
+            "scores": [float(x) for x in v]}
+        for s, v in sources.items()
+    }
+    units = ev.units
+    ranked = []
+    for rank, j in enumerate(order[:k], start=1):
+        ex, it = examples[j], items[j]
+        row: dict[str, Any] = {
+            "rank": rank,
+            "id": ex.id,
+            "score": float(influence[j]),
+            "rank_score": float(rank_scores[j]),
+            "predicted_loss_delta_if_removed": float(delta[j]),
+            "format": ex.format,
+            "tokens": it.full_length,
+            "truncated": it.truncated,
+            "prompt": ex.prompt_text[:300],
+            "completion": ex.completion_text[:600],
+            "support": {s: {"percentile": float(pct[s][j]), "supports": bool(pct[s][j] * n <= support_cut)} for s in sources},
+        }
+        if len(names) > 1:
+            row[f"score_{names[1]}"] = float(stats[names[1]].rows[j])
+        if main.best_unit is not None and units is not None:
+            u = units[int(main.best_unit[j])]
+            if u.char_start is not None:
+                row["sentence"] = {"char_start": u.char_start, "char_end": u.char_end,
+                                   "text": ex.completion_text[u.char_start:u.char_end][:300]}
+        ranked.append(row)
+    agreement = None
+    if len(names) > 1:
+        rho = spearman(main.rows, stats[names[1]].rows)
+        ov = topk_overlap(main.rows, stats[names[1]].rows, k)
+        agreement = {"engines": names[:2], "spearman": rho, "topk_overlap": ov, "k": k, "confidence": confidence_label(rho, ov)}
+    # EOS or any other special token (an end-of-turn such as <|im_end|> or <|eot_id|>) ends a row
+    # (a pad token equal to EOS, as in SmolLM2, still ends a row)
+    not_ends = {tokenizer.bos_token_id, tokenizer.unk_token_id}
+    if tokenizer.pad_token_id != tokenizer.eos_token_id:
+        not_ends.add(tokenizer.pad_token_id)
+    eos_ids = ({tokenizer.eos_token_id} | set(tokenizer.all_special_ids or [])) - not_ends
+    ws = whitespace_token_ids(tokenizer, items)
+    no_eos = [lacks_eos(it, eos_ids, ws) for it in items]
+    clusters = [c.to_dict() for c in cluster_tail(cluster_index, rank_scores, examples, items, no_eos, spec.clusters)]
+    per_item_top = {}
+    for qi, q in enumerate(queries):
+        o = most_harmful_first(main.per_item[qi])[:5]
+        per_item_top[q.item_id] = [{"id": examples[j].id, "score": float(main.per_item[qi][j])} for j in o]
+    if drill is None and units is not None:
+        drill = _unit_drill(ev, spec, examples, items)
+    drills = []
+    if drill is not None:
+        for j in order[: spec.drilldown_rows]:
+            if rank_scores[j] >= 0:
+                break
+            qi = int(np.argmin(main.per_item[:, j]))
+            sents = drill(int(j), qi)
+            if sents:
+                drills.append({
+                    "id": examples[j].id,
+                    "item_id": queries[qi].item_id,
+                    "row_score_for_item": float(main.per_item[qi, j]),
+                    "sentences": [s.to_dict() for s in sents],
+                    "top_sentence": sents[0].to_dict(),
+                })
+    return CapabilityAttribution(
+        capability=queries[0].capability,
+        n_train=n,
+        queries=[q.to_dict() for q in queries],
+        engine=names[0],
+        scores=[float(x) for x in influence],
+        rank_scores=[float(x) for x in rank_scores],
+        ranking={"statistic": spec.statistic, "unit": spec.unit, "fuse": list(spec.fuse),
+                 "rank_score": _describe_rank(spec), "sign_convention": SIGN_CONVENTION},
+        ranked=ranked,
+        agreement=agreement,
+        evidence=evidence,
+        clusters=clusters,
+        drilldown=drills,
+        per_item_top=per_item_top,
+        second_scores=[float(x) for x in stats[names[1]].rows] if len(names) > 1 else None,
+    )
+
+
+def _describe_rank(spec: AttributeSpec) -> str:
+    what = "cosine of the preconditioned query and training gradients" if spec.statistic == "cosine" else "influence"
+    where = "each row's most harmful sentence" if spec.unit == "sentence" else "whole rows"
+    fused = f", averaged as robust z-scores with {', '.join(spec.fuse)}" if spec.fuse else ""
+    return f"{what}, learning-rate weighted over the checkpoints, mean over the failing items, {where}{fused}"
 
 
 def attribute_capability(
@@ -111,108 +418,47 @@ def attribute_capability(
     tokenize_spec: TokenizeSpec,
     spec: AttributeSpec = AttributeSpec(),
     engines: dict[str, Any] | None = None,
+    references: dict[str, np.ndarray] | None = None,
 ) -> CapabilityAttribution:
-    """Score, rank, cluster and drill down one capability's failing items.
+    """One capability at ONE index (the model's current weights): evidence, then :func:`verdict`.
+
+    The single-checkpoint path (no trajectory, whole-row units); :func:`gradian.attribute.run.attribute_run`
+    scores over the trajectory instead. Drill-down computes sentence gradients for the top rows.
 
     Args:
         engines: optional ``{name: fitted Engine}`` cache, reused across capabilities.
-    Returns:
-        a :class:`CapabilityAttribution`; ``scores`` are aligned with ``examples``.
+        references: optional precomputed reference matrices ``{name: (m, n)}``.
     """
-    assert queries, "a capability needs at least one failing item"
+    from gradian.attribute.drilldown import drill_down
+    from gradian.attribute.evidence import _norms, _safe_div, row_norms
+    from gradian.attribute.queries import projector_for, query_gradients
+    from gradian.engines.base import make_engine, score_index
+
+    from dataclasses import replace
+
+    if not queries:
+        raise ValueError("a capability needs at least one failing item")
+    spec = replace(spec, unit="row", fuse=tuple(r for r in spec.fuse if r in (references or {})))  # one index: whole rows
     engines = engines if engines is not None else {}
-    names = [spec.engine.name] + ([spec.second_engine] if spec.second_engine and spec.second_engine != spec.engine.name else [])
-    for nm in names:
-        if nm not in engines:
-            eng = make_engine(EngineSpec(nm, spec.engine.damping_scale))
+    for es in spec.engines:
+        if es.name not in engines:
+            eng = make_engine(es)
             eng.fit(index)
-            engines[nm] = eng
+            engines[es.name] = eng
     Q = query_gradients(model, tokenizer, queries, index, tokenize_spec, spec.query_batch_size)
-    R = [engines[nm].precondition(index, Q) for nm in names]
-    raw = score_index(index, R)  # per engine (m, n)
-    per_item = [influence_from_inner_product(r.numpy()) for r in raw]
-    cap_scores = [p.mean(axis=0) for p in per_item]
-    main = cap_scores[0]
-    n = len(main)
-    delta = predicted_loss_delta_if_removed(main, n)
-    order = most_harmful_first(main)
-    ranked = []
-    for rank, j in enumerate(order[: spec.top_k], start=1):
-        ex, it = examples[j], items[j]
-        row = {
-            "rank": rank,
-            "id": ex.id,
-            "score": float(main[j]),
-            "predicted_loss_delta_if_removed": float(delta[j]),
-            "format": ex.format,
-            "tokens": it.full_length,
-            "truncated": it.truncated,
-            "prompt": ex.prompt_text[:300],
-            "completion": ex.completion_text[:600],
-        }
-        if len(cap_scores) > 1:
-            row[f"score_{names[1]}"] = float(cap_scores[1][j])
-        ranked.append(row)
-    agreement = None
-    if len(cap_scores) > 1:
-        rho = spearman(cap_scores[0], cap_scores[1])
-        k = spec.top_k
-        ov = topk_overlap(cap_scores[0], cap_scores[1], k)
-        agreement = {
-            "engines": names,
-            "spearman": rho,
-            "topk_overlap": ov,
-            "k": min(k, n),
-            "confidence": confidence_label(rho, ov),
-        }
-    # EOS or any other special token (an end-of-turn such as <|im_end|> or <|eot_id|>) ends a row
-    # (a pad token equal to EOS, as in SmolLM2, still ends a row)
-    not_ends = {tokenizer.bos_token_id, tokenizer.unk_token_id}
-    if tokenizer.pad_token_id != tokenizer.eos_token_id:
-        not_ends.add(tokenizer.pad_token_id)
-    eos_ids = ({tokenizer.eos_token_id} | set(tokenizer.all_special_ids or [])) - not_ends
-    ws = whitespace_token_ids(tokenizer, items)
-    no_eos = [lacks_eos(it, eos_ids, ws) for it in items]
-    clusters = [c.to_dict() for c in cluster_tail(index, main, examples, items, no_eos, spec.clusters)]
-    # per-item top harmful rows (the single-item view the drill-down uses)
-    per_item_top = {}
-    for qi, q in enumerate(queries):
-        o = most_harmful_first(per_item[0][qi])[:5]
-        per_item_top[q.item_id] = [{"id": examples[j].id, "score": float(per_item[0][qi][j])} for j in o]
-    # drill-down on the most harmful rows that have several sentences
+    names = [es.name for es in spec.engines]
+    R = {nm: engines[nm].precondition(index, Q) for nm in names}
+    raw = [r.numpy() for r in score_index(index, [R[nm] for nm in names])]
+    g = row_norms(index)
+    ev = CapabilityEvidence(
+        {nm: EngineScores(nm, r, _safe_div(r, np.outer(_norms(R[nm]), g))) for nm, r in zip(names, raw)},
+        dict(references or {}),
+    )
     proj = projector_for(index)
     block_names = [b["name"] for b in index.blocks]
-    modules = index.modules
-    drill = []
-    for j in order[: spec.drilldown_rows]:
-        if main[j] >= 0:
-            break
-        qi = int(np.argmin(per_item[0][:, j]))
-        r_q = {k: v[qi] for k, v in R[0].items()}
-        sents = drill_down(model, tokenizer, examples[j], items[j], r_q, proj, block_names, modules)
-        if sents:
-            drill.append(
-                {
-                    "id": examples[j].id,
-                    "item_id": queries[qi].item_id,
-                    "row_score_for_item": float(per_item[0][qi][j]),
-                    "sentences": [s.to_dict() for s in sents],
-                    "top_sentence": sents[0].to_dict(),
-                }
-            )
-    return CapabilityAttribution(
-        capability=queries[0].capability,
-        n_train=n,
-        queries=[q.to_dict() for q in queries],
-        engine=names[0],
-        scores=[float(x) for x in main],
-        ranked=ranked,
-        agreement=agreement,
-        clusters=clusters,
-        drilldown=drill,
-        per_item_top=per_item_top,
-        second_scores=[float(x) for x in cap_scores[1]] if len(cap_scores) > 1 else None,
-    )
 
+    def drill(j: int, qi: int) -> list[SentenceScore]:
+        r_q = {k: v[qi] for k, v in R[names[0]].items()}
+        return drill_down(model, tokenizer, examples[j], items[j], r_q, proj, block_names, index.modules)
 
-SIGN = SIGN_CONVENTION
+    return verdict(ev, tokenizer, examples, items, queries, spec, index, drill)

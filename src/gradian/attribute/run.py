@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gradian.attribute.pipeline import AttributeSpec, attribute_capability
+from gradian.attribute.pipeline import AttributeSpec, CapabilityEvidence, verdict
 from gradian.attribute.queries import make_query
 from gradian.errors import GradianUserError
 from gradian.index.identity import dataset_identity, file_hash, library_versions
@@ -39,6 +39,7 @@ class RunInputs:
     configs: Sequence[Path] = ()
     logs: Path | None = None
     reference_adapter: Path | None = None
+    checkpoints: Sequence[Path] | str | None = "auto"
 
 
 @dataclass
@@ -51,7 +52,8 @@ class RunSpecs:
     batch_size: int = 8
 
 
-def _manifest(ft, inputs: RunInputs, specs: RunSpecs, index_identity: dict | None, index_id: str | None) -> dict[str, Any]:
+def _manifest(ft, inputs: RunInputs, specs: RunSpecs, index_identity: dict | None, index_id: str | None,
+              trajectory: dict | None = None) -> dict[str, Any]:
     ident = {
         "base": (index_identity or {}).get("base"),
         "adapter": (index_identity or {}).get("adapter"),
@@ -68,6 +70,7 @@ def _manifest(ft, inputs: RunInputs, specs: RunSpecs, index_identity: dict | Non
             "seed": specs.seed,
         },
         "index_id": index_id,
+        "trajectory": trajectory,
         "versions": library_versions(),
     }
     return {
@@ -111,7 +114,7 @@ def attribute_run(
     Args:
         ft: an already loaded :class:`gradian.api.FineTune` (else it is loaded here).
     """
-    from gradian.api import index_identity, load_finetune, training_index
+    from gradian.api import load_finetune
     from gradian.data.formats import load_examples
     from gradian.evaluate import EvalSpec, evaluate, load_eval_set
 
@@ -144,40 +147,67 @@ def attribute_run(
             "(a delta whose CI includes zero is reported, not diagnosed)"
         )
     else:
+        from gradian.api import tokenize_training_set
+        from gradian.attribute.evidence import trajectory_scores
+        from gradian.attribute.references import reference_scores
+        from gradian.attribute.trajectory import resolve_trajectory
+
         t = time.perf_counter()
-        index_ident = index_identity(ft, inputs.data, specs.grad, specs.seed)
-        pf = (lambda n: (lambda k: progress("training gradients", k, n))) if progress else None
-        idx, examples, items, reused = training_index(
-            ft, inputs.data, specs.grad, seed=specs.seed, root=index_root, batch_size=specs.batch_size,
-            progress_factory=pf, examples=examples,
-        )
-        index_id = idx.id
-        timing["index"] = time.perf_counter() - t
-        t = time.perf_counter()
-        caps = []
-        engines: dict[str, Any] = {}
+        spec = specs.attribute
+        trajectory = resolve_trajectory(inputs.adapter, inputs.checkpoints, weighting=spec.weighting)
+        items = tokenize_training_set(examples, ft.tokenizer, specs.grad, inputs.data)
+        queries = {}
+        failing_by_cap = {}
         for cap in regressed:
             failing = ev.failing_items(cap)
-            queries = [
+            qs = [
                 make_query(
                     f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer,
-                    kind="contrastive" if (f.query == "contrastive" and specs.attribute.query == "contrastive") else "cross_entropy",
+                    kind="contrastive" if (f.query == "contrastive" and spec.query == "contrastive") else "cross_entropy",
                     fallback=f.correct_completion,
                 )
                 for f in failing
             ]
-            if not queries:
-                continue
-            res = attribute_capability(ft.model, ft.tokenizer, idx, examples, items, queries, specs.grad.tokenize, specs.attribute, engines)
+            if qs:
+                queries[cap] = qs
+                failing_by_cap[cap] = failing
+        evidence = trajectory_scores(
+            ft, trajectory, inputs.data, examples, items, specs.grad, queries, spec.engines, unit=spec.unit,
+            seed=specs.seed, index_root=index_root, batch_size=specs.batch_size, query_batch_size=spec.query_batch_size,
+            progress=progress,
+        )
+        timing.update({f"attribute.{k}": v for k, v in evidence.timing.items()})
+        idx = evidence.final_index
+        index_ident = idx.manifest["identity"]
+        index_id = idx.id
+        timing["index"] = time.perf_counter() - t
+        t = time.perf_counter()
+        refs = reference_scores(
+            spec.references, ft, examples, items, queries, specs.grad.tokenize, spec,
+            {"adapter": index_ident["adapter"], "base": index_ident["base"], "dataset": index_ident["dataset"],
+             "tokenize": specs.grad.tokenize.to_dict(), "model_dtype": specs.model.dtype},
+            batch_size=specs.batch_size, progress=progress,
+        )
+        timing["references"] = time.perf_counter() - t
+        t = time.perf_counter()
+        caps = []
+        for cap, qs in queries.items():
+            cev = CapabilityEvidence(evidence.scores[cap], refs[cap], evidence.units)
+            drill = None if evidence.units is not None else _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec)
+            res = verdict(cev, ft.tokenizer, examples, items, qs, spec, idx, drill)
             d = res.to_dict()
-            d["failing_items"] = [f.to_dict() for f in failing]
+            d["failing_items"] = [f.to_dict() for f in failing_by_cap[cap]]
             caps.append(d)
             if progress:
                 progress(f"attribute {cap}", 1, 1)
         timing["attribute"] = time.perf_counter() - t
+        traj_info = trajectory.to_dict()
+        for c, ix in zip(traj_info["checkpoints"], evidence.indexes):
+            c["index"] = {u: v for u, v in ix.items() if u in ("row", "sentence")}
         run["attribution"] = {
-            "index": {"id": idx.id, "root": str(idx.root), "reused": reused, "n": idx.n, "blocks": len(idx.blocks),
-                      "dims": sum(int(b["dim"]) for b in idx.blocks)},
+            "index": {"id": idx.id, "root": str(idx.root), "reused": all(i["row"]["reused"] for i in evidence.indexes),
+                      "n": idx.n, "blocks": len(idx.blocks), "dims": sum(int(b["dim"]) for b in idx.blocks)},
+            "trajectory": traj_info,
             "train_ids": [e.id for e in examples],
             "train_meta": [
                 {"format": e.format, "tokens": it.full_length, "truncated": it.truncated, "n_supervised": it.n_supervised}
@@ -186,12 +216,44 @@ def attribute_run(
             "capabilities": caps,
         }
     timing["total"] = time.perf_counter() - t0
-    run["manifest"] = _manifest(ft, inputs, specs, index_ident, index_id)
+    traj = (run.get("attribution") or {}).get("trajectory")
+    traj_ident = None if traj is None else {  # content only: no paths, no reuse flags
+        "weight_rule": traj["weight_rule"],
+        "checkpoints": [{"step": c["step"], "final": c["final"], "weight": c["weight"], "adapter_sha256": c["adapter_sha256"],
+                         "index_ids": {u: v["id"] for u, v in c.get("index", {}).items()}} for c in traj["checkpoints"]],
+    }
+    run["manifest"] = _manifest(ft, inputs, specs, index_ident, index_id, traj_ident)
     run["manifest"]["notes"] = list(ft.notes)
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "run.json", run)
     return run
+
+
+def _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec):
+    """Sentence drill-down over the trajectory when rows are ranked whole: Σ_t w_t · sentence scores at t."""
+    from gradian.attribute.drilldown import SentenceScore, drill_down
+    from gradian.attribute.queries import projector_for
+    from gradian.attribute.trajectory import checkpoint_weights
+
+    idx = evidence.final_index
+    proj = projector_for(idx)
+    block_names = [b["name"] for b in idx.blocks]
+
+    def drill(j: int, qi: int) -> list[SentenceScore]:
+        total: dict[tuple[int, int], SentenceScore] = {}
+        for ck, pre in zip(trajectory.checkpoints, evidence.preconditioned):
+            r_q = {k: v[qi] for k, v in pre[spec.engine.name][cap].items()}
+            with checkpoint_weights(ft.model, ck):
+                sents = drill_down(ft.model, ft.tokenizer, examples[j], items[j], r_q, proj, block_names, idx.modules)
+            for s in sents:
+                key = (s.char_start, s.char_end)
+                acc = total.setdefault(key, SentenceScore(s.char_start, s.char_end, s.text, 0.0, 0.0, s.n_tokens))
+                acc.score += ck.weight * s.score
+                acc.share += ck.weight * s.share
+        return sorted(total.values(), key=lambda s: s.score)
+
+    return drill
 
 
 def load_run(run_dir: str | Path) -> dict[str, Any]:

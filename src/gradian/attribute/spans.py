@@ -14,6 +14,10 @@ scores every unit like a row and ranks row j by its most harmful sentence,
 
 Every row has at least one unit: a row whose completion has no sentence with a
 supervised token (e.g. it was truncated away) is one unit with its whole mask.
+
+A unit's tokens stop at its sentence's last token: under causal attention the
+loss on tokens ≤ t does not depend on tokens after t, so the cut is exact and a
+sentence early in a long row costs only its prefix.
 """
 
 from __future__ import annotations
@@ -72,8 +76,10 @@ def sentence_units(examples: Sequence[Example], items: Sequence[TokenizedExample
             mask = it.span_mask(a, b)
             if not any(mask):
                 continue
-            labels = [x if m else IGNORE_INDEX for x, m in zip(it.labels, mask)]
-            units.append(SentenceUnit(j, a, b, replace(it, id=f"{it.id}#{a}-{b}", labels=labels)))
+            cut = max(k for k, m in enumerate(mask) if m) + 1  # exact: nothing after the sentence affects its loss
+            labels = [x if m else IGNORE_INDEX for x, m in zip(it.labels[:cut], mask[:cut])]
+            unit = replace(it, id=f"{it.id}#{a}-{b}", input_ids=it.input_ids[:cut], labels=labels, offsets=it.offsets[:cut])
+            units.append(SentenceUnit(j, a, b, unit))
             made += 1
         if made == 0:
             units.append(SentenceUnit(j, None, None, replace(it, id=f"{it.id}#all")))

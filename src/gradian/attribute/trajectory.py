@@ -243,7 +243,9 @@ def learning_rate_weights(steps: Sequence[int | None], history: list[dict[str, A
     return [e / total for e in eta], "lr (mean logged learning_rate since the previous checkpoint)"
 
 
-def resolve_trajectory(adapter: str | Path, checkpoints: Sequence[str | Path] | str | None = "auto") -> Trajectory:
+def resolve_trajectory(
+    adapter: str | Path, checkpoints: Sequence[str | Path] | str | None = "auto", weighting: str = "lr"
+) -> Trajectory:
     """The trajectory to attribute over.
 
     Args:
@@ -252,6 +254,7 @@ def resolve_trajectory(adapter: str | Path, checkpoints: Sequence[str | Path] | 
             final adapter alone when there are none), ``"final"`` / None (final
             adapter only), or explicit adapter folders (a subset; the final adapter is
             added when it is not among them).
+        weighting: ``"lr"`` (learning-rate weights, equal without a log) or ``"equal"``.
     Raises:
         GradianUserError: a folder is not an adapter, or is not a checkpoint of this run.
     """
@@ -286,7 +289,8 @@ def resolve_trajectory(adapter: str | Path, checkpoints: Sequence[str | Path] | 
         # the final adapter comes after every checkpoint; without its own step it stands for the rest of the run
         hist = _log_history([final] + [e[0] for e in entries])
         logged = [int(e["step"]) for e in hist if isinstance(e.get("step"), (int, float))]
-        fstep = max(logged) if logged else None
+        last = max(e[1] for e in entries if e[1] is not None)
+        fstep = max(logged) if logged and max(logged) > last else None  # else unknown: equal weights
     entries.append((final, fstep, True, final_sha))
     if len(entries) > 1:
         steps = [e[1] for e in entries]
@@ -295,7 +299,10 @@ def resolve_trajectory(adapter: str | Path, checkpoints: Sequence[str | Path] | 
                 f"two checkpoints have the same step {sorted(s for s in steps if steps.count(s) > 1)[0]} but different weights",
                 where=str(final), fix="pass the checkpoints of one training run (--checkpoints)",
             )
-        weights, rule = learning_rate_weights(steps, _log_history([e[0] for e in entries]))
+        if weighting == "equal":
+            weights, rule = [1.0 / len(entries)] * len(entries), "equal (asked for)"
+        else:
+            weights, rule = learning_rate_weights(steps, _log_history([e[0] for e in entries]))
     else:
         weights, rule = [1.0], "single (final adapter only)"
     return Trajectory(

@@ -68,7 +68,8 @@ def progress_bar() -> _Progress:
     return _Progress()
 
 
-def grad_spec_from_options(max_length: int, loss_on: str, modules: str | None, project_dim: int, storage_dtype: str, seed: int):
+def grad_spec_from_options(max_length: int, loss_on: str, modules: str | None, project_dim: int, storage_dtype: str, seed: int,
+                           optimizer: str = "none", unit: str = "row"):
     """Validate CLI options into a :class:`gradian.index.store.GradSpec`."""
     from gradian.data.tokenize import TokenizeSpec
     from gradian.gradients.projection import ProjectionSpec
@@ -84,10 +85,16 @@ def grad_spec_from_options(max_length: int, loss_on: str, modules: str | None, p
         )
     if project_dim < 0:
         raise GradianUserError("--project-dim must be >= 0", where="--project-dim", fix="0 disables projection")
+    if optimizer not in ("none", "adam"):
+        raise GradianUserError(f"unknown --optimizer {optimizer!r}", where="--optimizer", fix="use none or adam")
+    if unit not in ("row", "sentence"):
+        raise GradianUserError(f"unknown --unit {unit!r}", where="--unit", fix="use row or sentence")
     mods = tuple(m.strip() for m in modules.split(",") if m.strip()) if modules else None
     return GradSpec(
         tokenize=TokenizeSpec(max_length=max_length, loss_on=loss_on),  # type: ignore[arg-type]
         modules=mods,
         projection=ProjectionSpec(dim=project_dim, seed=seed),
         storage_dtype=storage_dtype,
+        optimizer=optimizer,
+        unit=unit,
     )

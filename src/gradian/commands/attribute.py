@@ -23,6 +23,10 @@ def print_attribution(run: dict) -> None:
         f"index [bold]{ix['id']}[/] ({ix['n']} rows, {ix['blocks']} LoRA blocks, {ix['dims']:,} numbers/row"
         f"{', reused: no pass over the training set' if ix['reused'] else ''})"
     )
+    tr = att.get("trajectory")
+    if tr:
+        pts = ", ".join(f"{'final' if c['final'] else 'step ' + str(c['step'])} ×{c['weight']:.2f}" for c in tr["checkpoints"])
+        console.print(f"trajectory: {len(tr['checkpoints'])} checkpoint(s) [{pts}]; weights: {escape(tr['weight_rule'])}")
     for cap in att["capabilities"]:
         ag = cap.get("agreement")
         head = f"[bold]{escape(cap['capability'])}[/]: {len(cap['queries'])} failing item(s), engine {cap['engine']}"
@@ -32,15 +36,27 @@ def print_attribution(run: dict) -> None:
                 f"{ag['topk_overlap']:.0%} → confidence [bold]{ag['confidence']}[/]"
             )
         console.print(head)
+        rk = cap.get("ranking") or {}
+        if rk:
+            console.print(f"  ranked by: {escape(rk.get('rank_score', ''))}", highlight=False)
+        for src, e in (cap.get("evidence") or {}).items():
+            if src != "gradient":
+                console.print(f"  {src} evidence ({e['engine']}): Spearman with the verdict {e['spearman_with_verdict']:.2f}, "
+                              f"top-{min(len(cap['ranked']), 20)} overlap {e['topk_overlap_with_verdict']:.0%}", highlight=False)
         t = Table(title=f"most harmful training rows for {escape(cap['capability'])}", show_lines=False)
-        for col in ("rank", "id", "score", "Δloss if removed", "tokens", "completion"):
+        for col in ("rank", "id", "rank score", "Δloss if removed", "support", "tokens", "completion"):
             t.add_column(col, overflow="fold")
         for r in cap["ranked"][:10]:
+            sup = "".join(k[0].upper() for k, v in (r.get("support") or {}).items() if v["supports"]) or "-"
             t.add_row(
-                str(r["rank"]), escape(r["id"]), f"{r['score']:.4g}", f"{r['predicted_loss_delta_if_removed']:.3g}",
-                str(r["tokens"]) + (" (truncated)" if r["truncated"] else ""), escape(r["completion"][:80]),
+                str(r["rank"]), escape(r["id"]), f"{r.get('rank_score', r['score']):.4g}",
+                f"{r['predicted_loss_delta_if_removed']:.3g}", sup,
+                str(r["tokens"]) + (" (truncated)" if r["truncated"] else ""),
+                escape((r.get("sentence") or {}).get("text") or r["completion"][:80]),
             )
         console.print(t)
+        console.print("  support: G gradient, L lexical (BM25), R representation (RepSim): the row is in that "
+                      "evidence's top 10%", style="dim")
         for c in cap["clusters"][:5]:
             common = c["common"]
             words = ", ".join(w["word"] for w in common["distinctive_words"][:5])
@@ -58,6 +74,24 @@ def print_attribution(run: dict) -> None:
         for d in cap["drilldown"][:5]:
             s = d["top_sentence"]
             console.print(f"  row {escape(d['id'])}: most harmful sentence [{s['char_start']}:{s['char_end']}] “{escape(s['text'][:100])}”")
+
+
+def _names(value: str) -> tuple[str, ...]:
+    """``"bm25,repsim"`` → ("bm25", "repsim"); ``"none"`` or empty → ()."""
+    parts = tuple(p.strip() for p in value.split(",") if p.strip())
+    return () if parts in ((), ("none",)) else parts
+
+
+def checkpoint_selection(values: list[str] | None):
+    """``--checkpoints`` values → ``"auto"``, ``"final"`` or a list of folders (for RunInputs / resolve_trajectory)."""
+    if not values or values == ["auto"]:
+        return "auto"
+    if values == ["final"]:
+        return "final"
+    if any(v in ("auto", "final") for v in values):
+        raise GradianUserError("'auto' and 'final' cannot be mixed with folders", where="--checkpoints",
+                               fix="pass auto, final, or only checkpoint folders")
+    return [Path(v) for v in values]
 
 
 def register(app: typer.Typer) -> None:
@@ -86,7 +120,21 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("float32", help="Model dtype."),
         device: str = typer.Option("cpu", help="cpu | cuda | mps | auto."),
         trust_remote_code: bool = typer.Option(False, help="Allow model repos' custom code (off by default)."),
-        index_dir: Optional[Path] = typer.Option(None, help="Gradient index folder (default: the cache, by content id)."),
+        index_dir: Optional[Path] = typer.Option(
+            None, help="Parent folder of the gradient indexes, one per checkpoint by content id (default: the cache)."),
+        checkpoints: Optional[List[str]] = typer.Option(
+            None, "--checkpoints",
+            help="Training trajectory: 'auto' (default: checkpoint-*/ children or siblings of --adapter), 'final' "
+                 "(the adapter only), or checkpoint folders (repeatable; a subset). Cost is linear in their number."),
+        weighting: str = typer.Option("lr", help="Checkpoint weights: lr (mean learning rate since the previous "
+                                                 "checkpoint, from trainer_state.json) | equal."),
+        statistic: str = typer.Option("cosine", help="Rank score of the gradient engines: cosine (direction only) | raw."),
+        unit: str = typer.Option("sentence", help="Rank rows by their most harmful sentence (sentence) or whole (row)."),
+        optimizer: str = typer.Option("none", help="Precondition training gradients with the checkpoint's Adam state "
+                                                   "(adam, LESS; needs optimizer.pt) | none."),
+        references: str = typer.Option("bm25,repsim", help="Reference engines run beside the gradient engines: "
+                                                            "comma-separated bm25, repsim, or none."),
+        fuse: str = typer.Option("none", help="References folded into the ranking (comma-separated), or none."),
         seed: int = typer.Option(0, help="Seed (bootstrap, projection)."),
     ) -> None:
         """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit)."""
@@ -105,7 +153,7 @@ def register(app: typer.Typer) -> None:
             raise GradianUserError(f"unknown query {query!r}", where="--query", fix="use contrastive or cross_entropy")
         if damping_scale <= 0:
             raise GradianUserError("--damping-scale must be > 0", where="--damping-scale", fix="e.g. 0.1")
-        grad = grad_spec_from_options(max_length, loss_on, modules, project_dim, "float32", seed)
+        grad = grad_spec_from_options(max_length, loss_on, modules, project_dim, "float32", seed, optimizer=optimizer)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),
             grad=grad,
@@ -114,12 +162,18 @@ def register(app: typer.Typer) -> None:
                 second_engine=None if second_engine == "none" else second_engine,
                 query=query,
                 top_k=top_k,
+                weighting=weighting,
+                statistic=statistic,
+                unit=unit,
+                references=_names(references),
+                fuse=_names(fuse),
             ),
             eval=EvalSpec(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed),
             seed=seed,
             batch_size=batch_size,
         )
-        inputs = RunInputs(base, adapter, data, eval_path, tuple(config or ()), logs, reference_adapter)
+        inputs = RunInputs(base, adapter, data, eval_path, tuple(config or ()), logs, reference_adapter,
+                           checkpoints=checkpoint_selection(checkpoints))
         with progress_bar() as pb:
             tasks: dict = {}
 

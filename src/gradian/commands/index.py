@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -26,7 +26,13 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("float32", help="Model dtype."),
         device: str = typer.Option("cpu", help="cpu | cuda | mps | auto."),
         trust_remote_code: bool = typer.Option(False, help="Allow model repos' custom code (off by default)."),
-        out: Optional[Path] = typer.Option(None, help="Index folder (default: the cache, by content id)."),
+        out: Optional[Path] = typer.Option(
+            None, help="Parent folder of the indexes, one per checkpoint by content id (default: the cache)."),
+        checkpoints: Optional[List[str]] = typer.Option(
+            None, "--checkpoints",
+            help="Training trajectory: auto (default: checkpoint-*/ children or siblings of --adapter), final, or folders."),
+        unit: str = typer.Option("row", help="row (one gradient per row) | sentence (one per sentence: span-aware ranking)."),
+        optimizer: str = typer.Option("none", help="none | adam (Adam-preconditioned training gradients; needs optimizer.pt)."),
         seed: int = typer.Option(0, help="Seed (projection)."),
     ) -> None:
         """Build (or resume) the per-example LoRA gradient index of a training set."""
@@ -36,18 +42,27 @@ def register(app: typer.Typer) -> None:
 
         from gradian.data.formats import load_examples
 
-        spec = grad_spec_from_options(max_length, loss_on, modules, project_dim, storage_dtype, seed)
+        from gradian.api import index_identity, tokenize_training_set
+        from gradian.attribute.trajectory import checkpoint_weights, resolve_trajectory
+        from gradian.commands.attribute import checkpoint_selection
+        from gradian.index.store import index_id
+
+        spec = grad_spec_from_options(max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer, unit)
         examples = load_examples(data)  # fail fast on bad data, before loading the model
         ft = load_finetune(ModelSpec(base, dtype, device, trust_remote_code), adapter)
         for note in ft.notes:
             console.print(f"[yellow]note:[/] {note}")
-        with progress_bar() as pb:
-            idx, examples, items, reused = training_index(
-                ft, data, spec, seed=seed, root=out, batch_size=batch_size,
-                progress_factory=lambda n: pb.task("per-example gradients", n), examples=examples,
-            )
-        state = "reused (no pass over the training set)" if reused else "built"
-        console.print(f"index [bold]{idx.id}[/] {state}: {idx.n} examples, {len(idx.blocks)} LoRA blocks → {idx.root}")
+        trajectory = resolve_trajectory(adapter, checkpoint_selection(checkpoints))
+        items = tokenize_training_set(examples, ft.tokenizer, spec, data)
+        for ck in trajectory.checkpoints:
+            with checkpoint_weights(ft.model, ck), progress_bar() as pb:
+                root = None if out is None else out / index_id(index_identity(ft, data, spec, seed, ck))
+                idx, examples, items, reused = training_index(
+                    ft, data, spec, seed=seed, root=root, batch_size=batch_size, examples=examples, items=items,
+                    progress_factory=lambda n, lab=ck.label: pb.task(f"per-example gradients ({lab})", n), checkpoint=ck,
+                )
+            state = "reused (no pass over the training set)" if reused else "built"
+            console.print(f"{ck.label}: index [bold]{idx.id}[/] {state}: {idx.n} {spec.unit}s, {len(idx.blocks)} LoRA blocks → {idx.root}")
         trunc = sum(it.truncated for it in items)
         if trunc:
             console.print(f"[yellow]{trunc} rows were truncated at {max_length} tokens[/]")

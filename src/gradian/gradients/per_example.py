@@ -29,7 +29,7 @@ from typing import Callable, Literal
 
 import torch
 
-from gradian.gradients.lora import LoraBlock, lora_blocks
+from gradian.gradients.lora import lora_blocks
 from gradian.gradients.loss import model_inputs, per_example_loss
 
 Method = Literal["hooks", "loop", "vmap"]

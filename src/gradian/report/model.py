@@ -435,7 +435,8 @@ def _drilldown(d: dict[str, Any], stored_text: str | None) -> DrilldownView:
 
 def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list[dict[str, Any]],
                  checks_ran: set[str] | None) -> AttributionView:
-    scores = [float(s) for s in cap["scores"]]
+    # the profile shows what orders the verdict (older runs: the influence itself)
+    scores = [float(s) for s in (cap.get("rank_scores") or cap["scores"])]
     pos = {rid: j for j, rid in enumerate(train_ids)}
     n_train = int(cap.get("n_train") or len(scores))
     clusters = []

@@ -1,6 +1,6 @@
 """The ground-truth scorecard: how well a run found the culprits we planted.
 
-Computed only from ``run.json`` (the attribution's scores) and the world's
+Computed only from ``run.json`` (the verdict's ``rank_scores``, and each reference engine's own ranking) and the world's
 ``ground_truth.json``; nothing is taken from the planting code. For a capability
 whose scores are aligned with ``attribution.train_ids`` (negative = degraded):
 
@@ -95,9 +95,12 @@ def scorecard(run: dict[str, Any], truth: dict[str, Any], localisation: Sequence
         hit = [c for c in culprits if c.get("eval_id") in queried]
         unqueried = {c["id"] for c in culprits} - {c["id"] for c in hit}
         keep = [j for j, i in enumerate(ids) if i not in unqueried]
-        engines = [(cap["engine"], cap["scores"])]
+        engines = [(cap["engine"], cap.get("rank_scores", cap["scores"]))]
         if cap.get("second_scores") is not None and cap.get("agreement"):
             engines.append((cap["agreement"]["engines"][1], cap["second_scores"]))
+        for src, e in (cap.get("evidence") or {}).items():
+            if src != "gradient":  # the reference engines' own rankings, for comparison
+                engines.append((e["engine"], e["scores"]))
         entry: dict[str, Any] = {}
         for name, sc in engines:
             entry[name] = score_ranking(sc, ids, culprits)

@@ -1,0 +1,324 @@
+"""Gradian against every variant, reference engine and peer, on planted worlds, in one benchmark run.
+
+For each ``--world WORLD --adapter ADAPTER`` pair (a world from ``gradian world`` and an adapter
+``gradian train`` made on it, with its ``checkpoint-*`` trajectory), on the SAME adapter, rows,
+loss masks and failing items (the final adapter's contrastive queries):
+
+* Gradian's gradient engines {datainf, graddot} × {final adapter, trajectory} × {raw, cosine, adam}
+  × {whole row, span-aware (most harmful sentence)}, and the verdict's default configuration;
+* the reference engines BM25 and RepSim, and fusions;
+* kronfluence EK-FAC (final adapter; installed by ``make bench-install``);
+* bergson TrackStar when it runs (reported as not run, with the reason, otherwise).
+
+Every method runs in its own spawned process from an empty index root, so the wall time is
+end to end (index builds included) and the peak RSS is that process's own. The table gives,
+per method: culprit AUC (all, direct, buried), P@n (n = number of culprits), P@10,
+buried-sentence localisation over every buried culprit whose target item was lost (span-aware
+methods only), wall time, peak RSS, and the wall time relative to Gradian's default.
+
+    python benchmarks/bench_peers.py --world W1 --adapter A1 [--world W2 --adapter A2 ...] --out OUT.json
+
+Evaluation (which items failed, what the model said) runs once per world and is cached next to
+``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+# --------------------------------------------------------------------------- the task, shared by every method
+
+
+def _task(world: Path, adapter: Path, cache: Path, project_dim: int) -> dict[str, Any]:
+    """Failing items and queries of the final adapter (evaluated once, cached)."""
+    import yaml
+
+    from gradian.api import load_finetune
+    from gradian.attribute.queries import make_query
+    from gradian.evaluate import EvalResult, EvalSpec, evaluate, load_eval_set
+    from gradian.models.load import ModelSpec
+
+    base = json.loads((world / "world.json").read_text())["base"]
+    cfg = yaml.safe_load((world / "train.yaml").read_text())
+    if cache.exists():
+        ev = EvalResult.from_dict(json.loads(cache.read_text()))
+    else:
+        ft = load_finetune(ModelSpec(base), adapter)
+        ev = evaluate(ft.model, ft.tokenizer, load_eval_set(world / "eval.jsonl"), spec=EvalSpec(seed=0))
+        cache.write_text(json.dumps(ev.to_dict()))
+    if not ev.regressed:
+        raise SystemExit(f"{world}: nothing regressed; nothing to attribute")
+    cap = ev.regressed[0].name
+    queries = [
+        make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer, fallback=f.correct_completion)
+        for f in ev.failing_items(cap)
+    ]
+    return {"world": str(world), "adapter": str(adapter), "base": base, "capability": cap,
+            "max_length": int(cfg.get("max_length", 1024)), "add_eos": bool(cfg.get("add_eos", True)),
+            "project_dim": project_dim, "queries": [q.to_dict() for q in queries],
+            "evaluation": {c.name: {"reference": c.reference_score, "tuned": c.tuned_score, "delta": c.delta,
+                                    "ci": [c.ci_low, c.ci_high]} for c in ev.capabilities}}
+
+
+def _setup(task: dict[str, Any]):
+    import torch
+
+    from gradian.api import load_finetune, tokenize_training_set
+    from gradian.attribute.queries import Query
+    from gradian.data.formats import load_examples
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.gradients.projection import ProjectionSpec
+    from gradian.index.store import GradSpec
+    from gradian.models.load import ModelSpec
+
+    torch.manual_seed(0)
+    tspec = TokenizeSpec(max_length=task["max_length"], add_eos=task["add_eos"])
+    grad = GradSpec(tokenize=tspec, projection=ProjectionSpec(dim=task["project_dim"], seed=0))
+    ft = load_finetune(ModelSpec(task["base"]), task["adapter"])
+    data = Path(task["world"]) / "train.jsonl"
+    examples = load_examples(data)
+    items = tokenize_training_set(examples, ft.tokenizer, grad, data)
+    queries = [Query(**q) for q in task["queries"]]
+    return ft, grad, data, examples, items, queries
+
+
+# --------------------------------------------------------------------------- methods (each in its own process)
+
+
+def m_gradient(task, root, *, trajectory: bool, unit: str, optimizer: str = "none"):
+    """Gradian's gradient engines; returns every per-checkpoint matrix (variants are derived in the parent)."""
+    from gradian.attribute.evidence import trajectory_scores
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.engines import EngineSpec
+
+    ft, grad, data, examples, items, queries = _setup(task)
+    traj = resolve_trajectory(task["adapter"], "auto" if trajectory else "final")
+    engines = [EngineSpec("datainf"), EngineSpec("graddot")] if optimizer == "none" else [EngineSpec("graddot")]
+    ev = trajectory_scores(ft, traj, data, examples, items, replace(grad, optimizer=optimizer), {"c": queries}, engines,
+                           unit=unit, index_root=root, keep_per_checkpoint=True)
+    out: dict[str, np.ndarray] = {"weights": np.array(traj.weights)}
+    for e, es in ev.scores["c"].items():
+        for t, part in enumerate(es.per_checkpoint or []):
+            for k, v in part.items():
+                out[f"{e}.ck{t}.{k}"] = v
+    if ev.units is not None:
+        out["unit_rows"] = np.array([u.row for u in ev.units])
+        out["unit_spans"] = np.array([[u.char_start if u.char_start is not None else -1,
+                                       u.char_end if u.char_end is not None else -1] for u in ev.units])
+    return out, {"timing": ev.timing, "indexes": ev.indexes}
+
+
+def m_default(task, root):
+    """Gradian's default verdict, exactly as ``gradian attribute`` ranks (``AttributeSpec()``)."""
+    from gradian.attribute.evidence import trajectory_scores
+    from gradian.attribute.pipeline import AttributeSpec, CapabilityEvidence, verdict
+    from gradian.attribute.references import reference_scores
+    from gradian.attribute.trajectory import resolve_trajectory
+
+    ft, grad, data, examples, items, queries = _setup(task)
+    spec = AttributeSpec()
+    traj = resolve_trajectory(task["adapter"], "auto", spec.weighting)
+    ev = trajectory_scores(ft, traj, data, examples, items, grad, {"c": queries}, spec.engines, unit=spec.unit, index_root=root)
+    ident = ev.final_index.manifest["identity"]
+    refs = reference_scores(spec.references, ft, examples, items, {"c": queries}, grad.tokenize, spec,
+                            {"adapter": ident["adapter"], "dataset": ident["dataset"], "bench": str(root)})
+    res = verdict(CapabilityEvidence(ev.scores["c"], refs["c"], ev.units), ft.tokenizer, examples, items, queries, spec,
+                  ev.final_index)
+    drill = {d["id"]: [d["top_sentence"]["char_start"], d["top_sentence"]["char_end"]] for d in res.drilldown}
+    best = {r["id"]: [r["sentence"]["char_start"], r["sentence"]["char_end"]] for r in res.ranked if "sentence" in r}
+    return {"rank_scores": np.array(res.rank_scores)}, {"timing": ev.timing, "spec": spec.to_dict(), "drill": drill, "best": best}
+
+
+def m_references(task, root):
+    from gradian.attribute.pipeline import AttributeSpec
+    from gradian.attribute.references import reference_scores
+    from gradian.engines.lexical import BM25Spec
+    from gradian.engines.repsim import RepSimSpec
+
+    ft, grad, data, examples, items, queries = _setup(task)
+    out = {}
+    t = {}
+    for name, mode in (("bm25", "said"), ("bm25", "contrast"), ("repsim", "said"), ("repsim", "contrast")):
+        spec = AttributeSpec(bm25=BM25Spec(mode), repsim=RepSimSpec(mode))
+        t0 = time.perf_counter()
+        r = reference_scores([name], ft, examples, items, {"c": queries}, grad.tokenize, spec, {"bench": str(root), "mode": mode})
+        t[f"{name}.{mode}"] = time.perf_counter() - t0
+        out[f"{name}.{mode}"] = r["c"][name]
+    return out, {"timing": t}
+
+
+def m_kronfluence(task, root):
+    sys.path.insert(0, str(HERE))
+    from peers import kronfluence_scores
+
+    from gradian.attribute.queries import _example
+    from gradian.data.tokenize import tokenize_example
+
+    ft, grad, data, examples, items, queries = _setup(task)
+    C = [tokenize_example(_example(q.prompt, q.correct, q.item_id), ft.tokenizer, grad.tokenize) for q in queries]
+    W = [tokenize_example(_example(q.prompt, q.said, q.item_id), ft.tokenizer, grad.tokenize) for q in queries]
+    S, t = kronfluence_scores(ft, items, C, W, workdir=root)
+    return {"ekfac": S}, {"timing": t}
+
+
+METHODS = {
+    "default": (m_default, {}),
+    "final-row": (m_gradient, {"trajectory": False, "unit": "row"}),
+    "trajectory-sentence": (m_gradient, {"trajectory": True, "unit": "sentence"}),
+    "trajectory-adam": (m_gradient, {"trajectory": True, "unit": "row", "optimizer": "adam"}),
+    "references": (m_references, {}),
+    "kronfluence": (m_kronfluence, {}),
+}
+
+
+def _child(name: str, task: dict, root: str, out: str, q) -> None:
+    fn, kw = METHODS[name]
+    t0 = time.perf_counter()
+    try:
+        arrays, meta = fn(task, Path(root), **kw)
+        np.savez(out, **arrays)
+        meta["wall_s"] = time.perf_counter() - t0
+        meta["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        q.put({"ok": True, **meta})
+    except BaseException as e:  # report, never hang the parent
+        q.put({"ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+               "trace": traceback.format_exc()[-2000:]})
+
+
+def run_method(name: str, task: dict, workdir: Path) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    root = Path(tempfile.mkdtemp(prefix=f"idx-{name}-", dir=workdir))
+    out = workdir / f"{name}.npz"
+    p = ctx.Process(target=_child, args=(name, task, str(root), str(out), q))
+    t0 = time.perf_counter()
+    p.start()
+    meta = q.get()
+    p.join()
+    meta["process_wall_s"] = time.perf_counter() - t0
+    if not meta.get("ok"):
+        return None, meta
+    return dict(np.load(out)), meta
+
+
+# --------------------------------------------------------------------------- scoring the rankings
+
+
+def _row_min(u: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    out = np.full(u.shape[:-1] + (n,), np.inf)
+    arg = np.full(u.shape[:-1] + (n,), -1)
+    for k, r in enumerate(rows):
+        better = u[..., k] < out[..., r]
+        out[..., r] = np.where(better, u[..., k], out[..., r])
+        arg[..., r] = np.where(better, k, arg[..., r])
+    return out, arg
+
+
+def variants(name: str, A: dict[str, np.ndarray], n: int) -> dict[str, dict[str, Any]]:
+    """Every ranking a method's arrays give: ``{label: {"rows": (n,), "best_span": {row: (a, b)} | None}}``."""
+    out: dict[str, dict[str, Any]] = {}
+    if name in ("final-row", "trajectory-sentence", "trajectory-adam"):
+        w = A["weights"]
+        K = len(w)
+        engines = sorted({k.split(".")[0] for k in A if ".ck" in k})
+        for e in engines:
+            label_e = "adam" if name == "trajectory-adam" else e
+            for stat in ("raw", "cosine"):
+                ws = {"final": np.eye(K)[-1]} if name == "final-row" else {"trajectory": w, "first": np.eye(K)[0]}
+                for wname, wv in ws.items():
+                    M = sum(wt * A[f"{e}.ck{t}.{stat}"] for t, wt in enumerate(wv))
+                    out[f"{label_e} {wname} {stat} row"] = {"rows": M.mean(0), "best_span": None}
+                    if f"{e}.ck0.unit_{stat}" in A:
+                        U = sum(wt * A[f"{e}.ck{t}.unit_{stat}"] for t, wt in enumerate(wv)).mean(0)
+                        rows, arg = _row_min(U, A["unit_rows"], n)
+                        spans = {j: tuple(A["unit_spans"][k]) for j, k in enumerate(arg) if A["unit_spans"][k][0] >= 0}
+                        out[f"{label_e} {wname} {stat} sentence"] = {"rows": rows, "best_span": spans}
+    elif name == "references":
+        for k, v in A.items():
+            out[k.replace(".", " ")] = {"rows": v.mean(0), "best_span": None}
+    elif name == "kronfluence":
+        out["kronfluence ekfac final"] = {"rows": A["ekfac"].mean(0), "best_span": None}
+    elif name == "default":
+        out["gradian default"] = {"rows": A["rank_scores"], "best_span": None}
+    return out
+
+
+def metrics(rows: np.ndarray, ids: list[str], truth: dict, lost: set[str], best_span: dict | None) -> dict[str, Any]:
+    from gradian.worlds.scorecard import score_ranking, spans_overlap
+
+    r = score_ranking(rows, ids, truth["culprits"])
+    out = {"auc": r["auc"], "auc_by_kind": r["auc_by_kind"], "p_at_n": r["precision_at_n_culprits"], "p_at_10": r["precision_at_10"]}
+    if best_span is not None:
+        pos = {i: j for j, i in enumerate(ids)}
+        buried = [c for c in truth["culprits"] if c["kind"] == "buried" and c["eval_id"] in lost]
+        hits = sum(1 for c in buried if pos[c["id"]] in best_span
+                   and spans_overlap(best_span[pos[c["id"]]], (c["char_start"], c["char_end"])))
+        out["localisation"] = {"hits": hits, "n": len(buried)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", type=Path, action="append", required=True)
+    ap.add_argument("--adapter", type=Path, action="append", required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--project-dim", type=int, default=512, help="JL numbers per LoRA block (SmolLM2: 512, as the demo)")
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {', '.join(METHODS)}")
+    args = ap.parse_args()
+    if len(args.world) != len(args.adapter):
+        raise SystemExit("give one --adapter per --world")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    report: dict[str, Any] = {"worlds": []}
+    for world, adapter in zip(args.world, args.adapter):
+        work = args.out.parent / f"{args.out.stem}-{world.name}"
+        work.mkdir(parents=True, exist_ok=True)
+        task = _task(world, adapter, work / "evaluation.json", args.project_dim)
+        truth = json.loads((world / "ground_truth.json").read_text())
+        ids = [json.loads(line)["id"] for line in (world / "train.jsonl").read_text().splitlines() if line.strip()]
+        lost = {q["item_id"] for q in task["queries"]}
+        entry: dict[str, Any] = {"world": str(world), "adapter": str(adapter), "evaluation": task["evaluation"],
+                                 "n_rows": len(ids), "n_culprits": len(truth["culprits"]), "n_failing": len(lost), "methods": {}}
+        for name in args.methods.split(","):
+            print(f"[{world.name}] {name} ...", flush=True)
+            A, meta = run_method(name, task, work)
+            m = {"wall_s": meta.get("wall_s"), "peak_rss_mb": meta.get("peak_rss_mb"), "timing": meta.get("timing"),
+                 "error": meta.get("error"), "rankings": {}}
+            if A is not None:
+                for label, v in variants(name, A, len(ids)).items():
+                    span = v["best_span"]
+                    if name == "default":
+                        span = {ids.index(k): tuple(s) for k, s in (meta.get("best") or {}).items()}
+                    m["rankings"][label] = metrics(v["rows"], ids, truth, lost, span)
+            else:
+                print(meta.get("trace", ""), file=sys.stderr)
+            entry["methods"][name] = m
+            for label, r in m["rankings"].items():
+                loc = r.get("localisation")
+                print(f"  {label:38s} AUC {r['auc']:.3f} (direct {r['auc_by_kind'].get('direct', float('nan')):.3f}, "
+                      f"buried {r['auc_by_kind'].get('buried', float('nan')):.3f})  P@n {r['p_at_n']:.2f}  P@10 {r['p_at_10']:.2f}"
+                      + (f"  loc {loc['hits']}/{loc['n']}" if loc else ""), flush=True)
+            print(f"  wall {m['wall_s'] or float('nan'):.0f} s, peak RSS {m['peak_rss_mb'] or float('nan'):.0f} MB"
+                  + (f"; ERROR {m['error']}" if m["error"] else ""), flush=True)
+            args.out.write_text(json.dumps(report | {"worlds": report["worlds"] + [entry]}, indent=1, default=float))
+        report["worlds"].append(entry)
+        args.out.write_text(json.dumps(report, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""Gradient evidence over the training trajectory: per-item score matrices for every engine.
+
+For every checkpoint t of the trajectory (:mod:`gradian.attribute.trajectory`),
+with its LoRA weights loaded, its own gradient index (content-addressed), its
+own query gradients ``g_q^t`` and each engine fitted on its own index
+(``r_q^t = P_t g_q^t``):
+
+    raw[q, j]    = Σ_t w_t · ⟨r_q^t, g_j^t⟩                                 (influence, loss units)
+    cosine[q, j] = Σ_t w_t · ⟨r_q^t, g_j^t⟩ / (‖r_q^t‖ · ‖g_j^t‖)            (direction only)
+
+``raw`` is the TracIn-weighted influence: its sign follows :mod:`gradian.sign`
+and ``raw / n`` is the first-order change of the query loss if row j were
+removed. ``cosine`` (LESS's unit normalisation) drops the gradient norms: a row
+the fine-tune has memorised has a small gradient at late checkpoints, and an
+item whose query gradient is large no longer outweighs the others in a
+capability mean. With ``unit="sentence"`` the same two matrices are also
+computed for every sentence unit (:mod:`gradian.attribute.spans`) against the
+same preconditioned queries (the curvature is fitted on whole rows, the
+training distribution).
+
+Every index pass reads one shard at a time; all capabilities and engines share
+each pass.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from gradian.attribute.queries import Query, query_gradients
+from gradian.attribute.spans import SentenceUnit, sentence_units
+from gradian.attribute.trajectory import Trajectory, checkpoint_weights
+from gradian.data.formats import Example
+from gradian.data.tokenize import TokenizedExample
+from gradian.engines.base import Blocks, EngineSpec, make_engine, score_index
+from gradian.index.store import GradientIndex, GradSpec, index_id
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class EngineScores:
+    """One engine's per-item scores, summed over the trajectory (module docstring).
+
+    Attributes:
+        engine: the engine's name.
+        raw, cosine: (m, n) per failing item × training row.
+        unit_raw, unit_cosine: (m, n_units) per failing item × sentence unit (``unit="sentence"``), else None.
+        per_checkpoint: per checkpoint ``{"raw", "cosine"[, "unit_raw", "unit_cosine"]}`` unweighted,
+            kept only when asked for (benchmarks).
+    """
+
+    engine: str
+    raw: np.ndarray
+    cosine: np.ndarray
+    unit_raw: np.ndarray | None = None
+    unit_cosine: np.ndarray | None = None
+    per_checkpoint: list[dict[str, np.ndarray]] | None = None
+
+
+@dataclass
+class TrajectoryEvidence:
+    """What :func:`trajectory_scores` computed.
+
+    Attributes:
+        scores: ``{capability: {engine: EngineScores}}``.
+        units: the sentence units (``unit="sentence"``), else None.
+        indexes: per checkpoint, the index ids used and whether they were reused.
+        final_index: the final checkpoint's row index (for clustering).
+        preconditioned: per checkpoint, ``{engine: {capability: Blocks (m, d_l)}}`` (for drill-down).
+        timing: seconds per stage.
+    """
+
+    scores: dict[str, dict[str, EngineScores]]
+    units: list[SentenceUnit] | None
+    indexes: list[dict[str, Any]]
+    final_index: GradientIndex
+    preconditioned: list[dict[str, dict[str, Blocks]]]
+    timing: dict[str, float] = field(default_factory=dict)
+
+
+def row_norms(index: GradientIndex) -> np.ndarray:
+    """‖g_j‖ over all blocks for every row of ``index``: (n,) float64."""
+    out = []
+    for _, shard in index.iter_shards(torch.float64):
+        out.append(sum((G * G).sum(1) for G in shard.values()).sqrt())
+    return torch.cat(out).numpy() if out else np.zeros(0)
+
+
+def _norms(R: Blocks) -> np.ndarray:
+    return torch.sqrt(sum((v.double() * v.double()).sum(1) for v in R.values())).numpy()
+
+
+def _safe_div(x: np.ndarray, d: np.ndarray) -> np.ndarray:
+    return np.divide(x, d, out=np.zeros_like(x), where=d > 0)
+
+
+def trajectory_scores(
+    ft,
+    trajectory: Trajectory,
+    data: str | Path,
+    examples: Sequence[Example],
+    items: Sequence[TokenizedExample],
+    grad: GradSpec,
+    queries: dict[str, Sequence[Query]],
+    engines: Sequence[EngineSpec],
+    *,
+    unit: str = "row",
+    seed: int = 0,
+    index_root: str | Path | None = None,
+    batch_size: int = 8,
+    query_batch_size: int = 8,
+    progress: Progress | None = None,
+    keep_per_checkpoint: bool = False,
+) -> TrajectoryEvidence:
+    """Score every capability's queries with every engine at every checkpoint (module docstring).
+
+    Args:
+        ft: the loaded fine-tune (:class:`gradian.api.FineTune`); its LoRA weights are swapped per
+            checkpoint and restored afterwards.
+        grad: the row index's gradient spec (``grad.optimizer="adam"`` preconditions training rows).
+        queries: per capability, its failing items as queries (non-empty lists).
+        engines: the gradient engines to run (each fitted per checkpoint).
+        unit: ``"row"`` or ``"sentence"`` (also score sentence units).
+        index_root: parent folder of the indexes (default: the cache); each index lives in
+            ``<root>/<index id>``.
+    """
+    from gradian.api import index_identity, training_index
+
+    caps = list(queries)
+    flat: list[Query] = [q for c in caps for q in queries[c]]
+    bounds = np.cumsum([0] + [len(queries[c]) for c in caps])
+    n = len(examples)
+    units = sentence_units(examples, items) if unit == "sentence" else None
+    acc: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    per_ck: dict[str, dict[str, list[dict[str, np.ndarray]]]] = {c: {e.name: [] for e in engines} for c in caps}
+    indexes: list[dict[str, Any]] = []
+    pre: list[dict[str, dict[str, Blocks]]] = []
+    timing: dict[str, float] = {}
+    final_index: GradientIndex | None = None
+
+    def _index(spec: GradSpec, ck, label: str) -> GradientIndex:
+        root = None
+        if index_root is not None:
+            root = Path(index_root) / index_id(index_identity(ft, data, spec, seed, ck))
+        pf = (lambda k_: (lambda a: progress(label, a, k_))) if progress else None
+        idx, _, _, reused = training_index(
+            ft, data, spec, seed=seed, root=root, batch_size=batch_size, progress_factory=pf,
+            examples=list(examples), items=list(items), checkpoint=ck,
+        )
+        indexes[-1][spec.unit] = {"id": idx.id, "root": str(idx.root), "reused": reused, "n": idx.n}
+        return idx
+
+    for t, ck in enumerate(trajectory.checkpoints):
+        indexes.append({"checkpoint": ck.label, "weight": ck.weight})
+        with checkpoint_weights(ft.model, ck):
+            t0 = time.perf_counter()
+            idx = _index(replace(grad, unit="row"), ck, f"training gradients ({ck.label})")
+            timing[f"index[{ck.label}]"] = time.perf_counter() - t0
+            if ck.final:
+                final_index = idx
+            t0 = time.perf_counter()
+            Q = query_gradients(ft.model, ft.tokenizer, flat, idx, grad.tokenize, query_batch_size)
+            R_all: dict[str, Blocks] = {}
+            for es in engines:
+                eng = make_engine(es)
+                eng.fit(idx)
+                R_all[es.name] = eng.precondition(idx, Q)
+            timing[f"queries[{ck.label}]"] = time.perf_counter() - t0
+            pre.append({e: {c: {k: v[bounds[i]:bounds[i + 1]] for k, v in R.items()} for i, c in enumerate(caps)}
+                        for e, R in R_all.items()})
+            t0 = time.perf_counter()
+            names = list(R_all)
+            raw = [r.numpy() for r in score_index(idx, [R_all[e] for e in names])]
+            g = row_norms(idx)
+            got: dict[str, dict[str, np.ndarray]] = {}
+            for e, r in zip(names, raw):
+                qn = _norms(R_all[e])
+                got[e] = {"raw": r, "cosine": _safe_div(r, np.outer(qn, g))}
+            if units is not None:
+                sidx = _index(replace(grad, unit="sentence"), ck, f"sentence gradients ({ck.label})")
+                uraw = [r.numpy() for r in score_index(sidx, [R_all[e] for e in names])]
+                ug = row_norms(sidx)
+                for e, r in zip(names, uraw):
+                    got[e]["unit_raw"] = r
+                    got[e]["unit_cosine"] = _safe_div(r, np.outer(_norms(R_all[e]), ug))
+            timing[f"score[{ck.label}]"] = time.perf_counter() - t0
+        for i, c in enumerate(caps):
+            sl = slice(bounds[i], bounds[i + 1])
+            for e in names:
+                part = {k: v[sl] for k, v in got[e].items()}
+                if keep_per_checkpoint:
+                    per_ck[c][e].append(part)
+                tgt = acc.setdefault(c, {}).setdefault(e, {})
+                for k, v in part.items():
+                    tgt[k] = tgt.get(k, 0.0) + ck.weight * v
+    assert final_index is not None, "a trajectory always ends at the final adapter"
+    scores = {
+        c: {
+            e: EngineScores(
+                e, acc[c][e]["raw"], acc[c][e]["cosine"], acc[c][e].get("unit_raw"), acc[c][e].get("unit_cosine"),
+                per_ck[c][e] if keep_per_checkpoint else None,
+            )
+            for e in acc[c]
+        }
+        for c in caps
+    }
+    for c in caps:
+        for es in scores[c].values():
+            assert es.raw.shape == (len(queries[c]), n)
+    return TrajectoryEvidence(scores, units, indexes, final_index, pre, timing)
