@@ -54,6 +54,21 @@ class AttributeSpec:
     query_batch_size: int = 8
     clusters: ClusterSpec = field(default_factory=ClusterSpec)
 
+    def __post_init__(self) -> None:
+        from gradian.engines.base import ENGINES
+        from gradian.validate import check_choice, check_int, check_type
+
+        check_type(self.engine, EngineSpec, "AttributeSpec", "engine")
+        if self.second_engine is not None:
+            check_choice(self.second_engine, ENGINES, "AttributeSpec", "second_engine", flag="--second-engine",
+                         fix=f"use one of {', '.join(ENGINES)} (or none)")
+        check_choice(self.query, ("contrastive", "cross_entropy"), "AttributeSpec", "query", flag="--query")
+        check_int(self.top_k, "AttributeSpec", "top_k", flag="--top-k", lo=1, hi=1_000_000,
+                  fix="list at least one row, e.g. --top-k 20")
+        check_int(self.drilldown_rows, "AttributeSpec", "drilldown_rows", lo=0, hi=10_000)
+        check_int(self.query_batch_size, "AttributeSpec", "query_batch_size", lo=1, hi=65_536)
+        check_type(self.clusters, ClusterSpec, "AttributeSpec", "clusters")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -10,7 +10,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from gradian.commands._common import console, grad_spec_from_options, progress_bar, user_errors
-from gradian.errors import GradianUserError
 
 
 def print_attribution(run: dict) -> None:
@@ -97,15 +96,11 @@ def register(app: typer.Typer) -> None:
         from gradian.evaluate import EvalResult, EvalSpec
         from gradian.models.load import ModelSpec
 
-        if engine not in ("datainf", "graddot"):
-            raise GradianUserError(f"unknown engine {engine!r}", where="--engine", fix="use datainf or graddot")
-        if second_engine not in ("datainf", "graddot", "none"):
-            raise GradianUserError(f"unknown engine {second_engine!r}", where="--second-engine", fix="use datainf, graddot or none")
-        if query not in ("contrastive", "cross_entropy"):
-            raise GradianUserError(f"unknown query {query!r}", where="--query", fix="use contrastive or cross_entropy")
-        if damping_scale <= 0:
-            raise GradianUserError("--damping-scale must be > 0", where="--damping-scale", fix="e.g. 0.1")
+        from gradian.index.store import check_build_args
+
+        # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
         grad = grad_spec_from_options(max_length, loss_on, modules, project_dim, "float32", seed)
+        check_build_args(batch_size)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),
             grad=grad,
