@@ -244,6 +244,8 @@ class AuditContext:
         self.data_path = data_path
         self.eval_path = eval_path
         self.notes: list[str] = []
+        #: results several checks share, computed by the first that needs them (e.g. near-duplicate pairs)
+        self.memo: dict[str, Any] = {}
         self._token_rows: list[TokenRow] | None = None
         self._token_thread = None
         self._token_error: BaseException | None = None
@@ -308,6 +310,19 @@ class AuditContext:
         return [T.word_hashes(ws) for ws in self.eval_row_words]
 
     @cached_property
+    def row_segment_lengths(self) -> list[list[int]]:
+        """Per training row, the word count of each segment (sentence or line; :func:`text.segments`), in the
+        order of :attr:`row_words`."""
+        return [T.segment_word_counts(e.prompt_text, len(pw)) + T.segment_word_counts(e.completion_text, len(cw))
+                for e, pw, cw in zip(self.examples or [], self.prompt_words, self.completion_words)]
+
+    @cached_property
+    def eval_segment_lengths(self) -> list[list[int]]:
+        return [T.segment_word_counts(e.prompt_text, len(T._WORD.findall(p)))
+                + T.segment_word_counts(e.completion_text, len(T._WORD.findall(c)))
+                for e, p, c in zip(self.eval_examples or [], self.eval_norm_prompt, self.eval_norm_completion)]
+
+    @cached_property
     def shingles5(self) -> list[np.ndarray]:
         return T.ngrams_rows(self.row_word_hashes, 5)
 
@@ -352,11 +367,14 @@ class AuditContext:
         c = self.config
         if c is None:
             return False, "assumed completion-only loss (no config given)"
+        if c.stage_kind == "pretraining":
+            return True, f"continued pretraining ({c.source('stage')}): every token is a target"
         if c.train_on_inputs is not None:
             return bool(c.train_on_inputs), c.source("train_on_inputs") or ""
         if c.completion_only_loss is not None:
             return (not c.completion_only_loss), c.source("completion_only_loss") or ""
-        if c.trainer == "trl" and not c.assistant_only_loss and self.examples:
+        if c.trainer == "trl" and not c.assistant_only_loss and c.messages_loss != "final_assistant_turn" \
+                and self.examples:
             n_msgs = sum(1 for e in self.examples if e.format == "messages")
             if n_msgs * 2 > len(self.examples):
                 return True, ("TRL trains every token of 'messages' rows unless assistant_only_loss "
