@@ -10,10 +10,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from gradian.audit.model import SEVERITIES, AuditResult, Finding
 from gradian.audit.registry import STAGE_KINDS, CheckSpec, all_checks, stage_words
+from gradian.tables import FitTable
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _RANK_NAMES = {10: "rows unreadable as meant", 20: "wrong training signal", 30: "untrustworthy evaluation",
@@ -124,7 +124,7 @@ def _md_escape(s: str) -> str:
 # ---------------------------------------------------------------------- the check list
 def checks_table(console: Console, checks: list[CheckSpec] | None = None) -> None:
     checks = checks or all_checks()
-    t = Table(title=f"{len(checks)} checks", show_lines=False)
+    t = FitTable(title=f"{len(checks)} checks", show_lines=False, heading_columns=2)
     for col in ("id", "name", "reads", "max severity"):
         t.add_column(col, no_wrap=True)
     t.add_column("title")

@@ -7,9 +7,9 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from gradian.commands._common import console, grad_spec_from_options, progress_bar, user_errors
+from gradian.tables import FitTable
 
 
 def print_attribution(run: dict) -> None:
@@ -31,7 +31,8 @@ def print_attribution(run: dict) -> None:
                 f"{ag['topk_overlap']:.0%} → confidence [bold]{ag['confidence']}[/]"
             )
         console.print(head)
-        t = Table(title=f"most harmful training rows for {escape(cap['capability'])}", show_lines=False)
+        t = FitTable(title=f"most harmful training rows for {escape(cap['capability'])}", show_lines=False,
+                     heading_columns=2)
         for col in ("rank", "id", "score", "Δloss if removed", "tokens", "completion"):
             t.add_column(col, overflow="fold")
         for r in cap["ranked"][:10]:
