@@ -16,7 +16,6 @@ agree with the sequences and masks the attribution lane trains on.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +30,7 @@ from gradian.audit.versions import before
 from gradian.data.formats import Example
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example
 from gradian.errors import GradianUserError
+from gradian.safeio import load_json_file
 
 UNBOUNDED = 10**9
 #: When no config says otherwise, the max length TRL's SFTConfig applies.
@@ -88,10 +88,12 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
         for name, target in (("config.json", cfg), ("generation_config.json", gen)):
             f = Path(folder) / name
             if f.exists():
-                try:
-                    target.update(json.loads(f.read_text(encoding="utf-8")))
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    pass
+                try:  # bounded, regular files only; an unreadable model config only costs these hints
+                    obj = load_json_file(f, "model config")
+                except GradianUserError:
+                    continue
+                if isinstance(obj, dict):
+                    target.update(obj)
     if folder is not None and Path(folder).is_dir() and not cfg:
         cfg.update(_gguf_config(Path(folder)))
     mml = getattr(tok, "model_max_length", None)
@@ -100,7 +102,14 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
     ids = tok("a", add_special_tokens=True)["input_ids"]
     adds_bos = bool(ids) and tok.bos_token_id is not None and ids[0] == tok.bos_token_id
     ge = gen.get("eos_token_id", cfg.get("eos_token_id"))
-    gen_eos = [int(x) for x in (ge if isinstance(ge, list) else [ge] if isinstance(ge, int) else [])]
+    gen_eos = [x for x in (ge if isinstance(ge, list) else [ge]) if isinstance(x, int) and not isinstance(x, bool)]
+
+    def count(v: Any) -> int | None:  # a model config field that must be a positive whole number
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    def text(v: Any) -> str | None:
+        return v if isinstance(v, str) else None
+
     specials = sorted({s for s in getattr(tok, "all_special_tokens", []) if s}
                       | {t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if getattr(t, "special", False)})
     return TokenInfo(
@@ -108,8 +117,9 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
         eos_token=tok.eos_token, eos_id=tok.eos_token_id, bos_token=tok.bos_token, bos_id=tok.bos_token_id,
         pad_token=tok.pad_token, pad_id=tok.pad_token_id, adds_bos=adds_bos,
         model_max_length=mml,
-        max_position_embeddings=cfg.get("max_position_embeddings") or cfg.get("n_positions"),
-        vocab_size=cfg.get("vocab_size"), n_tokens=len(tok), torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+        max_position_embeddings=count(cfg.get("max_position_embeddings")) or count(cfg.get("n_positions")),
+        vocab_size=count(cfg.get("vocab_size")), n_tokens=len(tok),
+        torch_dtype=text(cfg.get("torch_dtype")) or text(cfg.get("dtype")),
         generation_eos_ids=gen_eos, special_strings=specials,
         chat_template=tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None,
     )

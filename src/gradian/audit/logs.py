@@ -25,6 +25,9 @@ _ALIASES = {
     "train/epoch": "epoch", "train/global_step": "step", "global_step": "step",
     "eval/loss": "eval_loss", "train/mean_token_accuracy": "mean_token_accuracy",
 }
+#: trainer_state.json fields the checks compute with: whole, finite, non-negative counts
+_STATE_NUMBERS = ("global_step", "max_steps", "num_train_epochs", "epoch", "logging_steps", "eval_steps",
+                  "save_steps", "train_batch_size")
 _NUMERIC = ("loss", "grad_norm", "learning_rate", "epoch", "step", "eval_loss", "mean_token_accuracy",
             "train_loss", "train_runtime")
 
@@ -170,6 +173,14 @@ def load_logs(path: str | Path) -> TrainLog:
                 )
             log = _normalise(obj["log_history"], p, "trainer_state")
             log.state = {k: v for k, v in obj.items() if k != "log_history" and not isinstance(v, (list,))}
+            for k in _STATE_NUMBERS:
+                v = log.state.get(k)
+                if v is None:
+                    continue
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e15 \
+                        or (isinstance(v, float) and math.isnan(v)):
+                    raise GradianUserError(f"{k} is {str(v)[:40]!r}, not a count", where=f"{p}: {k}",
+                                           fix="pass the trainer_state.json that Trainer wrote, unedited")
         else:
             raise GradianUserError("top level is not an object or a list", where=str(p),
                                    fix="pass trainer_state.json or a JSONL of logged dicts")
