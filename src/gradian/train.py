@@ -381,7 +381,9 @@ def write_train_config(spec: TrainSpec, path: str | Path, base: str | None = Non
     """Write ``spec`` as a ``trl sft --config``-style YAML (see :meth:`TrainSpec.to_config`)."""
     import yaml
 
-    text = "# gradian train: TRL SFTConfig fields, LoRA in TRL ModelConfig names (trl sft --config style)\n"
+    from gradian.audit.config import GRADIAN_TRAIN_HEADER
+
+    text = f"{GRADIAN_TRAIN_HEADER} TRL SFTConfig fields, LoRA in TRL ModelConfig names (trl sft --config style)\n"
     text += yaml.safe_dump(spec.to_config(base, has_eval), sort_keys=False)
     atomic_write_text(path, text)
 

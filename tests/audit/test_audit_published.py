@@ -160,5 +160,19 @@ def test_gradian_train_config_is_read_as_final_turn_masking(tmp_path):
     assert c.messages_loss == "final_assistant_turn" and c.trainer == "trl"
     assert "C08" in diagnose(data=msgs, configs=[cfg], select=["C08"]).passed
     trl = tmp_path / "trl.yaml"
-    trl.write_text("\n".join(line for line in cfg.read_text().splitlines() if not line.startswith("messages_loss")))
+    trl.write_text("\n".join(line for line in cfg.read_text().splitlines()
+                             if not line.startswith(("messages_loss", "#"))))  # the same run written by TRL
     assert diagnose(data=msgs, configs=[trl], select=["C08"]).by_id("C08")
+
+
+def test_a_training_config_from_an_older_gradian_train_is_recognised_by_its_header(tmp_path):
+    """Adapters trained before messages_loss was written still say who wrote them (the header line)."""
+    from gradian.train import TrainSpec, write_train_config
+
+    cfg = tmp_path / "training_config.yaml"
+    write_train_config(TrainSpec(), cfg)
+    cfg.write_text("\n".join(ln for ln in cfg.read_text().splitlines() if not ln.startswith("messages_loss")) + "\n")
+    assert cfg.read_text().startswith("# gradian train:")
+    c = load_config(cfg)
+    assert c.messages_loss == "final_assistant_turn" and "written by gradian train" in c.source("messages_loss")
+    assert c.formats == ["gradian"] and c.trainer == "trl"

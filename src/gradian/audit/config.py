@@ -386,7 +386,15 @@ def _parse_file(path: Path) -> dict[str, Any]:
             f"setting name {short_repr(bad_keys[0])} is not a string", where=str(path),
             fix="write every top-level setting as name: value (quote names YAML reads as numbers, dates or booleans)",
         )
+    if text.startswith(GRADIAN_TRAIN_HEADER) and "use_peft" in obj:
+        # written by gradian train (older versions wrote no messages_loss field, but always this header line)
+        obj[_BY_GRADIAN_TRAIN] = True
     return obj
+
+
+#: The first line of every training_config.yaml that ``gradian train`` writes.
+GRADIAN_TRAIN_HEADER = "# gradian train:"
+_BY_GRADIAN_TRAIN = "\x00written by gradian train"
 
 
 _TRL_KEYS = {"max_length", "max_seq_length", "packing", "completion_only_loss", "assistant_only_loss",
@@ -413,7 +421,7 @@ def detect_config_format(raw: dict[str, Any]) -> str | None:
     """``trl``/``hf``/``axolotl``/``llamafactory``/``llamafactory_v1``/``torchtune``/``peft``/``gradian``, or None."""
     if "peft_type" in raw:
         return "peft"
-    if raw.get("messages_loss") is not None and "use_peft" in raw:
+    if (raw.get("messages_loss") is not None and "use_peft" in raw) or raw.get(_BY_GRADIAN_TRAIN):
         return "gradian"
     keys = set(raw)
     if len(keys & _LF_V1_KEYS) >= 1 and ("cutoff_len" in keys or "model" in keys) \
@@ -646,6 +654,10 @@ def _read_trl(cfg: TrainConfig, r: _Reader) -> None:
         if ml != "final_assistant_turn":
             r._bad("messages_loss", ml, "'final_assistant_turn' (what gradian train does)")
         cfg.set("messages_loss", ml, r.where("messages_loss"))
+    elif r.raw.get(_BY_GRADIAN_TRAIN):
+        cfg.set("messages_loss", "final_assistant_turn",
+                f"{Path(r.path).name} (written by gradian train, which trains a 'messages' row on its final "
+                f"assistant turn)")
     if r.has("eval_dataset"):
         cfg.set("has_eval_dataset", True, r.where("eval_dataset"))
     elif r.has("dataset_test_split") and r.has("eval_strategy"):
