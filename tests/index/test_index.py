@@ -107,14 +107,15 @@ def test_projection_preserves_inner_products_in_expectation(ft, saved_finetune, 
 
 
 # ---------------------------------------------------------------------- integrity (issue 12)
-def _poison_shard(idx, k: int = 0) -> None:
-    """Rewrite shard k with NaNs under a matching sha256, as an older build with a bad batch size left it."""
+def _poison_shard(idx, k: int = 0, value: float = float("nan")) -> None:
+    """Rewrite shard k with garbage under a matching sha256, as an older build with a bad batch size left it
+    (uninitialised memory: NaNs, or finite values near float32's maximum)."""
     from safetensors.torch import save
 
     from gradian.util import atomic_write_json, sha256_bytes
 
     s = idx.manifest["shards"][k]
-    tensors = {b["name"]: torch.full((s["n"], b["dim"]), float("nan")) for b in idx.blocks}
+    tensors = {b["name"]: torch.full((s["n"], b["dim"]), value) for b in idx.blocks}
     data = save(tensors)
     (idx.root / s["file"]).write_bytes(data)
     m = json.loads((idx.root / "manifest.json").read_text())
@@ -169,9 +170,16 @@ def test_non_finite_gradients_are_not_written(ft, saved_finetune, tmp_path):
     try:
         with torch.no_grad():
             p[0, 0] = float("nan")
-        with pytest.raises(GradianUserError, match=r"not finite \(NaN/inf\).*the shard is not written"):
+        with pytest.raises(GradianUserError, match=r"not finite \(NaN/inf.*the shard is not written"):
             training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "f")
     finally:
         with torch.no_grad():
             p.copy_(keep)
     assert not list((tmp_path / "f").glob("shard-*.safetensors"))
+
+
+def test_finite_garbage_is_refused_too(ft, saved_finetune, tmp_path):
+    idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "g", shard_size=8)
+    _poison_shard(idx, 1, value=3.0e38)
+    again = GradientIndex(idx.root)
+    assert again.verify() == [1] and "beyond 1e+30" in again.problems[1]

@@ -183,11 +183,21 @@ def _finite_problem(tensors: dict[str, torch.Tensor], blocks: list[dict[str, Any
             return f"block {b['name']} has shape {tuple(t.shape)}, not ({n}, {b['dim']})"
         if not t.is_floating_point():
             return f"block {b['name']} is {t.dtype}, not floating point"
-        bad = ~torch.isfinite(t)
+        bad = _implausible(t)
         if bool(bad.any()):
             rows = sorted({int(r) for r in bad.nonzero()[:, 0].tolist()})
-            return f"block {b['name']} holds {int(bad.sum())} non-finite value(s) (NaN/inf) in {len(rows)} row(s)"
+            return (f"block {b['name']} holds {int(bad.sum())} non-finite value(s) (NaN/inf, or beyond "
+                    f"{GRAD_ABS_MAX:g}) in {len(rows)} row(s)")
     return None
+
+
+#: No per-example LoRA gradient that can be scored is this large; uninitialised memory often is.
+GRAD_ABS_MAX = 1e30
+
+
+def _implausible(t: torch.Tensor) -> torch.Tensor:
+    """Entries that are NaN, infinite, or beyond :data:`GRAD_ABS_MAX` in magnitude."""
+    return ~torch.isfinite(t) | (t.abs() > GRAD_ABS_MAX)
 
 
 def index_id(identity: dict[str, Any]) -> str:
@@ -409,6 +419,13 @@ def build_index(
         manifest = {}
     if manifest and (manifest.get("index_id") != iid or manifest.get("shard_size") != shard_size
                      or [(b["name"], b["dim"]) for b in manifest["blocks"]] != [(b["name"], b["dim"]) for b in block_meta]):
+        # a different layout (another batch or shard size): started afresh, but shards that fail their check
+        # are still named, since they may be what an earlier build left under this id
+        for entry in manifest["shards"]:
+            why = shard_problem(root, entry, manifest["blocks"])[0]
+            if why and why != "the file is missing":
+                _repair(root, manifest, f"{entry['file']} is corrupt ({why}); rebuilding it")
+        repairs = manifest.get("repairs", []) if manifest.get("index_id") == iid else []
         manifest = {}
     if not manifest:
         manifest = {
@@ -473,7 +490,7 @@ def build_index(
         bad_rows: set[int] = set()
         bad_blocks = []
         for name, v in per_block.items():
-            nf = ~torch.isfinite(v)
+            nf = _implausible(v)
             if bool(nf.any()):
                 bad_blocks.append(name)
                 bad_rows.update(int(r) for r in nf.nonzero()[:, 0].tolist())
@@ -481,7 +498,8 @@ def build_index(
             ids = [items[lo + r].id for r in sorted(bad_rows)]
             shown = ", ".join(map(str, ids[:8])) + (f" (+{len(ids) - 8})" if len(ids) > 8 else "")
             raise GradianUserError(
-                f"the per-example gradients of {len(ids)} row(s) are not finite (NaN/inf), e.g. in {bad_blocks[0]}; "
+                f"the per-example gradients of {len(ids)} row(s) are not finite (NaN/inf, or beyond {GRAD_ABS_MAX:g}), "
+                f"e.g. in {bad_blocks[0]}; "
                 f"rows {shown}; the shard is not written",
                 where=str(root),
                 fix="check the base and adapter weights for NaN/inf and train in float32 (float16 overflows); "
