@@ -505,3 +505,13 @@ def test_d10_token_match_names_the_rows(world):
 def test_check_does_not_fire(world, cid):
     res = diagnose(**NO_FIRE[cid](world), select=[cid])
     assert cid in res.passed, [(f.message) for f in res.by_id(cid)] or [s.reason for s in res.skipped if s.id == cid]
+
+
+def test_impossible_values_skip_the_checks_that_compute_with_them(world):
+    """C19's fixture: C03/C04 (and the token checks reading max_length) are skipped with the reason, not passed."""
+    res = diagnose(**f_c19(world), tokenizer=world.tok_dir)
+    (f,) = res.by_id("C19")
+    assert {"learning_rate", "num_epochs", "micro_batch_size", "max_length", "lora_r"} <= set(f.evidence["value"])
+    reasons = {s.id: s.reason for s in res.skipped}
+    for cid in ("C01", "C02", "C03", "C04", "C13", "C18", "D04", "D05", "C07"):
+        assert cid not in res.passed and "impossible" in reasons[cid], (cid, reasons.get(cid))

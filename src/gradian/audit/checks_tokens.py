@@ -345,6 +345,8 @@ def c07(ctx: AuditContext) -> list[Hit]:
         raise NotApplicable("the tokenizer folder states no context length (no max_position_embeddings / "
                             "model_max_length)")
     L, src = ctx.max_length()
+    if L is None and "impossible" in src:
+        raise NotApplicable(src)
     if L is not None:
         if L > limit:
             return [Hit("error", f"max_length={L} ({src}) is above the model's {limit} ({lsrc}): positions past "

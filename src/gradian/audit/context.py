@@ -362,6 +362,8 @@ class AuditContext:
         c = self.config
         if c is None:
             return ASSUMED_MAX_LENGTH, f"assumed: no config given, TRL SFTConfig's default max_length={ASSUMED_MAX_LENGTH}"
+        if c.max_length is not None and c.max_length <= 0:
+            return None, f"max_length={c.max_length} ({c.source('max_length')}) is impossible (see C19)"
         if c.max_length:
             return int(c.max_length), c.source("max_length") or "config"
         if c.truncation == "none":
