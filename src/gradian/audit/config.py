@@ -41,7 +41,6 @@ nesting limits). ``training_args.bin`` is a pickle and is refused.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, fields

@@ -36,7 +36,7 @@ def _bounds_cell(c) -> str:
     return ", ".join(parts) or "-"
 
 
-def capability_table(result) -> Table:
+def capability_table(result) -> FitTable:
     """The per-capability terminal table of an :class:`~gradian.evaluate.EvalResult`."""
     ref = "base" if result.reference.get("kind") == "base" else "reference"
     pct = f"{result.spec.confidence * 100:g}% CI"
@@ -70,7 +70,7 @@ def capability_table(result) -> Table:
     return t
 
 
-def failing_table(result, capability: str, limit: int = 10) -> Table:
+def failing_table(result, capability: str, limit: int = 10) -> FitTable:
     """The lost items of one capability: what the tuned model says instead, and the base margin."""
     fails = result.failing_items(capability)
     t = FitTable(title=f"{capability}: items lost ({len(fails)}; showing {min(limit, len(fails))})", title_justify="left")
