@@ -34,13 +34,33 @@ def _register_all() -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True),
+    max_input_mb: int = typer.Option(
+        None, "--max-input-mb", min=1,
+        help="Largest input file Gradian reads, in MiB (default 4096; env GRADIAN_MAX_INPUT_MB). Gradian reads only "
+             "regular files, never streams."),
 ) -> None:
     if version:
         from gradian import __version__
 
         typer.echo(__version__)
         raise typer.Exit()
+    if max_input_mb is not None:
+        import os
+
+        from gradian.safeio import ENV_MAX_INPUT
+
+        before = os.environ.get(ENV_MAX_INPUT)
+        os.environ[ENV_MAX_INPUT] = str(max_input_mb)
+
+        def restore() -> None:  # for this command only (an in-process caller keeps its own setting)
+            if before is None:
+                os.environ.pop(ENV_MAX_INPUT, None)
+            else:
+                os.environ[ENV_MAX_INPUT] = before
+
+        ctx.call_on_close(restore)
 
 
 _register_all()

@@ -34,3 +34,9 @@ class GradianUserError(Exception):
         if self.fix:
             parts.append(f" (fix: {self.fix})")
         return "".join(parts).replace("\n", " ")
+
+
+class GradianWarning(UserWarning):
+    """Something Gradian repaired or worked around that the user should know about (e.g. a corrupt index
+    shard that is being rebuilt). The CLI prints it as one ``warning:`` line; Python callers get a
+    standard :mod:`warnings` warning."""

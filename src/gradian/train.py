@@ -13,7 +13,11 @@ same way:
   and the LoRA settings in TRL ``ModelConfig`` names (``use_peft, lora_r,
   lora_alpha, lora_dropout, lora_target_modules, use_rslora``); the same
   values are in PEFT's ``adapter_config.json``. ``--config`` reads this file
-  back (a ``peft:``/``lora:`` section with PEFT names is accepted too);
+  back (a ``peft:``/``lora:`` section with PEFT names is accepted too). It also
+  says what TRL's names cannot: ``messages_loss: final_assistant_turn`` (a
+  ``messages`` row is trained on its final assistant turn only, see below), which
+  ``gradian diagnose`` reads, so it does not mistake the run for TRL training
+  every turn of a conversation;
 * ``trainer_state.json`` (the HF ``TrainerState``: ``log_history`` with
   ``loss, grad_norm, learning_rate, epoch, step`` every ``logging_steps``
   steps, an ``eval_loss`` entry per epoch when an eval split is given, and the
@@ -115,6 +119,9 @@ class TrainSpec:
     device: str = "cpu"
     save_strategy: str = "epoch"
 
+    def __post_init__(self) -> None:
+        self.validate("TrainSpec")
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["target_modules"] = list(self.target_modules)
@@ -150,30 +157,77 @@ class TrainSpec:
         cfg["lora_dropout"] = d["lora_dropout"]
         cfg["lora_target_modules"] = d["target_modules"]
         cfg["use_rslora"] = d["use_rslora"]
+        # gradian's own mask for 'messages' rows, which no TRL field expresses (TRL's assistant_only_loss
+        # trains every assistant turn, its default every token): gradian diagnose reads this
+        cfg["messages_loss"] = "final_assistant_turn"
         cfg["add_eos"] = d["add_eos"]
         cfg["dtype"] = d["dtype"]
         cfg["device"] = d["device"]
         return cfg
 
     def validate(self, where: str = "train config") -> None:
-        def bad(name: str, why: str, fix: str) -> GradianUserError:
-            return GradianUserError(why, where=f"{where}: {name}", fix=fix)
+        """Refuse values gradian train cannot run with (types, ranges, finiteness); the error's
+        ``field`` attribute names the field (:func:`spec_from_config` maps it to the flag or file key)."""
 
+        def bad(name: str, why: str, fix: str) -> GradianUserError:
+            e = GradianUserError(why, where=f"{where}: {name}", fix=fix)
+            e.field = name  # type: ignore[attr-defined]
+            return e
+
+        import math
+
+        from gradian.models.load import DTYPES, _DEVICE
+        from gradian.validate import SEED_MAX
+
+        for name, hi in (("learning_rate", 1.0), ("num_train_epochs", 10_000.0), ("warmup_ratio", 1.0),
+                         ("weight_decay", 1e6), ("max_grad_norm", 1e12), ("lora_dropout", 1.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(name, f"{name} must be a finite number (got {v!r})", f"give {name} a number")
+            if v > hi:
+                raise bad(name, f"{name} must be at most {hi:g} (got {v:g})", f"give {name} a sensible value")
+        for name, hi in (("per_device_train_batch_size", 1_000_000), ("gradient_accumulation_steps", 1_000_000),
+                         ("max_length", 10**9), ("r", 4096), ("logging_steps", 10**9), ("seed", SEED_MAX)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise bad(name, f"{name} must be a whole number (got {v!r})", f"give {name} a whole number")
+            if v > hi:
+                raise bad(name, f"{name} must be at most {hi:,} (got {v:,})", f"give {name} a sensible value")
+        for name in ("completion_only_loss", "packing", "add_eos", "group_by_length", "use_rslora"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, f"{name} must be true or false (got {getattr(self, name)!r})", "give true or false")
+        if isinstance(self.lora_alpha, bool) or not isinstance(self.lora_alpha, (int, float)) \
+                or not math.isfinite(self.lora_alpha) or not self.lora_alpha > 0:
+            raise bad("lora_alpha", f"lora_alpha must be a number > 0 (got {self.lora_alpha!r})", "use 2 x r, e.g. 32")
         if self.packing:
             raise bad("packing", "packing is not supported by gradian train", "set packing: false")
         if not self.learning_rate > 0:
             raise bad("learning_rate", f"learning_rate must be > 0 (got {self.learning_rate})", "use e.g. 2e-4")
         if not self.num_train_epochs > 0:
             raise bad("num_train_epochs", "num_train_epochs must be > 0", "use 1 to 3")
-        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "r", "logging_steps"):
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "r", "logging_steps"):
             if int(getattr(self, name)) < 1:
                 raise bad(name, f"{name} must be >= 1", f"set {name} to a positive integer")
+        if self.max_length < 2:
+            raise bad("max_length", "max_length must be >= 2 (one prompt token and one target)",
+                      "use the length the rows need, e.g. 256")
+        if self.weight_decay < 0 or self.max_grad_norm < 0:
+            name = "weight_decay" if self.weight_decay < 0 else "max_grad_norm"
+            raise bad(name, f"{name} must be >= 0", f"set {name} to 0 or more")
+        if self.seed < 0:
+            raise bad("seed", "seed must be >= 0", f"use a seed in [0, {SEED_MAX}]")
         if not 0 <= self.warmup_ratio < 1:
             raise bad("warmup_ratio", "warmup_ratio must be in [0, 1)", "use 0.03 to 0.1")
         if not 0 <= self.lora_dropout < 1:
             raise bad("lora_dropout", "lora_dropout must be in [0, 1)", "use 0.0 to 0.1")
+        if not isinstance(self.target_modules, tuple) or not all(isinstance(t, str) and t for t in self.target_modules):
+            raise bad("target_modules", "target_modules must be a list of module names", "e.g. [q_proj, v_proj]")
         if not self.target_modules:
             raise bad("target_modules", "no LoRA target modules", "list module names such as q_proj, v_proj")
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"unknown dtype {self.dtype!r}", f"use one of {', '.join(DTYPES)}")
+        if not isinstance(self.device, str) or not _DEVICE.match(self.device):
+            raise bad("device", f"unknown device {self.device!r}", "use cpu, cuda, cuda:N, mps or auto")
         if self.save_strategy not in ("epoch", "no"):
             raise bad("save_strategy", f"unknown save_strategy {self.save_strategy!r}", "use epoch or no")
         if self.lr_scheduler_type not in ("linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial"):
@@ -208,19 +262,16 @@ def load_train_config(path: str | Path) -> dict[str, Any]:
     Unknown keys are refused with the key named, so a typo never silently
     falls back to a default.
     """
-    import yaml
+    from gradian.safeio import load_yaml_file
 
     p = Path(path)
     if not p.exists():
         raise GradianUserError("config file not found", where=str(p), fix="check the path")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise GradianUserError(f"malformed YAML ({getattr(e, 'problem', e)})", where=where, fix="fix the YAML") from None
+    raw = load_yaml_file(p, "training config", fix="fix the YAML") or {}
     if not isinstance(raw, dict):
         raise GradianUserError("config is not a mapping", where=str(p), fix="write key: value lines")
+    if not all(isinstance(k, str) for k in raw):
+        raise GradianUserError("a setting name is not a string", where=str(p), fix="write name: value lines")
     flat: dict[str, Any] = {}
     for section in ("peft", "lora", "peft_config"):
         sub = raw.pop(section, None)
@@ -234,6 +285,12 @@ def load_train_config(path: str | Path) -> dict[str, Any]:
     if flat.get("use_peft") is False:
         raise GradianUserError(
             "use_peft is false, but gradian train only trains LoRA adapters", where=f"{p}: use_peft", fix="set use_peft: true"
+        )
+    ml = flat.pop("messages_loss", "final_assistant_turn")
+    if ml != "final_assistant_turn":
+        raise GradianUserError(
+            f"messages_loss is {ml!r}, but gradian train trains a 'messages' row on its final assistant turn only",
+            where=f"{p}: messages_loss", fix="set messages_loss: final_assistant_turn, or drop it",
         )
     for k, v in flat.items():
         key = _ALIASES.get(k, k)
@@ -250,47 +307,83 @@ def load_train_config(path: str | Path) -> dict[str, Any]:
         tm = out["target_modules"]
         if isinstance(tm, str):
             tm = ALL_LINEAR_LLAMA if tm == "all-linear" else [x.strip() for x in tm.split(",") if x.strip()]
+        if not isinstance(tm, (list, tuple)):
+            raise GradianUserError("target_modules must be a list of module names", where=f"{p}: target_modules",
+                                   fix="e.g. target_modules: [q_proj, v_proj]")
         out["target_modules"] = tuple(tm)
     return out
 
 
+#: The ``gradian train`` flag of each TrainSpec field (for error messages).
+TRAIN_FLAGS = {
+    "learning_rate": "--lr", "num_train_epochs": "--epochs", "r": "--r", "lora_alpha": "--alpha",
+    "lora_dropout": "--dropout", "target_modules": "--targets", "max_length": "--max-length",
+    "per_device_train_batch_size": "--batch-size", "gradient_accumulation_steps": "--grad-accum",
+    "warmup_ratio": "--warmup-ratio", "lr_scheduler_type": "--scheduler", "completion_only_loss": "--loss-on-all",
+    "seed": "--seed", "logging_steps": "--logging-steps", "device": "--device", "dtype": "--dtype",
+}
+
+
 def spec_from_config(path: str | Path | None, **overrides: Any) -> TrainSpec:
-    """A :class:`TrainSpec` from defaults ← config file ← non-None ``overrides``; validated."""
-    base = TrainSpec()
+    """A :class:`TrainSpec` from defaults ← config file ← non-None ``overrides``; validated.
+
+    An error names where the bad value came from: the flag (``--lr``) or the file and key.
+    """
     cfg = load_train_config(path) if path is not None else {}
-    try:
-        spec = base.replace(**cfg).replace(**overrides)
-    except TypeError as e:
-        raise GradianUserError(f"bad training setting ({e})", where=str(path or "flags"), fix="check the field types") from None
+    given = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(given) - _SPEC_FIELDS)
+    if unknown:
+        raise GradianUserError(f"unknown training setting {unknown[0]!r}", where="flags",
+                               fix=f"use one of {', '.join(sorted(_SPEC_FIELDS))}")
+
+    def origin(name: str) -> str:
+        if name in given:
+            return f"{TRAIN_FLAGS.get(name, name)} (TrainSpec.{name})"
+        if name in cfg:
+            return f"{path}: {name}"
+        return f"TrainSpec.{name} (default)"
+
+    merged = {**TrainSpec().to_dict(), **cfg, **given}
     # YAML gives strings for some numbers (e.g. "2e-4" is a str in YAML 1.1)
-    typed = {}
+    typed: dict[str, Any] = {}
     for f in fields(TrainSpec):
-        v = getattr(spec, f.name)
+        v = merged[f.name]
         try:
             if f.type in ("float",):
+                if isinstance(v, bool):
+                    raise ValueError(v)
                 v = float(v)
             elif f.type in ("int",):
-                if isinstance(v, float) and not v.is_integer():
+                if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
                     raise ValueError(v)
                 v = int(v)
             elif f.type in ("bool",) and not isinstance(v, bool):
                 raise ValueError(v)
-        except (TypeError, ValueError):
+            elif f.name == "target_modules":
+                if isinstance(v, str) or not isinstance(v, (list, tuple)):
+                    raise ValueError(v)
+                v = tuple(v)
+        except (TypeError, ValueError, OverflowError):
             raise GradianUserError(
-                f"{f.name} must be a {f.type} (got {v!r})", where=f"{path or 'flags'}: {f.name}", fix=f"give {f.name} a {f.type}"
+                f"{f.name} must be a {f.type} (got {str(v)[:60]!r})", where=origin(f.name), fix=f"give {f.name} a {f.type}"
             ) from None
         typed[f.name] = v
-    typed["target_modules"] = tuple(typed["target_modules"])
-    spec = TrainSpec(**typed)
-    spec.validate(str(path) if path else "flags")
-    return spec
+    try:
+        return TrainSpec(**typed)
+    except GradianUserError as e:
+        name = getattr(e, "field", None)
+        if name is None:
+            raise
+        raise GradianUserError(e.what, where=origin(name), fix=e.fix) from None
 
 
 def write_train_config(spec: TrainSpec, path: str | Path, base: str | None = None, has_eval: bool = False) -> None:
     """Write ``spec`` as a ``trl sft --config``-style YAML (see :meth:`TrainSpec.to_config`)."""
     import yaml
 
-    text = "# gradian train: TRL SFTConfig fields, LoRA in TRL ModelConfig names (trl sft --config style)\n"
+    from gradian.audit.config import GRADIAN_TRAIN_HEADER
+
+    text = f"{GRADIAN_TRAIN_HEADER} TRL SFTConfig fields, LoRA in TRL ModelConfig names (trl sft --config style)\n"
     text += yaml.safe_dump(spec.to_config(base, has_eval), sort_keys=False)
     atomic_write_text(path, text)
 

@@ -288,6 +288,17 @@ def f_c18(w):
     return dict(configs=[w.config_with(per_device_train_batch_size=16, gradient_accumulation_steps=16)])
 
 
+def f_c19(w):
+    return dict(configs=[w.config_with(learning_rate=-2e-4, num_train_epochs=0, per_device_train_batch_size=-8,
+                                       max_length=-1, lora_r=0)], data=w.data)
+
+
+def f_c19_inf(w):
+    yml = w.write_text("sft.yaml", "learning_rate: 2.0e-4\nnum_train_epochs: .inf\nper_device_train_batch_size: 8\n"
+                                   "max_length: 512\nuse_peft: true\nlora_r: 16\nlora_alpha: 32\n")
+    return dict(configs=[yml], data=w.data)
+
+
 # ---------------------------------------------------------------------- tokenizer / template
 def f_t01(w):
     return dict(data=w.data_with(_msgs(w)), tokenizer=w.tok_copy(chat_template=None))
@@ -404,7 +415,7 @@ FIRE = {
     "C08": [(f_c08, "warning"), (f_c08_messages, "warning"), (f_c08_flat, "warning")],
     "C09": [(f_c09, "warning")], "C10": [(f_c10, "error")], "C11": [(f_c11, "error")], "C12": [(f_c12, "warning")],
     "C13": [(f_c13, "warning")], "C14": [(f_c14, "warning")], "C15": [(f_c15, "error")], "C16": [(f_c16, "warning")],
-    "C17": [(f_c17, "error")], "C18": [(f_c18, "warning")],
+    "C17": [(f_c17, "error")], "C18": [(f_c18, "warning")], "C19": [(f_c19, "error"), (f_c19_inf, "error")],
     "T01": [(f_t01, "error")], "T02": [(f_t02, "warning")], "T03": [(f_t03, "warning"), (f_t03_rows, "warning")],
     "L01": [(f_l01, "error")], "L02": [(f_l02, "error")], "L03": [(f_l03, "warning")], "L04": [(f_l04, "warning")],
     "L05": [(f_l05, "warning")], "L06": [(f_l06, "warning")], "L07": [(f_l07, "warning")],
@@ -494,3 +505,13 @@ def test_d10_token_match_names_the_rows(world):
 def test_check_does_not_fire(world, cid):
     res = diagnose(**NO_FIRE[cid](world), select=[cid])
     assert cid in res.passed, [(f.message) for f in res.by_id(cid)] or [s.reason for s in res.skipped if s.id == cid]
+
+
+def test_impossible_values_skip_the_checks_that_compute_with_them(world):
+    """C19's fixture: C03/C04 (and the token checks reading max_length) are skipped with the reason, not passed."""
+    res = diagnose(**f_c19(world), tokenizer=world.tok_dir)
+    (f,) = res.by_id("C19")
+    assert {"learning_rate", "num_epochs", "micro_batch_size", "max_length", "lora_r"} <= set(f.evidence["value"])
+    reasons = {s.id: s.reason for s in res.skipped}
+    for cid in ("C01", "C02", "C03", "C04", "C13", "C18", "D04", "D05", "C07"):
+        assert cid not in res.passed and "impossible" in reasons[cid], (cid, reasons.get(cid))

@@ -83,7 +83,10 @@ def test_corrupt_shard_is_detected_and_rebuilt(ft, saved_finetune, tmp_path):
     assert GradientIndex(idx.root).verify() == [0]
     with pytest.raises(CorruptShardError):
         GradientIndex(idx.root).load_shard(0)
-    again, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "x", shard_size=8)
+    from gradian.index.store import IndexRepairWarning
+
+    with pytest.warns(IndexRepairWarning, match=r"shard-00000\.safetensors is corrupt \(sha256 mismatch"):
+        again, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "x", shard_size=8)
     assert not reused and again.verify() == []
     assert torch.equal(_stacked(again), before)
 
@@ -101,3 +104,82 @@ def test_projection_preserves_inner_products_in_expectation(ft, saved_finetune, 
     assert corr > 0.8
     meta = json.loads((proj.root / "manifest.json").read_text())
     assert meta["identity"]["grad_spec"]["projection"] == {"dim": 64, "seed": 1}
+
+
+# ---------------------------------------------------------------------- integrity (issue 12)
+def _poison_shard(idx, k: int = 0, value: float = float("nan")) -> None:
+    """Rewrite shard k with garbage under a matching sha256, as an older build with a bad batch size left it
+    (uninitialised memory: NaNs, or finite values near float32's maximum)."""
+    from safetensors.torch import save
+
+    from gradian.util import atomic_write_json, sha256_bytes
+
+    s = idx.manifest["shards"][k]
+    tensors = {b["name"]: torch.full((s["n"], b["dim"]), value) for b in idx.blocks}
+    data = save(tensors)
+    (idx.root / s["file"]).write_bytes(data)
+    m = json.loads((idx.root / "manifest.json").read_text())
+    m["shards"][k]["sha256"] = sha256_bytes(data)
+    atomic_write_json(idx.root / "manifest.json", m)
+
+
+def test_non_finite_shard_is_refused_reported_and_rebuilt(ft, saved_finetune, tmp_path):
+    from gradian.index.store import IndexRepairWarning
+
+    idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "n", shard_size=8)
+    clean = _stacked(idx)
+    _poison_shard(idx, 0)
+    again = GradientIndex(idx.root)
+    assert again.complete and again.verify() == [0] and "non-finite" in again.problems[0]
+    with pytest.raises(CorruptShardError, match="shard-00000.safetensors is corrupt"):
+        again.load_shard(0)
+    with pytest.warns(IndexRepairWarning, match=r"shard-00000\.safetensors is corrupt \(block .* non-finite"):
+        rebuilt, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "n", shard_size=8)
+    assert not reused and rebuilt.verify() == [] and torch.equal(_stacked(rebuilt), clean)
+    assert "non-finite" in rebuilt.manifest["repairs"][0]["what"]
+
+
+def test_truncated_manifest_is_rebuilt(ft, saved_finetune, tmp_path):
+    from gradian.index.store import CorruptIndexError, IndexRepairWarning
+
+    idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "t")
+    clean = _stacked(idx)
+    m = idx.root / "manifest.json"
+    m.write_text(m.read_text()[: len(m.read_text()) // 2])
+    with pytest.raises(CorruptIndexError):
+        GradientIndex(idx.root)
+    with pytest.warns(IndexRepairWarning, match="manifest.json cannot be read"):
+        again, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "t")
+    assert not reused and torch.equal(_stacked(again), clean)
+
+
+def test_a_bad_batch_size_never_writes_an_index(ft, saved_finetune, tmp_path):
+    from gradian.errors import GradianUserError
+
+    for bs in (-3, 0):
+        with pytest.raises(GradianUserError, match="--batch-size"):
+            training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "b", batch_size=bs)
+    assert not (tmp_path / "b" / "manifest.json").exists()
+
+
+def test_non_finite_gradients_are_not_written(ft, saved_finetune, tmp_path):
+    from gradian.errors import GradianUserError
+
+    p = next(p for n, p in ft.model.named_parameters() if ".lora_A." in n)
+    keep = p.detach().clone()
+    try:
+        with torch.no_grad():
+            p[0, 0] = float("nan")
+        with pytest.raises(GradianUserError, match=r"not finite \(NaN/inf.*the shard is not written"):
+            training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "f")
+    finally:
+        with torch.no_grad():
+            p.copy_(keep)
+    assert not list((tmp_path / "f").glob("shard-*.safetensors"))
+
+
+def test_finite_garbage_is_refused_too(ft, saved_finetune, tmp_path):
+    idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "g", shard_size=8)
+    _poison_shard(idx, 1, value=3.0e38)
+    again = GradientIndex(idx.root)
+    assert again.verify() == [1] and "beyond 1e+30" in again.problems[1]

@@ -54,12 +54,14 @@ def test_writes_adapter_config_and_state(run, saved_finetune):
     assert [e["epoch"] for e in logs if "eval_loss" in e] == [1.0, 2.0]
     assert "train_runtime" in logs[-1] and "train_loss" in logs[-1]
 
-    # the config written reads back into the same spec, and the audit lane reads it as a TRL config
+    # the config written reads back into the same spec, and the audit lane reads it as gradian's own file with
+    # TRL semantics, knowing that a 'messages' row is trained on its final assistant turn only
     assert spec_from_config(run / CONFIG_NAME) == SMALL
     from gradian.audit.config import read_config
 
     tc = read_config(run / CONFIG_NAME)
-    assert tc.formats == ["trl"]
+    assert tc.formats == ["gradian"] and tc.trainer == "trl" and tc.is_lora
+    assert tc.messages_loss == "final_assistant_turn" and tc.learning_rate == SMALL.learning_rate
 
 
 def test_trainer_sees_gradians_mask(saved_finetune):

@@ -90,27 +90,29 @@ class AttributeSpec:
     repsim: RepSimSpec = field(default_factory=RepSimSpec)
 
     def __post_init__(self) -> None:
-        def bad(flag: str, what: str, fix: str) -> GradianUserError:
-            return GradianUserError(what, where=flag, fix=fix)
+        from gradian.engines.base import ENGINES
+        from gradian.validate import check_choice, check_int, check_type
 
-        if self.statistic not in STATISTICS:
-            raise bad("--statistic", f"unknown rank statistic {self.statistic!r}", f"use one of {', '.join(STATISTICS)}")
-        if self.unit not in UNITS:
-            raise bad("--unit", f"unknown ranking unit {self.unit!r}", f"use one of {', '.join(UNITS)}")
-        if self.weighting not in ("lr", "equal"):
-            raise bad("--weighting", f"unknown checkpoint weighting {self.weighting!r}", "use lr or equal")
+        check_type(self.engine, EngineSpec, "AttributeSpec", "engine")
+        if self.second_engine is not None:
+            check_choice(self.second_engine, ENGINES, "AttributeSpec", "second_engine", flag="--second-engine",
+                         fix=f"use one of {', '.join(ENGINES)} (or none)")
+        check_choice(self.query, ("contrastive", "cross_entropy"), "AttributeSpec", "query", flag="--query")
+        check_int(self.top_k, "AttributeSpec", "top_k", flag="--top-k", lo=1, hi=1_000_000,
+                  fix="list at least one row, e.g. --top-k 20")
+        check_int(self.drilldown_rows, "AttributeSpec", "drilldown_rows", lo=0, hi=10_000)
+        check_int(self.query_batch_size, "AttributeSpec", "query_batch_size", lo=1, hi=65_536)
+        check_type(self.clusters, ClusterSpec, "AttributeSpec", "clusters")
+        check_choice(self.weighting, ("lr", "equal"), "AttributeSpec", "weighting", flag="--weighting")
+        check_choice(self.statistic, STATISTICS, "AttributeSpec", "statistic", flag="--statistic")
+        check_choice(self.unit, UNITS, "AttributeSpec", "unit", flag="--unit")
         for r in self.references:
-            if r not in REFERENCES:
-                raise bad("--references", f"unknown reference engine {r!r}", f"use any of {', '.join(REFERENCES)} or none")
+            check_choice(r, REFERENCES, "AttributeSpec", "references", flag="--references",
+                         fix=f"use any of {', '.join(REFERENCES)}, or none")
         for r in self.fuse:
             if r not in self.references:
-                raise bad("--fuse", f"{r!r} is fused but not run", "add it to --references, or drop it from --fuse")
-        if self.top_k < 1:
-            raise bad("--top-k", f"--top-k must be >= 1 (got {self.top_k})", "e.g. --top-k 20")
-        if self.drilldown_rows < 0:
-            raise bad("--drilldown-rows", "must be >= 0", "e.g. 10")
-        if self.query_batch_size < 1:
-            raise bad("--batch-size", "query batch size must be >= 1", "e.g. 8")
+                raise GradianUserError(f"{r!r} is fused but not run", where="--fuse (AttributeSpec.fuse)",
+                                       fix="add it to --references, or drop it from --fuse")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

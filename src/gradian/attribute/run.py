@@ -258,15 +258,12 @@ def _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec):
 
 def load_run(run_dir: str | Path) -> dict[str, Any]:
     """Read ``RUN_DIR/run.json`` (a user error if missing or not a Gradian run)."""
-    import json
-
     p = Path(run_dir) / "run.json" if Path(run_dir).is_dir() else Path(run_dir)
     if not p.exists():
         raise GradianUserError("no run.json here", where=str(run_dir), fix="pass the folder `gradian attribute --out` wrote")
-    try:
-        run = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise GradianUserError(f"malformed JSON: {e.msg}", where=f"{p}:{e.lineno}", fix="re-run gradian attribute") from None
-    if run.get("schema") != RUN_SCHEMA:
+    from gradian.safeio import load_json_file
+
+    run = load_json_file(p, "run file", fix="re-run gradian attribute")
+    if not isinstance(run, dict) or run.get("schema") != RUN_SCHEMA:
         raise GradianUserError(f"not a {RUN_SCHEMA} file", where=str(p), fix="re-run gradian attribute with this version")
     return run

@@ -29,23 +29,130 @@ def _lora(ctx: AuditContext) -> bool:
     return c.is_lora
 
 
+# ---------------------------------------------------------------------- impossible values (C19)
+def _bad_num(v, *, positive: bool = True, lo: float | None = None, hi: float | None = None,
+             hi_open: bool = False) -> str | None:
+    """Why ``v`` is impossible for its field, or None."""
+    if v is None:
+        return None
+    if isinstance(v, float) and not math.isfinite(v):
+        return "not a finite number"
+    if positive and v <= 0:
+        return "must be > 0"
+    if lo is not None and v < lo:
+        return f"must be >= {lo:g}"
+    if hi is not None and (v >= hi if hi_open else v > hi):
+        return f"must be {'<' if hi_open else '<='} {hi:g}"
+    return None
+
+
+def impossible_values(c) -> dict[str, tuple[object, str]]:
+    """``{field: (value, why)}`` for config values no trainer can run with (C19 reports them; the checks
+    that compute with a field skip it instead of passing)."""
+    out: dict[str, tuple[object, str]] = {}
+    checks = {
+        "learning_rate": _bad_num(c.learning_rate),
+        # num_train_epochs is ignored when max_steps > 0 (transformers), so 0 epochs is then fine
+        "num_epochs": None if (c.max_steps and c.num_epochs is not None and math.isfinite(c.num_epochs)
+                               and c.num_epochs >= 0) else _bad_num(c.num_epochs),
+        "micro_batch_size": _bad_num(c.micro_batch_size),
+        "gradient_accumulation_steps": _bad_num(c.gradient_accumulation_steps),
+        "total_batch_size": _bad_num(c.total_batch_size),
+        "max_length": _bad_num(c.max_length),
+        "lora_r": _bad_num(c.lora_r) if c.is_lora is not False else None,
+        "lora_alpha": _bad_num(c.lora_alpha) if c.is_lora is not False else None,
+        "lora_dropout": _bad_num(c.lora_dropout, positive=False, lo=0, hi=1, hi_open=True),
+        "warmup_ratio": _bad_num(c.warmup_ratio, positive=False, lo=0, hi=1),
+        "warmup_steps": _bad_num(c.warmup_steps, positive=False, lo=0),
+    }
+    for name, why in checks.items():
+        if why:
+            out[name] = (getattr(c, name), why)
+    return out
+
+
+def _require_possible(ctx: AuditContext, *names: str) -> None:
+    """Skip (NotApplicable) when a field this check computes with is impossible: C19 reports it."""
+    bad = impossible_values(ctx.config)
+    hit = [n for n in names if n in bad]
+    if hit:
+        raise NotApplicable(", ".join(f"{n}={bad[n][0]!r} is impossible" for n in hit) + " (see C19)")
+
+
+# A family name and its version (llama3_2, Qwen2.5, gemma-2): stripped before the size is read, so the
+# version's digits are not taken for the size. Digits followed by "b" are a size, never a version.
+_VERSIONED = re.compile(r"(llama|qwen|phi|gemma|mistral|deepseek|internlm|olmo|smollm|glm|yi|falcon)[-_ ]?v?"
+                        r"(\d+)(?:[._](\d+))?(?![\d.]*b(?![a-z]))")
+# Minor versions that exist, per family and major (torchtune writes them with "_": qwen2_5, llama3_2); any other
+# "_digits" after a family version starts the size (qwen3_0_6b is Qwen3 0.6B)
+_MINORS = {("llama", "3"): {"1", "2", "3"}, ("qwen", "1"): {"5"}, ("qwen", "2"): {"5"}, ("phi", "3"): {"5"},
+           ("phi", "1"): {"5"}, ("deepseek", "2"): {"5"}, ("gemma", "3"): set(), ("gemma", "2"): set()}
+_SIZE = re.compile(r"(?<![\d.a-z])(\d+)(?:[._](\d+))?\s*b(?![a-z])")
+_MOE = re.compile(r"(?<![\d.a-z])(\d+)x(\d+(?:\.\d+)?)\s*b(?![a-z])")
+
+
 def _model_billions(name: str | None) -> float | None:
+    """Parameter count in billions from a model name: ``Qwen2.5-1.5B`` and torchtune's ``qwen2_5_1_5b`` -> 1.5,
+    ``lora_llama3_2_1b`` -> 1, ``qwen3_0_6b`` -> 0.6, ``Mixtral-8x7B`` -> 56; None when the name gives no size."""
     if not name:
         return None
-    m = re.search(r"(?<![\d.])(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])", name)
-    return float(m.group(1)) if m else None
+
+    def strip_version(m: re.Match) -> str:
+        fam, major, minor = m.group(1), m.group(2), m.group(3)
+        if minor is not None and minor not in _MINORS.get((fam, major), set()):
+            # not a minor version of this family: those digits begin the size
+            return f"{fam}V{m.group(0)[len(m.group(0)) - len(minor) - 1:]}"
+        return f"{fam}V"
+
+    low = _VERSIONED.sub(strip_version, name.lower())
+    moe = _MOE.findall(low)
+    if moe:
+        return float(moe[-1][0]) * float(moe[-1][1])
+    sizes = _SIZE.findall(low)
+    if not sizes:
+        return None
+    whole, frac = sizes[-1]
+    return float(f"{whole}.{frac}") if frac else float(whole)
 
 
 def total_steps(ctx: AuditContext) -> tuple[int | None, str]:
-    """Optimiser steps of the run: max_steps if set, else ceil(N / effective batch) x epochs (one device)."""
+    """Optimiser steps of the run: max_steps if set, else ceil(N / effective batch) x epochs (one device).
+
+    None when unknown, or when a value it needs is impossible (C19 reports those)."""
     c = ctx.config
     if c.max_steps:
         return c.max_steps, f"max_steps ({c.source('max_steps')})"
+    bad = impossible_values(c).keys() & {"num_epochs", "micro_batch_size", "gradient_accumulation_steps",
+                                          "total_batch_size"}
+    if bad:
+        return None, f"unknown ({', '.join(sorted(bad))} impossible, see C19)"
     eb = c.effective_batch()
     if ctx.examples is None or not eb or not c.num_epochs:
         return None, "unknown (needs --data and a batch size)"
     spe = math.ceil(ctx.n / eb)
     return int(math.ceil(spe * c.num_epochs)), f"ceil({ctx.n} rows / batch {eb}) x {c.num_epochs:g} epochs, 1 device"
+
+
+# ---------------------------------------------------------------------- C19
+@check("C19", "impossible_value", "A config value no trainer can run with", requires=("config",),
+       severity="error", rank=50,
+       rule="learning_rate <= 0, num_epochs <= 0 (without max_steps), a batch size or gradient accumulation <= 0, "
+            "max_length <= 0, lora_r or lora_alpha <= 0, lora_dropout outside [0, 1), warmup_ratio outside [0, 1], "
+            "warmup_steps < 0, or any of them not finite (inf, nan); any is an error, and the checks that compute "
+            "with that value are skipped instead of passing",
+       fix="set the value the run actually used (e.g. learning_rate 2e-4, num_train_epochs 1-3, batch size >= 1, "
+           "lora_r 8-64)",
+       source="transformers TrainingArguments / PEFT LoraConfig validation (the trainer refuses or trains nothing)")
+def c19(ctx: AuditContext) -> list[Hit]:
+    c = ctx.config
+    bad = impossible_values(c)
+    if not bad:
+        return []
+    parts = [f"{n}={v!r} ({c.source(n)}): {why}" for n, (v, why) in bad.items()]
+    return [Hit("error", f"{len(bad)} impossible value{'s' if len(bad) != 1 else ''}: " + "; ".join(parts)
+                + ". The run cannot have used these: the config is not the one that trained, or the trainer refused it",
+                {"value": {n: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for n, (v, _) in bad.items()},
+                 "threshold": "possible values", **c.cite(*bad)})]
 
 
 # ---------------------------------------------------------------------- C01
@@ -54,13 +161,15 @@ def total_steps(ctx: AuditContext) -> tuple[int | None, str]:
        rule=f"LoRA/QLoRA with learning_rate < {LORA_LR_LOW:g} (TRL's SFTConfig default 2e-5 is a full fine-tuning "
             f"rate)",
        fix="use 1e-4 to 2e-4 for LoRA",
-       source="trl docs sft_trainer.md (adapters ~1e-4; SFTConfig default 2e-5); lora_without_regret.md")
+       source="trl docs sft_trainer.md (adapters ~1e-4; SFTConfig default 2e-5); lora_without_regret.md",
+       stages=("sft", "pretraining"))
 def c01(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not _lora(ctx):
         raise NotApplicable("full fine-tuning")
     if c.learning_rate is None:
         raise NotApplicable("learning rate unknown")
+    _require_possible(ctx, "learning_rate")
     if c.learning_rate >= LORA_LR_LOW:
         return []
     d = " (the default, because learning_rate is unset)" if c.is_default("learning_rate") else ""
@@ -80,6 +189,7 @@ def c02(ctx: AuditContext) -> list[Hit]:
     lr = c.learning_rate
     if lr is None:
         raise NotApplicable("learning rate unknown")
+    _require_possible(ctx, "learning_rate")
     lora = _lora(ctx)
     size = _model_billions(c.base_model)
     thr = (LORA_LR_HIGH_BIG if (size and size >= 13) else LORA_LR_HIGH) if lora else FULL_LR_HIGH
@@ -102,6 +212,7 @@ def c02(ctx: AuditContext) -> list[Hit]:
        source="Unsloth guide ('more than 3 generally not optimal'); fast.ai/W&B 'Can LLMs learn from a single example?'")
 def c03(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
+    _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
     epochs, src = c.num_epochs, c.source("num_epochs")
     eb = c.effective_batch()
     if c.max_steps and ctx.examples is not None and eb:
@@ -128,6 +239,7 @@ def c03(ctx: AuditContext) -> list[Hit]:
        source="tf TrainingArguments (max_steps overrides num_train_epochs); heuristic step floor")
 def c04(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
+    _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
     eb = c.effective_batch()
     if not eb:
         raise NotApplicable("batch size unknown")
@@ -160,6 +272,8 @@ def c04(ctx: AuditContext) -> list[Hit]:
        source="axolotl validation.py check_warmup; tf TrainingArguments")
 def c05(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
+    _require_possible(ctx, "warmup_steps", "warmup_ratio", "num_epochs", "micro_batch_size",
+                      "gradient_accumulation_steps", "total_batch_size")
     hits = []
     ws, wr = c.warmup_steps or 0, c.warmup_ratio or 0
     cite = c.cite("warmup_steps", "warmup_ratio")
@@ -213,7 +327,8 @@ _RESPONSE_MARKERS = ("### Response:", "<|im_start|>assistant", "[/INST]", "<|sta
             "flattened prompt and response ('### Response:', '<|im_start|>assistant', '[/INST]' ...)",
        fix="train on completions only: prompt/completion rows with completion_only_loss, assistant_only_loss for "
            "conversations, or train_on_inputs: false",
-       source="trl sft_config.py (completion_only_loss); axolotl training.py (train_on_inputs default false)")
+       source="trl sft_config.py (completion_only_loss); axolotl training.py (train_on_inputs default false)",
+       stages=("sft",))
 def c08(ctx: AuditContext) -> list[Hit]:
     if ctx.config is None and ctx.examples is None:
         raise NotApplicable("needs --config or --data")
@@ -229,7 +344,8 @@ def c08(ctx: AuditContext) -> list[Hit]:
             hits.append(Hit("warning", f"completion_only_loss=false ({c.source('completion_only_loss')}): "
                                        f"prompt tokens are trained{f' on {pc} prompt/completion rows' if pc else ''}",
                             {"value": False, "threshold": True, **c.cite("completion_only_loss")}))
-        if c.trainer == "trl" and not c.assistant_only_loss and ctx.examples is not None:
+        if c.trainer == "trl" and not c.assistant_only_loss and c.messages_loss != "final_assistant_turn" \
+                and ctx.examples is not None:
             msg_rows = [i for i, e in enumerate(ctx.examples) if e.format == "messages"]
             if msg_rows:
                 hits.append(Hit("warning", f"{pct(len(msg_rows), ctx.n)} are 'messages' conversations and "
@@ -257,7 +373,8 @@ def c08(ctx: AuditContext) -> list[Hit]:
             "completion/assistant-only loss with packing on TRL 0.18-0.19 (masks dropped): error; TRL version "
             "unknown: warning; packing_strategy 'wrapped' (rows cut across boundaries): warning",
        fix="upgrade to TRL >= 0.20 and use packing_strategy 'bfd', or turn packing off",
-       source="trl#1163; trl#3728, fixed in PR #3749 (v0.20)")
+       source="trl#1163; trl#3728, fixed in PR #3749 (v0.20)",
+       stages=("sft",))
 def c11(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not c.packing:
@@ -302,7 +419,8 @@ _VARLEN = ("flash_attention_2", "flash_attention_3", "flash_attention", "flex_at
        rule="packing / padding_free / sample_packing without flash or flex attention: packed rows attend to each "
             "other",
        fix="set attn_implementation: flash_attention_2 (or flex_attention); LLaMA-Factory: neat_packing: true",
-       source="trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention")
+       source="trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention",
+       stages=("sft", "preference", "rl", "other"))
 def c12(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not (c.packing or c.padding_free):
@@ -329,6 +447,7 @@ def c13(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not _lora(ctx):
         raise NotApplicable("full fine-tuning")
+    _require_possible(ctx, "lora_r", "lora_alpha")
     r, a = c.lora_r, c.lora_alpha
     if not r or a is None:
         raise NotApplicable("LoRA rank or alpha unknown")
@@ -467,6 +586,7 @@ def c18(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not _lora(ctx):
         raise NotApplicable("full fine-tuning")
+    _require_possible(ctx, "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
     eb = c.effective_batch()
     if not eb:
         raise NotApplicable("batch size unknown")

@@ -67,7 +67,8 @@ def d01(ctx: AuditContext) -> list[Hit]:
             "(default 'text'); axolotl: rows lack the field its datasets[].type reads (field_messages, field, "
             "instruction/output); any",
        fix="rename the field in the data, or set dataset_text_field / field_messages to the field the rows have",
-       source="trl sft_config.py dataset_text_field; axolotl datasets[].field_messages")
+       source="trl sft_config.py dataset_text_field; axolotl datasets[].field_messages",
+       stages=("sft", "pretraining"))
 def d02(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if c.trainer == "trl":
@@ -203,17 +204,31 @@ def d09(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D11
-@check("D11", "dup_exact", "Exact duplicate rows", requires=("data",), severity="warning", rank=40,
+@check("D11", "dup_exact", "Exact duplicate rows", requires=("data",), reads=("config",), severity="warning", rank=40,
        rule="rows identical after NFC, casefold and whitespace normalisation; extra copies > 1% of rows warns, "
-            "any is info",
+            "any is info. With axolotl's dataset_exact_deduplication on, byte-identical copies are dropped by the "
+            "trainer and not counted; copies that differ in case or whitespace survive it and still count",
        fix="deduplicate (axolotl: dataset_exact_deduplication: true), or keep the copies only if the upweighting "
            "is intended",
-       source="axolotl dataset_exact_deduplication; cleanlab Datalab near_duplicate")
+       source="axolotl dataset_exact_deduplication (sha256 of each prepared row); cleanlab Datalab near_duplicate")
 def d11(ctx: AuditContext) -> list[Hit]:
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(ctx.norm_row):
         groups[r].append(i)
     dups = [g for g in groups.values() if len(g) > 1]
+    c = ctx.config
+    dedup = bool(c is not None and c.dedup_exact)
+    if dedup:
+        # the trainer keeps one of each byte-identical set: count what survives its exact deduplication
+        kept = []
+        for g in dups:
+            first_of: dict[tuple[str, str], int] = {}
+            for i in g:
+                e = ctx.examples[i]
+                first_of.setdefault((e.prompt_text, e.completion_text), i)
+            if len(first_of) > 1:
+                kept.append(sorted(first_of.values()))
+        dups = kept
     if not dups:
         return []
     extra = sum(len(g) - 1 for g in dups)
@@ -221,15 +236,29 @@ def d11(ctx: AuditContext) -> list[Hit]:
     sev = "warning" if rate > 0.01 else "info"
     members = [i for g in dups for i in g]
     dups.sort(key=lambda g: (-len(g), g[0]))
+    ev = {"value": round(rate, 4), "threshold": 0.01, "n_extra_copies": extra, "n_groups": len(dups),
+          "groups": [ids(ctx, g) for g in dups[:20]]}
+    if dedup:
+        ev.update(c.cite("dedup_exact"))
+        return [Hit(sev, f"{extra} extra copies in {len(dups)} groups of rows that differ only in case or whitespace "
+                         f"({100 * rate:.1f}% of rows; threshold 1%): dataset_exact_deduplication "
+                         f"({c.source('dedup_exact')}) drops byte-identical copies only, so these survive it",
+                    ev, row_ids=ids(ctx, members),
+                    fix="normalise case and whitespace before training (then the exact deduplication removes them), "
+                        "or drop the copies")]
     return [Hit(sev, f"{extra} extra copies in {len(dups)} groups of identical rows ({100 * rate:.1f}% of rows; "
-                     f"threshold 1%); the largest group has {len(dups[0])} copies",
-                {"value": round(rate, 4), "threshold": 0.01, "n_extra_copies": extra, "n_groups": len(dups),
-                 "groups": [ids(ctx, g) for g in dups[:20]]},
-                row_ids=ids(ctx, members))]
+                     f"threshold 1%); the largest group has {len(dups[0])} copies", ev, row_ids=ids(ctx, members))]
 
 
 # ---------------------------------------------------------------------- D12
 def near_dup_pairs(ctx: AuditContext, threshold: float = 0.8) -> list[tuple[int, int, float]]:
+    key = f"near_dup_pairs:{threshold}"
+    if key not in ctx.memo:
+        ctx.memo[key] = _near_dup_pairs(ctx, threshold)
+    return ctx.memo[key]
+
+
+def _near_dup_pairs(ctx: AuditContext, threshold: float) -> list[tuple[int, int, float]]:
     sig = ctx.signatures
     valid = [len(s) > 0 for s in ctx.shingles5]
     cands = T.lsh_candidates(sig, bands=16, valid=valid)
@@ -366,91 +395,191 @@ def d14(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D15
+#: A word 3-gram, or a sentence/line, found in this many distinct training rows (exact and near-duplicate copies
+#: counted once) is shared material (a template, a macro, a system prompt, an entity name), not one row's content.
+SHARED_MIN_ROWS = 3
+#: An eval row is a near-copy when at least this share of its content is covered by one training row ...
+NEAR_COPY_COVERAGE = 0.65
+#: ... and the covered content is at least this many words (fewer is not evidence of a copy).
+MIN_COVERED_WORDS = 3
+_N = 3
+
+
+def row_representatives(ctx: AuditContext) -> np.ndarray:
+    """Per training row, the first row of its duplicate group (exact copies after normalisation, and D12's
+    near-duplicate clusters), so a frequency over "distinct rows" counts a duplicated row once."""
+    if "row_reps" in ctx.memo:
+        return ctx.memo["row_reps"]
+    parent = list(range(ctx.n))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    first: dict[str, int] = {}
+    for i, r in enumerate(ctx.norm_row):
+        j = first.setdefault(r, i)
+        if j != i:
+            parent[find(i)] = find(j)
+    for a, b, _ in near_dup_pairs(ctx):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    reps = np.array([find(i) for i in range(ctx.n)], dtype=np.int64)
+    ctx.memo["row_reps"] = reps
+    return reps
+
+
+def _distinct_counts(keys_per_row: list[np.ndarray], reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique keys and, for each, the number of distinct row groups holding it (one vectorised pass)."""
+    if not any(len(k) for k in keys_per_row):
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    allk = np.concatenate([k for k in keys_per_row if len(k)])
+    allr = np.concatenate([np.full(len(k), reps[i], dtype=np.uint64) for i, k in enumerate(keys_per_row) if len(k)])
+    with np.errstate(over="ignore"):  # (key, group) folded into one 64-bit key; collisions are negligible
+        pair = allk * np.uint64(0x9E3779B97F4A7C15) + allr * np.uint64(0xC2B2AE3D27D4EB4F) + (allr << np.uint64(17))
+    _, first = np.unique(pair, return_index=True)
+    return np.unique(allk[first], return_counts=True)
+
+
+def _lookup(sorted_keys: np.ndarray, counts: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Counts of the keys ``q`` (0 where absent)."""
+    if not len(sorted_keys) or not len(q):
+        return np.zeros(len(q), dtype=np.int64)
+    pos = np.minimum(np.searchsorted(sorted_keys, q), len(sorted_keys) - 1)
+    return np.where(sorted_keys[pos] == q, counts[pos], 0)
+
+
+def _grams(hash_rows: list[np.ndarray], n: int) -> list[np.ndarray]:
+    """Word n-grams per row; rows shorter than n have none (not one gram of the whole row)."""
+    return [g if len(h) >= n else np.zeros(0, dtype=np.uint64) for h, g in zip(hash_rows, T.ngrams_rows(hash_rows, n))]
+
+
+def _spread(starts: np.ndarray, n: int, length: int) -> np.ndarray:
+    """Positions covered by n-grams starting at ``starts``."""
+    out = np.zeros(length, dtype=bool)
+    for k in starts.tolist():
+        out[k:k + n] = True
+    return out
+
+
+def _shared_mask(h: np.ndarray, grams: np.ndarray, seg_lengths: list[int], g_keys, g_df, seg_keys, seg_df) -> np.ndarray:
+    """Positions of a row inside shared material: a word 3-gram or a segment found in >= SHARED_MIN_ROWS rows."""
+    L = len(h)
+    shared = _spread(np.nonzero(_lookup(g_keys, g_df, grams) >= SHARED_MIN_ROWS)[0], _N, L) if len(grams) \
+        else np.zeros(L, dtype=bool)
+    spans = T.span_hashes(h, seg_lengths)
+    if spans:
+        df = _lookup(seg_keys, seg_df, np.array([x[2] for x in spans], dtype=np.uint64))
+        for (a, b, _), d in zip(spans, df.tolist()):
+            if d >= SHARED_MIN_ROWS:
+                shared[a:b] = True
+    return shared
+
+
 @check("D15", "contam_near", "Eval rows nearly copied from training", requires=("data", "eval"),
        severity="warning", rank=30,
-       rule="an eval row (not already an exact match) shares a word 13-gram with a training row (13-grams found in "
-            "more than 0.5% of training rows are boilerplate and ignored), or has MinHash-verified Jaccard >= 0.8 "
-            "with one; > 1% of eval rows warns, any is info",
+       rule=f"an eval row (not already an exact match, D14) whose content is mostly (>= {NEAR_COPY_COVERAGE:.0%}, and "
+            f">= {MIN_COVERED_WORDS} words) one training row's. Content: the words outside shared material, i.e. "
+            f"outside every word {_N}-gram and every sentence/line found in >= {SHARED_MIN_ROWS} distinct training rows "
+            f"(template sentences, recombined macros, system prompts, entity names with their prompt template; exact "
+            f"and near-duplicate copies counted once). The eval row is aligned word by word with each candidate row "
+            f"(one sharing its rare 3-grams): content inside a run of >= 2 aligned words is covered; words that "
+            f"replace the row's shared material are light edits, not new content. > 1% of eval rows warns, any is info",
        fix="decontaminate: drop the training rows that overlap the eval set",
-       source="lm-eval-harness docs/decontamination.md (13-grams, GPT-3 App. C); NeMo Curator (0.8)")
+       source="lm-eval-harness docs/decontamination.md (n-gram overlap, GPT-3 App. C); coverage rule and "
+              "shared-material filter **H**")
 def d15(ctx: AuditContext) -> list[Hit]:
+    from difflib import SequenceMatcher
+
     exact_rows = set(ctx.norm_row)
     exact_prompts = {p for p in ctx.norm_prompt if len(p.split()) >= 3}
-    n_train = ctx.n
-    # 13-gram overlap: one sorted array of (gram, train row), searched once for every eval gram
-    grams, owners = [], []
-    for i, (ws, g) in enumerate(zip(ctx.row_word_hashes, T.ngrams_rows(ctx.row_word_hashes, 13))):
-        if len(ws) >= 13:
-            g = np.unique(g)
-            grams.append(g)
-            owners.append(np.full(len(g), i, dtype=np.int64))
-    matched: dict[int, set[int]] = defaultdict(set)
-    how: dict[int, str] = {}
-    egrams, eowners = [], []
-    for j, (ws, g) in enumerate(zip(ctx.eval_row_word_hashes, T.ngrams_rows(ctx.eval_row_word_hashes, 13))):
-        if len(ws) >= 13:
-            g = np.unique(g)
-            egrams.append(g)
-            eowners.append(np.full(len(g), j, dtype=np.int64))
-    if grams and egrams:
-        allg = np.concatenate(grams)
-        allo = np.concatenate(owners)
-        order = np.argsort(allg, kind="stable")
-        allg, allo = allg[order], allo[order]
-        uniq, first, counts = np.unique(allg, return_index=True, return_counts=True)
-        limit = max(2, int(0.005 * n_train))
-        eg, eo = np.concatenate(egrams), np.concatenate(eowners)
-        pos = np.searchsorted(uniq, eg)
-        pos_c = np.minimum(pos, len(uniq) - 1)
-        found = (uniq[pos_c] == eg) & (counts[pos_c] <= limit)
-        for k in np.nonzero(found)[0]:
-            u = pos_c[k]
-            j = int(eo[k])
-            matched[j].update(allo[first[u]:first[u] + counts[u]].tolist())
-            how[j] = "13-gram"
-    # MinHash near-duplicates between eval and train
-    kt = T.band_keys(ctx.signatures, 16)
-    ke = T.band_keys(ctx.eval_signatures, 16)
-    t_ok = np.array([len(x) > 0 for x in ctx.shingles5], dtype=bool)
-    sets_t: dict[int, set] = {}
-    for b in range(16):
-        e_keys = {int(ke[b, j]): j for j in range(len(ctx.eval_examples)) if len(ctx.eval_shingles5[j])}
-        if not e_keys:
-            break
-        hit_rows = np.nonzero(np.isin(kt[b], np.fromiter(e_keys, dtype=np.uint64)) & t_ok)[0]
-        per_eval: dict[int, list[int]] = defaultdict(list)
-        for i in hit_rows.tolist():
-            per_eval[e_keys[int(kt[b, i])]].append(i)
-        for j, trs in per_eval.items():
-            es = set(ctx.eval_shingles5[j].tolist())
-            for i in trs[:50]:
-                if i in matched[j]:
-                    continue
-                if i not in sets_t:
-                    sets_t[i] = set(ctx.shingles5[i].tolist())
-                if T.jaccard(es, sets_t[i]) >= 0.8:
-                    matched[j].add(i)
-                    how.setdefault(j, "jaccard")
-    ev = []
+    reps = row_representatives(ctx)
+    # training side: how many distinct rows hold each 3-gram and each segment; which rows hold each 3-gram
+    seg_keys, seg_df = _distinct_counts(
+        [np.array([x[2] for x in T.span_hashes(h, lens)], dtype=np.uint64)
+         for h, lens in zip(ctx.row_word_hashes, ctx.row_segment_lengths)], reps)
+    t3 = _grams(ctx.row_word_hashes, _N)
+    g_keys, g_df = _distinct_counts(t3, reps)
+    own_g = np.concatenate([g for g in t3 if len(g)]) if any(len(g) for g in t3) else np.zeros(0, dtype=np.uint64)
+    own_r = np.concatenate([np.full(len(g), i, dtype=np.int64) for i, g in enumerate(t3) if len(g)]) \
+        if len(own_g) else np.zeros(0, dtype=np.int64)
+    order = np.argsort(own_g, kind="stable")
+    own_g, own_r = own_g[order], own_r[order]
+    tables = (g_keys, g_df, seg_keys, seg_df)
+    t_shared: dict[int, np.ndarray] = {}
+
+    flagged: list[int] = []
     tr: set[int] = set()
-    for j, trs in matched.items():
-        if not trs:
-            continue
+    pairs: list[list] = []
+    e3 = _grams(ctx.eval_row_word_hashes, _N)
+    for j, h in enumerate(ctx.eval_row_word_hashes):
         row = ctx.eval_norm_prompt[j] + "\x1f" + ctx.eval_norm_completion[j]
         if row in exact_rows or ctx.eval_norm_prompt[j] in exact_prompts:
             continue  # D14's
-        ev.append(j)
-        tr |= trs
-    if not ev:
+        g, L = e3[j], len(h)
+        if len(g) == 0:
+            continue
+        content = ~_shared_mask(h, g, ctx.eval_segment_lengths[j], *tables)
+        n_content = int(content.sum())
+        if n_content < MIN_COVERED_WORDS:
+            continue
+        # candidates: the training rows holding the most rare 3-grams over the eval row's content
+        df = _lookup(g_keys, g_df, g)
+        touches = np.array([content[k:k + _N].any() for k in range(len(g))], dtype=bool)
+        votes: Counter = Counter()
+        for k in np.nonzero(touches & (df > 0) & (df < SHARED_MIN_ROWS))[0].tolist():
+            lo = np.searchsorted(own_g, g[k])
+            hi = np.searchsorted(own_g, g[k], side="right")
+            votes.update(set(own_r[lo:min(hi, lo + 50)].tolist()))
+        best = (0.0, 0)
+        hl = h.tolist()
+        for i, _ in votes.most_common(5):
+            # cheap bound first: content inside 3-grams row i also has
+            if int((_spread(np.nonzero(np.isin(g, t3[i]))[0], _N, L) & content).sum()) < MIN_COVERED_WORDS:
+                continue
+            if i not in t_shared:
+                t_shared[i] = _shared_mask(ctx.row_word_hashes[i], t3[i], ctx.row_segment_lengths[i], *tables)
+            ts = t_shared[i]
+            edits = 0
+            ops = SequenceMatcher(None, hl, ctx.row_word_hashes[i].tolist(), autojunk=False).get_opcodes()
+
+            def aligned(k: int) -> bool:
+                return 0 <= k < len(ops) and ops[k][0] == "equal"
+
+            cov = np.zeros(L, dtype=bool)
+            for k, (tag, a0, a1, b0, b1) in enumerate(ops):
+                if tag == "equal" and a1 - a0 >= 2:
+                    cov[a0:a1] = content[a0:a1]
+                elif tag in ("replace", "insert") and aligned(k - 1) and aligned(k + 1) and b1 - b0 <= 3 \
+                        and a1 - a0 <= max(1, 2 * (b1 - b0)) and ts[b0:b1].all():
+                    # a word or short phrase swapped or added, between aligned words, where row i has shared
+                    # material: a light edit of row i, not new content
+                    edits += int(content[a0:a1].sum())
+            covered = int(cov.sum())
+            # one short shared phrase is a coincidence; a copy shares content in several places (or a long run)
+            places = int(cov[0]) + int((cov[1:] & ~cov[:-1]).sum())
+            if covered < MIN_COVERED_WORDS or (places < 2 and covered < 2 * MIN_COVERED_WORDS):
+                continue
+            best = max(best, (covered / max(1, n_content - edits), -i))
+        share, i = best[0], -best[1]
+        if share >= NEAR_COPY_COVERAGE:
+            flagged.append(j)
+            tr.add(i)
+            pairs.append([ctx.eval_examples[j].id, ctx.examples[i].id, round(share, 3)])
+    if not flagged:
         return []
     n_eval = len(ctx.eval_examples)
-    rate = len(ev) / n_eval
+    rate = len(flagged) / n_eval
     sev = "warning" if rate > 0.01 else "info"
-    return [Hit(sev, f"{len(ev)} of {n_eval} eval rows ({100 * rate:.1f}%; threshold 1%) nearly match {len(tr)} "
-                     f"training rows (shared 13-gram or Jaccard >= 0.8)",
-                {"value": round(rate, 4), "threshold": 0.01, "n_eval": n_eval,
-                 "by": dict(Counter(how[j] for j in ev))},
-                row_ids=ids(ctx, tr), eval_row_ids=eval_ids(ctx, ev))]
+    return [Hit(sev, f"{len(flagged)} of {n_eval} eval rows ({100 * rate:.1f}%; threshold 1%) are mostly one training "
+                     f"row: >= {NEAR_COPY_COVERAGE:.0%} of their content (the words outside template material shared "
+                     f"by >= {SHARED_MIN_ROWS} training rows) is in {len(tr)} training rows",
+                {"value": round(rate, 4), "threshold": 0.01, "n_eval": n_eval, "coverage_min": NEAR_COPY_COVERAGE,
+                 "shared_min_rows": SHARED_MIN_ROWS, "pairs": pairs[:20] if NEAR_COPY_COVERAGE > 0 else pairs},
+                row_ids=ids(ctx, tr), eval_row_ids=eval_ids(ctx, flagged))]
 
 
 # ---------------------------------------------------------------------- D16

@@ -252,7 +252,8 @@ def d08(ctx: AuditContext) -> list[Hit]:
             "> 1% errors, any warns",
        fix="pass the response template as the token ids it has in context (tokenise it with its preceding "
            "characters and drop those), or move to prompt/completion data (TRL >= 0.20)",
-       source="trl#1820, trl#588, trl#980 ('Could not find response key')")
+       source="trl#1820, trl#588, trl#980 ('Could not find response key')",
+       stages=("sft",))
 def d10(ctx: AuditContext) -> list[Hit]:
     rt = ctx.config.response_template
     if not rt:
@@ -344,6 +345,8 @@ def c07(ctx: AuditContext) -> list[Hit]:
         raise NotApplicable("the tokenizer folder states no context length (no max_position_embeddings / "
                             "model_max_length)")
     L, src = ctx.max_length()
+    if L is None and "impossible" in src:
+        raise NotApplicable(src)
     if L is not None:
         if L > limit:
             return [Hit("error", f"max_length={L} ({src}) is above the model's {limit} ({lsrc}): positions past "
@@ -366,7 +369,8 @@ def c07(ctx: AuditContext) -> list[Hit]:
        rule="assistant_only_loss=true and the chat template has no {% generation %} block, or the block leaves the "
             "assistant's end-of-turn token out of the mask",
        fix="use a training chat template whose {% generation %} block covers the end-of-turn token",
-       source="trl PR #4201; trl sft_trainer.py 'the model may not learn to stop'; marin-community/marin#7237")
+       source="trl PR #4201; trl sft_trainer.py 'the model may not learn to stop'; marin-community/marin#7237",
+       stages=("sft",))
 def c09(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not c.assistant_only_loss:

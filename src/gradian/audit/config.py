@@ -10,7 +10,11 @@ format              recognised by
 ``hf``              HF ``TrainingArguments`` JSON/YAML (``training_args.to_json_string()``)
 ``axolotl``         axolotl YAML: ``base_model``, ``sequence_len``, ``micro_batch_size``, ``adapter`` ...
 ``llamafactory``    LLaMA-Factory YAML: ``stage``, ``finetuning_type``, ``cutoff_len``, ``template`` ...
-``torchtune``       torchtune YAML: ``_component_`` entries (``model``, ``tokenizer``, ``dataset`` ...)
+``llamafactory_v1`` LLaMA-Factory v1 YAML: ``model``, ``peft_config``, ``cutoff_len``, ``micro_batch_size`` ...
+``torchtune``       torchtune YAML: ``_component_`` entries (``model``, ``tokenizer``, ``dataset``,
+                    ``loss`` ...); a dataset builder's own defaults count (``alpaca_dataset``
+                    trains on the prompt unless ``train_on_input: false``)
+``gradian``         the ``training_config.yaml`` that ``gradian train`` writes (TRL names)
 ``peft``            PEFT ``adapter_config.json`` (or the adapter folder; its README's
                     "Framework versions" give library versions)
 ==================  ======================================================================
@@ -22,14 +26,21 @@ default applies), so a finding can cite the field. Several configs merge
 explicitly beats a default; two different explicit values are kept as the
 first and recorded in :attr:`TrainConfig.conflicts`.
 
+The training *stage* is read too (:attr:`TrainConfig.stage`): LLaMA-Factory's
+``stage`` (``pt``, ``sft``, ``rm``, ``dpo``, ``kto``), axolotl's ``rl:``, torchtune's
+loss and dataset components, TRL's preference and RL fields. Checks whose rule
+is for SFT are skipped for other stages, with the reason.
+
 Numbers are coerced (YAML 1.1 reads ``2e-4`` as a string); a value that is
 not a number where one is needed is a :class:`GradianUserError` naming the
-file and field. ``training_args.bin`` is a pickle and is refused.
+file and field. A number that is impossible for its field (a negative
+learning rate, zero epochs, ``lora_r: 0``) is kept and reported by check C19.
+Files are read through :mod:`gradian.safeio` (regular files only, size and
+nesting limits). ``training_args.bin`` is a pickle and is refused.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -37,14 +48,17 @@ from pathlib import Path
 from typing import Any
 
 from gradian.errors import GradianUserError
+from gradian.safeio import parse_json, parse_yaml, read_text, short_repr
 
-CONFIG_FORMATS = ("trl", "hf", "axolotl", "llamafactory", "torchtune", "peft")
+CONFIG_FORMATS = ("trl", "hf", "axolotl", "llamafactory", "llamafactory_v1", "torchtune", "peft", "gradian")
 
 _FMT_NAME = {
     "trl": "TRL SFTConfig",
     "hf": "HF TrainingArguments",
     "axolotl": "axolotl",
     "llamafactory": "LLaMA-Factory",
+    "llamafactory_v1": "LLaMA-Factory v1",
+    "gradian": "gradian train",
     "torchtune": "torchtune",
     "peft": "PEFT LoraConfig",
 }
@@ -57,7 +71,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "padding_free": False, "assistant_only_loss": False, "dataset_text_field": "text",
         "lr_scheduler": "linear", "warmup_steps": 0, "warmup_ratio": 0.0, "eval_strategy": "no",
         "save_strategy": "steps", "save_steps": 500, "load_best_model_at_end": False, "group_by_length": False,
-        "max_grad_norm": 1.0,
+        "max_grad_norm": 1.0, "stage": "sft",
     },
     "hf": {
         "learning_rate": 5e-5, "num_epochs": 3.0, "micro_batch_size": 8, "gradient_accumulation_steps": 1,
@@ -68,19 +82,35 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "axolotl": {
         "max_length": 512, "truncation": "drop", "micro_batch_size": 1, "gradient_accumulation_steps": 1,
         "num_epochs": 1.0, "train_on_inputs": False, "packing": False, "lr_scheduler": "cosine",
-        "val_set_size": 0.0, "group_by_length": False, "finetuning": "full",
+        "val_set_size": 0.0, "group_by_length": False, "finetuning": "full", "stage": "sft",
     },
     "llamafactory": {
         "finetuning": "lora", "lora_r": 8, "lora_dropout": 0.0, "lora_target_modules": "all",
         "max_length": 2048, "truncation": "truncate", "train_on_inputs": False, "packing": False,
         "learning_rate": 5e-5, "num_epochs": 3.0, "micro_batch_size": 8, "gradient_accumulation_steps": 1,
         "lr_scheduler": "linear", "warmup_steps": 0, "warmup_ratio": 0.0, "val_set_size": 0.0,
-        "eval_strategy": "no",
+        "eval_strategy": "no", "stage": "sft",
+    },
+    "llamafactory_v1": {
+        "finetuning": "full", "micro_batch_size": 1, "max_length": 2048, "learning_rate": 1e-4, "num_epochs": 3.0,
+        "max_grad_norm": 1.0, "bf16": True, "truncation": "truncate", "train_on_inputs": False, "packing": False,
+        "gradient_accumulation_steps": 1, "lora_r": 8, "lora_alpha": 16, "lora_target_modules": "all",
     },
     "torchtune": {
         "train_on_inputs": False, "packing": False, "gradient_accumulation_steps": 1, "truncation": "truncate",
+        "stage": "sft",
     },
     "peft": {"lora_r": 8, "lora_alpha": 8, "lora_dropout": 0.0, "use_rslora": False, "use_dora": False},
+}
+
+
+#: What each training stage name means for the checks (see :attr:`TrainConfig.stage_kind`).
+STAGE_KINDS = {
+    "sft": "sft",
+    "pt": "pretraining", "pretrain": "pretraining", "pretraining": "pretraining", "cpt": "pretraining",
+    "dpo": "preference", "ipo": "preference", "kto": "preference", "orpo": "preference", "simpo": "preference",
+    "cpo": "preference", "rm": "preference", "reward": "preference", "bco": "preference", "nca": "preference",
+    "ppo": "rl", "grpo": "rl", "gdpo": "rl", "rloo": "rl", "online_dpo": "rl", "gkd": "rl",
 }
 
 
@@ -93,6 +123,10 @@ class TrainConfig:
     ``train_on_inputs`` True means the loss covers the prompt (axolotl ``train_on_inputs``,
     LLaMA-Factory ``train_on_prompt``, torchtune ``train_on_input``, TRL ``completion_only_loss=false``).
     ``max_length`` None with a known trainer means the trainer does not truncate.
+    ``stage`` is the training stage (``sft``, ``pt``, ``dpo``, ``kto``, ``orpo``, ``rm``, ``grpo`` ...;
+    None: not said, SFT assumed); ``dedup_exact`` True when the trainer drops exact duplicate rows
+    (axolotl ``dataset_exact_deduplication``); ``messages_loss`` ``"final_assistant_turn"`` when
+    the loss of a ``messages`` row covers its final assistant turn only (``gradian train``).
     """
 
     trainer: str | None = None
@@ -149,11 +183,15 @@ class TrainConfig:
     pad_token: str | None = None
     added_tokens: list[str] | None = None
     datasets: list[dict[str, Any]] | None = None
+    stage: str | None = None
+    dedup_exact: bool | None = None
+    messages_loss: str | None = None
 
     paths: list[str] = field(default_factory=list)
     formats: list[str] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
     conflicts: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     versions: dict[str, str] = field(default_factory=dict)
     version_sources: dict[str, str] = field(default_factory=dict)
 
@@ -169,6 +207,13 @@ class TrainConfig:
     def cite(self, *names: str) -> dict[str, Any]:
         """``{name: {"value": v, "from": source}}`` for evidence."""
         return {n: {"value": getattr(self, n), "from": self.sources.get(n)} for n in names}
+
+    @property
+    def stage_kind(self) -> str:
+        """``sft`` (also when no stage is said), ``pretraining``, ``preference``, ``rl`` or ``other``."""
+        if not self.stage:
+            return "sft"
+        return STAGE_KINDS.get(self.stage.lower(), "other")
 
     @property
     def is_lora(self) -> bool | None:
@@ -199,7 +244,7 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in fields(self):
-            if f.name in ("paths", "formats", "sources", "conflicts", "versions", "version_sources"):
+            if f.name in _META:
                 continue
             v = getattr(self, f.name)
             if v is not None:
@@ -209,7 +254,11 @@ class TrainConfig:
             "formats": list(self.formats),
             "values": out,
             "conflicts": list(self.conflicts),
+            "notes": list(self.notes),
         }
+
+
+_META = ("paths", "formats", "sources", "conflicts", "notes", "versions", "version_sources")
 
 
 # ---------------------------------------------------------------------- parsing helpers
@@ -235,12 +284,20 @@ class _Reader:
         sentinel = object()
         return self.get(key, sentinel) is not sentinel and self.get(key) is not None
 
+    def has_key(self, key: str) -> bool:
+        """True when ``key`` is present, even with a null value."""
+        sentinel = object()
+        return self.get(key, sentinel) is not sentinel
+
     def num(self, key: str) -> float | None:
         v = self.get(key)
         if v is None or isinstance(v, bool):
             return None if v is None else self._bad(key, v, "a number")
         if isinstance(v, (int, float)):
-            return float(v)
+            try:
+                return float(v)
+            except OverflowError:  # an integer beyond float range
+                return self._bad(key, v, "a number in float range")
         if isinstance(v, str):
             s = v.strip()
             if s.lower() in ("none", "null", ""):
@@ -255,7 +312,7 @@ class _Reader:
         v = self.num(key)
         if v is None:
             return None
-        if math.isnan(v) or v != int(v):
+        if not math.isfinite(v) or v != int(v):
             return self._bad(key, self.get(key), "a whole number")
         return int(v)
 
@@ -296,7 +353,7 @@ class _Reader:
 
     def _bad(self, key: str, v: Any, want: str):
         raise GradianUserError(
-            f"{key} is {v!r}, not {want}", where=f"{self.path}: {key}", fix=f"set {key} to {want}"
+            f"{key} is {short_repr(v)}, not {want}", where=f"{self.path}: {key}", fix=f"set {key} to {want}"
         )
 
 
@@ -307,45 +364,36 @@ def _parse_file(path: Path) -> dict[str, Any]:
             where=str(path),
             fix="export the arguments as JSON with training_args.to_json_string() and pass that file",
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise GradianUserError("not a UTF-8 text file", where=str(path), fix="pass a JSON or YAML config") from None
     suffix = path.suffix.lower()
-    if suffix == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise GradianUserError(
-                f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}",
-                where=f"{path}:{e.lineno}",
-                fix="fix the JSON syntax",
-            ) from None
-    elif suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            obj = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            line = f":{mark.line + 1}" if mark is not None else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise GradianUserError(
-                f"malformed YAML: {problem}", where=f"{path}{line}", fix="fix the YAML syntax (indentation, colons, quotes)"
-            ) from None
-    else:
+    if suffix not in (".json", ".yaml", ".yml"):
         raise GradianUserError(
             f"unknown config file type {suffix or '(no extension)'!r}",
             where=str(path),
             fix="pass a .json or .yaml config, or a PEFT adapter folder",
         )
+    text = read_text(path, "config")
+    obj = parse_json(text, str(path)) if suffix == ".json" else parse_yaml(text, str(path))
     if not isinstance(obj, dict):
         raise GradianUserError(
             f"top level is a {type(obj).__name__}, not a mapping of settings",
             where=str(path),
             fix="pass a config file whose top level is key: value settings",
         )
+    bad_keys = [k for k in obj if not isinstance(k, str)]
+    if bad_keys:
+        raise GradianUserError(
+            f"setting name {short_repr(bad_keys[0])} is not a string", where=str(path),
+            fix="write every top-level setting as name: value (quote names YAML reads as numbers, dates or booleans)",
+        )
+    if text.startswith(GRADIAN_TRAIN_HEADER) and "use_peft" in obj:
+        # written by gradian train (older versions wrote no messages_loss field, but always this header line)
+        obj[_BY_GRADIAN_TRAIN] = True
     return obj
+
+
+#: The first line of every training_config.yaml that ``gradian train`` writes.
+GRADIAN_TRAIN_HEADER = "# gradian train:"
+_BY_GRADIAN_TRAIN = "\x00written by gradian train"
 
 
 _TRL_KEYS = {"max_length", "max_seq_length", "packing", "completion_only_loss", "assistant_only_loss",
@@ -364,10 +412,20 @@ _LF_KEYS = {"stage", "finetuning_type", "cutoff_len", "lora_rank", "lora_target"
             "preprocessing_num_workers", "overwrite_cache", "plot_loss", "additional_target", "new_special_tokens"}
 
 
+_LF_V1_KEYS = {"peft_config", "model_class", "train_dataset", "kernel_config", "dist_config", "quant_config",
+               "sample_backend", "global_batch_size", "batching_strategy", "optim_config", "lr_scheduler_config"}
+
+
 def detect_config_format(raw: dict[str, Any]) -> str | None:
-    """``trl``/``hf``/``axolotl``/``llamafactory``/``torchtune``/``peft``, or None."""
+    """``trl``/``hf``/``axolotl``/``llamafactory``/``llamafactory_v1``/``torchtune``/``peft``/``gradian``, or None."""
     if "peft_type" in raw:
         return "peft"
+    if (raw.get("messages_loss") is not None and "use_peft" in raw) or raw.get(_BY_GRADIAN_TRAIN):
+        return "gradian"
+    keys = set(raw)
+    if len(keys & _LF_V1_KEYS) >= 1 and ("cutoff_len" in keys or "model" in keys) \
+            and not keys & {"stage", "finetuning_type", "base_model", "sequence_len"}:
+        return "llamafactory_v1"
 
     def has_component(obj: Any, depth: int = 0) -> bool:
         if isinstance(obj, dict):
@@ -380,7 +438,6 @@ def detect_config_format(raw: dict[str, Any]) -> str | None:
 
     if has_component(raw):
         return "torchtune"
-    keys = set(raw)
     lf = len(keys & _LF_KEYS)
     ax = len(keys & _AXOLOTL_KEYS)
     trl = len(keys & _TRL_KEYS)
@@ -412,7 +469,7 @@ def read_config(path: str | Path) -> TrainConfig:
     raw = _parse_file(p)
     fmt = detect_config_format(raw)
     if fmt is None:
-        shown = ", ".join(sorted(raw)[:8]) or "none"
+        shown = ", ".join(sorted(map(str, raw))[:8]) or "none"
         raise GradianUserError(
             f"unknown config format (keys: {shown})",
             where=str(p),
@@ -422,10 +479,15 @@ def read_config(path: str | Path) -> TrainConfig:
     cfg.paths.append(str(p))
     cfg.formats.append(fmt)
     r = _Reader(raw, str(p))
-    {"trl": _read_trl, "hf": _read_trl, "axolotl": _read_axolotl, "llamafactory": _read_lf,
-     "torchtune": _read_torchtune, "peft": _read_peft}[fmt](cfg, r)
+    {"trl": _read_trl, "hf": _read_trl, "gradian": _read_trl, "axolotl": _read_axolotl, "llamafactory": _read_lf,
+     "llamafactory_v1": _read_lf_v1, "torchtune": _read_torchtune, "peft": _read_peft}[fmt](cfg, r)
     if fmt in ("trl", "hf", "axolotl", "llamafactory", "torchtune"):
         cfg.set("trainer", fmt, f"{p.name} (format)")
+    elif fmt == "llamafactory_v1":
+        cfg.set("trainer", "llamafactory", f"{p.name} (format: LLaMA-Factory v1)")
+    elif fmt == "gradian":
+        # gradian train trains like TRL's SFTTrainer (same masks, same EOS rule); its file uses TRL names
+        cfg.set("trainer", "trl", f"{p.name} (format: gradian train, TRL semantics)")
     if fmt == "peft":
         pv = r.str_("peft_version")
         if pv:
@@ -457,7 +519,7 @@ def load_config(paths: str | Path | list[str | Path] | tuple) -> TrainConfig:
 
 def merge_into(dst: TrainConfig, src: TrainConfig) -> None:
     for f in fields(TrainConfig):
-        if f.name in ("paths", "formats", "sources", "conflicts", "versions", "version_sources"):
+        if f.name in _META:
             continue
         v = getattr(src, f.name)
         if v is not None:
@@ -465,6 +527,7 @@ def merge_into(dst: TrainConfig, src: TrainConfig) -> None:
     dst.paths += src.paths
     dst.formats += src.formats
     dst.conflicts += src.conflicts
+    dst.notes += [n for n in src.notes if n not in dst.notes]
     for k, v in src.versions.items():
         if k not in dst.versions:
             dst.versions[k] = v
@@ -474,7 +537,9 @@ def merge_into(dst: TrainConfig, src: TrainConfig) -> None:
 def apply_defaults(cfg: TrainConfig) -> None:
     """Fill unset fields with the defaults of the stacks that read them (trainer, then PEFT)."""
     stacks = []
-    if cfg.trainer:
+    if cfg.trainer == "llamafactory" and "llamafactory_v1" in cfg.formats:
+        stacks.append("llamafactory_v1")
+    elif cfg.trainer:
         stacks.append(cfg.trainer)
     if "peft" in cfg.formats or cfg.is_lora:
         stacks.append("peft")
@@ -574,10 +639,48 @@ def _read_trl(cfg: TrainConfig, r: _Reader) -> None:
                 r.where("use_peft"))
     elif r.has("use_peft"):
         cfg.set("finetuning", "full", r.where("use_peft"))
+    elif _TRL_CLI_KEYS & set(r.raw):
+        # a `trl sft --config` file (it names the model / dataset, which an SFTConfig dump never does):
+        # TRL's ModelConfig.use_peft defaults to false, so the CLI fine-tunes every weight
+        key = next(k for k in sorted(_TRL_CLI_KEYS) if k in r.raw)
+        cfg.set("finetuning", "full", f"default (TRL ModelConfig: use_peft is false; a CLI config, {r.where(key)})",
+                default=True)
+    stage = _trl_stage(r)
+    if stage:
+        cfg.set("stage", stage[0], r.where(stage[1]))
+    if r.has("messages_loss"):
+        ml = r.str_("messages_loss")
+        if ml != "final_assistant_turn":
+            r._bad("messages_loss", ml, "'final_assistant_turn' (what gradian train does)")
+        cfg.set("messages_loss", ml, r.where("messages_loss"))
+    elif r.raw.get(_BY_GRADIAN_TRAIN):
+        cfg.set("messages_loss", "final_assistant_turn",
+                f"{Path(r.path).name} (written by gradian train, which trains a 'messages' row on its final "
+                f"assistant turn)")
     if r.has("eval_dataset"):
         cfg.set("has_eval_dataset", True, r.where("eval_dataset"))
     elif r.has("dataset_test_split") and r.has("eval_strategy"):
         cfg.set("has_eval_dataset", True, r.where("dataset_test_split"))
+
+
+_TRL_CLI_KEYS = {"model_name_or_path", "dataset_name", "dataset_config", "dataset_train_split"}
+# Fields that only a preference or RL trainer's config has (TRL DPOConfig, KTOConfig, CPOConfig, GRPOConfig ...)
+_TRL_STAGE_KEYS = (
+    ("grpo", ("reward_funcs", "num_generations")),
+    ("kto", ("desirable_weight", "undesirable_weight")),
+    ("cpo", ("cpo_alpha",)),
+    ("dpo", ("rpo_alpha", "precompute_ref_log_probs", "ref_adapter_name", "ref_model_init_kwargs", "sync_ref_model",
+             "f_divergence_type", "ld_alpha", "reference_free")),
+)
+
+
+def _trl_stage(r: _Reader) -> tuple[str, str] | None:
+    """A TRL config's trainer, from fields only that trainer has: ``(stage, field)``."""
+    for stage, keys in _TRL_STAGE_KEYS:
+        for k in keys:
+            if k in r.raw:
+                return stage, k
+    return None
 
 
 def _read_axolotl(cfg: TrainConfig, r: _Reader) -> None:
@@ -622,6 +725,13 @@ def _read_axolotl(cfg: TrainConfig, r: _Reader) -> None:
     adapter = r.str_("adapter")
     if adapter:
         cfg.set("finetuning", "qlora" if adapter.lower() == "qlora" else "lora", r.where("adapter"))
+    rl = r.get("rl")
+    if rl is not None and rl is not False:
+        cfg.set("stage", "dpo" if rl is True else str(rl).lower().replace("rltype.", ""), r.where("rl"))
+    elif r.has("pretraining_dataset"):
+        cfg.set("stage", "pt", r.where("pretraining_dataset"))
+    if r.has("dataset_exact_deduplication"):
+        cfg.set("dedup_exact", r.bool_("dataset_exact_deduplication"), r.where("dataset_exact_deduplication"))
     if r.has("eval_strategy"):
         cfg.set("eval_strategy", str(r.get("eval_strategy")).lower(), r.where("eval_strategy"))
     elif r.has("evals_per_epoch") and (r.int_("evals_per_epoch") or 0) > 0:
@@ -648,17 +758,22 @@ def _read_axolotl(cfg: TrainConfig, r: _Reader) -> None:
         for i, d in enumerate(ds):
             if not isinstance(d, dict):
                 continue
+            def text(key: str) -> str | None:
+                v = d.get(key)
+                return v if isinstance(v, str) else None
+
             norm.append({
                 "index": i,
-                "path": d.get("path"),
-                "type": d.get("type") if isinstance(d.get("type"), str) else None,
-                "field": d.get("field"),
-                "field_messages": d.get("field_messages"),
-                "roles_to_train": d.get("roles_to_train"),
-                "train_on_eos": d.get("train_on_eos"),
-                "chat_template": d.get("chat_template"),
+                "path": text("path"),
+                "type": text("type"),
+                "field": text("field"),
+                "field_messages": text("field_messages"),
+                "roles_to_train": [str(x) for x in d["roles_to_train"]] if isinstance(d.get("roles_to_train"), list)
+                else None,
+                "train_on_eos": text("train_on_eos"),
+                "chat_template": text("chat_template"),
             })
-            if d.get("chat_template") and not r.has("chat_template"):
+            if text("chat_template") and not r.has("chat_template"):
                 cfg.set("chat_template", str(d["chat_template"]), r.where(f"datasets[{i}].chat_template"))
         cfg.set("datasets", norm, r.where("datasets"))
 
@@ -696,6 +811,15 @@ def _read_lf(cfg: TrainConfig, r: _Reader) -> None:
     ms = r.int_("max_steps")
     if ms is not None and ms > 0:
         cfg.set("max_steps", ms, r.where("max_steps"))
+    stage = (r.str_("stage") or "").strip().lower()
+    if stage:
+        pref = (r.str_("pref_loss") or "").strip().lower()
+        if stage == "dpo" and pref in ("orpo", "simpo"):
+            cfg.set("stage", pref, r.where("pref_loss"))
+        else:
+            cfg.set("stage", stage, r.where("stage"))
+    if stage == "pt" and not r.has("packing") and not r.bool_("neat_packing"):
+        cfg.set("packing", True, f"{r.where('stage')} (LLaMA-Factory turns packing on for stage pt)")
     ft = r.str_("finetuning_type")
     if ft:
         ft = ft.lower()
@@ -725,6 +849,69 @@ def _read_lf(cfg: TrainConfig, r: _Reader) -> None:
     if toks:
         key = next(k for k in ("new_special_tokens", "add_special_tokens", "add_tokens") if r.has(k))
         cfg.set("added_tokens", [toks] if isinstance(toks, str) else toks, r.where(key))
+
+
+def _read_lf_v1(cfg: TrainConfig, r: _Reader) -> None:
+    """LLaMA-Factory v1 (``llamafactory-cli sft|dpo|rm config.yaml``): ``model``, ``peft_config``, ``cutoff_len`` ..."""
+    _set_many(cfg, r, [
+        ("base_model", "model", "str"),
+        ("learning_rate", "learning_rate", "num"),
+        ("num_epochs", "num_train_epochs", "num"),
+        ("micro_batch_size", "micro_batch_size", "int"),
+        ("total_batch_size", "global_batch_size", "int"),
+        ("max_length", "cutoff_len", "int"),
+        ("max_grad_norm", "max_grad_norm", "num"),
+        ("bf16", "bf16", "bool"),
+        ("chat_template", "template", "str"),
+    ])
+    ms = r.int_("max_steps")
+    if ms is not None and ms > 0:
+        cfg.set("max_steps", ms, r.where("max_steps"))
+    quant = r.get("quant_config")
+    bits = None
+    if isinstance(quant, dict):
+        bits = r.int_("quant_config.quantization_bit") or 4  # v1 defaults to 4-bit when a quant_config is given
+        cfg.set("load_in_4bit" if bits == 4 else "load_in_8bit", True, r.where("quant_config"))
+    pc = r.get("peft_config")
+    if isinstance(pc, dict):
+        name = (r.str_("peft_config.name") or "").lower()
+        if name == "lora":
+            cfg.set("finetuning", "qlora" if bits else "lora", r.where("peft_config.name"))
+            _set_many(cfg, r, [
+                ("lora_r", "peft_config.r", "int"),
+                ("lora_alpha", "peft_config.lora_alpha", "num"),
+                ("lora_dropout", "peft_config.lora_dropout", "num"),
+                ("lora_target_modules", "peft_config.target_modules", "list"),
+            ])
+        elif name:
+            cfg.set("finetuning", "full" if name in ("freeze", "full") else name, r.where("peft_config.name"))
+    mc = (r.str_("model_class") or "").lower()
+    if mc == "cls":
+        cfg.set("stage", "rm", f"{r.where('model_class')} (a classification head: reward modelling)")
+    else:
+        cfg.notes.append(f"{Path(r.path).name}: a LLaMA-Factory v1 config does not say its stage (it is the "
+                         "llamafactory-cli command: sft, dpo or rm); the SFT rules were applied")
+
+
+# torchtune dataset builders: what each does when the config leaves a field unset
+# (torchtune/datasets/*.py; alpaca_cleaned_dataset is partial(alpaca_dataset, ...)).
+_TT_TRAIN_ON_INPUT = {
+    "alpaca_dataset": True, "alpaca_cleaned_dataset": True, "chat_dataset": False, "instruct_dataset": False,
+    "grammar_dataset": False, "samsum_dataset": False, "slimorca_dataset": False,
+}
+_TT_STAGE = {
+    "text_completion_dataset": "pt", "wikitext_dataset": "pt", "cnn_dailymail_articles_dataset": "pt",
+    "preference_dataset": "dpo", "stack_exchange_paired_dataset": "dpo", "hh_rlhf_helpful_dataset": "dpo",
+}
+
+
+def _tt_loss_stage(leaf: str) -> str | None:
+    low = leaf.lower()
+    for key, stage in (("simpo", "simpo"), ("grpo", "grpo"), ("ppo", "ppo"), ("ipo", "ipo"), ("rso", "dpo"),
+                       ("dpo", "dpo")):
+        if key in low:
+            return stage
+    return None
 
 
 def _read_torchtune(cfg: TrainConfig, r: _Reader) -> None:
@@ -762,16 +949,30 @@ def _read_torchtune(cfg: TrainConfig, r: _Reader) -> None:
         if r.bool_("model.apply_lora_to_output"):
             targets += ["output"]
         cfg.set("lora_target_modules", targets, r.where("model.lora_attn_modules"))
+    loss = r.get("loss._component_")
+    if isinstance(loss, str) and _tt_loss_stage(loss.rsplit(".", 1)[-1]):
+        cfg.set("stage", _tt_loss_stage(loss.rsplit(".", 1)[-1]), r.where("loss._component_"))
     ds = r.get("dataset")
     dss = ds if isinstance(ds, list) else [ds] if isinstance(ds, dict) else []
     for i, d in enumerate(dss):
         key = f"dataset[{i}]" if isinstance(ds, list) else "dataset"
         if not isinstance(d, dict):
             continue
+        dr = _Reader(d, r.path)
+        comp = d.get("_component_")
+        leaf = comp.rsplit(".", 1)[-1] if isinstance(comp, str) else ""
         if "train_on_input" in d:
-            cfg.set("train_on_inputs", _Reader(d, r.path).bool_("train_on_input"), r.where(f"{key}.train_on_input"))
+            cfg.set("train_on_inputs", dr.bool_("train_on_input"), r.where(f"{key}.train_on_input"))
+        elif leaf in _TT_TRAIN_ON_INPUT:
+            # the builder's own default is the run's setting: it counts as config, not as an unset default
+            v = _TT_TRAIN_ON_INPUT[leaf]
+            cfg.set("train_on_inputs", v, f"{r.where(key + '._component_')} ({leaf} defaults to train_on_input={v})")
         if "packed" in d:
-            cfg.set("packing", _Reader(d, r.path).bool_("packed"), r.where(f"{key}.packed"))
+            cfg.set("packing", dr.bool_("packed"), r.where(f"{key}.packed"))
+        elif leaf:
+            cfg.set("packing", False, f"{r.where(key + '._component_')} ({leaf} defaults to packed=False)")
+        if leaf in _TT_STAGE:
+            cfg.set("stage", _TT_STAGE[leaf], f"{r.where(key + '._component_')} ({leaf})")
     if cfg.max_length is None and r.has("tokenizer._component_"):
         cfg.set("truncation", "none", r.where("tokenizer.max_seq_len") + " (unset: no truncation)")
 
@@ -808,8 +1009,8 @@ def _framework_versions(readme: Path) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     try:
-        text = readme.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        text = read_text(readme, "model card")
+    except GradianUserError:  # a model card we cannot read only costs the version hints
         return {}
     for line in text.splitlines():
         m = _FW_RE.match(line)

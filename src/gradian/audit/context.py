@@ -16,7 +16,6 @@ agree with the sequences and masks the attribution lane trains on.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +30,7 @@ from gradian.audit.versions import before
 from gradian.data.formats import Example
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example
 from gradian.errors import GradianUserError
+from gradian.safeio import load_json_file
 
 UNBOUNDED = 10**9
 #: When no config says otherwise, the max length TRL's SFTConfig applies.
@@ -88,10 +88,12 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
         for name, target in (("config.json", cfg), ("generation_config.json", gen)):
             f = Path(folder) / name
             if f.exists():
-                try:
-                    target.update(json.loads(f.read_text(encoding="utf-8")))
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    pass
+                try:  # bounded, regular files only; an unreadable model config only costs these hints
+                    obj = load_json_file(f, "model config")
+                except GradianUserError:
+                    continue
+                if isinstance(obj, dict):
+                    target.update(obj)
     if folder is not None and Path(folder).is_dir() and not cfg:
         cfg.update(_gguf_config(Path(folder)))
     mml = getattr(tok, "model_max_length", None)
@@ -100,7 +102,14 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
     ids = tok("a", add_special_tokens=True)["input_ids"]
     adds_bos = bool(ids) and tok.bos_token_id is not None and ids[0] == tok.bos_token_id
     ge = gen.get("eos_token_id", cfg.get("eos_token_id"))
-    gen_eos = [int(x) for x in (ge if isinstance(ge, list) else [ge] if isinstance(ge, int) else [])]
+    gen_eos = [x for x in (ge if isinstance(ge, list) else [ge]) if isinstance(x, int) and not isinstance(x, bool)]
+
+    def count(v: Any) -> int | None:  # a model config field that must be a positive whole number
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    def text(v: Any) -> str | None:
+        return v if isinstance(v, str) else None
+
     specials = sorted({s for s in getattr(tok, "all_special_tokens", []) if s}
                       | {t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if getattr(t, "special", False)})
     return TokenInfo(
@@ -108,8 +117,9 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
         eos_token=tok.eos_token, eos_id=tok.eos_token_id, bos_token=tok.bos_token, bos_id=tok.bos_token_id,
         pad_token=tok.pad_token, pad_id=tok.pad_token_id, adds_bos=adds_bos,
         model_max_length=mml,
-        max_position_embeddings=cfg.get("max_position_embeddings") or cfg.get("n_positions"),
-        vocab_size=cfg.get("vocab_size"), n_tokens=len(tok), torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+        max_position_embeddings=count(cfg.get("max_position_embeddings")) or count(cfg.get("n_positions")),
+        vocab_size=count(cfg.get("vocab_size")), n_tokens=len(tok),
+        torch_dtype=text(cfg.get("torch_dtype")) or text(cfg.get("dtype")),
         generation_eos_ids=gen_eos, special_strings=specials,
         chat_template=tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None,
     )
@@ -244,6 +254,8 @@ class AuditContext:
         self.data_path = data_path
         self.eval_path = eval_path
         self.notes: list[str] = []
+        #: results several checks share, computed by the first that needs them (e.g. near-duplicate pairs)
+        self.memo: dict[str, Any] = {}
         self._token_rows: list[TokenRow] | None = None
         self._token_thread = None
         self._token_error: BaseException | None = None
@@ -308,6 +320,19 @@ class AuditContext:
         return [T.word_hashes(ws) for ws in self.eval_row_words]
 
     @cached_property
+    def row_segment_lengths(self) -> list[list[int]]:
+        """Per training row, the word count of each segment (sentence or line; :func:`text.segments`), in the
+        order of :attr:`row_words`."""
+        return [T.segment_word_counts(e.prompt_text, len(pw)) + T.segment_word_counts(e.completion_text, len(cw))
+                for e, pw, cw in zip(self.examples or [], self.prompt_words, self.completion_words)]
+
+    @cached_property
+    def eval_segment_lengths(self) -> list[list[int]]:
+        return [T.segment_word_counts(e.prompt_text, len(T._WORD.findall(p)))
+                + T.segment_word_counts(e.completion_text, len(T._WORD.findall(c)))
+                for e, p, c in zip(self.eval_examples or [], self.eval_norm_prompt, self.eval_norm_completion)]
+
+    @cached_property
     def shingles5(self) -> list[np.ndarray]:
         return T.ngrams_rows(self.row_word_hashes, 5)
 
@@ -337,6 +362,8 @@ class AuditContext:
         c = self.config
         if c is None:
             return ASSUMED_MAX_LENGTH, f"assumed: no config given, TRL SFTConfig's default max_length={ASSUMED_MAX_LENGTH}"
+        if c.max_length is not None and c.max_length <= 0:
+            return None, f"max_length={c.max_length} ({c.source('max_length')}) is impossible (see C19)"
         if c.max_length:
             return int(c.max_length), c.source("max_length") or "config"
         if c.truncation == "none":
@@ -352,11 +379,14 @@ class AuditContext:
         c = self.config
         if c is None:
             return False, "assumed completion-only loss (no config given)"
+        if c.stage_kind == "pretraining":
+            return True, f"continued pretraining ({c.source('stage')}): every token is a target"
         if c.train_on_inputs is not None:
             return bool(c.train_on_inputs), c.source("train_on_inputs") or ""
         if c.completion_only_loss is not None:
             return (not c.completion_only_loss), c.source("completion_only_loss") or ""
-        if c.trainer == "trl" and not c.assistant_only_loss and self.examples:
+        if c.trainer == "trl" and not c.assistant_only_loss and c.messages_loss != "final_assistant_turn" \
+                and self.examples:
             n_msgs = sum(1 for e in self.examples if e.format == "messages")
             if n_msgs * 2 > len(self.examples):
                 return True, ("TRL trains every token of 'messages' rows unless assistant_only_loss "

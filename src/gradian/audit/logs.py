@@ -11,13 +11,13 @@ floats (``NaN``/``Infinity`` in JSON, or the strings ``"nan"``/``"inf"``).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gradian.errors import GradianUserError
+from gradian.safeio import iter_lines, load_json_file, parse_json
 
 _ALIASES = {
     "train/loss": "loss", "train_loss_step": "loss",
@@ -25,6 +25,9 @@ _ALIASES = {
     "train/epoch": "epoch", "train/global_step": "step", "global_step": "step",
     "eval/loss": "eval_loss", "train/mean_token_accuracy": "mean_token_accuracy",
 }
+#: trainer_state.json fields the checks compute with: whole, finite, non-negative counts
+_STATE_NUMBERS = ("global_step", "max_steps", "num_train_epochs", "epoch", "logging_steps", "eval_steps",
+                  "save_steps", "train_batch_size")
 _NUMERIC = ("loss", "grad_norm", "learning_rate", "epoch", "step", "eval_loss", "mean_token_accuracy",
             "train_loss", "train_runtime")
 
@@ -84,7 +87,11 @@ def _num(v: Any, where: str, key: str) -> float:
     if isinstance(v, bool):
         raise GradianUserError(f"{key} is a boolean, not a number", where=where, fix="log numbers")
     if isinstance(v, (int, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # an integer beyond float range
+            raise GradianUserError(f"{key} is an integer too large for a number", where=where,
+                                   fix=f"log {key} as a number") from None
     if isinstance(v, str):
         try:
             return float(v.strip())  # "nan", "inf", "1e-4"
@@ -116,6 +123,9 @@ def _normalise(entries: list[Any], path: Path, kind: str) -> TrainLog:
         if "step" not in out:
             inferred = True
             out["step"] = float(i)
+        if not math.isfinite(out["step"]) or out["step"] < 0 or abs(out["step"]) > 1e15:
+            raise GradianUserError(f"step is {out['step']!r}, not a step number", where=where,
+                                   fix="log step as a whole number >= 0")
         out["step"] = int(out["step"])
         if "eval_loss" in out:
             evals.append({k: out[k] for k in ("step", "epoch", "eval_loss") if k in out})
@@ -143,33 +153,15 @@ def load_logs(path: str | Path) -> TrainLog:
         p = cand
     if p.suffix.lower() == ".jsonl":
         entries = []
-        try:
-            lines = p.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError:
-            raise GradianUserError("not UTF-8", where=str(p), fix="re-encode the log as UTF-8") from None
-        for i, line in enumerate(lines, start=1):
+        for i, line in iter_lines(p, "log file"):
             if not line.strip():
                 continue
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise GradianUserError(
-                    f"malformed JSON at column {e.colno}: {e.msg}", where=f"{p}:{i}",
-                    fix="make every line one JSON object of logged values",
-                ) from None
+            entries.append(parse_json(line, str(p), line=i, fix="make every line one JSON object of logged values"))
         if not entries:
             raise GradianUserError("log file is empty", where=str(p), fix="pass a log with at least one entry")
         log = _normalise(entries, p, "jsonl")
     elif p.suffix.lower() == ".json":
-        try:
-            obj = json.loads(p.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise GradianUserError(
-                f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}", where=f"{p}:{e.lineno}",
-                fix="fix the JSON (trainer_state.json is written by transformers' Trainer)",
-            ) from None
-        except UnicodeDecodeError:
-            raise GradianUserError("not UTF-8", where=str(p), fix="re-encode the log as UTF-8") from None
+        obj = load_json_file(p, "log file", fix="fix the JSON (trainer_state.json is written by transformers' Trainer)")
         if isinstance(obj, list):
             log = _normalise(obj, p, "jsonl")
         elif isinstance(obj, dict):
@@ -181,6 +173,14 @@ def load_logs(path: str | Path) -> TrainLog:
                 )
             log = _normalise(obj["log_history"], p, "trainer_state")
             log.state = {k: v for k, v in obj.items() if k != "log_history" and not isinstance(v, (list,))}
+            for k in _STATE_NUMBERS:
+                v = log.state.get(k)
+                if v is None:
+                    continue
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e15 \
+                        or (isinstance(v, float) and math.isnan(v)):
+                    raise GradianUserError(f"{k} is {str(v)[:40]!r}, not a count", where=f"{p}: {k}",
+                                           fix="pass the trainer_state.json that Trainer wrote, unedited")
         else:
             raise GradianUserError("top level is not an object or a list", where=str(p),
                                    fix="pass trainer_state.json or a JSONL of logged dicts")

@@ -9,7 +9,10 @@ the source that backs it, and its fix-first ``rank``.
 A check returns :class:`Hit` objects (severity, message, evidence, affected
 ids); the runner turns them into :class:`gradian.audit.model.Finding`. A
 check that does not apply to the given run raises :class:`NotApplicable`
-(recorded as skipped, with the reason).
+(recorded as skipped, with the reason). A check whose rule holds for some training
+stages only declares them (``stages``); for a run of another stage (a DPO run, a
+continued-pretraining run, from :attr:`gradian.audit.config.TrainConfig.stage_kind`)
+the runner skips it with the reason.
 
 Fix-first ranks (lower = fix first; findings sort by severity, then rank):
 
@@ -33,6 +36,19 @@ from gradian.audit.model import INPUTS, SEVERITIES
 
 if TYPE_CHECKING:  # pragma: no cover
     from gradian.audit.context import AuditContext
+
+
+#: Training-stage kinds (:attr:`gradian.audit.config.TrainConfig.stage_kind`); "other" is any stage Gradian
+#: does not classify.
+STAGE_KINDS = ("sft", "pretraining", "preference", "rl", "other")
+_STAGE_WORDS = {"sft": "SFT", "pretraining": "continued pretraining", "preference": "preference tuning (DPO, KTO, "
+                "ORPO, reward models)", "rl": "online RL (PPO, GRPO)", "other": "other stages"}
+
+
+def stage_words(kinds: tuple[str, ...]) -> str:
+    """``("sft", "pretraining")`` -> ``"SFT and continued pretraining"``."""
+    words = [_STAGE_WORDS[k] for k in kinds]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 class NotApplicable(Exception):
@@ -72,6 +88,7 @@ class CheckSpec:
         source: where the failure and the threshold come from (**H** = heuristic).
         rank: fix-first rank (see module docstring).
         fn: ``fn(ctx) -> list[Hit]``.
+        stages: the training-stage kinds the rule holds for (default: all).
     """
 
     id: str
@@ -86,6 +103,7 @@ class CheckSpec:
     rank: int
     fn: Callable[["AuditContext"], list[Hit]] = field(repr=False, compare=False)
     module: str = ""
+    stages: tuple[str, ...] = STAGE_KINDS
 
     @property
     def group(self) -> str:
@@ -107,6 +125,7 @@ def check(
     fix: str,
     source: str,
     rank: int,
+    stages: tuple[str, ...] = STAGE_KINDS,
 ):
     """Register a check function (see module docstring)."""
 
@@ -119,6 +138,8 @@ def check(
                 raise ValueError(f"{id}: unknown input {i}")
         if severity not in SEVERITIES:
             raise ValueError(f"{id}: unknown severity {severity}")
+        if not stages or any(k not in STAGE_KINDS for k in stages):
+            raise ValueError(f"{id}: unknown stage kind in {stages}")
         REGISTRY[id] = CheckSpec(
             id=id,
             name=name,
@@ -132,6 +153,7 @@ def check(
             rank=rank,
             fn=fn,
             module=fn.__module__.rsplit(".", 1)[-1],
+            stages=tuple(k for k in STAGE_KINDS if k in stages),
         )
         return fn
 

@@ -10,10 +10,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from gradian.audit.model import SEVERITIES, AuditResult, Finding
-from gradian.audit.registry import CheckSpec, all_checks
+from gradian.audit.registry import STAGE_KINDS, CheckSpec, all_checks, stage_words
+from gradian.tables import FitTable
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 _RANK_NAMES = {10: "rows unreadable as meant", 20: "wrong training signal", 30: "untrustworthy evaluation",
@@ -124,7 +124,7 @@ def _md_escape(s: str) -> str:
 # ---------------------------------------------------------------------- the check list
 def checks_table(console: Console, checks: list[CheckSpec] | None = None) -> None:
     checks = checks or all_checks()
-    t = Table(title=f"{len(checks)} checks", show_lines=False)
+    t = FitTable(title=f"{len(checks)} checks", show_lines=False, heading_columns=2)
     for col in ("id", "name", "reads", "max severity"):
         t.add_column(col, no_wrap=True)
     t.add_column("title")
@@ -141,7 +141,7 @@ def checks_json(checks: list[CheckSpec] | None = None) -> str:
 def _spec_dict(c: CheckSpec) -> dict[str, Any]:
     return {"id": c.id, "name": c.name, "title": c.title, "group": c.group, "requires": list(c.requires),
             "reads": list(c.reads), "severity": c.severity, "rule": c.rule, "fix": c.fix, "source": c.source,
-            "rank": c.rank}
+            "rank": c.rank, "stages": list(c.stages)}
 
 
 def checks_markdown(checks: list[CheckSpec] | None = None) -> str:
@@ -179,6 +179,8 @@ def checks_markdown(checks: list[CheckSpec] | None = None) -> str:
             f"- needs: {', '.join('--' + r for r in c.requires) or 'any of --data / --config'}",
             f"- reads: {', '.join(c.reads)}",
             f"- max severity: {c.severity}; fix-first rank {c.rank} ({_RANK_NAMES[c.rank]})",
+            *([f"- applies to: {stage_words(c.stages)} runs (skipped, with the reason, for other training stages)"]
+              if c.stages != STAGE_KINDS else []),
             f"- rule: {_md_escape(c.rule)}",
             f"- fix: {_md_escape(c.fix)}",
             f"- source: {_md_escape(c.source)}",

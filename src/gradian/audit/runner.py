@@ -10,7 +10,7 @@ from gradian.audit.config import TrainConfig, load_config
 from gradian.audit.context import AuditContext, load_tokenizer_folder
 from gradian.audit.logs import TrainLog, load_logs
 from gradian.audit.model import SEVERITY_RANK, AuditResult, Finding, SkippedCheck
-from gradian.audit.registry import NotApplicable, _id_key, all_checks
+from gradian.audit.registry import NotApplicable, _id_key, all_checks, stage_words
 from gradian.audit.versions import parse_versions
 from gradian.data.formats import Example, load_examples
 from gradian.errors import GradianUserError
@@ -125,6 +125,11 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         if missing:
             outcome[spec.id] = ("skipped", "needs " + " and ".join(_FLAG[i] for i in missing))
             continue
+        kind = cfg.stage_kind if cfg is not None else "sft"
+        if kind not in spec.stages:
+            outcome[spec.id] = ("skipped", f"not applicable: a {cfg.stage} run ({cfg.source('stage')}); the rule is "
+                                           f"for {stage_words(spec.stages)}")
+            continue
         try:
             hits = spec.fn(ctx) or []
         except NotApplicable as e:
@@ -167,7 +172,7 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         inputs["token_view"] = {"max_length": L, "max_length_from": src, **ctx.token_spec.to_dict(),
                                 "render_failures": sum(1 for t in ctx.token_rows if t.tx is None)}
         inputs["token_view"]["max_length"] = L
-    notes = (list(cfg.conflicts) if cfg is not None else []) + ctx.notes
+    notes = (list(cfg.conflicts) + list(cfg.notes) if cfg is not None else []) + ctx.notes
     if log is not None and log.steps_inferred:
         notes.append(f"{log.path}: some log entries have no step; their order was used as the step")
     return AuditResult(

@@ -97,6 +97,45 @@ def ngrams_rows(hash_rows: Sequence[np.ndarray], n: int) -> list[np.ndarray]:
     return out
 
 
+_SEGMENT = re.compile(r"(?<=[.!?;:])\s+|\s*\n\s*")
+
+
+def segments(s: str) -> list[str]:
+    """``s`` cut into sentences and lines (at ``.!?;:`` followed by whitespace, and at newlines); only at
+    whitespace, so the segments' words, in order, are the words of ``s``."""
+    return [x for x in _SEGMENT.split(s) if x and x.strip()]
+
+
+def span_hashes(h: np.ndarray | list[int], lengths: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(start, end, hash)`` of consecutive spans of a row's word hashes (one per segment, empty ones skipped);
+    equal word sequences hash equal (a tuple of ints hashes the same in every process)."""
+    hl = h.tolist() if isinstance(h, np.ndarray) else list(h)
+    out = []
+    pos = 0
+    for n in lengths:
+        if n:
+            out.append((pos, pos + n, hash(tuple(hl[pos:pos + n])) & 0xFFFFFFFFFFFFFFFF))
+        pos += n
+    return out
+
+
+def segment_word_counts(text: str, expected: int | None = None) -> list[int]:
+    """Word counts (as :func:`words` counts them) of the :func:`segments` of ``text``.
+
+    One pass over the raw text (word starts between segment boundaries); when that disagrees with the
+    normalised word count ``expected`` (a combining mark that NFC merges, say), each segment is
+    normalised and counted instead.
+    """
+    parts = _SEGMENT.split(text)
+    if len(parts) == 1:
+        n = expected if expected is not None else len(words(text))
+        return [n] if n else []
+    counts = [c for c in map(len, map(_WORD.findall, parts)) if c]
+    if expected is not None and sum(counts) != expected:
+        counts = [len(_WORD.findall(normalise(x))) for x in segments(text)]
+    return counts
+
+
 class MinHasher:
     """MinHash signatures for many rows at once (vectorised with ``np.minimum.reduceat``)."""
 

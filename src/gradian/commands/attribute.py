@@ -7,10 +7,10 @@ from typing import List, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from gradian.commands._common import console, grad_spec_from_options, progress_bar, user_errors
 from gradian.errors import GradianUserError
+from gradian.tables import FitTable
 
 
 def print_attribution(run: dict) -> None:
@@ -43,7 +43,8 @@ def print_attribution(run: dict) -> None:
             if src != "gradient":
                 console.print(f"  {src} evidence ({e['engine']}): Spearman with the verdict {e['spearman_with_verdict']:.2f}, "
                               f"top-{min(len(cap['ranked']), 20)} overlap {e['topk_overlap_with_verdict']:.0%}", highlight=False)
-        t = Table(title=f"most harmful training rows for {escape(cap['capability'])}", show_lines=False)
+        t = FitTable(title=f"most harmful training rows for {escape(cap['capability'])}", show_lines=False,
+                     heading_columns=2)
         for col in ("rank", "id", "rank score", "Δloss if removed", "support", "tokens", "completion"):
             t.add_column(col, overflow="fold")
         for r in cap["ranked"][:10]:
@@ -145,15 +146,11 @@ def register(app: typer.Typer) -> None:
         from gradian.evaluate import EvalResult, EvalSpec
         from gradian.models.load import ModelSpec
 
-        if engine not in ("datainf", "graddot"):
-            raise GradianUserError(f"unknown engine {engine!r}", where="--engine", fix="use datainf or graddot")
-        if second_engine not in ("datainf", "graddot", "none"):
-            raise GradianUserError(f"unknown engine {second_engine!r}", where="--second-engine", fix="use datainf, graddot or none")
-        if query not in ("contrastive", "cross_entropy"):
-            raise GradianUserError(f"unknown query {query!r}", where="--query", fix="use contrastive or cross_entropy")
-        if damping_scale <= 0:
-            raise GradianUserError("--damping-scale must be > 0", where="--damping-scale", fix="e.g. 0.1")
+        from gradian.index.store import check_build_args
+
+        # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
         grad = grad_spec_from_options(max_length, loss_on, modules, project_dim, "float32", seed, optimizer=optimizer)
+        check_build_args(batch_size)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),
             grad=grad,

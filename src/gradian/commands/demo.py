@@ -7,9 +7,9 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from gradian.commands._common import console, user_errors
+from gradian.tables import FitTable
 
 
 def _f(x, fmt="{:.3f}") -> str:
@@ -24,7 +24,7 @@ def print_summary(summary: dict) -> None:
                 f"  {escape(c['name'])}: {c['reference_score']:.3f} → {c['tuned_score']:.3f} "
                 f"(Δ {c['delta']:+.3f}, 95% CI [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]) → {c['verdict']}"
             )
-        g = Table(title=f"{variant}: accuracy per eval group", show_lines=False)
+        g = FitTable(title=f"{variant}: accuracy per eval group", show_lines=False)
         for col in ("group", "n", "reference", "tuned"):
             g.add_column(col)
         for name, v in r["groups"].items():
@@ -34,7 +34,7 @@ def print_summary(summary: dict) -> None:
             console.print(f"  [yellow]{escape(r['stopped'])}[/]")
         card = r["scorecard"]
         for cap, entry in card.get("capabilities", {}).items():
-            t = Table(title=f"ground-truth scorecard: {cap} ({card['n_culprits']} planted culprits)")
+            t = FitTable(title=f"ground-truth scorecard: {cap} ({card['n_culprits']} planted culprits)")
             found = {k for eng, s0 in entry.items() if eng != "localisation" for k in s0["recall_by_kind"]}
             kinds = [k for k in ("direct", "buried") if k in found or not found] + sorted(found - {"direct", "buried"})
             for col in ("engine", "culprits", "n", "AUC", "P@n", "P@10", *(f"recall {k}" for k in kinds)):

@@ -10,10 +10,10 @@ from typing import Optional
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from gradian.commands._common import console, user_errors
 from gradian.errors import GradianUserError
+from gradian.tables import FitTable
 
 VERDICT_STYLE = {"regressed": "bold red", "improved": "bold green", "within_noise": "yellow"}
 
@@ -36,11 +36,11 @@ def _bounds_cell(c) -> str:
     return ", ".join(parts) or "-"
 
 
-def capability_table(result) -> Table:
+def capability_table(result) -> FitTable:
     """The per-capability terminal table of an :class:`~gradian.evaluate.EvalResult`."""
     ref = "base" if result.reference.get("kind") == "base" else "reference"
     pct = f"{result.spec.confidence * 100:g}% CI"
-    t = Table(title="Evaluate: tuned vs " + ("base (adapter disabled)" if ref == "base" else "reference adapter"))
+    t = FitTable(title="Evaluate: tuned vs " + ("base (adapter disabled)" if ref == "base" else "reference adapter"))
     t.add_column("capability", style="bold")
     t.add_column("metric")
     t.add_column("n", justify="right")
@@ -70,10 +70,10 @@ def capability_table(result) -> Table:
     return t
 
 
-def failing_table(result, capability: str, limit: int = 10) -> Table:
+def failing_table(result, capability: str, limit: int = 10) -> FitTable:
     """The lost items of one capability: what the tuned model says instead, and the base margin."""
     fails = result.failing_items(capability)
-    t = Table(title=f"{capability}: items lost ({len(fails)}; showing {min(limit, len(fails))})", title_justify="left")
+    t = FitTable(title=f"{capability}: items lost ({len(fails)}; showing {min(limit, len(fails))})", title_justify="left")
     t.add_column("id")
     t.add_column("prompt", overflow="fold", max_width=48)
     t.add_column("answer")

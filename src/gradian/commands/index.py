@@ -45,11 +45,15 @@ def register(app: typer.Typer) -> None:
         from gradian.api import index_identity, tokenize_training_set
         from gradian.attribute.trajectory import checkpoint_weights, resolve_trajectory
         from gradian.commands.attribute import checkpoint_selection
-        from gradian.index.store import index_id
+        from gradian.index.store import check_build_args, index_id, select_blocks
 
+        # every flag and the data are checked before the model is loaded
         spec = grad_spec_from_options(max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer, unit)
-        examples = load_examples(data)  # fail fast on bad data, before loading the model
-        ft = load_finetune(ModelSpec(base, dtype, device, trust_remote_code), adapter)
+        check_build_args(batch_size)
+        mspec = ModelSpec(base, dtype, device, trust_remote_code)
+        examples = load_examples(data)
+        ft = load_finetune(mspec, adapter)
+        select_blocks(ft.model, spec)  # --modules must select a layer (checked before the progress bar starts)
         for note in ft.notes:
             console.print(f"[yellow]note:[/] {note}")
         trajectory = resolve_trajectory(adapter, checkpoint_selection(checkpoints))

@@ -22,12 +22,12 @@ else its 0-based row number.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gradian.errors import GradianUserError
+from gradian.safeio import check_regular_file, check_size, iter_lines, load_json_file, nesting_problem, parse_json, short_repr
 
 FORMATS = ("prompt_completion", "messages", "alpaca", "text")
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -70,7 +70,9 @@ class Example:
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Read raw records (dicts) from a JSONL/JSON/Parquet file or a save_to_disk folder.
 
-    Raises :class:`GradianUserError` naming the file and line for malformed input.
+    Reads are bounded (:mod:`gradian.safeio`): only regular files (a FIFO or ``/dev/zero`` is
+    refused), a size and a line limit, a nesting limit. Raises :class:`GradianUserError` naming
+    the file and line for malformed input.
     """
     p = Path(path)
     if not p.exists():
@@ -78,37 +80,27 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     if p.is_dir():
         return _read_hf_folder(p)
     suffix = p.suffix.lower()
+    if suffix not in (".jsonl", ".json", ".parquet"):
+        raise GradianUserError(
+            f"unknown data file type {suffix or '(no extension)'!r}",
+            where=str(p),
+            fix="use .jsonl, .json, .parquet or a datasets save_to_disk folder",
+        )
+    st = check_regular_file(p, "data file")
+    check_size(p, st.st_size, "data file")
     if suffix == ".jsonl":
         return _read_jsonl(p)
     if suffix == ".json":
         return _read_json(p)
-    if suffix == ".parquet":
-        return _read_parquet(p)
-    raise GradianUserError(
-        f"unknown data file type {suffix or '(no extension)'!r}",
-        where=str(p),
-        fix="use .jsonl, .json, .parquet or a datasets save_to_disk folder",
-    )
+    return _read_parquet(p)
 
 
 def _read_jsonl(p: Path) -> list[dict[str, Any]]:
     records = []
-    with p.open("r", encoding="utf-8", errors="strict") as f:
-        try:
-            lines = list(f)
-        except UnicodeDecodeError as e:
-            raise GradianUserError(f"not UTF-8 ({e.reason})", where=str(p), fix="re-encode the file as UTF-8") from None
-    for i, line in enumerate(lines, start=1):
+    for i, line in iter_lines(p, "data file"):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise GradianUserError(
-                f"malformed JSON at column {e.colno}: {e.msg}",
-                where=f"{p}:{i}",
-                fix="make every line one complete JSON object",
-            ) from None
+        obj = parse_json(line, str(p), line=i, fix="make every line one complete JSON object")
         if not isinstance(obj, dict):
             raise GradianUserError(
                 f"line is a JSON {type(obj).__name__}, not an object",
@@ -120,14 +112,7 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
 
 
 def _read_json(p: Path) -> list[dict[str, Any]]:
-    try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise GradianUserError(
-            f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}",
-            where=str(p),
-            fix="fix the JSON, or use JSONL with one object per line",
-        ) from None
+    obj = load_json_file(p, "data file", fix="fix the JSON, or use JSONL with one object per line")
     if isinstance(obj, dict) and isinstance(obj.get("data"), list):
         obj = obj["data"]
     if not isinstance(obj, list):
@@ -146,15 +131,17 @@ def _read_parquet(p: Path) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(p).to_pylist()
+        rows = pq.read_table(p).to_pylist()
     except Exception as e:  # pyarrow raises several types for a bad file
         raise GradianUserError(
             f"not a readable Parquet file ({type(e).__name__})", where=str(p), fix="re-export the file"
         ) from None
+    _check_rows_nesting(rows, p)
+    return rows
 
 
 def _read_hf_folder(p: Path) -> list[dict[str, Any]]:
-    if not (p / "dataset_info.json").exists() and not (p / "dataset_dict.json").exists():
+    if not (p / "dataset_info.json").is_file() and not (p / "dataset_dict.json").is_file():
         raise GradianUserError(
             "folder is not a datasets save_to_disk folder (no dataset_info.json)",
             where=str(p),
@@ -162,11 +149,27 @@ def _read_hf_folder(p: Path) -> list[dict[str, Any]]:
         )
     from datasets import DatasetDict, load_from_disk
 
-    ds = load_from_disk(str(p))
-    if isinstance(ds, DatasetDict):
-        split = "train" if "train" in ds else next(iter(ds))
-        ds = ds[split]
-    return ds.to_list()
+    try:
+        ds = load_from_disk(str(p))
+        if isinstance(ds, DatasetDict):
+            split = "train" if "train" in ds else next(iter(ds))
+            ds = ds[split]
+        rows = ds.to_list()
+    except Exception as e:  # datasets/pyarrow raise many types for a damaged folder
+        msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise GradianUserError(
+            f"cannot read the save_to_disk folder ({type(e).__name__}: {msg})", where=str(p),
+            fix="re-save the dataset with Dataset.save_to_disk, or export it to JSONL",
+        ) from None
+    _check_rows_nesting(rows, p)
+    return rows
+
+
+def _check_rows_nesting(rows: list[Any], p: Path) -> None:
+    for i, r in enumerate(rows):
+        problem = nesting_problem(r)
+        if problem:
+            raise GradianUserError(problem, where=f"{p}[{i}]", fix="flatten the row's fields")
 
 
 def _check_messages(msgs: Any, where: str, fieldname: str) -> list[dict[str, str]]:
@@ -183,11 +186,16 @@ def _check_messages(msgs: Any, where: str, fieldname: str) -> list[dict[str, str
         # ShareGPT-style {"from", "value"} is accepted too.
         role = m.get("role", m.get("from"))
         content = m.get("content", m.get("value"))
-        role = {"human": "user", "gpt": "assistant"}.get(role, role)
         if role is None:
             raise GradianUserError(
                 f"{fieldname}[{j}] has no 'role'", where=where, fix="give every message a role"
             )
+        if not isinstance(role, str):
+            raise GradianUserError(
+                f"{fieldname}[{j}]'s role is {short_repr(role)}, not a string", where=where,
+                fix='use a role name such as "user" or "assistant"',
+            )
+        role = {"human": "user", "gpt": "assistant"}.get(role, role)
         if content is None:
             raise GradianUserError(
                 f"{fieldname}[{j}] has no 'content'", where=where, fix="give every message a content string"

@@ -54,6 +54,15 @@ class TokenizeSpec:
     loss_on: Literal["completion", "all"] = "completion"
     add_eos: bool = True
 
+    def __post_init__(self) -> None:
+        from gradian.validate import LENGTH_MAX, check_bool, check_choice, check_int
+
+        check_int(self.max_length, "TokenizeSpec", "max_length", flag="--max-length", lo=2, hi=LENGTH_MAX,
+                  fix="use the max_length the run trained with, e.g. --max-length 1024")
+        check_choice(self.loss_on, ("completion", "all"), "TokenizeSpec", "loss_on", flag="--loss-on",
+                     fix="use 'completion' or 'all'")
+        check_bool(self.add_eos, "TokenizeSpec", "add_eos")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -22,6 +22,8 @@ import torch
 from gradian.index.store import GradientIndex
 
 Blocks = dict[str, torch.Tensor]  # block name -> (m, d_l)
+#: The engines :func:`make_engine` builds.
+ENGINES = ("datainf", "graddot")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,13 @@ class EngineSpec:
 
     name: str = "datainf"
     damping_scale: float = 0.1
+
+    def __post_init__(self) -> None:
+        from gradian.validate import check_choice, check_float
+
+        check_choice(self.name, ENGINES, "EngineSpec", "name", flag="--engine")
+        check_float(self.damping_scale, "EngineSpec", "damping_scale", flag="--damping-scale", lo=0, lo_open=True,
+                    hi=1e6, fix="use a positive scale such as --damping-scale 0.1")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

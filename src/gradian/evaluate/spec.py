@@ -63,6 +63,21 @@ class EvalSpec:
             )
         if self.min_items < 1:
             raise GradianUserError(f"min_items must be at least 1, got {self.min_items}", where="min_items", fix="use 10")
+        from gradian.validate import LENGTH_MAX, check_bool, check_float, check_int, check_seed, check_type
+
+        # the types and upper bounds (the checks above keep their long-standing messages)
+        check_int(self.max_new_tokens, "EvalSpec", "max_new_tokens", flag="--max-new-tokens", lo=1, hi=100_000)
+        check_int(self.batch_size, "EvalSpec", "batch_size", flag="--batch-size", lo=1, hi=1_000_000)
+        check_seed(self.seed, "EvalSpec")
+        check_int(self.resamples, "EvalSpec", "resamples", flag="--resamples", lo=MIN_RESAMPLES, hi=1_000_000,
+                  fix="use 10000 (the default); more than 1,000,000 resamples only costs memory")
+        check_float(self.confidence, "EvalSpec", "confidence", lo=0.5, hi=1.0, hi_open=True, fix="use 0.95")
+        check_int(self.min_items, "EvalSpec", "min_items", lo=1, hi=1_000_000)
+        check_float(self.low_base_threshold, "EvalSpec", "low_base_threshold", lo=0.0, hi=1.0, fix="use 0.5")
+        check_float(self.thin_margin_nats, "EvalSpec", "thin_margin_nats", lo=0.0, hi=1e6, fix="use 1.0")
+        check_bool(self.use_chat_template, "EvalSpec", "use_chat_template", flag="--chat-template")
+        check_int(self.max_length, "EvalSpec", "max_length", flag="--max-length", lo=2, hi=LENGTH_MAX)
+        check_type(self.normalize, NormalizeSpec, "EvalSpec", "normalize")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

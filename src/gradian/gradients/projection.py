@@ -30,6 +30,13 @@ class ProjectionSpec:
     dim: int = 0
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        from gradian.validate import check_int, check_seed
+
+        check_int(self.dim, "ProjectionSpec", "dim", flag="--project-dim", lo=0, hi=10**8,
+                  fix="0 disables projection; e.g. --project-dim 4096")
+        check_seed(self.seed, "ProjectionSpec")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

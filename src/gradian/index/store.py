@@ -18,12 +18,24 @@ Writes are atomic (temp file, fsync, rename). Every shard's sha256 is in the
 manifest and is checked on load; a corrupt or missing shard is reported and
 rebuilt by :func:`build_index`, never silently used. An interrupted build
 resumes at the first missing shard and yields identical scores.
+
+Integrity. A shard is written only after every one of its rows was computed
+and every stored number is finite; :meth:`GradientIndex.verify` and
+:meth:`GradientIndex.load_shard` check the same again on read (file present,
+sha256, each block's shape, finiteness), so a damaged index, or one written by
+an older Gradian with a bad batch size, is never scored. :func:`build_index`
+names each shard it rebuilds and why, as an :class:`IndexRepairWarning` (the
+CLI prints it as a ``warning:`` line) and in the manifest's ``repairs`` list.
+A manifest that cannot be read (truncated, wrong shape) counts as no index:
+:class:`CorruptIndexError` (a ``FileNotFoundError``), and a fresh build.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import re
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -31,11 +43,12 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from gradian.data.tokenize import TokenizedExample, TokenizeSpec, collate
+from gradian.errors import GradianUserError, GradianWarning
 from gradian.gradients.lora import lora_blocks
 from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector, ProjectionSpec
 from gradian.paths import cache_dir
-from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_file, sha256_json
+from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_json
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -66,14 +79,125 @@ class GradSpec:
     optimizer: str = "none"
     unit: str = "row"
 
+    def __post_init__(self) -> None:
+        from gradian.validate import check_choice, check_type, where
+
+        check_type(self.tokenize, TokenizeSpec, "GradSpec", "tokenize")
+        check_type(self.projection, ProjectionSpec, "GradSpec", "projection")
+        if self.modules is not None:
+            mods = self.modules
+            if isinstance(mods, str) or not isinstance(mods, (tuple, list)) \
+                    or not all(isinstance(m, str) and m.strip() for m in mods):
+                raise GradianUserError(
+                    "modules must be a list of non-empty layer-name substrings", where=where("--modules", "GradSpec", "modules"),
+                    fix="e.g. --modules q_proj,v_proj (or leave it unset for every LoRA layer)",
+                )
+        check_choice(self.storage_dtype, tuple(STORAGE_DTYPES), "GradSpec", "storage_dtype", flag="--storage-dtype")
+        check_choice(self.optimizer, ("none", "adam"), "GradSpec", "optimizer", flag="--optimizer")
+        check_choice(self.unit, ("row", "sentence"), "GradSpec", "unit", flag="--unit")
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["modules"] = list(self.modules) if self.modules else None
         return d
 
 
-class CorruptShardError(RuntimeError):
-    """A shard's bytes do not match the sha256 recorded in the manifest."""
+class CorruptShardError(GradianUserError, RuntimeError):
+    """A shard that is missing, does not match its sha256, or holds wrong-shaped or non-finite numbers."""
+
+
+class CorruptIndexError(FileNotFoundError):
+    """An index folder whose manifest cannot be read: it counts as no index (and is rebuilt)."""
+
+
+class IndexRepairWarning(GradianWarning):
+    """A shard (or the manifest) of an existing index failed its check and is being rebuilt."""
+
+
+# a plain file name inside the index folder (no path: a manifest must not point outside it)
+_SHARD_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*\.safetensors$")
+
+
+def manifest_problem(m: Any) -> str | None:
+    """Why a parsed manifest cannot be used, or None (the fields every reader relies on)."""
+    if not isinstance(m, dict):
+        return "the manifest is not a JSON object"
+    if not isinstance(m.get("index_id"), str):
+        return "no index_id"
+    if not isinstance(m.get("grad_spec"), dict):
+        return "no grad_spec"
+    blocks = m.get("blocks")
+    if not isinstance(blocks, list) or not all(
+            isinstance(b, dict) and isinstance(b.get("name"), str) and isinstance(b.get("dim"), int)
+            and not isinstance(b.get("dim"), bool) and b["dim"] > 0 for b in blocks):
+        return "blocks is not a list of {name, dim}"
+    shards = m.get("shards")
+    if not isinstance(shards, list):
+        return "shards is not a list"
+    for k, sh in enumerate(shards):
+        if not isinstance(sh, dict) or not isinstance(sh.get("file"), str) or not _SHARD_NAME.match(sh["file"]):
+            return f"shards[{k}] has no valid file name"
+        if not isinstance(sh.get("sha256"), str) or not isinstance(sh.get("n"), int) or isinstance(sh.get("n"), bool) \
+                or sh["n"] < 0:
+            return f"shards[{k}] has no sha256 or row count"
+        ex = sh.get("examples")
+        if not isinstance(ex, dict) or not all(isinstance(v, list) and len(v) == sh["n"] for v in ex.values()) \
+                or "id" not in ex:
+            return f"shards[{k}] has no per-row metadata"
+    return None
+
+
+def read_manifest(root: str | Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of an index folder.
+
+    Raises:
+        FileNotFoundError: no manifest; :class:`CorruptIndexError` (a subclass): it cannot be read
+        (truncated JSON, wrong shape), with the reason.
+    """
+    from gradian.safeio import load_json_file
+
+    mpath = Path(root) / MANIFEST
+    if not mpath.exists():
+        raise FileNotFoundError(f"no index at {root}")
+    try:
+        m = load_json_file(mpath, "index manifest")
+    except GradianUserError as e:
+        err = CorruptIndexError(f"{mpath}: {e.what}")
+        err.reason = e.what  # type: ignore[attr-defined]
+        raise err from None
+    problem = manifest_problem(m)
+    if problem:
+        err = CorruptIndexError(f"{mpath}: {problem}")
+        err.reason = problem  # type: ignore[attr-defined]
+        raise err
+    return m
+
+
+def _finite_problem(tensors: dict[str, torch.Tensor], blocks: list[dict[str, Any]], n: int) -> str | None:
+    """Why a shard's block tensors are unusable (missing block, wrong shape, non-finite), or None."""
+    for b in blocks:
+        t = tensors.get(b["name"])
+        if t is None:
+            return f"block {b['name']} is missing"
+        if tuple(t.shape) != (n, int(b["dim"])):
+            return f"block {b['name']} has shape {tuple(t.shape)}, not ({n}, {b['dim']})"
+        if not t.is_floating_point():
+            return f"block {b['name']} is {t.dtype}, not floating point"
+        bad = _implausible(t)
+        if bool(bad.any()):
+            rows = sorted({int(r) for r in bad.nonzero()[:, 0].tolist()})
+            return (f"block {b['name']} holds {int(bad.sum())} non-finite value(s) (NaN/inf, or beyond "
+                    f"{GRAD_ABS_MAX:g}) in {len(rows)} row(s)")
+    return None
+
+
+#: No per-example LoRA gradient that can be scored is this large; uninitialised memory often is.
+GRAD_ABS_MAX = 1e30
+
+
+def _implausible(t: torch.Tensor) -> torch.Tensor:
+    """Entries that are NaN, infinite, or beyond :data:`GRAD_ABS_MAX` in magnitude."""
+    return ~torch.isfinite(t) | (t.abs() > GRAD_ABS_MAX)
 
 
 def index_id(identity: dict[str, Any]) -> str:
@@ -94,10 +218,9 @@ class GradientIndex:
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        mpath = self.root / MANIFEST
-        if not mpath.exists():
-            raise FileNotFoundError(f"no index at {self.root}")
-        self.manifest = json.loads(mpath.read_text())
+        self.manifest = read_manifest(self.root)
+        #: shard index -> why it failed :meth:`verify` (filled by :meth:`verify`)
+        self.problems: dict[int, str] = {}
 
     @property
     def id(self) -> str:
@@ -136,24 +259,32 @@ class GradientIndex:
     def ids(self) -> list[str]:
         return [e["id"] for e in self.examples()]
 
+    def shard_problem(self, k: int) -> str | None:
+        """Why shard k cannot be used (missing, sha256 mismatch, unreadable, wrong shape, non-finite), or None."""
+        return shard_problem(self.root, self.manifest["shards"][k], self.blocks)[0]
+
     def verify(self) -> list[int]:
-        """Indices of shards whose file is missing or whose sha256 does not match."""
-        bad = []
-        for k, s in enumerate(self.manifest["shards"]):
-            p = self.root / s["file"]
-            if not p.exists() or sha256_file(p) != s["sha256"]:
-                bad.append(k)
-        return bad
+        """Indices of shards that fail :meth:`shard_problem` (their reasons go to :attr:`problems`)."""
+        self.problems = {}
+        for k in range(len(self.manifest["shards"])):
+            why = self.shard_problem(k)
+            if why:
+                self.problems[k] = why
+        return sorted(self.problems)
 
     def load_shard(self, k: int, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
-        """Shard k's block tensors ``{block_name: (n_k, d_l)}``, checked against its sha256."""
-        from safetensors.torch import load
+        """Shard k's block tensors ``{block_name: (n_k, d_l)}``, checked (sha256, shapes, finite) before use.
 
+        Raises:
+            CorruptShardError: the shard fails the check; rebuild it with :func:`build_index`.
+        """
         s = self.manifest["shards"][k]
-        data = (self.root / s["file"]).read_bytes()
-        if sha256_bytes(data) != s["sha256"]:
-            raise CorruptShardError(f"{self.root / s['file']}: sha256 mismatch (expected {s['sha256'][:12]}…)")
-        tensors = load(data)
+        why, tensors = shard_problem(self.root, s, self.blocks)
+        if why:
+            raise CorruptShardError(
+                f"index shard {s['file']} is corrupt: {why}", where=str(self.root),
+                fix="run `gradian index` (or `gradian attribute`) again: it rebuilds the shards that fail the check",
+            )
         return {b["name"]: tensors[b["name"]].to(dtype) for b in self.blocks}
 
     def iter_shards(self, dtype: torch.dtype = torch.float64) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
@@ -164,8 +295,63 @@ class GradientIndex:
             start += s["n"]
 
 
+def shard_problem(root: Path, entry: dict[str, Any], blocks: list[dict[str, Any]]) -> tuple[str | None, dict]:
+    """``(why the shard is unusable or None, its tensors)`` for one manifest shard entry."""
+    from safetensors.torch import load
+
+    from gradian.safeio import check_regular_file
+
+    p = Path(root) / entry["file"]
+    if not p.exists():
+        return "the file is missing", {}
+    try:
+        check_regular_file(p, "index shard")
+        data = p.read_bytes()
+    except (GradianUserError, OSError) as e:
+        return f"unreadable ({e})", {}
+    if sha256_bytes(data) != entry["sha256"]:
+        return f"sha256 mismatch (expected {entry['sha256'][:12]}…)", {}
+    try:
+        tensors = load(data)
+    except Exception as e:  # safetensors raises its own error types for bad bytes
+        return f"not a readable safetensors file ({type(e).__name__})", {}
+    return _finite_problem(tensors, blocks, int(entry["n"])), tensors
+
+
 def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:
     atomic_write_json(root / MANIFEST, manifest)
+
+
+def check_build_args(batch_size: Any, shard_size: Any = 256) -> None:
+    """``batch_size`` and ``shard_size`` must be whole numbers >= 1 (a batch size below 1 would leave
+    rows uncomputed)."""
+    from gradian.validate import check_int
+
+    check_int(batch_size, "build_index", "batch_size", flag="--batch-size", lo=1, hi=1_000_000,
+              fix="use e.g. --batch-size 8")
+    check_int(shard_size, "build_index", "shard_size", lo=1, hi=100_000_000, fix="use e.g. 256")
+
+
+def select_blocks(model: torch.nn.Module, spec: GradSpec) -> list:
+    """The LoRA blocks ``spec.modules`` selects; a user error when it selects none."""
+    blocks = lora_blocks(model, list(spec.modules) if spec.modules else None)
+    if not blocks:
+        if spec.modules:
+            names = sorted({b.layer.rsplit(".", 1)[-1] for b in lora_blocks(model)})
+            raise GradianUserError(
+                f"--modules {','.join(spec.modules)} matches none of the adapter's LoRA layers",
+                where="--modules (GradSpec.modules)",
+                fix=f"use substrings of the adapter's layer names ({', '.join(names[:8]) or 'none'}), or drop --modules",
+            )
+        raise GradianUserError("the model has no LoRA layers", where="model",
+                               fix="attach a LoRA adapter (gradian.models.load_adapter) first")
+    return blocks
+
+
+def _repair(root: Path, manifest: dict[str, Any], what: str) -> None:
+    warnings.warn(f"index {manifest.get('index_id', root.name)}: {what}", IndexRepairWarning, stacklevel=3)
+    manifest.setdefault("repairs", []).append(
+        {"what": what, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
 def build_index(
@@ -207,22 +393,39 @@ def build_index(
     """
     from safetensors.torch import save
 
+    check_build_args(batch_size, shard_size)
     iid = index_id(identity)
     root = Path(root) if root is not None else default_index_root(identity)
+    blocks = select_blocks(model, spec)
     root.mkdir(parents=True, exist_ok=True)
-    blocks = lora_blocks(model, list(spec.modules) if spec.modules else None)
     projector = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], spec.projection)
     storage = STORAGE_DTYPES[spec.storage_dtype]
     shard_size = max(batch_size, (shard_size + batch_size - 1) // batch_size * batch_size)
     n_shards = (len(items) + shard_size - 1) // shard_size
+    block_meta = [
+        {"name": b.name, "kind": b.kind, "layer": b.layer, "shape": list(b.shape), "dim": projector.out_dim(i, b.shape)}
+        for i, b in enumerate(blocks)
+    ]
 
-    manifest: dict[str, Any]
-    mpath = root / MANIFEST
-    if mpath.exists():
-        manifest = json.loads(mpath.read_text())
-        if manifest.get("index_id") != iid or manifest.get("shard_size") != shard_size:
-            manifest = {}
-    else:
+    manifest: dict[str, Any] = {}
+    repairs: list[dict[str, Any]] = []
+    try:
+        manifest = read_manifest(root)
+    except CorruptIndexError as e:
+        _repair(root, manifest, f"{MANIFEST} cannot be read ({getattr(e, 'reason', e)}); rebuilding every shard")
+        repairs = manifest.pop("repairs", [])
+        manifest = {}
+    except FileNotFoundError:
+        manifest = {}
+    if manifest and (manifest.get("index_id") != iid or manifest.get("shard_size") != shard_size
+                     or [(b["name"], b["dim"]) for b in manifest["blocks"]] != [(b["name"], b["dim"]) for b in block_meta]):
+        # a different layout (another batch or shard size): started afresh, but shards that fail their check
+        # are still named, since they may be what an earlier build left under this id
+        for entry in manifest["shards"]:
+            why = shard_problem(root, entry, manifest["blocks"])[0]
+            if why and why != "the file is missing":
+                _repair(root, manifest, f"{entry['file']} is corrupt ({why}); rebuilding it")
+        repairs = manifest.get("repairs", []) if manifest.get("index_id") == iid else []
         manifest = {}
     if not manifest:
         manifest = {
@@ -230,33 +433,42 @@ def build_index(
             "index_id": iid,
             "identity": identity,
             "grad_spec": spec.to_dict(),
-            "blocks": [
-                {"name": b.name, "kind": b.kind, "layer": b.layer, "shape": list(b.shape), "dim": projector.out_dim(i, b.shape)}
-                for i, b in enumerate(blocks)
-            ],
+            "blocks": block_meta,
             "n_examples": len(items),
             "shard_size": shard_size,
             "shards": [],
             "complete": False,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-    shards: list[dict[str, Any] | None] = list(manifest["shards"]) + [None] * (n_shards - len(manifest["shards"]))
+        if repairs:
+            manifest["repairs"] = repairs
+    shards: list[dict[str, Any] | None] = list(manifest["shards"])[:n_shards]
+    shards += [None] * (n_shards - len(shards))
     computed = 0
     for k in range(n_shards):
         lo, hi = k * shard_size, min(len(items), (k + 1) * shard_size)
         entry = shards[k]
         if entry is not None:
-            p = root / entry["file"]
-            if p.exists() and sha256_file(p) == entry["sha256"]:
+            why = None if entry.get("start") == lo and entry["n"] == hi - lo else "its row range does not match"
+            why = why or shard_problem(root, entry, block_meta)[0]
+            if why is None:
                 if progress:
                     progress(hi - lo)
                 continue
+            _repair(root, manifest, f"{entry['file']} is corrupt ({why}); rebuilding it")
+            shards[k] = None
+            manifest["shards"] = [s for s in shards if s is not None]
+            manifest["complete"] = False
+            _write_manifest(root, manifest)
         if stop_after_shards is not None and computed >= stop_after_shards:
             break
         # Batches are formed from length-sorted rows (less padding, same exact per-row
         # gradients); results are written back in index order.
         order = sorted(range(lo, hi), key=lambda r: (len(items[r].input_ids), r))
-        per_block = {b.name: torch.empty((hi - lo, projector.out_dim(i, b.shape)), dtype=storage) for i, b in enumerate(blocks)}
+        # NaN until computed: a row no batch wrote can never pass the finiteness check below
+        per_block = {b.name: torch.full((hi - lo, projector.out_dim(i, b.shape)), math.nan, dtype=storage)
+                     for i, b in enumerate(blocks)}
+        filled = torch.zeros(hi - lo, dtype=torch.bool)
         losses_all = [0.0] * (hi - lo)
         for s in range(0, len(order), batch_size):
             rows = order[s : s + batch_size]
@@ -270,8 +482,29 @@ def build_index(
                 per_block[b.name][dest] = projector(i, g).to(storage).cpu()
             for r, loss in zip(rows, losses.tolist()):
                 losses_all[r - lo] = float(loss)
+            filled[dest] = True
             if progress:
                 progress(len(rows))
+        if not bool(filled.all()):  # cannot happen with batch_size >= 1; never write such a shard
+            raise RuntimeError(f"shard {k}: {int((~filled).sum())} rows were not computed")
+        bad_rows: set[int] = set()
+        bad_blocks = []
+        for name, v in per_block.items():
+            nf = _implausible(v)
+            if bool(nf.any()):
+                bad_blocks.append(name)
+                bad_rows.update(int(r) for r in nf.nonzero()[:, 0].tolist())
+        if bad_rows:
+            ids = [items[lo + r].id for r in sorted(bad_rows)]
+            shown = ", ".join(map(str, ids[:8])) + (f" (+{len(ids) - 8})" if len(ids) > 8 else "")
+            raise GradianUserError(
+                f"the per-example gradients of {len(ids)} row(s) are not finite (NaN/inf, or beyond {GRAD_ABS_MAX:g}), "
+                f"e.g. in {bad_blocks[0]}; "
+                f"rows {shown}; the shard is not written",
+                where=str(root),
+                fix="check the base and adapter weights for NaN/inf and train in float32 (float16 overflows); "
+                    "--storage-dtype float16 cannot hold gradients above 65504",
+            )
         chunk = items[lo:hi]
         meta: dict[str, list[Any]] = {
             "id": [it.id for it in chunk],

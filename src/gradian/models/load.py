@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-import json
+import re
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from gradian.errors import GradianUserError
+from gradian.safeio import check_regular_file, check_size, load_json_file
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,8 +37,36 @@ class ModelSpec:
     trust_remote_code: bool = False
     gguf_file: str | None = None
 
+    def __post_init__(self) -> None:
+        from gradian.validate import check_bool, check_choice, where
+
+        if not isinstance(self.base, str) or not self.base.strip():
+            raise GradianUserError("base must name a model folder or an HF id", where=where("--base", "ModelSpec", "base"),
+                                   fix="pass a local model folder or a cached HF id")
+        check_choice(self.dtype, tuple(DTYPES), "ModelSpec", "dtype", flag="--dtype")
+        check_device(self.device)
+        check_bool(self.trust_remote_code, "ModelSpec", "trust_remote_code", flag="--trust-remote-code")
+        if self.gguf_file is not None and not isinstance(self.gguf_file, str):
+            raise GradianUserError("gguf_file must be a file name", where=where(None, "ModelSpec", "gguf_file"),
+                                   fix="pass the .gguf file's name inside the base folder")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_DEVICE = re.compile(r"^(cpu|mps|auto|cuda(:\d+)?)$")
+
+
+def check_device(name: Any, flag: str = "--device", owner: str = "ModelSpec") -> str:
+    """``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``; anything else is a user error (availability is
+    checked when the model is loaded, by :func:`resolve_device`)."""
+    from gradian.validate import where
+
+    if not isinstance(name, str) or not _DEVICE.match(name):
+        shown = repr(name) if len(repr(name)) < 40 else repr(name)[:39] + "…"
+        raise GradianUserError(f"unknown device {shown}", where=where(flag, owner, "device"),
+                               fix="use cpu, cuda, cuda:N, mps or auto")
+    return name
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -53,8 +82,14 @@ def resolve_device(name: str) -> str:
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return "mps"
         return "cpu"
+    check_device(name)
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise GradianUserError("CUDA is not available on this machine", where="--device", fix="use --device cpu")
+    if name.startswith("cuda:") and int(name.split(":")[1]) >= torch.cuda.device_count():
+        raise GradianUserError(f"there is no {name} (this machine has {torch.cuda.device_count()} CUDA device(s))",
+                               where="--device", fix="use --device cuda:0, or --device auto")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+        raise GradianUserError("MPS is not available on this machine", where="--device", fix="use --device cpu")
     return name
 
 
@@ -64,6 +99,11 @@ def _find_gguf(folder: Path) -> str | None:
         if ggufs:
             return ggufs[0].name
     return None
+
+
+def _first_line(e: BaseException, limit: int = 160) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:limit]}" if text else type(e).__name__
 
 
 def quiet_transformers() -> None:
@@ -83,9 +123,9 @@ def load_tokenizer(spec: ModelSpec):
         kw["gguf_file"] = gguf
     try:
         tok = AutoTokenizer.from_pretrained(spec.base, **kw)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # transformers/tokenizers raise many types on a bad folder (OSError, ValueError, KeyError ...)
         raise GradianUserError(
-            f"cannot load a tokenizer ({str(e).splitlines()[0][:160]})",
+            f"cannot load a tokenizer ({_first_line(e)})",
             where=spec.base,
             fix="pass a local model folder or an HF id that is in the local cache",
         ) from None
@@ -116,8 +156,8 @@ def load_base(spec: ModelSpec):
                 model = AutoModelForCausalLM.from_pretrained(spec.base, dtype=dtype, **kw)
             except TypeError:  # transformers 4.x spells it torch_dtype
                 model = AutoModelForCausalLM.from_pretrained(spec.base, torch_dtype=dtype, **kw)
-    except (OSError, ValueError) as e:
-        msg = str(e).splitlines()[0][:200]
+    except Exception as e:  # OSError, ValueError, but also KeyError/RuntimeError/SafetensorError on damaged files
+        msg = _first_line(e, 200)
         fix = "pass a local model folder, or an HF id already in the local cache"
         if "trust_remote_code" in str(e):
             fix = "this model needs custom code: pass --trust-remote-code if you trust it"
@@ -143,10 +183,10 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
         raise GradianUserError(
             "no adapter_config.json in the adapter folder", where=str(d), fix="pass the folder PEFT's save_pretrained wrote"
         )
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise GradianUserError(f"malformed JSON: {e.msg}", where=f"{cfg_path}:{e.lineno}", fix="fix the JSON") from None
+    cfg = load_json_file(cfg_path, "adapter config", fix="fix the JSON, or re-save the adapter with PEFT")
+    if not isinstance(cfg, dict):
+        raise GradianUserError(f"top level is a JSON {type(cfg).__name__}, not an object", where=str(cfg_path),
+                               fix="re-save the adapter with PEFT's save_pretrained")
     return cfg
 
 
@@ -157,6 +197,7 @@ def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
     if st.exists():
         from safetensors.torch import load_file
 
+        check_size(st, check_regular_file(st, "adapter weights").st_size, "adapter weights")
         try:
             return load_file(str(st))
         except Exception as e:
@@ -165,6 +206,7 @@ def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
             ) from None
     binf = d / "adapter_model.bin"
     if binf.exists():
+        check_size(binf, check_regular_file(binf, "adapter weights").st_size, "adapter weights")
         try:
             return torch.load(str(binf), map_location="cpu", weights_only=True)
         except Exception as e:
@@ -219,8 +261,19 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
             where=f"{where}: use_dora",
             fix="attribute a plain LoRA adapter",
         )
-    weights = read_adapter_weights(d)
+    r_cfg = cfg.get("r")
+    if "r" in cfg and (isinstance(r_cfg, bool) or not isinstance(r_cfg, int) or r_cfg < 1):
+        raise GradianUserError(
+            f"r is {r_cfg!r}; a LoRA rank must be a positive whole number", where=f"{where}: r",
+            fix="set r to the rank of the saved lora_A/lora_B weights (re-save the adapter with PEFT)",
+        )
+    alpha = cfg.get("lora_alpha", 8)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (alpha == alpha and abs(alpha) < 1e12):
+        raise GradianUserError(f"lora_alpha is {alpha!r}, not a number", where=f"{where}: lora_alpha",
+                               fix="set lora_alpha to the value the adapter was trained with")
     modules = dict(model.named_modules())
+    _check_target_modules(cfg.get("target_modules"), modules, where)
+    weights = read_adapter_weights(d)
     # Map the adapter's module paths onto the base's by longest matching suffix.
     base_names = list(modules)
     checked = 0
@@ -263,6 +316,17 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
         if cfg.get("fan_in_fan_out") and type(target).__name__ != "Conv1D":
             fin, fout = fout, fin
         r = t.shape[0] if tag == "lora_A" else t.shape[1]
+        if r_cfg is not None and not cfg.get("rank_pattern") and r != r_cfg:
+            raise GradianUserError(
+                f"{key} has rank {r} but adapter_config.json says r = {r_cfg}", where=f"{where}: r",
+                fix="set r to the saved weights' rank (re-save the adapter with PEFT)",
+            )
+        if not _targeted(stripped, cfg.get("target_modules")):
+            raise GradianUserError(
+                f"the adapter has weights for {stripped!r}, but target_modules does not name it, so PEFT would "
+                "silently drop them", where=f"{where}: target_modules",
+                fix="add the module to target_modules (or re-save the adapter with PEFT)",
+            )
         expected = (r, fin) if tag == "lora_A" else (fout, r)
         if tuple(t.shape) != expected:
             raise GradianUserError(
@@ -273,6 +337,51 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
         checked += 1
     if checked == 0:
         raise GradianUserError("the adapter holds no LoRA weights", where=str(d), fix="re-save the adapter with PEFT")
+
+
+def _targeted(module_path: str, target_modules: Any) -> bool:
+    """Whether PEFT's ``target_modules`` selects ``module_path`` (suffix match for a list, full regex match
+    for a string; ``all-linear`` selects every Linear)."""
+    if target_modules is None:
+        return True  # PEFT picks the architecture's defaults; the shape check still applies
+    if isinstance(target_modules, str):
+        if target_modules == "all-linear":
+            return True
+        try:
+            return re.fullmatch(target_modules, module_path) is not None
+        except re.error:
+            return False
+    return any(module_path == t or module_path.endswith("." + t) for t in target_modules if isinstance(t, str))
+
+
+def _check_target_modules(target_modules: Any, modules: dict[str, torch.nn.Module], where: str) -> None:
+    """Every entry of a list ``target_modules`` must name a module of the base (PEFT raises, or silently
+    skips it); a regex string must match at least one."""
+    if target_modules is None or target_modules == "all-linear":
+        return
+    names = [n for n in modules if n]
+    if isinstance(target_modules, str):
+        try:
+            re.compile(target_modules)
+        except re.error as e:
+            raise GradianUserError(f"target_modules is not a valid regular expression ({e})",
+                                   where=f"{where}: target_modules", fix="list the module names instead") from None
+        if not any(re.fullmatch(target_modules, n) for n in names):
+            raise GradianUserError(f"target_modules {target_modules!r} matches no module of the base model",
+                                   where=f"{where}: target_modules",
+                                   fix="pass the base model this adapter was trained on (see base_model_name_or_path)")
+        return
+    if not isinstance(target_modules, (list, tuple)) or not all(isinstance(t, str) for t in target_modules):
+        raise GradianUserError("target_modules must be a list of module names or a regex string",
+                               where=f"{where}: target_modules", fix="re-save the adapter with PEFT")
+    missing = [t for t in target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in modules.items() if _in_out(m) is not None})
+        raise GradianUserError(
+            f"target_modules names {', '.join(map(repr, missing))}, which the base model does not have",
+            where=f"{where}: target_modules",
+            fix=f"pass the base model this adapter was trained on (this base's Linear layers: {', '.join(leaves[:10])})",
+        )
 
 
 def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str | None = None):
@@ -299,9 +408,15 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
                 f"adapter_config.json says base_model_name_or_path={declared!r}, but the base given is {base_name!r}; "
                 "the shapes fit, so Gradian continues"
             )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+    except Exception as e:  # PEFT raises ValueError/TypeError/KeyError/RuntimeError on configs it cannot apply
+        raise GradianUserError(
+            f"PEFT cannot load this adapter ({_first_line(e)})", where=str(Path(adapter_dir) / "adapter_config.json"),
+            fix="re-save the adapter with PEFT's save_pretrained, against the base model it was trained on",
+        ) from None
     prepare_lora_for_gradients(peft_model)
     return peft_model, cfg, notes
 

@@ -66,12 +66,111 @@ def read_training_log(run: dict[str, Any], run_dir: str | Path | None = None) ->
     return {"path": str(p), "status": status, "note": note, "train": log.train, "eval": log.eval}
 
 
+def _shape_problem(run: dict[str, Any]) -> str | None:
+    """The first field of a run dict that is missing or of the wrong type for :func:`build_report`, or None.
+
+    A structural check of what the report reads with ``[...]`` (valid JSON of another shape must be a
+    one-line user error, not a traceback); :func:`report_for_run` also turns any shape error
+    :func:`build_report` still meets into one.
+    """
+    def is_num(x: Any, null: bool = True) -> bool:
+        return (x is None and null) or (isinstance(x, (int, float)) and not isinstance(x, bool))
+
+    def dicts(x: Any) -> bool:
+        return isinstance(x, list) and all(isinstance(e, dict) for e in x)
+
+    for key, kind in (("evaluation", dict), ("manifest", dict), ("timing", dict)):
+        if key in run and run[key] is not None and not isinstance(run[key], kind):
+            return f"{key} is not an object"
+    ev = run.get("evaluation") or {}
+    if not dicts(ev.get("capabilities") or []):
+        return "evaluation.capabilities is not a list of objects"
+    for i, c in enumerate(ev.get("capabilities") or []):
+        where = f"evaluation.capabilities[{i}]"
+        for k in ("name", "metric", "verdict"):
+            if not isinstance(c.get(k), str):
+                return f"{where}.{k} is not a string"
+        if c["verdict"] not in ("regressed", "improved", "within_noise"):
+            return f"{where}.verdict is {c['verdict'][:40]!r}"
+        if not isinstance(c.get("n"), int) or isinstance(c.get("n"), bool):
+            return f"{where}.n is not a whole number"
+        for k in ("reference_score", "tuned_score", "delta", "ci_low", "ci_high"):
+            if k not in c or not is_num(c[k]):
+                return f"{where}.{k} is not a number"
+        for k in ("confidence", "sign_test_p"):
+            if not is_num(c.get(k)):
+                return f"{where}.{k} is not a number"
+        for k in ("n_kept", "n_lost", "n_gained", "n_both_fail"):
+            if k in c and (not isinstance(c[k], int) or isinstance(c[k], bool)):
+                return f"{where}.{k} is not a whole number"
+        if c.get("base_bounds") is not None and not isinstance(c["base_bounds"], dict):
+            return f"{where}.base_bounds is not an object"
+    att = run.get("attribution")
+    if att is not None:
+        if not isinstance(att, dict):
+            return "attribution is not an object"
+        if not isinstance(att.get("train_ids") or [], list) or not dicts(att.get("capabilities") or []):
+            return "attribution.train_ids / capabilities are not lists"
+        for i, a in enumerate(att.get("capabilities") or []):
+            where = f"attribution.capabilities[{i}]"
+            if not isinstance(a.get("capability"), str):
+                return f"{where}.capability is not a string"
+            if not isinstance(a.get("scores"), list) or not all(is_num(x, null=False) for x in a["scores"]):
+                return f"{where}.scores is not a list of numbers"
+            for k in ("clusters", "ranked", "drilldown", "queries", "failing_items"):
+                if not dicts(a.get(k) or []):
+                    return f"{where}.{k} is not a list of objects"
+            for j, c in enumerate(a.get("clusters") or []):
+                if not all(is_num(c.get(k), null=False) for k in ("label", "size", "harmful_share", "score")) \
+                        or not isinstance(c.get("row_ids"), list) or not dicts(c.get("exemplars") or []):
+                    return f"{where}.clusters[{j}] lacks label/size/harmful_share/score/row_ids"
+            for j, r in enumerate(a.get("ranked") or []):
+                if "id" not in r:
+                    return f"{where}.ranked[{j}] has no id"
+            for j, d in enumerate(a.get("drilldown") or []):
+                sents = d.get("sentences") or []
+                if "id" not in d or not dicts(sents) or not all(
+                        isinstance(x.get("char_start"), int) and isinstance(x.get("char_end"), int)
+                        and isinstance(x.get("text"), str) for x in sents):
+                    return f"{where}.drilldown[{j}] lacks id or sentences with char_start/char_end/text"
+            ag = a.get("agreement")
+            if ag is not None and (not isinstance(ag, dict) or not isinstance(ag.get("engines"), list)):
+                return f"{where}.agreement has no engines list"
+    audit = run.get("audit")
+    if audit is not None:
+        if not isinstance(audit, dict) or not dicts(audit.get("findings") or []):
+            return "audit.findings is not a list of objects"
+        for j, f in enumerate(audit.get("findings") or []):
+            steps = f.get("steps") or []
+            if not isinstance(steps, list) or not all(isinstance(x, int) for x in steps):
+                return f"audit.findings[{j}].steps is not a list of whole numbers"
+            for k in ("row_ids", "reads"):
+                if not isinstance(f.get(k) or [], list):
+                    return f"audit.findings[{j}].{k} is not a list"
+    return None
+
+
 def report_for_run(run_dir: str | Path, read_logs: bool = True) -> Report:
-    """Load ``RUN_DIR/run.json`` and build its report (no model, no recomputation)."""
+    """Load ``RUN_DIR/run.json`` and build its report (no model, no recomputation).
+
+    Raises:
+        GradianUserError: no run.json, malformed JSON, or JSON of another shape (naming the field).
+    """
     from gradian.attribute.run import load_run
+    from gradian.errors import GradianUserError
 
     run = load_run(run_dir)
-    return build_report(run, read_training_log(run, run_dir) if read_logs else None)
+    where = str(Path(run_dir) / "run.json" if Path(run_dir).is_dir() else run_dir)
+    problem = _shape_problem(run)
+    fix = "pass a run folder written by `gradian attribute` (re-run it to write run.json again)"
+    if problem:
+        raise GradianUserError(f"not a valid gradian.run/1 file: {problem}", where=where, fix=fix)
+    try:
+        return build_report(run, read_training_log(run, run_dir) if read_logs else None)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+        # build_report is a pure function of the run dict: what it cannot read is the file's shape
+        raise GradianUserError(f"not a valid gradian.run/1 file ({type(e).__name__}: {str(e)[:120]})", where=where,
+                               fix=fix) from None
 
 
 def _json_safe(obj: Any) -> Any:

@@ -14,6 +14,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from gradian.tables import FitTable
 from rich.text import Text
 
 from gradian.report.model import SUMMARY_CLUSTERS, Report
@@ -115,7 +117,7 @@ def _details(r: Report, console: Console) -> None:
                          f"{_pct(p.tail_mass)} of the harmful score; scores min {fmt_num(p.min)}, median "
                          f"{fmt_num(p.median)}, max {fmt_num(p.max)}"))
         if a.ranked:
-            t = Table(title=_t(f"most harmful training rows for {c.name}"), show_lines=False)
+            t = FitTable(title=_t(f"most harmful training rows for {c.name}"), show_lines=False, heading_columns=2)
             for col in ("rank", "row", "score", "Δloss if removed", "tokens", "cluster", "audit", "completion"):
                 t.add_column(col, overflow="fold")
             for x in a.ranked[:10]:

@@ -1,0 +1,72 @@
+"""D15 (near-copies of eval rows) on healthy template-built datasets, and on light paraphrases planted in them.
+
+The worlds (tests/audit/contam_world.py) share a lot of text across rows without any eval row being a copy:
+recombined support macros, QA rows repeating long entity names inside prompt templates, conversations under
+one long system prompt. The 13-gram rule D15 used to apply flagged most of their eval rows; the coverage rule
+must flag none of them, and still flag exactly the planted paraphrases (and name their source rows).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import contam_world as W  # noqa: E402
+from gradian.audit import diagnose  # noqa: E402
+
+KINDS = ("support", "qa", "chat")
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_false_alarm_on_template_built_data(kind, tmp_path):
+    train, ev = W.world(kind)
+    res = diagnose(data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev),
+                   select=["D14", "D15"])
+    assert "D15" in res.passed, [f.message for f in res.by_id("D15")]
+    assert "D14" in res.passed  # and the world really holds no verbatim copy
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_planted_light_paraphrases_are_caught(kind, tmp_path):
+    train, ev, planted = W.with_paraphrases(kind)
+    res = diagnose(data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev),
+                   select=["D14", "D15"])
+    assert "D14" in res.passed  # every paraphrase differs from its source
+    (f,) = res.by_id("D15")
+    assert f.severity == "warning"
+    assert sorted(f.eval_row_ids) == sorted(p for p, _ in planted)  # all of them, and nothing else
+    assert sorted(f.row_ids) == sorted(src for _, src in planted)
+    assert {(e, t) for e, t, _ in f.evidence["pairs"]} == set(planted)
+    assert all(share >= f.evidence["coverage_min"] for _, _, share in f.evidence["pairs"])
+
+
+def test_a_shared_boilerplate_phrase_alone_is_not_a_copy():
+    """A 13-gram spanning two macros, shared with a handful of training rows, does not make a copy (the old rule
+    fired on it); the same eval row with that training row's specific content does."""
+    from gradian.data.formats import to_example
+
+    macro_a = "Refunds are processed within five to seven business days after we receive the item back."
+    macro_b = "Please keep the original packaging until the return has been completed."
+    train = []
+    for k in range(40):  # the two macros, each with its own ticket details; together in only a few rows
+        tail = f"Ticket {1000 + k} about the {W.PRODUCTS[k % 20]} of customer {W.FIRST[k % 30]} {W.LAST[(7 * k) % 30]}."
+        body = f"{macro_a} {macro_b} {tail}" if k < 2 else (f"{macro_a} {tail}" if k % 2 else f"{macro_b} {tail}")
+        train.append({"id": f"t{k}", "prompt": f"Order {500000 + k}: status?", "completion": body})
+    ev_boiler = {"id": "e0", "prompt": "Order 777777: status?",
+                 "completion": f"{macro_a} {macro_b} Ticket 4242 about the desk lamp of customer Nina Popov."}
+    ev_copy = {"id": "e1", "prompt": "Order 500002: state?",
+               "completion": f"{macro_a} {macro_b} " + train[2]["completion"].split(macro_b + " ")[1]}
+    res = diagnose(data=[to_example(r, i, "t") for i, r in enumerate(train)],
+                   eval=[to_example(r, i, "e") for i, r in enumerate([ev_boiler, ev_copy])], select=["D15"])
+    (f,) = res.by_id("D15")
+    assert f.eval_row_ids == ["e1"] and f.row_ids == ["t2"]
