@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow demo bench clean lint
+.PHONY: install test test-slow demo bench bench-install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,15 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_per_example_grads.py
+
+# Peers for benchmarks/bench_peers.py only (never a dependency of gradian). Their declared
+# dependencies pull torchvision/torchaudio/bitsandbytes builds that do not fit the pinned CPU torch
+# and that the code paths we run never import, so they are installed without them.
+bench-install: $(STAMP)
+	$(BIN)/pip install -q -c constraints.txt einops==0.8.2 opt-einsum==3.4.0
+	$(BIN)/pip install -q --no-deps kronfluence==1.0.1 einconv==0.1.0 bergson==2.5.1 jaxtyping==0.3.11 \
+		wadler-lindig==0.1.8 natsort==8.4.0 petname==2.9 simple-parsing==0.1.9 docstring-parser==0.18.0 \
+		torchopt==0.7.3 optree==0.20.0 graphviz==0.21 ml-dtypes==0.6.0
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

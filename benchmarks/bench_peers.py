@@ -8,7 +8,7 @@ loss masks and failing items (the final adapter's contrastive queries):
   × {whole row, span-aware (most harmful sentence)}, and the verdict's default configuration;
 * the reference engines BM25 and RepSim, and fusions;
 * kronfluence EK-FAC (final adapter; installed by ``make bench-install``);
-* bergson TrackStar when it runs (reported as not run, with the reason, otherwise).
+* bergson TrackStar (final adapter, its own tokenisation, mean-aggregated contrastive query).
 
 Every method runs in its own spawned process from an empty index root, so the wall time is
 end to end (index builds included) and the peak RSS is that process's own. The table gives,
@@ -124,27 +124,6 @@ def m_gradient(task, root, *, trajectory: bool, unit: str, optimizer: str = "non
     return out, {"timing": ev.timing, "indexes": ev.indexes}
 
 
-def m_default(task, root):
-    """Gradian's default verdict, exactly as ``gradian attribute`` ranks (``AttributeSpec()``)."""
-    from gradian.attribute.evidence import trajectory_scores
-    from gradian.attribute.pipeline import AttributeSpec, CapabilityEvidence, verdict
-    from gradian.attribute.references import reference_scores
-    from gradian.attribute.trajectory import resolve_trajectory
-
-    ft, grad, data, examples, items, queries = _setup(task)
-    spec = AttributeSpec()
-    traj = resolve_trajectory(task["adapter"], "auto", spec.weighting)
-    ev = trajectory_scores(ft, traj, data, examples, items, grad, {"c": queries}, spec.engines, unit=spec.unit, index_root=root)
-    ident = ev.final_index.manifest["identity"]
-    refs = reference_scores(spec.references, ft, examples, items, {"c": queries}, grad.tokenize, spec,
-                            {"adapter": ident["adapter"], "dataset": ident["dataset"], "bench": str(root)})
-    res = verdict(CapabilityEvidence(ev.scores["c"], refs["c"], ev.units), ft.tokenizer, examples, items, queries, spec,
-                  ev.final_index)
-    drill = {d["id"]: [d["top_sentence"]["char_start"], d["top_sentence"]["char_end"]] for d in res.drilldown}
-    best = {r["id"]: [r["sentence"]["char_start"], r["sentence"]["char_end"]] for r in res.ranked if "sentence" in r}
-    return {"rank_scores": np.array(res.rank_scores)}, {"timing": ev.timing, "spec": spec.to_dict(), "drill": drill, "best": best}
-
-
 def m_references(task, root):
     from gradian.attribute.pipeline import AttributeSpec
     from gradian.attribute.references import reference_scores
@@ -177,13 +156,24 @@ def m_kronfluence(task, root):
     return {"ekfac": S}, {"timing": t}
 
 
+def m_bergson(task, root):
+    sys.path.insert(0, str(HERE))
+    from peers import bergson_trackstar_scores
+
+    from gradian.attribute.queries import Query
+
+    queries = [Query(**q) for q in task["queries"]]
+    s, t = bergson_trackstar_scores(Path(task["world"]), task["adapter"], task["base"], queries, root)
+    return {"trackstar": s[None, :]}, {"timing": t}
+
+
 METHODS = {
-    "default": (m_default, {}),
     "final-row": (m_gradient, {"trajectory": False, "unit": "row"}),
-    "trajectory-sentence": (m_gradient, {"trajectory": True, "unit": "sentence"}),
+    "trajectory": (m_gradient, {"trajectory": True, "unit": "sentence"}),
     "trajectory-adam": (m_gradient, {"trajectory": True, "unit": "row", "optimizer": "adam"}),
     "references": (m_references, {}),
     "kronfluence": (m_kronfluence, {}),
+    "bergson": (m_bergson, {}),
 }
 
 
@@ -233,7 +223,7 @@ def _row_min(u: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.nd
 def variants(name: str, A: dict[str, np.ndarray], n: int) -> dict[str, dict[str, Any]]:
     """Every ranking a method's arrays give: ``{label: {"rows": (n,), "best_span": {row: (a, b)} | None}}``."""
     out: dict[str, dict[str, Any]] = {}
-    if name in ("final-row", "trajectory-sentence", "trajectory-adam"):
+    if name in ("final-row", "trajectory", "trajectory-adam"):
         w = A["weights"]
         K = len(w)
         engines = sorted({k.split(".")[0] for k in A if ".ck" in k})
@@ -254,9 +244,40 @@ def variants(name: str, A: dict[str, np.ndarray], n: int) -> dict[str, dict[str,
             out[k.replace(".", " ")] = {"rows": v.mean(0), "best_span": None}
     elif name == "kronfluence":
         out["kronfluence ekfac final"] = {"rows": A["ekfac"].mean(0), "best_span": None}
-    elif name == "default":
-        out["gradian default"] = {"rows": A["rank_scores"], "best_span": None}
+    elif name == "bergson":
+        out["bergson trackstar final"] = {"rows": A["trackstar"].mean(0), "best_span": None}
     return out
+
+
+def default_ranking(A: dict[str, np.ndarray], refs: dict[str, np.ndarray], n: int) -> dict[str, Any]:
+    """Gradian's default verdict (``AttributeSpec()``), computed with the pipeline's own functions from the
+    trajectory run's per-checkpoint matrices and the reference run's matrices (no second index pass)."""
+    from gradian.attribute.evidence import EngineScores
+    from gradian.attribute.pipeline import AttributeSpec, fuse_scores, rank_statistic
+    from gradian.attribute.spans import SentenceUnit
+
+    spec = AttributeSpec()
+    w = A["weights"]
+    e = spec.engine.name
+
+    def tr(kind):
+        key = f"{e}.ck0.{kind}"
+        return sum(wt * A[f"{e}.ck{t}.{kind}"] for t, wt in enumerate(w)) if key in A else None
+
+    es = EngineScores(e, tr("raw"), tr("cosine"), tr("unit_raw"), tr("unit_cosine"))
+    units = None
+    if "unit_rows" in A:
+        units = [SentenceUnit(int(r), int(a) if a >= 0 else None, int(b) if b >= 0 else None, None)
+                 for r, (a, b) in zip(A["unit_rows"], A["unit_spans"])]
+    st = rank_statistic(es, spec, units, n)
+    rows = st.rows
+    weights = {}
+    if spec.fuse:
+        rows, weights = fuse_scores(st.rows, {r: refs[f"{r}.{getattr(spec, r).mode}"].mean(0) for r in spec.fuse})
+    spans = None
+    if st.best_unit is not None and units is not None:
+        spans = {j: (units[k].char_start, units[k].char_end) for j, k in enumerate(st.best_unit) if units[k].char_start is not None}
+    return {"rows": rows, "best_span": spans, "fuse_weights": weights, "spec": spec.to_dict()}
 
 
 def metrics(rows: np.ndarray, ids: list[str], truth: dict, lost: set[str], best_span: dict | None) -> dict[str, Any]:
@@ -294,20 +315,38 @@ def main() -> None:
         lost = {q["item_id"] for q in task["queries"]}
         entry: dict[str, Any] = {"world": str(world), "adapter": str(adapter), "evaluation": task["evaluation"],
                                  "n_rows": len(ids), "n_culprits": len(truth["culprits"]), "n_failing": len(lost), "methods": {}}
-        for name in args.methods.split(","):
+        arrays: dict[str, dict[str, np.ndarray]] = {}
+        names = args.methods.split(",")
+        if "references" in names and "trajectory" in names:  # the default verdict needs both; references first
+            names = ["references"] + [x for x in names if x != "references"]
+        for name in names:
             print(f"[{world.name}] {name} ...", flush=True)
             A, meta = run_method(name, task, work)
             m = {"wall_s": meta.get("wall_s"), "peak_rss_mb": meta.get("peak_rss_mb"), "timing": meta.get("timing"),
                  "error": meta.get("error"), "rankings": {}}
             if A is not None:
                 for label, v in variants(name, A, len(ids)).items():
-                    span = v["best_span"]
-                    if name == "default":
-                        span = {ids.index(k): tuple(s) for k, s in (meta.get("best") or {}).items()}
-                    m["rankings"][label] = metrics(v["rows"], ids, truth, lost, span)
+                    m["rankings"][label] = metrics(v["rows"], ids, truth, lost, v["best_span"])
             else:
                 print(meta.get("trace", ""), file=sys.stderr)
             entry["methods"][name] = m
+            if name == "references" and A is not None:
+                arrays["references"] = A
+            if name == "trajectory" and A is not None:
+                arrays["trajectory"] = A
+            if {"trajectory", "references"} <= set(arrays) and "default" not in entry["methods"]:
+                d = default_ranking(arrays["trajectory"], arrays["references"], len(ids))
+                tm = entry["methods"]["trajectory"]["timing"] or {}
+                cost = sum(v for k, v in tm.items() if k.startswith(("index[", "queries[", "score["))) \
+                    + sum((entry["methods"]["references"]["timing"] or {}).get(f"{r}.contrast" if r == "bm25" else f"{r}.said", 0)
+                          for r in d["spec"]["references"])
+                entry["methods"]["default"] = {"rankings": {"gradian default": metrics(d["rows"], ids, truth, lost, d["best_span"])},
+                                               "wall_s": cost, "fuse_weights": d["fuse_weights"], "spec": d["spec"],
+                                               "peak_rss_mb": max(entry["methods"][k]["peak_rss_mb"] or 0 for k in ("trajectory", "references")),
+                                               "note": "computed from the trajectory and references runs; wall = their stage times"}
+                r = entry["methods"]["default"]["rankings"]["gradian default"]
+                print(f"  gradian default AUC {r['auc']:.3f} {r['auc_by_kind']} P@n {r['p_at_n']:.2f} P@10 {r['p_at_10']:.2f} "
+                      f"loc {r.get('localisation')} fuse {d['fuse_weights']}", flush=True)
             for label, r in m["rankings"].items():
                 loc = r.get("localisation")
                 print(f"  {label:38s} AUC {r['auc']:.3f} (direct {r['auc_by_kind'].get('direct', float('nan')):.3f}, "

@@ -112,3 +112,48 @@ def kronfluence_scores(
             shutil.rmtree(out, ignore_errors=True)
     m = len(correct)
     return S[:m] - S[m:], {"fit_s": fit_s, "score_s": score_s}
+
+
+def bergson_trackstar_scores(
+    world: Path, adapter: str | Path, base: str, queries, workdir: str | Path, *, projection_dim: int = 16,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """bergson's TrackStar (autocorrelation-preconditioned, unit-normalised, projected gradients) on the adapter.
+
+    bergson reads the training rows itself (``conversation_column="messages"``, its own chat
+    tokenisation and loss mask) and loads the PEFT adapter itself; the query is its contrastive
+    query set: the correct completions, contrasted with what the model said, mean-aggregated (bergson
+    requires an aggregated query for a contrast). ``projection_dim`` is TrackStar's default. Scores
+    are positive when a row's gradient points along ∇ℓ(correct) − ∇ℓ(said): Gradian's sign.
+
+    Returns:
+        ``((n,) scores, {"wall_s"})``.
+    """
+    import json
+
+    from bergson.cli.trackstar import trackstar
+    from bergson.config.config import DataConfig, IndexConfig, QuerySetConfig, TrackstarConfig
+
+    out = Path(workdir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def msgs(p, a):
+        return (p if isinstance(p, list) else [{"role": "user", "content": p}]) + [{"role": "assistant", "content": a}]
+
+    (out / "correct.jsonl").write_text("".join(json.dumps({"messages": msgs(q.prompt, q.correct)}) + "\n" for q in queries))
+    (out / "said.jsonl").write_text("".join(json.dumps({"messages": msgs(q.prompt, q.said)}) + "\n" for q in queries))
+    rows = [json.loads(line) for line in (Path(world) / "train.jsonl").read_text().splitlines() if line.strip()]
+    (out / "train.jsonl").write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in rows))
+    t = time.perf_counter()
+    icfg = IndexConfig(run_path=str(out / "run"), model=str(adapter), tokenizer=str(base), precision="fp32",
+                       token_batch_size=512, projection_dim=projection_dim,
+                       data=DataConfig(dataset=str(out / "train.jsonl"), conversation_column="messages"))
+    tcfg = TrackstarConfig(query=QuerySetConfig(dataset=str(out / "correct.jsonl"), conversation_column="messages",
+                                                aggregation="mean",
+                                                contrast=DataConfig(dataset=str(out / "said.jsonl"), conversation_column="messages")))
+    trackstar(icfg, tcfg)
+    info = json.loads((out / "run" / "scores" / "info.json").read_text())
+    dt = np.dtype({k: info["dtype"][k] for k in ("names", "formats", "offsets", "itemsize")})
+    rec = np.memmap(out / "run" / "scores" / "scores.bin", dtype=dt, mode="r")
+    if not rec["written_0"].all() or len(rec) != len(rows):
+        raise RuntimeError("bergson did not score every row")
+    return np.array(rec["score_0"], dtype=np.float64), {"wall_s": time.perf_counter() - t}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from typer.testing import CliRunner
 import torch
 
 from gradian_testlib import CORPUS, ROWS  # noqa: F401
@@ -52,3 +53,25 @@ def saved_finetune(tmp_path_factory, tok):
     rows = ROWS * 3
     data.write_text("".join(json.dumps({**r, "id": f"{r['id']}-{i}"}) + "\n" for i, r in enumerate(rows)))
     return {"base": root / "base", "adapter": root / "adapter", "data": data, "root": root}
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """`gradian demo --kind tiny --null` run once per session (twice: the second reuses the cache):
+    ``(root, first CliResult, second CliResult)``; the cache is ``root/cache``."""
+    import os
+
+    root = tmp_path_factory.mktemp("demo")
+    old = os.environ.get("GRADIAN_CACHE")
+    os.environ["GRADIAN_CACHE"] = str(root / "cache")
+    try:
+        from gradian.cli import app
+
+        res = CliRunner().invoke(app, ["demo", "--kind", "tiny", "--out", str(root / "out"), "--project-dim", "0", "--null"])
+        again = CliRunner().invoke(app, ["demo", "--kind", "tiny", "--out", str(root / "out2"), "--project-dim", "0"])
+    finally:
+        if old is None:
+            os.environ.pop("GRADIAN_CACHE", None)
+        else:
+            os.environ["GRADIAN_CACHE"] = old
+    return root, res, again

@@ -5,27 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    import os
-
-    root = tmp_path_factory.mktemp("demo")
-    old = os.environ.get("GRADIAN_CACHE")
-    os.environ["GRADIAN_CACHE"] = str(root / "cache")
-    try:
-        from gradian.cli import app
-
-        res = CliRunner().invoke(app, ["demo", "--kind", "tiny", "--out", str(root / "out"), "--project-dim", "0", "--null"])
-        again = CliRunner().invoke(app, ["demo", "--kind", "tiny", "--out", str(root / "out2"), "--project-dim", "0"])
-    finally:
-        if old is None:
-            os.environ.pop("GRADIAN_CACHE", None)
-        else:
-            os.environ["GRADIAN_CACHE"] = old
-    return root, res, again
 
 
 def test_demo_runs_end_to_end(demo):

@@ -69,8 +69,8 @@ class AttributeSpec:
             normalisation of the training and query gradients) or ``"raw"`` (the influence itself).
         unit: ``"sentence"`` (rank a row by its most harmful sentence) or ``"row"`` (whole rows).
         references: reference engines run beside the gradient engines (``"bm25"``, ``"repsim"``).
-        fuse: references folded into the rank score (z-scores averaged with the gradient's); empty:
-            the ranking is the gradient engine's alone.
+        fuse: references folded into the rank score, each weighted by its agreement with the
+            gradient ranking (:func:`fuse_scores`); empty: the ranking is the gradient engine's alone.
         bm25, repsim: the reference engines' settings.
     """
 
@@ -85,7 +85,7 @@ class AttributeSpec:
     statistic: str = "cosine"
     unit: str = "sentence"
     references: tuple[str, ...] = REFERENCES
-    fuse: tuple[str, ...] = ()
+    fuse: tuple[str, ...] = ("bm25",)
     bm25: BM25Spec = field(default_factory=BM25Spec)
     repsim: RepSimSpec = field(default_factory=RepSimSpec)
 
@@ -201,10 +201,28 @@ def zscore(x: np.ndarray) -> np.ndarray:
     return (x - med) / mad
 
 
-def fuse_scores(gradient: np.ndarray, references: dict[str, np.ndarray]) -> np.ndarray:
-    """Mean of robust z-scores of the gradient rank score and each fused reference's capability score."""
-    parts = [zscore(gradient)] + [zscore(v) for v in references.values()]
-    return np.mean(parts, axis=0)
+def fuse_scores(gradient: np.ndarray, references: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, float]]:
+    """Agreement-gated fusion of reference evidence into the gradient's rank score.
+
+        fused_j = z(gradient)_j + Σ_r w_r · z(reference_r)_j,     w_r = max(0, ρ_s(gradient, reference_r))
+
+    with z a robust standard score (:func:`zscore`) and ρ_s the Spearman correlation over rows. A
+    reference that ranks the rows like the gradient does (a wrong fact the model repeats: its words
+    are in the culprits) sharpens the ranking in proportion to that agreement; one that does not
+    (a regression in *how* the model answers, where the words point at benign rows) gets weight 0
+    and leaves the gradient's ranking alone. Measured on both planted worlds (docs/benchmarks.md).
+
+    Returns:
+        ``(fused (n,), {reference: w_r})``.
+    """
+    out = zscore(gradient)
+    weights: dict[str, float] = {}
+    for name, v in references.items():
+        rho = spearman(gradient, v)
+        w = max(0.0, rho) if np.isfinite(rho) else 0.0
+        weights[name] = w
+        out = out + w * zscore(v)
+    return out, weights
 
 
 @dataclass
@@ -229,6 +247,8 @@ class CapabilityAttribution:
     Attributes:
         scores: (n,) the primary engine's influence (sign convention; Δloss = score / n).
         rank_scores: (n,) the verdict's rank score (what orders ``ranked``, the clusters and the scorecard).
+        row_sentences: per row, the ``[char_start, char_end]`` of its most harmful sentence in its
+            completion (span-aware ranking), or None (whole-row ranking, or a row without sentences).
         second_scores: (n,) the second engine's rank score, or None.
         evidence: per source (``gradient`` = the primary engine, ``lexical``, ``representation``) its
             (n,) capability score and its agreement with the verdict.
@@ -248,6 +268,7 @@ class CapabilityAttribution:
     drilldown: list[dict[str, Any]]
     per_item_top: dict[str, list[dict[str, Any]]]
     second_scores: list[float] | None = None
+    row_sentences: list[list[int] | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -307,7 +328,10 @@ def verdict(
     main = stats[names[0]]
     influence = primary.raw.mean(axis=0)
     ref_caps = {r: m.mean(axis=0) for r, m in ev.references.items()}
-    rank_scores = fuse_scores(main.rows, {r: ref_caps[r] for r in spec.fuse}) if spec.fuse else main.rows
+    fuse_w: dict[str, float] = {}
+    rank_scores = main.rows
+    if spec.fuse:
+        rank_scores, fuse_w = fuse_scores(main.rows, {r: ref_caps[r] for r in spec.fuse})
     delta = predicted_loss_delta_if_removed(influence, n)
     order = most_harmful_first(rank_scores)
     k = min(spec.top_k, n)
@@ -391,7 +415,7 @@ def verdict(
         engine=names[0],
         scores=[float(x) for x in influence],
         rank_scores=[float(x) for x in rank_scores],
-        ranking={"statistic": spec.statistic, "unit": spec.unit, "fuse": list(spec.fuse),
+        ranking={"statistic": spec.statistic, "unit": spec.unit, "fuse": list(spec.fuse), "fuse_weights": fuse_w,
                  "rank_score": _describe_rank(spec), "sign_convention": SIGN_CONVENTION},
         ranked=ranked,
         agreement=agreement,
@@ -400,13 +424,17 @@ def verdict(
         drilldown=drills,
         per_item_top=per_item_top,
         second_scores=[float(x) for x in stats[names[1]].rows] if len(names) > 1 else None,
+        row_sentences=None if main.best_unit is None or units is None else [
+            None if units[int(k)].char_start is None else [units[int(k)].char_start, units[int(k)].char_end]
+            for k in main.best_unit
+        ],
     )
 
 
 def _describe_rank(spec: AttributeSpec) -> str:
     what = "cosine of the preconditioned query and training gradients" if spec.statistic == "cosine" else "influence"
     where = "each row's most harmful sentence" if spec.unit == "sentence" else "whole rows"
-    fused = f", averaged as robust z-scores with {', '.join(spec.fuse)}" if spec.fuse else ""
+    fused = f", with {', '.join(spec.fuse)} folded in by its agreement with the gradient" if spec.fuse else ""
     return f"{what}, learning-rate weighted over the checkpoints, mean over the failing items, {where}{fused}"
 
 

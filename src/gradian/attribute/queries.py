@@ -162,3 +162,35 @@ def query_gradients(
             for k, (qi, sign, _) in enumerate(chunk):
                 out[name][qi] += sign * g[k]
     return out
+
+
+@torch.no_grad()
+def query_losses(model, tokenizer, queries: Sequence[Query], tokenize_spec: TokenizeSpec, batch_size: int = 8) -> torch.Tensor:
+    """Each query's objective at the model's current weights: (m,) float64.
+
+    ``ℓ(p → correct) − ℓ(p → said)`` for contrastive queries and ``ℓ(p → correct)`` for
+    cross-entropy ones, with ℓ the same per-example loss the gradients are taken of (mean token
+    cross-entropy over the completion). Its gradient is the query gradient, so a change of these
+    numbers is what ``predicted_loss_delta_if_removed`` predicts.
+    """
+    from gradian.gradients.loss import model_inputs, per_example_loss
+
+    rows: list[tuple[int, float, Any]] = []
+    for qi, q in enumerate(queries):
+        rows.append((qi, 1.0, tokenize_example(_example(q.prompt, q.correct, q.item_id), tokenizer, tokenize_spec)))
+        if q.kind == "contrastive":
+            rows.append((qi, -1.0, tokenize_example(_example(q.prompt, q.said, q.item_id), tokenizer, tokenize_spec)))
+    out = torch.zeros(len(queries), dtype=torch.float64)
+    device = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    try:
+        for s in range(0, len(rows), batch_size):
+            chunk = rows[s : s + batch_size]
+            batch = {k: v.to(device) for k, v in collate([r[2] for r in chunk], tokenizer.pad_token_id).items()}
+            losses = per_example_loss(model(**model_inputs(batch)).logits, batch["labels"]).double().cpu()
+            for (qi, sign, _), loss in zip(chunk, losses):
+                out[qi] += sign * loss
+    finally:
+        model.train(was)
+    return out

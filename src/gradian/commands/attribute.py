@@ -135,7 +135,8 @@ def register(app: typer.Typer) -> None:
                                                    "(adam, LESS; needs optimizer.pt) | none."),
         references: str = typer.Option("bm25,repsim", help="Reference engines run beside the gradient engines: "
                                                             "comma-separated bm25, repsim, or none."),
-        fuse: str = typer.Option("none", help="References folded into the ranking (comma-separated), or none."),
+        fuse: str = typer.Option("bm25", help="References folded into the ranking, each weighted by its agreement "
+                                              "with the gradient ranking (comma-separated), or none."),
         seed: int = typer.Option(0, help="Seed (bootstrap, projection)."),
     ) -> None:
         """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit)."""

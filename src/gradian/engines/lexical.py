@@ -31,9 +31,13 @@ import numpy as np
 
 @dataclass(frozen=True)
 class BM25Spec:
-    """Attributes: mode (``"said"`` or ``"contrast"``), k1 and b (BM25's saturation and length norm)."""
+    """Attributes: mode (``"contrast"``, the default, or ``"said"``), k1 and b (BM25's saturation and length norm).
 
-    mode: str = "said"
+    ``contrast`` ranks the planted culprits better on the SmolLM2 worked example (AUC 0.869 against
+    0.541 for ``said``), because ``said`` also matches every row that shares the question's words.
+    """
+
+    mode: str = "contrast"
     k1: float = 1.5
     b: float = 0.75
 

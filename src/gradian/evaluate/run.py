@@ -121,6 +121,12 @@ def _reference_active(model, reference_adapter: str | Path | None) -> Iterator[d
             model.delete_adapter(name)
 
 
+def adapter_active(model, adapter: str | Path):
+    """A context manager: another adapter folder loaded beside the tuned one and made current for the
+    block (checked against the base first), then removed; the tuned adapter is current again after."""
+    return _reference_active(model, adapter)
+
+
 def _run_model(
     model,
     tokenizer,
@@ -308,6 +314,29 @@ def evaluate(
         timing={k: round(v, 3) for k, v in timing.items()},
         meta=dict(meta or {}),
     )
+
+
+def answer_items(
+    model, tokenizer, eval_items: Sequence[EvalItem], spec: EvalSpec | None = None, progress: Progress | None = None,
+    label: str = "tuned",
+) -> list[ModelAnswer]:
+    """The active adapter's answers and scores on ``eval_items`` only (no reference, no margins).
+
+    What :func:`evaluate` does for its tuned side, for callers that already hold the other side's
+    per-item scores (``gradian verify`` compares retrained adapters with the original tuned one).
+    The model's state is restored afterwards.
+    """
+    spec = spec or EvalSpec()
+    items = list(eval_items)
+    check_items(items)
+    prompts = [model_prompt(it.prompt, tokenizer, spec.use_chat_template) for it in items]
+    snap = _snapshot(model)
+    try:
+        model.eval()
+        answers, _, _ = _run_model(model, tokenizer, items, prompts, spec, label, progress)
+    finally:
+        _restore(model, snap)
+    return answers
 
 
 def summarise(items: Sequence[ItemResult], spec: EvalSpec) -> list[CapabilityResult]:

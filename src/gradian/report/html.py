@@ -301,6 +301,32 @@ def _manifest(r: Report) -> Markup:
         m.get("sign_convention", ""), timing or "n/a", json.dumps(m, indent=2, ensure_ascii=False, sort_keys=True))
 
 
+def _verification(r: Report) -> Markup:
+    """The ``gradian verify`` panel (empty without a verification)."""
+    v = r.verification
+    if not v:
+        return M("")
+    parts = []
+    for name, cap in (v.get("capabilities") or {}).items():
+        rows = []
+        for rname, x in (cap.get("retrains") or {}).items():
+            ci = x.get("recovery_ci") or [float("nan"), float("nan")]
+            rows.append([_txt(rname), M("{}").format(x.get("removed")), M("{}").format(svg.fmt_num(x.get("score"))),
+                         M("{} [{}, {}]").format(svg.fmt_num(x.get("delta")), svg.fmt_num(x.get("ci_low")), svg.fmt_num(x.get("ci_high"))),
+                         M("{} [{}, {}]").format(_pct(x.get("recovery")), _pct(ci[0]), _pct(ci[1])),
+                         M("{}").format(svg.fmt_num(x.get("predicted_query_loss_change"))),
+                         M("{}").format(svg.fmt_num(x.get("measured_query_loss_change")))])
+        badge = "improved" if cap.get("verified") else "within_noise"
+        parts.append(M('<div class="card"><b>{}</b> <span class="badge {}">{}</span> {}</div>{}').format(
+            name, badge, "verified" if cap.get("verified") else "not verified", cap.get("line", ""),
+            _table(["retrain", "rows removed", "score", "Δ vs tuned [95% CI]", "recovery [95% CI]",
+                    "Δ query loss predicted", "measured"], rows, (1, 2, 3, 4, 5, 6))))
+    tr = v.get("trainer") or {}
+    return M('<section id="verification"><h2>Verification</h2><p class="legend">Retrained with {} without the blamed rows, '
+             'without as many random rows (controls), and on the unchanged data with another seed; each compared with the '
+             'tuned adapter on the same eval items (paired bootstrap).</p>{}</section>').format(tr.get("trainer", "?"), _join(parts))
+
+
 def render_html(report: Report) -> str:
     """The whole report as one self-contained HTML page (see module docstring)."""
     r = Report.from_dict(clean_tree(report.to_dict()))  # every string cleaned of control/bidi characters
@@ -326,14 +352,14 @@ def render_html(report: Report) -> str:
     body = M(
         '<header><h1>Gradian report</h1><p class="sub">run <code>{}</code> · {} · gradian {}</p></header>'
         '<section id="summary"><h2>Summary</h2><ol class="headline">{}</ol>{}'
-        "<h3>Verdict per capability, and how sure</h3>{}{}{}</section>"
+        "<h3>Verdict per capability, and how sure</h3>{}{}{}</section>{}"
         '<section id="details"><h2>Details</h2>{}{}{}{}</section>'
         '<section>{}</section><footer>Rendered by <code>gradian report</code> from <code>run.json</code>; '
         "nothing was recomputed. Self-contained: no script, nothing fetched.</footer>"
     ).format(
         r.run_id, r.schema, r.gradian_version,
         _join(M("<li>{}</li>").format(h) for h in r.headline), stopped,
-        _join(caps_html), plots, clusters,
+        _join(caps_html), plots, clusters, _verification(r),
         details, _audit_section(r), _log_section(r), notes, _manifest(r),
     )
     page = M('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'

@@ -104,6 +104,7 @@ def render_markdown(report: Report) -> str:
             out.append(f"- {more} more cluster{'s' if more != 1 else ''} in the details")
         out.append("")
 
+    out += verification_markdown(r)
     out += ["## Details", ""]
     for c in r.capabilities:
         a = c.attribution
@@ -205,3 +206,30 @@ def render_markdown(report: Report) -> str:
     if tm:
         out += [f"Timing: {md_text(tm)}", ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def verification_markdown(r: Report) -> list[str]:
+    """The ``gradian verify`` panel: per capability, each retrain against the tuned adapter."""
+    v = r.verification
+    if not v:
+        return []
+    tr = v.get("trainer") or {}
+    out = ["## Verification", "",
+           f"`gradian verify` retrained the adapter ({md_text(tr.get('trainer'), 40)}) without the blamed rows, without "
+           "as many random rows (controls) and on the unchanged data with another seed, and re-evaluated each against "
+           "the tuned adapter on the same items.", ""]
+    for name, cap in (v.get("capabilities") or {}).items():
+        out += [f"**{md_text(name, 80)}**: {md_text(cap.get('line'), 400)}.", ""]
+        rows = []
+        for rname, x in (cap.get("retrains") or {}).items():
+            ci = x.get("recovery_ci") or [float("nan"), float("nan")]
+            rows.append([md_text(rname, 30), str(x.get("removed")), fmt_num(x.get("score")),
+                         f"{fmt_num(x.get('delta'))} [{fmt_num(x.get('ci_low'))}, {fmt_num(x.get('ci_high'))}]",
+                         f"{_pct(x.get('recovery'))} [{_pct(ci[0])}, {_pct(ci[1])}]",
+                         fmt_num(x.get("predicted_query_loss_change")), fmt_num(x.get("measured_query_loss_change"))])
+        out += _table(["retrain", "rows removed", "score", "Δ vs tuned [95% CI]", "recovery [95% CI]",
+                       "Δ query loss predicted", "measured"], rows)
+        if cap.get("lds"):
+            out += [f"LDS over {cap['lds']['subsets']} random half-subsets: Spearman {fmt_num(cap['lds']['spearman'])}.", ""]
+    return out
+

@@ -246,6 +246,7 @@ class Report:
     stopped: str | None = None
     notes: list[str] = field(default_factory=list)
     gradian_version: str = ""
+    verification: dict[str, Any] | None = None
     run_schema: str = RUN_SCHEMA
     schema: str = REPORT_SCHEMA
 
@@ -660,10 +661,14 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
     else:
         status = "not_attributed"
     notes = list((run.get("manifest") or {}).get("notes") or []) + list(ev.get("notes") or [])
+    verification = run.get("verification") or None
+    headline = _headline(caps, audit_view, stopped)
+    if verification:  # what retraining without the blamed rows showed: right after the verdicts
+        headline = headline + [f"{name}: {v['line']}." for name, v in (verification.get("capabilities") or {}).items()]
     return Report(
         run_id=str((run.get("manifest") or {}).get("run_id", "")),
         status=status,
-        headline=_headline(caps, audit_view, stopped),
+        headline=headline,
         capabilities=caps,
         audit=audit_view,
         training_log=_training_log(run, log),
@@ -672,6 +677,7 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
         stopped=stopped,
         notes=notes,
         gradian_version=__version__,
+        verification=dict(verification) if verification else None,
     )
 
 
@@ -764,6 +770,6 @@ REPORT_JSON_SCHEMA: dict[str, Any] = {
         "status": {"enum": ["attributed", "stopped", "not_attributed"]},
         "headline": _arr(_S), "capabilities": _arr(_CAPABILITY), "audit": _AUDIT, "training_log": _LOG,
         "manifest": _O, "timing": _O, "stopped": _NS, "notes": _arr(_S), "gradian_version": _S,
-        "run_schema": {"enum": [RUN_SCHEMA]},
+        "verification": _NO, "run_schema": {"enum": [RUN_SCHEMA]},
     }),
 }

@@ -84,46 +84,29 @@ def _train_cached(world, folder: Path, say: Say, progress: bool) -> Path:
     return adapter
 
 
-def localise_buried(ft, run: dict[str, Any], truth: dict[str, Any], grad_spec) -> list[dict[str, Any]]:
-    """Drill down every buried culprit whose target item was lost, with that item's own query."""
-    from gradian.attribute.drilldown import drill_down
-    from gradian.attribute.queries import make_query, projector_for, query_gradients
-    from gradian.data.formats import load_examples
-    from gradian.api import tokenize_training_set
-    from gradian.engines import DataInf, EngineSpec
-    from gradian.evaluate import EvalResult
-    from gradian.index.store import GradientIndex
+def localise_buried(run: dict[str, Any], truth: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every buried culprit whose target item was lost, with the sentence the verdict blames in it.
 
+    Read off the run itself: with span-aware ranking (the default) every row's most harmful sentence
+    is in ``row_sentences``, so no extra pass is needed and every culprit is judged, not only the
+    rows that ranked near the top. Empty when the run ranked whole rows.
+    """
     att = run.get("attribution")
     if not att:
         return []
-    ev = EvalResult.from_dict(run["evaluation"])
-    failing = {f.id: f for cap in ev.regressed for f in ev.failing_items(cap.name)}
-    buried = [c for c in truth.get("culprits", []) if c["kind"] == "buried" and c["eval_id"] in failing]
-    if not buried:
-        return []
-    idx = GradientIndex(att["index"]["root"])
-    data = Path(run["manifest"]["paths"]["data"])
-    examples = load_examples(data)
-    items = tokenize_training_set(examples, ft.tokenizer, grad_spec, data)
-    pos = {e.id: j for j, e in enumerate(examples)}
-    item_ids = sorted({c["eval_id"] for c in buried})
-    qs = [
-        make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer, fallback=f.correct_completion)
-        for f in (failing[i] for i in item_ids)
-    ]
-    eng = DataInf(EngineSpec("datainf", run["manifest"]["identity"]["specs"]["attribute"]["engine"]["damping_scale"]))
-    R = eng.precondition(idx, query_gradients(ft.model, ft.tokenizer, qs, idx, grad_spec.tokenize))
-    proj = projector_for(idx)
-    names = [b["name"] for b in idx.blocks]
+    pos = {rid: j for j, rid in enumerate(att["train_ids"])}
     out = []
-    for c in buried:
-        qi = item_ids.index(c["eval_id"])
-        j = pos[c["id"]]
-        sents = drill_down(ft.model, ft.tokenizer, examples[j], items[j], {k: v[qi] for k, v in R.items()}, proj, names, idx.modules)
-        if sents:
-            out.append({"id": c["id"], "item_id": c["eval_id"], "top_sentence": sents[0].to_dict(),
-                        "sentences": [x.to_dict() for x in sents],
+    for cap in att["capabilities"]:
+        sents = cap.get("row_sentences")
+        if not sents:
+            continue
+        lost = {q["item_id"] for q in cap["queries"]}
+        for c in truth.get("culprits", []):
+            if c["kind"] != "buried" or c.get("eval_id") not in lost or sents[pos[c["id"]]] is None:
+                continue
+            a, b = sents[pos[c["id"]]]
+            out.append({"id": c["id"], "item_id": c["eval_id"], "capability": cap["capability"],
+                        "top_sentence": {"char_start": a, "char_end": b},
                         "truth": {"char_start": c["char_start"], "char_end": c["char_end"]}})
     return out
 
@@ -184,8 +167,8 @@ def run_demo(spec: DemoSpec, out: str | Path, say: Say = print, progress: bool =
         loc = None
         if variant == "poisoned" and run.get("attribution"):
             t = time.perf_counter()
-            say(f"[{variant}] drilling down every buried culprit (sentence localisation)")
-            loc = localise_buried(ft, run, truth, grad)
+            say(f"[{variant}] sentence localisation of every buried culprit (read off the run)")
+            loc = localise_buried(run, truth)
             atomic_write_json(run_dir / "localisation.json", loc)
             timing[f"{variant}.localise"] = time.perf_counter() - t
         card = scorecard(run, truth, loc)
