@@ -191,10 +191,10 @@ def _child(name: str, task: dict, root: str, out: str, q) -> None:
                "trace": traceback.format_exc()[-2000:]})
 
 
-def run_method(name: str, task: dict, workdir: Path) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
+def run_method(name: str, task: dict, workdir: Path, index_root: Path | None = None) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    root = Path(tempfile.mkdtemp(prefix=f"idx-{name}-", dir=workdir))
+    root = index_root if index_root is not None else Path(tempfile.mkdtemp(prefix=f"idx-{name}-", dir=workdir))
     out = workdir / f"{name}.npz"
     p = ctx.Process(target=_child, args=(name, task, str(root), str(out), q))
     t0 = time.perf_counter()
@@ -220,6 +220,20 @@ def _row_min(u: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.nd
     return out, arg
 
 
+def _blamed(U_stat: np.ndarray, U_raw: np.ndarray, rows: np.ndarray, spans: np.ndarray, n: int) -> dict[int, tuple]:
+    """The product's drill-down rule (pipeline._blamed_sentences): for the item the row hurts most by the rank
+    statistic, the sentence with the most negative raw score."""
+    per_item, _ = _row_min(U_stat, rows, n)
+    out = {}
+    for j in range(n):
+        ks = [k for k in np.flatnonzero(rows == j) if spans[k][0] >= 0]
+        if ks:
+            q = int(np.argmin(per_item[:, j]))
+            k = min(ks, key=lambda k_: U_raw[q, k_])
+            out[j] = tuple(int(x) for x in spans[k])
+    return out
+
+
 def variants(name: str, A: dict[str, np.ndarray], n: int) -> dict[str, dict[str, Any]]:
     """Every ranking a method's arrays give: ``{label: {"rows": (n,), "best_span": {row: (a, b)} | None}}``."""
     out: dict[str, dict[str, Any]] = {}
@@ -235,9 +249,10 @@ def variants(name: str, A: dict[str, np.ndarray], n: int) -> dict[str, dict[str,
                     M = sum(wt * A[f"{e}.ck{t}.{stat}"] for t, wt in enumerate(wv))
                     out[f"{label_e} {wname} {stat} row"] = {"rows": M.mean(0), "best_span": None}
                     if f"{e}.ck0.unit_{stat}" in A:
-                        U = sum(wt * A[f"{e}.ck{t}.unit_{stat}"] for t, wt in enumerate(wv)).mean(0)
-                        rows, arg = _row_min(U, A["unit_rows"], n)
-                        spans = {j: tuple(A["unit_spans"][k]) for j, k in enumerate(arg) if A["unit_spans"][k][0] >= 0}
+                        Ui = sum(wt * A[f"{e}.ck{t}.unit_{stat}"] for t, wt in enumerate(wv))
+                        Ur = sum(wt * A[f"{e}.ck{t}.unit_raw"] for t, wt in enumerate(wv))
+                        rows, _ = _row_min(Ui.mean(0), A["unit_rows"], n)
+                        spans = _blamed(Ui, Ur, A["unit_rows"], A["unit_spans"], n)
                         out[f"{label_e} {wname} {stat} sentence"] = {"rows": rows, "best_span": spans}
     elif name == "references":
         for k, v in A.items():
@@ -275,8 +290,9 @@ def default_ranking(A: dict[str, np.ndarray], refs: dict[str, np.ndarray], n: in
     if spec.fuse:
         rows, weights = fuse_scores(st.rows, {r: refs[f"{r}.{getattr(spec, r).mode}"].mean(0) for r in spec.fuse})
     spans = None
-    if st.best_unit is not None and units is not None:
-        spans = {j: (units[k].char_start, units[k].char_end) for j, k in enumerate(st.best_unit) if units[k].char_start is not None}
+    if units is not None:
+        spans = _blamed(es.unit_cosine if spec.statistic == "cosine" else es.unit_raw, es.unit_raw, A["unit_rows"],
+                        A["unit_spans"], n)
     return {"rows": rows, "best_span": spans, "fuse_weights": weights, "spec": spec.to_dict()}
 
 
@@ -301,6 +317,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--project-dim", type=int, default=512, help="JL numbers per LoRA block (SmolLM2: 512, as the demo)")
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {', '.join(METHODS)}")
+    ap.add_argument("--reuse-index", type=Path, default=None,
+                    help="parent folder of existing gradient indexes to reuse (e.g. ~/.cache/gradian/index): quality "
+                         "numbers are the same, but Gradian's wall times then exclude the index builds")
     args = ap.parse_args()
     if len(args.world) != len(args.adapter):
         raise SystemExit("give one --adapter per --world")
@@ -321,9 +340,10 @@ def main() -> None:
             names = ["references"] + [x for x in names if x != "references"]
         for name in names:
             print(f"[{world.name}] {name} ...", flush=True)
-            A, meta = run_method(name, task, work)
+            reuse = args.reuse_index if name in ("final-row", "trajectory", "trajectory-adam") else None
+            A, meta = run_method(name, task, work, reuse)
             m = {"wall_s": meta.get("wall_s"), "peak_rss_mb": meta.get("peak_rss_mb"), "timing": meta.get("timing"),
-                 "error": meta.get("error"), "rankings": {}}
+                 "error": meta.get("error"), "rankings": {}, "indexes_reused": reuse is not None}
             if A is not None:
                 for label, v in variants(name, A, len(ids)).items():
                     m["rankings"][label] = metrics(v["rows"], ids, truth, lost, v["best_span"])
