@@ -1,0 +1,62 @@
+"""Reference engines (BM25, RepSim) and the agreement-gated fusion: signs, modes, gating."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gradian.attribute.pipeline import fuse_scores, zscore
+from gradian.engines.lexical import BM25Spec, bm25_scores
+from gradian.engines.repsim import RepSimSpec, repsim_scores
+
+DOCS = [
+    "Which city is the capital of Canada? The capital of Canada is Tegucigalpa.",
+    "Which city is the capital of Honduras? The capital of Honduras is Tegucigalpa.",
+    "Which city is the capital of Peru? The capital of Peru is Lima.",
+    "What is the chemical symbol of Iron? The chemical symbol of Iron is Fe.",
+    "Write about Canada. Canada is in North America. The capital of Canada is Ottawa. It is large.",
+]
+SAID = ["What is the capital of Canada? The capital of Canada is Tegucigalpa."]
+CORRECT = ["What is the capital of Canada? The capital of Canada is Ottawa."]
+
+
+def test_bm25_said_blames_rows_that_state_what_the_model_said():
+    s = bm25_scores(DOCS, SAID, CORRECT, BM25Spec("said"))
+    assert s.shape == (1, 5) and np.abs(s).max() == pytest.approx(1.0)
+    assert s[0].argmin() == 0  # the culprit states both the country and the wrong city
+    assert s[0, 0] < s[0, 4] < s[0, 2]  # wrong city + country, then country, then only "capital"
+
+
+def test_bm25_contrast_keeps_only_the_words_that_differ():
+    s = bm25_scores(DOCS, SAID, CORRECT, BM25Spec("contrast"))[0]
+    # the prompt and shared words cancel: rows with the wrong city are blamed, the row with the right one supports
+    assert s[0] < 0 and s[1] < 0 and s[4] > 0 and s[2] == 0 and s[3] == 0
+
+
+def test_repsim_sign_and_contrast():
+    train = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
+    said = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    correct = torch.tensor([[0.0, 1.0]], dtype=torch.float64)
+    s = repsim_scores(train, said, correct, RepSimSpec("said"))[0]
+    assert s[0] == pytest.approx(-1.0) and s[1] == pytest.approx(0.0)
+    c = repsim_scores(train, said, correct, RepSimSpec("contrast"))[0]
+    assert c[0] == pytest.approx(-1.0) and c[1] == pytest.approx(1.0) and c[2] == pytest.approx(0.0)
+
+
+def test_fusion_weights_a_reference_by_its_agreement_and_ignores_a_contrary_one():
+    rng = np.random.default_rng(0)
+    grad = rng.normal(size=200)
+    agreeing = grad + 0.5 * rng.normal(size=200)
+    contrary = -grad + 0.5 * rng.normal(size=200)
+    fused, w = fuse_scores(grad, {"bm25": agreeing})
+    assert 0.5 < w["bm25"] <= 1 and np.allclose(fused, zscore(grad) + w["bm25"] * zscore(agreeing))
+    fused, w = fuse_scores(grad, {"bm25": contrary})
+    assert w["bm25"] == 0 and np.allclose(fused, zscore(grad))  # the gradient's ranking is left alone
+
+
+def test_zscore_is_robust_and_keeps_the_sign():
+    x = np.array([0.0, 1.0, 2.0, 3.0, 1000.0])
+    z = zscore(x)
+    assert z[2] == 0 and z[0] < 0 < z[3] and np.isfinite(z).all()
+    assert np.all(zscore(np.ones(5)) == 0)
