@@ -27,7 +27,7 @@ def main():
     from gradian.attribute.queries import make_query, query_gradients
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
-    from gradian.engines import DataInf, EngineSpec, GradDot, score_index
+    from gradian.engines import DataInf, DataInfSpec, GradDot, GradDotSpec, score_index
     from gradian.engines.exact import ExactInverse
     from gradian.index.store import GradSpec, build_index
     from gradian.models.load import prepare_lora_for_gradients
@@ -57,9 +57,9 @@ def main():
                 idx = build_index(pm, items, {"r": r, "h": hidden}, spec, pad_token_id=tok.pad_token_id, root=Path(d))
                 Q = query_gradients(pm, tok, [q], idx, spec.tokenize)
                 for c in (0.1, 1.0):
-                    es = EngineSpec("datainf", c)
+                    es = DataInfSpec(c)
                     di, ex, gd = score_index(idx, [DataInf(es).precondition(idx, Q), ExactInverse(es).precondition(idx, Q),
-                                                   GradDot(es).precondition(idx, Q)])
+                                                   GradDot(GradDotSpec()).precondition(idx, Q)])
                     print(f"| {r} | {hidden} | {max(b['dim'] for b in idx.blocks)} | {c} | "
                           f"{spearmanr(di[0], ex[0]).statistic:.3f} | {spearmanr(gd[0], ex[0]).statistic:.3f} |")
 
