@@ -37,6 +37,7 @@ def _specs():
     from gradian.attribute.pipeline import AttributeSpec
     from gradian.data.tokenize import TokenizeSpec
     from gradian.engines import DataInfSpec, engine_spec
+    from gradian.engines.ekfac import EkfacSpec
     from gradian.evaluate import EvalSpec
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec, check_build_args
@@ -58,6 +59,9 @@ def _specs():
         (lambda: engine_spec("graddot", damping_scale=0.1), "--engine"),
         (lambda: DataInfSpec(damping_scale=0.0), "--damping-scale"),
         (lambda: DataInfSpec(damping_scale=math.nan), "--damping-scale"),
+        (lambda: EkfacSpec(damping_scale=-1.0), "--damping-scale"),
+        (lambda: EkfacSpec(fisher="sampled"), "fisher"),
+        (lambda: EkfacSpec(seed=-1), "seed"),
         (lambda: AttributeSpec(engine="kronfluence"), "--engine"),
         (lambda: AttributeSpec(top_k=0), "--top-k"),
         (lambda: AttributeSpec(top_k=-2), "--top-k"),
@@ -100,7 +104,7 @@ def test_spec_defaults_are_valid():
     GradSpec(), AttributeSpec(), EvalSpec(), ModelSpec("m"), TrainSpec()
     for cls in engines().values():
         cls.spec_class()  # every registered engine's defaults are valid
-    assert len(_specs()) == 32
+    assert len(_specs()) == 35
 
 
 def test_train_errors_name_the_flag_or_the_file_key(tmp_path):
@@ -140,6 +144,8 @@ def test_modules_that_select_nothing(saved_finetune):
                                           (["--engine", "exact"], "--engine"),
                                           (["--engine", "graddot", "--damping-scale", "0.1"], "--damping-scale"),
                                           (["--engine", "datainf", "--engine-option", "nope=1"], "--engine-option"),
+                                          (["--engine", "ekfac", "--engine-option", "fisher=sampled"], "fisher"),
+                                          (["--engine", "ekfac", "--engine-option", "nope=1"], "--engine-option"),
                                           (["--second-engine", "kronfluence"], "--second-engine")])
 def test_attribute_flags(tmp_path, extra, needle):
     args = ["attribute", "--base", tmp_path / "b", "--adapter", tmp_path / "a", "--data", tmp_path / "d.jsonl",
