@@ -104,7 +104,8 @@ def kronfluence_scores(
         queries = list(correct) + list(said)
         an.compute_pairwise_scores("s", "f", query_dataset=_Rows(queries), train_dataset=_Rows(train),
                                    per_device_query_batch_size=batch_size, per_device_train_batch_size=batch_size,
-                                   dataloader_kwargs=dl, score_args=ScoreArguments(), overwrite_output_dir=True)
+                                   dataloader_kwargs=dl, score_args=ScoreArguments(damping_factor=None),  # the heuristic;
+                                   overwrite_output_dir=True)  # kronfluence's default is an absolute 1e-8
         S = an.load_pairwise_scores("s")["all_modules"].double().numpy()
         score_s = time.perf_counter() - t
     finally:
