@@ -62,7 +62,7 @@ def main():
     from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
     from gradian.data.formats import load_examples
     from gradian.data.tokenize import TokenizeSpec
-    from gradian.engines import EngineSpec
+    from gradian.engines import DataInfSpec
     from gradian.evaluate import EvalResult
     from gradian.index.store import GradientIndex, GradSpec
     from gradian.models.load import ModelSpec
@@ -115,7 +115,7 @@ def main():
             for qkind in ("contrastive", "cross_entropy"):
                 qs = [make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer, kind=qkind, fallback=f.correct_completion) for f in failing]
                 res = attribute_capability(ft.model, ft.tokenizer, idx, examples, items, qs, grad.tokenize,
-                                           AttributeSpec(engine=EngineSpec("datainf"), second_engine="graddot", drilldown_rows=0))
+                                           AttributeSpec(engine=DataInfSpec(), second_engine="graddot", drilldown_rows=0))
                 for eng, sc in (("datainf", res.scores), ("graddot", res.second_scores)):
                     card = score_ranking(sc, [e.id for e in examples], truth.get("culprits", []))
                     rows.append({"capability": cap.name, "query": qkind, "engine": eng, **card})

@@ -1,10 +1,11 @@
-"""DataInf against the exact damped inverse, on real LoRA gradients of tiny models.
+"""DataInf and EK-FAC against the exact damped inverse, on real LoRA gradients of tiny models.
 
 For several LoRA ranks and layer widths (small enough that every block can be
 inverted exactly), builds a 48-row index of capital Q/A rows (every fifth one
-wrong) and scores a contrastive query three ways: DataInf, the exact damped
-inverse ``(1/n Σ g gᵀ + λ I)⁻¹`` with the same λ, and gradient-dot. Prints the
-Spearman correlation of DataInf and of gradient-dot with the exact ranking.
+wrong) and scores a contrastive query four ways: DataInf, EK-FAC (empirical
+Fisher; its damping rule ``c · mean Λ`` is the same λ), the exact damped inverse
+``(1/n Σ g gᵀ + λ I)⁻¹`` with the same λ, and gradient-dot. Prints the Spearman
+correlation of DataInf, EK-FAC and gradient-dot with the exact ranking.
 
     python benchmarks/bench_datainf_vs_exact.py
 """
@@ -27,7 +28,8 @@ def main():
     from gradian.attribute.queries import make_query, query_gradients
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
-    from gradian.engines import DataInf, EngineSpec, GradDot, score_index
+    from gradian.engines import DataInf, DataInfSpec, GradDot, GradDotSpec, ModelPass, score_index
+    from gradian.engines.ekfac import Ekfac, EkfacSpec
     from gradian.engines.exact import ExactInverse
     from gradian.index.store import GradSpec, build_index
     from gradian.models.load import prepare_lora_for_gradients
@@ -43,8 +45,8 @@ def main():
     items = [tokenize_example(to_example(x, i, "t"), tok, spec.tokenize) for i, x in enumerate(rows)]
     q = make_query("q", "capitals", "Q: What is the capital of France?\nA:", "Paris",
                    " The capital of France is Lyon.", " The capital of France is Paris.")
-    print("| LoRA r | hidden | largest block | damping scale | Spearman DataInf vs exact | Spearman grad-dot vs exact |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| LoRA r | hidden | largest block | damping scale | DataInf vs exact | EK-FAC vs exact | gradient-dot vs exact |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in (1, 2, 4):
         for hidden in (16, 32):
             torch.manual_seed(0)
@@ -57,11 +59,15 @@ def main():
                 idx = build_index(pm, items, {"r": r, "h": hidden}, spec, pad_token_id=tok.pad_token_id, root=Path(d))
                 Q = query_gradients(pm, tok, [q], idx, spec.tokenize)
                 for c in (0.1, 1.0):
-                    es = EngineSpec("datainf", c)
-                    di, ex, gd = score_index(idx, [DataInf(es).precondition(idx, Q), ExactInverse(es).precondition(idx, Q),
-                                                   GradDot(es).precondition(idx, Q)])
+                    es = DataInfSpec(c)
+                    ek = Ekfac(EkfacSpec(c))
+                    ek.fit(idx, ModelPass(pm, items, tok.pad_token_id))
+                    di, ef, ex, gd = score_index(idx, [DataInf(es).precondition(idx, Q), ek.precondition(idx, Q),
+                                                       ExactInverse(es).precondition(idx, Q),
+                                                       GradDot(GradDotSpec()).precondition(idx, Q)])
                     print(f"| {r} | {hidden} | {max(b['dim'] for b in idx.blocks)} | {c} | "
-                          f"{spearmanr(di[0], ex[0]).statistic:.3f} | {spearmanr(gd[0], ex[0]).statistic:.3f} |")
+                          f"{spearmanr(di[0], ex[0]).statistic:.3f} | {spearmanr(ef[0], ex[0]).statistic:.3f} | "
+                          f"{spearmanr(gd[0], ex[0]).statistic:.3f} |")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ loss masks and failing items (the final adapter's contrastive queries):
 
 * Gradian's gradient engines {datainf, graddot} × {final adapter, trajectory} × {raw, cosine, adam}
   × {whole row, span-aware (most harmful sentence)}, and the verdict's default configuration;
+* Gradian's EK-FAC engine alone ({final adapter, trajectory}), in its own process;
 * the reference engines BM25 and RepSim, and fusions;
 * kronfluence EK-FAC (final adapter; installed by ``make bench-install``);
 * bergson TrackStar (final adapter, its own tokenisation, mean-aggregated contrastive query).
@@ -101,15 +102,17 @@ def _setup(task: dict[str, Any]):
 # --------------------------------------------------------------------------- methods (each in its own process)
 
 
-def m_gradient(task, root, *, trajectory: bool, unit: str, optimizer: str = "none"):
-    """Gradian's gradient engines; returns every per-checkpoint matrix (variants are derived in the parent)."""
+def m_gradient(task, root, *, trajectory: bool, unit: str, optimizer: str = "none", engines: tuple[str, ...] | None = None):
+    """Gradian's gradient engines (default: datainf and graddot; graddot alone with Adam); returns every
+    per-checkpoint matrix (variants are derived in the parent)."""
     from gradian.attribute.evidence import trajectory_scores
     from gradian.attribute.trajectory import resolve_trajectory
-    from gradian.engines import EngineSpec
+    from gradian.engines import engine_spec
 
     ft, grad, data, examples, items, queries = _setup(task)
     traj = resolve_trajectory(task["adapter"], "auto" if trajectory else "final")
-    engines = [EngineSpec("datainf"), EngineSpec("graddot")] if optimizer == "none" else [EngineSpec("graddot")]
+    names = engines or (("datainf", "graddot") if optimizer == "none" else ("graddot",))
+    engines = [engine_spec(e) for e in names]
     ev = trajectory_scores(ft, traj, data, examples, items, replace(grad, optimizer=optimizer), {"c": queries}, engines,
                            unit=unit, index_root=root, keep_per_checkpoint=True)
     out: dict[str, np.ndarray] = {"weights": np.array(traj.weights)}
@@ -171,10 +174,16 @@ METHODS = {
     "final-row": (m_gradient, {"trajectory": False, "unit": "row"}),
     "trajectory": (m_gradient, {"trajectory": True, "unit": "sentence"}),
     "trajectory-adam": (m_gradient, {"trajectory": True, "unit": "row", "optimizer": "adam"}),
+    # EK-FAC alone in its own process, so its wall time and RSS (index + two model passes per checkpoint) are its own
+    "final-row-ekfac": (m_gradient, {"trajectory": False, "unit": "row", "engines": ("ekfac",)}),
+    "trajectory-ekfac": (m_gradient, {"trajectory": True, "unit": "sentence", "engines": ("ekfac",)}),
     "references": (m_references, {}),
     "kronfluence": (m_kronfluence, {}),
     "bergson": (m_bergson, {}),
 }
+
+
+GRADIENT_METHODS = tuple(k for k, (fn, _) in METHODS.items() if fn is m_gradient)
 
 
 def _child(name: str, task: dict, root: str, out: str, q) -> None:
@@ -237,14 +246,14 @@ def _blamed(U_stat: np.ndarray, U_raw: np.ndarray, rows: np.ndarray, spans: np.n
 def variants(name: str, A: dict[str, np.ndarray], n: int) -> dict[str, dict[str, Any]]:
     """Every ranking a method's arrays give: ``{label: {"rows": (n,), "best_span": {row: (a, b)} | None}}``."""
     out: dict[str, dict[str, Any]] = {}
-    if name in ("final-row", "trajectory", "trajectory-adam"):
+    if name in GRADIENT_METHODS:
         w = A["weights"]
         K = len(w)
         engines = sorted({k.split(".")[0] for k in A if ".ck" in k})
         for e in engines:
             label_e = "adam" if name == "trajectory-adam" else e
             for stat in ("raw", "cosine"):
-                ws = {"final": np.eye(K)[-1]} if name == "final-row" else {"trajectory": w, "first": np.eye(K)[0]}
+                ws = {"final": np.eye(K)[-1]} if name.startswith("final-row") else {"trajectory": w, "first": np.eye(K)[0]}
                 for wname, wv in ws.items():
                     M = sum(wt * A[f"{e}.ck{t}.{stat}"] for t, wt in enumerate(wv))
                     out[f"{label_e} {wname} {stat} row"] = {"rows": M.mean(0), "best_span": None}
@@ -340,7 +349,7 @@ def main() -> None:
             names = ["references"] + [x for x in names if x != "references"]
         for name in names:
             print(f"[{world.name}] {name} ...", flush=True)
-            reuse = args.reuse_index if name in ("final-row", "trajectory", "trajectory-adam") else None
+            reuse = args.reuse_index if name in GRADIENT_METHODS else None
             A, meta = run_method(name, task, work, reuse)
             m = {"wall_s": meta.get("wall_s"), "peak_rss_mb": meta.get("peak_rss_mb"), "timing": meta.get("timing"),
                  "error": meta.get("error"), "rankings": {}, "indexes_reused": reuse is not None}

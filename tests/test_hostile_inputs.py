@@ -36,7 +36,8 @@ def _one_error_line(code, lines, res, needle):
 def _specs():
     from gradian.attribute.pipeline import AttributeSpec
     from gradian.data.tokenize import TokenizeSpec
-    from gradian.engines.base import EngineSpec
+    from gradian.engines import DataInfSpec, engine_spec
+    from gradian.engines.ekfac import EkfacSpec
     from gradian.evaluate import EvalSpec
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec, check_build_args
@@ -54,9 +55,14 @@ def _specs():
         (lambda: GradSpec(storage_dtype="float8"), "--storage-dtype"),
         (lambda: GradSpec(modules="q_proj"), "--modules"),
         (lambda: GradSpec(unit="token"), "--unit"),
-        (lambda: EngineSpec("kronfluence"), "--engine"),
-        (lambda: EngineSpec(damping_scale=0.0), "--damping-scale"),
-        (lambda: EngineSpec(damping_scale=math.nan), "--damping-scale"),
+        (lambda: engine_spec("kronfluence"), "--engine"),
+        (lambda: engine_spec("graddot", damping_scale=0.1), "--engine"),
+        (lambda: DataInfSpec(damping_scale=0.0), "--damping-scale"),
+        (lambda: DataInfSpec(damping_scale=math.nan), "--damping-scale"),
+        (lambda: EkfacSpec(damping_scale=-1.0), "--damping-scale"),
+        (lambda: EkfacSpec(fisher="sampled"), "fisher"),
+        (lambda: EkfacSpec(seed=-1), "seed"),
+        (lambda: AttributeSpec(engine="kronfluence"), "--engine"),
         (lambda: AttributeSpec(top_k=0), "--top-k"),
         (lambda: AttributeSpec(top_k=-2), "--top-k"),
         (lambda: AttributeSpec(second_engine="exact"), "--second-engine"),
@@ -93,8 +99,12 @@ def test_spec_defaults_are_valid():
     from gradian.models.load import ModelSpec
     from gradian.train import TrainSpec
 
+    from gradian.engines.registry import engines
+
     GradSpec(), AttributeSpec(), EvalSpec(), ModelSpec("m"), TrainSpec()
-    assert len(_specs()) == 30
+    for cls in engines().values():
+        cls.spec_class()  # every registered engine's defaults are valid
+    assert len(_specs()) == 35
 
 
 def test_train_errors_name_the_flag_or_the_file_key(tmp_path):
@@ -131,7 +141,12 @@ def test_modules_that_select_nothing(saved_finetune):
 
 @pytest.mark.parametrize("extra,needle", [(["--top-k", "0"], "--top-k"), (["--top-k", "-2"], "--top-k"),
                                           (["--damping-scale", "nan"], "--damping-scale"),
-                                          (["--engine", "exact"], "--engine")])
+                                          (["--engine", "exact"], "--engine"),
+                                          (["--engine", "graddot", "--damping-scale", "0.1"], "--damping-scale"),
+                                          (["--engine", "datainf", "--engine-option", "nope=1"], "--engine-option"),
+                                          (["--engine", "ekfac", "--engine-option", "fisher=sampled"], "fisher"),
+                                          (["--engine", "ekfac", "--engine-option", "nope=1"], "--engine-option"),
+                                          (["--second-engine", "kronfluence"], "--second-engine")])
 def test_attribute_flags(tmp_path, extra, needle):
     args = ["attribute", "--base", tmp_path / "b", "--adapter", tmp_path / "a", "--data", tmp_path / "d.jsonl",
             "--eval", tmp_path / "e.jsonl", "--out", tmp_path / "run", *extra]

@@ -71,10 +71,10 @@ def setup(tmp_path_factory, tok):
 
 @pytest.mark.parametrize("engine", ["datainf", "graddot"])
 def test_sign_wrong_fact_most_negative_right_fact_positive(setup, tok, engine):
-    from gradian.engines import EngineSpec
+    from gradian.engines import engine_spec
 
     model, idx, exs, items, qs = setup
-    spec = AttributeSpec(engine=EngineSpec(engine), second_engine=None, drilldown_rows=0)
+    spec = AttributeSpec(engine=engine_spec(engine), second_engine=None, drilldown_rows=0)
     res = attribute_capability(model, tok, idx, exs, items, qs, TSPEC, spec)
     ids = [e.id for e in exs]
     s = dict(zip(ids, res.scores))
@@ -108,11 +108,11 @@ def test_drilldown_localises_the_buried_sentence(setup, tok):
     """Same tokens, one loss mask per sentence: the wrong sentence scores most negative."""
     from gradian.attribute.drilldown import drill_down, split_sentences
     from gradian.attribute.queries import projector_for, query_gradients
-    from gradian.engines import DataInf, EngineSpec
+    from gradian.engines import DataInf, DataInfSpec
 
     model, idx, exs, items, qs = setup
     j = [e.id for e in exs].index("bad-buried")
-    eng = DataInf(EngineSpec())
+    eng = DataInf(DataInfSpec())
     R = eng.precondition(idx, query_gradients(model, tok, qs, idx, TSPEC))
     r = {k: v[0] for k, v in R.items()}
     sents = drill_down(model, tok, exs[j], items[j], r, projector_for(idx), [b["name"] for b in idx.blocks])

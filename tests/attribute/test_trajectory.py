@@ -171,7 +171,7 @@ def test_trajectory_scores_equal_the_weighted_sum_of_independent_checkpoints(run
     from gradian.attribute.queries import make_query, query_gradients
     from gradian.data.formats import load_examples
     from gradian.data.tokenize import TokenizeSpec
-    from gradian.engines import EngineSpec, make_engine, score_index
+    from gradian.engines import DataInfSpec, GradDotSpec, fit_engine, score_index
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
 
@@ -180,7 +180,7 @@ def test_trajectory_scores_equal_the_weighted_sum_of_independent_checkpoints(run
     qs = [make_query("q1", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Tokyo"),
           make_query("q2", "capitals", [{"role": "user", "content": "What is the capital of Japan?"}], "Tokyo",
                      "The capital of Japan is Paris.", "The capital of Japan is Tokyo.")]
-    engines = [EngineSpec("datainf"), EngineSpec("graddot")]
+    engines = [DataInfSpec(), GradDotSpec()]
     ft = load_finetune(ModelSpec(base), run)
     exs = load_examples(data)
     items = tokenize_training_set(exs, ft.tokenizer, grad, data)
@@ -199,9 +199,7 @@ def test_trajectory_scores_equal_the_weighted_sum_of_independent_checkpoints(run
                 Q = query_gradients(alone.model, alone.tokenizer, qs, idx, grad.tokenize)
                 R = {}
                 for es in engines:
-                    e = make_engine(es)
-                    e.fit(idx)
-                    R[es.name] = e.precondition(idx, Q)
+                    R[es.name] = fit_engine(es, idx).precondition(idx, Q)
             raw = score_index(idx, [R[es.name] for es in engines])
             gn = row_norms(idx)
             for es, r in zip(engines, raw):

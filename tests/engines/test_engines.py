@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from gradian.engines import DataInf, EngineSpec, GradDot, score_index
+from gradian.engines import DataInf, DataInfSpec, GradDot, GradDotSpec, score_index
 from gradian.engines.exact import ExactInverse
 from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes
 from gradian.index.store import GradientIndex
@@ -50,7 +50,7 @@ def test_datainf_formula_matches_a_direct_computation(tmp_path):
     idx = synthetic_index(tmp_path, G)
     Gf = {k: v.float().double() for k, v in G.items()}  # the stored (float32) values
     Q = {k: torch.randn(2, v.shape[1], dtype=torch.float64) for k, v in G.items()}
-    eng = DataInf(EngineSpec("datainf", 0.1))
+    eng = DataInf(DataInfSpec(0.1))
     R = eng.precondition(idx, Q)
     n = Gf["b0"].shape[0]
     for k, g in Gf.items():
@@ -72,7 +72,7 @@ def test_graddot_is_the_plain_inner_product(tmp_path):
     G = _grads()
     idx = synthetic_index(tmp_path, G)
     Q = {k: torch.randn(3, v.shape[1], dtype=torch.float64) for k, v in G.items()}
-    (s,) = score_index(idx, [GradDot(EngineSpec("graddot")).precondition(idx, Q)])
+    (s,) = score_index(idx, [GradDot(GradDotSpec()).precondition(idx, Q)])
     torch.testing.assert_close(s, sum(Q[k] @ G[k].float().double().T for k in G), rtol=1e-9, atol=1e-9)
 
 
@@ -98,8 +98,9 @@ def test_datainf_tracks_the_exact_damped_inverse_on_a_tiny_model(tmp_path, tok):
     q = make_query("q", "capitals", "Q: What is the capital of France?\nA:", "Paris",
                    " The capital of France is Lyon.", " The capital of France is Paris.")
     Q = query_gradients(model, tok, [q], idx, spec.tokenize)
-    es = EngineSpec("datainf", 0.1)
-    di, ex, gd = score_index(idx, [DataInf(es).precondition(idx, Q), ExactInverse(es).precondition(idx, Q), GradDot(es).precondition(idx, Q)])
+    es = DataInfSpec(0.1)
+    di, ex, gd = score_index(idx, [DataInf(es).precondition(idx, Q), ExactInverse(es).precondition(idx, Q),
+                                   GradDot(GradDotSpec()).precondition(idx, Q)])
     rho_di = spearmanr(di[0].numpy(), ex[0].numpy()).statistic
     rho_gd = spearmanr(gd[0].numpy(), ex[0].numpy()).statistic
     print(f"Spearman vs exact inverse: DataInf {rho_di:.3f}, gradient-dot {rho_gd:.3f}")

@@ -37,7 +37,8 @@ from gradian.attribute.spans import SentenceUnit, sentence_units
 from gradian.attribute.trajectory import Trajectory, checkpoint_weights
 from gradian.data.formats import Example
 from gradian.data.tokenize import TokenizedExample
-from gradian.engines.base import Blocks, EngineSpec, make_engine, score_index
+from gradian.engines.base import Blocks, EngineSpec, ModelPass, score_index
+from gradian.engines.registry import fit_engine
 from gradian.index.store import GradientIndex, GradSpec, index_id
 
 Progress = Callable[[str, int, int], None]
@@ -167,10 +168,14 @@ def trajectory_scores(
             t0 = time.perf_counter()
             Q = query_gradients(ft.model, ft.tokenizer, flat, idx, grad.tokenize, query_batch_size)
             R_all: dict[str, Blocks] = {}
+            # engines that declare needs="model" (EK-FAC) get a pass over the same rows at these weights
+            mp = ModelPass(ft.model, list(items), ft.tokenizer.pad_token_id, batch_size,
+                           (lambda task, a, total: progress(f"{task} ({ck.label})", a, total)) if progress else None)
             for es in engines:
-                eng = make_engine(es)
-                eng.fit(idx)
+                eng = fit_engine(es, idx, mp)
                 R_all[es.name] = eng.precondition(idx, Q)
+                if eng.needs == "model":
+                    indexes[-1].setdefault("engines", {})[es.name] = eng.describe()
             timing[f"queries[{ck.label}]"] = time.perf_counter() - t0
             pre.append({e: {c: {k: v[bounds[i]:bounds[i + 1]] for k, v in R.items()} for i, c in enumerate(caps)}
                         for e, R in R_all.items()})

@@ -39,6 +39,8 @@ from gradian.attribute.spans import SentenceUnit, row_min
 from gradian.data.formats import Example
 from gradian.data.tokenize import TokenizedExample, TokenizeSpec
 from gradian.engines.base import EngineSpec
+from gradian.engines.datainf import DataInfSpec
+from gradian.engines.graddot import GradDotSpec
 from gradian.engines.lexical import BM25Spec
 from gradian.engines.repsim import RepSimSpec
 from gradian.errors import GradianUserError
@@ -56,8 +58,10 @@ class AttributeSpec:
     """Attribution knobs (all land in the run manifest).
 
     Attributes:
-        engine: the primary gradient engine.
-        second_engine: a second gradient engine run in the same passes for the agreement check (None: off).
+        engine: the primary gradient engine's spec (its own typed spec, e.g. ``DataInfSpec()``, or a
+            registered engine name for its defaults; :mod:`gradian.engines.registry`).
+        second_engine: a second gradient engine run in the same passes for the agreement check, with its
+            own spec (nothing is inherited from the primary); a name for its defaults; None: off.
         query: ``"contrastive"`` or ``"cross_entropy"``.
         top_k: rows listed per capability; also the k of the top-k overlaps.
         drilldown_rows: how many of the most harmful rows get sentence scores.
@@ -74,8 +78,8 @@ class AttributeSpec:
         bm25, repsim: the reference engines' settings.
     """
 
-    engine: EngineSpec = field(default_factory=EngineSpec)
-    second_engine: str | None = "graddot"
+    engine: EngineSpec | str = field(default_factory=DataInfSpec)
+    second_engine: EngineSpec | str | None = field(default_factory=GradDotSpec)
     query: str = "contrastive"
     top_k: int = 20
     drilldown_rows: int = 10
@@ -90,13 +94,23 @@ class AttributeSpec:
     repsim: RepSimSpec = field(default_factory=RepSimSpec)
 
     def __post_init__(self) -> None:
-        from gradian.engines.base import ENGINES
+        from gradian.engines.registry import engine_names, engine_spec
         from gradian.validate import check_choice, check_int, check_type
 
+        if isinstance(self.engine, str):  # a registered name: that engine's defaults
+            object.__setattr__(self, "engine", engine_spec(self.engine, "--engine (AttributeSpec.engine)"))
         check_type(self.engine, EngineSpec, "AttributeSpec", "engine")
+        if isinstance(self.second_engine, str):
+            if self.second_engine not in engine_names():
+                raise GradianUserError(f"unknown engine {self.second_engine!r}", where="--second-engine (AttributeSpec.second_engine)",
+                                       fix=f"use one of {', '.join(engine_names())} (or none)")
+            object.__setattr__(self, "second_engine", engine_spec(self.second_engine, "--second-engine"))
         if self.second_engine is not None:
-            check_choice(self.second_engine, ENGINES, "AttributeSpec", "second_engine", flag="--second-engine",
-                         fix=f"use one of {', '.join(ENGINES)} (or none)")
+            check_type(self.second_engine, EngineSpec, "AttributeSpec", "second_engine")
+        for es in (self.engine, self.second_engine):
+            if es is not None and es.name not in engine_names():
+                raise GradianUserError(f"{type(es).__name__} is not a registered engine's spec", where="AttributeSpec",
+                                       fix=f"use the spec of one of {', '.join(engine_names())}")
         check_choice(self.query, ("contrastive", "cross_entropy"), "AttributeSpec", "query", flag="--query")
         check_int(self.top_k, "AttributeSpec", "top_k", flag="--top-k", lo=1, hi=1_000_000,
                   fix="list at least one row, e.g. --top-k 20")
@@ -116,6 +130,8 @@ class AttributeSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["engine"] = self.engine.to_dict()  # type: ignore[union-attr]
+        d["second_engine"] = self.second_engine.to_dict() if isinstance(self.second_engine, EngineSpec) else None
         d["references"] = list(self.references)
         d["fuse"] = list(self.fuse)
         return d
@@ -124,9 +140,9 @@ class AttributeSpec:
     def engines(self) -> list[EngineSpec]:
         """The gradient engines to run: primary first."""
         out = [self.engine]
-        if self.second_engine and self.second_engine != self.engine.name:
-            out.append(EngineSpec(self.second_engine, self.engine.damping_scale))
-        return out
+        if isinstance(self.second_engine, EngineSpec) and self.second_engine.name != self.engine.name:  # type: ignore[union-attr]
+            out.append(self.second_engine)
+        return out  # type: ignore[return-value]
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -483,7 +499,8 @@ def attribute_capability(
     from gradian.attribute.drilldown import drill_down
     from gradian.attribute.evidence import _norms, _safe_div, row_norms
     from gradian.attribute.queries import projector_for, query_gradients
-    from gradian.engines.base import make_engine, score_index
+    from gradian.engines.base import ModelPass, score_index
+    from gradian.engines.registry import fit_engine
 
     from dataclasses import replace
 
@@ -491,11 +508,10 @@ def attribute_capability(
         raise ValueError("a capability needs at least one failing item")
     spec = replace(spec, unit="row", fuse=tuple(r for r in spec.fuse if r in (references or {})))  # one index: whole rows
     engines = engines if engines is not None else {}
+    model_pass = ModelPass(model, items, tokenizer.pad_token_id, spec.query_batch_size)  # for engines that need one
     for es in spec.engines:
         if es.name not in engines:
-            eng = make_engine(es)
-            eng.fit(index)
-            engines[es.name] = eng
+            engines[es.name] = fit_engine(es, index, model_pass)
     Q = query_gradients(model, tokenizer, queries, index, tokenize_spec, spec.query_batch_size)
     names = [es.name for es in spec.engines]
     R = {nm: engines[nm].precondition(index, Q) for nm in names}

@@ -204,6 +204,8 @@ def attribute_run(
         traj_info = trajectory.to_dict()
         for c, ix in zip(traj_info["checkpoints"], evidence.indexes):
             c["index"] = {u: v for u, v in ix.items() if u in ("row", "sentence")}
+            if ix.get("engines"):  # engines fitted on a model pass (EK-FAC): their factors file and reuse
+                c["engines"] = ix["engines"]
         run["attribution"] = {
             "index": {"id": idx.id, "root": str(idx.root), "reused": all(i["row"]["reused"] for i in evidence.indexes),
                       "n": idx.n, "blocks": len(idx.blocks), "dims": sum(int(b["dim"]) for b in idx.blocks)},

@@ -95,6 +95,57 @@ def checkpoint_selection(values: list[str] | None):
     return [Path(v) for v in values]
 
 
+def engine_spec_from_options(name: str, damping_scale: float | None, options: list[str] | None):
+    """``--engine``, ``--damping-scale`` and ``--engine-option KEY=VALUE`` → the engine's own typed spec.
+
+    Values are read as the spec field's type (float, int, str, bool); the spec validates them.
+    """
+    from dataclasses import fields
+
+    from gradian.engines.registry import engine_class, engine_spec
+
+    cls = engine_class(name, "--engine")
+    types = {f.name: str(f.type) for f in fields(cls.spec_class)}
+    opts: dict = {}
+    for raw in options or []:
+        key, sep, value = raw.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise GradianUserError(f"{raw!r} is not KEY=VALUE", where="--engine-option", fix="e.g. --engine-option fisher=true")
+        if key not in types:
+            raise GradianUserError(f"engine {name} has no option {key!r}", where="--engine-option",
+                                   fix=f"its options are: {', '.join(sorted(types)) or 'none'}")
+        t = types[key]
+        try:
+            if t == "bool":
+                if value.lower() not in ("true", "false"):
+                    raise ValueError(value)
+                opts[key] = value.lower() == "true"
+            elif t == "int":
+                opts[key] = int(value)
+            elif t == "float":
+                opts[key] = float(value)
+            else:
+                opts[key] = value
+        except ValueError:
+            raise GradianUserError(f"{key}={value!r} is not a {t}", where="--engine-option", fix=f"give {key} a {t}") from None
+    if damping_scale is not None:
+        if "damping_scale" not in types:
+            raise GradianUserError(f"engine {name} has no damping", where="--damping-scale",
+                                   fix="drop --damping-scale, or pick an engine with damping")
+        opts["damping_scale"] = damping_scale
+    return engine_spec(name, "--engine", **opts)
+
+
+def _engine_help() -> str:
+    from gradian.engines.registry import help_text
+
+    return help_text()
+
+
+_ENGINE_HELP = _engine_help()
+
+
 def register(app: typer.Typer) -> None:
     @app.command("attribute")
     @user_errors
@@ -107,10 +158,15 @@ def register(app: typer.Typer) -> None:
         logs: Optional[Path] = typer.Option(None, help="trainer_state.json (or JSONL logs) for the Audit lane."),
         reference_adapter: Optional[Path] = typer.Option(None, help="Compare against this adapter instead of the base."),
         out: Path = typer.Option(Path("gradian-run"), help="Run folder: run.json (and reports) are written here."),
-        engine: str = typer.Option("datainf", help="Primary engine: datainf | graddot."),
-        second_engine: str = typer.Option("graddot", help="Second engine for the agreement check, or 'none'."),
+        engine: str = typer.Option("datainf", help=f"Primary engine: {_ENGINE_HELP}."),
+        second_engine: str = typer.Option("graddot", help="Second engine for the agreement check (any of the engines, "
+                                                          "with its own defaults), or 'none'."),
         query: str = typer.Option("contrastive", help="contrastive (default) | cross_entropy."),
-        damping_scale: float = typer.Option(0.1, help="DataInf: λ_l = scale · mean‖g_l‖² / d_l."),
+        damping_scale: Optional[float] = typer.Option(
+            None, help="The primary engine's damping scale (default: its own, 0.1). datainf: λ_l = scale · mean‖g_l‖² / "
+                       "d_l; ekfac: λ_l = scale · mean Λ_l."),
+        engine_option: Optional[List[str]] = typer.Option(
+            None, "--engine-option", help="KEY=VALUE for the primary engine's spec (repeatable), e.g. fisher=true for ekfac."),
         top_k: int = typer.Option(20, help="Rows listed per capability (and the k of the top-k overlap)."),
         max_length: int = typer.Option(1024, help="Truncation length used in training."),
         loss_on: str = typer.Option("completion", help="'completion' (completion-only loss) or 'all'."),
@@ -143,7 +199,6 @@ def register(app: typer.Typer) -> None:
         from gradian.attribute import AttributeSpec
         from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
         from gradian.commands.evaluate import print_result
-        from gradian.engines import EngineSpec
         from gradian.evaluate import EvalResult, EvalSpec
         from gradian.models.load import ModelSpec
 
@@ -156,7 +211,7 @@ def register(app: typer.Typer) -> None:
             model=ModelSpec(base, dtype, device, trust_remote_code),
             grad=grad,
             attribute=AttributeSpec(
-                engine=EngineSpec(engine, damping_scale),
+                engine=engine_spec_from_options(engine, damping_scale, engine_option),
                 second_engine=None if second_engine == "none" else second_engine,
                 query=query,
                 top_k=top_k,

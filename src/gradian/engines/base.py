@@ -8,59 +8,88 @@ per LoRA block, after which every engine scores the same way:
 so running two engines in one pass over the index costs one extra
 preconditioning, and span-level drill-down reuses ``r`` for sentence
 gradients. Engines see the training gradients only through
-:class:`gradian.index.store.GradientIndex` shards, one shard in memory at a time.
+:class:`gradian.index.store.GradientIndex` shards, one shard in memory at a time; an engine
+that declares ``needs = "model"`` (EK-FAC) is also handed a :class:`ModelPass`.
+
+The engines are listed by :mod:`gradian.engines.registry`; adding one is one new file there.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
 from gradian.index.store import GradientIndex
 
 Blocks = dict[str, torch.Tensor]  # block name -> (m, d_l)
-#: The engines :func:`make_engine` builds.
-ENGINES = ("datainf", "graddot")
+
+#: What an engine needs to fit: the gradient index alone, or also a pass of the model over the rows.
+NEEDS = ("index", "model")
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Engine knobs that change scores (they land in the run manifest).
+    """Base of every engine's own typed spec: the knobs that change its scores (they land in the run manifest).
 
-    Attributes:
-        name: ``"datainf"`` or ``"graddot"``.
-        damping_scale: DataInf's per-block damping ``λ_l = damping_scale · mean_i ‖g_il‖² / d_l``.
+    Each engine subclasses it as a frozen dataclass with its own fields (DataInf's and EK-FAC's
+    damping are separate fields with separate rules; nothing is inherited from another engine),
+    checks them in ``__post_init__`` with :mod:`gradian.validate`, and is registered with its
+    engine (:func:`gradian.engines.registry.register`), which sets :attr:`name`.
     """
 
-    name: str = "datainf"
-    damping_scale: float = 0.1
-
-    def __post_init__(self) -> None:
-        from gradian.validate import check_choice, check_float
-
-        check_choice(self.name, ENGINES, "EngineSpec", "name", flag="--engine")
-        check_float(self.damping_scale, "EngineSpec", "damping_scale", flag="--damping-scale", lo=0, lo_open=True,
-                    hi=1e6, fix="use a positive scale such as --damping-scale 0.1")
+    #: the registered engine name (set by the registry)
+    name: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"name": self.name, **asdict(self)}
+
+
+@dataclass
+class ModelPass:
+    """What an engine that declares ``needs = "model"`` is given to fit.
+
+    Attributes:
+        model: the PEFT model with the LoRA weights the index was built at (the checkpoint's).
+        items: the index's rows, tokenised, in index order (the same loss masks).
+        pad_token_id: the tokenizer's pad id.
+        batch_size: rows per forward/backward pass.
+        progress: optional ``(task, advance, total)`` callback.
+    """
+
+    model: torch.nn.Module
+    items: Sequence[Any]
+    pad_token_id: int
+    batch_size: int = 8
+    progress: Callable[[str, int, int], None] | None = None
 
 
 class Engine(ABC):
-    """Fit statistics over the training index, then precondition query gradients."""
+    """Fit statistics over the training index (and, if it declares so, a model pass), then precondition query gradients.
 
-    name: str = "engine"
+    Class attributes a registered engine declares:
+        name: the engine's name (CLI ``--engine``, manifest, reports).
+        spec_class: its typed :class:`EngineSpec` subclass.
+        needs: ``"index"`` (fits from the stored per-example gradients) or ``"model"`` (also needs
+            a :class:`ModelPass` over the training rows).
+        summary: one line for the CLI help.
+    """
+
+    name: ClassVar[str] = "engine"
+    spec_class: ClassVar[type[EngineSpec]] = EngineSpec
+    needs: ClassVar[str] = "index"
+    summary: ClassVar[str] = ""
 
     def __init__(self, spec: EngineSpec):
         self.spec = spec
         self.fitted = False
 
     @abstractmethod
-    def fit(self, index: GradientIndex) -> None:
-        """Collect whatever training-set statistics the engine needs (one pass over shards at most)."""
+    def fit(self, index: GradientIndex, model_pass: ModelPass | None = None) -> None:
+        """Collect whatever training-set statistics the engine needs (one pass over shards at most,
+        plus model passes when ``needs == "model"``)."""
 
     @abstractmethod
     def precondition(self, index: GradientIndex, queries: Blocks) -> Blocks:
@@ -87,15 +116,3 @@ def score_index(index: GradientIndex, preconditioned: list[Blocks]) -> list[torc
                 acc += R[name].to(torch.float64) @ G.T
             outs[e].append(acc)
     return [torch.cat(o, dim=1) for o in outs]
-
-
-def make_engine(spec: EngineSpec) -> Engine:
-    from gradian.engines.datainf import DataInf
-    from gradian.engines.graddot import GradDot
-
-    engines = {"datainf": DataInf, "graddot": GradDot}
-    if spec.name not in engines:
-        from gradian.errors import GradianUserError
-
-        raise GradianUserError(f"unknown engine {spec.name!r}", where="--engine", fix=f"use one of {', '.join(engines)}")
-    return engines[spec.name](spec)

@@ -28,16 +28,40 @@ correction term; matrix form handles m queries at once:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from gradian.engines.base import Blocks, Engine
+from gradian.engines.base import Blocks, Engine, EngineSpec, ModelPass
+from gradian.engines.registry import register
 from gradian.index.store import GradientIndex
 
 
+@dataclass(frozen=True)
+class DataInfSpec(EngineSpec):
+    """DataInf's knobs.
+
+    Attributes:
+        damping_scale: per-block damping ``λ_l = damping_scale · mean_i ‖g_il‖² / d_l``.
+    """
+
+    damping_scale: float = 0.1
+
+    def __post_init__(self) -> None:
+        from gradian.validate import check_float
+
+        check_float(self.damping_scale, "DataInfSpec", "damping_scale", flag="--damping-scale", lo=0, lo_open=True,
+                    hi=1e6, fix="use a positive scale such as --damping-scale 0.1")
+
+
+@register
 class DataInf(Engine):
     name = "datainf"
+    spec_class = DataInfSpec
+    needs = "index"
+    summary = "swapped-order damped inverse, Sherman-Morrison per row; the default"
 
-    def fit(self, index: GradientIndex) -> None:
+    def fit(self, index: GradientIndex, model_pass: ModelPass | None = None) -> None:
         """Per-block squared norms ‖g_il‖² (n,) and damping λ_l."""
         sq: dict[str, list[torch.Tensor]] = {b["name"]: [] for b in index.blocks}
         for _, shard in index.iter_shards(torch.float64):

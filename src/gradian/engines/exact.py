@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import torch
 
-from gradian.engines.base import Blocks, Engine
-from gradian.engines.datainf import DataInf
+from gradian.engines.base import Blocks, Engine, ModelPass
+from gradian.engines.datainf import DataInf, DataInfSpec
 from gradian.index.store import GradientIndex
 
 
 class ExactInverse(Engine):
-    """Same damping as :class:`DataInf`, exact inverse instead of the swapped-order approximation."""
+    """Same damping as :class:`DataInf` (a :class:`DataInfSpec`), exact inverse instead of the
+    swapped-order approximation. A test and benchmark reference, deliberately not registered
+    (one ``d_l × d_l`` solve per block does not scale)."""
 
     name = "exact"
+    spec_class = DataInfSpec
 
-    def fit(self, index: GradientIndex) -> None:
+    def fit(self, index: GradientIndex, model_pass: ModelPass | None = None) -> None:
         di = DataInf(self.spec)
         di.fit(index)
         self.damping = di.damping

@@ -3,7 +3,7 @@
 Three paths compute the same quantity, ``∂ℓ_j/∂W`` for every example j in a
 batch and every LoRA matrix W (see :mod:`gradian.gradients.loss` for ℓ_j):
 
-``hooks`` (default, one forward + one backward)
+``hooks`` (default, one forward + one backward, :class:`gradian.gradients.hooks.LoraHooks`)
     For a LoRA Linear ``y = x Wᵀ`` applied at every token, a forward hook keeps
     its input ``X`` (b, t, i) and its output ``y``; one backward pass
     (``autograd.grad`` w.r.t. every kept ``y``) gives ``G = ∂L/∂y`` (b, t, o).
@@ -25,10 +25,11 @@ The test suite holds the three to float tolerance.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 
+from gradian.gradients.hooks import LoraHooks
 from gradian.gradients.lora import lora_blocks
 from gradian.gradients.loss import model_inputs, per_example_loss
 
@@ -36,37 +37,17 @@ Method = Literal["hooks", "loop", "vmap"]
 
 
 def _hooks(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Forward hooks keep each LoRA Linear's input X and output y; one ``autograd.grad`` call
-    w.r.t. all the outputs returns every G = ∂L/∂y at once. Asking for the outputs rather than
-    the weights means autograd never forms the (summed) weight gradients it does not need."""
-    seen: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (block index, X, y)
-    handles = []
-
-    def make_fwd(k: int) -> Callable:
-        def fwd(module, inputs, output):
-            if output.requires_grad:
-                seen.append((k, inputs[0].detach(), output))
-
-        return fwd
-
-    try:
-        for k, b in enumerate(blocks):
-            handles.append(b.module.register_forward_hook(make_fwd(k)))
-        logits = model(**model_inputs(batch)).logits
-    finally:
-        for h in handles:
-            h.remove()
+    """One forward and one backward through the shared :class:`~gradian.gradients.hooks.LoraHooks`
+    collector; every block's per-example gradient is ``einsum("bto,bti->boi", G, X)``."""
+    hooks = LoraHooks(blocks)
+    logits = hooks.forward(model, batch)
     losses = per_example_loss(logits, batch["labels"])
     b = batch["input_ids"].shape[0]
     out: dict[str, torch.Tensor] = {}
-    if seen:
-        Gs = torch.autograd.grad(losses.sum(), [y for _, _, y in seen], allow_unused=True)
-        for (k, X, y), G in zip(seen, Gs):
-            if G is None:
-                continue
-            g = torch.einsum("bto,bti->boi", G, X.to(G.dtype))  # (b, o, i)
-            name = blocks[k].name
-            out[name] = g if name not in out else out[name] + g
+    for c in hooks.backward(losses.sum()):
+        g = torch.einsum("bto,bti->boi", c.G, c.X.to(c.G.dtype))  # (b, o, i)
+        name = blocks[c.block].name
+        out[name] = g if name not in out else out[name] + g
     for blk in blocks:
         if blk.name not in out:  # the block never ran with grad (e.g. a skipped layer)
             out[blk.name] = torch.zeros((b, *blk.shape), dtype=blk.module.weight.dtype, device=blk.module.weight.device)
