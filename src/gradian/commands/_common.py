@@ -20,9 +20,18 @@ err_console = Console(stderr=True)
 
 
 def _rank() -> int:
+    """This process's rank: from the process group, or from torchrun's ``RANK`` before it exists."""
+    import os
+
     from gradian import distributed
 
-    return distributed.current().rank
+    d = distributed.current()
+    if d.enabled:
+        return d.rank
+    try:
+        return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+    except ValueError:
+        return 0
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _orig=warnings.showwarning):

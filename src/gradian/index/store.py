@@ -440,8 +440,9 @@ def human_bytes(n: float) -> str:
 
 def index_numbers(blocks: Sequence, projection: ProjectionSpec) -> int:
     """Numbers stored per row: Σ_l d_l after the projection."""
-    pj = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], projection)
-    return sum(pj.out_dim(i, b.shape) for i, b in enumerate(blocks))
+    from gradian.gradients.projection import projected_numbers
+
+    return sum(projected_numbers(tuple(b.shape), b.kind, projection.dim) for b in blocks)
 
 
 def size_estimate(n_rows: int, numbers: int, storage_dtype: str) -> tuple[int, str]:
@@ -464,16 +465,22 @@ def size_advice(n_rows: int, blocks: Sequence, spec: GradSpec, root: Path) -> st
         return None
     where = f" but {human_bytes(free)} is free at {root}" if free is not None and total >= 0.9 * free else ""
     advice = []
-    budget = min(LARGE_INDEX_BYTES / 4, (free or LARGE_INDEX_BYTES) / 4)
+    budget = min(LARGE_INDEX_BYTES, 0.5 * free) if free is not None else LARGE_INDEX_BYTES
     from dataclasses import replace
 
+    last = None
     for dim in (8192, 4096, 2048, 1024, 512, 256, 128):
         if spec.projection.dim and dim >= spec.projection.dim:
             continue
         b, _ = size_estimate(n_rows, index_numbers(blocks, replace(spec.projection, dim=dim)), spec.storage_dtype)
+        last = (dim, b)
         if b <= budget:
             advice.append(f"--project-dim {dim} would make it {human_bytes(b)}")
             break
+    else:
+        if last is not None:
+            advice.append(f"even --project-dim {last[0]} needs {human_bytes(last[1])}: also attribute fewer layers "
+                          "(--modules) or rows")
     if spec.storage_dtype in ("float32", "float64"):
         advice.append("--storage-dtype bfloat16 halves it")
     return (f"the gradient index will take est. {human_bytes(total)} for {n_rows:,} rows{where}; "
