@@ -191,7 +191,7 @@ def register(app: typer.Typer) -> None:
                 "the flags": {"grad": grad.to_dict(), "attribute": specs.attribute.to_dict(), "dtype": dtype,
                               "eval": specs.eval.to_dict(), "batch_size": batch_size, "shard_size": shard_size,
                               "checkpoints": checkpoints, "reference_adapter": str(reference_adapter),
-                              "index_dir": str(index_dir.resolve()) if index_dir else None}}))
+                              "index_dir": str(index_dir) if index_dir else None}}))
             with progress_bar() as pb:
                 tasks: dict = {}
 

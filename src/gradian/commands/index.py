@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         try:
             start_distributed(device, lambda: input_identity(base, adapter, data, {"the flags": {
                 **spec.to_dict(), "dtype": dtype, "batch_size": batch_size, "shard_size": shard_size,
-                "checkpoints": checkpoints, "out": str(out.resolve()) if out else None}}))
+                "checkpoints": checkpoints, "out": str(out) if out else None}}))
             ft = load_finetune(mspec, adapter)
             select_blocks(ft.model, spec)  # --modules must select a layer (checked before the progress bar starts)
             for note in ft.notes:

@@ -620,9 +620,11 @@ def build_index(
     root = Path(root) if root is not None else default_index_root(identity)
     blocks = select_blocks(model, spec)
     if dist.enabled:  # ranks that disagree here would write different indexes: refuse, on every rank
+        # (not the folder's path: a shared filesystem may be mounted at different paths; the probe below
+        # checks that the ranks see one folder)
         distributed.check_same_inputs({"the index id (base, adapter, data, gradient flags)": iid,
                                        "the number of rows": len(items), "the batch size": batch_size,
-                                       "the shard size": shard_size, "the index folder": str(root.resolve())})
+                                       "the shard size": shard_size})
     root.mkdir(parents=True, exist_ok=True)
     if dist.enabled:
         _check_shared_folder(root)
