@@ -55,7 +55,7 @@ from gradian.gradients.lora import lora_blocks
 from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector, ProjectionSpec
 from gradian.paths import cache_dir
-from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes, sha256_json
+from gradian.util import atomic_write_bytes, atomic_write_json, release_free_memory, sha256_bytes, sha256_json
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -346,7 +346,8 @@ class GradientIndex:
 
     def iter_shards(self, dtype: torch.dtype = torch.float64, *, local: bool = False
                     ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
-        """Yields ``(start_row, {block: (n_k, d_l)})`` shard by shard: memory is one shard.
+        """Yields ``(start_row, {block: (n_k, d_l)})`` shard by shard: memory is one shard (two while the
+        next one loads, as the caller still holds the last).
 
         Args:
             local: only this rank's block of shards (:meth:`local_shards`); a collective caller
@@ -355,6 +356,7 @@ class GradientIndex:
         starts = self._starts()
         ks = self.local_shards() if local else range(len(self.manifest["shards"]))
         for k in ks:
+            release_free_memory()  # the shard before last is gone: its pages go back (util docstring)
             yield starts[k], self.load_shard(k, dtype)
 
 
@@ -803,6 +805,7 @@ def build_index(
         # the shard's own record, right after the shard: a build that dies later keeps this shard
         atomic_write_json(root / _record_file(k), {"layout": layout, "entry": entry})
         written[k] = entry
+        release_free_memory()
         distributed.fault_point("shard", len(written))
 
     # -- rank 0 publishes the manifest once every rank is done
