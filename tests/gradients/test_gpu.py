@@ -48,6 +48,30 @@ def test_hooks_equal_the_loop_in_bfloat16_on_cuda(tok):
     assert _rel(hooks, ref) <= 5e-2
 
 
+def test_index_queries_and_drilldown_run_on_cuda_in_bfloat16(saved_finetune, tmp_path):
+    """``--device cuda --dtype bfloat16`` through the index (with a projection), the query gradients,
+    DataInf and the sentence drill-down: the numbers come back to the CPU, close to float32 on CPU."""
+    from gradian.api import load_finetune, training_index
+    from gradian.attribute import AttributeSpec, attribute_capability, make_query
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.gradients.projection import ProjectionSpec
+    from gradian.index.store import GradSpec
+    from gradian.models.load import ModelSpec
+
+    spec = GradSpec(tokenize=TokenizeSpec(max_length=64), projection=ProjectionSpec(dim=16))
+    gpu = load_finetune(ModelSpec(str(saved_finetune["base"]), "bfloat16", "cuda"), saved_finetune["adapter"])
+    cpu = load_finetune(ModelSpec(str(saved_finetune["base"])), saved_finetune["adapter"])
+    a, exs, items, _ = training_index(gpu, saved_finetune["data"], spec, root=tmp_path / "gpu")
+    b, *_ = training_index(cpu, saved_finetune["data"], spec, root=tmp_path / "cpu")
+    ga = torch.cat([torch.cat(list(s.values()), 1) for _, s in a.iter_shards()])
+    gb = torch.cat([torch.cat(list(s.values()), 1) for _, s in b.iter_shards()])
+    assert (ga - gb).norm() <= 5e-2 * gb.norm()
+    q = [make_query("q0", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Lyon")]
+    res = attribute_capability(gpu.model, gpu.tokenizer, a, exs, items, q, spec.tokenize,
+                               AttributeSpec(references=(), fuse=(), drilldown_rows=3))
+    assert len(res.scores) == len(exs) and all(abs(x) < float("inf") for x in res.scores)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_two_gpus_under_torchrun_equal_one(saved_finetune, tmp_path):
     """``torchrun --nproc-per-node 2 -m gradian index --device cuda --dtype bfloat16`` gives the index of one GPU."""

@@ -79,7 +79,7 @@ class KroneckerProjector:
         """Args: g (b, o, i). Returns (b, k_o·k_i) (flattened; unprojected when dim = 0)."""
         Po, Pi = self.mats[idx]
         if Pi is not None:
-            g = g @ Pi.to(g.dtype).T
+            g = g @ Pi.to(device=g.device, dtype=g.dtype).T
         if Po is not None:
-            g = Po.to(g.dtype) @ g
+            g = Po.to(device=g.device, dtype=g.dtype) @ g
         return g.reshape(g.shape[0], -1)
