@@ -17,6 +17,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
+def world_cache(tmp_path_factory):
+    """One cache for the tiny worlds of the whole session (their base model is built once)."""
+    return tmp_path_factory.mktemp("gradian-cache")
+
+
+@pytest.fixture(scope="session")
 def tok():
     from gradian.models.tiny import train_tokenizer
 

@@ -100,10 +100,15 @@ def training_index(
     examples: list[Example] | None = None,
     checkpoint: Checkpoint | None = None,
     items: list[TokenizedExample] | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> tuple[GradientIndex, list[Example], list[TokenizedExample], bool]:
     """Open the training-gradient index for this fine-tune, building (or resuming) it if needed.
 
+    Collective under torchrun (:mod:`gradian.distributed`): rank 0 decides whether a finished
+    index exists, the ranks share checking its shards, and a build divides the missing shards.
+
     Args:
+        announce: called with the size estimate line before a build computes anything.
         checkpoint: the trajectory point whose LoRA weights are loaded in ``ft.model`` now
             (default: the final adapter); it decides the index identity.
         items: the tokenised rows, when the caller has them already.
@@ -137,13 +142,18 @@ def training_index(
     elif spec.unit != "row":
         raise GradianUserError(f"unknown index unit {spec.unit!r}", where="--unit", fix="use row or sentence")
     root = Path(root) if root is not None else default_index_root(identity)
-    try:
+    from gradian import distributed
+
+    complete = False
+    if distributed.current().is_main:
+        try:
+            complete = GradientIndex(root).complete
+        except FileNotFoundError:
+            pass
+    if distributed.broadcast_object(complete):
         existing = GradientIndex(root)
-        if existing.complete and not existing.verify():
+        if not existing.verify(collective=True):
             return existing, examples, items, True
-    except FileNotFoundError:
-        pass
-    progress = progress_factory(len(units)) if progress_factory else None
     idx = build_index(
         ft.model,
         units,
@@ -153,7 +163,8 @@ def training_index(
         root=root,
         batch_size=batch_size,
         shard_size=shard_size,
-        progress=progress,
+        progress_factory=progress_factory,
+        announce=announce,
         transform=transform,
     )
     return idx, examples, items, False

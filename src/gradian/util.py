@@ -81,3 +81,30 @@ def publish_folder(tmp: str | Path, target: str | Path, keep_if: str | None = No
         shutil.rmtree(target)
     os.replace(tmp, target)
     return target
+
+
+_LIBC: object = None
+
+
+def release_free_memory() -> None:
+    """Give freed heap memory back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    A loop that frees one large shard and allocates the next, while small long-lived results
+    accumulate between them, fragments glibc's heap: freed shards stay in the process's RSS, which
+    then grows with the number of shards (measured: 1.1 GB instead of 0.4 GB over a 16k-row index).
+    Trimming after each shard keeps the peak flat at the cost of one call per shard; it changes no
+    allocation policy, so the gradient pass keeps glibc's fast defaults.
+    """
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+            import ctypes.util
+
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC = lib if hasattr(lib, "malloc_trim") else False
+        except OSError:
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)  # type: ignore[attr-defined]
+

@@ -9,11 +9,6 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def world_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("gradian-cache")
-
-
-@pytest.fixture(scope="session")
 def tiny_worlds(tmp_path_factory, world_cache):
     """{"poisoned": World, "null": World} for seed 0."""
     from gradian.worlds import WorldSpec, build_world

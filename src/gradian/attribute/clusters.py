@@ -116,7 +116,9 @@ def describe_rows(
     for r in rows:
         local.update(_words(examples[r].completion_text + " " + examples[r].prompt_text))
     distinctive = []
-    for w, c in local.most_common():
+    # ties in alphabetical order: the words come from sets, whose order changes with each process's
+    # string hash seed, and a run must read the same in every process (and under torchrun)
+    for w, c in sorted(local.items(), key=lambda wc: (-wc[1], wc[0])):
         share_here = c / len(rows)
         share_else = (doc_freq[w] - c) / max(1, n_all - len(rows))
         if share_here >= 0.5 and share_here >= 3 * share_else:

@@ -79,7 +79,7 @@ def drill_down(
         grads = per_example_grads(model, batch, "hooks", modules)
         score = torch.zeros(len(chunk), dtype=torch.float64)
         for bi, name in enumerate(block_names):
-            g = projector(bi, grads[name].detach().double())
+            g = projector(bi, grads[name].detach().double()).cpu()  # the model may be on a GPU
             score += g @ r_query[name].double()
         for (a, b, ntok), sc in zip(chunk, score.tolist()):
             # sc is per sentence-token mean loss; its additive share of the row score is sc·|s|/|S_j|

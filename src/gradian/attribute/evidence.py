@@ -86,11 +86,14 @@ class TrajectoryEvidence:
 
 
 def row_norms(index: GradientIndex) -> np.ndarray:
-    """‖g_j‖ over all blocks for every row of ``index``: (n,) float64."""
-    out = []
-    for _, shard in index.iter_shards(torch.float64):
+    """‖g_j‖ over all blocks for every row of ``index``: (n,) float64. Collective under torchrun
+    (each rank its block of shards, gathered in row order)."""
+    from gradian import distributed
+
+    out = [torch.zeros(0, dtype=torch.float64)]
+    for _, shard in index.iter_shards(torch.float64, local=True):
         out.append(sum((G * G).sum(1) for G in shard.values()).sqrt())
-    return torch.cat(out).numpy() if out else np.zeros(0)
+    return distributed.gather_cat(torch.cat(out)).numpy()
 
 
 def _norms(R: Blocks) -> np.ndarray:
@@ -118,8 +121,14 @@ def trajectory_scores(
     query_batch_size: int = 8,
     progress: Progress | None = None,
     keep_per_checkpoint: bool = False,
+    say: Callable[[str], None] | None = None,
+    shard_size: int = 256,
 ) -> TrajectoryEvidence:
     """Score every capability's queries with every engine at every checkpoint (module docstring).
+
+    Collective under torchrun (:mod:`gradian.distributed`): the indexes are built and scored by all
+    ranks, the query gradients are computed by rank 0 and broadcast; every rank returns the same
+    evidence.
 
     Args:
         ft: the loaded fine-tune (:class:`gradian.api.FineTune`); its LoRA weights are swapped per
@@ -130,7 +139,11 @@ def trajectory_scores(
         unit: ``"row"`` or ``"sentence"`` (also score sentence units).
         index_root: parent folder of the indexes (default: the cache); each index lives in
             ``<root>/<index id>``.
+        say: called with one line per index build (its size estimate), before it starts.
+        shard_size: rows per index shard.
     """
+    from gradian import distributed
+
     from gradian.api import index_identity, training_index
 
     caps = list(queries)
@@ -151,8 +164,9 @@ def trajectory_scores(
             root = Path(index_root) / index_id(index_identity(ft, data, spec, seed, ck))
         pf = (lambda k_: (lambda a: progress(label, a, k_))) if progress else None
         idx, _, _, reused = training_index(
-            ft, data, spec, seed=seed, root=root, batch_size=batch_size, progress_factory=pf,
+            ft, data, spec, seed=seed, root=root, batch_size=batch_size, shard_size=shard_size, progress_factory=pf,
             examples=list(examples), items=list(items), checkpoint=ck,
+            announce=(lambda line: say(f"{label}: {line}")) if say else None,
         )
         indexes[-1][spec.unit] = {"id": idx.id, "root": str(idx.root), "reused": reused, "n": idx.n}
         return idx
@@ -166,7 +180,10 @@ def trajectory_scores(
             if ck.final:
                 final_index = idx
             t0 = time.perf_counter()
-            Q = query_gradients(ft.model, ft.tokenizer, flat, idx, grad.tokenize, query_batch_size)
+            # rank 0 computes the query gradients; every rank preconditions the same numbers
+            Q = query_gradients(ft.model, ft.tokenizer, flat, idx, grad.tokenize, query_batch_size) \
+                if distributed.current().is_main else None
+            Q = distributed.broadcast_tensors(Q)
             R_all: dict[str, Blocks] = {}
             # engines that declare needs="model" (EK-FAC) get a pass over the same rows at these weights
             mp = ModelPass(ft.model, list(items), ft.tokenizer.pad_token_id, batch_size,

@@ -158,7 +158,7 @@ def query_gradients(
         batch = collate([r[2] for r in chunk], tokenizer.pad_token_id)
         grads = per_example_grads(model, batch, "hooks", modules)
         for bi, name in enumerate(names):
-            g = proj(bi, grads[name].detach().double())
+            g = proj(bi, grads[name].detach().double()).cpu()  # the model may be on a GPU
             for k, (qi, sign, _) in enumerate(chunk):
                 out[name][qi] += sign * g[k]
     return out

@@ -40,14 +40,27 @@ def reference_scores(
 ) -> dict[str, dict[str, np.ndarray]]:
     """``{capability: {engine: (m, n)}}`` for the reference engines in ``names``.
 
+    Collective under torchrun: the ranks share RepSim's pass over the training rows; rank 0
+    computes the rest and returns the scores, the other ranks return ``{}``.
+
     Args:
         ft: the loaded fine-tune, with the final adapter's weights (RepSim's representations).
         spec: the :class:`gradian.attribute.pipeline.AttributeSpec` (its ``bm25``/``repsim`` settings).
         identity: the content identity of (adapter, dataset, tokenisation) that keys RepSim's cache.
     """
+    from gradian import distributed
+
     out: dict[str, dict[str, np.ndarray]] = {c: {} for c in queries}
     if not names:
         return out
+    H = None
+    if "repsim" in names:  # the one pass over the training rows: shared by the ranks
+        from gradian.engines.repsim import cached_train_states
+
+        pf = (lambda k: progress("representations", k, len(items))) if progress else None
+        H = cached_train_states(ft.model, items, ft.tokenizer.pad_token_id, identity, batch_size, pf)
+    if not distributed.current().is_main:
+        return {}
     said = {c: [f"{_prompt_text(q.prompt)}\n{q.said or ''}" for q in qs] for c, qs in queries.items()}
     corr = {c: [f"{_prompt_text(q.prompt)}\n{q.correct}" for q in qs] for c, qs in queries.items()}
     if "bm25" in names:
@@ -57,11 +70,10 @@ def reference_scores(
         for c in queries:
             out[c]["bm25"] = bm25_scores(docs, said[c], corr[c], spec.bm25)
     if "repsim" in names:
-        from gradian.engines.repsim import cached_train_states, pooled_states, repsim_scores
+        from gradian.engines.repsim import pooled_states, repsim_scores
 
         pad = ft.tokenizer.pad_token_id
-        pf = (lambda k: progress("representations", k, len(items))) if progress else None
-        H = cached_train_states(ft.model, items, pad, identity, batch_size, pf)
+        assert H is not None
         for c, qs in queries.items():
             # a cross-entropy query has no answer of the model's: its representation is the correct one's
             s_items = [tokenize_example(_example(q.prompt, q.said if q.said else q.correct, q.item_id), ft.tokenizer, tokenize) for q in qs]

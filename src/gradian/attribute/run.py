@@ -50,6 +50,7 @@ class RunSpecs:
     eval: Any = None  # gradian.evaluate.EvalSpec
     seed: int = 0
     batch_size: int = 8
+    shard_size: int = 256
 
 
 def _manifest(ft, inputs: RunInputs, specs: RunSpecs, index_identity: dict | None, index_id: str | None,
@@ -108,16 +109,25 @@ def attribute_run(
     progress: Progress | None = None,
     index_root: str | Path | None = None,
     ft=None,
-) -> dict[str, Any]:
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any] | None:
     """Run the lanes and write ``out_dir/run.json``. Returns the run dict.
+
+    Under torchrun (:mod:`gradian.distributed`) every rank calls it: rank 0 runs the Audit and
+    Evaluate lanes and broadcasts the evaluation; all ranks build and score the gradient indexes
+    and share RepSim's pass; rank 0 alone forms the verdict, writes ``run.json`` and returns the
+    run, the other ranks return None.
 
     Args:
         ft: an already loaded :class:`gradian.api.FineTune` (else it is loaded here).
+        say: called with one line per index build (its size estimate), before it starts.
     """
+    from gradian import distributed
     from gradian.api import load_finetune
     from gradian.data.formats import load_examples
     from gradian.evaluate import EvalSpec, evaluate, load_eval_set
 
+    main = distributed.current().is_main
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
     timing: dict[str, float] = {}
@@ -125,7 +135,7 @@ def attribute_run(
     # cheap validation first: bad data or eval files fail before a model is loaded
     examples = load_examples(inputs.data)
     eval_items = load_eval_set(inputs.eval)
-    audit = run_audit(inputs, inputs.base if Path(inputs.base).is_dir() else None)
+    audit = run_audit(inputs, inputs.base if Path(inputs.base).is_dir() else None) if main else None
     timing["audit"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -134,7 +144,9 @@ def attribute_run(
     timing["load"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    ev = evaluate(ft.model, ft.tokenizer, eval_items, reference_adapter=inputs.reference_adapter, spec=specs.eval, progress=progress)
+    ev = evaluate(ft.model, ft.tokenizer, eval_items, reference_adapter=inputs.reference_adapter, spec=specs.eval,
+                  progress=progress) if main else None
+    ev = distributed.broadcast_object(ev)  # the other ranks wait for rank 0's evaluation
     timing["evaluate"] = time.perf_counter() - t
 
     run: dict[str, Any] = {"schema": RUN_SCHEMA, "evaluation": ev.to_dict(), "audit": audit, "attribution": None}
@@ -174,7 +186,7 @@ def attribute_run(
         evidence = trajectory_scores(
             ft, trajectory, inputs.data, examples, items, specs.grad, queries, spec.engines, unit=spec.unit,
             seed=specs.seed, index_root=index_root, batch_size=specs.batch_size, query_batch_size=spec.query_batch_size,
-            progress=progress,
+            progress=progress, say=say, shard_size=specs.shard_size,
         )
         timing.update({f"attribute.{k}": v for k, v in evidence.timing.items()})
         idx = evidence.final_index
@@ -189,6 +201,8 @@ def attribute_run(
             batch_size=specs.batch_size, progress=progress,
         )
         timing["references"] = time.perf_counter() - t
+        if not main:
+            return None  # the collective steps are done; rank 0 forms the verdict
         t = time.perf_counter()
         caps = []
         for cap, qs in queries.items():
@@ -217,7 +231,11 @@ def attribute_run(
             ],
             "capabilities": caps,
         }
+    if not main:
+        return None
     timing["total"] = time.perf_counter() - t0
+    if distributed.current().enabled:
+        run["distributed"] = {"world_size": distributed.current().world_size, "backend": distributed.current().backend}
     traj = (run.get("attribution") or {}).get("trajectory")
     traj_ident = None if traj is None else {  # content only: no paths, no reuse flags
         "weight_rule": traj["weight_rule"],

@@ -19,10 +19,27 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _rank() -> int:
+    """This process's rank: from the process group, or from torchrun's ``RANK`` before it exists."""
+    import os
+
+    from gradian import distributed
+
+    d = distributed.current()
+    if d.enabled:
+        return d.rank
+    try:
+        return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
+    except ValueError:
+        return 0
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None, _orig=warnings.showwarning):
-    """Gradian's own warnings (a rebuilt index shard, ...) as one ``warning:`` line; others as usual."""
+    """Gradian's own warnings (a rebuilt index shard, ...) as one ``warning:`` line; others as usual.
+    Under torchrun only rank 0 prints them (every rank would repeat the same line)."""
     if isinstance(category, type) and issubclass(category, GradianWarning):
-        err_console.print(f"[bold yellow]warning:[/] {escape(str(message))}", soft_wrap=True, highlight=False)
+        if _rank() == 0:
+            err_console.print(f"[bold yellow]warning:[/] {escape(str(message))}", soft_wrap=True, highlight=False)
     else:
         _orig(message, category, filename, lineno, file, line)
 
@@ -39,8 +56,12 @@ def user_errors(fn: F) -> F:
                 warnings.showwarning = _show_warning
                 return fn(*args, **kwargs)
         except GradianUserError as e:
-            # soft_wrap: the message stays one line whatever the terminal width
-            err_console.print(f"[bold red]error:[/] {escape(e.one_line())}", soft_wrap=True, highlight=False)
+            # soft_wrap: the message stays one line whatever the terminal width. Under torchrun an error
+            # every rank raises alike is printed by rank 0 only; another rank's own error names the rank.
+            rank = _rank()
+            if rank == 0 or not getattr(e, "every_rank", False):
+                prefix = f"rank {rank}: " if rank else ""
+                err_console.print(f"[bold red]error:[/] {prefix}{escape(e.one_line())}", soft_wrap=True, highlight=False)
             raise typer.Exit(EXIT_USER_ERROR) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
@@ -55,6 +76,11 @@ class _Progress:
     def __init__(self) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+        from gradian import distributed
+
+        d = distributed.current()
+        #: under torchrun only rank 0 draws, and its bars count its own share of the rows
+        self._suffix = f" (rank 0 of {d.world_size})" if d.enabled else ""
         self._p = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -63,6 +89,7 @@ class _Progress:
             TimeRemainingColumn(),
             console=err_console,
             transient=False,
+            disable=not d.is_main,
         )
 
     def __enter__(self) -> "_Progress":
@@ -73,7 +100,7 @@ class _Progress:
         self._p.__exit__(*exc)
 
     def task(self, description: str, total: int):
-        tid = self._p.add_task(description, total=total)
+        tid = self._p.add_task(description + self._suffix, total=total)
         return lambda k: self._p.advance(tid, k)
 
 
@@ -101,3 +128,40 @@ def grad_spec_from_options(max_length: int, loss_on: str, modules: str | None, p
         optimizer=optimizer,
         unit=unit,
     )
+
+
+def start_distributed(device: str, fields: Callable[[], dict]):
+    """Join the torchrun job, if launched by one (:func:`gradian.distributed.init_from_env`).
+
+    Ranks other than 0 print nothing but their own errors; the ranks' inputs are compared first
+    (``fields()``: what each rank reads, as content identities; only computed under torchrun), and a
+    difference is one error line on every rank. Returns the :class:`gradian.distributed.Dist`.
+    """
+    from gradian import distributed
+
+    d = distributed.init_from_env(device)
+    if d.enabled:
+        if not d.is_main:
+            console.quiet = True
+        distributed.check_same_inputs(fields())
+    return d
+
+
+def input_identity(base: str, adapter, data, extra: dict | None = None) -> dict:
+    """What must be the same on every rank: the base, adapter and data contents (sha256) and the flags."""
+    from gradian.index.identity import adapter_identity, dataset_identity, model_identity
+
+    out = {
+        "the training data": dataset_identity(data).get("sha256") if _exists(data) else f"missing: {data}",
+        "the adapter": adapter_identity(adapter).get("sha256") if _exists(adapter) else f"missing: {adapter}",
+        "the base model": model_identity(base).get("sha256") or base,
+    }
+    out.update(extra or {})
+    return out
+
+
+def _exists(p) -> bool:
+    """A regular file or a folder (never opens a FIFO or a device to hash it)."""
+    from pathlib import Path
+
+    return Path(p).is_file() or Path(p).is_dir()

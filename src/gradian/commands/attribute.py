@@ -173,6 +173,9 @@ def register(app: typer.Typer) -> None:
         modules: Optional[str] = typer.Option(None, help="Comma-separated LoRA layer filters (default: all)."),
         project_dim: int = typer.Option(0, help="JL projection: numbers kept per LoRA block (0 = exact)."),
         batch_size: int = typer.Option(8, help="Rows per backward pass / prompts per generation batch."),
+        storage_dtype: str = typer.Option("float32", help="Gradient index storage: float32 | bfloat16 | float16 | float64 "
+                                                          "(2-byte types halve the index; ranking cost in docs/benchmarks.md)."),
+        shard_size: int = typer.Option(256, help="Rows per index shard file: the unit of work per process and of memory."),
         max_new_tokens: int = typer.Option(32, help="Greedy generation limit for Evaluate."),
         dtype: str = typer.Option("float32", help="Model dtype."),
         device: str = typer.Option("cpu", help="cpu | cuda | mps | auto."),
@@ -195,7 +198,11 @@ def register(app: typer.Typer) -> None:
                                               "with the gradient ranking (comma-separated), or none."),
         seed: int = typer.Option(0, help="Seed (bootstrap, projection)."),
     ) -> None:
-        """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit)."""
+        """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit).
+
+        Under torchrun (`torchrun --nproc-per-node N -m gradian attribute ...`) the ranks share the
+        index builds and the scoring; rank 0 evaluates and writes the run (docs/distributed.md).
+        """
         from gradian.attribute import AttributeSpec
         from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
         from gradian.commands.evaluate import print_result
@@ -205,8 +212,8 @@ def register(app: typer.Typer) -> None:
         from gradian.index.store import check_build_args
 
         # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
-        grad = grad_spec_from_options(max_length, loss_on, modules, project_dim, "float32", seed, optimizer=optimizer)
-        check_build_args(batch_size)
+        grad = grad_spec_from_options(max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer=optimizer)
+        check_build_args(batch_size, shard_size)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),
             grad=grad,
@@ -224,18 +231,36 @@ def register(app: typer.Typer) -> None:
             eval=EvalSpec(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed),
             seed=seed,
             batch_size=batch_size,
+            shard_size=shard_size,
         )
         inputs = RunInputs(base, adapter, data, eval_path, tuple(config or ()), logs, reference_adapter,
                            checkpoints=checkpoint_selection(checkpoints))
-        with progress_bar() as pb:
-            tasks: dict = {}
+        from gradian import distributed
+        from gradian.commands._common import input_identity, start_distributed
+        from gradian.index.identity import dataset_identity
 
-            def progress(task: str, k: int, total: int) -> None:
-                if task not in tasks:
-                    tasks[task] = pb.task(task, total)
-                tasks[task](k)
+        try:
+            start_distributed(device, lambda: input_identity(base, adapter, data, {
+                "the eval set": dataset_identity(eval_path).get("sha256") if (eval_path.is_file() or eval_path.is_dir())
+                else f"missing: {eval_path}",
+                "the flags": {"grad": grad.to_dict(), "attribute": specs.attribute.to_dict(), "dtype": dtype,
+                              "eval": specs.eval.to_dict(), "batch_size": batch_size, "shard_size": shard_size,
+                              "checkpoints": checkpoints, "reference_adapter": str(reference_adapter),
+                              "index_dir": str(index_dir) if index_dir else None}}))
+            with progress_bar() as pb:
+                tasks: dict = {}
 
-            run = attribute_run(inputs, specs, out, progress=progress, index_root=index_dir)
+                def progress(task: str, k: int, total: int) -> None:
+                    if task not in tasks:
+                        tasks[task] = pb.task(task, total)
+                    tasks[task](k)
+
+                run = attribute_run(inputs, specs, out, progress=progress, index_root=index_dir,
+                                    say=lambda line: console.print(escape(line), highlight=False, soft_wrap=True))
+        finally:
+            distributed.shutdown()
+        if run is None:  # a rank other than 0: its share is done, rank 0 reports
+            return
         print_result(EvalResult.from_dict(run["evaluation"]))
         if run.get("stopped"):
             console.print(f"[bold yellow]stopped after Evaluate:[/] {run['stopped']}")

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from gradian.commands._common import console, progress_bar, user_errors
 
@@ -21,8 +22,11 @@ def register(app: typer.Typer) -> None:
         loss_on: str = typer.Option("completion", help="'completion' (completion-only loss) or 'all'."),
         modules: Optional[str] = typer.Option(None, help="Comma-separated layer-name filters, e.g. q_proj,v_proj."),
         project_dim: int = typer.Option(0, help="JL projection: numbers kept per LoRA block (0 = exact)."),
-        storage_dtype: str = typer.Option("float32", help="float32 | float16 | float64."),
+        storage_dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16 | float64 (2-byte types halve "
+                                                          "the index; ranking cost in docs/benchmarks.md)."),
         batch_size: int = typer.Option(8, help="Examples per backward pass."),
+        shard_size: int = typer.Option(256, help="Rows per shard file (rounded up to a multiple of --batch-size): "
+                                                 "the unit of work per process and of memory (one shard at a time)."),
         dtype: str = typer.Option("float32", help="Model dtype."),
         device: str = typer.Option("cpu", help="cpu | cuda | mps | auto."),
         trust_remote_code: bool = typer.Option(False, help="Allow model repos' custom code (off by default)."),
@@ -35,38 +39,50 @@ def register(app: typer.Typer) -> None:
         optimizer: str = typer.Option("none", help="none | adam (Adam-preconditioned training gradients; needs optimizer.pt)."),
         seed: int = typer.Option(0, help="Seed (projection)."),
     ) -> None:
-        """Build (or resume) the per-example LoRA gradient index of a training set."""
-        from gradian.api import load_finetune, training_index
-        from gradian.commands._common import grad_spec_from_options
-        from gradian.models.load import ModelSpec
+        """Build (or resume) the per-example LoRA gradient index of a training set.
 
-        from gradian.data.formats import load_examples
-
-        from gradian.api import index_identity, tokenize_training_set
+        Under torchrun (`torchrun --nproc-per-node N -m gradian index ...`) the ranks share the
+        work; the index folder must be on a filesystem every rank sees (docs/distributed.md).
+        """
+        from gradian import distributed
+        from gradian.api import index_identity, load_finetune, tokenize_training_set, training_index
         from gradian.attribute.trajectory import checkpoint_weights, resolve_trajectory
+        from gradian.commands._common import grad_spec_from_options, input_identity, start_distributed
         from gradian.commands.attribute import checkpoint_selection
+        from gradian.data.formats import load_examples
         from gradian.index.store import check_build_args, index_id, select_blocks
+        from gradian.models.load import ModelSpec
 
         # every flag and the data are checked before the model is loaded
         spec = grad_spec_from_options(max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer, unit)
-        check_build_args(batch_size)
+        check_build_args(batch_size, shard_size)
         mspec = ModelSpec(base, dtype, device, trust_remote_code)
         examples = load_examples(data)
-        ft = load_finetune(mspec, adapter)
-        select_blocks(ft.model, spec)  # --modules must select a layer (checked before the progress bar starts)
-        for note in ft.notes:
-            console.print(f"[yellow]note:[/] {note}")
-        trajectory = resolve_trajectory(adapter, checkpoint_selection(checkpoints))
-        items = tokenize_training_set(examples, ft.tokenizer, spec, data)
-        for ck in trajectory.checkpoints:
-            with checkpoint_weights(ft.model, ck), progress_bar() as pb:
-                root = None if out is None else out / index_id(index_identity(ft, data, spec, seed, ck))
-                idx, examples, items, reused = training_index(
-                    ft, data, spec, seed=seed, root=root, batch_size=batch_size, examples=examples, items=items,
-                    progress_factory=lambda n, lab=ck.label: pb.task(f"per-example gradients ({lab})", n), checkpoint=ck,
-                )
-            state = "reused (no pass over the training set)" if reused else "built"
-            console.print(f"{ck.label}: index [bold]{idx.id}[/] {state}: {idx.n} {spec.unit}s, {len(idx.blocks)} LoRA blocks → {idx.root}")
-        trunc = sum(it.truncated for it in items)
-        if trunc:
-            console.print(f"[yellow]{trunc} rows were truncated at {max_length} tokens[/]")
+        try:
+            start_distributed(device, lambda: input_identity(base, adapter, data, {"the flags": {
+                **spec.to_dict(), "dtype": dtype, "batch_size": batch_size, "shard_size": shard_size,
+                "checkpoints": checkpoints, "out": str(out) if out else None}}))
+            ft = load_finetune(mspec, adapter)
+            select_blocks(ft.model, spec)  # --modules must select a layer (checked before the progress bar starts)
+            for note in ft.notes:
+                console.print(f"[yellow]note:[/] {note}")
+            trajectory = resolve_trajectory(adapter, checkpoint_selection(checkpoints))
+            items = tokenize_training_set(examples, ft.tokenizer, spec, data)
+            for ck in trajectory.checkpoints:
+                with checkpoint_weights(ft.model, ck), progress_bar() as pb:
+                    root = None if out is None else out / index_id(index_identity(ft, data, spec, seed, ck))
+                    idx, examples, items, reused = training_index(
+                        ft, data, spec, seed=seed, root=root, batch_size=batch_size, shard_size=shard_size,
+                        examples=examples, items=items, checkpoint=ck,
+                        progress_factory=lambda n, lab=ck.label: pb.task(f"per-example gradients ({lab})", n),
+                        announce=lambda line, lab=ck.label: console.print(f"{lab}: {escape(line)}", highlight=False,
+                                                                          soft_wrap=True),
+                    )
+                state = "reused (no pass over the training set)" if reused else "built"
+                console.print(f"{ck.label}: index [bold]{idx.id}[/] {state}: {idx.n} {spec.unit}s, {len(idx.blocks)} LoRA blocks "
+                              f"→ {escape(str(idx.root))}")
+            trunc = sum(it.truncated for it in items)
+            if trunc:
+                console.print(f"[yellow]{trunc} rows were truncated at {max_length} tokens[/]")
+        finally:
+            distributed.shutdown()

@@ -102,17 +102,24 @@ class Engine(ABC):
 def score_index(index: GradientIndex, preconditioned: list[Blocks]) -> list[torch.Tensor]:
     """Raw inner products for several preconditioned query sets in ONE pass over the shards.
 
+    Collective under torchrun: each rank scores its block of shards and the scores are gathered
+    in row order (every rank gets them all). A score is one row's inner product, computed whole by
+    one rank, so it does not depend on the world size.
+
     Args:
         preconditioned: per engine, ``{block: (m, d_l)}``.
     Returns:
         per engine, a (m, n) float64 tensor ``Σ_l r_l G_lᵀ``.
     """
-    outs: list[list[torch.Tensor]] = [[] for _ in preconditioned]
-    for _, shard in index.iter_shards(torch.float64):
+    from gradian import distributed
+
+    outs: list[list[torch.Tensor]] = [
+        [torch.zeros(next(iter(R.values())).shape[0], 0, dtype=torch.float64)] for R in preconditioned]
+    for _, shard in index.iter_shards(torch.float64, local=True):
         for e, R in enumerate(preconditioned):
             m = next(iter(R.values())).shape[0]
             acc = torch.zeros(m, next(iter(shard.values())).shape[0], dtype=torch.float64)
             for name, G in shard.items():
                 acc += R[name].to(torch.float64) @ G.T
             outs[e].append(acc)
-    return [torch.cat(o, dim=1) for o in outs]
+    return [distributed.gather_cat(torch.cat(o, dim=1), dim=1) for o in outs]

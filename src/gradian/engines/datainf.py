@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gradian import distributed
 from gradian.engines.base import Blocks, Engine, EngineSpec, ModelPass
 from gradian.engines.registry import register
 from gradian.index.store import GradientIndex
@@ -62,12 +63,13 @@ class DataInf(Engine):
     summary = "swapped-order damped inverse, Sherman-Morrison per row; the default"
 
     def fit(self, index: GradientIndex, model_pass: ModelPass | None = None) -> None:
-        """Per-block squared norms ‖g_il‖² (n,) and damping λ_l."""
-        sq: dict[str, list[torch.Tensor]] = {b["name"]: [] for b in index.blocks}
-        for _, shard in index.iter_shards(torch.float64):
+        """Per-block squared norms ‖g_il‖² (n,) and damping λ_l. Collective under torchrun: each rank
+        reads its block of shards, the norms are gathered in row order."""
+        sq: dict[str, list[torch.Tensor]] = {b["name"]: [torch.zeros(0, dtype=torch.float64)] for b in index.blocks}
+        for _, shard in index.iter_shards(torch.float64, local=True):
             for name, G in shard.items():
                 sq[name].append((G * G).sum(1))
-        self.sqnorm = {k: torch.cat(v) for k, v in sq.items()}
+        self.sqnorm = {k: distributed.gather_cat(torch.cat(v)) for k, v in sq.items()}
         self.dims = {b["name"]: int(b["dim"]) for b in index.blocks}
         self.damping = {}
         for k, s in self.sqnorm.items():
@@ -81,11 +83,12 @@ class DataInf(Engine):
             self.fit(index)
         Q = {k: v.double() for k, v in queries.items()}
         corr = {k: torch.zeros_like(v) for k, v in Q.items()}
-        for start, shard in index.iter_shards(torch.float64):
+        for start, shard in index.iter_shards(torch.float64, local=True):
             for name, G in shard.items():
                 s = self.sqnorm[name][start : start + G.shape[0]]
                 C = (G @ Q[name].T) / (self.damping[name] + s).unsqueeze(1)  # (n_k, m)
                 corr[name] += C.T @ G  # (m, d_l)
+        corr = {k: distributed.all_reduce_sum(v) for k, v in corr.items()}  # the ranks' partial sums
         return {k: (Q[k] - corr[k] / self.n) / self.damping[k] for k in Q}
 
     def describe(self):

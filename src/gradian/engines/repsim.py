@@ -15,8 +15,8 @@ the model said):
     ``said``      mode:  score_j = − cos(h_w, h_j)
     ``contrast``  mode:  score_j = cos(h_c, h_j) − cos(h_w, h_j)
 
-Training representations need one forward pass without gradients; they are
-cached by content (adapter, dataset, tokenisation) like the gradient index.
+Training representations need one forward pass without gradients (shared by the ranks under
+torchrun); they are cached by content (adapter, dataset, tokenisation) like the gradient index.
 """
 
 from __future__ import annotations
@@ -69,24 +69,49 @@ def pooled_states(
     return out if out is not None else torch.zeros(0, 0, dtype=torch.float64)
 
 
+#: rows per block of :func:`cached_train_states`: blocks, not ranks, decide the batches, so the
+#: states do not depend on the number of processes
+STATE_BLOCK = 256
+
+
 def cached_train_states(model, items, pad_token_id: int, identity: dict[str, Any], batch_size: int = 8,
-                        progress: Callable[[int], None] | None = None) -> torch.Tensor:
-    """:func:`pooled_states` of the training rows, cached under ``<cache>/repsim/<id>.safetensors``."""
+                        progress: Callable[[int], None] | None = None) -> torch.Tensor | None:
+    """:func:`pooled_states` of the training rows, cached under ``<cache>/repsim/<id>.safetensors``.
+
+    Computed in blocks of :data:`STATE_BLOCK` rows. Collective under torchrun: each rank computes a
+    contiguous run of blocks and rank 0 gathers them, writes the cache and returns the (n, d)
+    states; the other ranks return None.
+    """
     from safetensors.torch import load_file, save
 
+    from gradian import distributed
     from gradian.paths import cache_dir
     from gradian.util import atomic_write_bytes, sha256_json
 
-    key = sha256_json({"repsim": 1, **identity})[:16]
+    d = distributed.current()
+    key = sha256_json({"repsim": 2, **identity})[:16]
     path = Path(cache_dir()) / "repsim" / f"{key}.safetensors"
-    if path.exists():
+    hit: torch.Tensor | None = None
+    if d.is_main and path.exists():
         try:
             t = load_file(str(path))["h"]
             if t.shape[0] == len(items) and torch.isfinite(t).all():
-                return t
+                hit = t
         except Exception:  # a damaged cache file is recomputed, never trusted
             pass
-    h = pooled_states(model, items, pad_token_id, batch_size, progress)
+    if distributed.broadcast_object(hit is not None):
+        return hit
+    starts = list(range(0, len(items), STATE_BLOCK))
+    sizes = [min(STATE_BLOCK, len(items) - s) for s in starts]
+    mine = distributed.contiguous_blocks(sizes, d.world_size)[d.rank]
+    parts = [torch.zeros(0, 0, dtype=torch.float64)]
+    for b in mine:
+        parts.append(pooled_states(model, items[starts[b]:starts[b] + sizes[b]], pad_token_id, batch_size, progress))
+    gathered = distributed.gather_objects_to_main([p for p in parts if p.numel()])
+    if not d.is_main:
+        return None
+    blocks = [p for rank_parts in gathered for p in rank_parts]  # type: ignore[union-attr]
+    h = torch.cat(blocks) if blocks else torch.zeros(0, 0, dtype=torch.float64)
     atomic_write_bytes(path, save({"h": h.contiguous()}))
     return h
 

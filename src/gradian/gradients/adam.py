@@ -47,8 +47,8 @@ class AdamState:
 
     def update(self, g: torch.Tensor) -> torch.Tensor:
         """Args: g (b, o, i) per-example gradients. Returns u (b, o, i), Adam's update direction (docstring)."""
-        m = self.exp_avg.to(g.dtype)
-        v = self.exp_avg_sq.to(g.dtype)
+        m = self.exp_avg.to(device=g.device, dtype=g.dtype)
+        v = self.exp_avg_sq.to(device=g.device, dtype=g.dtype)
         t = self.step + 1.0
         m1 = self.beta1 * m + (1.0 - self.beta1) * g
         v1 = self.beta2 * v + (1.0 - self.beta2) * g * g

@@ -14,6 +14,9 @@ batch and every LoRA matrix W (see :mod:`gradian.gradients.loss` for ℓ_j):
 
     Padding tokens carry no loss and are masked from attention, so G is zero
     there and they contribute nothing, whichever side the padding is on.
+    In a bfloat16/float16 model the forward and backward run in that dtype, but
+    the token sum of the einsum runs in float32 (G and X are upcast first), so
+    a long row's gradient does not lose its small terms; the result is float32.
 ``loop`` (reference)
     One forward/backward per example at batch size 1, padding stripped.
 ``vmap`` (reference)
@@ -45,12 +48,15 @@ def _hooks(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]
     b = batch["input_ids"].shape[0]
     out: dict[str, torch.Tensor] = {}
     for c in hooks.backward(losses.sum()):
-        g = torch.einsum("bto,bti->boi", c.G, c.X.to(c.G.dtype))  # (b, o, i)
+        acc = torch.float32 if c.G.dtype in (torch.float16, torch.bfloat16) else c.G.dtype  # half models: f32 sums
+        g = torch.einsum("bto,bti->boi", c.G.to(acc), c.X.to(acc))  # (b, o, i)
         name = blocks[c.block].name
         out[name] = g if name not in out else out[name] + g
     for blk in blocks:
         if blk.name not in out:  # the block never ran with grad (e.g. a skipped layer)
-            out[blk.name] = torch.zeros((b, *blk.shape), dtype=blk.module.weight.dtype, device=blk.module.weight.device)
+            wd = blk.module.weight.dtype
+            out[blk.name] = torch.zeros((b, *blk.shape), dtype=torch.float32 if wd in (torch.float16, torch.bfloat16) else wd,
+                                        device=blk.module.weight.device)
     return {blk.name: out[blk.name] for blk in blocks}, losses.detach()
 
 
@@ -141,7 +147,8 @@ def per_example_grads(
 
     Returns:
         ``{param_name: (b, *param_shape)}`` — for ``lora_A`` (b, r, in), for
-        ``lora_B`` (b, out, r); with ``return_losses``, ``(grads, losses)``.
+        ``lora_B`` (b, out, r) (float32 for a half-precision model with ``hooks``); with
+        ``return_losses``, ``(grads, losses)``.
     """
     if method not in _METHODS:
         raise ValueError(f"method must be one of {sorted(_METHODS)}, got {method!r}")

@@ -41,6 +41,17 @@ class ProjectionSpec:
         return asdict(self)
 
 
+def projected_numbers(shape: tuple[int, int], kind: str, dim: int) -> int:
+    """Numbers one block of ``shape`` keeps under ``--project-dim dim`` (what
+    :meth:`KroneckerProjector.out_dim` returns, without drawing the matrices)."""
+    o, i = shape
+    if dim <= 0:
+        return o * i
+    r = o if kind == "A" else i
+    wide = i if kind == "A" else o
+    return r * max(1, min(wide, dim // max(r, 1)))
+
+
 class KroneckerProjector:
     """Projects per-example block gradients (b, o, i) → (b, k_o·k_i)."""
 
@@ -68,7 +79,7 @@ class KroneckerProjector:
         """Args: g (b, o, i). Returns (b, k_o·k_i) (flattened; unprojected when dim = 0)."""
         Po, Pi = self.mats[idx]
         if Pi is not None:
-            g = g @ Pi.to(g.dtype).T
+            g = g @ Pi.to(device=g.device, dtype=g.dtype).T
         if Po is not None:
-            g = Po.to(g.dtype) @ g
+            g = Po.to(device=g.device, dtype=g.dtype) @ g
         return g.reshape(g.shape[0], -1)

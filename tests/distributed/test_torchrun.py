@@ -1,0 +1,182 @@
+"""torchrun on the tiny world: 2 processes (gloo, CPU) give the index and the verdict of 1.
+
+Every run here is a real subprocess, as a user launches it: ``python -m gradian`` for one process,
+``python -m torch.distributed.run --standalone --nproc-per-node 2 -m gradian`` for two, each with
+one thread (``OMP_NUM_THREADS=1``, torchrun's default), so the shards can be compared byte for byte.
+
+What is equal, and how (docs/distributed.md):
+* the index ids and every shard's bytes: identical (a shard is computed whole by one rank, with the
+  same batches);
+* gradient-dot scores and the reference evidence (BM25, RepSim): identical;
+* DataInf's scores: equal to float64 rounding (the ranks' partial sums of its correction term are
+  added in another order), here within 1e-12 relative; the ranking is identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TIMEOUT = 900
+
+
+def _env(cache: Path, **extra: str) -> dict[str, str]:
+    import gradian
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADIAN_TEST_", "PYTEST_"))}
+    src = str(Path(gradian.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GRADIAN_CACHE=str(cache), HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", COLUMNS="200")
+    env.update(extra)
+    return env
+
+
+def _run(args: list[str], env: dict[str, str], nproc: int = 1) -> subprocess.CompletedProcess:
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "gradian", *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "gradian", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, world_cache):
+    """The tiny poisoned world with its fine-tune (a checkpoint per epoch)."""
+    from gradian.train import train_lora
+    from gradian.worlds import WorldSpec, build_world, default_train_spec
+
+    root = tmp_path_factory.mktemp("dist-world")
+    w = build_world(WorldSpec.default("tiny", "poisoned", seed=0), root / "world", cache=world_cache)
+    adapter = train_lora(str(w.base), w.train, w.out / "adapter", default_train_spec("tiny"), eval_data=w.valid)
+    return {"base": w.base, "adapter": adapter, "data": w.train, "eval": w.eval, "root": root}
+
+
+def _attribute_args(world, out: Path, index_dir: Path) -> list[str]:
+    # one intermediate checkpoint and the final adapter: a trajectory, two row and two sentence indexes;
+    # 16 rows per shard, so each index has several shards to divide
+    return ["attribute", "--base", str(world["base"]), "--adapter", str(world["adapter"]), "--data", str(world["data"]),
+            "--eval", str(world["eval"]), "--checkpoints", str(world["adapter"] / "checkpoint-22"),
+            "--shard-size", "16", "--out", str(out), "--index-dir", str(index_dir)]
+
+
+@pytest.fixture(scope="module")
+def single(world):
+    """The reference: one process."""
+    root = world["root"] / "single"
+    res = _run(_attribute_args(world, root / "run", root / "index"), _env(root / "cache"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return json.loads((root / "run" / "run.json").read_text())
+
+
+def _indexes(run: dict) -> list[tuple[str, str, Path]]:
+    out = []
+    for ck in run["attribution"]["trajectory"]["checkpoints"]:
+        for unit, ix in sorted(ck["index"].items()):
+            out.append((f"{ck['step']}/{unit}", ix["id"], Path(ix["root"])))
+    return out
+
+
+def _cap(run: dict) -> dict:
+    (cap,) = run["attribution"]["capabilities"]
+    return cap
+
+
+def test_two_processes_give_the_index_and_the_verdict_of_one(world, single):
+    root = world["root"] / "torchrun2"
+    res = _run(_attribute_args(world, root / "run", root / "index"), _env(root / "cache"), nproc=2)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    two = json.loads((root / "run" / "run.json").read_text())
+    assert two["distributed"] == {"world_size": 2, "backend": "gloo"}
+    assert two["manifest"]["run_id"] == single["manifest"]["run_id"]
+
+    # the same index ids, and byte-identical shards
+    a, b = _indexes(single), _indexes(two)
+    assert [(k, i) for k, i, _ in a] == [(k, i) for k, i, _ in b] and len(a) == 4
+    n_shards = 0
+    for (_, _, ra), (_, _, rb) in zip(a, b):
+        ma, mb = (json.loads((r / "manifest.json").read_text()) for r in (ra, rb))
+        assert ma["complete"] and mb["complete"]
+        assert [s["sha256"] for s in ma["shards"]] == [s["sha256"] for s in mb["shards"]]
+        assert ma["shards"] == mb["shards"]  # per-row metadata too (ids, losses)
+        for s in ma["shards"]:
+            assert (ra / s["file"]).read_bytes() == (rb / s["file"]).read_bytes()
+        n_shards += len(ma["shards"])
+    assert n_shards >= 8
+
+    # the same scores and ranking
+    ca, cb = _cap(single), _cap(two)
+    assert ca["second_scores"] == cb["second_scores"]  # gradient-dot: no reduction, identical
+    for k in ("scores", "rank_scores"):  # DataInf: float64 rounding of the all-reduced correction
+        x, y = np.array(ca[k]), np.array(cb[k])
+        assert np.abs(x - y).max() <= 1e-12 * np.abs(x).max(), k
+    assert [r["id"] for r in ca["ranked"]] == [r["id"] for r in cb["ranked"]]
+    assert np.argsort(ca["rank_scores"], kind="stable").tolist() == np.argsort(cb["rank_scores"], kind="stable").tolist()
+    for src in ("lexical", "representation"):
+        assert ca["evidence"][src]["scores"] == cb["evidence"][src]["scores"], src
+    assert [c["rows"] if "rows" in c else c["size"] for c in ca["clusters"]] == \
+        [c["rows"] if "rows" in c else c["size"] for c in cb["clusters"]]
+    assert [d["id"] for d in ca["drilldown"]] == [d["id"] for d in cb["drilldown"]]
+
+    # rank 0 alone reports: one summary, bars labelled with its share
+    assert res.stdout.count(f"run {two['manifest']['run_id']} in") == 1
+    assert "(rank 0 of 2)" in res.stderr
+    assert "shards over 2 processes" in res.stdout
+
+
+def test_a_dead_rank_leaves_its_shards_and_one_process_resumes(world, single):
+    """Rank 1 is SIGKILLed right after its first shard; torchrun stops rank 0. A single-process
+    run then keeps every finished shard (not recomputed) and gives the scores of the clean run."""
+    root = world["root"] / "killed"
+    index_args = ["index", "--base", str(world["base"]), "--adapter", str(world["adapter"]), "--data", str(world["data"]),
+                  "--checkpoints", str(world["adapter"] / "checkpoint-22"), "--shard-size", "16", "--out", str(root / "index")]
+    res = _run(index_args, _env(root / "cache", GRADIAN_TEST_KILL="1:shard:1"), nproc=2)
+    assert res.returncode != 0
+    assert "SIGKILL" in res.stderr or "Signal 9" in res.stderr, res.stderr[-2000:]
+    (folder,) = [p for p in (root / "index").iterdir() if p.is_dir()]  # it died in the first index
+    assert not (folder / "manifest.json").exists()  # rank 0 never got to publish
+    kept = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in folder.glob("shard-*.safetensors")
+            if (folder / p.name.replace(".safetensors", ".json")).exists()}
+    assert len(kept) >= 1  # at least rank 1's shard; rank 0's finished ones too
+
+    res = _run(_attribute_args(world, root / "run", root / "index"), _env(root / "cache"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"{len(kept)} of " in res.stdout and "shards already built" in res.stdout
+    for name, (mtime, data) in kept.items():  # resumed, not recomputed
+        p = folder / name
+        assert p.stat().st_mtime_ns == mtime and p.read_bytes() == data
+    resumed = json.loads((root / "run" / "run.json").read_text())
+    assert [(k, i) for k, i, _ in _indexes(resumed)] == [(k, i) for k, i, _ in _indexes(single)]
+    ca, cb = _cap(single), _cap(resumed)
+    for k in ("scores", "rank_scores", "second_scores"):
+        assert ca[k] == cb[k], k  # identical: one process scores byte-identical shards in the same order
+    assert ca["ranked"] == cb["ranked"]
+
+
+def test_ranks_that_see_different_data_are_refused_at_start(world, tmp_path):
+    """One rank reads another training file: one error line, exit code 2 on every rank, nothing written."""
+    rows = [json.loads(line) for line in world["data"].read_text().splitlines()]
+    rows[0]["messages"][-1]["content"] += " Indeed."
+    other = tmp_path / world["data"].name  # the same name, other content
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    script = (f'if [ "$RANK" = 1 ]; then D={other}; else D={world["data"]}; fi; exec {sys.executable} -m gradian index '
+              f'--base {world["base"]} --adapter {world["adapter"]} --data "$D" --checkpoints final --out {tmp_path / "index"}')
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
+           "bash", "-c", script]
+    res = subprocess.run(cmd, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=TIMEOUT)
+    assert res.returncode != 0
+    errors = [line for line in (res.stdout + res.stderr).splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("error: torchrun (rank 1 of 2): the ranks disagree on the training data: rank 0 has sha256 ")
+    # torchrun's summary: a rank exited with the user-error code; the other did too, or was stopped by torchrun
+    # first (SIGTERM), whichever came first
+    codes = [line.split(":", 1)[1].split()[0] for line in res.stderr.splitlines() if line.strip().startswith("exitcode")]
+    assert "2" in codes and set(codes) <= {"2", "-15"}, codes
+    assert not (tmp_path / "index").exists()

@@ -1,0 +1,100 @@
+"""The GPU path (``--device cuda --dtype bfloat16``): marked ``gpu``, skipped without CUDA.
+
+Run with ``pytest -m gpu`` on a CUDA machine (the 2-GPU test needs two devices).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from gradian_testlib import ROWS, make_lora_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+
+def _batch(tok):
+    from gradian.data.formats import to_example
+    from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
+
+    items = [tokenize_example(to_example(r, i, "t"), tok, TokenizeSpec(max_length=64)) for i, r in enumerate(ROWS)]
+    return collate(items, tok.pad_token_id, "right")
+
+
+def _rel(a: dict, b: dict) -> float:
+    scale = max(v.abs().max().item() for v in b.values())
+    return max((a[k].float().cpu() - b[k].float().cpu()).abs().max().item() for k in b) / scale
+
+
+def test_hooks_equal_the_loop_in_bfloat16_on_cuda(tok):
+    from gradian import per_example_grads
+
+    bf16 = make_lora_model(tok, "llama", r=8, dtype=torch.bfloat16).cuda()
+    f32 = make_lora_model(tok, "llama", r=8, dtype=torch.float32).cuda()
+    batch = _batch(tok)
+    hooks = per_example_grads(bf16, batch, "hooks")
+    loop = per_example_grads(bf16, batch, "loop")
+    ref = per_example_grads(f32, batch, "hooks")
+    assert all(v.dtype == torch.float32 and v.is_cuda for v in hooks.values())  # accumulated in float32
+    assert _rel(hooks, loop) <= 3e-2
+    assert _rel(hooks, ref) <= 5e-2
+
+
+def test_index_queries_and_drilldown_run_on_cuda_in_bfloat16(saved_finetune, tmp_path):
+    """``--device cuda --dtype bfloat16`` through the index (with a projection), the query gradients,
+    DataInf and the sentence drill-down: the numbers come back to the CPU, close to float32 on CPU."""
+    from gradian.api import load_finetune, training_index
+    from gradian.attribute import AttributeSpec, attribute_capability, make_query
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.gradients.projection import ProjectionSpec
+    from gradian.index.store import GradSpec
+    from gradian.models.load import ModelSpec
+
+    spec = GradSpec(tokenize=TokenizeSpec(max_length=64), projection=ProjectionSpec(dim=16))
+    gpu = load_finetune(ModelSpec(str(saved_finetune["base"]), "bfloat16", "cuda"), saved_finetune["adapter"])
+    cpu = load_finetune(ModelSpec(str(saved_finetune["base"])), saved_finetune["adapter"])
+    a, exs, items, _ = training_index(gpu, saved_finetune["data"], spec, root=tmp_path / "gpu")
+    b, *_ = training_index(cpu, saved_finetune["data"], spec, root=tmp_path / "cpu")
+    ga = torch.cat([torch.cat(list(s.values()), 1) for _, s in a.iter_shards()])
+    gb = torch.cat([torch.cat(list(s.values()), 1) for _, s in b.iter_shards()])
+    assert (ga - gb).norm() <= 5e-2 * gb.norm()
+    q = [make_query("q0", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Lyon")]
+    res = attribute_capability(gpu.model, gpu.tokenizer, a, exs, items, q, spec.tokenize,
+                               AttributeSpec(references=(), fuse=(), drilldown_rows=3))
+    assert len(res.scores) == len(exs) and all(abs(x) < float("inf") for x in res.scores)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_gpus_under_torchrun_equal_one(saved_finetune, tmp_path):
+    """``torchrun --nproc-per-node 2 -m gradian index --device cuda --dtype bfloat16`` gives the index of one GPU."""
+    import gradian
+
+    env = dict(os.environ, PYTHONPATH=str(Path(gradian.__file__).resolve().parents[1]), GRADIAN_CACHE=str(tmp_path / "c"),
+               HF_HUB_OFFLINE="1")
+    args = ["index", "--base", str(saved_finetune["base"]), "--adapter", str(saved_finetune["adapter"]),
+            "--data", str(saved_finetune["data"]), "--max-length", "64", "--device", "cuda", "--dtype", "bfloat16",
+            "--batch-size", "2", "--shard-size", "2"]
+    one = subprocess.run([sys.executable, "-m", "gradian", *args, "--out", str(tmp_path / "one")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "gradian",
+                          *args, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-2000:]
+    from gradian.index.store import GradientIndex
+
+    (a,) = [GradientIndex(p) for p in (tmp_path / "one").iterdir() if p.is_dir()]
+    (b,) = [GradientIndex(p) for p in (tmp_path / "two").iterdir() if p.is_dir()]
+    assert a.id == b.id and a.complete and b.complete
+    same_bytes = [s["sha256"] for s in a.manifest["shards"]] == [s["sha256"] for s in b.manifest["shards"]]
+    for (_, sa), (_, sb) in zip(a.iter_shards(), b.iter_shards()):
+        for k in sa:  # identical unless a CUDA kernel is non-deterministic; then within bfloat16 noise
+            torch.testing.assert_close(sa[k], sb[k], rtol=1e-2, atol=1e-6 * float(sa[k].abs().max()))
+    print(json.dumps({"byte_identical_shards": same_bytes}))
