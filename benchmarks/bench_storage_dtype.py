@@ -114,7 +114,6 @@ def main():
 
 def synthetic(args) -> None:
     import numpy as np
-    import torch
 
     from gradian.api import load_finetune, training_index
     from gradian.attribute.pipeline import spearman, topk_overlap
