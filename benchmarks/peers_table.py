@@ -4,9 +4,10 @@
 
 One table per world: the default verdict first, then every peer and reference engine, then
 (``--all``) every Gradian variant (engine × final/first/trajectory × raw/cosine × row/sentence).
-Wall time is end to end for the method (its own process), and the ratio is over Gradian's
-default; ``*`` marks Gradian rows whose indexes were reused (their wall time is then the stage
-times recorded in the run, which exclude the index builds: see the note under the table).
+Wall time is end to end for the method (its own process; the default's is its two runs,
+``trajectory`` + ``references``), and the ratio is over Gradian's default; ``*`` marks Gradian rows
+whose gradient indexes were reused, so their wall time excludes the index builds. Several JSON
+files for one world (methods run separately) are merged.
 """
 
 from __future__ import annotations
@@ -46,8 +47,17 @@ def rows_of(world: dict, all_variants: bool) -> list[tuple[str, dict, dict]]:
     return out
 
 
+def default_wall(world: dict) -> tuple[float | None, bool]:
+    """End to end: the processes of the two runs the default is made of (trajectory + references), and
+    whether the gradient indexes were reused (then the index builds are not in it)."""
+    m = world["methods"]
+    if "default" not in m or not m.get("trajectory", {}).get("wall_s") or not m.get("references", {}).get("wall_s"):
+        return None, False
+    return m["trajectory"]["wall_s"] + m["references"]["wall_s"], bool(m["trajectory"].get("indexes_reused"))
+
+
 def table(world: dict, all_variants: bool) -> str:
-    default_wall = (world["methods"].get("default") or {}).get("wall_s")
+    dwall, dreused = default_wall(world)
     lines = [f"**{Path(world['world']).name}** ({world['n_rows']} rows, {world['n_culprits']} culprits, "
              f"{world['n_failing']} failing items)", "",
              "| method | AUC | direct | buried | P@n | P@10 | buried loc. | wall s | × default | peak RSS MB |",
@@ -55,9 +65,9 @@ def table(world: dict, all_variants: bool) -> str:
     for label, r, m in rows_of(world, all_variants):
         kinds = r.get("auc_by_kind", {})
         loc = r.get("localisation")
-        wall = m.get("wall_s")
-        star = "*" if m.get("indexes_reused") or "note" in m else ""
-        ratio = wall / default_wall if wall and default_wall else None
+        wall, reused = (dwall, dreused) if m is world["methods"].get("default") else (m.get("wall_s"), m.get("indexes_reused"))
+        star = "*" if reused else ""
+        ratio = wall / dwall if wall and dwall else None
         locs = f"{loc['hits']}/{loc['n']}" if loc else "—"
         lines.append(
             f"| {label} | {_fmt(r.get('auc'))} | {_fmt(kinds.get('direct'))} | {_fmt(kinds.get('buried'))} | "
@@ -72,10 +82,16 @@ def main() -> None:
     ap.add_argument("json", type=Path, nargs="+")
     ap.add_argument("--all", action="store_true", help="also every Gradian variant")
     args = ap.parse_args()
+    worlds: dict[str, dict] = {}  # one world's methods may come from several runs (files)
     for p in args.json:
         for w in json.loads(p.read_text())["worlds"]:
-            print(table(w, args.all))
-            print()
+            if w["world"] in worlds:
+                worlds[w["world"]]["methods"].update(w["methods"])
+            else:
+                worlds[w["world"]] = w
+    for w in worlds.values():
+        print(table(w, args.all))
+        print()
 
 
 if __name__ == "__main__":
