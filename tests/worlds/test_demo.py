@@ -50,3 +50,26 @@ def test_second_run_reuses_the_adapter_and_the_index(demo):
     assert run["attribution"]["index"]["reused"] is True
     assert run["manifest"]["run_id"] == first["manifest"]["run_id"]
     assert run["attribution"]["capabilities"][0]["scores"] == first["attribution"]["capabilities"][0]["scores"]
+
+
+def test_report_shows_each_kind_of_evidence_and_what_supports_each_row(demo):
+    """The reference engines are extra opinions: the report says how each kind of evidence agrees with the
+    verdict, and which kinds support each of the most harmful rows (their own top 10%)."""
+    root, _, _ = demo
+    out = root / "out" / "poisoned"
+    run = json.loads((out / "run.json").read_text())
+    cap = run["attribution"]["capabilities"][0]
+    ev = cap["evidence"]
+    assert set(ev) == {"gradient", "lexical", "representation"}
+    md = (out / "report.md").read_text()
+    line = next(ln for ln in md.splitlines() if "how each kind of evidence agrees with the verdict" in ln)
+    for kind in ("gradient", "lexical", "representation"):
+        assert f"{kind} \\({ev[kind]['engine']}\\) Spearman {ev[kind]['spearman_with_verdict']:.2f}" in line
+    header = next(ln for ln in md.splitlines() if ln.startswith("| rank | row | score"))
+    assert "supported by" in header
+    col = header.strip("|").split("|").index(" supported by ")
+    rows = [ln for ln in md.splitlines()[md.splitlines().index(header) + 2:] if ln.startswith("| ")][: len(cap["ranked"])]
+    for ln, r in zip(rows, cap["ranked"]):
+        want = [k for k in ("gradient", "lexical", "representation") if r["support"][k]["supports"]]
+        assert ln.strip("|").split("|")[col].strip() == (", ".join(want) or "—")
+    assert "supported by" in (out / "report.html").read_text()

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 from markupsafe import Markup
 
 from gradian.report import svg
-from gradian.report.model import SUMMARY_CLUSTERS, Report
+from gradian.report.model import SUMMARY_CLUSTERS, Report, support_marks
 from gradian.report.safe import clean, clean_tree, shorten
 
 M = Markup
@@ -212,10 +212,11 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
                  M("{}").format(svg.fmt_num(r.get("predicted_loss_delta_if_removed"))),
                  M("{}{}").format(r.get("tokens"), " (truncated)" if r.get("truncated") else ""),
                  M("{}").format(f"#{r['cluster']}" if r.get("cluster") is not None else ""),
-                 M("{}").format(", ".join(r.get("flags") or [])), _txt(r.get("completion"), 240)]
+                 M("{}").format(", ".join(r.get("flags") or [])), M("{}").format(support_marks(r)), _txt(r.get("completion"), 240)]
                 for r in a.ranked]
         out.append(M("<h4>Most harmful training rows</h4>{}").format(
-            _table(["rank", "row", "score", "Δ query loss if removed", "tokens", "cluster", "audit", "completion"], rows, (0, 2, 3, 4))))
+            _table(["rank", "row", "score", "Δ query loss if removed", "tokens", "cluster", "audit", "supported by",
+                    "completion"], rows, (0, 2, 3, 4))))
     if a.drilldown:
         out.append(M("<h4>Which sentence did it</h4>{}").format(_join(_sentence_view(d) for d in a.drilldown)))
     if a.failing_items:

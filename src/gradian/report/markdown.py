@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any
 
-from gradian.report.model import SUMMARY_CLUSTERS, Report, flatten
+from gradian.report.model import SUMMARY_CLUSTERS, Report, flatten, support_marks
 from gradian.report.safe import md_text
 from gradian.report.svg import fmt_num, fmt_score
 
@@ -135,10 +135,11 @@ def render_markdown(report: Report) -> str:
                      fmt_num(x.get("predicted_loss_delta_if_removed")),
                      f"{x.get('tokens')}{' (truncated)' if x.get('truncated') else ''}",
                      f"\\#{x['cluster']}" if x.get("cluster") is not None else "",
-                     md_text(", ".join(x.get("flags") or [])), md_text(x.get("completion"), 140)]
+                     md_text(", ".join(x.get("flags") or [])), support_marks(x), md_text(x.get("completion"), 140)]
                     for x in a.ranked]
             out += ["#### Most harmful training rows", ""]
-            out += _table(["rank", "row", "score", "Δ query loss if removed", "tokens", "cluster", "audit", "completion"], rows)
+            out += _table(["rank", "row", "score", "Δ query loss if removed", "tokens", "cluster", "audit", "supported by",
+                           "completion"], rows)
         if a.drilldown:
             out += ["#### Which sentence did it", ""]
             for d in a.drilldown:

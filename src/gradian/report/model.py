@@ -51,7 +51,7 @@ class Qualifier:
 
     Attributes:
         kind: ``noise_band`` | ``few_items`` | ``base_fails`` | ``low_base`` | ``thin_margin`` |
-            ``margins`` | ``loglik_query`` | ``engine_agreement`` | ``single_engine`` | ``base_bound``.
+            ``margins`` | ``loglik_query`` | ``engine_agreement`` | ``single_engine`` | ``evidence`` | ``base_bound``.
         level: ``ok`` (supports the verdict), ``caution``, or ``warning`` (weakens it).
         text: one sentence.
     """
@@ -151,6 +151,9 @@ class AttributionView:
     ranked: list[dict[str, Any]]
     drilldown: list[DrilldownView]
     failing_items: list[dict[str, Any]]
+    #: per kind of evidence (gradient, lexical, representation): its engine and how it agrees with the
+    #: verdict (Spearman, top-k overlap); ``"fused"``: the weights of the references folded into the ranking
+    evidence: dict[str, Any] | None = None
 
 
 @dataclass
@@ -359,7 +362,36 @@ def _qualifiers(cap: dict[str, Any], att: dict[str, Any] | None, failing: list[d
         else:
             out.append(Qualifier("single_engine", "caution",
                                  f"one engine only ({att.get('engine')}): no agreement check, confidence unknown"))
+        ev = evidence_line(att)
+        if ev:
+            out.append(Qualifier("evidence", "ok", ev))
     return out
+
+
+EVIDENCE_KINDS = ("gradient", "lexical", "representation")
+
+
+def evidence_line(att: dict[str, Any]) -> str | None:
+    """One sentence on how each kind of evidence agrees with the verdict, from run.json's attribution."""
+    ev = att.get("evidence") or {}
+    k = (att.get("agreement") or {}).get("k", 20)
+    parts = []
+    for kind in EVIDENCE_KINDS:
+        e = ev.get(kind)
+        if isinstance(e, dict) and e.get("spearman_with_verdict") is not None:
+            parts.append(f"{kind} ({e.get('engine')}) Spearman {_f(e['spearman_with_verdict']):.2f}, "
+                         f"top-{k} overlap {_f(e.get('topk_overlap_with_verdict')):.0%}")
+    if not parts:
+        return None
+    fused = (att.get("ranking") or {}).get("fuse_weights") or {}
+    tail = ("; folded into the ranking: " + ", ".join(f"{n} with weight {_f(w):.2f}" for n, w in fused.items())) if fused else ""
+    return "how each kind of evidence agrees with the verdict: " + "; ".join(parts) + tail
+
+
+def support_marks(row: dict[str, Any]) -> str:
+    """``"gradient, lexical"``: the kinds of evidence that put this row in their own top 10%."""
+    sup = row.get("support") or {}
+    return ", ".join(k for k in EVIDENCE_KINDS if (sup.get(k) or {}).get("supports")) or "—"
 
 
 def _profile(scores: list[float], tail: set[int]) -> ScoreProfile:
@@ -472,6 +504,11 @@ def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list
         k = q.get("kind", "?")
         kinds[k] = kinds.get(k, 0) + 1
     ag = cap.get("agreement")
+    evidence = None
+    if cap.get("evidence"):
+        evidence = {kind: {k: e.get(k) for k in ("engine", "spearman_with_verdict", "topk_overlap_with_verdict")}
+                    for kind, e in cap["evidence"].items() if isinstance(e, dict)}
+        evidence["fused"] = dict((cap.get("ranking") or {}).get("fuse_weights") or {})
     return AttributionView(
         engine=cap.get("engine", "?"),
         engines=list(ag["engines"]) if ag else [cap.get("engine", "?")],
@@ -489,6 +526,7 @@ def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list
                                    "margin", "thin_margin", "query")}
             for f in cap.get("failing_items") or []
         ],
+        evidence=evidence,
     )
 
 
@@ -737,7 +775,7 @@ _DRILL = _obj({
 _ATTRIBUTION = _obj({
     "engine": _S, "engines": _arr(_S), "n_train": _I, "n_failing": _I, "query_kinds": _O, "agreement": _NO,
     "profile": _PROFILE, "clusters": _arr(_CLUSTER), "explained_share": _N, "ranked": _arr(_O),
-    "drilldown": _arr(_DRILL), "failing_items": _arr(_O),
+    "drilldown": _arr(_DRILL), "failing_items": _arr(_O), "evidence": _NO,
 }, nullable=True)
 _CAPABILITY = _obj({
     "name": _S, "metric": _S, "unit": {"enum": ["accuracy", "nats"]}, "n": _I, "reference_score": _N,
