@@ -68,7 +68,7 @@ def table(world: dict, all_variants: bool) -> str:
         wall, reused = (dwall, dreused) if m is world["methods"].get("default") else (m.get("wall_s"), m.get("indexes_reused"))
         star = "*" if reused else ""
         ratio = wall / dwall if wall and dwall else None
-        locs = f"{loc['hits']}/{loc['n']}" if loc else "—"
+        locs = f"{loc['hits']}/{loc['n']}" if loc and loc.get("n") else "—"
         lines.append(
             f"| {label} | {_fmt(r.get('auc'))} | {_fmt(kinds.get('direct'))} | {_fmt(kinds.get('buried'))} | "
             f"{_fmt(r.get('p_at_n'), '.2f')} | {_fmt(r.get('p_at_10'), '.2f')} | "
