@@ -22,6 +22,7 @@ a harder test of the rounding than one capability's ranking).
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import tempfile
 from pathlib import Path
@@ -43,32 +44,23 @@ def main():
 
     import numpy as np
     import torch
-    import yaml
 
-    from gradian.api import load_finetune, training_index
-    from gradian.attribute import AttributeSpec, attribute_capability, make_query
+    from gradian.api import training_index
+    from gradian.attribute import AttributeSpec, attribute_capability
     from gradian.attribute.pipeline import spearman, topk_overlap
-    from gradian.data.tokenize import TokenizeSpec
-    from gradian.evaluate import EvalSpec, evaluate, load_eval_set
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec
-    from gradian.models.load import ModelSpec
 
     if args.world is None:
         return synthetic(args)
-    world = json.loads((args.world / "world.json").read_text())
-    base = args.base or world["base"]
-    cfg = yaml.safe_load((args.world / "train.yaml").read_text())
-    tspec = TokenizeSpec(max_length=int(cfg.get("max_length", 1024)))
-    ft = load_finetune(ModelSpec(base), args.adapter)
-    ev = evaluate(ft.model, ft.tokenizer, load_eval_set(args.world / "eval.jsonl"), spec=EvalSpec())
-    if not ev.regressed:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from worldtask import world_queries
+
+    got = world_queries(args.world, args.adapter, args.base)
+    if got is None:
         print("no capability regressed: nothing to compare")
         return
-    cap = ev.regressed[0]
-    failing = ev.failing_items(cap.name)
-    qs = [make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer,
-                     fallback=f.correct_completion) for f in failing]
+    ft, tspec, cap, qs = got
     truth = None
     gt = args.world / "ground_truth.json"
     if gt.exists():
