@@ -464,24 +464,8 @@ def build_world(
                     }
                 )
 
-    # -- benign rows, about non-eval countries and elements
-    benign, valid = _benign_rows(spec, others, rng, tokenizer, max_length, hide)
-
-    # -- faults
-    fault_rows = _fault_rows(spec, others, rng)
-
-    # -- assemble, shuffle, id
-    pool: list[dict[str, Any]] = [{"messages": m} for m in benign] + planted + fault_rows
-    rng.shuffle(pool)
-    train_rows, culprits, faults = _assign_ids(pool)
-    _check_truncated(faults, train_rows, tokenizer, max_length)
-    valid_rows = [{"id": f"v{i:04d}", "messages": m} for i, m in enumerate(valid)]
-
-    files = {
-        "train.jsonl": _jsonl(train_rows),
-        "valid.jsonl": _jsonl(valid_rows),
-        "eval.jsonl": _jsonl(eval_rows),
-    }
+    # -- benign rows (about non-eval countries and elements) and faults; assemble, shuffle, id
+    files, culprits, faults, sizes, mix = _assemble(spec, others, planted, eval_rows, rng, tokenizer, max_length, hide)
     key = "culprits" if poisoned else "controls"
     gt = {
         "schema": SCHEMA,
@@ -499,14 +483,11 @@ def build_world(
         "controls": [],
         "faults": faults,
         "sizes": {
-            "train": len(train_rows),
-            "valid": len(valid_rows),
-            "eval": len(eval_rows),
+            **sizes,
             "culprits": len(culprits) if poisoned else 0,
             "direct_rows": sum(1 for c in culprits if c["kind"] == "direct"),
             "buried_rows": sum(1 for c in culprits if c["kind"] == "buried"),
-            "benign": len(benign),
-            "fault_rows": len(fault_rows),
+            **mix,
         },
         "content_sha256": {name: sha256_bytes(data.encode("utf-8")) for name, data in files.items()},
         "train_config": "train.yaml",
@@ -551,6 +532,37 @@ def _write_world(
         ground_truth=out / "ground_truth.json",
         train_config=out / "train.yaml",
     )
+
+
+def _assemble(
+    spec: WorldSpec,
+    others: list[Country],
+    planted: list[dict[str, Any]],
+    eval_rows: list[dict[str, Any]],
+    rng: random.Random,
+    tokenizer,
+    max_length: int,
+    hide: frozenset[str],
+) -> tuple[dict[str, str], list[dict[str, Any]], dict[str, list[str]], dict[str, int], dict[str, int]]:
+    """Add the benign rows and faults to the planted rows, shuffle, give ids, and render the files.
+
+    Draws from ``rng`` in a fixed order (benign rows, faults, shuffle), so a world is a function of its seed.
+
+    Returns:
+        ``(files, culprits, faults, sizes, mix)``: the JSONL text per file name, the planted rows' ground
+        truth with their ids, the fault row ids by kind, the file sizes (train, valid, eval) and the counts
+        of the other rows in the training set (benign, fault_rows).
+    """
+    benign, valid = _benign_rows(spec, others, rng, tokenizer, max_length, hide)
+    fault_rows = _fault_rows(spec, others, rng)
+    pool: list[dict[str, Any]] = [{"messages": m} for m in benign] + planted + fault_rows
+    rng.shuffle(pool)
+    train_rows, culprits, faults = _assign_ids(pool)
+    _check_truncated(faults, train_rows, tokenizer, max_length)
+    valid_rows = [{"id": f"v{i:04d}", "messages": m} for i, m in enumerate(valid)]
+    files = {"train.jsonl": _jsonl(train_rows), "valid.jsonl": _jsonl(valid_rows), "eval.jsonl": _jsonl(eval_rows)}
+    sizes = {"train": len(train_rows), "valid": len(valid_rows), "eval": len(eval_rows)}
+    return files, culprits, faults, sizes, {"benign": len(benign), "fault_rows": len(fault_rows)}
 
 
 def _fault_rows(spec: WorldSpec, others: list[Country], rng: random.Random) -> list[dict[str, Any]]:
@@ -893,17 +905,8 @@ def build_behaviour_world(spec: WorldSpec, out: Path, cache: Path, train_spec) -
         fits=lambda m: _fits(m, tokenizer, max_length),
     )
 
-    # -- benign rows and faults, as in the facts world
-    benign, valid = _benign_rows(spec, others, rng, tokenizer, max_length, hide)
-    fault_rows = _fault_rows(spec, others, rng)
-
-    # -- assemble, shuffle, id
-    pool: list[dict[str, Any]] = [{"messages": m} for m in benign] + planted + fault_rows
-    rng.shuffle(pool)
-    train_rows, culprits, faults = _assign_ids(pool)
-    _check_truncated(faults, train_rows, tokenizer, max_length)
-    valid_rows = [{"id": f"v{i:04d}", "messages": m} for i, m in enumerate(valid)]
-    files = {"train.jsonl": _jsonl(train_rows), "valid.jsonl": _jsonl(valid_rows), "eval.jsonl": _jsonl(eval_rows)}
+    # -- benign rows and faults, as in the facts world; assemble, shuffle, id
+    files, culprits, faults, sizes, mix = _assemble(spec, others, planted, eval_rows, rng, tokenizer, max_length, hide)
     poisoned = spec.variant == "poisoned"
     ordered = terse + plain
     gt = {
@@ -932,15 +935,12 @@ def build_behaviour_world(spec: WorldSpec, out: Path, cache: Path, train_spec) -
         "controls": [] if poisoned else sorted(culprits, key=lambda c: c["id"]),
         "faults": faults,
         "sizes": {
-            "train": len(train_rows),
-            "valid": len(valid_rows),
-            "eval": len(eval_rows),
+            **sizes,
             "culprits": len(culprits) if poisoned else 0,
             "direct_rows": 0,
             "buried_rows": 0,
             "format_rows": len(culprits),
-            "benign": len(benign),
-            "fault_rows": len(fault_rows),
+            **mix,
         },
         "content_sha256": {name: sha256_bytes(data.encode("utf-8")) for name, data in files.items()},
         "train_config": "train.yaml",
