@@ -32,7 +32,11 @@ positive IF is *harmful*. Gradian's score is the negation of that quantity.
 
 from __future__ import annotations
 
+from typing import Callable, Iterable, TypeVar
+
 import numpy as np
+
+T = TypeVar("T")
 
 SIGN_CONVENTION = (
     "positive score = the example reinforced the queried behaviour; "
@@ -50,6 +54,111 @@ def predicted_loss_delta_if_removed(score: np.ndarray, n: int) -> np.ndarray:
     return np.asarray(score) / float(n)
 
 
+# ----------------------------------------------------------------------------- ordering and harmful mass
+#
+# "Most harmful" is "most negative score" (module docstring). Every ordering is a *stable* ascending sort:
+# rows with equal scores keep their index order, so the same scores give the same ranking everywhere.
+
+
 def most_harmful_first(scores: np.ndarray) -> np.ndarray:
-    """Indices ordering examples from most degrading (most negative) to most reinforcing."""
+    """Indices ordering examples from most degrading (most negative) to most reinforcing.
+
+    Args:
+        scores: (n,) scores.
+
+    Returns:
+        (n,) int indices ``j`` sorted by ``(s_j, j)``: ascending score, ties in index order
+        (``numpy.argsort(kind="stable")``; NaN scores last).
+    """
     return np.argsort(np.asarray(scores), kind="stable")
+
+
+def sort_most_harmful_first(items: Iterable[T], score: Callable[[T], float]) -> list[T]:
+    """``items`` (sentences, clusters, ...) sorted most harmful first by ``score(item)``.
+
+    Ascending ``score(item)``; stable: items with equal scores keep their order.
+    """
+    return sorted(items, key=score)
+
+
+def harm_ranks(scores: np.ndarray) -> np.ndarray:
+    """Each example's 1-based rank in :func:`most_harmful_first` order (1 = most harmful).
+
+    Args:
+        scores: (n,) scores.
+
+    Returns:
+        (n,) ints ``rank_j = 1 + |{i : (s_i, i) < (s_j, j)}|``, a permutation of ``1..n``.
+    """
+    return np.argsort(most_harmful_first(scores), kind="stable") + 1
+
+
+def harmful_rows(scores: np.ndarray) -> np.ndarray:
+    """Indices of the examples that degraded the behaviour (``s_j < 0``), most harmful first.
+
+    Args:
+        scores: (n,) scores.
+
+    Returns:
+        (k,) int indices ``{j : s_j < 0}`` in :func:`most_harmful_first` order (``k`` may be 0;
+        NaN and zero scores are never harmful).
+    """
+    s = np.asarray(scores)
+    order = most_harmful_first(s)
+    return order[s[order] < 0]
+
+
+def harmful_mass(scores: np.ndarray) -> float:
+    """The harmful mass: the total magnitude of the negative scores.
+
+    ``H = Σ_{j : s_j < 0} −s_j`` (≥ 0; exactly ``0.0`` when no score is negative; NaN scores are
+    left out). Summed with ``numpy.sum``, in the scores' dtype and the order they are given.
+
+    Args:
+        scores: (n,) scores.
+    """
+    s = np.asarray(scores)
+    neg = s[s < 0]
+    return float(-neg.sum()) if neg.size else 0.0
+
+
+def harmful_share(scores: np.ndarray, rows: Iterable[int]) -> float:
+    """The share of the harmful mass that ``rows`` hold.
+
+    ``Σ_{j ∈ rows, s_j < 0} −s_j / H`` with ``H`` = :func:`harmful_mass` of all scores; ``0.0`` when
+    ``H = 0``. Positive scores among ``rows`` count for nothing (they do not cancel harm).
+
+    Args:
+        scores: (n,) scores.
+        rows: indices into ``scores`` (summed in the order given).
+    """
+    s = np.asarray(scores)
+    total = harmful_mass(s)
+    if total <= 0:
+        return 0.0
+    return harmful_mass(s[np.asarray(list(rows), dtype=np.intp)]) / total
+
+
+def harmful_tail(scores: np.ndarray, share: float, max_rows: int, min_rows: int = 2) -> np.ndarray:
+    """The harmful tail: the most harmful rows, taken in order until they hold ``share`` of the harmful mass.
+
+    With ``h = harmful_rows(scores)`` and the cumulative share ``c_i = Σ_{t ≤ i} −s_{h_t} / H``
+    (``H`` summed over ``h``), the tail is ``h[:k]`` with ``k`` the first ``i + 1`` where
+    ``c_i ≥ share``, then clipped to ``max_rows`` and raised to ``min(min_rows, len(h))``.
+
+    Args:
+        scores: (n,) scores.
+        share: the share of the harmful mass the tail holds (0..1).
+        max_rows: at most this many rows.
+        min_rows: at least this many rows (when that many are harmful).
+
+    Returns:
+        (k,) int row indices, most harmful first; empty when no score is negative.
+    """
+    s = np.asarray(scores)
+    neg = harmful_rows(s)
+    if len(neg) == 0:
+        return neg
+    cum = np.cumsum(-s[neg]) / harmful_mass(s[neg])
+    k = int(np.searchsorted(cum, share) + 1)
+    return neg[: max(min(min_rows, len(neg)), min(k, max_rows, len(neg)))]

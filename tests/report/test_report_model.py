@@ -12,7 +12,7 @@ from report_world import real_run
 
 from gradian.report import Report, build_report, read_training_log, report_json
 from gradian.report.join import explain_cluster, row_flags
-from gradian.report.model import REPORT_SCHEMA
+from gradian.report.views import REPORT_SCHEMA
 
 
 @pytest.fixture(scope="module")
@@ -253,8 +253,8 @@ def _validate(value, schema, path="$"):
 def test_json_schema_matches_the_model_and_the_output(real, report):
     import dataclasses
 
-    from gradian.report.model import (
-        REPORT_JSON_SCHEMA,
+    from gradian.report.schema import REPORT_JSON_SCHEMA
+    from gradian.report.views import (
         AttributionView,
         AuditView,
         CapabilityView,
@@ -310,7 +310,7 @@ def test_profile_subsamples_large_runs():
     import math
     import random
 
-    from gradian.report.model import PROFILE_POINTS, _profile
+    from gradian.report.builders import PROFILE_POINTS, _profile
     from gradian.report.svg import profile_plot
 
     rng = random.Random(0)

@@ -1,7 +1,8 @@
 """Clusters of the harmful tail, by gradient direction, and what their rows share.
 
 The harmful tail is the most negative rows, taken in order until they hold
-``tail_share`` of the total negative score (at most ``max_rows``, at least 2).
+``tail_share`` of the total negative score (at most ``max_rows``, at least 2):
+:func:`gradian.sign.harmful_tail`.
 Rows are clustered by the direction of their training gradient: average-linkage
 agglomerative clustering on cosine distance (``scipy.cluster.hierarchy``), cut
 where the mean cosine similarity inside a merge would drop below
@@ -24,6 +25,7 @@ import torch
 from gradian.data.formats import Example
 from gradian.data.tokenize import TokenizedExample
 from gradian.index.store import GradientIndex
+from gradian.sign import harmful_share, harmful_tail, sort_most_harmful_first
 
 
 @dataclass(frozen=True)
@@ -49,19 +51,6 @@ class Cluster:
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-def harmful_tail(scores: np.ndarray, spec: ClusterSpec) -> np.ndarray:
-    """Row indices of the harmful tail, most negative first."""
-    order = np.argsort(scores, kind="stable")
-    neg = order[scores[order] < 0]
-    if len(neg) == 0:
-        return neg
-    total = -scores[neg].sum()
-    cum = np.cumsum(-scores[neg]) / total
-    k = int(np.searchsorted(cum, spec.tail_share) + 1)
-    k = max(min(2, len(neg)), min(k, spec.max_rows, len(neg)))
-    return neg[:k]
 
 
 def gather_gradients(index: GradientIndex, rows: Sequence[int]) -> torch.Tensor:
@@ -147,10 +136,9 @@ def cluster_tail(
     """
     from scipy.cluster.hierarchy import fcluster, linkage
 
-    tail = harmful_tail(scores, spec)
+    tail = harmful_tail(scores, spec.tail_share, spec.max_rows)
     if len(tail) == 0:
         return []
-    total_neg = float(-scores[scores < 0].sum())
     doc_freq: Counter = Counter()
     for ex in examples:
         doc_freq.update(_words(ex.completion_text + " " + ex.prompt_text))
@@ -165,16 +153,14 @@ def cluster_tail(
         labels = fcluster(Z, t=1.0 - spec.min_cosine, criterion="distance")
     clusters = []
     for lab in sorted(set(labels.tolist())):
-        rows = [int(r) for r, l in zip(tail, labels) if l == lab]
-        rows.sort(key=lambda r: scores[r])
-        s = float(scores[rows].sum())
+        rows = sort_most_harmful_first((int(r) for r, l in zip(tail, labels) if l == lab), lambda r: scores[r])
         clusters.append(
             Cluster(
                 label=0,
                 row_ids=[examples[r].id for r in rows],
                 size=len(rows),
-                harmful_share=(-s / total_neg) if total_neg > 0 else 0.0,
-                score=s,
+                harmful_share=harmful_share(scores, rows),
+                score=float(scores[rows].sum()),
                 exemplars=[
                     {"id": examples[r].id, "score": float(scores[r]), "prompt": examples[r].prompt_text[:300], "completion": examples[r].completion_text[:500]}
                     for r in rows[: spec.exemplars]
@@ -182,7 +168,7 @@ def cluster_tail(
                 common=describe_rows(rows, examples, items, no_eos, doc_freq),
             )
         )
-    clusters.sort(key=lambda c: c.score)
+    clusters = sort_most_harmful_first(clusters, lambda c: c.score)
     for i, c in enumerate(clusters, start=1):
         c.label = i
     return clusters

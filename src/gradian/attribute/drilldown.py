@@ -28,6 +28,7 @@ from gradian.data.tokenize import TokenizedExample, collate
 from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector
 from gradian.attribute.spans import split_sentences
+from gradian.sign import sort_most_harmful_first
 
 @dataclass
 class SentenceScore:
@@ -84,5 +85,4 @@ def drill_down(
         for (a, b, ntok), sc in zip(chunk, score.tolist()):
             # sc is per sentence-token mean loss; its additive share of the row score is sc·|s|/|S_j|
             out.append(SentenceScore(a, b, text[a:b], sc, sc * ntok / n_sup, ntok))
-    out.sort(key=lambda x: x.score)
-    return out
+    return sort_most_harmful_first(out, lambda x: x.score)

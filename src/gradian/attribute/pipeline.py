@@ -45,7 +45,14 @@ from gradian.engines.lexical import BM25Spec
 from gradian.engines.repsim import RepSimSpec
 from gradian.errors import GradianUserError
 from gradian.index.store import GradientIndex
-from gradian.sign import SIGN_CONVENTION, most_harmful_first, predicted_loss_delta_if_removed
+from gradian.sign import (
+    SIGN_CONVENTION,
+    harm_ranks,
+    harmful_rows,
+    most_harmful_first,
+    predicted_loss_delta_if_removed,
+    sort_most_harmful_first,
+)
 
 STATISTICS = ("cosine", "raw")
 UNITS = ("sentence", "row")
@@ -321,8 +328,7 @@ def _unit_drill(ev: CapabilityEvidence, spec: AttributeSpec, examples: Sequence[
             ntok = u.item.n_supervised
             out.append(SentenceScore(u.char_start, u.char_end, text[u.char_start:u.char_end], float(U[q, k]),  # type: ignore[index,misc]
                                      float(es.unit_raw[q, k]) * ntok / n_sup, ntok))  # type: ignore[index]
-        out.sort(key=lambda s: s.score)
-        return out
+        return sort_most_harmful_first(out, lambda s: s.score)
 
     return drill
 
@@ -381,7 +387,7 @@ def verdict(
     sources: dict[str, np.ndarray] = {"gradient": main.rows}
     for r, v in ref_caps.items():
         sources[EVIDENCE_KIND[r]] = v
-    pct = {s: (np.argsort(np.argsort(v, kind="stable"), kind="stable") + 1) / n for s, v in sources.items()}  # 1/n = most harmful
+    pct = {s: harm_ranks(v) / n for s, v in sources.items()}  # 1/n = most harmful
     support_cut = max(1, int(np.ceil(0.1 * n)))  # "supports" = in that evidence's top 10%
     evidence = {
         s: {"engine": names[0] if s == "gradient" else next(r for r in ref_caps if EVIDENCE_KIND[r] == s),
@@ -435,9 +441,7 @@ def verdict(
         drill = _unit_drill(ev, spec, examples, items)
     drills = []
     if drill is not None:
-        for j in order[: spec.drilldown_rows]:
-            if rank_scores[j] >= 0:
-                break
+        for j in harmful_rows(rank_scores)[: spec.drilldown_rows]:
             qi = int(np.argmin(main.per_item[:, j]))
             sents = drill(int(j), qi)
             if sents:

@@ -14,6 +14,7 @@ from gradian.data.formats import Example
 from gradian.evaluate.items import as_example
 from gradian.evaluate.spec import EvalSpec
 from gradian.evaluate.verdict import BaseBounds
+from gradian.schema import BOOLEAN, INTEGER, NUMBER, OBJECT, STRING, arr, nullable, obj
 
 SCHEMA_VERSION = "gradian.evaluate/1"
 STATUSES = ("kept", "lost", "gained", "both_fail")
@@ -340,112 +341,101 @@ class EvalResult:
 
 # ----------------------------------------------------------------------------- JSON Schema
 
-_num = {"type": "number"}
-_int = {"type": "integer"}
-_str = {"type": "string"}
-_bool = {"type": "boolean"}
-_messages = {
-    "type": "array",
-    "items": {"type": "object", "required": ["role", "content"], "properties": {"role": _str, "content": _str}},
-}
-_prompt = {"oneOf": [_str, _messages]}
-
-
-def _obj(props: dict[str, Any], nullable: bool = False) -> dict[str, Any]:
-    o = {"type": ["object", "null"] if nullable else "object", "required": sorted(props), "properties": props}
-    return o
-
-
-def _n(s: dict[str, Any]) -> dict[str, Any]:
-    """Nullable variant of a simple schema."""
-    return {"type": [s["type"], "null"]}
-
-
-_model_answer = _obj({"score": _num, "passed": _bool, "output": _n(_str), "answer": _n(_str), "finished": _n(_bool)})
-_margin = _obj(
+_messages = arr(obj({"role": STRING, "content": STRING}))
+_prompt = {"oneOf": [STRING, _messages]}
+_model_answer = obj(
     {
-        "nats": _num,
-        "correct": _str,
+        "score": NUMBER,
+        "passed": BOOLEAN,
+        "output": nullable(STRING),
+        "answer": nullable(STRING),
+        "finished": nullable(BOOLEAN),
+    }
+)
+_margin = obj(
+    {
+        "nats": NUMBER,
+        "correct": STRING,
         "correct_source": {"enum": ["reference", "answer"]},
-        "logp_correct": _num,
-        "logp_said": _num,
-        "tokens_correct": _int,
-        "tokens_said": _int,
-        "gold_nats": _num,
-        "logp_gold": _num,
-        "tokens_gold": _int,
+        "logp_correct": NUMBER,
+        "logp_said": NUMBER,
+        "tokens_correct": INTEGER,
+        "tokens_said": INTEGER,
+        "gold_nats": NUMBER,
+        "logp_gold": NUMBER,
+        "tokens_gold": INTEGER,
     },
     nullable=True,
 )
-_bounds = _obj(
+_bounds = obj(
     {
-        "base_fails": _int,
-        "base_fail_share": _num,
-        "base_score": _num,
-        "low_base": _bool,
-        "low_base_threshold": _num,
-        "failing": _int,
-        "margins_available": _bool,
-        "thin_margin": _int,
-        "thin_margin_share": _n(_num),
-        "thin_margin_nats": _num,
-        "median_margin": _n(_num),
+        "base_fails": INTEGER,
+        "base_fail_share": NUMBER,
+        "base_score": NUMBER,
+        "low_base": BOOLEAN,
+        "low_base_threshold": NUMBER,
+        "failing": INTEGER,
+        "margins_available": BOOLEAN,
+        "thin_margin": INTEGER,
+        "thin_margin_share": nullable(NUMBER),
+        "thin_margin_nats": NUMBER,
+        "median_margin": nullable(NUMBER),
         "query": {"enum": ["contrastive", "cross_entropy"]},
-        "qualifiers": {"type": "array", "items": _str},
+        "qualifiers": arr(STRING),
     }
 )
 
 RESULT_JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": SCHEMA_VERSION,
-    **_obj(
+    **obj(
         {
             "schema": {"const": SCHEMA_VERSION},
-            "spec": {"type": "object"},
-            "reference": _obj({"kind": {"enum": ["base", "adapter"]}}),
+            "spec": OBJECT,
+            "reference": obj({"kind": {"enum": ["base", "adapter"]}}),
             "capabilities": {
                 "type": "array",
-                "items": _obj(
+                "items": obj(
                     {
-                        "name": _str,
+                        "name": STRING,
                         "metric": {"enum": ["exact_match", "contains", "loglik"]},
                         "unit": {"enum": ["accuracy", "nats"]},
-                        "n": _int,
-                        "reference_score": _num,
-                        "tuned_score": _num,
-                        "delta": _num,
-                        "ci_low": _num,
-                        "ci_high": _num,
-                        "confidence": _num,
-                        "resamples": _int,
-                        "seed": _int,
-                        "sign_test_p": _num,
+                        "n": INTEGER,
+                        "reference_score": NUMBER,
+                        "tuned_score": NUMBER,
+                        "delta": NUMBER,
+                        "ci_low": NUMBER,
+                        "ci_high": NUMBER,
+                        "confidence": NUMBER,
+                        "resamples": INTEGER,
+                        "seed": INTEGER,
+                        "sign_test_p": NUMBER,
                         "verdict": {"enum": ["regressed", "improved", "within_noise"]},
-                        "diagnosed": _bool,
-                        "reason": _str,
-                        "reference_pass_rate": _num,
-                        "tuned_pass_rate": _num,
-                        "n_kept": _int,
-                        "n_lost": _int,
-                        "n_gained": _int,
-                        "n_both_fail": _int,
+                        "diagnosed": BOOLEAN,
+                        "reason": STRING,
+                        "reference_pass_rate": NUMBER,
+                        "tuned_pass_rate": NUMBER,
+                        "n_kept": INTEGER,
+                        "n_lost": INTEGER,
+                        "n_gained": INTEGER,
+                        "n_both_fail": INTEGER,
                         "base_bounds": _bounds,
                     }
                 ),
             },
             "items": {
                 "type": "array",
-                "items": _obj(
+                "items": obj(
                     {
-                        "id": _str,
-                        "row": _int,
-                        "capability": _str,
+                        "id": STRING,
+                        "row": INTEGER,
+                        "capability": STRING,
                         "metric": {"enum": ["exact_match", "contains", "loglik"]},
                         "prompt": _prompt,
                         "model_prompt": _prompt,
-                        "chat": _bool,
-                        "answer": _str,
-                        "aliases": {"type": "array", "items": _str},
+                        "chat": BOOLEAN,
+                        "answer": STRING,
+                        "aliases": arr(STRING),
                         "reference": _model_answer,
                         "tuned": _model_answer,
                         "status": {"enum": list(STATUSES)},
@@ -455,27 +445,27 @@ RESULT_JSON_SCHEMA: dict[str, Any] = {
             },
             "failing_items": {
                 "type": "array",
-                "items": _obj(
+                "items": obj(
                     {
-                        "id": _str,
-                        "capability": _str,
-                        "metric": _str,
+                        "id": STRING,
+                        "capability": STRING,
+                        "metric": STRING,
                         "prompt": _prompt,
-                        "chat": _bool,
-                        "answer": _str,
-                        "aliases": {"type": "array", "items": _str},
-                        "tuned_answer": _n(_str),
-                        "reference_answer": _n(_str),
-                        "correct_completion": _str,
-                        "margin": _n(_num),
-                        "thin_margin": _n(_bool),
+                        "chat": BOOLEAN,
+                        "answer": STRING,
+                        "aliases": arr(STRING),
+                        "tuned_answer": nullable(STRING),
+                        "reference_answer": nullable(STRING),
+                        "correct_completion": STRING,
+                        "margin": nullable(NUMBER),
+                        "thin_margin": nullable(BOOLEAN),
                         "query": {"enum": ["contrastive", "cross_entropy"]},
                     }
                 ),
             },
-            "notes": {"type": "array", "items": _str},
-            "timing": {"type": "object", "additionalProperties": _num},
-            "meta": {"type": "object"},
+            "notes": arr(STRING),
+            "timing": {"type": "object", "additionalProperties": NUMBER},
+            "meta": OBJECT,
         }
     ),
 }

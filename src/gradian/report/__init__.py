@@ -1,6 +1,7 @@
 """The report: one model (schema ``gradian.report/1``) joining Evaluate, Attribute and Audit, and its renderers.
 
-* :func:`build_report` (pure) turns a ``gradian.run/1`` dict into a :class:`Report`;
+* :func:`build_report` (pure, :mod:`~gradian.report.builders`) turns a ``gradian.run/1`` dict into a
+  :class:`Report` (:mod:`~gradian.report.views`; JSON Schema: :mod:`~gradian.report.schema`);
   :func:`report_for_run` reads ``RUN_DIR/run.json`` (and the training log, when it still exists) first.
 * :func:`render_html` (self-contained page, inline CSS + SVG, no script), :func:`render_markdown`,
   :func:`render_terminal` / :func:`render_text` (rich), :func:`report_json` (the JSON form).
@@ -9,11 +10,12 @@
 Docs: ``docs/report.md``.
 """
 
+from gradian.report.builders import build_report
 from gradian.report.html import render_html
 from gradian.report.io import load_report_json, read_training_log, report_for_run, report_json
 from gradian.report.markdown import render_markdown
-from gradian.report.model import REPORT_SCHEMA, Report, build_report
 from gradian.report.terminal import render_terminal, render_text
+from gradian.report.views import REPORT_SCHEMA, Report
 
 FORMATS = ("html", "md", "json", "text")
 

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 from markupsafe import Markup
 
 from gradian.report import svg
-from gradian.report.model import SUMMARY_CLUSTERS, Report, support_marks
+from gradian.report.views import SUMMARY_CLUSTERS, Report, support_marks
 from gradian.report.safe import clean, clean_tree, shorten
 
 M = Markup
@@ -280,7 +280,7 @@ def _log_section(r: Report) -> Markup:
 
 
 def _manifest(r: Report) -> Markup:
-    from gradian.report.model import flatten
+    from gradian.report.views import flatten
 
     m = r.manifest
     rows, spec_rows = [], []

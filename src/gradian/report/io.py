@@ -3,7 +3,7 @@
 :func:`report_for_run` is what ``gradian report RUN_DIR`` calls: read
 ``RUN_DIR/run.json`` (:func:`gradian.attribute.run.load_run`), read the training
 log the run was given if it still exists (:func:`read_training_log`), and
-:func:`gradian.report.model.build_report`. Nothing is recomputed and no model
+:func:`gradian.report.builders.build_report`. Nothing is recomputed and no model
 is loaded.
 """
 
@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gradian.report.model import Report, build_report
+from gradian.report.builders import build_report
+from gradian.report.views import Report
 
 
 def read_training_log(run: dict[str, Any], run_dir: str | Path | None = None) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any
 
-from gradian.report.model import SUMMARY_CLUSTERS, Report, flatten, support_marks
+from gradian.report.views import SUMMARY_CLUSTERS, Report, flatten, support_marks
 from gradian.report.safe import md_text
 from gradian.report.svg import fmt_num, fmt_score
 

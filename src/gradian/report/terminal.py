@@ -18,7 +18,7 @@ from rich.table import Table
 from gradian.tables import FitTable
 from rich.text import Text
 
-from gradian.report.model import SUMMARY_CLUSTERS, Report
+from gradian.report.views import SUMMARY_CLUSTERS, Report
 from gradian.report.safe import clean, one_line
 from gradian.report.svg import fmt_num, fmt_score
 

@@ -1,4 +1,4 @@
-"""The report model (schema ``gradian.report/1``): one view of a run that every renderer reads.
+"""Building the report (:mod:`gradian.report.views`) from a run: one view that every renderer reads.
 
 :func:`build_report` is a pure function of a ``gradian.run/1`` dict (what
 ``gradian attribute --out RUN_DIR`` wrote to ``RUN_DIR/run.json``) and,
@@ -26,282 +26,30 @@ renderers show them only through :mod:`gradian.report.safe`.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from gradian.report.join import explain_cluster, row_flags
+import numpy as np
 
-REPORT_SCHEMA = "gradian.report/1"
-RUN_SCHEMA = "gradian.run/1"
+from gradian.report.join import explain_cluster, row_flags
+from gradian.report.views import (
+    EVIDENCE_KINDS,
+    AttributionView,
+    AuditView,
+    CapabilityView,
+    ClusterView,
+    DrilldownView,
+    FindingView,
+    Qualifier,
+    Report,
+    ScoreProfile,
+    TrainingLogView,
+)
+from gradian.sign import harmful_mass, harmful_rows, harmful_share, most_harmful_first
 
 #: At most this many row ids / steps per finding in the report (the run.json keeps all).
 ID_CAP = 200
 #: At most this many points in a score profile (all rows when fewer; the harmful tail always exact).
 PROFILE_POINTS = 400
-#: Clusters listed in the summary per capability.
-SUMMARY_CLUSTERS = 3
-
-LEVELS = ("ok", "caution", "warning")
-
-
-@dataclass
-class Qualifier:
-    """One confidence qualifier on a capability's verdict or its data verdict.
-
-    Attributes:
-        kind: ``noise_band`` | ``few_items`` | ``base_fails`` | ``low_base`` | ``thin_margin`` |
-            ``margins`` | ``loglik_query`` | ``engine_agreement`` | ``single_engine`` | ``evidence`` | ``base_bound``.
-        level: ``ok`` (supports the verdict), ``caution``, or ``warning`` (weakens it).
-        text: one sentence.
-    """
-
-    kind: str
-    level: str
-    text: str
-
-
-@dataclass
-class ScoreProfile:
-    """The distribution of one capability's scores over all training rows.
-
-    Attributes:
-        n, n_negative, n_positive: rows; rows with score < 0 (degraded), > 0 (reinforced).
-        min, max, median: of the scores.
-        total_negative: ``Σ_{s_j<0} −s_j`` (the harmful mass).
-        tail_n: rows in the harmful tail (the rows the clusters hold).
-        tail_mass: the tail's share of ``total_negative``.
-        points: ``[rank, score, in_tail]`` sorted most harmful first (rank 0-based over all n
-            rows); every row when ``n ≤ PROFILE_POINTS``, else every tail row plus evenly
-            spaced ranks of the rest, always including the first and last.
-    """
-
-    n: int
-    n_negative: int
-    n_positive: int
-    min: float
-    max: float
-    median: float
-    total_negative: float
-    tail_n: int
-    tail_mass: float
-    points: list[list[Any]]
-
-
-@dataclass
-class ClusterView:
-    """A harmful cluster (from the Attribute lane) with its explanations (see :mod:`gradian.report.join`).
-
-    Attributes:
-        mechanics: ``{"truncated": {"share", "source"}, "missing_eos": {...}}``: the share of the
-            cluster's rows that are truncated / lack EOS. ``source`` is the Audit check (``"D04"``,
-            ``"D06"``) when Audit ran it (its row ids decide), else ``"attribute"`` (the cluster's
-            own ``common`` statistics).
-    """
-
-    label: int
-    size: int
-    harmful_share: float
-    score: float
-    row_ids: list[str]
-    exemplars: list[dict[str, Any]]
-    common: dict[str, Any]
-    explanations: list[dict[str, Any]]
-    mechanics: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def explained(self) -> bool:
-        return any(e["source"] == "audit" for e in self.explanations)
-
-
-@dataclass
-class DrilldownView:
-    """One row's sentence scores, with the row text cut into segments for display.
-
-    Attributes:
-        text: the completion text the spans index into (``text_source``: ``"row"`` when the
-            ranked row's stored completion covers every span, else ``"sentences"``: the
-            sentences placed at their offsets with single spaces in the gaps).
-        segments: ``{"text", "sentence"}`` in text order; ``sentence`` is the index into
-            ``sentences`` (most harmful first) or None for text between sentences.
-    """
-
-    id: str
-    item_id: str
-    row_score_for_item: float
-    text: str
-    text_source: str
-    segments: list[dict[str, Any]]
-    sentences: list[dict[str, Any]]
-
-
-@dataclass
-class AttributionView:
-    """Attribution of one regressed capability."""
-
-    engine: str
-    engines: list[str]
-    n_train: int
-    n_failing: int
-    query_kinds: dict[str, int]
-    agreement: dict[str, Any] | None
-    profile: ScoreProfile
-    clusters: list[ClusterView]
-    explained_share: float
-    ranked: list[dict[str, Any]]
-    drilldown: list[DrilldownView]
-    failing_items: list[dict[str, Any]]
-    #: per kind of evidence (gradient, lexical, representation): its engine and how it agrees with the
-    #: verdict (Spearman, top-k overlap); ``"fused"``: the weights of the references folded into the ranking
-    evidence: dict[str, Any] | None = None
-
-
-@dataclass
-class CapabilityView:
-    """One capability: the Evaluate verdict, its qualifiers, and its attribution when regressed."""
-
-    name: str
-    metric: str
-    unit: str
-    n: int
-    reference_score: float
-    tuned_score: float
-    delta: float
-    ci_low: float
-    ci_high: float
-    confidence: float
-    verdict: str
-    diagnosed: bool
-    reason: str
-    sign_test_p: float
-    n_kept: int
-    n_lost: int
-    n_gained: int
-    n_both_fail: int
-    base_bounds: dict[str, Any]
-    qualifiers: list[Qualifier]
-    attribution: AttributionView | None = None
-
-
-@dataclass
-class FindingView:
-    """An audit finding, with the clusters it explains."""
-
-    id: str
-    name: str
-    title: str
-    severity: str
-    reads: list[str]
-    message: str
-    fix: str
-    evidence: dict[str, Any]
-    n_rows: int
-    row_ids: list[str]
-    n_steps: int
-    steps: list[int]
-    fraction: float | None
-    clusters: list[dict[str, Any]]
-
-
-@dataclass
-class AuditView:
-    counts: dict[str, int]
-    findings: list[FindingView]
-    passed: list[str]
-    skipped: list[dict[str, Any]]
-    notes: list[str]
-
-
-@dataclass
-class TrainingLogView:
-    """The loss curve and the log anomalies Audit flagged.
-
-    Attributes:
-        path: the log file the run was given.
-        status: ``plotted`` (read, same content hash as at run time), ``changed`` (read, but its
-            hash differs from the manifest's: plotted with a note), ``missing``, ``unreadable``,
-            or ``not_read`` (the report was built without reading it).
-        loss, eval_loss, learning_rate: ``[step, value]`` pairs.
-        anomalies: ``{check, name, severity, steps, message}`` of Audit's log findings with steps.
-    """
-
-    path: str | None
-    status: str
-    note: str | None
-    loss: list[list[float]]
-    eval_loss: list[list[float]]
-    learning_rate: list[list[float]]
-    anomalies: list[dict[str, Any]]
-
-
-@dataclass
-class Report:
-    """The whole report; ``to_dict()`` is the ``gradian.report/1`` JSON, ``from_dict`` reads it back."""
-
-    run_id: str
-    status: str
-    headline: list[str]
-    capabilities: list[CapabilityView]
-    audit: AuditView | None
-    training_log: TrainingLogView | None
-    manifest: dict[str, Any]
-    timing: dict[str, Any]
-    stopped: str | None = None
-    notes: list[str] = field(default_factory=list)
-    gradian_version: str = ""
-    verification: dict[str, Any] | None = None
-    run_schema: str = RUN_SCHEMA
-    schema: str = REPORT_SCHEMA
-
-    def capability(self, name: str) -> CapabilityView:
-        for c in self.capabilities:
-            if c.name == name:
-                return c
-        raise KeyError(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        return {"schema": d.pop("schema"), **d}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Report":
-        if d.get("schema") != REPORT_SCHEMA:
-            raise ValueError(f"not a {REPORT_SCHEMA} report (schema={d.get('schema')!r})")
-        return _load(cls, d)
-
-
-_NESTED: dict[tuple[type, str], tuple[type, bool]] = {
-    (Report, "capabilities"): (CapabilityView, True),
-    (Report, "audit"): (AuditView, False),
-    (Report, "training_log"): (TrainingLogView, False),
-    (CapabilityView, "qualifiers"): (Qualifier, True),
-    (CapabilityView, "attribution"): (AttributionView, False),
-    (AttributionView, "profile"): (ScoreProfile, False),
-    (AttributionView, "clusters"): (ClusterView, True),
-    (AttributionView, "drilldown"): (DrilldownView, True),
-    (AuditView, "findings"): (FindingView, True),
-}
-
-
-def _load(cls: type, d: dict[str, Any] | None):
-    if d is None:
-        return None
-    kw = {}
-    for f in fields(cls):
-        if f.name not in d:
-            continue
-        v = d[f.name]
-        if v is None and f.type == "float":
-            v = float("nan")  # the JSON writes an undefined number as null
-        nested = _NESTED.get((cls, f.name))
-        if nested and v is not None:
-            sub, many = nested
-            v = [_load(sub, x) for x in v] if many else _load(sub, v)
-        kw[f.name] = v
-    return cls(**kw)
-
-
-# ----------------------------------------------------------------------------- building
 
 
 def _f(x: Any) -> float:
@@ -320,7 +68,8 @@ def _qualifiers(cap: dict[str, Any], att: dict[str, Any] | None, failing: list[d
     if reason.startswith("only "):
         out.append(Qualifier("few_items", "warning", f"{reason} (too few items to tell a change from noise)"))
     elif cap["verdict"] == "within_noise":
-        out.append(Qualifier("noise_band", "caution", f"{ci} includes zero: within the noise band, so nothing is diagnosed"))
+        out.append(Qualifier("noise_band", "caution",
+                             f"{ci} includes zero: within the noise band, so nothing is diagnosed"))
     elif cap["verdict"] == "regressed":
         out.append(Qualifier("noise_band", "ok", f"{ci} excludes zero: outside the noise band"))
     else:
@@ -345,7 +94,8 @@ def _qualifiers(cap: dict[str, Any], att: dict[str, Any] | None, failing: list[d
         med_s = f" (median {med:.2f} nats)" if isinstance(med, (int, float)) else ""
         out.append(Qualifier(
             "margins", "ok",
-            f"no failing item has a thin base margin{med_s}: the base held these answers firmly, so the fine-tune took them",
+            f"no failing item has a thin base margin{med_s}: the base held these answers firmly, "
+            "so the fine-tune took them",
         ))
     if att is not None:
         ag = att.get("agreement")
@@ -368,9 +118,6 @@ def _qualifiers(cap: dict[str, Any], att: dict[str, Any] | None, failing: list[d
     return out
 
 
-EVIDENCE_KINDS = ("gradient", "lexical", "representation")
-
-
 def evidence_line(att: dict[str, Any]) -> str | None:
     """One sentence on how each kind of evidence agrees with the verdict, from run.json's attribution."""
     ev = att.get("evidence") or {}
@@ -384,22 +131,17 @@ def evidence_line(att: dict[str, Any]) -> str | None:
     if not parts:
         return None
     fused = (att.get("ranking") or {}).get("fuse_weights") or {}
-    tail = ("; folded into the ranking: " + ", ".join(f"{n} with weight {_f(w):.2f}" for n, w in fused.items())) if fused else ""
+    weights = ", ".join(f"{n} with weight {_f(w):.2f}" for n, w in fused.items())
+    tail = f"; folded into the ranking: {weights}" if fused else ""
     return "how each kind of evidence agrees with the verdict: " + "; ".join(parts) + tail
 
 
-def support_marks(row: dict[str, Any]) -> str:
-    """``"gradient, lexical"``: the kinds of evidence that put this row in their own top 10%."""
-    sup = row.get("support") or {}
-    return ", ".join(k for k in EVIDENCE_KINDS if (sup.get(k) or {}).get("supports")) or "—"
-
 
 def _profile(scores: list[float], tail: set[int]) -> ScoreProfile:
+    """The score profile of ``scores`` (n,), ``tail`` the row indices the clusters hold (:class:`ScoreProfile`)."""
     n = len(scores)
-    order = sorted(range(n), key=lambda j: (scores[j], j))
-    neg = [s for s in scores if s < 0]
-    total_neg = -sum(neg)
-    tail_mass = (-sum(scores[j] for j in tail if scores[j] < 0) / total_neg) if total_neg > 0 else 0.0
+    arr = np.asarray(scores, dtype=np.float64)
+    order = most_harmful_first(arr).tolist()
     if n <= PROFILE_POINTS:
         keep = list(range(n))
     else:
@@ -411,14 +153,14 @@ def _profile(scores: list[float], tail: set[int]) -> ScoreProfile:
     med = (srt[(n - 1) // 2] + srt[n // 2]) / 2 if n else float("nan")
     return ScoreProfile(
         n=n,
-        n_negative=len(neg),
+        n_negative=len(harmful_rows(arr)),
         n_positive=sum(1 for s in scores if s > 0),
         min=srt[0] if n else float("nan"),
         max=srt[-1] if n else float("nan"),
         median=med,
-        total_negative=total_neg,
+        total_negative=harmful_mass(arr),
         tail_n=len(tail),
-        tail_mass=tail_mass,
+        tail_mass=harmful_share(arr, sorted(tail)),
         points=[[r, srt[r], order[r] in tail] for r in keep],
     )
 
@@ -427,7 +169,8 @@ def _drilldown(d: dict[str, Any], stored_text: str | None) -> DrilldownView:
     sents = list(d.get("sentences") or [])
     spans = sorted(range(len(sents)), key=lambda i: sents[i]["char_start"])
     ok = stored_text is not None and all(
-        sents[i]["char_end"] <= len(stored_text) and stored_text[sents[i]["char_start"]:sents[i]["char_end"]] == sents[i]["text"]
+        sents[i]["char_end"] <= len(stored_text)
+        and stored_text[sents[i]["char_start"]:sents[i]["char_end"]] == sents[i]["text"]
         for i in spans
     )
     if ok:
@@ -477,7 +220,8 @@ def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list
     for c in cap.get("clusters") or []:
         tail.update(pos[r] for r in c["row_ids"] if r in pos)
         clusters.append(ClusterView(
-            label=int(c["label"]), size=int(c["size"]), harmful_share=float(c["harmful_share"]), score=float(c["score"]),
+            label=int(c["label"]), size=int(c["size"]), harmful_share=float(c["harmful_share"]),
+            score=float(c["score"]),
             row_ids=list(c["row_ids"]), exemplars=list(c.get("exemplars") or []), common=dict(c.get("common") or {}),
             explanations=explain_cluster(c, audit_findings, n_train, checks_ran),
         ))
@@ -485,7 +229,8 @@ def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list
     for f in audit_findings:
         by_check.setdefault(f.get("id", ""), set()).update(f.get("row_ids") or [])
     for cl in clusters:
-        for key, cid, common_key in (("truncated", "D04", "truncated_share"), ("missing_eos", "D06", "missing_eos_share")):
+        for key, cid, common_key in (("truncated", "D04", "truncated_share"),
+                                     ("missing_eos", "D06", "missing_eos_share")):
             if checks_ran is not None and cid in checks_ran:
                 share = len(set(cl.row_ids) & by_check.get(cid, set())) / max(1, cl.size)
                 cl.mechanics[key] = {"share": share, "source": cid}
@@ -494,7 +239,8 @@ def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list
                 cl.mechanics[key] = {"share": float(v) if isinstance(v, (int, float)) else None, "source": "attribute"}
     label_of = {r: c.label for c in clusters for r in c.row_ids}
     flags = row_flags(audit_findings)
-    ranked = [dict(r, cluster=label_of.get(r["id"]), flags=list(flags.get(r["id"], []))) for r in cap.get("ranked") or []]
+    ranked = [dict(r, cluster=label_of.get(r["id"]), flags=list(flags.get(r["id"], [])))
+              for r in cap.get("ranked") or []]
     completion = {r["id"]: r.get("completion") for r in cap.get("ranked") or []}
     for c in cap.get("clusters") or []:
         for e in c.get("exemplars") or []:
@@ -661,10 +407,12 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
         run: a ``gradian.run/1`` dict (:func:`gradian.attribute.run.load_run`).
         log: the training log as :func:`gradian.report.io.read_training_log` returns it
             (``{"path", "status", "note", "train": [...], "eval": [...]}``), or None.
+
     Returns:
         the :class:`Report`.
     """
     from gradian import __version__
+    from gradian.attribute.run import RUN_SCHEMA  # here: it imports torch, which the report does not need
 
     if run.get("schema") != RUN_SCHEMA:
         raise ValueError(f"not a {RUN_SCHEMA} run (schema={run.get('schema')!r})")
@@ -718,96 +466,3 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
         verification=dict(verification) if verification else None,
     )
 
-
-def flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """``[(dotted.key, leaf)]`` of a nested dict (lists kept as leaves), in key order."""
-    if not isinstance(d, dict) or not d:
-        return [(prefix, d)] if prefix else []
-    out: list[tuple[str, Any]] = []
-    for k, v in d.items():
-        out += flatten(v, f"{prefix}.{k}" if prefix else str(k))
-    return out
-
-
-def finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-# ----------------------------------------------------------------------------- JSON Schema
-
-_S = {"type": "string"}
-_NS = {"type": ["string", "null"]}
-_I = {"type": "integer"}
-_N = {"type": ["number", "null"]}  # null where a number is undefined (NaN)
-_B = {"type": "boolean"}
-_O = {"type": "object"}
-_NO = {"type": ["object", "null"]}
-
-
-def _arr(items: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "array", "items": items}
-
-
-def _obj(props: dict[str, Any], nullable: bool = False) -> dict[str, Any]:
-    return {"type": ["object", "null"] if nullable else "object", "required": list(props), "properties": props}
-
-
-_QUALIFIER = _obj({"kind": _S, "level": {"enum": list(LEVELS)}, "text": _S})
-_PROFILE = _obj({
-    "n": _I, "n_negative": _I, "n_positive": _I, "min": _N, "max": _N, "median": _N, "total_negative": _N,
-    "tail_n": _I, "tail_mass": _N, "points": _arr({"type": "array", "prefixItems": [_I, _N, _B]}),
-})
-_EXPLANATION = _obj({
-    "source": {"enum": ["audit", "cluster"]}, "check": _NS, "finding": {"type": ["integer", "null"]}, "name": _NS,
-    "severity": _NS,
-    "kind": {"enum": ["holds_all", "majority", "enriched"]}, "overlap": _I, "size": _I,
-    "finding_rows": {"type": ["integer", "null"]}, "cluster_share": _N, "finding_share": _N, "dataset_share": _N,
-    "text": _S,
-})
-_CLUSTER = _obj({
-    "label": _I, "size": _I, "harmful_share": _N, "score": _N, "row_ids": _arr(_S), "exemplars": _arr(_O),
-    "common": _O, "explanations": _arr(_EXPLANATION), "mechanics": _O,
-})
-_DRILL = _obj({
-    "id": _S, "item_id": _S, "row_score_for_item": _N, "text": _S, "text_source": {"enum": ["row", "sentences"]},
-    "segments": _arr(_obj({"text": _S, "sentence": {"type": ["integer", "null"]}})), "sentences": _arr(_O),
-})
-_ATTRIBUTION = _obj({
-    "engine": _S, "engines": _arr(_S), "n_train": _I, "n_failing": _I, "query_kinds": _O, "agreement": _NO,
-    "profile": _PROFILE, "clusters": _arr(_CLUSTER), "explained_share": _N, "ranked": _arr(_O),
-    "drilldown": _arr(_DRILL), "failing_items": _arr(_O), "evidence": _NO,
-}, nullable=True)
-_CAPABILITY = _obj({
-    "name": _S, "metric": _S, "unit": {"enum": ["accuracy", "nats"]}, "n": _I, "reference_score": _N,
-    "tuned_score": _N, "delta": _N, "ci_low": _N, "ci_high": _N, "confidence": _N,
-    "verdict": {"enum": ["regressed", "improved", "within_noise"]}, "diagnosed": _B, "reason": _S, "sign_test_p": _N,
-    "n_kept": _I, "n_lost": _I, "n_gained": _I, "n_both_fail": _I, "base_bounds": _O,
-    "qualifiers": _arr(_QUALIFIER), "attribution": _ATTRIBUTION,
-})
-_FINDING = _obj({
-    "id": _S, "name": _S, "title": _S, "severity": {"enum": ["error", "warning", "info"]}, "reads": _arr(_S),
-    "message": _S, "fix": _S, "evidence": _O, "n_rows": _I, "row_ids": _arr(_S), "n_steps": _I, "steps": _arr(_I),
-    "fraction": _N, "clusters": _arr(_obj({"capability": _S, "label": _I, "overlap": _I, "explains": _B})),
-})
-_AUDIT = _obj({"counts": _O, "findings": _arr(_FINDING), "passed": _arr(_S), "skipped": _arr(_O), "notes": _arr(_S)},
-              nullable=True)
-_POINTS = _arr({"type": "array", "prefixItems": [_I, _N]})
-_LOG = _obj({
-    "path": _NS, "status": {"enum": ["plotted", "changed", "missing", "unreadable", "not_read"]}, "note": _NS,
-    "loss": _POINTS, "eval_loss": _POINTS, "learning_rate": _POINTS,
-    "anomalies": _arr(_obj({"check": _S, "name": _S, "severity": _S, "steps": _arr(_I), "message": _S})),
-}, nullable=True)
-
-#: JSON Schema (draft 2020-12 subset: type, required, properties, items, prefixItems, enum) of ``Report.to_dict()``
-#: as written by :func:`gradian.report.io.report_json`. ``docs/report.md`` documents every field.
-REPORT_JSON_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": REPORT_SCHEMA,
-    **_obj({
-        "schema": {"enum": [REPORT_SCHEMA]}, "run_id": _S,
-        "status": {"enum": ["attributed", "stopped", "not_attributed"]},
-        "headline": _arr(_S), "capabilities": _arr(_CAPABILITY), "audit": _AUDIT, "training_log": _LOG,
-        "manifest": _O, "timing": _O, "stopped": _NS, "notes": _arr(_S), "gradian_version": _S,
-        "verification": _NO, "run_schema": {"enum": [RUN_SCHEMA]},
-    }),
-}

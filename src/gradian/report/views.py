@@ -1,0 +1,313 @@
+"""The report's views (schema ``gradian.report/1``): the dataclasses every renderer reads.
+
+:class:`Report` is the whole report; ``Report.to_dict()`` is its JSON form and
+``Report.from_dict`` reads it back (the round trip is exact). The views are built
+by :func:`gradian.report.builders.build_report`; their JSON Schema is
+:data:`gradian.report.schema.REPORT_JSON_SCHEMA`.
+
+The strings are kept exactly as the run recorded them (the JSON form is data);
+renderers show them only through :mod:`gradian.report.safe`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+REPORT_SCHEMA = "gradian.report/1"
+
+#: Clusters listed in the summary per capability.
+SUMMARY_CLUSTERS = 3
+
+LEVELS = ("ok", "caution", "warning")
+
+#: The kinds of evidence a ranked row can be supported by (``row["support"]``).
+EVIDENCE_KINDS = ("gradient", "lexical", "representation")
+
+
+def _run_schema() -> str:
+    """``gradian.run/1``, from :mod:`gradian.attribute.run`, imported only when a report is built.
+
+    That module imports torch, which reading and rendering a report do not need.
+    """
+    from gradian.attribute.run import RUN_SCHEMA
+
+    return RUN_SCHEMA
+
+
+@dataclass
+class Qualifier:
+    """One confidence qualifier on a capability's verdict or its data verdict.
+
+    Attributes:
+        kind: ``noise_band`` | ``few_items`` | ``base_fails`` | ``low_base`` | ``thin_margin`` |
+            ``margins`` | ``loglik_query`` | ``engine_agreement`` | ``single_engine`` | ``evidence`` | ``base_bound``.
+        level: ``ok`` (supports the verdict), ``caution``, or ``warning`` (weakens it).
+        text: one sentence.
+    """
+
+    kind: str
+    level: str
+    text: str
+
+
+@dataclass
+class ScoreProfile:
+    """The distribution of one capability's scores over all training rows.
+
+    Attributes:
+        n, n_negative, n_positive: rows; rows with score < 0 (degraded), > 0 (reinforced).
+        min, max, median: of the scores.
+        total_negative: ``Σ_{s_j<0} −s_j`` (the harmful mass).
+        tail_n: rows in the harmful tail (the rows the clusters hold).
+        tail_mass: the tail's share of ``total_negative``.
+        points: ``[rank, score, in_tail]`` sorted most harmful first (rank 0-based over all n
+            rows); every row when ``n ≤ PROFILE_POINTS`` (:mod:`gradian.report.builders`), else
+            every tail row plus evenly spaced ranks of the rest, always including the first and last.
+    """
+
+    n: int
+    n_negative: int
+    n_positive: int
+    min: float
+    max: float
+    median: float
+    total_negative: float
+    tail_n: int
+    tail_mass: float
+    points: list[list[Any]]
+
+
+@dataclass
+class ClusterView:
+    """A harmful cluster (from the Attribute lane) with its explanations (see :mod:`gradian.report.join`).
+
+    Attributes:
+        mechanics: ``{"truncated": {"share", "source"}, "missing_eos": {...}}``: the share of the
+            cluster's rows that are truncated / lack EOS. ``source`` is the Audit check (``"D04"``,
+            ``"D06"``) when Audit ran it (its row ids decide), else ``"attribute"`` (the cluster's
+            own ``common`` statistics).
+    """
+
+    label: int
+    size: int
+    harmful_share: float
+    score: float
+    row_ids: list[str]
+    exemplars: list[dict[str, Any]]
+    common: dict[str, Any]
+    explanations: list[dict[str, Any]]
+    mechanics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def explained(self) -> bool:
+        """Whether an Audit finding explains the cluster (not only its own statistics)."""
+        return any(e["source"] == "audit" for e in self.explanations)
+
+
+@dataclass
+class DrilldownView:
+    """One row's sentence scores, with the row text cut into segments for display.
+
+    Attributes:
+        text: the completion text the spans index into (``text_source``: ``"row"`` when the
+            ranked row's stored completion covers every span, else ``"sentences"``: the
+            sentences placed at their offsets with single spaces in the gaps).
+        segments: ``{"text", "sentence"}`` in text order; ``sentence`` is the index into
+            ``sentences`` (most harmful first) or None for text between sentences.
+    """
+
+    id: str
+    item_id: str
+    row_score_for_item: float
+    text: str
+    text_source: str
+    segments: list[dict[str, Any]]
+    sentences: list[dict[str, Any]]
+
+
+@dataclass
+class AttributionView:
+    """Attribution of one regressed capability."""
+
+    engine: str
+    engines: list[str]
+    n_train: int
+    n_failing: int
+    query_kinds: dict[str, int]
+    agreement: dict[str, Any] | None
+    profile: ScoreProfile
+    clusters: list[ClusterView]
+    explained_share: float
+    ranked: list[dict[str, Any]]
+    drilldown: list[DrilldownView]
+    failing_items: list[dict[str, Any]]
+    #: per kind of evidence (gradient, lexical, representation): its engine and how it agrees with the
+    #: verdict (Spearman, top-k overlap); ``"fused"``: the weights of the references folded into the ranking
+    evidence: dict[str, Any] | None = None
+
+
+@dataclass
+class CapabilityView:
+    """One capability: the Evaluate verdict, its qualifiers, and its attribution when regressed."""
+
+    name: str
+    metric: str
+    unit: str
+    n: int
+    reference_score: float
+    tuned_score: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    verdict: str
+    diagnosed: bool
+    reason: str
+    sign_test_p: float
+    n_kept: int
+    n_lost: int
+    n_gained: int
+    n_both_fail: int
+    base_bounds: dict[str, Any]
+    qualifiers: list[Qualifier]
+    attribution: AttributionView | None = None
+
+
+@dataclass
+class FindingView:
+    """An audit finding, with the clusters it explains."""
+
+    id: str
+    name: str
+    title: str
+    severity: str
+    reads: list[str]
+    message: str
+    fix: str
+    evidence: dict[str, Any]
+    n_rows: int
+    row_ids: list[str]
+    n_steps: int
+    steps: list[int]
+    fraction: float | None
+    clusters: list[dict[str, Any]]
+
+
+@dataclass
+class AuditView:
+    """The Audit lane's result: counts per severity, the findings (with their clusters), passed and skipped checks."""
+
+    counts: dict[str, int]
+    findings: list[FindingView]
+    passed: list[str]
+    skipped: list[dict[str, Any]]
+    notes: list[str]
+
+
+@dataclass
+class TrainingLogView:
+    """The loss curve and the log anomalies Audit flagged.
+
+    Attributes:
+        path: the log file the run was given.
+        status: ``plotted`` (read, same content hash as at run time), ``changed`` (read, but its
+            hash differs from the manifest's: plotted with a note), ``missing``, ``unreadable``,
+            or ``not_read`` (the report was built without reading it).
+        loss, eval_loss, learning_rate: ``[step, value]`` pairs.
+        anomalies: ``{check, name, severity, steps, message}`` of Audit's log findings with steps.
+    """
+
+    path: str | None
+    status: str
+    note: str | None
+    loss: list[list[float]]
+    eval_loss: list[list[float]]
+    learning_rate: list[list[float]]
+    anomalies: list[dict[str, Any]]
+
+
+@dataclass
+class Report:
+    """The whole report; ``to_dict()`` is the ``gradian.report/1`` JSON, ``from_dict`` reads it back."""
+
+    run_id: str
+    status: str
+    headline: list[str]
+    capabilities: list[CapabilityView]
+    audit: AuditView | None
+    training_log: TrainingLogView | None
+    manifest: dict[str, Any]
+    timing: dict[str, Any]
+    stopped: str | None = None
+    notes: list[str] = field(default_factory=list)
+    gradian_version: str = ""
+    verification: dict[str, Any] | None = None
+    run_schema: str = field(default_factory=_run_schema)
+    schema: str = REPORT_SCHEMA
+
+    def capability(self, name: str) -> CapabilityView:
+        """The capability called ``name`` (KeyError if the report has none)."""
+        for c in self.capabilities:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``gradian.report/1`` JSON form (``schema`` first)."""
+        d = asdict(self)
+        return {"schema": d.pop("schema"), **d}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Report":
+        """Read back :meth:`to_dict` (a null number becomes NaN); ValueError when ``d`` is not a report."""
+        if d.get("schema") != REPORT_SCHEMA:
+            raise ValueError(f"not a {REPORT_SCHEMA} report (schema={d.get('schema')!r})")
+        return _load(cls, d)
+
+
+_NESTED: dict[tuple[type, str], tuple[type, bool]] = {
+    (Report, "capabilities"): (CapabilityView, True),
+    (Report, "audit"): (AuditView, False),
+    (Report, "training_log"): (TrainingLogView, False),
+    (CapabilityView, "qualifiers"): (Qualifier, True),
+    (CapabilityView, "attribution"): (AttributionView, False),
+    (AttributionView, "profile"): (ScoreProfile, False),
+    (AttributionView, "clusters"): (ClusterView, True),
+    (AttributionView, "drilldown"): (DrilldownView, True),
+    (AuditView, "findings"): (FindingView, True),
+}
+
+
+def _load(cls: type, d: dict[str, Any] | None):
+    if d is None:
+        return None
+    kw = {}
+    for f in fields(cls):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if v is None and f.type == "float":
+            v = float("nan")  # the JSON writes an undefined number as null
+        nested = _NESTED.get((cls, f.name))
+        if nested and v is not None:
+            sub, many = nested
+            v = [_load(sub, x) for x in v] if many else _load(sub, v)
+        kw[f.name] = v
+    return cls(**kw)
+
+
+def support_marks(row: dict[str, Any]) -> str:
+    """``"gradient, lexical"``: the kinds of evidence that put this row in their own top 10%."""
+    sup = row.get("support") or {}
+    return ", ".join(k for k in EVIDENCE_KINDS if (sup.get(k) or {}).get("supports")) or "—"
+
+
+def flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """``[(dotted.key, leaf)]`` of a nested dict (lists kept as leaves), in key order."""
+    if not isinstance(d, dict) or not d:
+        return [(prefix, d)] if prefix else []
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        out += flatten(v, f"{prefix}.{k}" if prefix else str(k))
+    return out
