@@ -296,7 +296,8 @@ def resolve_trajectory(
         steps = [e[1] for e in entries]
         if all(s is not None for s in steps) and len(set(steps)) < len(steps):
             raise GradianUserError(
-                f"two checkpoints have the same step {sorted(s for s in steps if steps.count(s) > 1)[0]} but different weights",
+                f"two checkpoints have the same step {sorted(s for s in steps if steps.count(s) > 1)[0]} "
+                "but different weights",
                 where=str(final), fix="pass the checkpoints of one training run (--checkpoints)",
             )
         if weighting == "equal":

@@ -123,6 +123,17 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool, where: str) -> str:
+    """Render ``messages`` to text with the tokenizer's own chat template (not tokenised).
+
+    Args:
+        tokenizer: an HF tokenizer with a ``chat_template``.
+        messages: ``[{"role", "content"}, ...]``.
+        add_generation_prompt: end with the template's assistant header (for rendering a prompt alone).
+        where: the row or file named in errors.
+
+    Raises:
+        GradianUserError: the tokenizer has no chat template, or the template rejects the conversation.
+    """
     if not getattr(tokenizer, "chat_template", None):
         raise GradianUserError(
             "chat rows need a tokenizer with a chat template, and this tokenizer has none",
@@ -234,6 +245,7 @@ def tokenize_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | No
 
 
 def tokenize_examples(examples: Sequence[Example], tokenizer, spec: TokenizeSpec) -> list[TokenizedExample]:
+    """:func:`tokenize_example` over ``examples``, in order."""
     return [tokenize_example(ex, tokenizer, spec) for ex in examples]
 
 

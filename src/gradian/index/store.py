@@ -222,10 +222,12 @@ def _implausible(t: torch.Tensor) -> torch.Tensor:
 
 
 def index_id(identity: dict[str, Any]) -> str:
+    """The index's id: the first 16 hex digits of sha256 over the canonical JSON of its ``identity``."""
     return sha256_json(identity)[:16]
 
 
 def default_index_root(identity: dict[str, Any]) -> Path:
+    """Where the index with this identity lives by default: ``<cache>/index/<index_id>``."""
     return cache_dir() / "index" / index_id(identity)
 
 
@@ -406,7 +408,8 @@ def select_blocks(model: torch.nn.Module, spec: GradSpec) -> list:
             raise GradianUserError(
                 f"--modules {','.join(spec.modules)} matches none of the adapter's LoRA layers",
                 where="--modules (GradSpec.modules)",
-                fix=f"use substrings of the adapter's layer names ({', '.join(names[:8]) or 'none'}), or drop --modules",
+                fix=f"use substrings of the adapter's layer names ({', '.join(names[:8]) or 'none'}), "
+                "or drop --modules",
             )
         raise GradianUserError("the model has no LoRA layers", where="model",
                                fix="attach a LoRA adapter (gradian.models.load_adapter) first")

@@ -70,12 +70,21 @@ def check_device(name: Any, flag: str = "--device", owner: str = "ModelSpec") ->
 
 
 def resolve_dtype(name: str) -> torch.dtype:
+    """The torch dtype named ``name`` (a key of :data:`DTYPES`); any other name is a user error on ``--dtype``."""
     if name not in DTYPES:
         raise GradianUserError(f"unknown dtype {name!r}", where="--dtype", fix=f"use one of {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
 def resolve_device(name: str) -> str:
+    """The concrete device to load on, checked against this machine.
+
+    ``auto`` picks CUDA, else MPS, else CPU. An explicit ``cuda``/``cuda:N``/``mps`` that this machine
+    does not have is a one-line user error on ``--device`` (not a crash inside ``model.to``).
+
+    Returns:
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+    """
     if name == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -115,6 +124,14 @@ def quiet_transformers() -> None:
 
 
 def load_tokenizer(spec: ModelSpec):
+    """The base model's tokenizer (from the GGUF file when the folder holds one), with a pad token.
+
+    A tokenizer without a pad token gets its EOS token as pad; padding is never supervised
+    (:func:`gradian.data.tokenize.collate`), so this masks no real EOS.
+
+    Raises:
+        GradianUserError: the folder or id holds no loadable tokenizer.
+    """
     from transformers import AutoTokenizer
 
     kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
@@ -175,6 +192,11 @@ SUPPORTED_PEFT = {"LORA"}
 
 
 def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
+    """The parsed ``adapter_config.json`` of a PEFT adapter folder (bounded read).
+
+    Raises:
+        GradianUserError: the folder or its config is missing, or the config is not a JSON object.
+    """
     d = Path(adapter_dir)
     cfg_path = d / "adapter_config.json"
     if not d.is_dir():
@@ -251,7 +273,8 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
     ptype = str(cfg.get("peft_type", "")).upper()
     if ptype not in SUPPORTED_PEFT:
         raise GradianUserError(
-            f"adapter type {ptype or '(missing peft_type)'} is not supported; Gradian attributes through LoRA matrices only",
+            f"adapter type {ptype or '(missing peft_type)'} is not supported; "
+            "Gradian attributes through LoRA matrices only",
             where=f"{where}: peft_type",
             fix="use a LoRA adapter (peft_type LORA)",
         )
@@ -380,7 +403,8 @@ def _check_target_modules(target_modules: Any, modules: dict[str, torch.nn.Modul
         raise GradianUserError(
             f"target_modules names {', '.join(map(repr, missing))}, which the base model does not have",
             where=f"{where}: target_modules",
-            fix=f"pass the base model this adapter was trained on (this base's Linear layers: {', '.join(leaves[:10])})",
+            fix="pass the base model this adapter was trained on "
+            f"(this base's Linear layers: {', '.join(leaves[:10])})",
         )
 
 
