@@ -126,7 +126,8 @@ def check_size(path: str | Path, size: int, what: str = "file") -> None:
 
 def read_bytes(path: str | Path, what: str = "file") -> bytes:
     """The bytes of a regular file no larger than the input limit (read with a cap, so a file that
-    grows while it is read cannot exceed it)."""
+    grows while it is read cannot exceed it).
+    """
     st = check_regular_file(path, what)
     check_size(path, st.st_size, what)
     limit = max_input_bytes()

@@ -76,6 +76,7 @@ def publish_folder(tmp: str | Path, target: str | Path, keep_if: str | None = No
         tmp: the finished folder (created beside ``target``, so the rename is atomic).
         keep_if: a file name; when ``target`` already holds it (another process
             finished first), ``tmp`` is discarded and ``target`` kept.
+
     Returns:
         ``target``. A half-written ``target`` from an interrupted run is replaced.
     """

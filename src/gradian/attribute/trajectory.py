@@ -255,6 +255,7 @@ def resolve_trajectory(
             adapter only), or explicit adapter folders (a subset; the final adapter is
             added when it is not among them).
         weighting: ``"lr"`` (learning-rate weights, equal without a log) or ``"equal"``.
+
     Raises:
         GradianUserError: a folder is not an adapter, or is not a checkpoint of this run.
     """

@@ -1,8 +1,8 @@
-"""Tokenisation that reproduces the loss mask the user trained with.
+r"""Tokenisation that reproduces the loss mask the user trained with.
 
 Rules (the same as TRL's ``SFTTrainer`` with ``completion_only_loss``):
 
-* **Plain prompt/completion** (and alpaca, rendered as prompt ``instruction\\n\\ninput``
+* **Plain prompt/completion** (and alpaca, rendered as prompt ``instruction\n\ninput``
   and completion ``output``): the tokenizer's EOS string is appended to the
   completion unless it already ends with it; ``ids = tok(prompt + completion)``;
   the supervised tokens start where ``tok(prompt)`` and ``ids`` stop agreeing
@@ -102,6 +102,7 @@ class TokenizedExample:
         Args:
             char_start, char_end: span in the *completion text* (``Example.completion_text``),
                 half-open.
+
         Returns:
             (t,) booleans; True where a supervised token overlaps the span.
         """

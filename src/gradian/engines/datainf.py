@@ -71,7 +71,8 @@ class DataInf(Engine):
 
     def fit(self, index: GradientIndex, model_pass: ModelPass | None = None) -> None:
         """Per-block squared norms ‖g_il‖² (n,) and damping λ_l. Collective under torchrun: each rank
-        reads its block of shards, the norms are gathered in row order."""
+        reads its block of shards, the norms are gathered in row order.
+        """
         sq: dict[str, list[torch.Tensor]] = {b["name"]: [torch.zeros(0, dtype=torch.float64)] for b in index.blocks}
         for _, shard in index.iter_shards(torch.float64, local=True):
             for name, G in shard.items():

@@ -323,7 +323,8 @@ class GradientIndex:
 
     def local_shards(self) -> range:
         """The shards this rank fits and scores: a contiguous block, balanced by rows
-        (:func:`gradian.distributed.contiguous_blocks`); every shard in a single process."""
+        (:func:`gradian.distributed.contiguous_blocks`); every shard in a single process.
+        """
         from gradian import distributed
 
         d = distributed.current()
@@ -391,7 +392,8 @@ def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:
 
 def check_build_args(batch_size: Any, shard_size: Any = 256) -> None:
     """``batch_size`` and ``shard_size`` must be whole numbers >= 1 (a batch size below 1 would leave
-    rows uncomputed)."""
+    rows uncomputed).
+    """
     from gradian.validate import check_int
 
     check_int(batch_size, "build_index", "batch_size", flag="--batch-size", lo=1, hi=1_000_000,
@@ -612,6 +614,7 @@ def build_index(
         transform: optional ``(block name, g (b, o, i)) -> (b, o, i)`` applied to each
             per-example gradient before projection (Adam preconditioning); it must be
             reflected in ``identity``.
+
     Returns:
         the opened :class:`GradientIndex`.
     """

@@ -59,7 +59,8 @@ _DEVICE = re.compile(r"^(cpu|mps|auto|cuda(:\d+)?)$")
 
 def check_device(name: Any, flag: str = "--device", owner: str = "ModelSpec") -> str:
     """``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``; anything else is a user error (availability is
-    checked when the model is loaded, by :func:`resolve_device`)."""
+    checked when the model is loaded, by :func:`resolve_device`).
+    """
     from gradian.validate import where
 
     if not isinstance(name, str) or not _DEVICE.match(name):
@@ -364,7 +365,8 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
 
 def _targeted(module_path: str, target_modules: Any) -> bool:
     """Whether PEFT's ``target_modules`` selects ``module_path`` (suffix match for a list, full regex match
-    for a string; ``all-linear`` selects every Linear)."""
+    for a string; ``all-linear`` selects every Linear).
+    """
     if target_modules is None:
         return True  # PEFT picks the architecture's defaults; the shape check still applies
     if isinstance(target_modules, str):
@@ -379,7 +381,8 @@ def _targeted(module_path: str, target_modules: Any) -> bool:
 
 def _check_target_modules(target_modules: Any, modules: dict[str, torch.nn.Module], where: str) -> None:
     """Every entry of a list ``target_modules`` must name a module of the base (PEFT raises, or silently
-    skips it); a regex string must match at least one."""
+    skips it); a regex string must match at least one.
+    """
     if target_modules is None or target_modules == "all-linear":
         return
     names = [n for n in modules if n]
