@@ -97,7 +97,7 @@ def adapter_identity(adapter_dir: str | Path) -> dict[str, Any]:
 
 
 def dataset_identity(path: str | Path) -> dict[str, Any]:
-    """``{"name", "sha256"}`` of a dataset file, or of a saved HF dataset folder (over its ``.arrow``/``.json`` files)."""
+    """``{"name", "sha256"}`` of a dataset file, or of a saved HF dataset folder (its ``.arrow``/``.json`` files)."""
     p = Path(path)
     if p.is_dir():
         files = folder_identity(p, (), ("*.arrow", "*.json", "*/*.arrow", "*/*.json"))
