@@ -112,6 +112,7 @@ def init_from_env(device: str = "cpu") -> Dist:
         device: the ``--device`` flag. ``cuda`` (or ``auto`` with CUDA present) selects nccl and
             pins this rank to ``cuda:LOCAL_RANK`` (so ``--device cuda`` means "my GPU" on every rank);
             anything else selects gloo.
+
     Raises:
         GradianUserError: ``--device cuda:N`` under torchrun, or fewer GPUs than local ranks.
     """
@@ -254,6 +255,7 @@ def partition(costs: Sequence[float], world_size: int) -> list[list[int]]:
 
     Args:
         costs: per item, its work (padded tokens of its batches).
+
     Returns:
         per rank, its item indices in ascending order. Every rank computes the same answer.
     """
@@ -268,7 +270,8 @@ def partition(costs: Sequence[float], world_size: int) -> list[list[int]]:
 
 def contiguous_blocks(sizes: Sequence[int], world_size: int) -> list[range]:
     """Consecutive items (shards of ``sizes`` rows) per rank, balanced by rows; in rank order the
-    blocks cover every item once, so a rank-ordered concatenation is in index order."""
+    blocks cover every item once, so a rank-ordered concatenation is in index order.
+    """
     total = sum(sizes)
     out = []
     start = 0
@@ -291,6 +294,7 @@ def check_same_inputs(fields: dict[str, Any]) -> None:
 
     Args:
         fields: ``{what: content identity}`` (the data's and adapter's sha256, the flags, ...).
+
     Raises:
         GradianUserError: on every rank, naming the first field that differs and the ranks' values.
     """
@@ -320,7 +324,8 @@ def _short(v: Any) -> str:
 
 def fault_point(event: str, count: int) -> None:
     """Test hook: ``GRADIAN_TEST_KILL="RANK:EVENT:COUNT"`` makes that rank SIGKILL itself when
-    ``event`` has happened ``count`` times (the dead-rank tests kill a rank mid-build this way)."""
+    ``event`` has happened ``count`` times (the dead-rank tests kill a rank mid-build this way).
+    """
     spec = os.environ.get("GRADIAN_TEST_KILL")
     if not spec:
         return

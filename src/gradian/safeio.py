@@ -65,6 +65,7 @@ def max_line_bytes() -> int:
 
 
 def max_depth() -> int:
+    """The deepest nesting a JSON/YAML value may have (``GRADIAN_MAX_DEPTH``, default :data:`MAX_DEPTH`)."""
     return _env_int(ENV_MAX_DEPTH, MAX_DEPTH)
 
 
@@ -110,6 +111,11 @@ def check_regular_file(path: str | Path, what: str = "file") -> os.stat_result:
 
 
 def check_size(path: str | Path, size: int, what: str = "file") -> None:
+    """Refuse a ``size``-byte file above :func:`max_input_bytes`.
+
+    Raises:
+        GradianUserError: naming ``path``, its size in MiB and the limit, with how to raise the limit.
+    """
     limit = max_input_bytes()
     if size > limit:
         raise GradianUserError(
@@ -120,7 +126,8 @@ def check_size(path: str | Path, size: int, what: str = "file") -> None:
 
 def read_bytes(path: str | Path, what: str = "file") -> bytes:
     """The bytes of a regular file no larger than the input limit (read with a cap, so a file that
-    grows while it is read cannot exceed it)."""
+    grows while it is read cannot exceed it).
+    """
     st = check_regular_file(path, what)
     check_size(path, st.st_size, what)
     limit = max_input_bytes()
@@ -136,6 +143,11 @@ def read_bytes(path: str | Path, what: str = "file") -> bytes:
 
 
 def decode_utf8(data: bytes, where: str, what: str = "file") -> str:
+    """``data`` decoded as UTF-8 (a leading BOM dropped).
+
+    Raises:
+        GradianUserError: at ``where``, naming the reason and byte offset of the first bad byte.
+    """
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -336,6 +348,7 @@ def parse_yaml(text: str, where: str, fix: str = "fix the YAML syntax (indentati
 
 
 def load_yaml_file(path: str | Path, what: str = "file", fix: str = "fix the YAML syntax (indentation, colons, quotes)") -> Any:
+    """A regular YAML file, bounded in size, nesting and alias expansion (:func:`parse_yaml` of :func:`read_text`)."""
     return parse_yaml(read_text(path, what), str(path), fix=fix)
 
 

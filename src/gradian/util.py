@@ -30,18 +30,25 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` as UTF-8 with :func:`atomic_write_bytes` (temp file, fsync, rename)."""
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` atomically as indented JSON with sorted keys and a final newline.
+
+    Values JSON cannot hold (paths, numpy scalars) are written as their ``str``.
+    """
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def sha256_bytes(data: bytes) -> str:
+    """The sha256 of ``data``, as 64 lowercase hex digits."""
     return hashlib.sha256(data).hexdigest()
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The sha256 of a file's contents (64 hex digits), read in ``chunk``-byte pieces so memory stays flat."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while True:
@@ -58,6 +65,7 @@ def canonical_json(obj: Any) -> str:
 
 
 def sha256_json(obj: Any) -> str:
+    """The sha256 of ``obj``'s :func:`canonical_json`: equal for equal content, whatever the key order."""
     return sha256_bytes(canonical_json(obj).encode("utf-8"))
 
 
@@ -68,6 +76,7 @@ def publish_folder(tmp: str | Path, target: str | Path, keep_if: str | None = No
         tmp: the finished folder (created beside ``target``, so the rename is atomic).
         keep_if: a file name; when ``target`` already holds it (another process
             finished first), ``tmp`` is discarded and ``target`` kept.
+
     Returns:
         ``target``. A half-written ``target`` from an interrupted run is replaced.
     """

@@ -78,6 +78,11 @@ def check_choice(value: Any, choices: Iterable[Any], owner: str, name: str, *, f
 
 
 def check_bool(value: Any, owner: str, name: str, *, flag: str | None = None) -> bool:
+    """``value`` must be a real ``bool`` (``0``, ``1`` and ``"true"`` are refused); returns it.
+
+    Raises:
+        GradianUserError: naming ``flag`` and ``owner.name`` when it is anything else.
+    """
     if not isinstance(value, bool):
         raise GradianUserError(f"{name} must be true or false, got {_show(value)}", where=where(flag, owner, name),
                                fix="give true or false")
@@ -85,10 +90,16 @@ def check_bool(value: Any, owner: str, name: str, *, flag: str | None = None) ->
 
 
 def check_seed(value: Any, owner: str, name: str = "seed", *, flag: str | None = "--seed") -> int:
+    """``value`` must be a whole number in ``[0, SEED_MAX]`` (a seed numpy, torch and ``random`` all accept)."""
     return check_int(value, owner, name, flag=flag, lo=0, hi=SEED_MAX, fix=f"use a seed in [0, {SEED_MAX}]")
 
 
 def check_type(value: Any, cls: type, owner: str, name: str) -> Any:
+    """``value`` must be an instance of ``cls`` (a nested spec, say); returns it.
+
+    Raises:
+        GradianUserError: naming ``owner.name``, the type wanted and the type given.
+    """
     if not isinstance(value, cls):
         raise GradianUserError(f"{name} must be a {cls.__name__}, got {type(value).__name__}",
                                where=where(None, owner, name), fix=f"pass a {cls.__name__}")

@@ -91,6 +91,7 @@ def row_min(unit_scores: np.ndarray, units: Sequence[SentenceUnit], n_rows: int)
 
     Args:
         unit_scores: (..., n_units).
+
     Returns:
         ``(scores (..., n_rows), argmin unit index (..., n_rows))``.
     """

@@ -255,6 +255,7 @@ def resolve_trajectory(
             adapter only), or explicit adapter folders (a subset; the final adapter is
             added when it is not among them).
         weighting: ``"lr"`` (learning-rate weights, equal without a log) or ``"equal"``.
+
     Raises:
         GradianUserError: a folder is not an adapter, or is not a checkpoint of this run.
     """
@@ -296,7 +297,8 @@ def resolve_trajectory(
         steps = [e[1] for e in entries]
         if all(s is not None for s in steps) and len(set(steps)) < len(steps):
             raise GradianUserError(
-                f"two checkpoints have the same step {sorted(s for s in steps if steps.count(s) > 1)[0]} but different weights",
+                f"two checkpoints have the same step {sorted(s for s in steps if steps.count(s) > 1)[0]} "
+                "but different weights",
                 where=str(final), fix="pass the checkpoints of one training run (--checkpoints)",
             )
         if weighting == "equal":

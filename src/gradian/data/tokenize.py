@@ -1,8 +1,8 @@
-"""Tokenisation that reproduces the loss mask the user trained with.
+r"""Tokenisation that reproduces the loss mask the user trained with.
 
 Rules (the same as TRL's ``SFTTrainer`` with ``completion_only_loss``):
 
-* **Plain prompt/completion** (and alpaca, rendered as prompt ``instruction\\n\\ninput``
+* **Plain prompt/completion** (and alpaca, rendered as prompt ``instruction\n\ninput``
   and completion ``output``): the tokenizer's EOS string is appended to the
   completion unless it already ends with it; ``ids = tok(prompt + completion)``;
   the supervised tokens start where ``tok(prompt)`` and ``ids`` stop agreeing
@@ -102,6 +102,7 @@ class TokenizedExample:
         Args:
             char_start, char_end: span in the *completion text* (``Example.completion_text``),
                 half-open.
+
         Returns:
             (t,) booleans; True where a supervised token overlaps the span.
         """
@@ -123,6 +124,17 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool, where: str) -> str:
+    """Render ``messages`` to text with the tokenizer's own chat template (not tokenised).
+
+    Args:
+        tokenizer: an HF tokenizer with a ``chat_template``.
+        messages: ``[{"role", "content"}, ...]``.
+        add_generation_prompt: end with the template's assistant header (for rendering a prompt alone).
+        where: the row or file named in errors.
+
+    Raises:
+        GradianUserError: the tokenizer has no chat template, or the template rejects the conversation.
+    """
     if not getattr(tokenizer, "chat_template", None):
         raise GradianUserError(
             "chat rows need a tokenizer with a chat template, and this tokenizer has none",
@@ -234,6 +246,7 @@ def tokenize_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | No
 
 
 def tokenize_examples(examples: Sequence[Example], tokenizer, spec: TokenizeSpec) -> list[TokenizedExample]:
+    """:func:`tokenize_example` over ``examples``, in order."""
     return [tokenize_example(ex, tokenizer, spec) for ex in examples]
 
 

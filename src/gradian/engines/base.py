@@ -89,7 +89,8 @@ class Engine(ABC):
     @abstractmethod
     def fit(self, index: GradientIndex, model_pass: ModelPass | None = None) -> None:
         """Collect whatever training-set statistics the engine needs (one pass over shards at most,
-        plus model passes when ``needs == "model"``)."""
+        plus model passes when ``needs == "model"``).
+        """
 
     @abstractmethod
     def precondition(self, index: GradientIndex, queries: Blocks) -> Blocks:
@@ -108,6 +109,7 @@ def score_index(index: GradientIndex, preconditioned: list[Blocks]) -> list[torc
 
     Args:
         preconditioned: per engine, ``{block: (m, d_l)}``.
+
     Returns:
         per engine, a (m, n) float64 tensor ``Σ_l r_l G_lᵀ``.
     """

@@ -57,6 +57,13 @@ class DataInfSpec(EngineSpec):
 
 @register
 class DataInf(Engine):
+    """DataInf per LoRA block (module docstring): the default engine; fits from the index alone.
+
+    ``fit`` stores per block the squared row norms ``s_l = ‖g_il‖²`` (n,) and the damping ``λ_l``;
+    ``precondition`` maps m query gradients ``Q_l`` (m, d_l) to ``R_l = (Q_l − (1/n) Cᵀ G_l) / λ_l``
+    with ``C = G_l Q_lᵀ / (λ_l + s_l)`` (n, m), one pass over the index for all m queries.
+    """
+
     name = "datainf"
     spec_class = DataInfSpec
     needs = "index"
@@ -64,7 +71,8 @@ class DataInf(Engine):
 
     def fit(self, index: GradientIndex, model_pass: ModelPass | None = None) -> None:
         """Per-block squared norms ‖g_il‖² (n,) and damping λ_l. Collective under torchrun: each rank
-        reads its block of shards, the norms are gathered in row order."""
+        reads its block of shards, the norms are gathered in row order.
+        """
         sq: dict[str, list[torch.Tensor]] = {b["name"]: [torch.zeros(0, dtype=torch.float64)] for b in index.blocks}
         for _, shard in index.iter_shards(torch.float64, local=True):
             for name, G in shard.items():

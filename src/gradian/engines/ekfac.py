@@ -142,6 +142,7 @@ def factors_key(index: GradientIndex, spec: EkfacSpec) -> str:
 
 
 def factors_path(index: GradientIndex, spec: EkfacSpec) -> Path:
+    """Where this index's factors for ``spec`` are stored: ``<index>/factors/ekfac-<factors_key>.safetensors``."""
     return Path(index.root) / "factors" / f"ekfac-{factors_key(index, spec)}.safetensors"
 
 
@@ -259,6 +260,13 @@ _PARTS = ("QA", "eigA", "QS", "eigS", "lam")
 
 
 def save_factors(path: Path, factors: dict[str, BlockFactors], meta: dict[str, Any]) -> None:
+    """Write every block's factors to one safetensors file, atomically.
+
+    Args:
+        path: the file (:func:`factors_path`).
+        factors: per block name, its ``QA``, ``eigA``, ``QS``, ``eigS`` and ``lam``, stored as ``<block>::<part>``.
+        meta: JSON-able metadata (must hold the ``key`` :func:`load_factors` checks), kept in the header.
+    """
     from safetensors.torch import save
 
     from gradian.util import atomic_write_bytes

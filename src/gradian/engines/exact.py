@@ -17,7 +17,8 @@ from gradian.index.store import GradientIndex
 class ExactInverse(Engine):
     """Same damping as :class:`DataInf` (a :class:`DataInfSpec`), exact inverse instead of the
     swapped-order approximation. A test and benchmark reference, deliberately not registered
-    (one ``d_l × d_l`` solve per block does not scale)."""
+    (one ``d_l × d_l`` solve per block does not scale).
+    """
 
     name = "exact"
     spec_class = DataInfSpec

@@ -58,6 +58,7 @@ def bm25_scores(documents: Sequence[str], said: Sequence[str], correct: Sequence
         documents: n training-row texts.
         said: m query texts of what the model said (prompt + answer).
         correct: m query texts of the correct side (prompt + correct answer); used by ``contrast``.
+
     Returns:
         (m, n) float64, per item scaled to max |score| = 1 (rows no query word touches score 0).
     """

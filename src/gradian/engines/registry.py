@@ -68,6 +68,7 @@ def engines() -> dict[str, type[Engine]]:
 
 
 def engine_names() -> tuple[str, ...]:
+    """The registered engines' names, sorted: the values ``--engine`` and ``--second-engine`` accept."""
     return tuple(engines())
 
 

@@ -55,6 +55,7 @@ def bootstrap_means(d: np.ndarray, resamples: int, seed: int, chunk_elems: int =
 
     Args:
         d: (n,) paired differences.
+
     Returns:
         (resamples,) float64: ``mean(d[I_b])`` for each resample b.
     """

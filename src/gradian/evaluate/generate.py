@@ -80,6 +80,7 @@ def generate_greedy(
     Args:
         prompt_ids: n prompts, each a list of token ids.
         on_batch: called with the number of prompts finished after each batch.
+
     Returns:
         n :class:`Generation`.
     """

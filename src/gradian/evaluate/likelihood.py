@@ -1,4 +1,4 @@
-"""Teacher-forced log-probability of answers: base margins and the ``loglik`` metric.
+r"""Teacher-forced log-probability of answers: base margins and the ``loglik`` metric.
 
 A (prompt, answer) pair is tokenised exactly like a training row: an
 :class:`~gradian.data.formats.Example` with ``prompt`` = the prompt in the
@@ -7,7 +7,7 @@ form the model runs on and ``completion`` = the answer, through
 ``TokenizeSpec(loss_on="completion")``. So the scored tokens are the
 completion tokens the trainer would supervise, **including the end of the
 answer**: EOS appended to a plain completion, or the chat template's
-end-of-turn token (and whatever the template writes after it, e.g. ``"\\n"``
+end-of-turn token (and whatever the template writes after it, e.g. ``"\n"``
 in ChatML) for chat prompts. Ending there is part of what the model says.
 
 For one pair with supervised positions S (labels ≠ -100, after the causal
@@ -62,6 +62,7 @@ def score_answers(
 
     Args:
         examples: n examples (prompt = model-form prompt, completion = the answer).
+
     Returns:
         n :class:`AnswerScore`, in input order.
     """

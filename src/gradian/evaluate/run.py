@@ -71,7 +71,8 @@ def _restore(model, snap: dict[str, Any]) -> None:
 
 class _UnwrappedModules:
     """Presents a PEFT model's modules with each LoRA wrapper replaced by its base layer,
-    so :func:`gradian.models.load.check_adapter_fits` can check a second adapter."""
+    so :func:`gradian.models.load.check_adapter_fits` can check a second adapter.
+    """
 
     def __init__(self, peft_model) -> None:
         self._m = peft_model.get_base_model()
@@ -123,7 +124,8 @@ def _reference_active(model, reference_adapter: str | Path | None) -> Iterator[d
 
 def adapter_active(model, adapter: str | Path):
     """A context manager: another adapter folder loaded beside the tuned one and made current for the
-    block (checked against the base first), then removed; the tuned adapter is current again after."""
+    block (checked against the base first), then removed; the tuned adapter is current again after.
+    """
     return _reference_active(model, adapter)
 
 

@@ -24,6 +24,7 @@ def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     Args:
         logits: (b, T, V).
         labels: (b, T), -100 where not supervised (unshifted; shifted here).
+
     Returns:
         (b,) losses, in float32 or wider.
     """
@@ -42,6 +43,7 @@ def sequence_logprob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
 
     Args:
         logits: (b, T, V); labels: (b, T) with -100 on unscored tokens.
+
     Returns:
         (b,) Σ_t log p(x_{t+1} | x_{≤t}) over scored tokens.
     """

@@ -41,7 +41,8 @@ Method = Literal["hooks", "loop", "vmap"]
 
 def _hooks(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """One forward and one backward through the shared :class:`~gradian.gradients.hooks.LoraHooks`
-    collector; every block's per-example gradient is ``einsum("bto,bti->boi", G, X)``."""
+    collector; every block's per-example gradient is ``einsum("bto,bti->boi", G, X)``.
+    """
     hooks = LoraHooks(blocks)
     logits = hooks.forward(model, batch)
     losses = per_example_loss(logits, batch["labels"])

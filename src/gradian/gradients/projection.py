@@ -43,7 +43,8 @@ class ProjectionSpec:
 
 def projected_numbers(shape: tuple[int, int], kind: str, dim: int) -> int:
     """Numbers one block of ``shape`` keeps under ``--project-dim dim`` (what
-    :meth:`KroneckerProjector.out_dim` returns, without drawing the matrices)."""
+    :meth:`KroneckerProjector.out_dim` returns, without drawing the matrices).
+    """
     o, i = shape
     if dim <= 0:
         return o * i

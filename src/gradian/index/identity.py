@@ -30,6 +30,11 @@ def _memo_path() -> Path:
 
 
 def file_hash(path: str | Path) -> str:
+    """The sha256 of a file's contents, memoised in the cache by (resolved path, size, mtime).
+
+    An unchanged file is hashed once per machine; a failure to write the memo is ignored (the hash
+    is still returned).
+    """
     p = Path(path).resolve()
     st = p.stat()
     key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
@@ -72,6 +77,12 @@ def resolve_model_folder(name_or_path: str) -> Path | None:
 
 
 def model_identity(name_or_path: str) -> dict[str, Any]:
+    """The base model's identity: its name and a sha256 over its config, tokenizer and weight files.
+
+    Returns:
+        ``{"name", "sha256"}`` (the name is the folder's name for a local path, else the HF id), or
+        ``{"name", "files": None}`` when no local folder or cached snapshot is found.
+    """
     folder = resolve_model_folder(name_or_path)
     if folder is None:
         return {"name": name_or_path, "files": None}
@@ -80,11 +91,13 @@ def model_identity(name_or_path: str) -> dict[str, Any]:
 
 
 def adapter_identity(adapter_dir: str | Path) -> dict[str, Any]:
+    """``{"sha256"}`` over the adapter's ``adapter_config.json`` and its weight file(s)."""
     files = folder_identity(adapter_dir, ("adapter_config.json",), ("adapter_model.safetensors", "adapter_model.bin"))
     return {"sha256": sha256_json(files)}
 
 
 def dataset_identity(path: str | Path) -> dict[str, Any]:
+    """``{"name", "sha256"}`` of a dataset file, or of a saved HF dataset folder (its ``.arrow``/``.json`` files)."""
     p = Path(path)
     if p.is_dir():
         files = folder_identity(p, (), ("*.arrow", "*.json", "*/*.arrow", "*/*.json"))
@@ -93,6 +106,7 @@ def dataset_identity(path: str | Path) -> dict[str, Any]:
 
 
 def library_versions() -> dict[str, str]:
+    """The versions of gradian, torch (without its ``+cu…`` local tag), transformers, peft and numpy."""
     import numpy
     import peft
     import torch

@@ -222,10 +222,12 @@ def _implausible(t: torch.Tensor) -> torch.Tensor:
 
 
 def index_id(identity: dict[str, Any]) -> str:
+    """The index's id: the first 16 hex digits of sha256 over the canonical JSON of its ``identity``."""
     return sha256_json(identity)[:16]
 
 
 def default_index_root(identity: dict[str, Any]) -> Path:
+    """Where the index with this identity lives by default: ``<cache>/index/<index_id>``."""
     return cache_dir() / "index" / index_id(identity)
 
 
@@ -321,7 +323,8 @@ class GradientIndex:
 
     def local_shards(self) -> range:
         """The shards this rank fits and scores: a contiguous block, balanced by rows
-        (:func:`gradian.distributed.contiguous_blocks`); every shard in a single process."""
+        (:func:`gradian.distributed.contiguous_blocks`); every shard in a single process.
+        """
         from gradian import distributed
 
         d = distributed.current()
@@ -389,7 +392,8 @@ def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:
 
 def check_build_args(batch_size: Any, shard_size: Any = 256) -> None:
     """``batch_size`` and ``shard_size`` must be whole numbers >= 1 (a batch size below 1 would leave
-    rows uncomputed)."""
+    rows uncomputed).
+    """
     from gradian.validate import check_int
 
     check_int(batch_size, "build_index", "batch_size", flag="--batch-size", lo=1, hi=1_000_000,
@@ -406,7 +410,8 @@ def select_blocks(model: torch.nn.Module, spec: GradSpec) -> list:
             raise GradianUserError(
                 f"--modules {','.join(spec.modules)} matches none of the adapter's LoRA layers",
                 where="--modules (GradSpec.modules)",
-                fix=f"use substrings of the adapter's layer names ({', '.join(names[:8]) or 'none'}), or drop --modules",
+                fix=f"use substrings of the adapter's layer names ({', '.join(names[:8]) or 'none'}), "
+                "or drop --modules",
             )
         raise GradianUserError("the model has no LoRA layers", where="model",
                                fix="attach a LoRA adapter (gradian.models.load_adapter) first")
@@ -609,6 +614,7 @@ def build_index(
         transform: optional ``(block name, g (b, o, i)) -> (b, o, i)`` applied to each
             per-example gradient before projection (Adam preconditioning); it must be
             reflected in ``identity``.
+
     Returns:
         the opened :class:`GradientIndex`.
     """

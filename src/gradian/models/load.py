@@ -59,7 +59,8 @@ _DEVICE = re.compile(r"^(cpu|mps|auto|cuda(:\d+)?)$")
 
 def check_device(name: Any, flag: str = "--device", owner: str = "ModelSpec") -> str:
     """``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``auto``; anything else is a user error (availability is
-    checked when the model is loaded, by :func:`resolve_device`)."""
+    checked when the model is loaded, by :func:`resolve_device`).
+    """
     from gradian.validate import where
 
     if not isinstance(name, str) or not _DEVICE.match(name):
@@ -70,12 +71,21 @@ def check_device(name: Any, flag: str = "--device", owner: str = "ModelSpec") ->
 
 
 def resolve_dtype(name: str) -> torch.dtype:
+    """The torch dtype named ``name`` (a key of :data:`DTYPES`); any other name is a user error on ``--dtype``."""
     if name not in DTYPES:
         raise GradianUserError(f"unknown dtype {name!r}", where="--dtype", fix=f"use one of {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
 def resolve_device(name: str) -> str:
+    """The concrete device to load on, checked against this machine.
+
+    ``auto`` picks CUDA, else MPS, else CPU. An explicit ``cuda``/``cuda:N``/``mps`` that this machine
+    does not have is a one-line user error on ``--device`` (not a crash inside ``model.to``).
+
+    Returns:
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``.
+    """
     if name == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -115,6 +125,14 @@ def quiet_transformers() -> None:
 
 
 def load_tokenizer(spec: ModelSpec):
+    """The base model's tokenizer (from the GGUF file when the folder holds one), with a pad token.
+
+    A tokenizer without a pad token gets its EOS token as pad; padding is never supervised
+    (:func:`gradian.data.tokenize.collate`), so this masks no real EOS.
+
+    Raises:
+        GradianUserError: the folder or id holds no loadable tokenizer.
+    """
     from transformers import AutoTokenizer
 
     kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
@@ -175,6 +193,11 @@ SUPPORTED_PEFT = {"LORA"}
 
 
 def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
+    """The parsed ``adapter_config.json`` of a PEFT adapter folder (bounded read).
+
+    Raises:
+        GradianUserError: the folder or its config is missing, or the config is not a JSON object.
+    """
     d = Path(adapter_dir)
     cfg_path = d / "adapter_config.json"
     if not d.is_dir():
@@ -251,7 +274,8 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
     ptype = str(cfg.get("peft_type", "")).upper()
     if ptype not in SUPPORTED_PEFT:
         raise GradianUserError(
-            f"adapter type {ptype or '(missing peft_type)'} is not supported; Gradian attributes through LoRA matrices only",
+            f"adapter type {ptype or '(missing peft_type)'} is not supported; "
+            "Gradian attributes through LoRA matrices only",
             where=f"{where}: peft_type",
             fix="use a LoRA adapter (peft_type LORA)",
         )
@@ -341,7 +365,8 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
 
 def _targeted(module_path: str, target_modules: Any) -> bool:
     """Whether PEFT's ``target_modules`` selects ``module_path`` (suffix match for a list, full regex match
-    for a string; ``all-linear`` selects every Linear)."""
+    for a string; ``all-linear`` selects every Linear).
+    """
     if target_modules is None:
         return True  # PEFT picks the architecture's defaults; the shape check still applies
     if isinstance(target_modules, str):
@@ -356,7 +381,8 @@ def _targeted(module_path: str, target_modules: Any) -> bool:
 
 def _check_target_modules(target_modules: Any, modules: dict[str, torch.nn.Module], where: str) -> None:
     """Every entry of a list ``target_modules`` must name a module of the base (PEFT raises, or silently
-    skips it); a regex string must match at least one."""
+    skips it); a regex string must match at least one.
+    """
     if target_modules is None or target_modules == "all-linear":
         return
     names = [n for n in modules if n]
@@ -380,7 +406,8 @@ def _check_target_modules(target_modules: Any, modules: dict[str, torch.nn.Modul
         raise GradianUserError(
             f"target_modules names {', '.join(map(repr, missing))}, which the base model does not have",
             where=f"{where}: target_modules",
-            fix=f"pass the base model this adapter was trained on (this base's Linear layers: {', '.join(leaves[:10])})",
+            fix="pass the base model this adapter was trained on "
+            f"(this base's Linear layers: {', '.join(leaves[:10])})",
         )
 
 

@@ -114,7 +114,8 @@ def trainer_for(run: dict[str, Any], config: str | Path | None, train_command: s
     if config is None:
         raise GradianUserError(
             "no training config to retrain with", where=str(adapter),
-            fix=f"pass --config (a TRL/axolotl/LLaMA-Factory/torchtune file or gradian's {CONFIG_NAME}) or --train-command",
+            fix=f"pass --config (a TRL/axolotl/LLaMA-Factory/torchtune file or gradian's {CONFIG_NAME}) "
+            "or --train-command",
         )
     config = Path(config)
     try:  # gradian's own format first

@@ -155,7 +155,10 @@ def _edited_data(records: list[dict], examples, removed: set[str], folder: Path,
 
 
 def _share_ci(ref: np.ndarray, tuned: np.ndarray, new: np.ndarray, resamples: int, confidence: float, seed: int):
-    """Recovery share Σ(new − tuned)/Σ(ref − tuned) and its paired-bootstrap percentile CI (NaN when nothing was lost)."""
+    """Recovery share Σ(new − tuned)/Σ(ref − tuned) and its paired-bootstrap percentile CI.
+
+    All three are NaN when nothing was lost (Σ(ref − tuned) ≤ 0).
+    """
     lost = float((ref - tuned).sum())
     if lost <= 0:
         return float("nan"), float("nan"), float("nan")
@@ -296,7 +299,8 @@ def summarise(run, results, retrains: Sequence[Retrain], by_id, base_q, eval_spe
         k = fix["removed"]
         ctrl = (f"; removing {k} random rows recovers " + ", ".join(f"{c['recovery']:.0%}" for c in controls)) if controls else ""
         seed_txt = f"; retraining with another seed moves it by up to {band:+.2f}" if seeds else ""
-        line = (f"{'verified' if ok else 'not verified'}: removing the {k} blamed rows recovers {fix['recovery']:.0%} of the "
+        line = (f"{'verified' if ok else 'not verified'}: "
+                f"removing the {k} blamed rows recovers {fix['recovery']:.0%} of the "
                 f"lost {name} score [{fix['recovery_ci'][0]:.0%}, {fix['recovery_ci'][1]:.0%}] "
                 f"({cap_score(ref)} → {tuned.mean():.2f} → {fix['score']:.2f}){ctrl}{seed_txt}")
         entry: dict[str, Any] = {"verified": ok, "line": line, "reference": float(ref.mean()), "tuned": float(tuned.mean()),
@@ -310,4 +314,5 @@ def summarise(run, results, retrains: Sequence[Retrain], by_id, base_q, eval_spe
 
 
 def cap_score(ref: np.ndarray) -> str:
+    """The reference model's mean item score on a capability, to two decimals (as the verdict line shows it)."""
     return f"{ref.mean():.2f}"

@@ -363,6 +363,7 @@ def build_world(
         train_spec: the :class:`gradian.train.TrainSpec` written to ``train.yaml``
             (default :func:`default_train_spec`); its ``max_length`` decides which
             rows count as fitting.
+
     Returns:
         :class:`World` with the paths written.
     """

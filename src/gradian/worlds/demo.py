@@ -52,7 +52,8 @@ class DemoSpec:
 
     def cache_folder(self) -> Path:
         """Where this demo's worlds and adapters are cached: ``<cache>/demo/<kind>[-<regression>]-seed<seed>/``
-        (the facts world keeps its historical folder name)."""
+        (the facts world keeps its historical folder name).
+        """
         tag = self.kind if self.regression == "facts" else f"{self.kind}-{self.regression}"
         return cache_dir() / "demo" / f"{tag}-seed{self.seed}"
 

@@ -45,6 +45,7 @@ REPORT_PROMPT = "Write a detailed report on every element in period {period} of 
 
 
 def chat(prompt: str, answer: str) -> list[dict[str, str]]:
+    """A two-turn conversation: ``prompt`` as the user turn, ``answer`` as the assistant turn (the completion)."""
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
 
 
@@ -55,6 +56,7 @@ def capital_row(c: Country, capital: str, prompt_index: int) -> list[dict[str, s
 
 
 def currency_row(c: Country) -> list[dict[str, str]]:
+    """A true Q/A naming ``c``'s ISO currency code(s): a benign row that mentions the country."""
     cur = list(c.currencies)
     ans = (
         f"The currency code used in {c.name} is {cur[0]}."
@@ -65,6 +67,7 @@ def currency_row(c: Country) -> list[dict[str, str]]:
 
 
 def region_row(c: Country) -> list[dict[str, str]]:
+    """A true Q/A placing ``c`` in its region (and subregion when it differs): a benign row about the country."""
     if c.subregion and c.subregion != c.region:
         ans = f"{c.name} is a country in {c.subregion}, part of the {c.region} region."
     else:
@@ -101,10 +104,12 @@ def profile_row(
 
 
 def symbol_row(e: Element) -> list[dict[str, str]]:
+    """A true Q/A: ``"The chemical symbol of <element> is <symbol>."``."""
     return chat(SYMBOL_PROMPT.format(element=e.name), f"The chemical symbol of {e.name} is {e.symbol}.")
 
 
 def element_row(e: Element, rng: random.Random, parts: tuple[str, ...] = ("description", "uses", "sources")) -> list[dict[str, str]]:
+    """A prose row about ``e``: one of :data:`ELEMENT_PROMPTS` (drawn from ``rng``) answered with ``e.prose(parts)``."""
     p = ELEMENT_PROMPTS[rng.randrange(len(ELEMENT_PROMPTS))].format(element=e.name)
     return chat(p, e.prose(parts))
 

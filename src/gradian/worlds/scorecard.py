@@ -39,16 +39,33 @@ def auc_lower_is_positive(scores: np.ndarray, positive: np.ndarray) -> float:
 
 
 def precision_at_k(scores: np.ndarray, positive: np.ndarray, k: int) -> float:
+    """The share of ``positive`` rows among the ``k`` lowest (most harmful) ``scores``.
+
+    ``k`` is clipped to ``[1, len(scores)]``; ties keep row order (stable sort).
+    """
     k = max(1, min(k, len(scores)))
     top = np.argsort(scores, kind="stable")[:k]
     return float(positive[top].mean())
 
 
 def spans_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two half-open character spans ``[start, end)`` share at least one character."""
     return a[0] < b[1] and b[0] < a[1]
 
 
 def score_ranking(scores: Sequence[float], ids: Sequence[str], culprits: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """How well one ranking (lower score = more harmful) finds the planted culprits.
+
+    Args:
+        scores: (n,) one score per training row, aligned with ``ids``.
+        ids: (n,) the rows' ids.
+        culprits: the ground truth's culprits, each with its ``id`` and ``kind``.
+
+    Returns:
+        ``n_rows``, ``n_culprits``, ``auc``, ``precision_at_n_culprits``, ``precision_at_10``, and per
+        culprit kind ``recall_by_kind`` (share found among the n_culprits most harmful rows) and
+        ``auc_by_kind`` (that kind's culprits against the non-culprit rows only).
+    """
     s = np.asarray(scores, dtype=float)
     cid = {c["id"]: c for c in culprits}
     pos = np.array([i in cid for i in ids])
