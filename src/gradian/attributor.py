@@ -1,4 +1,4 @@
-"""The Python API: one :class:`Attributor` per fine-tune, in the spirit of kronfluence's ``Analyzer``.
+r"""The Python API: one :class:`Attributor` per fine-tune, in the spirit of kronfluence's ``Analyzer``.
 
 ::
 
@@ -121,8 +121,9 @@ class Scores:
     def to_dict(self) -> dict[str, Any]:
         """JSON form: the matrices as nested lists."""
         return {"matrix": self.matrix.tolist(), "cosine": self.cosine.tolist(), "query_ids": list(self.query_ids),
-                "row_ids": list(self.row_ids), "engine": dict(self.engine), "queries": [q.to_dict() for q in self.queries],
-                "checkpoints": list(self.checkpoints), "sign_convention": self.sign_convention}
+                "row_ids": list(self.row_ids), "engine": dict(self.engine),
+                "queries": [q.to_dict() for q in self.queries], "checkpoints": list(self.checkpoints),
+                "sign_convention": self.sign_convention}
 
 
 class Attributor:
@@ -164,10 +165,9 @@ class Attributor:
         from gradian.evaluate import EvalSpec
 
         model = base if isinstance(base, ModelSpec) else ModelSpec(str(base) if isinstance(base, Path) else base)
-        for name, p in (("adapter", adapter), ("data", data)):
+        for name, p, what in (("adapter", adapter, "the LoRA adapter folder"), ("data", data, "the training data")):
             if not isinstance(p, (str, Path)) or not Path(p).exists():
-                raise GradianUserError(f"{name} not found", where=f"Attributor.{name} ({p})",
-                                       fix=f"pass the {'LoRA adapter folder' if name == 'adapter' else 'training data file'}")
+                raise GradianUserError(f"{name} not found", where=f"Attributor.{name} ({p})", fix=f"pass {what}")
         self.specs = RunSpecs(
             model=model, grad=grad if grad is not None else GradSpec(),
             attribute=spec if spec is not None else AttributeSpec(),
@@ -389,8 +389,11 @@ class Attributor:
         return run
 
     def report(self, fmt: str = "md") -> str:
-        """The report of the last :meth:`attribute` run (or of :meth:`from_run`'s), as ``md``, ``html``,
-        ``json`` or ``text``."""
+        """The report of the last :meth:`attribute` run (or of :meth:`from_run`'s).
+
+        Args:
+            fmt: ``md``, ``html``, ``json`` or ``text``.
+        """
         from gradian.report import build_report, read_training_log, render
 
         if fmt not in REPORT_FORMATS:

@@ -89,8 +89,10 @@ class Query:
         from gradian.errors import GradianUserError
         from gradian.util import sha256_json
 
-        ok_prompt = isinstance(prompt, str) or (isinstance(prompt, list) and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt))
+        def is_message(m: Any) -> bool:
+            return isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+
+        ok_prompt = isinstance(prompt, str) or (isinstance(prompt, list) and all(is_message(m) for m in prompt))
         if not ok_prompt or not prompt:
             raise GradianUserError("prompt must be a non-empty string or a list of chat messages", where="Query.prompt",
                                    fix='pass "Q: ...\\nA:" or [{"role": "user", "content": "..."}]')

@@ -32,9 +32,12 @@ Progress = Callable[[str, int, int], None]  # (task, advance, total)
 
 @dataclass
 class RunInputs:
-    """What one run reads: the base, the adapter, its training data and the eval set (and, for the Audit
-    lane, training configs and logs); ``checkpoints`` selects the trajectory
-    (:func:`gradian.attribute.trajectory.resolve_trajectory`)."""
+    """What one run reads.
+
+    The base, the adapter, its training data and the eval set (and, for the Audit lane, training
+    configs and logs); ``checkpoints`` selects the trajectory
+    (:func:`gradian.attribute.trajectory.resolve_trajectory`).
+    """
 
     base: str
     adapter: Path
@@ -377,9 +380,11 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Manifest":
+        """Read this part of run.json (keys not typed here are kept in ``extra``)."""
         return _read_record(cls, d)
 
     def to_dict(self) -> dict[str, Any]:
+        """This part of run.json, as it was read (:meth:`from_dict` inverts it)."""
         return _write_record(self)
 
 
@@ -430,9 +435,11 @@ class CapabilityRun:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CapabilityRun":
+        """Read this part of run.json (keys not typed here are kept in ``extra``)."""
         return _read_record(cls, d, {"failing_items": lambda fs: [_failing_item(f) for f in fs]})
 
     def to_dict(self) -> dict[str, Any]:
+        """This part of run.json, as it was read (:meth:`from_dict` inverts it)."""
         return _write_record(self, {"failing_items": lambda fs: [f.to_dict() for f in fs]})
 
 
@@ -471,9 +478,11 @@ class Attribution:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Attribution":
+        """Read this part of run.json (keys not typed here are kept in ``extra``)."""
         return _read_record(cls, d, {"capabilities": lambda cs: [CapabilityRun.from_dict(c) for c in cs]})
 
     def to_dict(self) -> dict[str, Any]:
+        """This part of run.json, as it was read (:meth:`from_dict` inverts it)."""
         return _write_record(self, {"capabilities": lambda cs: [c.to_dict() for c in cs]})
 
 
@@ -497,9 +506,11 @@ class AuditSummary:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "AuditSummary":
+        """Read this part of run.json (keys not typed here are kept in ``extra``)."""
         return _read_record(cls, d)
 
     def to_dict(self) -> dict[str, Any]:
+        """This part of run.json, as it was read (:meth:`from_dict` inverts it)."""
         return _write_record(self)
 
 
@@ -521,9 +532,11 @@ class Verification:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Verification":
+        """Read this part of run.json (keys not typed here are kept in ``extra``)."""
         return _read_record(cls, d)
 
     def to_dict(self) -> dict[str, Any]:
+        """This part of run.json, as it was read (:meth:`from_dict` inverts it)."""
         return _write_record(self)
 
 
@@ -560,6 +573,7 @@ class Run:
 
     @property
     def run_id(self) -> str | None:
+        """The manifest's run id."""
         return self.manifest.run_id if self.manifest is not None else None
 
     @property
