@@ -137,11 +137,16 @@ def test_run_round_trips_a_real_run_json(script_run):
         Run.from_dict({"schema": "something/else"})
 
 
-def test_from_run_reopens_the_run_reuses_its_index_and_scores_like_the_pipeline(script_run):
+def test_from_run_reopens_the_run_reuses_its_index_and_scores_like_the_pipeline(script_run, tmp_path):
     from gradian.attributor import Attributor
     from gradian.report import render, report_for_run
 
     _, out = script_run
+    broken = json.loads((out / "run.json").read_text())
+    del broken["manifest"]["identity"]["specs"]["model"]
+    (tmp_path / "run.json").write_text(json.dumps(broken))
+    with pytest.raises(GradianUserError, match="manifest lacks its inputs or specs"):
+        Attributor.from_run(tmp_path)
     att = Attributor.from_run(out)
     run = att.run
     m = run.manifest
@@ -319,3 +324,32 @@ def test_the_attributors_defaults_are_the_specs():
     assert (sig["seed"].default, sig["batch_size"].default, sig["shard_size"].default) == \
         (r.seed, r.batch_size, r.shard_size)
     assert sig["checkpoints"].default == RunInputs.__dataclass_fields__["checkpoints"].default
+
+
+def test_the_index_and_evaluate_commands_defaults_are_the_specs():
+    """`gradian index` and `gradian evaluate` take the same options; their defaults are the specs' too."""
+    from gradian.evaluate import EvalSpec
+    from gradian.index.store import GradSpec
+    from gradian.models.load import ModelSpec
+
+    import inspect
+
+    from gradian.api import training_index
+
+    build = inspect.signature(training_index).parameters
+    g, e, m = GradSpec(), EvalSpec(), ModelSpec("base")
+    model = {"dtype": m.dtype, "device": m.device, "trust_remote_code": m.trust_remote_code}
+    index = {"max_length": g.tokenize.max_length, "loss_on": g.tokenize.loss_on, "modules": g.modules,
+             "project_dim": g.projection.dim, "storage_dtype": g.storage_dtype, "optimizer": g.optimizer,
+             "unit": g.unit, "seed": g.projection.seed, "batch_size": build["batch_size"].default,
+             "shard_size": build["shard_size"].default, **model}
+    evaluate = {"max_new_tokens": e.max_new_tokens, "batch_size": e.batch_size, "seed": e.seed,
+                "resamples": e.resamples, "chat_template": e.use_chat_template, **model}
+    for command, fields, inputs in (
+        ("index", index, {"base", "adapter", "data", "out", "checkpoints"}),
+        ("evaluate", evaluate, {"base", "adapter", "eval_path", "reference_adapter", "out"}),
+    ):
+        params = _params(command)
+        assert set(params) == set(fields) | inputs, command
+        wrong = {k: (params[k], v) for k, v in fields.items() if params[k] != v}
+        assert not wrong, f"gradian {command}: CLI default != spec default: {wrong}"

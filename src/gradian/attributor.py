@@ -236,15 +236,19 @@ class Attributor:
             checkpoints = earlier if earlier else "final"
             if run.attribution.index.get("root"):
                 index_dir = Path(run.attribution.index["root"]).parent
-        eval_spec = EvalSpec.from_dict(specs["eval"]) if specs.get("eval") else None
-        att = cls(
-            ModelSpec(**specs["model"]), paths["adapter"], paths["data"],
-            AttributeSpec.from_dict(specs["attribute"]),
-            grad=GradSpec.from_dict(specs["grad"]), eval_spec=eval_spec, checkpoints=checkpoints,
-            reference_adapter=ident.get("reference_adapter"), configs=paths.get("configs") or (),
-            logs=paths.get("logs"), index_dir=index_dir, seed=int(specs.get("seed", 0)),
-            batch_size=eval_spec.batch_size if eval_spec is not None else 8,
-        )
+        try:
+            eval_spec = EvalSpec.from_dict(specs["eval"]) if specs.get("eval") else None
+            extra = {"batch_size": eval_spec.batch_size} if eval_spec is not None else {}  # the CLI sets both alike
+            att = cls(
+                ModelSpec(**specs["model"]), paths["adapter"], paths["data"],
+                AttributeSpec.from_dict(specs["attribute"]),
+                grad=GradSpec.from_dict(specs["grad"]), eval_spec=eval_spec, checkpoints=checkpoints,
+                reference_adapter=ident.get("reference_adapter"), configs=paths.get("configs") or (),
+                logs=paths.get("logs"), index_dir=index_dir, seed=specs.get("seed", 0), **extra,
+            )
+        except (KeyError, TypeError, AttributeError) as e:
+            raise GradianUserError(f"the run's manifest lacks its inputs or specs ({type(e).__name__}: {e})",
+                                   where=str(run_dir), fix="re-run gradian attribute with this version") from None
         run.run_dir = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
         att.run = run
         att.evaluation = run.evaluation
