@@ -26,7 +26,7 @@ def _python_block(text: str, after: str | None = None) -> str:
     """The first fenced python block of ``text`` (after the line holding ``after``, when given)."""
     if after is not None:
         assert after in text, f"no {after!r} marker"
-        text = text[text.index(after):]
+        text = text[text.index(after) :]
     m = re.search(r"```python\n(.*?)```", text, flags=re.S)
     assert m, "no python block"
     return m.group(1)
@@ -66,9 +66,14 @@ def script_run(api_world):
     out = api_world["root"] / "run"
     import gradian
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               GRADIAN_CACHE=str(api_world["root"] / "cache"),
-               PYTHONPATH=os.pathsep.join([str(Path(gradian.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        GRADIAN_CACHE=str(api_world["root"] / "cache"),
+        PYTHONPATH=os.pathsep.join([str(Path(gradian.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    )
     args = [str(api_world[k]) for k in ("base", "adapter", "data", "eval")] + [str(out)]
     res = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -175,9 +180,14 @@ def test_query_from_text():
     assert Query.from_text("Q: capital of X?\nA:", " Paris", said=" Rome").item_id == q.item_id  # content id
     p = Query.from_text([{"role": "user", "content": "hi"}], "hello", id="greet", capability="chat")
     assert (p.kind, p.said, p.item_id, p.capability) == ("cross_entropy", None, "greet", "chat")
-    for kw, field in ((dict(prompt=""), "Query.prompt"), (dict(prompt=[{"role": "user"}]), "Query.prompt"),
-                      (dict(correct=" "), "Query.correct"), (dict(said=""), "Query.said"),
-                      (dict(said=" Paris"), "Query.said"), (dict(id=""), "Query.id")):
+    for kw, field in (
+        (dict(prompt=""), "Query.prompt"),
+        (dict(prompt=[{"role": "user"}]), "Query.prompt"),
+        (dict(correct=" "), "Query.correct"),
+        (dict(said=""), "Query.said"),
+        (dict(said=" Paris"), "Query.said"),
+        (dict(id=""), "Query.id"),
+    ):
         args = {"prompt": "Q?", "correct": " Paris", **kw}
         with pytest.raises(GradianUserError) as e:
             Query.from_text(args.pop("prompt"), args.pop("correct"), **args)
@@ -252,8 +262,17 @@ def test_specs_round_trip_through_their_dicts():
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec
 
-    for spec in (AttributeSpec(), AttributeSpec(engine=EkfacSpec(damping_scale=0.5), second_engine=None, unit="row",
-                                                clusters=ClusterSpec(max_rows=7), references=(), fuse=())):
+    for spec in (
+        AttributeSpec(),
+        AttributeSpec(
+            engine=EkfacSpec(damping_scale=0.5),
+            second_engine=None,
+            unit="row",
+            clusters=ClusterSpec(max_rows=7),
+            references=(),
+            fuse=(),
+        ),
+    ):
         assert AttributeSpec.from_dict(spec.to_dict()) == spec
     g = GradSpec(tokenize=TokenizeSpec(max_length=64), modules=("q_proj",), projection=ProjectionSpec(dim=8, seed=3))
     assert GradSpec.from_dict(g.to_dict()) == g and GradSpec.from_dict(GradSpec().to_dict()) == GradSpec()
@@ -281,19 +300,43 @@ def test_the_attribute_commands_defaults_are_the_specs():
     a, g, e, m = AttributeSpec(), GradSpec(), EvalSpec(), ModelSpec("base")
     r = RunSpecs(model=m)
     spec_fields = {
-        "engine": a.engine.name, "second_engine": a.second_engine.name, "query": a.query, "top_k": a.top_k,
-        "weighting": a.weighting, "statistic": a.statistic, "unit": a.unit,
-        "references": ",".join(a.references), "fuse": ",".join(a.fuse),
+        "engine": a.engine.name,
+        "second_engine": a.second_engine.name,
+        "query": a.query,
+        "top_k": a.top_k,
+        "weighting": a.weighting,
+        "statistic": a.statistic,
+        "unit": a.unit,
+        "references": ",".join(a.references),
+        "fuse": ",".join(a.fuse),
         "damping_scale": None,  # None: the engine spec's own default
         "engine_option": None,
-        "max_length": g.tokenize.max_length, "loss_on": g.tokenize.loss_on, "modules": g.modules,
-        "project_dim": g.projection.dim, "storage_dtype": g.storage_dtype, "optimizer": g.optimizer,
-        "batch_size": r.batch_size, "shard_size": r.shard_size, "seed": r.seed,
+        "max_length": g.tokenize.max_length,
+        "loss_on": g.tokenize.loss_on,
+        "modules": g.modules,
+        "project_dim": g.projection.dim,
+        "storage_dtype": g.storage_dtype,
+        "optimizer": g.optimizer,
+        "batch_size": r.batch_size,
+        "shard_size": r.shard_size,
+        "seed": r.seed,
         "max_new_tokens": e.max_new_tokens,
-        "dtype": m.dtype, "device": m.device, "trust_remote_code": m.trust_remote_code,
+        "dtype": m.dtype,
+        "device": m.device,
+        "trust_remote_code": m.trust_remote_code,
     }
-    inputs = {"base", "adapter", "data", "eval_path", "config", "logs", "reference_adapter", "out", "index_dir",
-              "checkpoints"}
+    inputs = {
+        "base",
+        "adapter",
+        "data",
+        "eval_path",
+        "config",
+        "logs",
+        "reference_adapter",
+        "out",
+        "index_dir",
+        "checkpoints",
+    }
     params = _params("attribute")
     assert set(params) == set(spec_fields) | inputs, "a new option: add it to the spec fields or the inputs here"
     wrong = {k: (params[k], v) for k, v in spec_fields.items() if params[k] != v}
@@ -321,8 +364,11 @@ def test_the_attributors_defaults_are_the_specs():
 
     sig = inspect.signature(Attributor.__init__).parameters
     r = RunSpecs(model=ModelSpec("base"))
-    assert (sig["seed"].default, sig["batch_size"].default, sig["shard_size"].default) == \
-        (r.seed, r.batch_size, r.shard_size)
+    assert (sig["seed"].default, sig["batch_size"].default, sig["shard_size"].default) == (
+        r.seed,
+        r.batch_size,
+        r.shard_size,
+    )
     assert sig["checkpoints"].default == RunInputs.__dataclass_fields__["checkpoints"].default
 
 
@@ -339,12 +385,27 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
     build = inspect.signature(training_index).parameters
     g, e, m = GradSpec(), EvalSpec(), ModelSpec("base")
     model = {"dtype": m.dtype, "device": m.device, "trust_remote_code": m.trust_remote_code}
-    index = {"max_length": g.tokenize.max_length, "loss_on": g.tokenize.loss_on, "modules": g.modules,
-             "project_dim": g.projection.dim, "storage_dtype": g.storage_dtype, "optimizer": g.optimizer,
-             "unit": g.unit, "seed": g.projection.seed, "batch_size": build["batch_size"].default,
-             "shard_size": build["shard_size"].default, **model}
-    evaluate = {"max_new_tokens": e.max_new_tokens, "batch_size": e.batch_size, "seed": e.seed,
-                "resamples": e.resamples, "chat_template": e.use_chat_template, **model}
+    index = {
+        "max_length": g.tokenize.max_length,
+        "loss_on": g.tokenize.loss_on,
+        "modules": g.modules,
+        "project_dim": g.projection.dim,
+        "storage_dtype": g.storage_dtype,
+        "optimizer": g.optimizer,
+        "unit": g.unit,
+        "seed": g.projection.seed,
+        "batch_size": build["batch_size"].default,
+        "shard_size": build["shard_size"].default,
+        **model,
+    }
+    evaluate = {
+        "max_new_tokens": e.max_new_tokens,
+        "batch_size": e.batch_size,
+        "seed": e.seed,
+        "resamples": e.resamples,
+        "chat_template": e.use_chat_template,
+        **model,
+    }
     for command, fields, inputs in (
         ("index", index, {"base", "adapter", "data", "out", "checkpoints"}),
         ("evaluate", evaluate, {"base", "adapter", "eval_path", "reference_adapter", "out"}),

@@ -120,10 +120,16 @@ class Scores:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form: the matrices as nested lists."""
-        return {"matrix": self.matrix.tolist(), "cosine": self.cosine.tolist(), "query_ids": list(self.query_ids),
-                "row_ids": list(self.row_ids), "engine": dict(self.engine),
-                "queries": [q.to_dict() for q in self.queries], "checkpoints": list(self.checkpoints),
-                "sign_convention": self.sign_convention}
+        return {
+            "matrix": self.matrix.tolist(),
+            "cosine": self.cosine.tolist(),
+            "query_ids": list(self.query_ids),
+            "row_ids": list(self.row_ids),
+            "engine": dict(self.engine),
+            "queries": [q.to_dict() for q in self.queries],
+            "checkpoints": list(self.checkpoints),
+            "sign_convention": self.sign_convention,
+        }
 
 
 class Attributor:
@@ -169,15 +175,19 @@ class Attributor:
             if not isinstance(p, (str, Path)) or not Path(p).exists():
                 raise GradianUserError(f"{name} not found", where=f"Attributor.{name} ({p})", fix=f"pass {what}")
         self.specs = RunSpecs(
-            model=model, grad=grad if grad is not None else GradSpec(),
+            model=model,
+            grad=grad if grad is not None else GradSpec(),
             attribute=spec if spec is not None else AttributeSpec(),
             eval=eval_spec if eval_spec is not None else EvalSpec(seed=seed),
-            seed=seed, batch_size=batch_size, shard_size=shard_size,
+            seed=seed,
+            batch_size=batch_size,
+            shard_size=shard_size,
         )
         self.adapter = Path(adapter)
         self.data = Path(data)
-        self.checkpoints = checkpoints if isinstance(checkpoints, str) or checkpoints is None \
-            else [Path(c) for c in checkpoints]
+        self.checkpoints = (
+            checkpoints if isinstance(checkpoints, str) or checkpoints is None else [Path(c) for c in checkpoints]
+        )
         self.reference_adapter = Path(reference_adapter) if reference_adapter is not None else None
         self.configs = tuple(Path(c) for c in configs)
         self.logs = Path(logs) if logs is not None else None
@@ -240,15 +250,26 @@ class Attributor:
             eval_spec = EvalSpec.from_dict(specs["eval"]) if specs.get("eval") else None
             extra = {"batch_size": eval_spec.batch_size} if eval_spec is not None else {}  # the CLI sets both alike
             att = cls(
-                ModelSpec(**specs["model"]), paths["adapter"], paths["data"],
+                ModelSpec(**specs["model"]),
+                paths["adapter"],
+                paths["data"],
                 AttributeSpec.from_dict(specs["attribute"]),
-                grad=GradSpec.from_dict(specs["grad"]), eval_spec=eval_spec, checkpoints=checkpoints,
-                reference_adapter=ident.get("reference_adapter"), configs=paths.get("configs") or (),
-                logs=paths.get("logs"), index_dir=index_dir, seed=specs.get("seed", 0), **extra,
+                grad=GradSpec.from_dict(specs["grad"]),
+                eval_spec=eval_spec,
+                checkpoints=checkpoints,
+                reference_adapter=ident.get("reference_adapter"),
+                configs=paths.get("configs") or (),
+                logs=paths.get("logs"),
+                index_dir=index_dir,
+                seed=specs.get("seed", 0),
+                **extra,
             )
         except (KeyError, TypeError, AttributeError) as e:
-            raise GradianUserError(f"the run's manifest lacks its inputs or specs ({type(e).__name__}: {e})",
-                                   where=str(run_dir), fix="re-run gradian attribute with this version") from None
+            raise GradianUserError(
+                f"the run's manifest lacks its inputs or specs ({type(e).__name__}: {e})",
+                where=str(run_dir),
+                fix="re-run gradian attribute with this version",
+            ) from None
         run.run_dir = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
         att.run = run
         att.evaluation = run.evaluation
@@ -305,8 +326,15 @@ class Attributor:
         if self.index_dir is not None:
             root = self.index_dir / index_id(index_identity(ft, self.data, grad, self.specs.seed))
         idx, _, _, reused = training_index(
-            ft, self.data, grad, seed=self.specs.seed, root=root, batch_size=self.specs.batch_size,
-            shard_size=self.specs.shard_size, examples=self.examples, items=self._tokenized(),
+            ft,
+            self.data,
+            grad,
+            seed=self.specs.seed,
+            root=root,
+            batch_size=self.specs.batch_size,
+            shard_size=self.specs.shard_size,
+            examples=self.examples,
+            items=self._tokenized(),
         )
         self._index, self.index_reused = idx, reused
         return idx
@@ -322,8 +350,9 @@ class Attributor:
 
         items = load_eval_set(eval_path)
         ft = self.finetune
-        self.evaluation = evaluate(ft.model, ft.tokenizer, items, reference_adapter=self.reference_adapter,
-                                   spec=self.specs.eval)
+        self.evaluation = evaluate(
+            ft.model, ft.tokenizer, items, reference_adapter=self.reference_adapter, spec=self.specs.eval
+        )
         self.eval_path = Path(eval_path)
         return self.evaluation
 
@@ -357,14 +386,29 @@ class Attributor:
         ft = self.finetune
         trajectory = resolve_trajectory(self.adapter, self.checkpoints, weighting=self.spec.weighting)
         ev = trajectory_scores(
-            ft, trajectory, self.data, self.examples, self._tokenized(), self.grad, {"queries": qs}, [es], unit="row",
-            seed=self.specs.seed, index_root=self.index_dir, batch_size=self.specs.batch_size,
-            query_batch_size=self.spec.query_batch_size, shard_size=self.specs.shard_size,
+            ft,
+            trajectory,
+            self.data,
+            self.examples,
+            self._tokenized(),
+            self.grad,
+            {"queries": qs},
+            [es],
+            unit="row",
+            seed=self.specs.seed,
+            index_root=self.index_dir,
+            batch_size=self.specs.batch_size,
+            query_batch_size=self.spec.query_batch_size,
+            shard_size=self.specs.shard_size,
         )
         got = ev.scores["queries"][es.name]
         return Scores(
-            matrix=got.raw, cosine=got.cosine, query_ids=[q.item_id for q in qs], row_ids=self.row_ids,
-            engine=es.to_dict(), queries=qs,
+            matrix=got.raw,
+            cosine=got.cosine,
+            query_ids=[q.item_id for q in qs],
+            row_ids=self.row_ids,
+            engine=es.to_dict(),
+            queries=qs,
             checkpoints=[{"step": c.step, "final": c.final, "weight": c.weight} for c in trajectory.checkpoints],
         )
 
@@ -381,8 +425,16 @@ class Attributor:
         from gradian.attribute.run import attribute_run
         from gradian.util import atomic_write_text
 
-        inputs = RunInputs(self.model_spec.base, self.adapter, self.data, Path(eval_path), self.configs, self.logs,
-                           self.reference_adapter, checkpoints=self.checkpoints)
+        inputs = RunInputs(
+            self.model_spec.base,
+            self.adapter,
+            self.data,
+            Path(eval_path),
+            self.configs,
+            self.logs,
+            self.reference_adapter,
+            checkpoints=self.checkpoints,
+        )
         d = attribute_run(inputs, self.specs, out, index_root=self.index_dir, ft=self.finetune)
         if d is None:  # a rank other than 0 under torchrun: rank 0 holds the run
             return None
@@ -401,11 +453,17 @@ class Attributor:
         from gradian.report import build_report, read_training_log, render
 
         if fmt not in REPORT_FORMATS:
-            raise GradianUserError(f"unknown report format {fmt!r}", where="Attributor.report(fmt)",
-                                   fix=f"use one of {', '.join(REPORT_FORMATS)}")
+            raise GradianUserError(
+                f"unknown report format {fmt!r}",
+                where="Attributor.report(fmt)",
+                fix=f"use one of {', '.join(REPORT_FORMATS)}",
+            )
         if self.run is None:
-            raise GradianUserError("no run to report yet", where="Attributor.report",
-                                   fix="call attribute(eval_path) first, or use Attributor.from_run(run_dir)")
+            raise GradianUserError(
+                "no run to report yet",
+                where="Attributor.report",
+                fix="call attribute(eval_path) first, or use Attributor.from_run(run_dir)",
+            )
         d = self.run.to_dict()
         return render(build_report(d, read_training_log(d, self.run.run_dir)), fmt)
 
@@ -418,8 +476,10 @@ class Attributor:
             queries = queries.failing_items()
             if not queries:
                 raise GradianUserError(
-                    "the evaluation has no failing item in a regressed capability", where="Attributor.scores",
-                    fix="pass ev.failing_items(include_undiagnosed=True), or Query.from_text(...) queries")
+                    "the evaluation has no failing item in a regressed capability",
+                    where="Attributor.scores",
+                    fix="pass ev.failing_items(include_undiagnosed=True), or Query.from_text(...) queries",
+                )
         elif isinstance(queries, (Query, FailingItem)):
             queries = [queries]
         out: list[Query] = []
@@ -429,16 +489,25 @@ class Attributor:
             elif isinstance(q, FailingItem):
                 out.append(failing_item_query(q, self.spec.query))  # type: ignore[arg-type]
             else:
-                raise GradianUserError(f"cannot score a {type(q).__name__}", where="Attributor.scores(queries)",
-                                       fix="pass Query.from_text(...) queries, failing items or an EvalResult")
+                raise GradianUserError(
+                    f"cannot score a {type(q).__name__}",
+                    where="Attributor.scores(queries)",
+                    fix="pass Query.from_text(...) queries, failing items or an EvalResult",
+                )
         if not out:
-            raise GradianUserError("no queries to score", where="Attributor.scores(queries)",
-                                   fix="pass at least one Query.from_text(...) or failing item")
+            raise GradianUserError(
+                "no queries to score",
+                where="Attributor.scores(queries)",
+                fix="pass at least one Query.from_text(...) or failing item",
+            )
         ids = [q.item_id for q in out]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
-            raise GradianUserError(f"query id {dup[0]!r} appears twice", where="Attributor.scores(queries)",
-                                   fix="give each query its own id (Query.from_text(..., id=...))")
+            raise GradianUserError(
+                f"query id {dup[0]!r} appears twice",
+                where="Attributor.scores(queries)",
+                fix="give each query its own id (Query.from_text(..., id=...))",
+            )
         return out
 
     def _engine(self, engine: Any) -> EngineSpec:
