@@ -1,8 +1,10 @@
-"""The Python face of Gradian: load a fine-tune, build its gradient index.
+"""What the lanes share: load a fine-tune, build its gradient index.
 
-Lanes add their own entry points (``gradian.evaluate.evaluate``,
-``gradian.audit.diagnose``, ``gradian.attribute.attribute``); this module holds
-what they share: loading the four inputs once, and the training-gradient index.
+The Python API a script uses is :class:`gradian.attributor.Attributor` (``docs/api.md``), built on
+this module. The lanes' own entry points are ``gradian.evaluate.evaluate``,
+``gradian.audit.diagnose`` and ``gradian.attribute.run.attribute_run`` (the whole
+``gradian attribute`` pipeline); this module holds what they share: loading the inputs once
+(:func:`load_finetune`), and the training-gradient index (:func:`training_index`).
 """
 
 from __future__ import annotations

@@ -30,10 +30,27 @@ from gradian.sign import harmful_share, harmful_tail, sort_most_harmful_first
 
 @dataclass(frozen=True)
 class ClusterSpec:
+    """How the harmful tail is clustered (module docstring).
+
+    Attributes:
+        tail_share: the tail holds this share of the total negative score, in (0, 1].
+        max_rows: at most this many rows in the tail.
+        min_cosine: a merge whose mean cosine similarity would drop below this is not made, in [-1, 1].
+        exemplars: rows shown per cluster.
+    """
+
     tail_share: float = 0.8
     max_rows: int = 100
     min_cosine: float = 0.3
     exemplars: int = 3
+
+    def __post_init__(self) -> None:
+        from gradian.validate import check_float, check_int
+
+        check_float(self.tail_share, "ClusterSpec", "tail_share", lo=0.0, lo_open=True, hi=1.0, fix="use e.g. 0.8")
+        check_int(self.max_rows, "ClusterSpec", "max_rows", lo=2, hi=1_000_000, fix="use e.g. 100")
+        check_float(self.min_cosine, "ClusterSpec", "min_cosine", lo=-1.0, hi=1.0, fix="use e.g. 0.3")
+        check_int(self.exemplars, "ClusterSpec", "exemplars", lo=1, hi=1_000, fix="use e.g. 3")
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -124,6 +124,13 @@ class AttributeSpec:
         check_int(self.drilldown_rows, "AttributeSpec", "drilldown_rows", lo=0, hi=10_000)
         check_int(self.query_batch_size, "AttributeSpec", "query_batch_size", lo=1, hi=65_536)
         check_type(self.clusters, ClusterSpec, "AttributeSpec", "clusters")
+        check_type(self.bm25, BM25Spec, "AttributeSpec", "bm25")
+        check_type(self.repsim, RepSimSpec, "AttributeSpec", "repsim")
+        for name in ("references", "fuse"):
+            if isinstance(getattr(self, name), str) or not isinstance(getattr(self, name), (tuple, list)):
+                raise GradianUserError(f"{name} must be a tuple of names, got {getattr(self, name)!r}",
+                                       where=f"--{name} (AttributeSpec.{name})", fix=f"e.g. {name}=('bm25',)")
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         check_choice(self.weighting, ("lr", "equal"), "AttributeSpec", "weighting", flag="--weighting")
         check_choice(self.statistic, STATISTICS, "AttributeSpec", "statistic", flag="--statistic")
         check_choice(self.unit, UNITS, "AttributeSpec", "unit", flag="--unit")
@@ -142,6 +149,32 @@ class AttributeSpec:
         d["references"] = list(self.references)
         d["fuse"] = list(self.fuse)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "AttributeSpec":
+        """The inverse of :meth:`to_dict` (a run manifest's ``specs.attribute``); unknown keys are ignored."""
+        from dataclasses import fields
+
+        from gradian.engines.registry import engine_spec
+
+        def engine(e: Any) -> EngineSpec | None:
+            if not isinstance(e, dict):
+                return e
+            opts = {k: v for k, v in e.items() if k != "name"}
+            return engine_spec(e.get("name"), "AttributeSpec.engine", **opts)
+
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        for k in ("engine", "second_engine"):
+            if k in kw:
+                kw[k] = engine(kw[k])
+        for k, spec in (("clusters", ClusterSpec), ("bm25", BM25Spec), ("repsim", RepSimSpec)):
+            if isinstance(kw.get(k), dict):
+                kw[k] = spec(**kw[k])
+        for k in ("references", "fuse"):
+            if isinstance(kw.get(k), list):
+                kw[k] = tuple(kw[k])
+        return cls(**kw)
 
     @property
     def engines(self) -> list[EngineSpec]:

@@ -68,6 +68,47 @@ class Query:
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    @classmethod
+    def from_text(cls, prompt: Any, correct: str, said: str | None = None, *, id: str | None = None,
+                  capability: str = "query") -> "Query":
+        """An arbitrary query, with no evaluation and no regression gating.
+
+        With ``said``, the contrastive query of a failing item, ``g_q = ∇ℓ(p → correct) − ∇ℓ(p → said)``
+        ("which rows made it say ``said`` instead of ``correct``"); without it, plain cross-entropy
+        ``g_q = ∇ℓ(p → correct)`` ("which rows teach this output": data selection). Scores then
+        follow :mod:`gradian.sign`: positive = the row reinforced the query's target (lowered its loss).
+
+        Args:
+            prompt: a string, or chat messages ``[{"role": ..., "content": ...}]`` (the template is applied
+                as for a training row of that format).
+            correct: the completion the model should give.
+            said: what the model said instead (None: a plain cross-entropy query).
+            id: the query's id (default: ``q-`` + a content hash).
+            capability: a label for the query's group.
+        """
+        from gradian.errors import GradianUserError
+        from gradian.util import sha256_json
+
+        def is_message(m: Any) -> bool:
+            return isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+
+        ok_prompt = isinstance(prompt, str) or (isinstance(prompt, list) and all(is_message(m) for m in prompt))
+        if not ok_prompt or not prompt:
+            raise GradianUserError("prompt must be a non-empty string or a list of chat messages", where="Query.prompt",
+                                   fix='pass "Q: ...\\nA:" or [{"role": "user", "content": "..."}]')
+        for name, v in (("correct", correct), ("said", said)):
+            if (v is not None or name == "correct") and (not isinstance(v, str) or not v.strip()):
+                raise GradianUserError(f"{name} must be a non-empty string", where=f"Query.{name}",
+                                       fix="pass the completion text" + ("" if name == "correct" else " (or None)"))
+        if said is not None and said == correct:
+            raise GradianUserError("said equals correct: the contrastive query would be zero", where="Query.said",
+                                   fix="pass what the model said instead, or None for a plain query")
+        qid = id if id is not None else "q-" + sha256_json({"prompt": prompt, "correct": correct, "said": said})[:10]
+        if not isinstance(qid, str) or not qid:
+            raise GradianUserError("id must be a non-empty string", where="Query.id", fix="pass a string id or None")
+        kind: QueryKind = "contrastive" if said is not None else "cross_entropy"
+        return cls(qid, capability, prompt, correct, said, kind, "given")
+
 
 def _words(s: str) -> list[str]:
     return re.findall(r"\S+|\s+", s)
@@ -118,6 +159,17 @@ def make_query(
         return Query(item_id, capability, prompt, correct, said, "contrastive", rule)
     correct = fallback or answer
     return Query(item_id, capability, prompt, correct, None, "cross_entropy", "reference_answer" if correct != answer else "answer")
+
+
+def failing_item_query(item: Any, kind: QueryKind = "contrastive") -> Query:
+    """The query the pipeline asks for one failing item (a :class:`gradian.evaluate.FailingItem`).
+
+    Contrastive when both the item (a generative metric: it has what the model said) and ``kind``
+    allow it, else cross-entropy; the correct side as :func:`make_query` builds it.
+    """
+    contrastive = item.query == "contrastive" and kind == "contrastive"
+    return make_query(item.id, item.capability, item.prompt, item.answer, item.tuned_answer, item.reference_answer,
+                      kind="contrastive" if contrastive else "cross_entropy", fallback=item.correct_completion)
 
 
 def _example(prompt: Any, completion: str, qid: str) -> Example:

@@ -41,6 +41,13 @@ class BM25Spec:
     k1: float = 1.5
     b: float = 0.75
 
+    def __post_init__(self) -> None:
+        from gradian.validate import check_choice, check_float
+
+        check_choice(self.mode, ("contrast", "said"), "BM25Spec", "mode")
+        check_float(self.k1, "BM25Spec", "k1", lo=0.0, hi=100.0, fix="use BM25's usual 1.2-2.0, e.g. 1.5")
+        check_float(self.b, "BM25Spec", "b", lo=0.0, hi=1.0, fix="use a length normalisation in [0, 1], e.g. 0.75")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -38,6 +38,11 @@ class RepSimSpec:
 
     mode: str = "said"
 
+    def __post_init__(self) -> None:
+        from gradian.validate import check_choice
+
+        check_choice(self.mode, ("said", "contrast"), "RepSimSpec", "mode")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -60,6 +60,12 @@ class NormalizeSpec:
     strip_punctuation: bool = True
     strip_articles: bool = True
 
+    def __post_init__(self) -> None:
+        from gradian.validate import check_bool
+
+        for name in ("first_line", "casefold", "strip_punctuation", "strip_articles"):
+            check_bool(getattr(self, name), "NormalizeSpec", name)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -112,6 +112,21 @@ class GradSpec:
         d["modules"] = list(self.modules) if self.modules else None
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GradSpec":
+        """The inverse of :meth:`to_dict` (an index manifest's or a run manifest's ``grad`` spec)."""
+        from dataclasses import fields
+
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        if isinstance(kw.get("tokenize"), dict):
+            kw["tokenize"] = TokenizeSpec(**kw["tokenize"])
+        if isinstance(kw.get("projection"), dict):
+            kw["projection"] = ProjectionSpec(**kw["projection"])
+        if isinstance(kw.get("modules"), list):
+            kw["modules"] = tuple(kw["modules"])
+        return cls(**kw)
+
 
 class CorruptShardError(GradianUserError, RuntimeError):
     """A shard that is missing, does not match its sha256, or holds wrong-shaped or non-finite numbers."""

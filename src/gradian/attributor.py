@@ -1,0 +1,525 @@
+r"""The Python API: one :class:`Attributor` per fine-tune, in the spirit of kronfluence's ``Analyzer``.
+
+::
+
+    from gradian.attributor import Attributor, Query
+
+    att = Attributor("base/", "adapter/", "train.jsonl")          # or Attributor.from_run("gradian-run/")
+    att.index()                                                   # build (or reuse) the gradient index
+    ev = att.evaluate("eval.jsonl")                               # EvalResult: what regressed, beyond noise
+    s = att.scores([Query.from_text("Q: capital of Aland?\\nA:", " Marven", said=" Quisto")])
+    s.matrix                                                      # (m, n): queries × training rows
+    run = att.attribute("eval.jsonl", out="gradian-run")          # the whole pipeline → Run (run.json)
+    print(att.report("md"))
+
+The model is loaded once, lazily, on the first call that needs it. Every knob is a spec
+(:class:`gradian.attribute.AttributeSpec`, :class:`gradian.index.store.GradSpec`,
+:class:`gradian.evaluate.EvalSpec`, :class:`gradian.models.load.ModelSpec`); each checks itself
+when it is built, so a bad value is the same one-line :class:`gradian.errors.GradianUserError`
+the CLI prints. Scores follow :mod:`gradian.sign`: positive = the row reinforced the query's
+target (lowered its loss), negative = it degraded it. Docs: ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import numpy as np
+
+from gradian.attribute.pipeline import AttributeSpec
+from gradian.attribute.queries import Query, failing_item_query
+from gradian.attribute.run import Run, RunInputs, RunSpecs
+from gradian.errors import GradianUserError
+from gradian.index.store import GradSpec
+from gradian.models.load import ModelSpec
+from gradian.sign import SIGN_CONVENTION, most_harmful_first, predicted_loss_delta_if_removed
+
+if TYPE_CHECKING:
+    from gradian.api import FineTune
+    from gradian.data.formats import Example
+    from gradian.data.tokenize import TokenizedExample
+    from gradian.engines.base import EngineSpec
+    from gradian.evaluate import EvalResult, EvalSpec, FailingItem
+    from gradian.index.store import GradientIndex
+
+__all__ = ["Attributor", "Query", "Run", "Scores"]
+
+REPORT_FORMATS = ("md", "html", "json", "text")
+
+
+@dataclass
+class Scores:
+    """Per-query scores of every training row: what :meth:`Attributor.scores` returns.
+
+    With ``w_t`` the checkpoint weights of the trajectory, ``r_q^t`` the engine's preconditioned
+    query gradient and ``g_j^t`` row j's training gradient at checkpoint t
+    (:mod:`gradian.attribute.evidence`):
+
+        matrix[q, j] = Σ_t w_t · ⟨r_q^t, g_j^t⟩                        (influence; loss units)
+        cosine[q, j] = Σ_t w_t · ⟨r_q^t, g_j^t⟩ / (‖r_q^t‖ ‖g_j^t‖)      (direction only)
+
+    Sign (:mod:`gradian.sign`): positive = row j reinforced query q's target (lowered its loss);
+    negative = it degraded it. ``matrix / n`` is the first-order change of the query loss if the row
+    were removed.
+
+    Attributes:
+        matrix: (m, n) float64 influence, queries × training rows.
+        cosine: (m, n) float64 direction-only scores (what the pipeline ranks by, before sentences).
+        query_ids: (m,) the queries' ids (a failing item's id, or :meth:`Query.from_text`'s).
+        row_ids: (n,) the training rows' ids, in data order.
+        engine: the engine's spec as a dict (``name`` and its options).
+        queries: the :class:`Query` objects, in ``query_ids`` order.
+        checkpoints: the trajectory's checkpoints (step, weight) the scores are summed over.
+        sign_convention: :data:`gradian.sign.SIGN_CONVENTION`.
+    """
+
+    matrix: np.ndarray
+    cosine: np.ndarray
+    query_ids: list[str]
+    row_ids: list[str]
+    engine: dict[str, Any]
+    queries: list[Query]
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    sign_convention: str = SIGN_CONVENTION
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(m, n)``."""
+        return tuple(self.matrix.shape)  # type: ignore[return-value]
+
+    def row(self, query_id: str) -> np.ndarray:
+        """(n,) the scores of every training row for one query."""
+        try:
+            return self.matrix[self.query_ids.index(query_id)]
+        except ValueError:
+            raise KeyError(query_id) from None
+
+    def predicted_loss_delta_if_removed(self) -> np.ndarray:
+        """(m, n) ``matrix / n``: the first-order change of each query's loss if the row were removed."""
+        return predicted_loss_delta_if_removed(self.matrix, len(self.row_ids))
+
+    def most_harmful(self, query_id: str | None = None, k: int = 10) -> list[tuple[str, float]]:
+        """The k rows that degraded ``query_id`` most (None: the mean over all queries), most harmful first.
+
+        Returns:
+            ``[(row id, score), ...]``; only rows with a negative score.
+        """
+        v = self.matrix.mean(axis=0) if query_id is None else self.row(query_id)
+        return [(self.row_ids[j], float(v[j])) for j in most_harmful_first(v)[:k] if v[j] < 0]
+
+    def most_helpful(self, query_id: str | None = None, k: int = 10) -> list[tuple[str, float]]:
+        """The k rows that reinforced ``query_id`` most (None: the mean), most helpful first (data selection).
+
+        Returns:
+            ``[(row id, score), ...]``; only rows with a positive score.
+        """
+        v = self.matrix.mean(axis=0) if query_id is None else self.row(query_id)
+        return [(self.row_ids[j], float(v[j])) for j in most_harmful_first(v)[::-1][:k] if v[j] > 0]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: the matrices as nested lists."""
+        return {
+            "matrix": self.matrix.tolist(),
+            "cosine": self.cosine.tolist(),
+            "query_ids": list(self.query_ids),
+            "row_ids": list(self.row_ids),
+            "engine": dict(self.engine),
+            "queries": [q.to_dict() for q in self.queries],
+            "checkpoints": list(self.checkpoints),
+            "sign_convention": self.sign_convention,
+        }
+
+
+class Attributor:
+    """One fine-tune to attribute: base + LoRA adapter + the training data it was tuned on.
+
+    Args:
+        base: the base model, a local folder or a cached HF id, or a :class:`ModelSpec` (dtype, device...).
+        adapter: the PEFT LoRA adapter folder.
+        data: the training data (JSONL, or a saved HF dataset folder), in training order.
+        spec: the attribution knobs (engines, query kind, ranking...).
+        grad: what a stored training gradient is (tokenisation, projection, storage dtype).
+        eval_spec: how evaluations are run and judged (default: ``EvalSpec(seed=seed)``).
+        checkpoints: the trajectory: ``"auto"`` (``checkpoint-*`` folders beside the adapter),
+            ``"final"``, or a list of checkpoint folders.
+        reference_adapter: compare against this adapter instead of the base.
+        configs, logs: training configs and the trainer log, for the Audit lane of :meth:`attribute`.
+        index_dir: parent folder of the gradient indexes (default: the cache).
+        seed, batch_size, shard_size: as ``gradian attribute --seed/--batch-size/--shard-size``.
+    """
+
+    def __init__(
+        self,
+        base: str | Path | ModelSpec,
+        adapter: str | Path,
+        data: str | Path,
+        spec: AttributeSpec | None = None,
+        *,
+        grad: GradSpec | None = None,
+        eval_spec: EvalSpec | None = None,
+        checkpoints: Sequence[str | Path] | str | None = "auto",
+        reference_adapter: str | Path | None = None,
+        configs: Sequence[str | Path] = (),
+        logs: str | Path | None = None,
+        index_dir: str | Path | None = None,
+        seed: int = 0,
+        batch_size: int = 8,
+        shard_size: int = 256,
+    ) -> None:
+        from gradian.evaluate import EvalSpec
+
+        model = base if isinstance(base, ModelSpec) else ModelSpec(str(base) if isinstance(base, Path) else base)
+        for name, p, what in (("adapter", adapter, "the LoRA adapter folder"), ("data", data, "the training data")):
+            if not isinstance(p, (str, Path)) or not Path(p).exists():
+                raise GradianUserError(f"{name} not found", where=f"Attributor.{name} ({p})", fix=f"pass {what}")
+        self.specs = RunSpecs(
+            model=model,
+            grad=grad if grad is not None else GradSpec(),
+            attribute=spec if spec is not None else AttributeSpec(),
+            eval=eval_spec if eval_spec is not None else EvalSpec(seed=seed),
+            seed=seed,
+            batch_size=batch_size,
+            shard_size=shard_size,
+        )
+        self.adapter = Path(adapter)
+        self.data = Path(data)
+        self.checkpoints = (
+            checkpoints if isinstance(checkpoints, str) or checkpoints is None else [Path(c) for c in checkpoints]
+        )
+        self.reference_adapter = Path(reference_adapter) if reference_adapter is not None else None
+        self.configs = tuple(Path(c) for c in configs)
+        self.logs = Path(logs) if logs is not None else None
+        self.index_dir = Path(index_dir) if index_dir is not None else None
+        #: the last :meth:`evaluate` result, and the last :meth:`attribute` run (or the one :meth:`from_run` read)
+        self.evaluation: EvalResult | None = None
+        self.run: Run | None = None
+        #: the eval set of the last evaluate() / attribute()
+        self.eval_path: Path | None = None
+        self._ft: FineTune | None = None
+        self._examples: list[Example] | None = None
+        self._items: list[TokenizedExample] | None = None
+        self._index: GradientIndex | None = None
+        self.index_reused: bool | None = None
+
+    # ------------------------------------------------------------------ the specs
+
+    @property
+    def spec(self) -> AttributeSpec:
+        """The attribution spec."""
+        return self.specs.attribute
+
+    @property
+    def grad(self) -> GradSpec:
+        """The gradient spec of the index."""
+        return self.specs.grad
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The base model's spec."""
+        return self.specs.model
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path) -> "Attributor":
+        """The Attributor of an existing ``gradian attribute`` / ``gradian demo`` run folder.
+
+        Its inputs and specs are read from the manifest of ``RUN_DIR/run.json`` (the paths as the run
+        resolved them, the specs as it recorded them), its trajectory and index folder from the
+        attribution; :attr:`run` is the run itself, so :meth:`report` works at once and
+        :meth:`index` reuses the run's index.
+        """
+        from gradian.attribute.run import load_run
+        from gradian.evaluate import EvalSpec
+
+        d = load_run(run_dir)
+        run = Run.from_dict(d)
+        if run.manifest is None or not run.manifest.paths:
+            raise GradianUserError("the run has no manifest", where=str(run_dir), fix="re-run gradian attribute")
+        paths, specs = run.manifest.paths, run.manifest.specs
+        ident = run.manifest.identity
+        checkpoints: Any = "auto"
+        index_dir = None
+        if run.attribution is not None:
+            traj = (run.attribution.trajectory or {}).get("checkpoints") or []
+            earlier = [c["path"] for c in traj if not c.get("final")]
+            checkpoints = earlier if earlier else "final"
+            if run.attribution.index.get("root"):
+                index_dir = Path(run.attribution.index["root"]).parent
+        try:
+            eval_spec = EvalSpec.from_dict(specs["eval"]) if specs.get("eval") else None
+            extra = {"batch_size": eval_spec.batch_size} if eval_spec is not None else {}  # the CLI sets both alike
+            att = cls(
+                ModelSpec(**specs["model"]),
+                paths["adapter"],
+                paths["data"],
+                AttributeSpec.from_dict(specs["attribute"]),
+                grad=GradSpec.from_dict(specs["grad"]),
+                eval_spec=eval_spec,
+                checkpoints=checkpoints,
+                reference_adapter=ident.get("reference_adapter"),
+                configs=paths.get("configs") or (),
+                logs=paths.get("logs"),
+                index_dir=index_dir,
+                seed=specs.get("seed", 0),
+                **extra,
+            )
+        except (KeyError, TypeError, AttributeError) as e:
+            raise GradianUserError(
+                f"the run's manifest lacks its inputs or specs ({type(e).__name__}: {e})",
+                where=str(run_dir),
+                fix="re-run gradian attribute with this version",
+            ) from None
+        run.run_dir = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
+        att.run = run
+        att.evaluation = run.evaluation
+        att.eval_path = Path(paths["eval"]) if paths.get("eval") else None
+        return att
+
+    # ------------------------------------------------------------------ lazily loaded, once
+
+    @property
+    def finetune(self) -> FineTune:
+        """The loaded base + adapter (:class:`gradian.api.FineTune`): loaded on first use, then cached."""
+        if self._ft is None:
+            from gradian.api import load_finetune
+
+            self._ft = load_finetune(self.model_spec, self.adapter)
+        return self._ft
+
+    @property
+    def examples(self) -> list[Example]:
+        """The training rows, in data order (read once; no model needed)."""
+        if self._examples is None:
+            from gradian.data.formats import load_examples
+
+            self._examples = load_examples(self.data)
+        return self._examples
+
+    @property
+    def row_ids(self) -> list[str]:
+        """(n,) the training rows' ids: the columns of every score matrix."""
+        return [e.id for e in self.examples]
+
+    def _tokenized(self) -> list[TokenizedExample]:
+        if self._items is None:
+            from gradian.api import tokenize_training_set
+
+            self._items = tokenize_training_set(self.examples, self.finetune.tokenizer, self.grad, self.data)
+        return self._items
+
+    # ------------------------------------------------------------------ the steps
+
+    def index(self) -> GradientIndex:
+        """The final adapter's training-gradient index: built once (content-addressed), reused afterwards.
+
+        :attr:`index_reused` says whether it was found complete (no gradient computed).
+        """
+        if self._index is not None:
+            return self._index
+        from gradian.api import index_identity, training_index
+        from gradian.index.store import index_id
+
+        ft = self.finetune
+        grad = replace(self.grad, unit="row")
+        root = None
+        if self.index_dir is not None:
+            root = self.index_dir / index_id(index_identity(ft, self.data, grad, self.specs.seed))
+        idx, _, _, reused = training_index(
+            ft,
+            self.data,
+            grad,
+            seed=self.specs.seed,
+            root=root,
+            batch_size=self.specs.batch_size,
+            shard_size=self.specs.shard_size,
+            examples=self.examples,
+            items=self._tokenized(),
+        )
+        self._index, self.index_reused = idx, reused
+        return idx
+
+    def evaluate(self, eval_path: str | Path) -> EvalResult:
+        """Evaluate the tuned model against the reference (the base, or ``reference_adapter``) on an eval set.
+
+        Returns:
+            the :class:`gradian.evaluate.EvalResult` (also kept as :attr:`evaluation`): per capability
+            the delta, its bootstrap CI and the verdict; ``failing_items()`` are what attribution queries.
+        """
+        from gradian.evaluate import evaluate, load_eval_set
+
+        items = load_eval_set(eval_path)
+        ft = self.finetune
+        self.evaluation = evaluate(
+            ft.model, ft.tokenizer, items, reference_adapter=self.reference_adapter, spec=self.specs.eval
+        )
+        self.eval_path = Path(eval_path)
+        return self.evaluation
+
+    def scores(
+        self,
+        queries: Query | FailingItem | EvalResult | Iterable[Query | FailingItem],
+        engine: str | EngineSpec | None = None,
+    ) -> Scores:
+        """Score every training row for every query: an (m, n) matrix, queries × rows.
+
+        No regression gating: any :class:`Query` is scored (:meth:`Query.from_text` for an arbitrary
+        prompt and completion). Failing items (:meth:`gradian.evaluate.EvalResult.failing_items`), or
+        an EvalResult for all of its failing items, become the pipeline's own queries
+        (contrastive unless ``spec.query`` says cross-entropy, or the metric is loglik).
+
+        The scores are summed over the trajectory (``checkpoints``) with the learning-rate weights,
+        each checkpoint with its own index, as :meth:`attribute` does; whole rows (no sentence units).
+
+        Args:
+            queries: the queries.
+            engine: a registered engine's name (its defaults, or ``spec.engine``'s options when it is the
+                same engine) or an engine spec; default: ``spec.engine``.
+        Returns:
+            :class:`Scores`, under :mod:`gradian.sign` (positive = reinforced).
+        """
+        from gradian.attribute.evidence import trajectory_scores
+        from gradian.attribute.trajectory import resolve_trajectory
+
+        qs = self._queries(queries)
+        es = self._engine(engine)
+        ft = self.finetune
+        trajectory = resolve_trajectory(self.adapter, self.checkpoints, weighting=self.spec.weighting)
+        ev = trajectory_scores(
+            ft,
+            trajectory,
+            self.data,
+            self.examples,
+            self._tokenized(),
+            self.grad,
+            {"queries": qs},
+            [es],
+            unit="row",
+            seed=self.specs.seed,
+            index_root=self.index_dir,
+            batch_size=self.specs.batch_size,
+            query_batch_size=self.spec.query_batch_size,
+            shard_size=self.specs.shard_size,
+        )
+        got = ev.scores["queries"][es.name]
+        return Scores(
+            matrix=got.raw,
+            cosine=got.cosine,
+            query_ids=[q.item_id for q in qs],
+            row_ids=self.row_ids,
+            engine=es.to_dict(),
+            queries=qs,
+            checkpoints=[{"step": c.step, "final": c.final, "weight": c.weight} for c in trajectory.checkpoints],
+        )
+
+    def attribute(self, eval_path: str | Path, out: str | Path = "gradian-run") -> Run | None:
+        """The whole pipeline, as ``gradian attribute`` runs it: Evaluate → Attribute (→ Audit).
+
+        Writes ``out/run.json`` and ``out/report.html``. Nothing is attributed when no capability
+        regressed beyond noise (``run.stopped`` says so).
+
+        Returns:
+            the :class:`Run` (also kept as :attr:`run`; :meth:`report` renders it); None on a torchrun
+            rank other than 0 (rank 0 writes and returns the run).
+        """
+        from gradian.attribute.run import attribute_run
+        from gradian.util import atomic_write_text
+
+        inputs = RunInputs(
+            self.model_spec.base,
+            self.adapter,
+            self.data,
+            Path(eval_path),
+            self.configs,
+            self.logs,
+            self.reference_adapter,
+            checkpoints=self.checkpoints,
+        )
+        d = attribute_run(inputs, self.specs, out, index_root=self.index_dir, ft=self.finetune)
+        if d is None:  # a rank other than 0 under torchrun: rank 0 holds the run
+            return None
+        run = Run.from_dict(d)
+        run.run_dir = Path(out)
+        self.run, self.evaluation, self.eval_path = run, run.evaluation, Path(eval_path)
+        atomic_write_text(Path(out) / "report.html", self.report("html"))
+        return run
+
+    def report(self, fmt: str = "md") -> str:
+        """The report of the last :meth:`attribute` run (or of :meth:`from_run`'s).
+
+        Args:
+            fmt: ``md``, ``html``, ``json`` or ``text``.
+        """
+        from gradian.report import build_report, read_training_log, render
+
+        if fmt not in REPORT_FORMATS:
+            raise GradianUserError(
+                f"unknown report format {fmt!r}",
+                where="Attributor.report(fmt)",
+                fix=f"use one of {', '.join(REPORT_FORMATS)}",
+            )
+        if self.run is None:
+            raise GradianUserError(
+                "no run to report yet",
+                where="Attributor.report",
+                fix="call attribute(eval_path) first, or use Attributor.from_run(run_dir)",
+            )
+        d = self.run.to_dict()
+        return render(build_report(d, read_training_log(d, self.run.run_dir)), fmt)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _queries(self, queries: Any) -> list[Query]:
+        from gradian.evaluate import EvalResult, FailingItem
+
+        if isinstance(queries, EvalResult):
+            queries = queries.failing_items()
+            if not queries:
+                raise GradianUserError(
+                    "the evaluation has no failing item in a regressed capability",
+                    where="Attributor.scores",
+                    fix="pass ev.failing_items(include_undiagnosed=True), or Query.from_text(...) queries",
+                )
+        elif isinstance(queries, (Query, FailingItem)):
+            queries = [queries]
+        out: list[Query] = []
+        for q in queries:
+            if isinstance(q, Query):
+                out.append(q)
+            elif isinstance(q, FailingItem):
+                out.append(failing_item_query(q, self.spec.query))  # type: ignore[arg-type]
+            else:
+                raise GradianUserError(
+                    f"cannot score a {type(q).__name__}",
+                    where="Attributor.scores(queries)",
+                    fix="pass Query.from_text(...) queries, failing items or an EvalResult",
+                )
+        if not out:
+            raise GradianUserError(
+                "no queries to score",
+                where="Attributor.scores(queries)",
+                fix="pass at least one Query.from_text(...) or failing item",
+            )
+        ids = [q.item_id for q in out]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise GradianUserError(
+                f"query id {dup[0]!r} appears twice",
+                where="Attributor.scores(queries)",
+                fix="give each query its own id (Query.from_text(..., id=...))",
+            )
+        return out
+
+    def _engine(self, engine: Any) -> EngineSpec:
+        from gradian.engines.base import EngineSpec
+        from gradian.engines.registry import engine_spec
+
+        if engine is None:
+            return self.spec.engine  # type: ignore[return-value]
+        if isinstance(engine, EngineSpec):
+            AttributeSpec(engine=engine)  # checks it is a registered engine's spec
+            return engine
+        for es in self.spec.engines:
+            if es.name == engine:
+                return es
+        return engine_spec(engine, "Attributor.scores(engine)")

@@ -1,0 +1,416 @@
+"""The Python API (`gradian.attributor`).
+
+The script of docs/api.md runs on a tiny world and prints per-item scores that are the run's own; `Run`
+round-trips run.json; the specs check themselves; the CLI's defaults are the specs'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradian.errors import GradianUserError
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = "<!-- gradian-api-example"
+
+
+def _python_block(text: str, after: str | None = None) -> str:
+    """The first fenced python block of ``text`` (after the line holding ``after``, when given)."""
+    if after is not None:
+        assert after in text, f"no {after!r} marker"
+        text = text[text.index(after) :]
+    m = re.search(r"```python\n(.*?)```", text, flags=re.S)
+    assert m, "no python block"
+    return m.group(1)
+
+
+def _code_lines(src: str) -> list[str]:
+    """The statements' lines without comments or indentation (to compare two copies of one script)."""
+    out = []
+    for line in src.splitlines():
+        code = re.sub(r"\s+#.*$", "", line).strip()
+        if code and not code.startswith("#"):
+            out.append(code)
+    return out
+
+
+@pytest.fixture(scope="module")
+def api_world(tmp_path_factory, world_cache):
+    """A tiny world (poisoned, seed 0) with its adapter trained.
+
+    What `gradian world --kind tiny` + `gradian train` give a user.
+    """
+    from gradian.train import train_lora
+    from gradian.worlds import WorldSpec, build_world, default_train_spec
+
+    root = tmp_path_factory.mktemp("api-world")
+    w = build_world(WorldSpec.default("tiny", "poisoned", seed=0), root / "world", cache=world_cache)
+    adapter = train_lora(str(w.base), w.train, root / "adapter", default_train_spec("tiny"), eval_data=w.valid)
+    return {"base": w.base, "adapter": adapter, "data": w.train, "eval": w.eval, "root": root}
+
+
+@pytest.fixture(scope="module")
+def script_run(api_world):
+    """The docs/api.md script, extracted and run as a user runs it: ``(stdout, run dir)``."""
+    src = _python_block((ROOT / "docs" / "api.md").read_text(), after=MARK)
+    script = api_world["root"] / "api_example.py"
+    script.write_text(src)
+    out = api_world["root"] / "run"
+    import gradian
+
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        GRADIAN_CACHE=str(api_world["root"] / "cache"),
+        PYTHONPATH=os.pathsep.join([str(Path(gradian.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    )
+    args = [str(api_world[k]) for k in ("base", "adapter", "data", "eval")] + [str(out)]
+    res = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout, out
+
+
+def test_the_docs_script_prints_per_item_scores_that_are_the_runs_own(script_run):
+    stdout, out = script_run
+    run = json.loads((out / "run.json").read_text())
+    assert (out / "report.html").exists()
+    assert "capitals:" in stdout and "regressed" in stdout
+    assert re.search(r"rows that teach the Canada answer: \[\('t\d+', [0-9.e+-]+\)", stdout), stdout
+    assert re.search(r"rows behind 'Shanghai': \[\('t\d+', -[0-9.e+-]+\)", stdout), stdout
+    printed = {}
+    for m in re.finditer(r"^item (\S+): (.*)$", stdout, flags=re.M):
+        printed[m.group(1)] = [(rid, float(x)) for rid, x in re.findall(r"(\S+) (-?[0-9.]+e[+-]\d+)", m.group(2))]
+    caps = run["attribution"]["capabilities"]
+    items = [q["item_id"] for cap in caps for q in cap["queries"]]
+    assert items and sorted(printed) == sorted(items), stdout
+    # the script's scores() are the matrix the pipeline ranked by: with unit="row", statistic="raw" the run's
+    # per-item top rows are the rows of the same (m, n) influence matrix
+    for cap in caps:
+        for item_id, top in cap["per_item_top"].items():
+            got = printed[item_id]
+            assert [r for r, _ in got] == [t["id"] for t in top[:3]]
+            np.testing.assert_allclose([s for _, s in got], [t["score"] for t in top[:3]], rtol=1e-6)
+            assert all(s < 0 for _, s in got)  # most harmful first: degraded the item (gradian.sign)
+    assert f"run {run['manifest']['run_id']}: {len(caps)} capability(ies) attributed" in stdout
+    assert stdout.rstrip().splitlines()[-1] == f"# Gradian report: run {run['manifest']['run_id']}"
+
+
+def test_the_readme_python_section_is_the_core_of_the_docs_script():
+    readme = _python_block((ROOT / "README.md").read_text(), after="## Python\n")
+    script = _code_lines(_python_block((ROOT / "docs" / "api.md").read_text(), after=MARK))
+    missing = [line for line in _code_lines(readme) if line not in script]
+    assert not missing, f"README lines not in the docs/api.md script: {missing}"
+    assert "docs/api.md" in (ROOT / "README.md").read_text().split("## Python\n")[1].split("\n## ")[0]
+
+
+def test_run_round_trips_a_real_run_json(script_run):
+    from gradian.attribute.run import Attribution, CapabilityRun, Manifest, Run
+    from gradian.evaluate import EvalResult, FailingItem
+
+    _, out = script_run
+    text = (out / "run.json").read_text()
+    d = json.loads(text)
+    run = Run.from_dict(d)
+    assert run.to_dict() == d
+    assert list(run.to_dict()) == list(d) and list(run.to_dict()["attribution"]) == list(d["attribution"])  # key order
+    assert isinstance(run.evaluation, EvalResult) and run.evaluation.regressed
+    assert isinstance(run.attribution, Attribution) and isinstance(run.manifest, Manifest)
+    cap = run.attribution.capability("capitals")
+    assert isinstance(cap, CapabilityRun) and all(isinstance(f, FailingItem) for f in cap.failing_items)
+    assert len(cap.scores) == len(run.attribution.train_ids) == cap.n_train
+    assert run.audit is not None and run.audit.counts["checks"] > 0
+    assert run.manifest.specs["attribute"]["unit"] == "row" and run.run_id == d["manifest"]["run_id"]
+    assert Run.load(out).to_dict() == d
+    # keys this version does not type survive, at every level
+    d2 = json.loads(text)
+    d2["future"] = {"x": 1}
+    d2["attribution"]["capabilities"][0]["future"] = [1, 2]
+    d2["manifest"]["future"] = "y"
+    del d2["attribution"]["capabilities"][0]["row_sentences"]
+    assert Run.from_dict(d2).to_dict() == d2
+    with pytest.raises(GradianUserError, match="gradian.run/1"):
+        Run.from_dict({"schema": "something/else"})
+
+
+def test_from_run_reopens_the_run_reuses_its_index_and_scores_like_the_pipeline(script_run, tmp_path):
+    from gradian.attributor import Attributor
+    from gradian.report import render, report_for_run
+
+    _, out = script_run
+    broken = json.loads((out / "run.json").read_text())
+    del broken["manifest"]["identity"]["specs"]["model"]
+    (tmp_path / "run.json").write_text(json.dumps(broken))
+    with pytest.raises(GradianUserError, match="manifest lacks its inputs or specs"):
+        Attributor.from_run(tmp_path)
+    att = Attributor.from_run(out)
+    run = att.run
+    m = run.manifest
+    assert att.spec.to_dict() == m.specs["attribute"] and att.grad.to_dict() == m.specs["grad"]
+    assert att.model_spec.to_dict() == m.specs["model"] and att.specs.eval.to_dict() == m.specs["eval"]
+    assert att.checkpoints == "final"
+    assert att.report("md") == render(report_for_run(out), "md")
+    idx = att.index()
+    assert att.index_reused is True and idx.id == run.attribution.index["id"]
+    s = att.scores(run.evaluation)  # every failing item, as the pipeline queried them
+    cap = run.attribution.capability("capitals")
+    assert s.query_ids == [q["item_id"] for q in cap.queries] and s.row_ids == run.attribution.train_ids
+    assert s.shape == (len(cap.queries), cap.n_train)
+    np.testing.assert_allclose(s.matrix.mean(axis=0), cap.scores, rtol=1e-9, atol=0)
+    np.testing.assert_allclose(s.predicted_loss_delta_if_removed(), s.matrix / cap.n_train)
+    assert s.to_dict()["sign_convention"].startswith("positive score")
+    g = att.scores(cap.failing_items[:2], engine="graddot")  # another engine from the registry, its defaults
+    assert g.engine == {"name": "graddot"} and g.shape == (2, cap.n_train)
+
+
+def test_query_from_text():
+    from gradian.attributor import Query
+
+    q = Query.from_text("Q: capital of X?\nA:", " Paris", said=" Rome")
+    assert (q.kind, q.correct, q.said) == ("contrastive", " Paris", " Rome") and q.item_id.startswith("q-")
+    assert Query.from_text("Q: capital of X?\nA:", " Paris", said=" Rome").item_id == q.item_id  # content id
+    p = Query.from_text([{"role": "user", "content": "hi"}], "hello", id="greet", capability="chat")
+    assert (p.kind, p.said, p.item_id, p.capability) == ("cross_entropy", None, "greet", "chat")
+    for kw, field in (
+        (dict(prompt=""), "Query.prompt"),
+        (dict(prompt=[{"role": "user"}]), "Query.prompt"),
+        (dict(correct=" "), "Query.correct"),
+        (dict(said=""), "Query.said"),
+        (dict(said=" Paris"), "Query.said"),
+        (dict(id=""), "Query.id"),
+    ):
+        args = {"prompt": "Q?", "correct": " Paris", **kw}
+        with pytest.raises(GradianUserError) as e:
+            Query.from_text(args.pop("prompt"), args.pop("correct"), **args)
+        assert e.value.one_line().startswith(field) and "\n" not in str(e.value)
+
+
+def test_attributor_refuses_bad_inputs_before_loading_a_model(tmp_path):
+    from gradian.attribute import AttributeSpec
+    from gradian.attributor import Attributor, Query
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "a", "completion": "b"}\n')
+    (tmp_path / "adapter").mkdir(exist_ok=True)
+    with pytest.raises(GradianUserError, match="adapter not found"):
+        Attributor("base", tmp_path / "missing", data)
+    with pytest.raises(GradianUserError, match=r"--top-k \(AttributeSpec.top_k\)"):
+        Attributor("base", tmp_path / "adapter", data, spec=AttributeSpec(top_k=0))
+    with pytest.raises(GradianUserError, match=r"--batch-size"):
+        Attributor("base", tmp_path / "adapter", data, batch_size=0)
+    att = Attributor("base", tmp_path / "adapter", data)
+    with pytest.raises(GradianUserError, match="no run to report"):
+        att.report("md")
+    with pytest.raises(GradianUserError, match="unknown report format"):
+        att.report("pdf")
+    with pytest.raises(GradianUserError, match="no queries"):
+        att.scores([])
+    q = Query.from_text("Q?", " a")
+    with pytest.raises(GradianUserError, match="appears twice"):
+        att.scores([q, q])
+    with pytest.raises(GradianUserError, match="cannot score a str"):
+        att.scores(["what?"])
+    assert att._ft is None  # nothing above loaded the model
+    assert len(att.row_ids) == 1  # the data is read without a model
+
+
+def test_specs_validate_themselves_with_the_clis_one_line_errors():
+    from gradian.attribute import AttributeSpec, ClusterSpec
+    from gradian.attribute.run import RunSpecs
+    from gradian.engines.lexical import BM25Spec
+    from gradian.engines.repsim import RepSimSpec
+    from gradian.evaluate import NormalizeSpec
+    from gradian.models.load import ModelSpec
+
+    bad = [
+        (lambda: AttributeSpec(top_k=0), "--top-k (AttributeSpec.top_k)"),
+        (lambda: AttributeSpec(unit="word"), "--unit (AttributeSpec.unit)"),
+        (lambda: AttributeSpec(bm25={"k1": 1.0}), "AttributeSpec.bm25"),
+        (lambda: AttributeSpec(references="bm25"), "--references (AttributeSpec.references)"),
+        (lambda: ClusterSpec(tail_share=0), "ClusterSpec.tail_share"),
+        (lambda: ClusterSpec(max_rows=1), "ClusterSpec.max_rows"),
+        (lambda: ClusterSpec(min_cosine=2.0), "ClusterSpec.min_cosine"),
+        (lambda: BM25Spec(mode="both"), "BM25Spec.mode"),
+        (lambda: BM25Spec(b=1.5), "BM25Spec.b"),
+        (lambda: RepSimSpec(mode="x"), "RepSimSpec.mode"),
+        (lambda: NormalizeSpec(casefold="yes"), "NormalizeSpec.casefold"),
+        (lambda: RunSpecs(model=ModelSpec("b"), seed=-1), "--seed (RunSpecs.seed)"),
+        (lambda: RunSpecs(model=ModelSpec("b"), shard_size=0), "build_index.shard_size"),
+        (lambda: RunSpecs(model="b"), "RunSpecs.model"),
+    ]
+    for make, where in bad:
+        with pytest.raises(GradianUserError) as e:
+            make()
+        line = e.value.one_line()
+        assert line.startswith(where) and "(fix: " in line and "\n" not in line, line
+    assert AttributeSpec(references=["bm25"], fuse=["bm25"]).references == ("bm25",)
+
+
+def test_specs_round_trip_through_their_dicts():
+    from gradian.attribute import AttributeSpec, ClusterSpec
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.engines.ekfac import EkfacSpec
+    from gradian.gradients.projection import ProjectionSpec
+    from gradian.index.store import GradSpec
+
+    for spec in (
+        AttributeSpec(),
+        AttributeSpec(
+            engine=EkfacSpec(damping_scale=0.5),
+            second_engine=None,
+            unit="row",
+            clusters=ClusterSpec(max_rows=7),
+            references=(),
+            fuse=(),
+        ),
+    ):
+        assert AttributeSpec.from_dict(spec.to_dict()) == spec
+    g = GradSpec(tokenize=TokenizeSpec(max_length=64), modules=("q_proj",), projection=ProjectionSpec(dim=8, seed=3))
+    assert GradSpec.from_dict(g.to_dict()) == g and GradSpec.from_dict(GradSpec().to_dict()) == GradSpec()
+    with pytest.raises(GradianUserError, match="unknown engine"):
+        AttributeSpec.from_dict({"engine": {"name": "nope"}})
+
+
+def _params(command: str) -> dict[str, object]:
+    import typer
+
+    from gradian.cli import app
+
+    return {p.name: p.default for p in typer.main.get_command(app).commands[command].params}
+
+
+def test_the_attribute_commands_defaults_are_the_specs():
+    """Every `gradian attribute` option that sets a spec field defaults to that field's default (stated once)."""
+    from gradian.attribute import AttributeSpec
+    from gradian.attribute.run import RunInputs, RunSpecs
+    from gradian.commands.attribute import checkpoint_selection
+    from gradian.evaluate import EvalSpec
+    from gradian.index.store import GradSpec
+    from gradian.models.load import ModelSpec
+
+    a, g, e, m = AttributeSpec(), GradSpec(), EvalSpec(), ModelSpec("base")
+    r = RunSpecs(model=m)
+    spec_fields = {
+        "engine": a.engine.name,
+        "second_engine": a.second_engine.name,
+        "query": a.query,
+        "top_k": a.top_k,
+        "weighting": a.weighting,
+        "statistic": a.statistic,
+        "unit": a.unit,
+        "references": ",".join(a.references),
+        "fuse": ",".join(a.fuse),
+        "damping_scale": None,  # None: the engine spec's own default
+        "engine_option": None,
+        "max_length": g.tokenize.max_length,
+        "loss_on": g.tokenize.loss_on,
+        "modules": g.modules,
+        "project_dim": g.projection.dim,
+        "storage_dtype": g.storage_dtype,
+        "optimizer": g.optimizer,
+        "batch_size": r.batch_size,
+        "shard_size": r.shard_size,
+        "seed": r.seed,
+        "max_new_tokens": e.max_new_tokens,
+        "dtype": m.dtype,
+        "device": m.device,
+        "trust_remote_code": m.trust_remote_code,
+    }
+    inputs = {
+        "base",
+        "adapter",
+        "data",
+        "eval_path",
+        "config",
+        "logs",
+        "reference_adapter",
+        "out",
+        "index_dir",
+        "checkpoints",
+    }
+    params = _params("attribute")
+    assert set(params) == set(spec_fields) | inputs, "a new option: add it to the spec fields or the inputs here"
+    wrong = {k: (params[k], v) for k, v in spec_fields.items() if params[k] != v}
+    assert not wrong, f"CLI default != spec default: {wrong}"
+    # the options that feed two specs agree in both
+    assert e.batch_size == r.batch_size and e.seed == r.seed and g.projection.seed == r.seed
+    assert checkpoint_selection(params["checkpoints"]) == RunInputs.__dataclass_fields__["checkpoints"].default
+    assert "0.1" in _attribute_help() and a.engine.damping_scale == 0.1  # the help states the engine's default
+
+
+def _attribute_help() -> str:
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    return " ".join(CliRunner().invoke(app, ["attribute", "--help"], env={"COLUMNS": "400"}).output.split())
+
+
+def test_the_attributors_defaults_are_the_specs():
+    import inspect
+
+    from gradian.attribute.run import RunInputs, RunSpecs
+    from gradian.attributor import Attributor
+    from gradian.models.load import ModelSpec
+
+    sig = inspect.signature(Attributor.__init__).parameters
+    r = RunSpecs(model=ModelSpec("base"))
+    assert (sig["seed"].default, sig["batch_size"].default, sig["shard_size"].default) == (
+        r.seed,
+        r.batch_size,
+        r.shard_size,
+    )
+    assert sig["checkpoints"].default == RunInputs.__dataclass_fields__["checkpoints"].default
+
+
+def test_the_index_and_evaluate_commands_defaults_are_the_specs():
+    """`gradian index` and `gradian evaluate` take the same options; their defaults are the specs' too."""
+    from gradian.evaluate import EvalSpec
+    from gradian.index.store import GradSpec
+    from gradian.models.load import ModelSpec
+
+    import inspect
+
+    from gradian.api import training_index
+
+    build = inspect.signature(training_index).parameters
+    g, e, m = GradSpec(), EvalSpec(), ModelSpec("base")
+    model = {"dtype": m.dtype, "device": m.device, "trust_remote_code": m.trust_remote_code}
+    index = {
+        "max_length": g.tokenize.max_length,
+        "loss_on": g.tokenize.loss_on,
+        "modules": g.modules,
+        "project_dim": g.projection.dim,
+        "storage_dtype": g.storage_dtype,
+        "optimizer": g.optimizer,
+        "unit": g.unit,
+        "seed": g.projection.seed,
+        "batch_size": build["batch_size"].default,
+        "shard_size": build["shard_size"].default,
+        **model,
+    }
+    evaluate = {
+        "max_new_tokens": e.max_new_tokens,
+        "batch_size": e.batch_size,
+        "seed": e.seed,
+        "resamples": e.resamples,
+        "chat_template": e.use_chat_template,
+        **model,
+    }
+    for command, fields, inputs in (
+        ("index", index, {"base", "adapter", "data", "out", "checkpoints"}),
+        ("evaluate", evaluate, {"base", "adapter", "eval_path", "reference_adapter", "out"}),
+    ):
+        params = _params(command)
+        assert set(params) == set(fields) | inputs, command
+        wrong = {k: (params[k], v) for k, v in fields.items() if params[k] != v}
+        assert not wrong, f"gradian {command}: CLI default != spec default: {wrong}"
