@@ -165,8 +165,15 @@ def fit(
             norm = torch.nn.utils.clip_grad_norm_(params, spec.clip if spec.clip is not None else math.inf)
         opt.step()
         if log is not None:
-            log.append({"epoch": round((step + 1) / per_epoch, 4), "grad_norm": round(float(norm), 4),
-                        "learning_rate": lr, "loss": round(float(loss.detach()), 4), "step": step + 1})
+            log.append(
+                {
+                    "epoch": round((step + 1) / per_epoch, 4),
+                    "grad_norm": round(float(norm), 4),
+                    "learning_rate": lr,
+                    "loss": round(float(loss.detach()), 4),
+                    "step": step + 1,
+                }
+            )
         if checkpoints and step + 1 in checkpoints:
             folder = Path(checkpoints[step + 1])
             model.save_pretrained(folder)
@@ -211,8 +218,9 @@ def tiny_base(
     """
     from gradian.models.tiny import tiny_model
 
-    model = tiny_model(tokenizer, arch, hidden=hidden, layers=layers, heads=heads, seed=seed,
-                       max_positions=max_positions)
+    model = tiny_model(
+        tokenizer, arch, hidden=hidden, layers=layers, heads=heads, seed=seed, max_positions=max_positions
+    )
     fit(model, tokenize_rows(rows, tokenizer, max_length), tokenizer.pad_token_id, spec, log=log)
     return model
 
@@ -363,11 +371,27 @@ def _build(countries, held_out, elements, spec: TinyBaseSpec, key: str, target: 
     held = set(held_out)
     rows = pretraining_rows(countries, held, elements)
     log: list[dict[str, Any]] = []
-    fit_spec = FitSpec(steps=spec.steps, lr=spec.lr, batch_size=spec.batch_size, seed=spec.seed, schedule="cosine",
-                       optimizer="adamw", clip=1.0, loss="tokens")
+    fit_spec = FitSpec(
+        steps=spec.steps,
+        lr=spec.lr,
+        batch_size=spec.batch_size,
+        seed=spec.seed,
+        schedule="cosine",
+        optimizer="adamw",
+        clip=1.0,
+        loss="tokens",
+    )
     model = tiny_base(
-        tok, [{"messages": r} for r in rows], fit_spec, hidden=spec.hidden, layers=spec.layers, heads=spec.heads,
-        seed=spec.seed, max_positions=spec.max_positions, max_length=spec.max_positions, log=log,
+        tok,
+        [{"messages": r} for r in rows],
+        fit_spec,
+        hidden=spec.hidden,
+        layers=spec.layers,
+        heads=spec.heads,
+        seed=spec.seed,
+        max_positions=spec.max_positions,
+        max_length=spec.max_positions,
+        log=log,
     )
     final_loss = log[-1]["loss"]
 
