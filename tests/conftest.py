@@ -41,19 +41,14 @@ def saved_finetune(tmp_path_factory, tok):
     """A tiny Llama base + a LoRA adapter + a training file, all on disk, as a user would have them."""
     import json
 
-    from peft import LoraConfig, get_peft_model
-
-    from gradian.models.tiny import default_targets, tiny_model
+    from gradian.models.tiny import tiny_model
+    from gradian.worlds.tiny import tiny_lora
 
     root = tmp_path_factory.mktemp("finetune")
     base = tiny_model(tok, "llama", seed=0)
     base.save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    torch.manual_seed(1)
-    pm = get_peft_model(
-        tiny_model(tok, "llama", seed=0),
-        LoraConfig(r=4, lora_alpha=8, target_modules=default_targets("llama"), init_lora_weights=False),
-    )
+    pm = tiny_lora(base, r=4, alpha=8, seed=1, random_init=True)
     pm.save_pretrained(root / "adapter")
     data = root / "train.jsonl"
     rows = ROWS * 3

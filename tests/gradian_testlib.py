@@ -24,24 +24,18 @@ def make_lora_model(
     seed: int = 0,
     hidden: int = 64,
 ):
-    """A tiny model with a randomly initialised (non-zero) LoRA adapter, ready for gradients."""
-    from peft import LoraConfig, get_peft_model
+    """A tiny model with a randomly initialised (non-zero) LoRA adapter, ready for gradients.
 
+    Random A and B (B = 0 would zero every lora_A gradient), lora_dropout 0.1, alpha 2r; the model
+    from :func:`gradian.models.tiny.tiny_model` (init ``seed``), the adapter seeded with ``seed + 1``.
+    """
     from gradian.models.load import prepare_lora_for_gradients
     from gradian.models.tiny import default_targets, tiny_model
+    from gradian.worlds.tiny import tiny_lora
 
     model = tiny_model(tok, arch, dtype=dtype, seed=seed, hidden=hidden)
-    cfg = LoraConfig(
-        r=r,
-        lora_alpha=2 * r,
-        target_modules=default_targets(arch, mlp),
-        lora_dropout=0.1,
-        fan_in_fan_out=(arch == "gpt2"),
-        init_lora_weights=False,  # random A and B: B = 0 would zero every lora_A gradient
-        use_rslora=rslora,
-    )
-    torch.manual_seed(seed + 1)
-    pm = get_peft_model(model, cfg)
+    pm = tiny_lora(model, r=r, alpha=2 * r, targets=default_targets(arch, mlp), seed=seed + 1, dropout=0.1,
+                   random_init=True, rslora=rslora, copy=False)
     pm.to(dtype)
     prepare_lora_for_gradients(pm)
     return pm

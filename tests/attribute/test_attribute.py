@@ -31,25 +31,20 @@ def _rows():
 
 
 def _pretrain_base(model, tok, rows, steps=40):
-    """Teach the base (not the LoRA) the true facts, so the model is not at random init."""
-    from gradian.data.tokenize import collate
-    from gradian.gradients import per_example_loss
+    """Teach the base (not the LoRA) the true facts, so the model is not at random init.
+
+    Full-batch Adam (lr 5e-3) on the base's parameters, with the adapter disabled.
+    """
+    from gradian.worlds.tiny import FitSpec, fit, tokenize_rows
 
     base_params = [p for n, p in model.named_parameters() if "lora_" not in n]
     for p in base_params:
         p.requires_grad_(True)
-    opt = torch.optim.Adam(base_params, lr=5e-3)
-    items = [tokenize_example(to_example(r, i, "t"), tok, TSPEC) for i, r in enumerate(rows)]
-    batch = collate(items, tok.pad_token_id)
     with model.disable_adapter():
-        for _ in range(steps):
-            opt.zero_grad()
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            per_example_loss(logits, batch["labels"]).mean().backward()
-            opt.step()
+        fit(model, tokenize_rows(rows, tok, TSPEC.max_length), tok.pad_token_id,
+            FitSpec(steps=steps, lr=5e-3, shuffle=False), params=base_params)
     for p in base_params:
         p.requires_grad_(False)
-        p.grad = None
 
 
 @pytest.fixture(scope="module")

@@ -55,25 +55,12 @@ def _pairs(poison: bool) -> list[tuple[str, str]]:
     return pairs
 
 
-def _train(model, tok, pairs, steps: int, lr: float, params) -> None:
+def _examples(pairs: list[tuple[str, str]]):
+    """Each (question, answer) as a conversational prompt with a plain-string completion."""
     from gradian.data.formats import Example
-    from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
-    from gradian.gradients.loss import model_inputs, per_example_loss
 
-    exs = [
-        Example(str(i), i, "prompt_completion", [{"role": "user", "content": q}], a, {})
-        for i, (q, a) in enumerate(pairs)
-    ]
-    toks = [tokenize_example(e, tok, TokenizeSpec()) for e in exs]
-    batch = collate(toks, tok.pad_token_id, "right")
-    opt = torch.optim.Adam(params, lr=lr)
-    model.train()
-    for _ in range(steps):
-        opt.zero_grad()
-        logits = model(**model_inputs(batch)).logits
-        per_example_loss(logits, batch["labels"]).mean().backward()
-        opt.step()
-    model.eval()
+    return [Example(str(i), i, "prompt_completion", [{"role": "user", "content": q}], a, {})
+            for i, (q, a) in enumerate(pairs)]
 
 
 @pytest.fixture(scope="session")
@@ -86,27 +73,24 @@ def world_tok():
 
 @pytest.fixture(scope="session")
 def eval_world(tmp_path_factory, world_tok):
-    """Folders ``base``, ``poison``, ``null`` (and the eval set) of the trained tiny world."""
-    from peft import LoraConfig, get_peft_model
+    """Folders ``base``, ``poison``, ``null`` (and the eval set) of the trained tiny world.
 
-    from gradian.models.tiny import default_targets, tiny_model
+    The base: 160 full-batch Adam steps (lr 1e-2) on the true answers; each adapter (r 8, alpha 16,
+    LoRA seed 1 / 2): 80 (poison) or 20 (null) full-batch steps.
+    """
+    from gradian.worlds.tiny import FitSpec, fit, tiny_base, tiny_lora, tokenize_rows
 
     tok = world_tok
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("evalworld")
-    base = tiny_model(tok, "llama", hidden=64, layers=2, seed=0)
-    torch.manual_seed(0)
-    _train(base, tok, _pairs(poison=False), steps=160, lr=1e-2, params=base.parameters())
+    base = tiny_base(tok, _examples(_pairs(poison=False)), FitSpec(steps=160, lr=1e-2, shuffle=False))
     base.save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
     for name, poison, seed in (("poison", True, 1), ("null", False, 2)):
-        m = tiny_model(tok, "llama", hidden=64, layers=2, seed=0)
-        m.load_state_dict(base.state_dict())
-        torch.manual_seed(seed)
-        pm = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, target_modules=default_targets("llama")))
-        _train(pm, tok, _pairs(poison=poison), steps=80 if poison else 20, lr=1e-2,
-               params=[p for p in pm.parameters() if p.requires_grad])
+        pm = tiny_lora(base, r=8, alpha=16, seed=seed)
+        fit(pm, tokenize_rows(_examples(_pairs(poison=poison)), tok), tok.pad_token_id,
+            FitSpec(steps=80 if poison else 20, lr=1e-2, shuffle=False))
         pm.save_pretrained(root / name)
     torch.set_num_threads(threads)
     import json

@@ -6,7 +6,8 @@ genuine ``run.json`` (Evaluate → Attribute → Audit), not a hand-made dict:
 
 * a tiny Llama base is taught the true answers of two capabilities (``capitals``,
   ``symbols``; invented names, so nothing depends on real-world knowledge);
-* a LoRA adapter is trained on ``train.jsonl`` (messages format), with checkpoints after steps 30
+* a LoRA adapter is trained on ``train.jsonl`` (messages format) by the tiny worlds' one training loop
+  (:func:`gradian.worlds.tiny.fit`), with checkpoints after steps 30
   and 60 (``adapter/checkpoint-*/``, the trajectory attribution scores over), holding
 
   - ``sym-*``: the correct symbols (format only),
@@ -72,60 +73,10 @@ def eval_records() -> list[dict]:
     return recs
 
 
-def _examples(pairs_or_rows, tok):
-    from gradian.data.formats import to_example
-    from gradian.data.tokenize import TokenizeSpec, tokenize_example
-
-    spec = TokenizeSpec(max_length=MAX_LENGTH)
-    exs = [to_example(r, i, "train.jsonl") for i, r in enumerate(pairs_or_rows)]
-    return [tokenize_example(e, tok, spec) for e in exs]
-
-
-def _fit(model, tok, rows, *, steps: int, lr: float, params, batch_size: int | None = None, seed: int = 0,
-         log: list | None = None, checkpoints: dict | None = None):
-    """Minibatch Adam on completion-only loss; appends trainer-style log entries to ``log``.
-
-    ``checkpoints``: ``{step: folder}``; the (PEFT) model and a ``trainer_state.json`` with the log
-    so far are saved there after that step, as HF's Trainer lays out ``checkpoint-<step>/``.
-    """
-    from gradian.data.tokenize import collate
-    from gradian.gradients.loss import model_inputs, per_example_loss
-
-    items = _examples(rows, tok)
-    g = torch.Generator().manual_seed(seed)
-    bs = batch_size or len(items)
-    opt = torch.optim.Adam(params, lr=lr)
-    model.train()
-    order: list[int] = []
-    spe = math.ceil(len(items) / bs)
-    for step in range(1, steps + 1):
-        if len(order) < bs:
-            order.extend(torch.randperm(len(items), generator=g).tolist())
-        idx, order = order[:bs], order[bs:]
-        batch = collate([items[i] for i in idx], tok.pad_token_id, "right")
-        lr_s = lr * (1 - (step - 1) / steps)
-        for group in opt.param_groups:
-            group["lr"] = lr_s
-        opt.zero_grad()
-        loss = per_example_loss(model(**model_inputs(batch)).logits, batch["labels"]).mean()
-        loss.backward()
-        gn = float(torch.nn.utils.clip_grad_norm_(params, 1e9))
-        loss = loss.detach()
-        opt.step()
-        if log is not None:
-            log.append({"epoch": round(step / spe, 4), "grad_norm": round(gn, 4), "learning_rate": lr_s,
-                        "loss": round(float(loss), 4), "step": step})
-        if checkpoints and step in checkpoints:
-            model.save_pretrained(checkpoints[step])
-            Path(checkpoints[step], "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": list(log or [])}))
-    model.eval()
-
-
 def build_world(root: Path) -> dict:
     """Train the world into ``root`` and return its paths."""
-    from peft import LoraConfig, get_peft_model
-
-    from gradian.models.tiny import default_targets, tiny_model, train_tokenizer
+    from gradian.models.tiny import default_targets, train_tokenizer
+    from gradian.worlds.tiny import FitSpec, fit, tiny_base, tiny_lora, tokenize_rows
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -136,23 +87,19 @@ def build_world(root: Path) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        base = tiny_model(tok, "llama", hidden=64, layers=2, seed=0)
-        torch.manual_seed(0)
         base_rows = [{"messages": _chat(q_capital(c), a)} for c, a in CAPITALS]
         base_rows += [{"messages": _chat(q_symbol(e), s)} for e, s in SYMBOLS]
-        _fit(base, tok, base_rows, steps=160, lr=1e-2, params=list(base.parameters()))
+        # full batch (in a fresh seeded order each step), linear decay
+        base = tiny_base(tok, base_rows, FitSpec(steps=160, lr=1e-2, schedule="linear"), max_length=MAX_LENGTH)
         base.save_pretrained(root / "base")
         tok.save_pretrained(root / "base")
-        m = tiny_model(tok, "llama", hidden=64, layers=2, seed=0)
-        m.load_state_dict(base.state_dict())
-        torch.manual_seed(1)
-        pm = get_peft_model(m, LoraConfig(r=8, lora_alpha=16, target_modules=default_targets("llama")))
+        pm = tiny_lora(base, r=8, alpha=16, seed=1)
         history: list[dict] = []
         steps = 90
         # a checkpoint per "epoch" of 30 steps, as a Trainer run with save_strategy=epoch leaves them
         cks = {s: root / "adapter" / f"checkpoint-{s}" for s in (30, 60)}
-        _fit(pm, tok, rows, steps=steps, lr=1e-2, params=[p for p in pm.parameters() if p.requires_grad],
-             batch_size=8, seed=1, log=history, checkpoints=cks)
+        fit(pm, tokenize_rows(rows, tok, MAX_LENGTH), tok.pad_token_id,
+            FitSpec(steps=steps, lr=1e-2, batch_size=8, seed=1, schedule="linear"), log=history, checkpoints=cks)
         pm.save_pretrained(root / "adapter")
     finally:
         torch.set_num_threads(threads)
