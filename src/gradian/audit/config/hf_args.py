@@ -1,5 +1,8 @@
-"""The HF ``TrainingArguments`` field table (and TRL ``ModelConfig``'s LoRA fields), shared by TRL, LLaMA-Factory and
-axolotl: each of those reads these rows under its own key names (see :func:`read_hf_args`) and adds its own keys."""
+"""The HF ``TrainingArguments`` field table (and TRL ``ModelConfig``'s LoRA fields), one for three formats.
+
+TRL, LLaMA-Factory and axolotl each read these rows under their own key names (see :func:`read_hf_args`) and add
+their own keys.
+"""
 
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ def read_hf_args(cfg: TrainConfig, r: Reader, keys: Mapping[str, str | None] | N
         keys: the format's own name for a TRL/HF key (``{"num_train_epochs": "num_epochs"}``), None for a key
             the format does not have.
         eval_keys: the keys that may name the eval strategy (all are read, in order).
+
     """
     set_many(cfg, r, HF_ARGS + LORA_ARGS, keys)
     ms = r.int_("max_steps")

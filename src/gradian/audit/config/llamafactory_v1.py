@@ -1,5 +1,7 @@
-"""LLaMA-Factory v1 YAML (``llamafactory-cli sft|dpo|rm config.yaml``): ``model``, ``peft_config``, ``cutoff_len``,
-``micro_batch_size`` ..."""
+"""LLaMA-Factory v1 YAML (``llamafactory-cli sft|dpo|rm config.yaml``).
+
+Keys: ``model``, ``peft_config``, ``cutoff_len``, ``micro_batch_size`` ...
+"""
 
 from __future__ import annotations
 

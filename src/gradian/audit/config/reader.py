@@ -63,9 +63,11 @@ def read_mapping(path: Path, what: str = "config", *, any_suffix: bool = False,
         what: what the file is, for error messages.
         any_suffix: accept any file name (YAML unless ``.json``); otherwise only ``.json``/``.yaml``/``.yml``.
         empty_ok: an empty file is an empty mapping (otherwise it is refused: no settings).
+
     Raises:
         GradianUserError: a pickle, an unknown suffix, a parse error, a top level that is not a mapping of
             string keys.
+
     """
     if path.name.endswith(".bin") or path.suffix in (".pt", ".pkl", ".pickle"):
         raise GradianUserError(
@@ -219,6 +221,7 @@ def set_many(cfg: TrainConfig, r: Reader, rows: Sequence[Row], keys: Mapping[str
         rows: the field table.
         keys: the format's own name for a row's key (``{"num_train_epochs": "num_epochs"}``); None: the format
             has no such key, the row is skipped.
+
     """
     keys = keys or {}
     for name, key, kind in rows:
@@ -249,6 +252,7 @@ class Format:
         trainer_note: why, after the file name, in the source of ``trainer``.
         defaults: the values the trainer applies when a field is left unset (see docs/diagnose.md).
         after_defaults: fix-ups once the defaults are filled (e.g. a default that depends on another field).
+
     """
 
     name: str
@@ -322,7 +326,8 @@ def read_config(path: str | Path) -> TrainConfig:
         raise GradianUserError(
             f"unknown config format (keys: {shown})",
             where=str(p),
-            fix="pass a TRL/HF TrainingArguments, axolotl, LLaMA-Factory or torchtune config, or a PEFT adapter_config.json",
+            fix="pass a TRL/HF TrainingArguments, axolotl, LLaMA-Factory or torchtune config, or a PEFT "
+                "adapter_config.json",
         )
     fmt = formats()[name]
     cfg = TrainConfig()
@@ -346,6 +351,7 @@ def load_config(paths: str | Path | list[str | Path] | tuple) -> TrainConfig:
     Returns:
         the merged :class:`TrainConfig`; ``sources`` tells, per field, the file and key
         (or ``"default (<stack>)"``).
+
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]

@@ -1,5 +1,7 @@
-"""torchtune YAML: ``_component_`` entries (``model``, ``tokenizer``, ``dataset``, ``loss`` ...); a dataset builder's
-own defaults count (``alpaca_dataset`` trains on the prompt unless ``train_on_input: false``)."""
+"""torchtune YAML: ``_component_`` entries (``model``, ``tokenizer``, ``dataset``, ``loss`` ...).
+
+A dataset builder's own defaults count (``alpaca_dataset`` trains on the prompt unless ``train_on_input: false``).
+"""
 
 from __future__ import annotations
 

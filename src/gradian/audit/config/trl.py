@@ -1,5 +1,8 @@
-"""TRL ``SFTConfig`` (+ ``ModelConfig`` from a ``trl sft --config`` YAML): ``max_length``, ``packing``,
-``completion_only_loss`` ...; the preference and RL trainers' configs (DPO, KTO, CPO, GRPO) by their own fields."""
+"""TRL ``SFTConfig`` (+ ``ModelConfig`` from a ``trl sft --config`` YAML).
+
+Keys: ``max_length``, ``packing``, ``completion_only_loss`` ...; the preference and RL trainers' configs (DPO, KTO,
+CPO, GRPO) are told by their own fields.
+"""
 
 from __future__ import annotations
 
