@@ -529,7 +529,8 @@ def d15(ctx: AuditContext) -> list[Hit]:
             continue
         # candidates: the training rows holding the most rare 3-grams over the eval row's content
         df = _lookup(g_keys, g_df, g)
-        touches = np.array([content[k:k + _N].any() for k in range(len(g))], dtype=bool)
+        # gram k touches content when any of words k .. k+N-1 is content (len(g) == L - N + 1 here)
+        touches = np.lib.stride_tricks.sliding_window_view(content, _N).any(axis=1)[:len(g)]
         votes: Counter = Counter()
         for k in np.nonzero(touches & (df > 0) & (df < SHARED_MIN_ROWS))[0].tolist():
             lo = np.searchsorted(own_g, g[k])
