@@ -234,7 +234,8 @@ def parse_json(text: str, where: str, *, line: int | None = None, fix: str = "fi
         msg = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
         raise GradianUserError(f"unreadable JSON value ({msg})", where=f"{where}:{line}" if line else where,
                                fix=fix) from None
-    problem = nesting_problem(obj)
+    # a value nests at most as deep as the text has opening brackets: most rows need no walk
+    problem = nesting_problem(obj) if text.count("[") + text.count("{") > max_depth() else None
     if problem:
         raise _depth_error(problem, f"{where}:{line}" if line else where)
     return obj

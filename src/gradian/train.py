@@ -152,11 +152,8 @@ class TrainSpec:
         cfg["eval_strategy"] = "epoch" if has_eval else "no"
         cfg["save_strategy"] = d["save_strategy"]
         cfg["use_peft"] = True
-        cfg["lora_r"] = d["r"]
-        cfg["lora_alpha"] = d["lora_alpha"]
-        cfg["lora_dropout"] = d["lora_dropout"]
-        cfg["lora_target_modules"] = d["target_modules"]
-        cfg["use_rslora"] = d["use_rslora"]
+        for k in ("r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora"):
+            cfg[_TRL_NAME.get(k, k)] = d[k]
         # gradian's own mask for 'messages' rows, which no TRL field expresses (TRL's assistant_only_loss
         # trains every assistant turn, its default every token): gradian diagnose reads this
         cfg["messages_loss"] = "final_assistant_turn"
@@ -235,17 +232,9 @@ class TrainSpec:
 
 
 _SPEC_FIELDS = {f.name for f in fields(TrainSpec)}
-# Names other tools use for the same knob (TRL before 0.16, axolotl, PEFT's own prefix-less names).
-_ALIASES = {
-    "max_seq_length": "max_length",
-    "lora_r": "r",
-    "lora_target_modules": "target_modules",
-    "peft_use_rslora": "use_rslora",
-    "lr": "learning_rate",
-    "epochs": "num_train_epochs",
-    "num_epochs": "num_train_epochs",
-    "micro_batch_size": "per_device_train_batch_size",
-}
+#: TrainSpec fields named as in PEFT's LoraConfig, with their TRL ModelConfig names (what the YAML holds).
+_TRL_NAME = {"r": "lora_r", "target_modules": "lora_target_modules"}
+_SPEC_NAME = {v: k for k, v in _TRL_NAME.items()}
 # SFTConfig/TrainingArguments fields that do not change what gradian train computes; accepted and ignored.
 _IGNORED = {
     "output_dir", "report_to", "logging_dir", "save_steps", "save_total_limit", "eval_strategy",
@@ -259,19 +248,16 @@ _IGNORED = {
 def load_train_config(path: str | Path) -> dict[str, Any]:
     """Read a YAML/JSON training config into TrainSpec fields (``peft:`` section flattened).
 
-    Unknown keys are refused with the key named, so a typo never silently
+    The file is loaded, and other tools' names for a setting resolved, by the same reader ``gradian diagnose``
+    uses (:mod:`gradian.audit.config`). Unknown keys are refused with the key named, so a typo never silently
     falls back to a default.
     """
-    from gradian.safeio import load_yaml_file
+    from gradian.audit.config import canonical_key, read_mapping
 
     p = Path(path)
     if not p.exists():
         raise GradianUserError("config file not found", where=str(p), fix="check the path")
-    raw = load_yaml_file(p, "training config", fix="fix the YAML") or {}
-    if not isinstance(raw, dict):
-        raise GradianUserError("config is not a mapping", where=str(p), fix="write key: value lines")
-    if not all(isinstance(k, str) for k in raw):
-        raise GradianUserError("a setting name is not a string", where=str(p), fix="write name: value lines")
+    raw, _ = read_mapping(p, "training config", any_suffix=True, empty_ok=True)
     flat: dict[str, Any] = {}
     for section in ("peft", "lora", "peft_config"):
         sub = raw.pop(section, None)
@@ -293,7 +279,8 @@ def load_train_config(path: str | Path) -> dict[str, Any]:
             where=f"{p}: messages_loss", fix="set messages_loss: final_assistant_turn, or drop it",
         )
     for k, v in flat.items():
-        key = _ALIASES.get(k, k)
+        key = canonical_key(k)  # other tools' names (TRL < 0.16, axolotl, PEFT): the audit reader's aliases
+        key = _SPEC_NAME.get(key, key)
         if key in _IGNORED:
             continue
         if key not in _SPEC_FIELDS:

@@ -12,8 +12,11 @@ Public API::
 
     cfg = load_config(["axolotl.yaml"])   # one TrainConfig view of any supported config format
     cfg.learning_rate, cfg.source("learning_rate")   # 0.0002, "axolotl.yaml: learning_rate"
+
+Importing this package imports the check modules, so :data:`REGISTRY` holds every check as soon as it is imported.
 """
 
+from gradian.audit import checks_config, checks_dataset, checks_logs, checks_tokens  # noqa: F401  (fill REGISTRY)
 from gradian.audit.config import TrainConfig, load_config
 from gradian.audit.logs import TrainLog, load_logs
 from gradian.audit.model import JSON_SCHEMA, AuditResult, Finding, SkippedCheck

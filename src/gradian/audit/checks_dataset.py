@@ -510,6 +510,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
     own_g, own_r = own_g[order], own_r[order]
     tables = (g_keys, g_df, seg_keys, seg_df)
     t_shared: dict[int, np.ndarray] = {}
+    t3_sets: dict[int, set[int]] = {}
 
     flagged: list[int] = []
     tr: set[int] = set()
@@ -528,7 +529,8 @@ def d15(ctx: AuditContext) -> list[Hit]:
             continue
         # candidates: the training rows holding the most rare 3-grams over the eval row's content
         df = _lookup(g_keys, g_df, g)
-        touches = np.array([content[k:k + _N].any() for k in range(len(g))], dtype=bool)
+        # gram k touches content when any of words k .. k+N-1 is content (len(g) == L - N + 1 here)
+        touches = np.lib.stride_tricks.sliding_window_view(content, _N).any(axis=1)[:len(g)]
         votes: Counter = Counter()
         for k in np.nonzero(touches & (df > 0) & (df < SHARED_MIN_ROWS))[0].tolist():
             lo = np.searchsorted(own_g, g[k])
@@ -536,9 +538,14 @@ def d15(ctx: AuditContext) -> list[Hit]:
             votes.update(set(own_r[lo:min(hi, lo + 50)].tolist()))
         best = (0.0, 0)
         hl = h.tolist()
+        gl = g.tolist()
         for i, _ in votes.most_common(5):
             # cheap bound first: content inside 3-grams row i also has
-            if int((_spread(np.nonzero(np.isin(g, t3[i]))[0], _N, L) & content).sum()) < MIN_COVERED_WORDS:
+            if i not in t3_sets:
+                t3_sets[i] = set(t3[i].tolist())
+            has = t3_sets[i]
+            in_row = np.fromiter((x in has for x in gl), dtype=bool, count=len(gl))  # np.isin(g, t3[i]), for short rows
+            if int((_spread(np.nonzero(in_row)[0], _N, L) & content).sum()) < MIN_COVERED_WORDS:
                 continue
             if i not in t_shared:
                 t_shared[i] = _shared_mask(ctx.row_word_hashes[i], t3[i], ctx.row_segment_lengths[i], *tables)

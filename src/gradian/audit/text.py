@@ -45,7 +45,8 @@ def _word_hash(w: str) -> int:
 
 def word_hashes(ws: Sequence[str]) -> np.ndarray:
     """(len(ws),) uint64 crc32 of each word."""
-    return np.array([_WH[w] if w in _WH else _word_hash(w) for w in ws], dtype=np.uint64)
+    get = _WH.get  # a cached hash of 0 is recomputed (as 0): same result, one lookup per word
+    return np.array([get(w) or _word_hash(w) for w in ws], dtype=np.uint64)
 
 
 def ngram_hashes(ws: Sequence[str] | np.ndarray, n: int) -> np.ndarray:
@@ -98,12 +99,18 @@ def ngrams_rows(hash_rows: Sequence[np.ndarray], n: int) -> list[np.ndarray]:
 
 
 _SEGMENT = re.compile(r"(?<=[.!?;:])\s+|\s*\n\s*")
+_SENTENCE = re.compile(r"(?<=[.!?;:])\s+")  # _SEGMENT for a text without newlines (half the scanning)
+
+
+def _split_segments(s: str) -> list[str]:
+    """``_SEGMENT.split(s)``."""
+    return (_SEGMENT if "\n" in s else _SENTENCE).split(s)
 
 
 def segments(s: str) -> list[str]:
     """``s`` cut into sentences and lines (at ``.!?;:`` followed by whitespace, and at newlines); only at
     whitespace, so the segments' words, in order, are the words of ``s``."""
-    return [x for x in _SEGMENT.split(s) if x and x.strip()]
+    return [x for x in _split_segments(s) if x and x.strip()]
 
 
 def span_hashes(h: np.ndarray | list[int], lengths: Sequence[int]) -> list[tuple[int, int, int]]:
@@ -126,7 +133,7 @@ def segment_word_counts(text: str, expected: int | None = None) -> list[int]:
     normalised word count ``expected`` (a combining mark that NFC merges, say), each segment is
     normalised and counted instead.
     """
-    parts = _SEGMENT.split(text)
+    parts = _split_segments(text)
     if len(parts) == 1:
         n = expected if expected is not None else len(words(text))
         return [n] if n else []

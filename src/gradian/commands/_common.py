@@ -23,11 +23,12 @@ def _rank() -> int:
     """This process's rank: from the process group, or from torchrun's ``RANK`` before it exists."""
     import os
 
-    from gradian import distributed
+    if "torch" in sys.modules:  # without torch loaded there is no process group (and no need to load torch)
+        from gradian import distributed
 
-    d = distributed.current()
-    if d.enabled:
-        return d.rank
+        d = distributed.current()
+        if d.enabled:
+            return d.rank
     try:
         return int(os.environ.get("RANK", "0")) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else 0
     except ValueError:

@@ -30,12 +30,13 @@ character span of the completion text can become a token mask
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from gradian.data.formats import Example
 from gradian.errors import GradianUserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 IGNORE_INDEX = -100
 
@@ -270,6 +271,8 @@ def collate(
         ``input_ids``, ``attention_mask``, ``labels``, ``position_ids``: each (b, T) long.
         ``position_ids`` count real tokens only, so left padding does not shift positions.
     """
+    import torch  # here, not at module level: tokenising (gradian diagnose) needs no torch
+
     if not items:
         raise ValueError("empty batch")
     T = max(len(it.input_ids) for it in items)

@@ -1,0 +1,108 @@
+"""axolotl YAML: ``base_model``, ``sequence_len``, ``micro_batch_size``, ``adapter``, ``datasets`` ..."""
+
+from __future__ import annotations
+
+from gradian.audit.config.hf_args import read_hf_args
+from gradian.audit.config.model import TrainConfig
+from gradian.audit.config.reader import Format, Reader, Row, set_many
+
+#: Keys only an axolotl config has (detection).
+KEYS = frozenset({"base_model", "sequence_len", "micro_batch_size", "num_epochs", "adapter", "sample_packing",
+                  "train_on_inputs", "val_set_size", "lora_target_linear", "lora_model_dir", "special_tokens",
+                  "evals_per_epoch", "pad_to_sequence_len", "dataset_prepared_path", "flash_attention",
+                  "peft_use_rslora", "peft_use_dora", "excess_length_strategy", "eval_sample_packing",
+                  "lora_modules_to_save", "base_model_config", "wandb_project"})
+
+#: axolotl's names for the shared TrainingArguments / LoRA keys (None: axolotl does not read that key).
+RENAMED = {
+    "model_name_or_path": "base_model",
+    "num_train_epochs": "num_epochs",
+    "per_device_train_batch_size": "micro_batch_size",
+    "lr_scheduler_type": "lr_scheduler",
+    "save_strategy": None,
+    "use_rslora": "peft_use_rslora",
+    "use_dora": "peft_use_dora",
+}
+
+#: axolotl's own keys.
+FIELDS: tuple[Row, ...] = (
+    ("total_batch_size", "batch_size", "int"),
+    ("warmup_steps", "warmup_steps", "num"),
+    ("max_length", "sequence_len", "int"),
+    ("truncation", "excess_length_strategy", "str"),
+    ("packing", "sample_packing", "bool"),
+    ("train_on_inputs", "train_on_inputs", "bool"),
+    ("lora_target_linear", "lora_target_linear", "bool"),
+    ("val_set_size", "val_set_size", "num"),
+    ("chat_template", "chat_template", "str"),
+    ("attn_implementation", "attn_implementation", "str"),
+)
+
+DEFAULTS = {
+    "max_length": 512, "truncation": "drop", "micro_batch_size": 1, "gradient_accumulation_steps": 1,
+    "num_epochs": 1.0, "train_on_inputs": False, "packing": False, "lr_scheduler": "cosine",
+    "val_set_size": 0.0, "group_by_length": False, "finetuning": "full", "stage": "sft",
+}
+
+
+def read(cfg: TrainConfig, r: Reader) -> None:
+    """Read an axolotl config into ``cfg``."""
+    read_hf_args(cfg, r, RENAMED, eval_keys=("eval_strategy",))
+    set_many(cfg, r, FIELDS)
+    adapter = r.str_("adapter")
+    if adapter:
+        cfg.set("finetuning", "qlora" if adapter.lower() == "qlora" else "lora", r.where("adapter"))
+    rl = r.get("rl")
+    if rl is not None and rl is not False:
+        cfg.set("stage", "dpo" if rl is True else str(rl).lower().replace("rltype.", ""), r.where("rl"))
+    elif r.has("pretraining_dataset"):
+        cfg.set("stage", "pt", r.where("pretraining_dataset"))
+    if r.has("dataset_exact_deduplication"):
+        cfg.set("dedup_exact", r.bool_("dataset_exact_deduplication"), r.where("dataset_exact_deduplication"))
+    if not r.has("eval_strategy") and r.has("evals_per_epoch") and (r.int_("evals_per_epoch") or 0) > 0:
+        cfg.set("eval_strategy", "steps", r.where("evals_per_epoch"))
+    if r.has("test_datasets"):
+        cfg.set("has_eval_dataset", True, r.where("test_datasets"))
+    for key, impl in (("flash_attention", "flash_attention_2"), ("flex_attention", "flex_attention"),
+                      ("sdp_attention", "sdpa"), ("xformers_attention", "xformers")):
+        if r.bool_(key):
+            cfg.set("attn_implementation", impl, r.where(key))
+    toks: list[str] = []
+    if isinstance(r.get("tokens"), list):
+        toks += [str(t) for t in r.get("tokens")]
+    if toks:
+        cfg.set("added_tokens", toks, r.where("tokens"))
+    st = r.get("special_tokens")
+    if isinstance(st, dict) and st.get("eos_token"):
+        cfg.set("eos_token", str(st["eos_token"]), r.where("special_tokens.eos_token"))
+    if isinstance(st, dict) and st.get("pad_token"):
+        cfg.set("pad_token", str(st["pad_token"]), r.where("special_tokens.pad_token"))
+    ds = r.get("datasets")
+    if isinstance(ds, list):
+        norm = []
+        for i, d in enumerate(ds):
+            if not isinstance(d, dict):
+                continue
+            def text(key: str) -> str | None:
+                v = d.get(key)
+                return v if isinstance(v, str) else None
+
+            norm.append({
+                "index": i,
+                "path": text("path"),
+                "type": text("type"),
+                "field": text("field"),
+                "field_messages": text("field_messages"),
+                "roles_to_train": [str(x) for x in d["roles_to_train"]] if isinstance(d.get("roles_to_train"), list)
+                else None,
+                "train_on_eos": text("train_on_eos"),
+                "chat_template": text("chat_template"),
+            })
+            if text("chat_template") and not r.has("chat_template"):
+                cfg.set("chat_template", str(d["chat_template"]), r.where(f"datasets[{i}].chat_template"))
+        cfg.set("datasets", norm, r.where("datasets"))
+
+
+
+FORMAT = Format(name="axolotl", title="axolotl", read=read, order=11, votes=KEYS, trainer="axolotl",
+                defaults=DEFAULTS)

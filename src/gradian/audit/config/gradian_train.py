@@ -1,0 +1,17 @@
+"""The ``training_config.yaml`` that ``gradian train`` writes: TRL names, read as TRL (same masks, same EOS rule)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradian.audit.config import trl
+from gradian.audit.config.reader import BY_GRADIAN_TRAIN, Format
+
+
+def _claims(raw: dict[str, Any]) -> bool:
+    # gradian train writes messages_loss (older versions did not, but always wrote the header line)
+    return (raw.get("messages_loss") is not None and "use_peft" in raw) or bool(raw.get(BY_GRADIAN_TRAIN))
+
+
+FORMAT = Format(name="gradian", title="gradian train", read=trl.read, order=1, claims=_claims, trainer="trl",
+                trainer_note="format: gradian train, TRL semantics")

@@ -1,0 +1,65 @@
+"""The HF ``TrainingArguments`` field table (and TRL ``ModelConfig``'s LoRA fields), one for three formats.
+
+TRL, LLaMA-Factory and axolotl each read these rows under their own key names (see :func:`read_hf_args`) and add
+their own keys.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from gradian.audit.config.model import TrainConfig
+from gradian.audit.config.reader import Reader, Row, set_many
+
+#: ``TrainingArguments`` (plus ``model_name_or_path``): (TrainConfig field, TRL/HF key, kind).
+HF_ARGS: tuple[Row, ...] = (
+    ("base_model", "model_name_or_path", "str"),
+    ("learning_rate", "learning_rate", "num"),
+    ("num_epochs", "num_train_epochs", "num"),
+    ("micro_batch_size", "per_device_train_batch_size", "int"),
+    ("gradient_accumulation_steps", "gradient_accumulation_steps", "int"),
+    ("warmup_ratio", "warmup_ratio", "num"),
+    ("lr_scheduler", "lr_scheduler_type", "str"),
+    ("max_grad_norm", "max_grad_norm", "num"),
+    ("bf16", "bf16", "bool"),
+    ("fp16", "fp16", "bool"),
+    ("eval_steps", "eval_steps", "num"),
+    ("save_strategy", "save_strategy", "str"),
+    ("save_steps", "save_steps", "num"),
+    ("load_best_model_at_end", "load_best_model_at_end", "bool"),
+    ("group_by_length", "group_by_length", "bool"),
+)
+
+#: The LoRA and quantisation fields, in TRL ``ModelConfig`` names.
+LORA_ARGS: tuple[Row, ...] = (
+    ("lora_r", "lora_r", "int"),
+    ("lora_alpha", "lora_alpha", "num"),
+    ("lora_dropout", "lora_dropout", "num"),
+    ("lora_target_modules", "lora_target_modules", "list"),
+    ("modules_to_save", "lora_modules_to_save", "list"),
+    ("use_rslora", "use_rslora", "bool"),
+    ("use_dora", "use_dora", "bool"),
+    ("load_in_4bit", "load_in_4bit", "bool"),
+    ("load_in_8bit", "load_in_8bit", "bool"),
+)
+
+
+def read_hf_args(cfg: TrainConfig, r: Reader, keys: Mapping[str, str | None] | None = None,
+                 eval_keys: tuple[str, ...] = ("eval_strategy", "evaluation_strategy")) -> None:
+    """Read :data:`HF_ARGS` and :data:`LORA_ARGS`, ``max_steps`` and the eval strategy.
+
+    Args:
+        cfg: the config being filled.
+        r: the file.
+        keys: the format's own name for a TRL/HF key (``{"num_train_epochs": "num_epochs"}``), None for a key
+            the format does not have.
+        eval_keys: the keys that may name the eval strategy (all are read, in order).
+
+    """
+    set_many(cfg, r, HF_ARGS + LORA_ARGS, keys)
+    ms = r.int_("max_steps")
+    if ms is not None and ms > 0:  # -1 (HF's default) means: train for num_train_epochs
+        cfg.set("max_steps", ms, r.where("max_steps"))
+    for key in eval_keys:
+        if r.has(key):
+            cfg.set("eval_strategy", str(r.get(key)).lower().replace("intervalstrategy.", ""), r.where(key))

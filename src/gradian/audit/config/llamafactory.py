@@ -1,0 +1,90 @@
+"""LLaMA-Factory YAML: ``stage``, ``finetuning_type``, ``cutoff_len``, ``template``, ``lora_rank`` ..."""
+
+from __future__ import annotations
+
+from gradian.audit.config.hf_args import read_hf_args
+from gradian.audit.config.model import TrainConfig
+from gradian.audit.config.reader import Format, Reader, Row, set_many
+
+#: Keys only a LLaMA-Factory config has (detection).
+KEYS = frozenset({"stage", "finetuning_type", "cutoff_len", "lora_rank", "lora_target", "train_on_prompt",
+                  "val_size", "mask_history", "neat_packing", "template", "quantization_bit",
+                  "preprocessing_num_workers", "overwrite_cache", "plot_loss", "additional_target",
+                  "new_special_tokens"})
+
+#: LLaMA-Factory's names for the shared TrainingArguments / LoRA keys (None: it does not read that key).
+RENAMED = {
+    "lora_r": "lora_rank",
+    "lora_target_modules": "lora_target",
+    "lora_modules_to_save": "additional_target",
+    "load_in_4bit": None,  # LLaMA-Factory says quantization_bit
+    "load_in_8bit": None,
+}
+
+#: LLaMA-Factory's own keys.
+FIELDS: tuple[Row, ...] = (
+    ("warmup_steps", "warmup_steps", "num"),
+    ("max_length", "cutoff_len", "int"),
+    ("train_on_inputs", "train_on_prompt", "bool"),
+    ("val_set_size", "val_size", "num"),
+    ("chat_template", "template", "str"),
+)
+
+DEFAULTS = {
+    "finetuning": "lora", "lora_r": 8, "lora_dropout": 0.0, "lora_target_modules": "all",
+    "max_length": 2048, "truncation": "truncate", "train_on_inputs": False, "packing": False,
+    "learning_rate": 5e-5, "num_epochs": 3.0, "micro_batch_size": 8, "gradient_accumulation_steps": 1,
+    "lr_scheduler": "linear", "warmup_steps": 0, "warmup_ratio": 0.0, "val_set_size": 0.0,
+    "eval_strategy": "no", "stage": "sft",
+}
+
+
+def _after_defaults(cfg: TrainConfig) -> None:
+    if cfg.is_lora and cfg.lora_alpha is None and cfg.lora_r:
+        cfg.set("lora_alpha", float(cfg.lora_r * 2), "default (LLaMA-Factory: lora_alpha = 2 x lora_rank)",
+                default=True)
+
+
+def read(cfg: TrainConfig, r: Reader) -> None:
+    """Read a LLaMA-Factory config into ``cfg``."""
+    read_hf_args(cfg, r, RENAMED)
+    set_many(cfg, r, FIELDS)
+    stage = (r.str_("stage") or "").strip().lower()
+    if stage:
+        pref = (r.str_("pref_loss") or "").strip().lower()
+        if stage == "dpo" and pref in ("orpo", "simpo"):
+            cfg.set("stage", pref, r.where("pref_loss"))
+        else:
+            cfg.set("stage", stage, r.where("stage"))
+    if stage == "pt" and not r.has("packing") and not r.bool_("neat_packing"):
+        cfg.set("packing", True, f"{r.where('stage')} (LLaMA-Factory turns packing on for stage pt)")
+    ft = r.str_("finetuning_type")
+    if ft:
+        ft = ft.lower()
+        q = r.int_("quantization_bit")
+        cfg.set("finetuning", ("qlora" if q else "lora") if ft == "lora" else "full", r.where("finetuning_type"))
+    qb = r.int_("quantization_bit")
+    if qb == 4:
+        cfg.set("load_in_4bit", True, r.where("quantization_bit"))
+    elif qb == 8:
+        cfg.set("load_in_8bit", True, r.where("quantization_bit"))
+    if r.bool_("packing") or r.bool_("neat_packing"):
+        cfg.set("packing", True, r.where("neat_packing" if r.bool_("neat_packing") else "packing"))
+        if r.bool_("neat_packing"):
+            cfg.set("attn_implementation", "neat_packing", r.where("neat_packing"))
+    elif r.has("packing"):
+        cfg.set("packing", False, r.where("packing"))
+    if r.has("eval_dataset"):
+        cfg.set("has_eval_dataset", True, r.where("eval_dataset"))
+    fa = r.str_("flash_attn")
+    if fa:
+        cfg.set("attn_implementation", {"fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}.get(fa, fa),
+                r.where("flash_attn"))
+    toks = r.list_("new_special_tokens") or r.list_("add_special_tokens") or r.list_("add_tokens")
+    if toks:
+        key = next(k for k in ("new_special_tokens", "add_special_tokens", "add_tokens") if r.has(k))
+        cfg.set("added_tokens", [toks] if isinstance(toks, str) else toks, r.where(key))
+
+
+FORMAT = Format(name="llamafactory", title="LLaMA-Factory", read=read, order=12, votes=KEYS,
+                trainer="llamafactory", defaults=DEFAULTS, after_defaults=_after_defaults)
