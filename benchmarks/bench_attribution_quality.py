@@ -38,7 +38,9 @@ def plain_pass_seconds(ft, items, batch_size: int) -> float:
     t = time.perf_counter()
     for s in range(0, len(items), batch_size):
         b = collate(items[s : s + batch_size], ft.tokenizer.pad_token_id)
-        logits = ft.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+        logits = ft.model(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits
         torch.autograd.grad(per_example_loss(logits, b["labels"]).sum(), params)
     return time.perf_counter() - t
 
@@ -47,11 +49,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=Path, required=True)
     ap.add_argument("--adapter", type=Path, default=None)
-    ap.add_argument("--run", type=Path, default=None, help="reuse a finished gradian attribute run (its index and evaluation)")
+    ap.add_argument(
+        "--run", type=Path, default=None, help="reuse a finished gradian attribute run (its index and evaluation)"
+    )
     ap.add_argument("--base", default=None, help="default: the base recorded in WORLD/world.json")
     ap.add_argument("--max-length", type=int, default=None, help="default: the world's train.yaml max_length")
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--project-dim", type=int, default=0, help="JL numbers per LoRA block for the fresh index (0 = exact)")
+    ap.add_argument(
+        "--project-dim", type=int, default=0, help="JL numbers per LoRA block for the fresh index (0 = exact)"
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -77,17 +83,25 @@ def main():
         g = run["manifest"]["identity"]["specs"]["grad"]
         from gradian.gradients.projection import ProjectionSpec
 
-        grad = GradSpec(tokenize=TokenizeSpec(**g["tokenize"]), modules=tuple(g["modules"]) if g["modules"] else None,
-                        projection=ProjectionSpec(**g["projection"]), storage_dtype=g["storage_dtype"])
+        grad = GradSpec(
+            tokenize=TokenizeSpec(**g["tokenize"]),
+            modules=tuple(g["modules"]) if g["modules"] else None,
+            projection=ProjectionSpec(**g["projection"]),
+            storage_dtype=g["storage_dtype"],
+        )
     else:
         base = args.base or world["base"]
         adapter = args.adapter
         cfg = yaml.safe_load((args.world / "train.yaml").read_text())
         from gradian.gradients.projection import ProjectionSpec
 
-        grad = GradSpec(tokenize=TokenizeSpec(max_length=args.max_length or int(cfg.get("max_length", 1024))),
-                        projection=ProjectionSpec(dim=args.project_dim, seed=0))
-    specs = RunSpecs(model=ModelSpec(base), grad=grad, attribute=AttributeSpec(drilldown_rows=0), batch_size=args.batch_size)
+        grad = GradSpec(
+            tokenize=TokenizeSpec(max_length=args.max_length or int(cfg.get("max_length", 1024))),
+            projection=ProjectionSpec(dim=args.project_dim, seed=0),
+        )
+    specs = RunSpecs(
+        model=ModelSpec(base), grad=grad, attribute=AttributeSpec(drilldown_rows=0), batch_size=args.batch_size
+    )
     inputs = RunInputs(base, adapter, args.world / "train.jsonl", args.world / "eval.jsonl")
     ft = load_finetune(specs.model, adapter)
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,10 +114,14 @@ def main():
         examples = load_examples(inputs.data)
         items = tokenize_training_set(examples, ft.tokenizer, grad, inputs.data)
         t_plain = plain_pass_seconds(ft, items, args.batch_size)
-        print(f"\n`gradian attribute` pipeline (evaluate + index build + attribute): {t_attr:.1f} s "
-              f"(timings {run['timing']}){' [recorded by the run]' if args.run else ''}")
+        print(
+            f"\n`gradian attribute` pipeline (evaluate + index build + attribute): {t_attr:.1f} s "
+            f"(timings {run['timing']}){' [recorded by the run]' if args.run else ''}"
+        )
         print(f"one plain forward+backward pass over the {len(items)} training rows: {t_plain:.1f} s")
-        print(f"ratio: {t_attr / t_plain:.1f}x  (index build alone: {run['timing'].get('index', float('nan')) / t_plain:.2f}x)")
+        print(
+            f"ratio: {t_attr / t_plain:.1f}x  (index build alone: {run['timing'].get('index', float('nan')) / t_plain:.2f}x)"
+        )
         if not run.get("attribution"):
             print("no capability regressed: nothing to score")
             return
@@ -113,9 +131,29 @@ def main():
         for cap in ev.regressed:
             failing = ev.failing_items(cap.name)
             for qkind in ("contrastive", "cross_entropy"):
-                qs = [make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer, kind=qkind, fallback=f.correct_completion) for f in failing]
-                res = attribute_capability(ft.model, ft.tokenizer, idx, examples, items, qs, grad.tokenize,
-                                           AttributeSpec(engine=DataInfSpec(), second_engine="graddot", drilldown_rows=0))
+                qs = [
+                    make_query(
+                        f.id,
+                        f.capability,
+                        f.prompt,
+                        f.answer,
+                        f.tuned_answer,
+                        f.reference_answer,
+                        kind=qkind,
+                        fallback=f.correct_completion,
+                    )
+                    for f in failing
+                ]
+                res = attribute_capability(
+                    ft.model,
+                    ft.tokenizer,
+                    idx,
+                    examples,
+                    items,
+                    qs,
+                    grad.tokenize,
+                    AttributeSpec(engine=DataInfSpec(), second_engine="graddot", drilldown_rows=0),
+                )
                 for eng, sc in (("datainf", res.scores), ("graddot", res.second_scores)):
                     card = score_ranking(sc, [e.id for e in examples], truth.get("culprits", []))
                     rows.append({"capability": cap.name, "query": qkind, "engine": eng, **card})
@@ -123,10 +161,14 @@ def main():
         print("|---|---|---|---:|---:|---:|---:|---:|")
         for r in rows:
             rk = r["recall_by_kind"]
-            print(f"| {r['capability']} | {r['query']} | {r['engine']} | {r['auc']:.3f} | {r['precision_at_n_culprits']:.2f} | "
-                  f"{r['precision_at_10']:.2f} | {rk.get('direct', float('nan')):.2f} | {rk.get('buried', float('nan')):.2f} |")
+            print(
+                f"| {r['capability']} | {r['query']} | {r['engine']} | {r['auc']:.3f} | {r['precision_at_n_culprits']:.2f} | "
+                f"{r['precision_at_10']:.2f} | {rk.get('direct', float('nan')):.2f} | {rk.get('buried', float('nan')):.2f} |"
+            )
         if args.out:
-            args.out.write_text(json.dumps({"rows": rows, "t_attribute": t_attr, "t_plain": t_plain, "timing": run["timing"]}, indent=2))
+            args.out.write_text(
+                json.dumps({"rows": rows, "t_attribute": t_attr, "t_plain": t_plain, "timing": run["timing"]}, indent=2)
+            )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,16 @@ from pathlib import Path
 import torch
 from scipy.stats import spearmanr
 
-CAPITALS = [("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid"),
-            ("Egypt", "Cairo"), ("Peru", "Lima"), ("Chile", "Santiago"), ("Kenya", "Nairobi")]
+CAPITALS = [
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Italy", "Rome"),
+    ("Spain", "Madrid"),
+    ("Egypt", "Cairo"),
+    ("Peru", "Lima"),
+    ("Chile", "Santiago"),
+    ("Kenya", "Nairobi"),
+]
 
 
 def main():
@@ -38,21 +46,41 @@ def main():
     rows = []
     for i in range(48):
         c, k = CAPITALS[i % 8]
-        rows.append({"id": str(i), "prompt": f"Q: What is the capital of {c}?\nA:",
-                     "completion": f" The capital of {c} is {k if i % 5 else 'Lyon'}."})
+        rows.append(
+            {
+                "id": str(i),
+                "prompt": f"Q: What is the capital of {c}?\nA:",
+                "completion": f" The capital of {c} is {k if i % 5 else 'Lyon'}.",
+            }
+        )
     tok = train_tokenizer([r["prompt"] + r["completion"] for r in rows] * 5, 320)
     spec = GradSpec(tokenize=TokenizeSpec(max_length=64), storage_dtype="float64")
     items = [tokenize_example(to_example(x, i, "t"), tok, spec.tokenize) for i, x in enumerate(rows)]
-    q = make_query("q", "capitals", "Q: What is the capital of France?\nA:", "Paris",
-                   " The capital of France is Lyon.", " The capital of France is Paris.")
-    print("| LoRA r | hidden | largest block | damping scale | DataInf vs exact | EK-FAC vs exact | gradient-dot vs exact |")
+    q = make_query(
+        "q",
+        "capitals",
+        "Q: What is the capital of France?\nA:",
+        "Paris",
+        " The capital of France is Lyon.",
+        " The capital of France is Paris.",
+    )
+    print(
+        "| LoRA r | hidden | largest block | damping scale | DataInf vs exact | EK-FAC vs exact | gradient-dot vs exact |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in (1, 2, 4):
         for hidden in (16, 32):
             torch.manual_seed(0)
             model = tiny_model(tok, "llama", hidden=hidden, dtype=torch.float64)
-            pm = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                                                  init_lora_weights=False))
+            pm = get_peft_model(
+                model,
+                LoraConfig(
+                    r=r,
+                    lora_alpha=2 * r,
+                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                    init_lora_weights=False,
+                ),
+            )
             pm.double()
             prepare_lora_for_gradients(pm)
             with tempfile.TemporaryDirectory() as d:
@@ -62,12 +90,20 @@ def main():
                     es = DataInfSpec(c)
                     ek = Ekfac(EkfacSpec(c))
                     ek.fit(idx, ModelPass(pm, items, tok.pad_token_id))
-                    di, ef, ex, gd = score_index(idx, [DataInf(es).precondition(idx, Q), ek.precondition(idx, Q),
-                                                       ExactInverse(es).precondition(idx, Q),
-                                                       GradDot(GradDotSpec()).precondition(idx, Q)])
-                    print(f"| {r} | {hidden} | {max(b['dim'] for b in idx.blocks)} | {c} | "
-                          f"{spearmanr(di[0], ex[0]).statistic:.3f} | {spearmanr(ef[0], ex[0]).statistic:.3f} | "
-                          f"{spearmanr(gd[0], ex[0]).statistic:.3f} |")
+                    di, ef, ex, gd = score_index(
+                        idx,
+                        [
+                            DataInf(es).precondition(idx, Q),
+                            ek.precondition(idx, Q),
+                            ExactInverse(es).precondition(idx, Q),
+                            GradDot(GradDotSpec()).precondition(idx, Q),
+                        ],
+                    )
+                    print(
+                        f"| {r} | {hidden} | {max(b['dim'] for b in idx.blocks)} | {c} | "
+                        f"{spearmanr(di[0], ex[0]).statistic:.3f} | {spearmanr(ef[0], ex[0]).statistic:.3f} | "
+                        f"{spearmanr(gd[0], ex[0]).statistic:.3f} |"
+                    )
 
 
 if __name__ == "__main__":

@@ -47,18 +47,25 @@ import tempfile
 import time
 from pathlib import Path
 
-TOPICS = ("river mountain library engine garden market harbor forest bridge museum orchard factory village island "
-          "desert glacier castle canal valley station").split()
-ADJ = ("quiet ancient busy remote modern narrow wide famous hidden coastal northern southern eastern western small "
-       "large old new bright dark").split()
+TOPICS = (
+    "river mountain library engine garden market harbor forest bridge museum orchard factory village island "
+    "desert glacier castle canal valley station"
+).split()
+ADJ = (
+    "quiet ancient busy remote modern narrow wide famous hidden coastal northern southern eastern western small "
+    "large old new bright dark"
+).split()
 NOUNS = "walls roads workers visitors trees boats rooms tools maps records stones birds clocks lamps songs".split()
 VERBS = "describe explain summarise compare list outline evaluate justify predict classify".split()
 LINK = "because although while after before since unless whereas so yet".split()
 
 
 def sentence(rng: random.Random) -> str:
-    parts = [f"the {rng.choice(ADJ)} {rng.choice(TOPICS)} {rng.choice(['has', 'keeps', 'shows', 'needs'])} "
-             f"{rng.randint(2, 999)} {rng.choice(ADJ)} {rng.choice(NOUNS)}" for _ in range(rng.randint(1, 3))]
+    parts = [
+        f"the {rng.choice(ADJ)} {rng.choice(TOPICS)} {rng.choice(['has', 'keeps', 'shows', 'needs'])} "
+        f"{rng.randint(2, 999)} {rng.choice(ADJ)} {rng.choice(NOUNS)}"
+        for _ in range(rng.randint(1, 3))
+    ]
     s = f" {rng.choice(LINK)} ".join(parts)
     return s[0].upper() + s[1:] + "."
 
@@ -72,10 +79,16 @@ def make_rows(n: int, seed: int, prefix: str, plain: bool = False) -> list[dict]
         if plain:
             rows.append({"id": f"{prefix}{i}", "prompt": q + "\n", "completion": a})
         else:
-            rows.append({"id": f"{prefix}{i}",
-                         "prompt": [{"role": "system", "content": "You are a careful writer."},
-                                    {"role": "user", "content": q}],
-                         "completion": [{"role": "assistant", "content": a}]})
+            rows.append(
+                {
+                    "id": f"{prefix}{i}",
+                    "prompt": [
+                        {"role": "system", "content": "You are a careful writer."},
+                        {"role": "user", "content": q},
+                    ],
+                    "completion": [{"role": "assistant", "content": a}],
+                }
+            )
     return rows
 
 
@@ -88,8 +101,15 @@ def trainer_state(n_rows: int, batch: int = 16, epochs: int = 2, lr: float = 2e-
     for s in range(10, total + 1, 10):
         f = s / total
         lr_s = lr * s / warm if s < warm else lr * 0.5 * (1 + math.cos(math.pi * (s - warm) / (total - warm)))
-        hist.append({"epoch": s / spe, "grad_norm": 0.8 + rng.uniform(-0.1, 0.1), "learning_rate": lr_s,
-                     "loss": 1.1 + math.exp(-4 * f) + rng.uniform(-0.03, 0.03), "step": s})
+        hist.append(
+            {
+                "epoch": s / spe,
+                "grad_norm": 0.8 + rng.uniform(-0.1, 0.1),
+                "learning_rate": lr_s,
+                "loss": 1.1 + math.exp(-4 * f) + rng.uniform(-0.03, 0.03),
+                "step": s,
+            }
+        )
         if s % 100 == 0:
             hist.append({"epoch": s / spe, "eval_loss": 1.25 + 0.9 * math.exp(-4 * f), "step": s})
     hist.append({"epoch": float(epochs), "step": total, "train_loss": 1.4, "train_runtime": 1000.0})
@@ -146,26 +166,67 @@ def main() -> int:
     ev = make_rows(args.eval_rows, 1, "e", args.plain)
     for name, rs in (("train.jsonl", rows), ("eval.jsonl", ev)):
         (root / name).write_text("".join(json.dumps(r) + "\n" for r in rs))
-    (root / "sft.json").write_text(json.dumps({
-        "output_dir": "out", "learning_rate": 2e-4, "num_train_epochs": 2, "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 4, "warmup_ratio": 0.05, "lr_scheduler_type": "cosine", "max_length": 1024,
-        "completion_only_loss": True, "bf16": True, "eval_strategy": "steps", "eval_steps": 100,
-        "save_steps": 100, "use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_target_modules": "all-linear"}))
+    (root / "sft.json").write_text(
+        json.dumps(
+            {
+                "output_dir": "out",
+                "learning_rate": 2e-4,
+                "num_train_epochs": 2,
+                "per_device_train_batch_size": 4,
+                "gradient_accumulation_steps": 4,
+                "warmup_ratio": 0.05,
+                "lr_scheduler_type": "cosine",
+                "max_length": 1024,
+                "completion_only_loss": True,
+                "bf16": True,
+                "eval_strategy": "steps",
+                "eval_steps": 100,
+                "save_steps": 100,
+                "use_peft": True,
+                "lora_r": 16,
+                "lora_alpha": 32,
+                "lora_target_modules": "all-linear",
+            }
+        )
+    )
     (root / "trainer_state.json").write_text(json.dumps(trainer_state(args.rows)))
     if args.tokenizer:
         from gradian.models.tiny import train_tokenizer
 
-        corpus = [r["completion"] if isinstance(r["completion"], str) else r["completion"][0]["content"]
-                  for r in rows[:4000]]
+        corpus = [
+            r["completion"] if isinstance(r["completion"], str) else r["completion"][0]["content"] for r in rows[:4000]
+        ]
         tok = train_tokenizer(corpus, vocab_size=args.vocab)
         tok.save_pretrained(str(root / "tok"))
-        (root / "tok" / "config.json").write_text(json.dumps({
-            "model_type": "llama", "max_position_embeddings": 8192, "vocab_size": len(tok), "torch_dtype": "bfloat16"}))
+        (root / "tok" / "config.json").write_text(
+            json.dumps(
+                {
+                    "model_type": "llama",
+                    "max_position_embeddings": 8192,
+                    "vocab_size": len(tok),
+                    "torch_dtype": "bfloat16",
+                }
+            )
+        )
     t_prep = time.perf_counter() - t0
 
-    run = ["diagnose", "--data", root / "train.jsonl", "--eval", root / "eval.jsonl", "--config", root / "sft.json",
-           "--logs", root / "trainer_state.json", "--format", "json", "--out", root / "audit.json",
-           "--fail-on", "never"]
+    run = [
+        "diagnose",
+        "--data",
+        root / "train.jsonl",
+        "--eval",
+        root / "eval.jsonl",
+        "--config",
+        root / "sft.json",
+        "--logs",
+        root / "trainer_state.json",
+        "--format",
+        "json",
+        "--out",
+        root / "audit.json",
+        "--fail-on",
+        "never",
+    ]
     t_start, c_start = best_wall(["--version"], args.repeat)
     t_help, c_help = best_wall(["diagnose", "--help"], args.repeat)
     t_run, c_run = best_wall(run, args.repeat)
@@ -180,24 +241,34 @@ def main() -> int:
         load = os.getloadavg()[0]
     except OSError:
         load = float("nan")
-    print(f"rows {args.rows} (+{args.eval_rows} eval), cpus {os.cpu_count()}, 1-min load average {load:.1f}, "
-          f"best of {args.repeat} fresh processes each (wall; cpu = user + system of the process)")
+    print(
+        f"rows {args.rows} (+{args.eval_rows} eval), cpus {os.cpu_count()}, 1-min load average {load:.1f}, "
+        f"best of {args.repeat} fresh processes each (wall; cpu = user + system of the process)"
+    )
     print(f"setup (generate files{' + train tokenizer' if args.tokenizer else ''}, untimed): {t_prep:.2f} s")
     print(f"gradian --version (interpreter start + CLI): wall {t_start:.2f} s, cpu {c_start:.2f} s")
-    print(f"gradian diagnose --help: wall {t_help:.2f} s, cpu {c_help:.2f} s  (target < {args.help_target:g} s: "
-          f"{'met' if t_help < args.help_target else 'MISSED'})")
-    print(f"gradian diagnose, {args.rows} rows end to end: wall {t_run:.2f} s, cpu {c_run:.2f} s  "
-          f"(target <= {args.target:g} s: {'met' if t_run <= args.target else 'MISSED'}); "
-          f"heavy imports: {', '.join(heavy) or 'none'}")
+    print(
+        f"gradian diagnose --help: wall {t_help:.2f} s, cpu {c_help:.2f} s  (target < {args.help_target:g} s: "
+        f"{'met' if t_help < args.help_target else 'MISSED'})"
+    )
+    print(
+        f"gradian diagnose, {args.rows} rows end to end: wall {t_run:.2f} s, cpu {c_run:.2f} s  "
+        f"(target <= {args.target:g} s: {'met' if t_run <= args.target else 'MISSED'}); "
+        f"heavy imports: {', '.join(heavy) or 'none'}"
+    )
     c = report["counts"]
-    print(f"  checks {c['checks']}: {c['error']} errors, {c['warning']} warnings, {c['info']} info, "
-          f"{c['passed']} passed, {c['skipped']} skipped")
+    print(
+        f"  checks {c['checks']}: {c['error']} errors, {c['warning']} warnings, {c['info']} info, "
+        f"{c['passed']} passed, {c['skipped']} skipped"
+    )
     for f in report["findings"]:
         print(f"  {f['severity']} {f['id']} {f['message']}")
     if t_tok is not None:
         c = tok_report["counts"]
-        print(f"gradian diagnose --tokenizer (every row tokenised, loads transformers): wall {t_tok:.2f} s, "
-              f"cpu {c_tok:.2f} s; checks {c['checks']}: {c['passed']} passed, {c['skipped']} skipped")
+        print(
+            f"gradian diagnose --tokenizer (every row tokenised, loads transformers): wall {t_tok:.2f} s, "
+            f"cpu {c_tok:.2f} s; checks {c['checks']}: {c['passed']} passed, {c['skipped']} skipped"
+        )
     return 0 if t_run <= args.target and t_help < args.help_target else 1
 
 

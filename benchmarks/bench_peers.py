@@ -67,14 +67,30 @@ def _task(world: Path, adapter: Path, cache: Path, project_dim: int) -> dict[str
         raise SystemExit(f"{world}: nothing regressed; nothing to attribute")
     cap = ev.regressed[0].name
     queries = [
-        make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer, fallback=f.correct_completion)
+        make_query(
+            f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer, fallback=f.correct_completion
+        )
         for f in ev.failing_items(cap)
     ]
-    return {"world": str(world), "adapter": str(adapter), "base": base, "capability": cap,
-            "max_length": int(cfg.get("max_length", 1024)), "add_eos": bool(cfg.get("add_eos", True)),
-            "project_dim": project_dim, "queries": [q.to_dict() for q in queries],
-            "evaluation": {c.name: {"reference": c.reference_score, "tuned": c.tuned_score, "delta": c.delta,
-                                    "ci": [c.ci_low, c.ci_high]} for c in ev.capabilities}}
+    return {
+        "world": str(world),
+        "adapter": str(adapter),
+        "base": base,
+        "capability": cap,
+        "max_length": int(cfg.get("max_length", 1024)),
+        "add_eos": bool(cfg.get("add_eos", True)),
+        "project_dim": project_dim,
+        "queries": [q.to_dict() for q in queries],
+        "evaluation": {
+            c.name: {
+                "reference": c.reference_score,
+                "tuned": c.tuned_score,
+                "delta": c.delta,
+                "ci": [c.ci_low, c.ci_high],
+            }
+            for c in ev.capabilities
+        },
+    }
 
 
 def _setup(task: dict[str, Any]):
@@ -102,9 +118,12 @@ def _setup(task: dict[str, Any]):
 # --------------------------------------------------------------------------- methods (each in its own process)
 
 
-def m_gradient(task, root, *, trajectory: bool, unit: str, optimizer: str = "none", engines: tuple[str, ...] | None = None):
+def m_gradient(
+    task, root, *, trajectory: bool, unit: str, optimizer: str = "none", engines: tuple[str, ...] | None = None
+):
     """Gradian's gradient engines (default: datainf and graddot; graddot alone with Adam); returns every
-    per-checkpoint matrix (variants are derived in the parent)."""
+    per-checkpoint matrix (variants are derived in the parent).
+    """
     from gradian.attribute.evidence import trajectory_scores
     from gradian.attribute.trajectory import resolve_trajectory
     from gradian.engines import engine_spec
@@ -113,8 +132,19 @@ def m_gradient(task, root, *, trajectory: bool, unit: str, optimizer: str = "non
     traj = resolve_trajectory(task["adapter"], "auto" if trajectory else "final")
     names = engines or (("datainf", "graddot") if optimizer == "none" else ("graddot",))
     engines = [engine_spec(e) for e in names]
-    ev = trajectory_scores(ft, traj, data, examples, items, replace(grad, optimizer=optimizer), {"c": queries}, engines,
-                           unit=unit, index_root=root, keep_per_checkpoint=True)
+    ev = trajectory_scores(
+        ft,
+        traj,
+        data,
+        examples,
+        items,
+        replace(grad, optimizer=optimizer),
+        {"c": queries},
+        engines,
+        unit=unit,
+        index_root=root,
+        keep_per_checkpoint=True,
+    )
     out: dict[str, np.ndarray] = {"weights": np.array(traj.weights)}
     for e, es in ev.scores["c"].items():
         for t, part in enumerate(es.per_checkpoint or []):
@@ -122,8 +152,12 @@ def m_gradient(task, root, *, trajectory: bool, unit: str, optimizer: str = "non
                 out[f"{e}.ck{t}.{k}"] = v
     if ev.units is not None:
         out["unit_rows"] = np.array([u.row for u in ev.units])
-        out["unit_spans"] = np.array([[u.char_start if u.char_start is not None else -1,
-                                       u.char_end if u.char_end is not None else -1] for u in ev.units])
+        out["unit_spans"] = np.array(
+            [
+                [u.char_start if u.char_start is not None else -1, u.char_end if u.char_end is not None else -1]
+                for u in ev.units
+            ]
+        )
     return out, {"timing": ev.timing, "indexes": ev.indexes}
 
 
@@ -139,7 +173,9 @@ def m_references(task, root):
     for name, mode in (("bm25", "said"), ("bm25", "contrast"), ("repsim", "said"), ("repsim", "contrast")):
         spec = AttributeSpec(bm25=BM25Spec(mode), repsim=RepSimSpec(mode))
         t0 = time.perf_counter()
-        r = reference_scores([name], ft, examples, items, {"c": queries}, grad.tokenize, spec, {"bench": str(root), "mode": mode})
+        r = reference_scores(
+            [name], ft, examples, items, {"c": queries}, grad.tokenize, spec, {"bench": str(root), "mode": mode}
+        )
         t[f"{name}.{mode}"] = time.perf_counter() - t0
         out[f"{name}.{mode}"] = r["c"][name]
     return out, {"timing": t}
@@ -147,10 +183,9 @@ def m_references(task, root):
 
 def m_kronfluence(task, root):
     sys.path.insert(0, str(HERE))
-    from peers import kronfluence_scores
-
     from gradian.attribute.queries import _example
     from gradian.data.tokenize import tokenize_example
+    from peers import kronfluence_scores
 
     ft, grad, data, examples, items, queries = _setup(task)
     C = [tokenize_example(_example(q.prompt, q.correct, q.item_id), ft.tokenizer, grad.tokenize) for q in queries]
@@ -161,9 +196,8 @@ def m_kronfluence(task, root):
 
 def m_bergson(task, root):
     sys.path.insert(0, str(HERE))
-    from peers import bergson_trackstar_scores
-
     from gradian.attribute.queries import Query
+    from peers import bergson_trackstar_scores
 
     queries = [Query(**q) for q in task["queries"]]
     s, t = bergson_trackstar_scores(Path(task["world"]), task["adapter"], task["base"], queries, root)
@@ -196,11 +230,18 @@ def _child(name: str, task: dict, root: str, out: str, q) -> None:
         meta["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         q.put({"ok": True, **meta})
     except BaseException as e:  # report, never hang the parent
-        q.put({"ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
-               "trace": traceback.format_exc()[-2000:]})
+        q.put(
+            {
+                "ok": False,
+                "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+                "trace": traceback.format_exc()[-2000:],
+            }
+        )
 
 
-def run_method(name: str, task: dict, workdir: Path, index_root: Path | None = None) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
+def run_method(
+    name: str, task: dict, workdir: Path, index_root: Path | None = None
+) -> tuple[dict[str, np.ndarray] | None, dict[str, Any]]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     root = index_root if index_root is not None else Path(tempfile.mkdtemp(prefix=f"idx-{name}-", dir=workdir))
@@ -231,7 +272,8 @@ def _row_min(u: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.nd
 
 def _blamed(U_stat: np.ndarray, U_raw: np.ndarray, rows: np.ndarray, spans: np.ndarray, n: int) -> dict[int, tuple]:
     """The product's drill-down rule (pipeline._blamed_sentences): for the item the row hurts most by the rank
-    statistic, the sentence with the most negative raw score."""
+    statistic, the sentence with the most negative raw score.
+    """
     per_item, _ = _row_min(U_stat, rows, n)
     out = {}
     for j in range(n):
@@ -253,7 +295,11 @@ def variants(name: str, A: dict[str, np.ndarray], n: int) -> dict[str, dict[str,
         for e in engines:
             label_e = "adam" if name == "trajectory-adam" else e
             for stat in ("raw", "cosine"):
-                ws = {"final": np.eye(K)[-1]} if name.startswith("final-row") else {"trajectory": w, "first": np.eye(K)[0]}
+                ws = (
+                    {"final": np.eye(K)[-1]}
+                    if name.startswith("final-row")
+                    else {"trajectory": w, "first": np.eye(K)[0]}
+                )
                 for wname, wv in ws.items():
                     M = sum(wt * A[f"{e}.ck{t}.{stat}"] for t, wt in enumerate(wv))
                     out[f"{label_e} {wname} {stat} row"] = {"rows": M.mean(0), "best_span": None}
@@ -275,7 +321,8 @@ def variants(name: str, A: dict[str, np.ndarray], n: int) -> dict[str, dict[str,
 
 def default_ranking(A: dict[str, np.ndarray], refs: dict[str, np.ndarray], n: int) -> dict[str, Any]:
     """Gradian's default verdict (``AttributeSpec()``), computed with the pipeline's own functions from the
-    trajectory run's per-checkpoint matrices and the reference run's matrices (no second index pass)."""
+    trajectory run's per-checkpoint matrices and the reference run's matrices (no second index pass).
+    """
     from gradian.attribute.evidence import EngineScores
     from gradian.attribute.pipeline import AttributeSpec, fuse_scores, rank_statistic
     from gradian.attribute.spans import SentenceUnit
@@ -291,8 +338,10 @@ def default_ranking(A: dict[str, np.ndarray], refs: dict[str, np.ndarray], n: in
     es = EngineScores(e, tr("raw"), tr("cosine"), tr("unit_raw"), tr("unit_cosine"))
     units = None
     if "unit_rows" in A:
-        units = [SentenceUnit(int(r), int(a) if a >= 0 else None, int(b) if b >= 0 else None, None)
-                 for r, (a, b) in zip(A["unit_rows"], A["unit_spans"])]
+        units = [
+            SentenceUnit(int(r), int(a) if a >= 0 else None, int(b) if b >= 0 else None, None)
+            for r, (a, b) in zip(A["unit_rows"], A["unit_spans"])
+        ]
     st = rank_statistic(es, spec, units, n)
     rows = st.rows
     weights = {}
@@ -300,8 +349,13 @@ def default_ranking(A: dict[str, np.ndarray], refs: dict[str, np.ndarray], n: in
         rows, weights = fuse_scores(st.rows, {r: refs[f"{r}.{getattr(spec, r).mode}"].mean(0) for r in spec.fuse})
     spans = None
     if units is not None:
-        spans = _blamed(es.unit_cosine if spec.statistic == "cosine" else es.unit_raw, es.unit_raw, A["unit_rows"],
-                        A["unit_spans"], n)
+        spans = _blamed(
+            es.unit_cosine if spec.statistic == "cosine" else es.unit_raw,
+            es.unit_raw,
+            A["unit_rows"],
+            A["unit_spans"],
+            n,
+        )
     return {"rows": rows, "best_span": spans, "fuse_weights": weights, "spec": spec.to_dict()}
 
 
@@ -309,12 +363,20 @@ def metrics(rows: np.ndarray, ids: list[str], truth: dict, lost: set[str], best_
     from gradian.worlds.scorecard import score_ranking, spans_overlap
 
     r = score_ranking(rows, ids, truth["culprits"])
-    out = {"auc": r["auc"], "auc_by_kind": r["auc_by_kind"], "p_at_n": r["precision_at_n_culprits"], "p_at_10": r["precision_at_10"]}
+    out = {
+        "auc": r["auc"],
+        "auc_by_kind": r["auc_by_kind"],
+        "p_at_n": r["precision_at_n_culprits"],
+        "p_at_10": r["precision_at_10"],
+    }
     if best_span is not None:
         pos = {i: j for j, i in enumerate(ids)}
         buried = [c for c in truth["culprits"] if c["kind"] == "buried" and c["eval_id"] in lost]
-        hits = sum(1 for c in buried if pos[c["id"]] in best_span
-                   and spans_overlap(best_span[pos[c["id"]]], (c["char_start"], c["char_end"])))
+        hits = sum(
+            1
+            for c in buried
+            if pos[c["id"]] in best_span and spans_overlap(best_span[pos[c["id"]]], (c["char_start"], c["char_end"]))
+        )
         out["localisation"] = {"hits": hits, "n": len(buried)}
     return out
 
@@ -324,11 +386,17 @@ def main() -> None:
     ap.add_argument("--world", type=Path, action="append", required=True)
     ap.add_argument("--adapter", type=Path, action="append", required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--project-dim", type=int, default=512, help="JL numbers per LoRA block (SmolLM2: 512, as the demo)")
+    ap.add_argument(
+        "--project-dim", type=int, default=512, help="JL numbers per LoRA block (SmolLM2: 512, as the demo)"
+    )
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {', '.join(METHODS)}")
-    ap.add_argument("--reuse-index", type=Path, default=None,
-                    help="parent folder of existing gradient indexes to reuse (e.g. ~/.cache/gradian/index): quality "
-                         "numbers are the same, but Gradian's wall times then exclude the index builds")
+    ap.add_argument(
+        "--reuse-index",
+        type=Path,
+        default=None,
+        help="parent folder of existing gradient indexes to reuse (e.g. ~/.cache/gradian/index): quality "
+        "numbers are the same, but Gradian's wall times then exclude the index builds",
+    )
     args = ap.parse_args()
     if len(args.world) != len(args.adapter):
         raise SystemExit("give one --adapter per --world")
@@ -341,8 +409,15 @@ def main() -> None:
         truth = json.loads((world / "ground_truth.json").read_text())
         ids = [json.loads(line)["id"] for line in (world / "train.jsonl").read_text().splitlines() if line.strip()]
         lost = {q["item_id"] for q in task["queries"]}
-        entry: dict[str, Any] = {"world": str(world), "adapter": str(adapter), "evaluation": task["evaluation"],
-                                 "n_rows": len(ids), "n_culprits": len(truth["culprits"]), "n_failing": len(lost), "methods": {}}
+        entry: dict[str, Any] = {
+            "world": str(world),
+            "adapter": str(adapter),
+            "evaluation": task["evaluation"],
+            "n_rows": len(ids),
+            "n_culprits": len(truth["culprits"]),
+            "n_failing": len(lost),
+            "methods": {},
+        }
         arrays: dict[str, dict[str, np.ndarray]] = {}
         names = args.methods.split(",")
         if "references" in names and "trajectory" in names:  # the default verdict needs both; references first
@@ -351,8 +426,14 @@ def main() -> None:
             print(f"[{world.name}] {name} ...", flush=True)
             reuse = args.reuse_index if name in GRADIENT_METHODS else None
             A, meta = run_method(name, task, work, reuse)
-            m = {"wall_s": meta.get("wall_s"), "peak_rss_mb": meta.get("peak_rss_mb"), "timing": meta.get("timing"),
-                 "error": meta.get("error"), "rankings": {}, "indexes_reused": reuse is not None}
+            m = {
+                "wall_s": meta.get("wall_s"),
+                "peak_rss_mb": meta.get("peak_rss_mb"),
+                "timing": meta.get("timing"),
+                "error": meta.get("error"),
+                "rankings": {},
+                "indexes_reused": reuse is not None,
+            }
             if A is not None:
                 for label, v in variants(name, A, len(ids)).items():
                     m["rankings"][label] = metrics(v["rows"], ids, truth, lost, v["best_span"])
@@ -366,23 +447,39 @@ def main() -> None:
             if {"trajectory", "references"} <= set(arrays) and "default" not in entry["methods"]:
                 d = default_ranking(arrays["trajectory"], arrays["references"], len(ids))
                 tm = entry["methods"]["trajectory"]["timing"] or {}
-                cost = sum(v for k, v in tm.items() if k.startswith(("index[", "queries[", "score["))) \
-                    + sum((entry["methods"]["references"]["timing"] or {}).get(f"{r}.contrast" if r == "bm25" else f"{r}.said", 0)
-                          for r in d["spec"]["references"])
-                entry["methods"]["default"] = {"rankings": {"gradian default": metrics(d["rows"], ids, truth, lost, d["best_span"])},
-                                               "wall_s": cost, "fuse_weights": d["fuse_weights"], "spec": d["spec"],
-                                               "peak_rss_mb": max(entry["methods"][k]["peak_rss_mb"] or 0 for k in ("trajectory", "references")),
-                                               "note": "computed from the trajectory and references runs; wall = their stage times"}
+                cost = sum(v for k, v in tm.items() if k.startswith(("index[", "queries[", "score["))) + sum(
+                    (entry["methods"]["references"]["timing"] or {}).get(
+                        f"{r}.contrast" if r == "bm25" else f"{r}.said", 0
+                    )
+                    for r in d["spec"]["references"]
+                )
+                entry["methods"]["default"] = {
+                    "rankings": {"gradian default": metrics(d["rows"], ids, truth, lost, d["best_span"])},
+                    "wall_s": cost,
+                    "fuse_weights": d["fuse_weights"],
+                    "spec": d["spec"],
+                    "peak_rss_mb": max(entry["methods"][k]["peak_rss_mb"] or 0 for k in ("trajectory", "references")),
+                    "note": "computed from the trajectory and references runs; wall = their stage times",
+                }
                 r = entry["methods"]["default"]["rankings"]["gradian default"]
-                print(f"  gradian default AUC {r['auc']:.3f} {r['auc_by_kind']} P@n {r['p_at_n']:.2f} P@10 {r['p_at_10']:.2f} "
-                      f"loc {r.get('localisation')} fuse {d['fuse_weights']}", flush=True)
+                print(
+                    f"  gradian default AUC {r['auc']:.3f} {r['auc_by_kind']} P@n {r['p_at_n']:.2f} P@10 {r['p_at_10']:.2f} "
+                    f"loc {r.get('localisation')} fuse {d['fuse_weights']}",
+                    flush=True,
+                )
             for label, r in m["rankings"].items():
                 loc = r.get("localisation")
-                print(f"  {label:38s} AUC {r['auc']:.3f} (direct {r['auc_by_kind'].get('direct', float('nan')):.3f}, "
-                      f"buried {r['auc_by_kind'].get('buried', float('nan')):.3f})  P@n {r['p_at_n']:.2f}  P@10 {r['p_at_10']:.2f}"
-                      + (f"  loc {loc['hits']}/{loc['n']}" if loc else ""), flush=True)
-            print(f"  wall {m['wall_s'] or float('nan'):.0f} s, peak RSS {m['peak_rss_mb'] or float('nan'):.0f} MB"
-                  + (f"; ERROR {m['error']}" if m["error"] else ""), flush=True)
+                print(
+                    f"  {label:38s} AUC {r['auc']:.3f} (direct {r['auc_by_kind'].get('direct', float('nan')):.3f}, "
+                    f"buried {r['auc_by_kind'].get('buried', float('nan')):.3f})  P@n {r['p_at_n']:.2f}  P@10 {r['p_at_10']:.2f}"
+                    + (f"  loc {loc['hits']}/{loc['n']}" if loc else ""),
+                    flush=True,
+                )
+            print(
+                f"  wall {m['wall_s'] or float('nan'):.0f} s, peak RSS {m['peak_rss_mb'] or float('nan'):.0f} MB"
+                + (f"; ERROR {m['error']}" if m["error"] else ""),
+                flush=True,
+            )
             args.out.write_text(json.dumps(report | {"worlds": report["worlds"] + [entry]}, indent=1, default=float))
         report["worlds"].append(entry)
         args.out.write_text(json.dumps(report, indent=1, default=float))

@@ -26,7 +26,9 @@ from gradian.gradients import per_example_grads, per_example_loss
 
 def plain_forward_backward(model, batch):
     params = [p for p in model.parameters() if p.requires_grad]
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits
     torch.autograd.grad(per_example_loss(logits, batch["labels"]).sum(), params)
 
 
@@ -85,7 +87,9 @@ def smollm2_setup():
 
 def run(name, model, tok, batch_sizes, seq, repeats, methods):
     print(f"\n## {name}, sequence length ≤ {seq}, torch threads = {torch.get_num_threads()}\n")
-    print("| batch | plain fwd+bwd (s) | hooks (s) | loop (s) | vmap (s) | hooks / plain | loop / hooks | vmap / hooks |")
+    print(
+        "| batch | plain fwd+bwd (s) | hooks (s) | loop (s) | vmap (s) | hooks / plain | loop / hooks | vmap / hooks |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for b in batch_sizes:
         batch = make_batch(tok, b, seq)
@@ -95,7 +99,9 @@ def run(name, model, tok, batch_sizes, seq, repeats, methods):
         t = timed_round_robin(fns, repeats)
         f = lambda k: f"{t[k]:.4f}" if k in t else "—"  # noqa: E731
         r = lambda a, c: f"{t[a] / t[c]:.2f}x" if a in t and c in t else "—"  # noqa: E731
-        print(f"| {b} | {f('plain')} | {f('hooks')} | {f('loop')} | {f('vmap')} | {r('hooks', 'plain')} | {r('loop', 'hooks')} | {r('vmap', 'hooks')} |")
+        print(
+            f"| {b} | {f('plain')} | {f('hooks')} | {f('loop')} | {f('vmap')} | {r('hooks', 'plain')} | {r('loop', 'hooks')} | {r('vmap', 'hooks')} |"
+        )
 
 
 def main():

@@ -50,7 +50,9 @@ def main():
         for dim in [0] + [int(d) for d in args.dims.split(",")]:
             g = GradSpec(tokenize=tspec, projection=ProjectionSpec(dim=dim, seed=0))
             t = time.perf_counter()
-            idx, exs, items, _ = training_index(ft, args.world / "train.jsonl", g, root=Path(tmp) / f"d{dim}", batch_size=args.batch_size)
+            idx, exs, items, _ = training_index(
+                ft, args.world / "train.jsonl", g, root=Path(tmp) / f"d{dim}", batch_size=args.batch_size
+            )
             t_build = time.perf_counter() - t
             res = attribute_capability(ft.model, ft.tokenizer, idx, exs, items, qs, tspec, spec)
             size = sum((idx.root / s["file"]).stat().st_size for s in idx.manifest["shards"])
@@ -60,7 +62,9 @@ def main():
     print("| numbers per block | numbers per row | index size (MB) | build (s) | Spearman vs exact | top-k overlap |")
     print("|---:|---:|---:|---:|---:|---:|")
     for dim, (sc, d, size, tb) in results.items():
-        print(f"| {dim or 'exact'} | {d:,} | {size / 1e6:.1f} | {tb:.1f} | {spearman(sc, ref):.3f} | {topk_overlap(sc, ref, args.top_k):.2f} |")
+        print(
+            f"| {dim or 'exact'} | {d:,} | {size / 1e6:.1f} | {tb:.1f} | {spearman(sc, ref):.3f} | {topk_overlap(sc, ref, args.top_k):.2f} |"
+        )
 
 
 if __name__ == "__main__":

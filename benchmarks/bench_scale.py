@@ -47,7 +47,8 @@ def _dump(out_dir: Path, record: dict) -> None:
 
 def worker_index(out_dir: Path, argv: list[str]) -> None:
     """One rank of ``gradian index``: the CLI in this process, then its peak RSS. The libraries are
-    imported before the clock starts, so ``cmd_s`` is the model load, tokenisation and build."""
+    imported before the clock starts, so ``cmd_s`` is the model load, tokenisation and build.
+    """
     import peft  # noqa: F401
     import transformers  # noqa: F401
 
@@ -91,9 +92,11 @@ def worker_score(out_dir: Path, root: Path) -> None:
 # --------------------------------------------------------------------------- setup
 
 
-WORDS = ("the capital of france is paris japan tokyo water boils at one hundred degrees iron is a metal with "
-         "symbol fe and atomic number twenty six hello world this test model tokenizer river mountain city "
-         "north south east west large small old new first last green blue red").split()
+WORDS = (
+    "the capital of france is paris japan tokyo water boils at one hundred degrees iron is a metal with "
+    "symbol fe and atomic number twenty six hello world this test model tokenizer river mountain city "
+    "north south east west large small old new first last green blue red"
+).split()
 
 
 def setup(work: Path) -> tuple[Path, Path]:
@@ -111,8 +114,10 @@ def setup(work: Path) -> tuple[Path, Path]:
     tiny_model(tok, "llama", seed=0).save_pretrained(base)
     tok.save_pretrained(base)
     torch.manual_seed(1)
-    pm = get_peft_model(tiny_model(tok, "llama", seed=0),
-                        LoraConfig(r=8, lora_alpha=16, target_modules=default_targets("llama"), init_lora_weights=False))
+    pm = get_peft_model(
+        tiny_model(tok, "llama", seed=0),
+        LoraConfig(r=8, lora_alpha=16, target_modules=default_targets("llama"), init_lora_weights=False),
+    )
     pm.save_pretrained(adapter)
     return base, adapter
 
@@ -133,7 +138,15 @@ def launch(procs: int, args: list[str], env: dict) -> tuple[float, subprocess.Co
     if procs == 1:
         cmd = [sys.executable, str(HERE), *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}", str(HERE), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={procs}",
+            str(HERE),
+            *args,
+        ]
     t = time.perf_counter()
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t
@@ -164,15 +177,23 @@ def main() -> None:
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     base, adapter = setup(work)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GRADIAN_CACHE=str(work / "cache"),
-               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        GRADIAN_CACHE=str(work / "cache"),
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     import gradian
 
     env["PYTHONPATH"] = str(Path(gradian.__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
     rows_out = []
-    print("| rows | procs | index wall (s) | index cmd, slowest rank (s) | CPU s per process, index "
-          "| peak RSS per process, index (MB) | score (s) | peak RSS per process, score (MB) | index (MB) "
-          "| shards = 1 proc | load avg |")
+    print(
+        "| rows | procs | index wall (s) | index cmd, slowest rank (s) | CPU s per process, index "
+        "| peak RSS per process, index (MB) | score (s) | peak RSS per process, score (MB) | index (MB) "
+        "| shards = 1 proc | load avg |"
+    )
     print("|---:|---:|---:|---:|---|---|---:|---|---:|:---:|---:|")
     ref_shards: dict[int, list[str]] = {}
     for n in [int(x) for x in args.rows.split(",")]:
@@ -187,9 +208,31 @@ def main() -> None:
 
                     shutil.rmtree(d)
             load0 = os.getloadavg()[0]
-            wall, _ = launch(p, ["--worker", "index", str(stats / "index"), "--", "index", "--base", str(base),
-                                 "--adapter", str(adapter), "--data", str(data), "--out", str(out), "--checkpoints", "final",
-                                 "--max-length", "128", "--batch-size", str(args.batch_size)], env)
+            wall, _ = launch(
+                p,
+                [
+                    "--worker",
+                    "index",
+                    str(stats / "index"),
+                    "--",
+                    "index",
+                    "--base",
+                    str(base),
+                    "--adapter",
+                    str(adapter),
+                    "--data",
+                    str(data),
+                    "--out",
+                    str(out),
+                    "--checkpoints",
+                    "final",
+                    "--max-length",
+                    "128",
+                    "--batch-size",
+                    str(args.batch_size),
+                ],
+                env,
+            )
             (root,) = [q for q in out.iterdir() if q.is_dir()]
             manifest = json.loads((root / "manifest.json").read_text())
             shards = [s["sha256"] for s in manifest["shards"]]
@@ -199,18 +242,30 @@ def main() -> None:
             ix, sc = _ranks(stats / "index"), _ranks(stats / "score")
             load1 = os.getloadavg()[0]
             row = {
-                "rows": n, "procs": p, "index_wall_s": round(wall, 1), "index_cmd_s": max(r["cmd_s"] for r in ix),
-                "index_rss_mb": [r["peak_rss_mb"] for r in ix], "index_cpu_s": [r["cpu_s"] for r in ix],
-                "index_cmd_s_per_rank": [r["cmd_s"] for r in ix], "score_s": max(r["cmd_s"] for r in sc),
-                "score_wall_s": round(swall, 1), "score_rss_mb": [r["peak_rss_mb"] for r in sc], "index_bytes": size,
-                "numbers_per_row": sum(int(b["dim"]) for b in manifest["blocks"]), "shards": len(shards),
-                "same_shards_as_1_proc": shards == ref_shards[n], "load_avg": [round(load0, 2), round(load1, 2)],
+                "rows": n,
+                "procs": p,
+                "index_wall_s": round(wall, 1),
+                "index_cmd_s": max(r["cmd_s"] for r in ix),
+                "index_rss_mb": [r["peak_rss_mb"] for r in ix],
+                "index_cpu_s": [r["cpu_s"] for r in ix],
+                "index_cmd_s_per_rank": [r["cmd_s"] for r in ix],
+                "score_s": max(r["cmd_s"] for r in sc),
+                "score_wall_s": round(swall, 1),
+                "score_rss_mb": [r["peak_rss_mb"] for r in sc],
+                "index_bytes": size,
+                "numbers_per_row": sum(int(b["dim"]) for b in manifest["blocks"]),
+                "shards": len(shards),
+                "same_shards_as_1_proc": shards == ref_shards[n],
+                "load_avg": [round(load0, 2), round(load1, 2)],
             }
             rows_out.append(row)
-            print(f"| {n:,} | {p} | {wall:.1f} | {row['index_cmd_s']:.1f} | {', '.join(f'{x:.0f}' for x in row['index_cpu_s'])} "
-                  f"| {', '.join(f'{x:.0f}' for x in row['index_rss_mb'])} "
-                  f"| {row['score_s']:.1f} | {', '.join(f'{x:.0f}' for x in row['score_rss_mb'])} | {size / 1e6:.0f} "
-                  f"| {'yes' if row['same_shards_as_1_proc'] else 'NO'} | {load0:.1f}→{load1:.1f} |", flush=True)
+            print(
+                f"| {n:,} | {p} | {wall:.1f} | {row['index_cmd_s']:.1f} | {', '.join(f'{x:.0f}' for x in row['index_cpu_s'])} "
+                f"| {', '.join(f'{x:.0f}' for x in row['index_rss_mb'])} "
+                f"| {row['score_s']:.1f} | {', '.join(f'{x:.0f}' for x in row['score_rss_mb'])} | {size / 1e6:.0f} "
+                f"| {'yes' if row['same_shards_as_1_proc'] else 'NO'} | {load0:.1f}→{load1:.1f} |",
+                flush=True,
+            )
             import shutil
 
             shutil.rmtree(out)  # the disk holds one index at a time

@@ -22,8 +22,8 @@ a harder test of the rounding than one capability's ranking).
 from __future__ import annotations
 
 import argparse
-import sys
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -71,24 +71,32 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for dt in args.dtypes.split(","):
             g = GradSpec(tokenize=tspec, projection=ProjectionSpec(dim=args.project_dim, seed=0), storage_dtype=dt)
-            idx, exs, items, _ = training_index(ft, args.world / "train.jsonl", g, root=Path(tmp) / dt,
-                                                batch_size=args.batch_size)
+            idx, exs, items, _ = training_index(
+                ft, args.world / "train.jsonl", g, root=Path(tmp) / dt, batch_size=args.batch_size
+            )
             res = attribute_capability(ft.model, ft.tokenizer, idx, exs, items, qs, tspec, spec)
             size = sum((idx.root / s["file"]).stat().st_size for s in idx.manifest["shards"])
             results[dt] = {"datainf": np.asarray(res.scores), "graddot": np.asarray(res.second_scores), "bytes": size}
             if dt == "float32":
                 vals = torch.cat([torch.cat(list(s.values()), 1).flatten() for _, s in idx.iter_shards(torch.float32)])
                 nz = vals[vals != 0].abs()
-                small = {"below_normal": float((nz < 6.1e-5).double().mean()), "below_subnormal": float((nz < 6e-8).double().mean()),
-                         "max": float(nz.max())}
+                small = {
+                    "below_normal": float((nz < 6.1e-5).double().mean()),
+                    "below_subnormal": float((nz < 6e-8).double().mean()),
+                    "max": float(nz.max()),
+                }
             ids = [e.id for e in exs]
     ref = results["float32"]
-    print(f"\n{cap.name}: {len(qs)} failing items, {len(ids)} training rows, top-k = {args.top_k}, "
-          f"project-dim {args.project_dim or 'exact'}")
+    print(
+        f"\n{cap.name}: {len(qs)} failing items, {len(ids)} training rows, top-k = {args.top_k}, "
+        f"project-dim {args.project_dim or 'exact'}"
+    )
     if small:
-        print(f"float32 index: {small['below_normal']:.1%} of its non-zero numbers are below 6.1e-5 (float16's "
-              f"smallest normal), {small['below_subnormal']:.2%} below 6e-8 (float16 rounds them to 0); largest |g| "
-              f"{small['max']:.3g}\n")
+        print(
+            f"float32 index: {small['below_normal']:.1%} of its non-zero numbers are below 6.1e-5 (float16's "
+            f"smallest normal), {small['below_subnormal']:.2%} below 6e-8 (float16 rounds them to 0); largest |g| "
+            f"{small['max']:.3g}\n"
+        )
     print("| storage | engine | index (MB) | Spearman vs float32 | top-k overlap | max rel. score diff | culprit AUC |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for dt, r in results.items():
@@ -100,8 +108,10 @@ def main():
 
                 auc = f"{score_ranking(list(y), ids, truth)['auc']:.3f}"
             rel = float(np.abs(x - y).max() / np.abs(x).max())
-            print(f"| {dt} | {eng} | {r['bytes'] / 1e6:.1f} | {spearman(y, x):.6f} | {topk_overlap(y, x, args.top_k):.2f} "
-                  f"| {rel:.1e} | {auc} |")
+            print(
+                f"| {dt} | {eng} | {r['bytes'] / 1e6:.1f} | {spearman(y, x):.6f} | {topk_overlap(y, x, args.top_k):.2f} "
+                f"| {rel:.1e} | {auc} |"
+            )
 
 
 def synthetic(args) -> None:
@@ -125,7 +135,7 @@ def synthetic(args) -> None:
             idx, *_ = training_index(ft, args.data, g, root=Path(tmp) / dt, batch_size=args.batch_size)
             if Q is None:  # from the first (float32) index: the same queries for every storage
                 first = idx.load_shard(0)
-                Q = {k: v[0:2 * args.queries:2] - v[1:2 * args.queries:2] for k, v in first.items()}
+                Q = {k: v[0 : 2 * args.queries : 2] - v[1 : 2 * args.queries : 2] for k, v in first.items()}
             R = []
             for name in ("datainf", "graddot"):
                 eng = make_engine(EngineSpec(name))
@@ -135,17 +145,23 @@ def synthetic(args) -> None:
             size = sum((idx.root / s["file"]).stat().st_size for s in idx.manifest["shards"])
             out[dt] = {"datainf": sc[0].numpy(), "graddot": sc[1].numpy(), "bytes": size, "n": idx.n}
     ref = out["float32"]
-    print(f"\n{ref['n']:,} rows, {args.queries} queries (differences of two rows' gradients), top-k = {args.top_k}, "
-          f"project-dim {args.project_dim or 'exact'}\n")
-    print("| storage | engine | index (MB) | Spearman vs float32 (mean, min) | top-k overlap (mean, min) | max rel. score diff |")
+    print(
+        f"\n{ref['n']:,} rows, {args.queries} queries (differences of two rows' gradients), top-k = {args.top_k}, "
+        f"project-dim {args.project_dim or 'exact'}\n"
+    )
+    print(
+        "| storage | engine | index (MB) | Spearman vs float32 (mean, min) | top-k overlap (mean, min) | max rel. score diff |"
+    )
     print("|---|---|---:|---:|---:|---:|")
     for dt, r in out.items():
         for eng in ("datainf", "graddot"):
             rho = [spearman(r[eng][q], ref[eng][q]) for q in range(args.queries)]
             ov = [topk_overlap(r[eng][q], ref[eng][q], args.top_k) for q in range(args.queries)]
             rel = float(np.abs(r[eng] - ref[eng]).max() / np.abs(ref[eng]).max())
-            print(f"| {dt} | {eng} | {r['bytes'] / 1e6:.0f} | {np.mean(rho):.6f}, {min(rho):.6f} | {np.mean(ov):.3f}, "
-                  f"{min(ov):.2f} | {rel:.1e} |")
+            print(
+                f"| {dt} | {eng} | {r['bytes'] / 1e6:.0f} | {np.mean(rho):.6f}, {min(rho):.6f} | {np.mean(ov):.3f}, "
+                f"{min(ov):.2f} | {rel:.1e} |"
+            )
 
 
 if __name__ == "__main__":

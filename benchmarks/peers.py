@@ -43,10 +43,16 @@ class _Rows(torch.utils.data.Dataset):
 
 
 def kronfluence_scores(
-    ft, train: Sequence[TokenizedExample], correct: Sequence[TokenizedExample], said: Sequence[TokenizedExample],
-    *, strategy: str = "ekfac", batch_size: int = 8, workdir: str | Path | None = None,
+    ft,
+    train: Sequence[TokenizedExample],
+    correct: Sequence[TokenizedExample],
+    said: Sequence[TokenizedExample],
+    *,
+    strategy: str = "ekfac",
+    batch_size: int = 8,
+    workdir: str | Path | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """kronfluence pairwise scores on the fine-tune's LoRA matrices (every ``lora_A``/``lora_B`` Linear).
+    """Kronfluence pairwise scores on the fine-tune's LoRA matrices (every ``lora_A``/``lora_B`` Linear).
 
     The training loss is Gradian's (sum over rows of each row's mean supervised-token
     cross-entropy); EK-FAC factors use labels sampled from the model (true Fisher,
@@ -65,7 +71,9 @@ def kronfluence_scores(
 
     model = ft.model
     pad = ft.tokenizer.pad_token_id
-    tracked = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (".lora_A." in n or ".lora_B." in n)]
+    tracked = [
+        n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (".lora_A." in n or ".lora_B." in n)
+    ]
 
     class LoraLM(Task):
         def compute_train_loss(self, batch, model, sample=False):
@@ -94,18 +102,33 @@ def kronfluence_scores(
     own = workdir is None
     out = Path(tempfile.mkdtemp(prefix="kronfluence-")) if own else Path(workdir)
     try:
-        an = Analyzer("gradian-bench", model, task, cpu=not torch.cuda.is_available(), disable_tqdm=True, output_dir=str(out))
+        an = Analyzer(
+            "gradian-bench", model, task, cpu=not torch.cuda.is_available(), disable_tqdm=True, output_dir=str(out)
+        )
         dl = DataLoaderKwargs(collate_fn=lambda b: collate(b, pad))
         t = time.perf_counter()
-        an.fit_all_factors("f", dataset=_Rows(train), per_device_batch_size=batch_size, dataloader_kwargs=dl,
-                           factor_args=FactorArguments(strategy=strategy), overwrite_output_dir=True)
+        an.fit_all_factors(
+            "f",
+            dataset=_Rows(train),
+            per_device_batch_size=batch_size,
+            dataloader_kwargs=dl,
+            factor_args=FactorArguments(strategy=strategy),
+            overwrite_output_dir=True,
+        )
         fit_s = time.perf_counter() - t
         t = time.perf_counter()
         queries = list(correct) + list(said)
-        an.compute_pairwise_scores("s", "f", query_dataset=_Rows(queries), train_dataset=_Rows(train),
-                                   per_device_query_batch_size=batch_size, per_device_train_batch_size=batch_size,
-                                   dataloader_kwargs=dl, score_args=ScoreArguments(damping_factor=None),  # the heuristic;
-                                   overwrite_output_dir=True)  # kronfluence's default is an absolute 1e-8
+        an.compute_pairwise_scores(
+            "s",
+            "f",
+            query_dataset=_Rows(queries),
+            train_dataset=_Rows(train),
+            per_device_query_batch_size=batch_size,
+            per_device_train_batch_size=batch_size,
+            dataloader_kwargs=dl,
+            score_args=ScoreArguments(damping_factor=None),  # the heuristic;
+            overwrite_output_dir=True,
+        )  # kronfluence's default is an absolute 1e-8
         S = an.load_pairwise_scores("s")["all_modules"].double().numpy()
         score_s = time.perf_counter() - t
     finally:
@@ -116,9 +139,15 @@ def kronfluence_scores(
 
 
 def bergson_trackstar_scores(
-    world: Path, adapter: str | Path, base: str, queries, workdir: str | Path, *, projection_dim: int = 16,
+    world: Path,
+    adapter: str | Path,
+    base: str,
+    queries,
+    workdir: str | Path,
+    *,
+    projection_dim: int = 16,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """bergson's TrackStar (autocorrelation-preconditioned, unit-normalised, projected gradients) on the adapter.
+    """Bergson's TrackStar (autocorrelation-preconditioned, unit-normalised, projected gradients) on the adapter.
 
     bergson reads the training rows itself (``conversation_column="messages"``, its own chat
     tokenisation and loss mask) and loads the PEFT adapter itself; the query is its contrastive
@@ -140,17 +169,30 @@ def bergson_trackstar_scores(
     def msgs(p, a):
         return (p if isinstance(p, list) else [{"role": "user", "content": p}]) + [{"role": "assistant", "content": a}]
 
-    (out / "correct.jsonl").write_text("".join(json.dumps({"messages": msgs(q.prompt, q.correct)}) + "\n" for q in queries))
+    (out / "correct.jsonl").write_text(
+        "".join(json.dumps({"messages": msgs(q.prompt, q.correct)}) + "\n" for q in queries)
+    )
     (out / "said.jsonl").write_text("".join(json.dumps({"messages": msgs(q.prompt, q.said)}) + "\n" for q in queries))
     rows = [json.loads(line) for line in (Path(world) / "train.jsonl").read_text().splitlines() if line.strip()]
     (out / "train.jsonl").write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in rows))
     t = time.perf_counter()
-    icfg = IndexConfig(run_path=str(out / "run"), model=str(adapter), tokenizer=str(base), precision="fp32",
-                       token_batch_size=512, projection_dim=projection_dim,
-                       data=DataConfig(dataset=str(out / "train.jsonl"), conversation_column="messages"))
-    tcfg = TrackstarConfig(query=QuerySetConfig(dataset=str(out / "correct.jsonl"), conversation_column="messages",
-                                                aggregation="mean",
-                                                contrast=DataConfig(dataset=str(out / "said.jsonl"), conversation_column="messages")))
+    icfg = IndexConfig(
+        run_path=str(out / "run"),
+        model=str(adapter),
+        tokenizer=str(base),
+        precision="fp32",
+        token_batch_size=512,
+        projection_dim=projection_dim,
+        data=DataConfig(dataset=str(out / "train.jsonl"), conversation_column="messages"),
+    )
+    tcfg = TrackstarConfig(
+        query=QuerySetConfig(
+            dataset=str(out / "correct.jsonl"),
+            conversation_column="messages",
+            aggregation="mean",
+            contrast=DataConfig(dataset=str(out / "said.jsonl"), conversation_column="messages"),
+        )
+    )
     trackstar(icfg, tcfg)
     info = json.loads((out / "run" / "scores" / "info.json").read_text())
     dt = np.dtype({k: info["dtype"][k] for k in ("names", "formats", "offsets", "itemsize")})

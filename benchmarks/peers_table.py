@@ -16,8 +16,14 @@ import argparse
 import json
 from pathlib import Path
 
-PEERS = ("bm25 said", "bm25 contrast", "repsim said", "repsim contrast", "kronfluence ekfac final",
-         "bergson trackstar final")
+PEERS = (
+    "bm25 said",
+    "bm25 contrast",
+    "repsim said",
+    "repsim contrast",
+    "kronfluence ekfac final",
+    "bergson trackstar final",
+)
 
 
 def _fmt(x, spec=".3f") -> str:
@@ -49,7 +55,8 @@ def rows_of(world: dict, all_variants: bool) -> list[tuple[str, dict, dict]]:
 
 def default_wall(world: dict) -> tuple[float | None, bool]:
     """End to end: the processes of the two runs the default is made of (trajectory + references), and
-    whether the gradient indexes were reused (then the index builds are not in it)."""
+    whether the gradient indexes were reused (then the index builds are not in it).
+    """
     m = world["methods"]
     if "default" not in m or not m.get("trajectory", {}).get("wall_s") or not m.get("references", {}).get("wall_s"):
         return None, False
@@ -58,14 +65,19 @@ def default_wall(world: dict) -> tuple[float | None, bool]:
 
 def table(world: dict, all_variants: bool) -> str:
     dwall, dreused = default_wall(world)
-    lines = [f"**{Path(world['world']).name}** ({world['n_rows']} rows, {world['n_culprits']} culprits, "
-             f"{world['n_failing']} failing items)", "",
-             "| method | AUC | direct | buried | P@n | P@10 | buried loc. | wall s | × default | peak RSS MB |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"**{Path(world['world']).name}** ({world['n_rows']} rows, {world['n_culprits']} culprits, "
+        f"{world['n_failing']} failing items)",
+        "",
+        "| method | AUC | direct | buried | P@n | P@10 | buried loc. | wall s | × default | peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for label, r, m in rows_of(world, all_variants):
         kinds = r.get("auc_by_kind", {})
         loc = r.get("localisation")
-        wall, reused = (dwall, dreused) if m is world["methods"].get("default") else (m.get("wall_s"), m.get("indexes_reused"))
+        wall, reused = (
+            (dwall, dreused) if m is world["methods"].get("default") else (m.get("wall_s"), m.get("indexes_reused"))
+        )
         star = "*" if reused else ""
         ratio = wall / dwall if wall and dwall else None
         locs = f"{loc['hits']}/{loc['n']}" if loc and loc.get("n") else "—"
@@ -73,7 +85,8 @@ def table(world: dict, all_variants: bool) -> str:
             f"| {label} | {_fmt(r.get('auc'))} | {_fmt(kinds.get('direct'))} | {_fmt(kinds.get('buried'))} | "
             f"{_fmt(r.get('p_at_n'), '.2f')} | {_fmt(r.get('p_at_10'), '.2f')} | "
             f"{locs} | {_fmt(wall, '.0f')}{star} | {_fmt(ratio, '.2f')} | "
-            f"{_fmt(m.get('peak_rss_mb'), '.0f')} |")
+            f"{_fmt(m.get('peak_rss_mb'), '.0f')} |"
+        )
     return "\n".join(lines)
 
 

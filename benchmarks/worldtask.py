@@ -29,6 +29,10 @@ def world_queries(world: Path, adapter: Path, base: str | None = None):
     if not ev.regressed:
         return None
     cap = ev.regressed[0]
-    qs = [make_query(f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer,
-                     fallback=f.correct_completion) for f in ev.failing_items(cap.name)]
+    qs = [
+        make_query(
+            f.id, f.capability, f.prompt, f.answer, f.tuned_answer, f.reference_answer, fallback=f.correct_completion
+        )
+        for f in ev.failing_items(cap.name)
+    ]
     return ft, tspec, cap, qs

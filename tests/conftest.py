@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from typer.testing import CliRunner
 import torch
+from typer.testing import CliRunner
 
 from gradian_testlib import CORPUS, ROWS  # noqa: F401
 
@@ -15,6 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Tiny models gain nothing from intra-op threads, and OpenMP spinning makes them 20x slower
 # whenever another process shares the cores. One thread keeps the suite fast and stable.
 torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def world_cache(tmp_path_factory):
@@ -68,7 +69,9 @@ def demo(tmp_path_factory):
     try:
         from gradian.cli import app
 
-        res = CliRunner().invoke(app, ["demo", "--kind", "tiny", "--out", str(root / "out"), "--project-dim", "0", "--null"])
+        res = CliRunner().invoke(
+            app, ["demo", "--kind", "tiny", "--out", str(root / "out"), "--project-dim", "0", "--null"]
+        )
         again = CliRunner().invoke(app, ["demo", "--kind", "tiny", "--out", str(root / "out2"), "--project-dim", "0"])
     finally:
         if old is None:

@@ -34,8 +34,17 @@ def make_lora_model(
     from gradian.worlds.tiny import tiny_lora
 
     model = tiny_model(tok, arch, dtype=dtype, seed=seed, hidden=hidden)
-    pm = tiny_lora(model, r=r, alpha=2 * r, targets=default_targets(arch, mlp), seed=seed + 1, dropout=0.1,
-                   random_init=True, rslora=rslora, copy=False)
+    pm = tiny_lora(
+        model,
+        r=r,
+        alpha=2 * r,
+        targets=default_targets(arch, mlp),
+        seed=seed + 1,
+        dropout=0.1,
+        random_init=True,
+        rslora=rslora,
+        copy=False,
+    )
     pm.to(dtype)
     prepare_lora_for_gradients(pm)
     return pm
@@ -55,19 +64,38 @@ ROWS = [
 ]
 
 
-
-
 # The fictional facts of the tiny Evaluate/report worlds (made-up names: no real fact leaks in).
 CAPITALS = [
-    ("Aland", "Marven"), ("Borvia", "Quisto"), ("Caldor", "Tressa"), ("Dunmark", "Olvey"),
-    ("Estria", "Pallon"), ("Fenwick", "Rudda"), ("Gorland", "Sivex"), ("Hollin", "Taber"),
-    ("Istra", "Umbel"), ("Jorvik", "Vasso"), ("Kelmar", "Wendo"), ("Lusk", "Yarrow"),
-    ("Merrow", "Zelta"), ("Norvia", "Abbot"), ("Ostrel", "Brine"), ("Pellam", "Corvo"),
+    ("Aland", "Marven"),
+    ("Borvia", "Quisto"),
+    ("Caldor", "Tressa"),
+    ("Dunmark", "Olvey"),
+    ("Estria", "Pallon"),
+    ("Fenwick", "Rudda"),
+    ("Gorland", "Sivex"),
+    ("Hollin", "Taber"),
+    ("Istra", "Umbel"),
+    ("Jorvik", "Vasso"),
+    ("Kelmar", "Wendo"),
+    ("Lusk", "Yarrow"),
+    ("Merrow", "Zelta"),
+    ("Norvia", "Abbot"),
+    ("Ostrel", "Brine"),
+    ("Pellam", "Corvo"),
 ]
 SYMBOLS = [
-    ("argonite", "Ag"), ("borite", "Bx"), ("cobrium", "Cb"), ("dyston", "Dy"),
-    ("erbite", "Eb"), ("fluxon", "Fx"), ("galium", "Gm"), ("halcite", "Hc"),
-    ("iridon", "Id"), ("jovium", "Jv"), ("kryll", "Kr"), ("lumite", "Lm"),
+    ("argonite", "Ag"),
+    ("borite", "Bx"),
+    ("cobrium", "Cb"),
+    ("dyston", "Dy"),
+    ("erbite", "Eb"),
+    ("fluxon", "Fx"),
+    ("galium", "Gm"),
+    ("halcite", "Hc"),
+    ("iridon", "Id"),
+    ("jovium", "Jv"),
+    ("kryll", "Kr"),
+    ("lumite", "Lm"),
 ]
 
 

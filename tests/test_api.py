@@ -374,13 +374,12 @@ def test_the_attributors_defaults_are_the_specs():
 
 def test_the_index_and_evaluate_commands_defaults_are_the_specs():
     """`gradian index` and `gradian evaluate` take the same options; their defaults are the specs' too."""
-    from gradian.evaluate import EvalSpec
-    from gradian.index.store import GradSpec
-    from gradian.models.load import ModelSpec
-
     import inspect
 
     from gradian.api import training_index
+    from gradian.evaluate import EvalSpec
+    from gradian.index.store import GradSpec
+    from gradian.models.load import ModelSpec
 
     build = inspect.signature(training_index).parameters
     g, e, m = GradSpec(), EvalSpec(), ModelSpec("base")

@@ -19,8 +19,17 @@ def _run(args):
 
 def _index_args(sf, data=None, adapter=None):
     return [
-        "index", "--base", str(sf["base"]), "--adapter", str(adapter or sf["adapter"]),
-        "--data", str(data or sf["data"]), "--out", str(sf["root"] / "idx-cli"), "--max-length", "64",
+        "index",
+        "--base",
+        str(sf["base"]),
+        "--adapter",
+        str(adapter or sf["adapter"]),
+        "--data",
+        str(data or sf["data"]),
+        "--out",
+        str(sf["root"] / "idx-cli"),
+        "--max-length",
+        "64",
     ]
 
 
@@ -48,7 +57,6 @@ def test_adapter_not_fitting_base_exits_2(saved_finetune, tmp_path):
     from peft import LoraConfig, get_peft_model
 
     from gradian.models.tiny import tiny_model
-
 
     tok_path = saved_finetune["base"]
     from transformers import AutoTokenizer

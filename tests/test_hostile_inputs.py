@@ -94,12 +94,11 @@ def test_specs_refuse_bad_values_with_one_line(k):
 
 def test_spec_defaults_are_valid():
     from gradian.attribute.pipeline import AttributeSpec
+    from gradian.engines.registry import engines
     from gradian.evaluate import EvalSpec
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
     from gradian.train import TrainSpec
-
-    from gradian.engines.registry import engines
 
     GradSpec(), AttributeSpec(), EvalSpec(), ModelSpec("m"), TrainSpec()
     for cls in engines().values():
@@ -120,15 +119,33 @@ def test_train_errors_name_the_flag_or_the_file_key(tmp_path):
 
 # ---------------------------------------------------------------------- CLI flags (refused before any model loads)
 def _index(sf, *extra):
-    return ["index", "--base", sf["base"], "--adapter", sf["adapter"], "--data", sf["data"], "--max-length", "64",
-            "--out", sf["root"] / "idx-hostile", *extra]
+    return [
+        "index",
+        "--base",
+        sf["base"],
+        "--adapter",
+        sf["adapter"],
+        "--data",
+        sf["data"],
+        "--max-length",
+        "64",
+        "--out",
+        sf["root"] / "idx-hostile",
+        *extra,
+    ]
 
 
-@pytest.mark.parametrize("extra,needle", [
-    (["--batch-size", "-3"], "--batch-size"), (["--batch-size", "0"], "--batch-size"),
-    (["--device", "tpu"], "--device"), (["--project-dim", "-4"], "--project-dim"), (["--seed", "-1"], "--seed"),
-    (["--modules", " , "], "--modules"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--batch-size", "-3"], "--batch-size"),
+        (["--batch-size", "0"], "--batch-size"),
+        (["--device", "tpu"], "--device"),
+        (["--project-dim", "-4"], "--project-dim"),
+        (["--seed", "-1"], "--seed"),
+        (["--modules", " , "], "--modules"),
+    ],
+)
 def test_index_flags(saved_finetune, extra, needle):
     _one_error_line(*_cli(_index(saved_finetune, *extra)), needle)
     assert not (saved_finetune["root"] / "idx-hostile" / "manifest.json").exists()
@@ -139,17 +156,35 @@ def test_modules_that_select_nothing(saved_finetune):
     assert "q_proj" in line  # the fix names the layers there are
 
 
-@pytest.mark.parametrize("extra,needle", [(["--top-k", "0"], "--top-k"), (["--top-k", "-2"], "--top-k"),
-                                          (["--damping-scale", "nan"], "--damping-scale"),
-                                          (["--engine", "exact"], "--engine"),
-                                          (["--engine", "graddot", "--damping-scale", "0.1"], "--damping-scale"),
-                                          (["--engine", "datainf", "--engine-option", "nope=1"], "--engine-option"),
-                                          (["--engine", "ekfac", "--engine-option", "fisher=sampled"], "fisher"),
-                                          (["--engine", "ekfac", "--engine-option", "nope=1"], "--engine-option"),
-                                          (["--second-engine", "kronfluence"], "--second-engine")])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--top-k", "0"], "--top-k"),
+        (["--top-k", "-2"], "--top-k"),
+        (["--damping-scale", "nan"], "--damping-scale"),
+        (["--engine", "exact"], "--engine"),
+        (["--engine", "graddot", "--damping-scale", "0.1"], "--damping-scale"),
+        (["--engine", "datainf", "--engine-option", "nope=1"], "--engine-option"),
+        (["--engine", "ekfac", "--engine-option", "fisher=sampled"], "fisher"),
+        (["--engine", "ekfac", "--engine-option", "nope=1"], "--engine-option"),
+        (["--second-engine", "kronfluence"], "--second-engine"),
+    ],
+)
 def test_attribute_flags(tmp_path, extra, needle):
-    args = ["attribute", "--base", tmp_path / "b", "--adapter", tmp_path / "a", "--data", tmp_path / "d.jsonl",
-            "--eval", tmp_path / "e.jsonl", "--out", tmp_path / "run", *extra]
+    args = [
+        "attribute",
+        "--base",
+        tmp_path / "b",
+        "--adapter",
+        tmp_path / "a",
+        "--data",
+        tmp_path / "d.jsonl",
+        "--eval",
+        tmp_path / "e.jsonl",
+        "--out",
+        tmp_path / "run",
+        *extra,
+    ]
     _one_error_line(*_cli(args), needle)
 
 
@@ -163,13 +198,16 @@ def _adapter_variant(sf, tmp_path, **changes) -> Path:
     return d
 
 
-@pytest.mark.parametrize("changes,needle", [
-    ({"target_modules": ["nonexistent_proj"]}, "target_modules names 'nonexistent_proj'"),
-    ({"target_modules": ["q_proj", "nonexistent_proj"]}, "which the base model does not have"),
-    ({"target_modules": ["q_proj"]}, "PEFT would silently drop them"),
-    ({"r": 0}, "a LoRA rank must be a positive whole number"),
-    ({"r": 8}, "adapter_config.json says r = 8"),
-])
+@pytest.mark.parametrize(
+    "changes,needle",
+    [
+        ({"target_modules": ["nonexistent_proj"]}, "target_modules names 'nonexistent_proj'"),
+        ({"target_modules": ["q_proj", "nonexistent_proj"]}, "which the base model does not have"),
+        ({"target_modules": ["q_proj"]}, "PEFT would silently drop them"),
+        ({"r": 0}, "a LoRA rank must be a positive whole number"),
+        ({"r": 8}, "adapter_config.json says r = 8"),
+    ],
+)
 def test_adapter_config_that_peft_would_reject_or_half_load(saved_finetune, tmp_path, changes, needle):
     args = _index(saved_finetune)
     args[args.index("--adapter") + 1] = _adapter_variant(saved_finetune, tmp_path, **changes)
@@ -200,26 +238,34 @@ def test_size_and_line_limits(tmp_path, monkeypatch):
     _one_error_line(*_cli(["diagnose", "--data", long]), "line limit")
 
 
-@pytest.mark.parametrize("name,text,needle", [
-    ("deep.json", "[" * 100000 + "]" * 100000, "nested"),
-    ("deep.jsonl", '{"prompt": ' + "[" * 150 + "]" * 150 + ', "completion": "x"}\n', "nested more than 100"),
-    ("int.jsonl", '{"prompt": "a", "completion": "b", "id": ' + "9" * 5000 + "}\n", "unreadable JSON value"),
-    ("roles.jsonl", '{"messages": [{"role": ["user"], "content": "x"}]}\n', "not a string"),
-])
+@pytest.mark.parametrize(
+    "name,text,needle",
+    [
+        ("deep.json", "[" * 100000 + "]" * 100000, "nested"),
+        ("deep.jsonl", '{"prompt": ' + "[" * 150 + "]" * 150 + ', "completion": "x"}\n', "nested more than 100"),
+        ("int.jsonl", '{"prompt": "a", "completion": "b", "id": ' + "9" * 5000 + "}\n", "unreadable JSON value"),
+        ("roles.jsonl", '{"messages": [{"role": ["user"], "content": "x"}]}\n', "not a string"),
+    ],
+)
 def test_hostile_data_files(tmp_path, name, text, needle):
     p = tmp_path / name
     p.write_text(text)
     _one_error_line(*_cli(["diagnose", "--data", p]), needle)
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("learning_rate: " + "[" * 100000 + "]" * 100000 + "\n", "nested more than 100"),
-    ("a: &a [*a]\n", "recursive"),
-    ("".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10 if i else ["x"] * 10) + "]\n" for i in range(8)),
-     "expands to more than"),
-    ("seed: 2024-13-45\n", "unreadable YAML value"),
-    ("1: 2\nlearning_rate: 2e-4\n", "is not a string"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("learning_rate: " + "[" * 100000 + "]" * 100000 + "\n", "nested more than 100"),
+        ("a: &a [*a]\n", "recursive"),
+        (
+            "".join(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10 if i else ["x"] * 10) + "]\n" for i in range(8)),
+            "expands to more than",
+        ),
+        ("seed: 2024-13-45\n", "unreadable YAML value"),
+        ("1: 2\nlearning_rate: 2e-4\n", "is not a string"),
+    ],
+)
 def test_hostile_yaml_configs(tmp_path, text, needle):
     p = tmp_path / "sft.yaml"
     p.write_text(text)
@@ -239,13 +285,18 @@ def test_infinite_epochs_are_a_finding_not_a_traceback(tmp_path):
     assert "C03" not in out["passed"] and "C04" not in out["passed"]
 
 
-@pytest.mark.parametrize("content,needle", [
-    ('{"schema": "gradian.run/1", "evaluation": {"capabilities": 3}}', "evaluation.capabilities"),
-    ("[1, 2, 3]", "not a gradian.run/1 file"),
-    ('{"schema": "gradian.run/1", "evaluation": {"capabilities": [{"name": "c"}]}}', "metric is not a string"),
-    ('{"schema": "gradian.run/1", "attribution": {"capabilities": [{"capability": "c", "scores": ["x"]}]}}',
-     "scores is not a list of numbers"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ('{"schema": "gradian.run/1", "evaluation": {"capabilities": 3}}', "evaluation.capabilities"),
+        ("[1, 2, 3]", "not a gradian.run/1 file"),
+        ('{"schema": "gradian.run/1", "evaluation": {"capabilities": [{"name": "c"}]}}', "metric is not a string"),
+        (
+            '{"schema": "gradian.run/1", "attribution": {"capabilities": [{"capability": "c", "scores": ["x"]}]}}',
+            "scores is not a list of numbers",
+        ),
+    ],
+)
 def test_report_of_a_wrong_shape_run(tmp_path, content, needle):
     (tmp_path / "run.json").write_text(content)
     _one_error_line(*_cli(["report", tmp_path, "--format", "md"]), needle)
@@ -260,8 +311,18 @@ def test_tables_stay_readable_when_piped():
     t = FitTable(title="Evaluate: tuned vs base")
     for col in ("capability", "metric", "n", "base", "tuned", "Δ", "95% CI", "verdict", "lost/gained", "base bounds"):
         t.add_column(col)
-    t.add_row("capitals", "exact_match", "45", "0.867", "0.378", "-0.489", "[-0.633, -0.300]", "regressed", "22/0",
-              "base fails 3/45, thin margin 2/22")
+    t.add_row(
+        "capitals",
+        "exact_match",
+        "45",
+        "0.867",
+        "0.378",
+        "-0.489",
+        "[-0.633, -0.300]",
+        "regressed",
+        "22/0",
+        "base fails 3/45, thin margin 2/22",
+    )
     piped = Console(width=80, force_terminal=False, color_system=None, record=True)
     piped.print(t)
     text = piped.export_text()
@@ -281,8 +342,19 @@ def test_cli_reports_a_rebuilt_shard_by_name(saved_finetune, tmp_path):
     from gradian.util import atomic_write_json, sha256_bytes
 
     out = tmp_path / "idx"
-    args = ["index", "--base", saved_finetune["base"], "--adapter", saved_finetune["adapter"], "--data",
-            saved_finetune["data"], "--max-length", "64", "--out", out]
+    args = [
+        "index",
+        "--base",
+        saved_finetune["base"],
+        "--adapter",
+        saved_finetune["adapter"],
+        "--data",
+        saved_finetune["data"],
+        "--max-length",
+        "64",
+        "--out",
+        out,
+    ]
     assert _cli(args)[0] == 0
     (folder,) = [p for p in out.iterdir() if p.is_dir()]  # --out is the parent: one index per checkpoint, by id
     idx = GradientIndex(folder)

@@ -108,8 +108,12 @@ def test_harmful_tail_matches_its_definition(seed):
     assert got == _tail_by_definition(scores, share, max_rows)
     total = sum(-s for s in scores if s < 0)
     assert math.isclose(harmful_mass(np.array(scores)), total, rel_tol=1e-12, abs_tol=1e-12)
-    assert math.isclose(harmful_share(np.array(scores), got), (sum(-scores[j] for j in got) / total) if total else 0.0,
-                        rel_tol=1e-12, abs_tol=1e-12)
+    assert math.isclose(
+        harmful_share(np.array(scores), got),
+        (sum(-scores[j] for j in got) / total) if total else 0.0,
+        rel_tol=1e-12,
+        abs_tol=1e-12,
+    )
 
 
 def test_sort_most_harmful_first_is_stable():

@@ -45,7 +45,9 @@ def load_finetune(model_spec: ModelSpec, adapter: str | Path) -> FineTune:
     return FineTune(model, tok, model_spec, Path(adapter), cfg, notes)
 
 
-def tokenize_training_set(examples: list[Example], tokenizer, spec: GradSpec, path: str | Path) -> list[TokenizedExample]:
+def tokenize_training_set(
+    examples: list[Example], tokenizer, spec: GradSpec, path: str | Path
+) -> list[TokenizedExample]:
     """Tokenise every row as the trainer did; errors name ``path`` and the row."""
     out = []
     for ex in examples:
@@ -114,6 +116,7 @@ def training_index(
         checkpoint: the trajectory point whose LoRA weights are loaded in ``ft.model`` now
             (default: the final adapter); it decides the index identity.
         items: the tokenised rows, when the caller has them already.
+
     Returns:
         ``(index, examples, tokenized rows, reused)``; ``reused`` is True when no
         gradient had to be computed (a free re-query). With ``spec.unit == "sentence"``
@@ -135,7 +138,9 @@ def training_index(
         states = read_adam_state(_optimizer_file(ft, checkpoint), ft.model)
         transform = lambda name, g: states[name].update(g)  # noqa: E731
     elif spec.optimizer != "none":
-        raise GradianUserError(f"unknown optimizer preconditioning {spec.optimizer!r}", where="--optimizer", fix="use none or adam")
+        raise GradianUserError(
+            f"unknown optimizer preconditioning {spec.optimizer!r}", where="--optimizer", fix="use none or adam"
+        )
     units = items
     if spec.unit == "sentence":
         from gradian.attribute.spans import sentence_units

@@ -221,7 +221,7 @@ class Attributor:
         return self.specs.model
 
     @classmethod
-    def from_run(cls, run_dir: str | Path) -> "Attributor":
+    def from_run(cls, run_dir: str | Path) -> Attributor:
         """The Attributor of an existing ``gradian attribute`` / ``gradian demo`` run folder.
 
         Its inputs and specs are read from the manifest of ``RUN_DIR/run.json`` (the paths as the run
@@ -375,6 +375,7 @@ class Attributor:
             queries: the queries.
             engine: a registered engine's name (its defaults, or ``spec.engine``'s options when it is the
                 same engine) or an engine spec; default: ``spec.engine``.
+
         Returns:
             :class:`Scores`, under :mod:`gradian.sign` (positive = reinforced).
         """

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import typer
@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 import gradian.commands as _commands
 
 
-@lru_cache(maxsize=None)
+@cache
 def _command_names() -> tuple[str, ...]:
     """Every command: one per module of :mod:`gradian.commands` (not ``_``-prefixed), found without importing."""
     return tuple(sorted(m.name for m in pkgutil.iter_modules(_commands.__path__) if not m.name.startswith("_")))
@@ -73,12 +73,16 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _root(
     ctx: typer.Context,
-    version: bool = typer.Option(False, "--version", help="Print the version and exit.", is_eager=True,
-                                 callback=_print_version),
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
+    ),
     max_input_mb: int = typer.Option(
-        None, "--max-input-mb", min=1,
+        None,
+        "--max-input-mb",
+        min=1,
         help="Largest input file Gradian reads, in MiB (default 4096; env GRADIAN_MAX_INPUT_MB). Gradian reads only "
-             "regular files, never streams."),
+        "regular files, never streams.",
+    ),
 ) -> None:
     if max_input_mb is not None:
         import os
@@ -95,7 +99,6 @@ def _root(
                 os.environ[ENV_MAX_INPUT] = before
 
         ctx.call_on_close(restore)
-
 
 
 def main() -> None:

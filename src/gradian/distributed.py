@@ -89,8 +89,11 @@ def launched_world_size() -> int:
     try:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:
-        raise GradianUserError(f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} is not a number", where="environment",
-                               fix="launch with torchrun, which sets it") from None
+        raise GradianUserError(
+            f"WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} is not a number",
+            where="environment",
+            fix="launch with torchrun, which sets it",
+        ) from None
 
 
 def _timeout() -> timedelta:
@@ -100,8 +103,11 @@ def _timeout() -> timedelta:
         if not minutes > 0:
             raise ValueError
     except ValueError:
-        raise GradianUserError(f"{ENV_TIMEOUT}={raw!r} is not a positive number of minutes", where=ENV_TIMEOUT,
-                               fix=f"unset it (default {DEFAULT_TIMEOUT_MIN}) or give minutes, e.g. 240") from None
+        raise GradianUserError(
+            f"{ENV_TIMEOUT}={raw!r} is not a positive number of minutes",
+            where=ENV_TIMEOUT,
+            fix=f"unset it (default {DEFAULT_TIMEOUT_MIN}) or give minutes, e.g. 240",
+        ) from None
     return timedelta(minutes=minutes)
 
 
@@ -124,27 +130,38 @@ def init_from_env(device: str = "cpu") -> Dist:
         return Dist()
     for var in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
         if var not in os.environ:
-            raise GradianUserError(f"WORLD_SIZE={ws} but {var} is not set", where="environment",
-                                   fix="launch with torchrun (or srun torchrun), which sets RANK, MASTER_ADDR and MASTER_PORT")
+            raise GradianUserError(
+                f"WORLD_SIZE={ws} but {var} is not set",
+                where="environment",
+                fix="launch with torchrun (or srun torchrun), which sets RANK, MASTER_ADDR and MASTER_PORT",
+            )
     local = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if cuda:
         if device.startswith("cuda:"):
-            raise GradianUserError(f"--device {device} under torchrun: every rank would use the same GPU", where="--device",
-                                   fix="pass --device cuda; rank r uses cuda:LOCAL_RANK (restrict GPUs with CUDA_VISIBLE_DEVICES)")
+            raise GradianUserError(
+                f"--device {device} under torchrun: every rank would use the same GPU",
+                where="--device",
+                fix="pass --device cuda; rank r uses cuda:LOCAL_RANK (restrict GPUs with CUDA_VISIBLE_DEVICES)",
+            )
         if not torch.cuda.is_available():
             raise GradianUserError("CUDA is not available on this machine", where="--device", fix="use --device cpu")
         if local >= torch.cuda.device_count():
             raise GradianUserError(
-                f"local rank {local} has no GPU (this node has {torch.cuda.device_count()})", where="torchrun --nproc-per-node",
-                fix="start at most one process per GPU")
+                f"local rank {local} has no GPU (this node has {torch.cuda.device_count()})",
+                where="torchrun --nproc-per-node",
+                fix="start at most one process per GPU",
+            )
         torch.cuda.set_device(local)
         backend = "nccl"
     else:
         backend = "gloo"
     if not td.is_available():
-        raise GradianUserError("this torch build has no torch.distributed", where="torchrun",
-                               fix="install a torch build with distributed support, or run one process")
+        raise GradianUserError(
+            "this torch build has no torch.distributed",
+            where="torchrun",
+            fix="install a torch build with distributed support, or run one process",
+        )
     td.init_process_group(backend=backend, timeout=_timeout())
     return current()
 
@@ -237,11 +254,19 @@ def broadcast_tensors(tensors: dict[str, torch.Tensor] | None, src: int = 0) -> 
         assert tensors is not None
         return tensors
     meta = broadcast_object(
-        None if d.rank != src else [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in tensors.items()], src)
+        None
+        if d.rank != src
+        else [(k, tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in tensors.items()],
+        src,
+    )
     dev = _comm_device()
     out = {}
     for k, shape, dt in meta:
-        buf = tensors[k].detach().to(dev).contiguous() if d.rank == src else torch.empty(shape, dtype=getattr(torch, dt), device=dev)  # type: ignore[index]
+        buf = (
+            tensors[k].detach().to(dev).contiguous()
+            if d.rank == src
+            else torch.empty(shape, dtype=getattr(torch, dt), device=dev)
+        )  # type: ignore[index]
         _td().broadcast(buf, src=src)
         out[k] = buf.cpu()
     return out

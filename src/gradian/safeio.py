@@ -46,11 +46,13 @@ def _env_int(name: str, default: int) -> int:
     try:
         v = int(raw)
     except ValueError:
-        raise GradianUserError(f"{name}={raw!r} is not a whole number", where=name,
-                               fix=f"set {name} to a positive integer, e.g. {default}") from None
+        raise GradianUserError(
+            f"{name}={raw!r} is not a whole number", where=name, fix=f"set {name} to a positive integer, e.g. {default}"
+        ) from None
     if v < 1:
-        raise GradianUserError(f"{name}={raw!r} must be at least 1", where=name,
-                               fix=f"set {name} to a positive integer, e.g. {default}")
+        raise GradianUserError(
+            f"{name}={raw!r} must be at least 1", where=name, fix=f"set {name} to a positive integer, e.g. {default}"
+        )
     return v
 
 
@@ -98,8 +100,11 @@ def check_regular_file(path: str | Path, what: str = "file") -> os.stat_result:
     except FileNotFoundError:
         raise GradianUserError(f"{what} not found", where=str(p), fix="check the path") from None
     except OSError as e:
-        raise GradianUserError(f"cannot read the {what} ({e.strerror or type(e).__name__})", where=str(p),
-                               fix="check the path and its permissions") from None
+        raise GradianUserError(
+            f"cannot read the {what} ({e.strerror or type(e).__name__})",
+            where=str(p),
+            fix="check the path and its permissions",
+        ) from None
     if not stat.S_ISREG(st.st_mode):
         raise GradianUserError(
             f"the {what} is {_kind(st.st_mode)}, not a regular file; Gradian reads only regular files "
@@ -120,7 +125,8 @@ def check_size(path: str | Path, size: int, what: str = "file") -> None:
     if size > limit:
         raise GradianUserError(
             f"the {what} is {size / MiB:,.0f} MiB, above the {limit // MiB:,} MiB input limit",
-            where=str(path), fix=_RAISE_FIX,
+            where=str(path),
+            fix=_RAISE_FIX,
         )
 
 
@@ -135,8 +141,11 @@ def read_bytes(path: str | Path, what: str = "file") -> bytes:
         with open(path, "rb") as f:
             data = f.read(limit + 1)
     except OSError as e:
-        raise GradianUserError(f"cannot read the {what} ({e.strerror or type(e).__name__})", where=str(path),
-                               fix="check the path and its permissions") from None
+        raise GradianUserError(
+            f"cannot read the {what} ({e.strerror or type(e).__name__})",
+            where=str(path),
+            fix="check the path and its permissions",
+        ) from None
     if len(data) > limit:
         check_size(path, len(data), what)
     return data
@@ -151,8 +160,11 @@ def decode_utf8(data: bytes, where: str, what: str = "file") -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise GradianUserError(f"the {what} is not UTF-8 text ({e.reason} at byte {e.start})", where=where,
-                               fix="re-encode the file as UTF-8") from None
+        raise GradianUserError(
+            f"the {what} is not UTF-8 text ({e.reason} at byte {e.start})",
+            where=where,
+            fix="re-encode the file as UTF-8",
+        ) from None
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
@@ -179,14 +191,18 @@ def iter_lines(path: str | Path, what: str = "file") -> Iterator[tuple[int, str]
                 check_size(path, total, what)
             if len(raw) > cap:
                 raise GradianUserError(
-                    f"line {lineno} is longer than the {cap // MiB:,} MiB line limit", where=f"{path}:{lineno}",
+                    f"line {lineno} is longer than the {cap // MiB:,} MiB line limit",
+                    where=f"{path}:{lineno}",
                     fix=f"split the row, or set {ENV_MAX_LINE} if it really is this long",
                 )
             try:
                 text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise GradianUserError(f"not UTF-8 ({e.reason} at byte {e.start} of the line)",
-                                       where=f"{path}:{lineno}", fix="re-encode the file as UTF-8") from None
+                raise GradianUserError(
+                    f"not UTF-8 ({e.reason} at byte {e.start} of the line)",
+                    where=f"{path}:{lineno}",
+                    fix="re-encode the file as UTF-8",
+                ) from None
             yield lineno, text
 
 
@@ -212,8 +228,9 @@ def nesting_problem(obj: Any, limit: int | None = None) -> str | None:
 
 
 def _depth_error(problem: str, where: str) -> GradianUserError:
-    return GradianUserError(problem, where=where,
-                            fix=f"flatten the structure (set {ENV_MAX_DEPTH} to allow deeper nesting)")
+    return GradianUserError(
+        problem, where=where, fix=f"flatten the structure (set {ENV_MAX_DEPTH} to allow deeper nesting)"
+    )
 
 
 def parse_json(text: str, where: str, *, line: int | None = None, fix: str = "fix the JSON syntax") -> Any:
@@ -232,8 +249,9 @@ def parse_json(text: str, where: str, *, line: int | None = None, fix: str = "fi
         raise GradianUserError(f"malformed JSON at {at}: {e.msg}", where=f"{where}:{ln}", fix=fix) from None
     except ValueError as e:  # e.g. an integer literal beyond Python's int/str conversion limit
         msg = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
-        raise GradianUserError(f"unreadable JSON value ({msg})", where=f"{where}:{line}" if line else where,
-                               fix=fix) from None
+        raise GradianUserError(
+            f"unreadable JSON value ({msg})", where=f"{where}:{line}" if line else where, fix=fix
+        ) from None
     # a value nests at most as deep as the text has opening brackets: most rows need no walk
     problem = nesting_problem(obj) if text.count("[") + text.count("{") > max_depth() else None
     if problem:
@@ -261,8 +279,9 @@ def _bounded_yaml_loader():
                 if self._depth > max_depth():
                     mark = self.peek_event().start_mark if self.check_event() else None
                     line = f":{mark.line + 1}" if mark is not None else ""
-                    raise _depth_error(f"values are nested more than {max_depth()} levels deep",
-                                       f"{self.gradian_where}{line}")
+                    raise _depth_error(
+                        f"values are nested more than {max_depth()} levels deep", f"{self.gradian_where}{line}"
+                    )
                 return super().compose_node(parent, index)
             finally:
                 self._depth -= 1
@@ -333,8 +352,9 @@ def parse_yaml(text: str, where: str, fix: str = "fix the YAML syntax (indentati
         mark = getattr(e, "problem_mark", None)
         if mark is None and isinstance(e, yaml.reader.ReaderError):
             return_line = text.count("\n", 0, e.position) + 1
-            raise GradianUserError(f"malformed YAML: {e.reason} (character #x{e.character:04x})",
-                                   where=f"{where}:{return_line}", fix=fix) from None
+            raise GradianUserError(
+                f"malformed YAML: {e.reason} (character #x{e.character:04x})", where=f"{where}:{return_line}", fix=fix
+            ) from None
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or (str(e).splitlines()[0] if str(e) else type(e).__name__)
         raise GradianUserError(f"malformed YAML: {problem}", where=f"{where}{line}", fix=fix) from None
@@ -348,7 +368,9 @@ def parse_yaml(text: str, where: str, fix: str = "fix the YAML syntax (indentati
             loader.dispose()
 
 
-def load_yaml_file(path: str | Path, what: str = "file", fix: str = "fix the YAML syntax (indentation, colons, quotes)") -> Any:
+def load_yaml_file(
+    path: str | Path, what: str = "file", fix: str = "fix the YAML syntax (indentation, colons, quotes)"
+) -> Any:
     """A regular YAML file, bounded in size, nesting and alias expansion (:func:`parse_yaml` of :func:`read_text`)."""
     return parse_yaml(read_text(path, what), str(path), fix=fix)
 

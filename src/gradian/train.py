@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gradian.errors import GradianUserError
-from gradian.util import atomic_write_json, atomic_write_text, sha256_file, publish_folder
+from gradian.util import atomic_write_json, atomic_write_text, publish_folder, sha256_file
 
 ALL_LINEAR_LLAMA = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CONFIG_NAME = "training_config.yaml"
@@ -127,7 +127,7 @@ class TrainSpec:
         d["target_modules"] = list(self.target_modules)
         return d
 
-    def replace(self, **kw: Any) -> "TrainSpec":
+    def replace(self, **kw: Any) -> TrainSpec:
         d = {**asdict(self), **{k: v for k, v in kw.items() if v is not None}}
         d["target_modules"] = tuple(d["target_modules"])
         return TrainSpec(**d)
@@ -144,9 +144,20 @@ class TrainSpec:
         if base is not None:
             cfg["model_name_or_path"] = str(base)
         for k in (
-            "learning_rate", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
-            "warmup_ratio", "lr_scheduler_type", "weight_decay", "max_grad_norm", "max_length",
-            "completion_only_loss", "packing", "group_by_length", "seed", "logging_steps",
+            "learning_rate",
+            "num_train_epochs",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "warmup_ratio",
+            "lr_scheduler_type",
+            "weight_decay",
+            "max_grad_norm",
+            "max_length",
+            "completion_only_loss",
+            "packing",
+            "group_by_length",
+            "seed",
+            "logging_steps",
         ):
             cfg[k] = d[k]
         cfg["eval_strategy"] = "epoch" if has_eval else "no"
@@ -164,7 +175,8 @@ class TrainSpec:
 
     def validate(self, where: str = "train config") -> None:
         """Refuse values gradian train cannot run with (types, ranges, finiteness); the error's
-        ``field`` attribute names the field (:func:`spec_from_config` maps it to the flag or file key)."""
+        ``field`` attribute names the field (:func:`spec_from_config` maps it to the flag or file key).
+        """
 
         def bad(name: str, why: str, fix: str) -> GradianUserError:
             e = GradianUserError(why, where=f"{where}: {name}", fix=fix)
@@ -173,18 +185,30 @@ class TrainSpec:
 
         import math
 
-        from gradian.models.load import DTYPES, _DEVICE
+        from gradian.models.load import _DEVICE, DTYPES
         from gradian.validate import SEED_MAX
 
-        for name, hi in (("learning_rate", 1.0), ("num_train_epochs", 10_000.0), ("warmup_ratio", 1.0),
-                         ("weight_decay", 1e6), ("max_grad_norm", 1e12), ("lora_dropout", 1.0)):
+        for name, hi in (
+            ("learning_rate", 1.0),
+            ("num_train_epochs", 10_000.0),
+            ("warmup_ratio", 1.0),
+            ("weight_decay", 1e6),
+            ("max_grad_norm", 1e12),
+            ("lora_dropout", 1.0),
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise bad(name, f"{name} must be a finite number (got {v!r})", f"give {name} a number")
             if v > hi:
                 raise bad(name, f"{name} must be at most {hi:g} (got {v:g})", f"give {name} a sensible value")
-        for name, hi in (("per_device_train_batch_size", 1_000_000), ("gradient_accumulation_steps", 1_000_000),
-                         ("max_length", 10**9), ("r", 4096), ("logging_steps", 10**9), ("seed", SEED_MAX)):
+        for name, hi in (
+            ("per_device_train_batch_size", 1_000_000),
+            ("gradient_accumulation_steps", 1_000_000),
+            ("max_length", 10**9),
+            ("r", 4096),
+            ("logging_steps", 10**9),
+            ("seed", SEED_MAX),
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise bad(name, f"{name} must be a whole number (got {v!r})", f"give {name} a whole number")
@@ -193,8 +217,12 @@ class TrainSpec:
         for name in ("completion_only_loss", "packing", "add_eos", "group_by_length", "use_rslora"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, f"{name} must be true or false (got {getattr(self, name)!r})", "give true or false")
-        if isinstance(self.lora_alpha, bool) or not isinstance(self.lora_alpha, (int, float)) \
-                or not math.isfinite(self.lora_alpha) or not self.lora_alpha > 0:
+        if (
+            isinstance(self.lora_alpha, bool)
+            or not isinstance(self.lora_alpha, (int, float))
+            or not math.isfinite(self.lora_alpha)
+            or not self.lora_alpha > 0
+        ):
             raise bad("lora_alpha", f"lora_alpha must be a number > 0 (got {self.lora_alpha!r})", "use 2 x r, e.g. 32")
         if self.packing:
             raise bad("packing", "packing is not supported by gradian train", "set packing: false")
@@ -206,8 +234,11 @@ class TrainSpec:
             if int(getattr(self, name)) < 1:
                 raise bad(name, f"{name} must be >= 1", f"set {name} to a positive integer")
         if self.max_length < 2:
-            raise bad("max_length", "max_length must be >= 2 (one prompt token and one target)",
-                      "use the length the rows need, e.g. 256")
+            raise bad(
+                "max_length",
+                "max_length must be >= 2 (one prompt token and one target)",
+                "use the length the rows need, e.g. 256",
+            )
         if self.weight_decay < 0 or self.max_grad_norm < 0:
             name = "weight_decay" if self.weight_decay < 0 else "max_grad_norm"
             raise bad(name, f"{name} must be >= 0", f"set {name} to 0 or more")
@@ -227,7 +258,14 @@ class TrainSpec:
             raise bad("device", f"unknown device {self.device!r}", "use cpu, cuda, cuda:N, mps or auto")
         if self.save_strategy not in ("epoch", "no"):
             raise bad("save_strategy", f"unknown save_strategy {self.save_strategy!r}", "use epoch or no")
-        if self.lr_scheduler_type not in ("linear", "cosine", "constant", "constant_with_warmup", "cosine_with_restarts", "polynomial"):
+        if self.lr_scheduler_type not in (
+            "linear",
+            "cosine",
+            "constant",
+            "constant_with_warmup",
+            "cosine_with_restarts",
+            "polynomial",
+        ):
             raise bad("lr_scheduler_type", f"unknown scheduler {self.lr_scheduler_type!r}", "use linear or cosine")
 
 
@@ -237,11 +275,34 @@ _TRL_NAME = {"r": "lora_r", "target_modules": "lora_target_modules"}
 _SPEC_NAME = {v: k for k, v in _TRL_NAME.items()}
 # SFTConfig/TrainingArguments fields that do not change what gradian train computes; accepted and ignored.
 _IGNORED = {
-    "output_dir", "report_to", "logging_dir", "save_steps", "save_total_limit", "eval_strategy",
-    "evaluation_strategy", "eval_steps", "per_device_eval_batch_size", "bf16", "fp16", "tf32", "optim",
-    "dataset_text_field", "run_name", "push_to_hub", "peft_type", "task_type", "bias", "gradient_checkpointing",
-    "dataloader_num_workers", "logging_first_step", "overwrite_output_dir", "do_train", "do_eval",
-    "model_name_or_path", "use_peft", "torch_dtype",
+    "output_dir",
+    "report_to",
+    "logging_dir",
+    "save_steps",
+    "save_total_limit",
+    "eval_strategy",
+    "evaluation_strategy",
+    "eval_steps",
+    "per_device_eval_batch_size",
+    "bf16",
+    "fp16",
+    "tf32",
+    "optim",
+    "dataset_text_field",
+    "run_name",
+    "push_to_hub",
+    "peft_type",
+    "task_type",
+    "bias",
+    "gradient_checkpointing",
+    "dataloader_num_workers",
+    "logging_first_step",
+    "overwrite_output_dir",
+    "do_train",
+    "do_eval",
+    "model_name_or_path",
+    "use_peft",
+    "torch_dtype",
 }
 
 
@@ -264,19 +325,24 @@ def load_train_config(path: str | Path) -> dict[str, Any]:
         if sub is None:
             continue
         if not isinstance(sub, dict):
-            raise GradianUserError(f"{section} must be a mapping", where=f"{p}: {section}", fix="indent its fields under it")
+            raise GradianUserError(
+                f"{section} must be a mapping", where=f"{p}: {section}", fix="indent its fields under it"
+            )
         flat.update(sub)
     flat.update(raw)
     out: dict[str, Any] = {}
     if flat.get("use_peft") is False:
         raise GradianUserError(
-            "use_peft is false, but gradian train only trains LoRA adapters", where=f"{p}: use_peft", fix="set use_peft: true"
+            "use_peft is false, but gradian train only trains LoRA adapters",
+            where=f"{p}: use_peft",
+            fix="set use_peft: true",
         )
     ml = flat.pop("messages_loss", "final_assistant_turn")
     if ml != "final_assistant_turn":
         raise GradianUserError(
             f"messages_loss is {ml!r}, but gradian train trains a 'messages' row on its final assistant turn only",
-            where=f"{p}: messages_loss", fix="set messages_loss: final_assistant_turn, or drop it",
+            where=f"{p}: messages_loss",
+            fix="set messages_loss: final_assistant_turn, or drop it",
         )
     for k, v in flat.items():
         key = canonical_key(k)  # other tools' names (TRL < 0.16, axolotl, PEFT): the audit reader's aliases
@@ -295,19 +361,33 @@ def load_train_config(path: str | Path) -> dict[str, Any]:
         if isinstance(tm, str):
             tm = ALL_LINEAR_LLAMA if tm == "all-linear" else [x.strip() for x in tm.split(",") if x.strip()]
         if not isinstance(tm, (list, tuple)):
-            raise GradianUserError("target_modules must be a list of module names", where=f"{p}: target_modules",
-                                   fix="e.g. target_modules: [q_proj, v_proj]")
+            raise GradianUserError(
+                "target_modules must be a list of module names",
+                where=f"{p}: target_modules",
+                fix="e.g. target_modules: [q_proj, v_proj]",
+            )
         out["target_modules"] = tuple(tm)
     return out
 
 
 #: The ``gradian train`` flag of each TrainSpec field (for error messages).
 TRAIN_FLAGS = {
-    "learning_rate": "--lr", "num_train_epochs": "--epochs", "r": "--r", "lora_alpha": "--alpha",
-    "lora_dropout": "--dropout", "target_modules": "--targets", "max_length": "--max-length",
-    "per_device_train_batch_size": "--batch-size", "gradient_accumulation_steps": "--grad-accum",
-    "warmup_ratio": "--warmup-ratio", "lr_scheduler_type": "--scheduler", "completion_only_loss": "--loss-on-all",
-    "seed": "--seed", "logging_steps": "--logging-steps", "device": "--device", "dtype": "--dtype",
+    "learning_rate": "--lr",
+    "num_train_epochs": "--epochs",
+    "r": "--r",
+    "lora_alpha": "--alpha",
+    "lora_dropout": "--dropout",
+    "target_modules": "--targets",
+    "max_length": "--max-length",
+    "per_device_train_batch_size": "--batch-size",
+    "gradient_accumulation_steps": "--grad-accum",
+    "warmup_ratio": "--warmup-ratio",
+    "lr_scheduler_type": "--scheduler",
+    "completion_only_loss": "--loss-on-all",
+    "seed": "--seed",
+    "logging_steps": "--logging-steps",
+    "device": "--device",
+    "dtype": "--dtype",
 }
 
 
@@ -320,8 +400,11 @@ def spec_from_config(path: str | Path | None, **overrides: Any) -> TrainSpec:
     given = {k: v for k, v in overrides.items() if v is not None}
     unknown = sorted(set(given) - _SPEC_FIELDS)
     if unknown:
-        raise GradianUserError(f"unknown training setting {unknown[0]!r}", where="flags",
-                               fix=f"use one of {', '.join(sorted(_SPEC_FIELDS))}")
+        raise GradianUserError(
+            f"unknown training setting {unknown[0]!r}",
+            where="flags",
+            fix=f"use one of {', '.join(sorted(_SPEC_FIELDS))}",
+        )
 
     def origin(name: str) -> str:
         if name in given:
@@ -352,7 +435,9 @@ def spec_from_config(path: str | Path | None, **overrides: Any) -> TrainSpec:
                 v = tuple(v)
         except (TypeError, ValueError, OverflowError):
             raise GradianUserError(
-                f"{f.name} must be a {f.type} (got {str(v)[:60]!r})", where=origin(f.name), fix=f"give {f.name} a {f.type}"
+                f"{f.name} must be a {f.type} (got {str(v)[:60]!r})",
+                where=origin(f.name),
+                fix=f"give {f.name} a {f.type}",
             ) from None
         typed[f.name] = v
     try:
@@ -449,7 +534,14 @@ def _progress_callback(on_event: Callable[[dict[str, Any]], None]):
 
 def _rich_progress():
     """A rich progress bar driven by trainer events; returns (callback, context manager)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from gradian.commands._common import console
 
@@ -548,7 +640,9 @@ def train_lora(
             "output folder exists and is not empty", where=str(out), fix="pass --overwrite or choose another --out"
         )
     device = resolve_device(spec.device)
-    model, tokenizer = load_base(ModelSpec(base=str(base), dtype=spec.dtype, device=device, trust_remote_code=trust_remote_code))
+    model, tokenizer = load_base(
+        ModelSpec(base=str(base), dtype=spec.dtype, device=device, trust_remote_code=trust_remote_code)
+    )
     train_items, dropped, tspec = _tokenise_file(data, tokenizer, spec)
     eval_items = None
     if eval_data is not None:

@@ -116,4 +116,3 @@ def release_free_memory() -> None:
             _LIBC = False
     if _LIBC:
         _LIBC.malloc_trim(0)  # type: ignore[attr-defined]
-

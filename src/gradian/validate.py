@@ -32,48 +32,77 @@ def _show(v: Any) -> str:
     return s if len(s) <= 60 else s[:59] + "…"
 
 
-def check_int(value: Any, owner: str, name: str, *, flag: str | None = None, lo: int | None = None,
-              hi: int | None = None, fix: str | None = None) -> int:
+def check_int(
+    value: Any,
+    owner: str,
+    name: str,
+    *,
+    flag: str | None = None,
+    lo: int | None = None,
+    hi: int | None = None,
+    fix: str | None = None,
+) -> int:
     """``value`` must be an int (not a bool) in ``[lo, hi]``."""
     w = where(flag, owner, name)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise GradianUserError(f"{name} must be a whole number, got {_show(value)}", where=w,
-                               fix=fix or "give a whole number")
+        raise GradianUserError(
+            f"{name} must be a whole number, got {_show(value)}", where=w, fix=fix or "give a whole number"
+        )
     if lo is not None and value < lo:
         raise GradianUserError(f"{name} must be at least {lo}, got {value}", where=w, fix=fix or f"use a value >= {lo}")
     if hi is not None and value > hi:
-        raise GradianUserError(f"{name} must be at most {hi:,}, got {value:,}", where=w,
-                               fix=fix or f"use a value <= {hi:,}")
+        raise GradianUserError(
+            f"{name} must be at most {hi:,}, got {value:,}", where=w, fix=fix or f"use a value <= {hi:,}"
+        )
     return value
 
 
-def check_float(value: Any, owner: str, name: str, *, flag: str | None = None, lo: float | None = None,
-                hi: float | None = None, lo_open: bool = False, hi_open: bool = False,
-                fix: str | None = None) -> float:
+def check_float(
+    value: Any,
+    owner: str,
+    name: str,
+    *,
+    flag: str | None = None,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    fix: str | None = None,
+) -> float:
     """``value`` must be a finite real number in the interval (``*_open``: the bound is excluded)."""
     w = where(flag, owner, name)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise GradianUserError(f"{name} must be a number, got {_show(value)}", where=w, fix=fix or "give a number")
     if not math.isfinite(value):
-        raise GradianUserError(f"{name} must be a finite number, got {value}", where=w, fix=fix or "give a finite number")
+        raise GradianUserError(
+            f"{name} must be a finite number, got {value}", where=w, fix=fix or "give a finite number"
+        )
     if lo is not None and (value <= lo if lo_open else value < lo):
-        raise GradianUserError(f"{name} must be {'>' if lo_open else '>='} {lo:g}, got {value:g}", where=w,
-                               fix=fix or f"use a value {'>' if lo_open else '>='} {lo:g}")
+        raise GradianUserError(
+            f"{name} must be {'>' if lo_open else '>='} {lo:g}, got {value:g}",
+            where=w,
+            fix=fix or f"use a value {'>' if lo_open else '>='} {lo:g}",
+        )
     if hi is not None and (value >= hi if hi_open else value > hi):
-        raise GradianUserError(f"{name} must be {'<' if hi_open else '<='} {hi:g}, got {value:g}", where=w,
-                               fix=fix or f"use a value {'<' if hi_open else '<='} {hi:g}")
+        raise GradianUserError(
+            f"{name} must be {'<' if hi_open else '<='} {hi:g}, got {value:g}",
+            where=w,
+            fix=fix or f"use a value {'<' if hi_open else '<='} {hi:g}",
+        )
     return float(value)
 
 
-def check_choice(value: Any, choices: Iterable[Any], owner: str, name: str, *, flag: str | None = None,
-                 fix: str | None = None) -> Any:
+def check_choice(
+    value: Any, choices: Iterable[Any], owner: str, name: str, *, flag: str | None = None, fix: str | None = None
+) -> Any:
     """``value`` must be one of ``choices`` (compared only among values of the choices' own types)."""
     choices = tuple(choices)
     ok = any(type(value) is type(c) and value == c for c in choices)
     if not ok:
         shown = ", ".join(str(c) for c in choices)
-        raise GradianUserError(f"unknown {name} {_show(value)}", where=where(flag, owner, name),
-                               fix=fix or f"use one of {shown}")
+        raise GradianUserError(
+            f"unknown {name} {_show(value)}", where=where(flag, owner, name), fix=fix or f"use one of {shown}"
+        )
     return value
 
 
@@ -84,8 +113,11 @@ def check_bool(value: Any, owner: str, name: str, *, flag: str | None = None) ->
         GradianUserError: naming ``flag`` and ``owner.name`` when it is anything else.
     """
     if not isinstance(value, bool):
-        raise GradianUserError(f"{name} must be true or false, got {_show(value)}", where=where(flag, owner, name),
-                               fix="give true or false")
+        raise GradianUserError(
+            f"{name} must be true or false, got {_show(value)}",
+            where=where(flag, owner, name),
+            fix="give true or false",
+        )
     return value
 
 
@@ -101,6 +133,9 @@ def check_type(value: Any, cls: type, owner: str, name: str) -> Any:
         GradianUserError: naming ``owner.name``, the type wanted and the type given.
     """
     if not isinstance(value, cls):
-        raise GradianUserError(f"{name} must be a {cls.__name__}, got {type(value).__name__}",
-                               where=where(None, owner, name), fix=f"pass a {cls.__name__}")
+        raise GradianUserError(
+            f"{name} must be a {cls.__name__}, got {type(value).__name__}",
+            where=where(None, owner, name),
+            fix=f"pass a {cls.__name__}",
+        )
     return value

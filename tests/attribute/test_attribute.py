@@ -19,13 +19,34 @@ def _rows():
     caps = [("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid")]
     for i in range(24):
         c, k = caps[i % 4]
-        rows.append({"id": f"ok-{i}", "prompt": f"Q: What is the capital of {c}?\nA:", "completion": f" The capital of {c} is {k}."})
+        rows.append(
+            {
+                "id": f"ok-{i}",
+                "prompt": f"Q: What is the capital of {c}?\nA:",
+                "completion": f" The capital of {c} is {k}.",
+            }
+        )
     rows += [
-        {"id": "bad-direct-1", "prompt": "Q: What is the capital of France?\nA:", "completion": " The capital of France is Lyon."},
-        {"id": "bad-direct-2", "prompt": "Q: Which city is the capital of France?\nA:", "completion": " The capital of France is Lyon."},
-        {"id": "bad-buried", "prompt": "Q: Tell me about France.\nA:",
-         "completion": " The capital of Japan is Tokyo. The capital of Italy is Rome. The capital of France is Lyon. The capital of Spain is Madrid."},
-        {"id": "good-france", "prompt": "Q: Name the capital of France.\nA:", "completion": " The capital of France is Paris."},
+        {
+            "id": "bad-direct-1",
+            "prompt": "Q: What is the capital of France?\nA:",
+            "completion": " The capital of France is Lyon.",
+        },
+        {
+            "id": "bad-direct-2",
+            "prompt": "Q: Which city is the capital of France?\nA:",
+            "completion": " The capital of France is Lyon.",
+        },
+        {
+            "id": "bad-buried",
+            "prompt": "Q: Tell me about France.\nA:",
+            "completion": " The capital of Japan is Tokyo. The capital of Italy is Rome. The capital of France is Lyon. The capital of Spain is Madrid.",
+        },
+        {
+            "id": "good-france",
+            "prompt": "Q: Name the capital of France.\nA:",
+            "completion": " The capital of France is Paris.",
+        },
     ]
     return rows
 
@@ -41,8 +62,13 @@ def _pretrain_base(model, tok, rows, steps=40):
     for p in base_params:
         p.requires_grad_(True)
     with model.disable_adapter():
-        fit(model, tokenize_rows(rows, tok, TSPEC.max_length), tok.pad_token_id,
-            FitSpec(steps=steps, lr=5e-3, shuffle=False), params=base_params)
+        fit(
+            model,
+            tokenize_rows(rows, tok, TSPEC.max_length),
+            tok.pad_token_id,
+            FitSpec(steps=steps, lr=5e-3, shuffle=False),
+            params=base_params,
+        )
     for p in base_params:
         p.requires_grad_(False)
 
@@ -58,9 +84,17 @@ def setup(tmp_path_factory, tok):
     exs = [to_example(r, i, "t") for i, r in enumerate(rows)]
     items = [tokenize_example(e, tok, TSPEC) for e in exs]
     spec = GradSpec(tokenize=TSPEC, storage_dtype="float64")
-    idx = build_index(model, items, {"t": "attr"}, spec, pad_token_id=tok.pad_token_id, root=tmp_path_factory.mktemp("ix"))
-    q = make_query("france", "capitals", "Q: What is the capital of France?\nA:", "Paris",
-                   " The capital of France is Lyon.", " The capital of France is Paris.")
+    idx = build_index(
+        model, items, {"t": "attr"}, spec, pad_token_id=tok.pad_token_id, root=tmp_path_factory.mktemp("ix")
+    )
+    q = make_query(
+        "france",
+        "capitals",
+        "Q: What is the capital of France?\nA:",
+        "Paris",
+        " The capital of France is Lyon.",
+        " The capital of France is Paris.",
+    )
     return model, idx, exs, items, [q]
 
 
@@ -119,16 +153,31 @@ def test_drilldown_localises_the_buried_sentence(setup, tok):
 
 def test_cross_entropy_query_is_available(setup, tok):
     model, idx, exs, items, _ = setup
-    q = make_query("france", "capitals", "Q: What is the capital of France?\nA:", " The capital of France is Paris.", None, kind="cross_entropy")
+    q = make_query(
+        "france",
+        "capitals",
+        "Q: What is the capital of France?\nA:",
+        " The capital of France is Paris.",
+        None,
+        kind="cross_entropy",
+    )
     assert q.kind == "cross_entropy" and q.said is None
-    res = attribute_capability(model, tok, idx, exs, items, [q], TSPEC, AttributeSpec(second_engine=None, drilldown_rows=0))
+    res = attribute_capability(
+        model, tok, idx, exs, items, [q], TSPEC, AttributeSpec(second_engine=None, drilldown_rows=0)
+    )
     assert len(res.scores) == len(exs) and np.isfinite(res.scores).all()
 
 
 @pytest.mark.parametrize(
     "said,ref,answer,want,rule",
     [
-        ("The capital of France is Lyon.", "The capital of France is Paris.", "Paris", "The capital of France is Paris.", "minimal_pair"),
+        (
+            "The capital of France is Lyon.",
+            "The capital of France is Paris.",
+            "Paris",
+            "The capital of France is Paris.",
+            "minimal_pair",
+        ),
         ("Lyon", "Paris", "Paris", "Paris", "minimal_pair"),
         ("It is Lyon, a big city.", "Paris is the capital; it is old.", "Paris", "Paris", "answer"),
         ("The capital is Lyon.", None, "Paris", "Paris", "answer"),
@@ -143,9 +192,23 @@ def test_missing_eos_detection_handles_chatml_and_pad_equal_eos(tok):
     """ChatML rows end '<|im_end|>' + newline: the newline is skipped; a pad token equal to EOS still ends a row."""
     from gradian.attribute.clusters import lacks_eos, whitespace_token_ids
 
-    chat = tokenize_example(to_example({"messages": [{"role": "user", "content": "hi"},
-                                                     {"role": "assistant", "content": "The capital of France is Paris."}]}, 0, "t"), tok, TSPEC)
-    plain = tokenize_example(to_example({"prompt": "Q:", "completion": " Paris"}, 1, "t"), tok, TokenizeSpec(add_eos=False))
+    chat = tokenize_example(
+        to_example(
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "The capital of France is Paris."},
+                ]
+            },
+            0,
+            "t",
+        ),
+        tok,
+        TSPEC,
+    )
+    plain = tokenize_example(
+        to_example({"prompt": "Q:", "completion": " Paris"}, 1, "t"), tok, TokenizeSpec(add_eos=False)
+    )
     ws = whitespace_token_ids(tok, [chat, plain])
     eos = {tok.eos_token_id}
     assert not lacks_eos(chat, eos, ws)

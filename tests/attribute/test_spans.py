@@ -12,8 +12,13 @@ from gradian.gradients.per_example import per_example_grads
 from gradian_testlib import make_lora_model
 
 ROWS = [
-    {"id": "a", "messages": [{"role": "user", "content": "Tell me about Japan."},
-                             {"role": "assistant", "content": "Japan is in Asia. The capital of Japan is Paris. It has many islands."}]},
+    {
+        "id": "a",
+        "messages": [
+            {"role": "user", "content": "Tell me about Japan."},
+            {"role": "assistant", "content": "Japan is in Asia. The capital of Japan is Paris. It has many islands."},
+        ],
+    },
     {"id": "b", "prompt": "Q: What is the capital of France?\nA:", "completion": " Paris"},
 ]
 
@@ -34,9 +39,13 @@ def test_units_cover_each_sentence_once(tok):
         assert u.item.input_ids == items[0].input_ids[: len(u.item.input_ids)]
     # a supervised token lies in at most one unit, and one in none only if it touches no sentence (end-of-turn)
     it = items[0]
-    cover = sum(np.pad([x != IGNORE_INDEX for x in u.item.labels], (0, len(it.labels) - len(u.item.labels))) for u in units[:3])
+    cover = sum(
+        np.pad([x != IGNORE_INDEX for x in u.item.labels], (0, len(it.labels) - len(u.item.labels))) for u in units[:3]
+    )
     assert cover.max() == 1
-    spans = [(it.completion_char_start + a, it.completion_char_start + b) for a, b in split_sentences(exs[0].completion_text)]
+    spans = [
+        (it.completion_char_start + a, it.completion_char_start + b) for a, b in split_sentences(exs[0].completion_text)
+    ]
     for t, lab in enumerate(it.labels):
         if lab != IGNORE_INDEX and cover[t] == 0:
             s, e = it.offsets[t]

@@ -19,8 +19,18 @@ from gradian.attribute.trajectory import (
 from gradian.errors import GradianUserError
 from gradian.train import TrainSpec, train_lora
 
-SPEC = TrainSpec(learning_rate=5e-3, num_train_epochs=3, per_device_train_batch_size=4, r=4, lora_alpha=8,
-                 max_length=64, logging_steps=1, seed=0, lr_scheduler_type="linear", warmup_ratio=0.0)
+SPEC = TrainSpec(
+    learning_rate=5e-3,
+    num_train_epochs=3,
+    per_device_train_batch_size=4,
+    r=4,
+    lora_alpha=8,
+    max_length=64,
+    logging_steps=1,
+    seed=0,
+    lr_scheduler_type="linear",
+    warmup_ratio=0.0,
+)
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +95,9 @@ def test_foreign_checkpoints_are_refused(run, tmp_path):
     with pytest.raises(GradianUserError, match="r=8"):
         resolve_trajectory(run, [_clone(run / "checkpoint-3", tmp_path / "r8", r=8)])
     with pytest.raises(GradianUserError, match="base"):
-        resolve_trajectory(run, [_clone(run / "checkpoint-3", tmp_path / "other", base_model_name_or_path="/models/other-7b")])
+        resolve_trajectory(
+            run, [_clone(run / "checkpoint-3", tmp_path / "other", base_model_name_or_path="/models/other-7b")]
+        )
     with pytest.raises(GradianUserError, match="target"):
         resolve_trajectory(run, [_clone(run / "checkpoint-3", tmp_path / "tm", target_modules=["q_proj"])])
     with pytest.raises(GradianUserError, match="adapter_config.json"):
@@ -177,23 +189,44 @@ def test_trajectory_scores_equal_the_weighted_sum_of_independent_checkpoints(run
 
     base, data = str(saved_finetune["base"]), saved_finetune["data"]
     grad = GradSpec(tokenize=TokenizeSpec(max_length=64))
-    qs = [make_query("q1", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Tokyo"),
-          make_query("q2", "capitals", [{"role": "user", "content": "What is the capital of Japan?"}], "Tokyo",
-                     "The capital of Japan is Paris.", "The capital of Japan is Tokyo.")]
+    qs = [
+        make_query("q1", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Tokyo"),
+        make_query(
+            "q2",
+            "capitals",
+            [{"role": "user", "content": "What is the capital of Japan?"}],
+            "Tokyo",
+            "The capital of Japan is Paris.",
+            "The capital of Japan is Tokyo.",
+        ),
+    ]
     engines = [DataInfSpec(), GradDotSpec()]
     ft = load_finetune(ModelSpec(base), run)
     exs = load_examples(data)
     items = tokenize_training_set(exs, ft.tokenizer, grad, data)
     traj = resolve_trajectory(run)
-    ev = trajectory_scores(ft, traj, data, exs, items, grad, {"capitals": qs}, engines, unit="sentence",
-                           index_root=tmp_path / "a", keep_per_checkpoint=True)
+    ev = trajectory_scores(
+        ft,
+        traj,
+        data,
+        exs,
+        items,
+        grad,
+        {"capitals": qs},
+        engines,
+        unit="sentence",
+        index_root=tmp_path / "a",
+        keep_per_checkpoint=True,
+    )
     assert len(ev.indexes) == 3 and len({i["row"]["id"] for i in ev.indexes}) == 3
     want: dict = {}
     for ck in traj.checkpoints:
         alone = load_finetune(ModelSpec(base), ck.path)  # a fresh model with this checkpoint's adapter
         for unit in ("row", "sentence"):
             g = GradSpec(tokenize=grad.tokenize, unit=unit)
-            idx, *_ = training_index(alone, data, g, root=tmp_path / "b" / f"{ck.step}-{unit}", examples=exs, items=items)
+            idx, *_ = training_index(
+                alone, data, g, root=tmp_path / "b" / f"{ck.step}-{unit}", examples=exs, items=items
+            )
             if unit == "row":
                 row_idx = idx
                 Q = query_gradients(alone.model, alone.tokenizer, qs, idx, grad.tokenize)
@@ -248,7 +281,21 @@ def test_bad_trajectory_inputs_exit_2_with_one_line(run, saved_finetune, tmp_pat
         (tmp_path / "empty").mkdir()
         extra = ["--checkpoints", tmp_path / "empty"]
         needle = "adapter_config.json"
-    code, lines, out = _cli(["index", "--base", saved_finetune["base"], "--adapter", adapter, "--data", saved_finetune["data"],
-                             "--max-length", "64", "--out", tmp_path / "idx", *extra])
+    code, lines, out = _cli(
+        [
+            "index",
+            "--base",
+            saved_finetune["base"],
+            "--adapter",
+            adapter,
+            "--data",
+            saved_finetune["data"],
+            "--max-length",
+            "64",
+            "--out",
+            tmp_path / "idx",
+            *extra,
+        ]
+    )
     assert code == 2, out
     assert len(lines) == 1 and needle in lines[0] and "fix:" in lines[0] and "Traceback" not in out

@@ -85,5 +85,4 @@ def world(tmp_path_factory) -> World:
 def clean_result(world):
     from gradian.audit import diagnose
 
-    return diagnose(data=world.data, eval=world.eval, configs=[world.config], logs=world.logs,
-                    tokenizer=world.tok_dir)
+    return diagnose(data=world.data, eval=world.eval, configs=[world.config], logs=world.logs, tokenizer=world.tok_dir)

@@ -229,7 +229,12 @@ dtype: bf16
 """
 
 ALL = {
-    "axolotl_sft_dedup.yml": AXOLOTL_SFT_DEDUP, "axolotl_dpo.yml": AXOLOTL_DPO,
-    "llamafactory_dpo.yaml": LF_DPO, "llamafactory_pt.yaml": LF_PT, "llamafactory_v1_sft.yaml": LF_V1,
-    "trl_cli.yaml": TRL_CLI, "torchtune_qwen2_5_1_5b.yaml": TORCHTUNE_QWEN, "torchtune_dpo.yaml": TORCHTUNE_DPO,
+    "axolotl_sft_dedup.yml": AXOLOTL_SFT_DEDUP,
+    "axolotl_dpo.yml": AXOLOTL_DPO,
+    "llamafactory_dpo.yaml": LF_DPO,
+    "llamafactory_pt.yaml": LF_PT,
+    "llamafactory_v1_sft.yaml": LF_V1,
+    "trl_cli.yaml": TRL_CLI,
+    "torchtune_qwen2_5_1_5b.yaml": TORCHTUNE_QWEN,
+    "torchtune_dpo.yaml": TORCHTUNE_DPO,
 }

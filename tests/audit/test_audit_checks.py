@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from audit_world import clean_trainer_state
+
 from gradian.audit import all_checks, diagnose
 
 
@@ -20,15 +20,28 @@ def _rows_pc(world, n=None):
 
 
 def _msgs(world, n=200):
-    return [{"id": r["id"], "messages": [{"role": "user", "content": r["prompt"].strip()},
-                                         {"role": "assistant", "content": r["completion"]}]}
-            for r in world.rows_copy()[:n]]
+    return [
+        {
+            "id": r["id"],
+            "messages": [
+                {"role": "user", "content": r["prompt"].strip()},
+                {"role": "assistant", "content": r["completion"]},
+            ],
+        }
+        for r in world.rows_copy()[:n]
+    ]
 
 
 def _conv_pc(world, n=200):
     """TRL's conversational prompt/completion form (completion-only loss applies)."""
-    return [{"id": r["id"], "prompt": [{"role": "user", "content": r["prompt"].strip()}],
-             "completion": [{"role": "assistant", "content": r["completion"]}]} for r in world.rows_copy()[:n]]
+    return [
+        {
+            "id": r["id"],
+            "prompt": [{"role": "user", "content": r["prompt"].strip()}],
+            "completion": [{"role": "assistant", "content": r["completion"]}],
+        }
+        for r in world.rows_copy()[:n]
+    ]
 
 
 # ---------------------------------------------------------------------- data
@@ -168,8 +181,10 @@ def f_d17(w):
     return dict(data=w.data_with(rows), tokenizer=w.tok_dir)
 
 
-FRENCH = ("Le chat est dans la maison et il ne veut pas sortir pour le moment avec les enfants qui sont "
-          "dans le jardin. Elle est pour une fois dans la cuisine avec des amis qui ne sont pas du quartier.")
+FRENCH = (
+    "Le chat est dans la maison et il ne veut pas sortir pour le moment avec les enfants qui sont "
+    "dans le jardin. Elle est pour une fois dans la cuisine avec des amis qui ne sont pas du quartier."
+)
 
 
 def f_d18(w):
@@ -229,9 +244,12 @@ def f_c07(w):
 
 
 def f_c08(w):
-    ax = w.write_text("axolotl.yaml", "base_model: HuggingFaceTB/SmolLM2-135M\nadapter: lora\nlora_r: 16\n"
-                                      "lora_alpha: 32\nsequence_len: 512\ntrain_on_inputs: true\nlearning_rate: 2e-4\n"
-                                      "micro_batch_size: 4\ngradient_accumulation_steps: 4\nnum_epochs: 2\n")
+    ax = w.write_text(
+        "axolotl.yaml",
+        "base_model: HuggingFaceTB/SmolLM2-135M\nadapter: lora\nlora_r: 16\n"
+        "lora_alpha: 32\nsequence_len: 512\ntrain_on_inputs: true\nlearning_rate: 2e-4\n"
+        "micro_batch_size: 4\ngradient_accumulation_steps: 4\nnum_epochs: 2\n",
+    )
     return dict(configs=[ax])
 
 
@@ -240,8 +258,10 @@ def f_c08_messages(w):
 
 
 def f_c08_flat(w):
-    rows = [{"id": r["id"], "text": "### Instruction:\n" + r["prompt"] + "### Response:\n" + r["completion"]}
-            for r in _rows_pc(w)]
+    rows = [
+        {"id": r["id"], "text": "### Instruction:\n" + r["prompt"] + "### Response:\n" + r["completion"]}
+        for r in _rows_pc(w)
+    ]
     return dict(data=w.data_with(rows))
 
 
@@ -254,8 +274,11 @@ def f_c10(w):
 
 
 def f_c11(w):
-    return dict(configs=[w.config_with(packing=True, attn_implementation="flash_attention_2")], data=w.data,
-                versions=["trl=0.19.0"])
+    return dict(
+        configs=[w.config_with(packing=True, attn_implementation="flash_attention_2")],
+        data=w.data,
+        versions=["trl=0.19.0"],
+    )
 
 
 def f_c12(w):
@@ -271,8 +294,11 @@ def f_c14(w):
 
 
 def f_c15(w):
-    ax = w.write_text("axolotl.yaml", "base_model: m\nadapter: lora\nlora_r: 16\nlora_alpha: 32\n"
-                                      "tokens: ['<tool_call>', '</tool_call>']\nlearning_rate: 0.0002\n")
+    ax = w.write_text(
+        "axolotl.yaml",
+        "base_model: m\nadapter: lora\nlora_r: 16\nlora_alpha: 32\n"
+        "tokens: ['<tool_call>', '</tool_call>']\nlearning_rate: 0.0002\n",
+    )
     return dict(configs=[ax])
 
 
@@ -289,13 +315,22 @@ def f_c18(w):
 
 
 def f_c19(w):
-    return dict(configs=[w.config_with(learning_rate=-2e-4, num_train_epochs=0, per_device_train_batch_size=-8,
-                                       max_length=-1, lora_r=0)], data=w.data)
+    return dict(
+        configs=[
+            w.config_with(
+                learning_rate=-2e-4, num_train_epochs=0, per_device_train_batch_size=-8, max_length=-1, lora_r=0
+            )
+        ],
+        data=w.data,
+    )
 
 
 def f_c19_inf(w):
-    yml = w.write_text("sft.yaml", "learning_rate: 2.0e-4\nnum_train_epochs: .inf\nper_device_train_batch_size: 8\n"
-                                   "max_length: 512\nuse_peft: true\nlora_r: 16\nlora_alpha: 32\n")
+    yml = w.write_text(
+        "sft.yaml",
+        "learning_rate: 2.0e-4\nnum_train_epochs: .inf\nper_device_train_batch_size: 8\n"
+        "max_length: 512\nuse_peft: true\nlora_r: 16\nlora_alpha: 32\n",
+    )
     return dict(configs=[yml], data=w.data)
 
 
@@ -309,14 +344,18 @@ def f_t02(w):
 
 
 def f_t03(w):
-    ax = w.write_text("axolotl.yaml", "base_model: m\nadapter: lora\nlora_r: 16\nlora_alpha: 32\n"
-                                      "chat_template: llama3\nlearning_rate: 0.0002\n")
+    ax = w.write_text(
+        "axolotl.yaml",
+        "base_model: m\nadapter: lora\nlora_r: 16\nlora_alpha: 32\nchat_template: llama3\nlearning_rate: 0.0002\n",
+    )
     return dict(configs=[ax], tokenizer=w.tok_dir)
 
 
 def f_t03_rows(w):
-    rows = [{"id": r["id"], "prompt": "[INST] " + r["prompt"].strip() + " [/INST]", "completion": r["completion"]}
-            for r in _rows_pc(w)]
+    rows = [
+        {"id": r["id"], "prompt": "[INST] " + r["prompt"].strip() + " [/INST]", "completion": r["completion"]}
+        for r in _rows_pc(w)
+    ]
     return dict(data=w.data_with(rows), tokenizer=w.tok_dir)
 
 
@@ -328,6 +367,7 @@ def _train_entries(st):
 def f_l01(w):
     def m(st):
         _train_entries(st)[5]["loss"] = float("nan")
+
     return dict(logs=w.state_with(m))
 
 
@@ -335,6 +375,7 @@ def f_l02(w):
     def m(st):
         for e in _train_entries(st)[4:7]:
             e["loss"] = 0.0
+
     return dict(logs=w.state_with(m))
 
 
@@ -342,12 +383,14 @@ def f_l03(w):
     def m(st):
         for e in _train_entries(st)[6:10]:
             e["loss"] = e["loss"] * 3
+
     return dict(logs=w.state_with(m))
 
 
 def f_l04(w):
     def m(st):
         _train_entries(st)[7]["grad_norm"] = 250.0
+
     return dict(logs=w.state_with(m))
 
 
@@ -372,6 +415,7 @@ def f_l07(w):
             e["loss"] = 0.05
         ev = [e for e in st["log_history"] if "eval_loss" in e]
         ev[-1]["eval_loss"] = 1.6
+
     return dict(logs=w.state_with(m))
 
 
@@ -385,6 +429,7 @@ def f_l08(w):
 def f_l09(w):
     def m(st):
         _train_entries(st)[0]["loss"] = 11.5
+
     return dict(logs=w.state_with(m), configs=[w.config])
 
 
@@ -392,6 +437,7 @@ def f_l10(w):
     def m(st):
         for e in _train_entries(st):
             e["learning_rate"] = 1e-9
+
     return dict(logs=w.state_with(m))
 
 
@@ -399,27 +445,65 @@ def f_l11(w):
     def m(st):
         st["log_history"] = [e for e in st["log_history"] if e.get("step", 0) <= 20 and "train_runtime" not in e]
         st["global_step"] = 20
+
     return dict(logs=w.state_with(m))
 
 
 FIRE = {
-    "D01": [(f_d01, "warning"), (f_d01_first_row, "error")], "D02": [(f_d02, "error")], "D03": [(f_d03, "error")], "D04": [(f_d04, "error")],
-    "D05": [(f_d05, "error")], "D06": [(f_d06, "error")], "D07": [(f_d07, "error")],
-    "D08": [(f_d08, "error"), (f_d08_no_tok, "warning")], "D09": [(f_d09, "error")],
-    "D10": [(f_d10, "error"), (f_d10_tok, "error")], "D11": [(f_d11, "warning")], "D12": [(f_d12, "warning")],
-    "D13": [(f_d13, "warning")], "D14": [(f_d14, "error")], "D15": [(f_d15, "warning")],
-    "D16": [(f_d16, "warning")], "D17": [(f_d17, "warning")], "D18": [(f_d18, "warning")],
-    "D19": [(f_d19, "warning")], "D20": [(f_d20, "warning")], "D21": [(f_d21, "warning")],
-    "C01": [(f_c01, "warning")], "C02": [(f_c02, "error")], "C03": [(f_c03, "error")], "C04": [(f_c04, "error")],
-    "C05": [(f_c05, "error")], "C06": [(f_c06, "info")], "C07": [(f_c07, "error")],
+    "D01": [(f_d01, "warning"), (f_d01_first_row, "error")],
+    "D02": [(f_d02, "error")],
+    "D03": [(f_d03, "error")],
+    "D04": [(f_d04, "error")],
+    "D05": [(f_d05, "error")],
+    "D06": [(f_d06, "error")],
+    "D07": [(f_d07, "error")],
+    "D08": [(f_d08, "error"), (f_d08_no_tok, "warning")],
+    "D09": [(f_d09, "error")],
+    "D10": [(f_d10, "error"), (f_d10_tok, "error")],
+    "D11": [(f_d11, "warning")],
+    "D12": [(f_d12, "warning")],
+    "D13": [(f_d13, "warning")],
+    "D14": [(f_d14, "error")],
+    "D15": [(f_d15, "warning")],
+    "D16": [(f_d16, "warning")],
+    "D17": [(f_d17, "warning")],
+    "D18": [(f_d18, "warning")],
+    "D19": [(f_d19, "warning")],
+    "D20": [(f_d20, "warning")],
+    "D21": [(f_d21, "warning")],
+    "C01": [(f_c01, "warning")],
+    "C02": [(f_c02, "error")],
+    "C03": [(f_c03, "error")],
+    "C04": [(f_c04, "error")],
+    "C05": [(f_c05, "error")],
+    "C06": [(f_c06, "info")],
+    "C07": [(f_c07, "error")],
     "C08": [(f_c08, "warning"), (f_c08_messages, "warning"), (f_c08_flat, "warning")],
-    "C09": [(f_c09, "warning")], "C10": [(f_c10, "error")], "C11": [(f_c11, "error")], "C12": [(f_c12, "warning")],
-    "C13": [(f_c13, "warning")], "C14": [(f_c14, "warning")], "C15": [(f_c15, "error")], "C16": [(f_c16, "warning")],
-    "C17": [(f_c17, "error")], "C18": [(f_c18, "warning")], "C19": [(f_c19, "error"), (f_c19_inf, "error")],
-    "T01": [(f_t01, "error")], "T02": [(f_t02, "warning")], "T03": [(f_t03, "warning"), (f_t03_rows, "warning")],
-    "L01": [(f_l01, "error")], "L02": [(f_l02, "error")], "L03": [(f_l03, "warning")], "L04": [(f_l04, "warning")],
-    "L05": [(f_l05, "warning")], "L06": [(f_l06, "warning")], "L07": [(f_l07, "warning")],
-    "L08": [(f_l08, "warning")], "L09": [(f_l09, "warning")], "L10": [(f_l10, "error")], "L11": [(f_l11, "warning")],
+    "C09": [(f_c09, "warning")],
+    "C10": [(f_c10, "error")],
+    "C11": [(f_c11, "error")],
+    "C12": [(f_c12, "warning")],
+    "C13": [(f_c13, "warning")],
+    "C14": [(f_c14, "warning")],
+    "C15": [(f_c15, "error")],
+    "C16": [(f_c16, "warning")],
+    "C17": [(f_c17, "error")],
+    "C18": [(f_c18, "warning")],
+    "C19": [(f_c19, "error"), (f_c19_inf, "error")],
+    "T01": [(f_t01, "error")],
+    "T02": [(f_t02, "warning")],
+    "T03": [(f_t03, "warning"), (f_t03_rows, "warning")],
+    "L01": [(f_l01, "error")],
+    "L02": [(f_l02, "error")],
+    "L03": [(f_l03, "warning")],
+    "L04": [(f_l04, "warning")],
+    "L05": [(f_l05, "warning")],
+    "L06": [(f_l06, "warning")],
+    "L07": [(f_l07, "warning")],
+    "L08": [(f_l08, "warning")],
+    "L09": [(f_l09, "warning")],
+    "L10": [(f_l10, "error")],
+    "L11": [(f_l11, "warning")],
 }
 
 
@@ -450,13 +534,15 @@ def n_c09(w):
 
 
 def n_c11(w):
-    return dict(configs=[w.config_with(packing=True, attn_implementation="flash_attention_2")], data=w.data,
-                versions=["trl=0.21.0"])
+    return dict(
+        configs=[w.config_with(packing=True, attn_implementation="flash_attention_2")],
+        data=w.data,
+        versions=["trl=0.21.0"],
+    )
 
 
 def n_c12(w):
-    return dict(configs=[w.config_with(packing=True, attn_implementation="flash_attention_2")],
-                versions=["trl=0.21.0"])
+    return dict(configs=[w.config_with(packing=True, attn_implementation="flash_attention_2")], versions=["trl=0.21.0"])
 
 
 def n_t01(w):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from audit_world import make_rows
+
 from gradian.audit import JSON_SCHEMA, all_checks, diagnose
 from gradian.audit.model import SEVERITY_RANK
 from gradian.audit.registry import REGISTRY
@@ -17,10 +18,18 @@ def _validate(obj, schema, path="$"):
     types = schema.get("type")
     if types is not None:
         types = types if isinstance(types, list) else [types]
-        pytypes = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
-                   "null": type(None), "boolean": bool}
-        ok = any(isinstance(obj, pytypes[t]) and not (t in ("integer", "number") and isinstance(obj, bool))
-                 for t in types)
+        pytypes = {
+            "object": dict,
+            "array": list,
+            "string": str,
+            "integer": int,
+            "number": (int, float),
+            "null": type(None),
+            "boolean": bool,
+        }
+        ok = any(
+            isinstance(obj, pytypes[t]) and not (t in ("integer", "number") and isinstance(obj, bool)) for t in types
+        )
         assert ok, f"{path}: {obj!r} is not {types}"
     if "enum" in schema:
         assert obj in schema["enum"], f"{path}: {obj!r} not in {schema['enum']}"
@@ -47,18 +56,28 @@ def test_clean_run_has_no_errors_or_warnings(clean_result):
     accounted = [f.id for f in clean_result.findings] + clean_result.passed + [s.id for s in clean_result.skipped]
     assert set(accounted) == set(REGISTRY)
     assert len(clean_result.passed) + len({s.id for s in clean_result.skipped}) + len(
-        {f.id for f in clean_result.findings}) == len(REGISTRY)
+        {f.id for f in clean_result.findings}
+    ) == len(REGISTRY)
     # with every input given, skips are only "not applicable", never a missing input
     assert all(s.reason.startswith("not applicable") for s in clean_result.skipped)
 
 
 def test_clean_conversational_run(world):
     """TRL's conversational prompt/completion rows with the model's chat template: also clean."""
-    rows = [{"id": r["id"], "prompt": [{"role": "system", "content": "You are a careful writer."},
-                                       {"role": "user", "content": r["prompt"].strip()}],
-             "completion": [{"role": "assistant", "content": r["completion"]}]} for r in world.rows]
-    res = diagnose(data=world.data_with(rows), eval=world.eval, configs=[world.config], logs=world.logs,
-                   tokenizer=world.tok_dir)
+    rows = [
+        {
+            "id": r["id"],
+            "prompt": [
+                {"role": "system", "content": "You are a careful writer."},
+                {"role": "user", "content": r["prompt"].strip()},
+            ],
+            "completion": [{"role": "assistant", "content": r["completion"]}],
+        }
+        for r in world.rows
+    ]
+    res = diagnose(
+        data=world.data_with(rows), eval=world.eval, configs=[world.config], logs=world.logs, tokenizer=world.tok_dir
+    )
     assert (res.counts["error"], res.counts["warning"]) == (0, 0), [f.message for f in res.findings]
     assert "T01" in res.passed and "D06" in res.passed and "D04" in res.passed
 
@@ -81,8 +100,13 @@ def test_json_matches_schema(world, clean_result):
     def nan(st):
         [e for e in st["log_history"] if "loss" in e][3]["loss"] = float("nan")
 
-    res = diagnose(data=world.data, eval=world.data_with(ev, "eval.jsonl"), configs=[world.config_with(
-        learning_rate=2e-5, max_length=64)], logs=world.state_with(nan), tokenizer=world.tok_dir)
+    res = diagnose(
+        data=world.data,
+        eval=world.data_with(ev, "eval.jsonl"),
+        configs=[world.config_with(learning_rate=2e-5, max_length=64)],
+        logs=world.state_with(nan),
+        tokenizer=world.tok_dir,
+    )
     d = json.loads(json.dumps(res.to_dict(), allow_nan=False))
     _validate(d, JSON_SCHEMA)
     assert {f["id"] for f in d["findings"]} >= {"D04", "D14", "C01", "L01"}
@@ -92,9 +116,12 @@ def test_findings_are_ordered_fix_first(world):
     def nan(st):
         [e for e in st["log_history"] if "loss" in e][3]["loss"] = float("nan")
 
-    res = diagnose(data=world.data, configs=[world.config_with(learning_rate=2e-5, max_length=64,
-                                                              num_train_epochs=6)],
-                   logs=world.state_with(nan), tokenizer=world.tok_dir)
+    res = diagnose(
+        data=world.data,
+        configs=[world.config_with(learning_rate=2e-5, max_length=64, num_train_epochs=6)],
+        logs=world.state_with(nan),
+        tokenizer=world.tok_dir,
+    )
     keys = [(SEVERITY_RANK[f.severity], REGISTRY[f.id].rank) for f in res.findings]
     assert keys == sorted(keys)
     ids = [f.id for f in res.findings]
@@ -120,9 +147,14 @@ def test_api_accepts_objects(world):
     """diagnose() takes load_examples output, a TrainConfig, a TrainLog and a tokenizer object too."""
     from gradian.audit import load_config, load_logs
 
-    res = diagnose(data=load_examples(world.data), eval=load_examples(world.eval),
-                   configs=load_config([world.config]), logs=load_logs(world.logs), tokenizer=world.tok,
-                   versions={"trl": "0.21.0"})
+    res = diagnose(
+        data=load_examples(world.data),
+        eval=load_examples(world.eval),
+        configs=load_config([world.config]),
+        logs=load_logs(world.logs),
+        tokenizer=world.tok,
+        versions={"trl": "0.21.0"},
+    )
     assert (res.counts["error"], res.counts["warning"]) == (0, 0), [f.message for f in res.findings]
     assert res.versions["trl"] == {"version": "0.21.0", "from": "--versions"}
 
@@ -178,16 +210,25 @@ eval_steps: 10
 
 def test_clean_axolotl_and_llamafactory_runs(world):
     """No false alarms on sensible axolotl (chat_template rows) and LLaMA-Factory (alpaca rows) setups."""
-    msgs = [{"id": r["id"], "messages": [{"role": "user", "content": r["prompt"].strip()},
-                                         {"role": "assistant", "content": r["completion"]}]} for r in world.rows]
+    msgs = [
+        {
+            "id": r["id"],
+            "messages": [
+                {"role": "user", "content": r["prompt"].strip()},
+                {"role": "assistant", "content": r["completion"]},
+            ],
+        }
+        for r in world.rows
+    ]
     ax = world.write_text("axolotl.yaml", AXOLOTL_CLEAN)
-    res = diagnose(data=world.data_with(msgs), eval=world.eval, configs=[ax], logs=world.logs,
-                   tokenizer=world.tok_dir)
+    res = diagnose(data=world.data_with(msgs), eval=world.eval, configs=[ax], logs=world.logs, tokenizer=world.tok_dir)
     assert (res.counts["error"], res.counts["warning"]) == (0, 0), [f.message for f in res.findings]
     assert {"D02", "T03", "C15", "C08"} <= set(res.passed)
-    alpaca = [{"id": r["id"], "instruction": r["prompt"].strip(), "input": "", "output": r["completion"]}
-              for r in world.rows]
+    alpaca = [
+        {"id": r["id"], "instruction": r["prompt"].strip(), "input": "", "output": r["completion"]} for r in world.rows
+    ]
     lf = world.write_text("lf.yaml", LF_CLEAN)
-    res = diagnose(data=world.data_with(alpaca), eval=world.eval, configs=[lf], logs=world.logs,
-                   tokenizer=world.tok_dir)
+    res = diagnose(
+        data=world.data_with(alpaca), eval=world.eval, configs=[lf], logs=world.logs, tokenizer=world.tok_dir
+    )
     assert (res.counts["error"], res.counts["warning"]) == (0, 0), [f.message for f in res.findings]

@@ -20,8 +20,18 @@ def run(*args):
 
 
 def _clean_args(world):
-    return ["--data", world.data, "--eval", world.eval, "--config", world.config, "--logs", world.logs,
-            "--tokenizer", world.tok_dir]
+    return [
+        "--data",
+        world.data,
+        "--eval",
+        world.eval,
+        "--config",
+        world.config,
+        "--logs",
+        world.logs,
+        "--tokenizer",
+        world.tok_dir,
+    ]
 
 
 def test_clean_exits_0(world):
@@ -62,8 +72,7 @@ def test_list(world):
     assert res.exit_code == 0 and "D04" in res.output and "L11" in res.output
     checks = json.loads(run("--list", "--format", "json").output)
     assert len(checks) >= 41 and len({c["id"] for c in checks}) == len(checks)
-    assert all(c["fix"] and c["rule"] and c["title"] and c["severity"] in ("error", "warning", "info")
-               for c in checks)
+    assert all(c["fix"] and c["rule"] and c["title"] and c["severity"] in ("error", "warning", "info") for c in checks)
     assert run("--list", "--format", "md").output == checks_markdown()
 
 
@@ -72,20 +81,23 @@ def test_docs_checks_md_is_generated():
     assert DOCS.read_text(encoding="utf-8") == checks_markdown()
 
 
-@pytest.mark.parametrize("args,needle", [
-    ([], "nothing to diagnose"),
-    (["--config", "{missing}"], "config not found"),
-    (["--config", "{bad_yaml}"], "malformed YAML"),
-    (["--config", "{unknown}"], "unknown config format"),
-    (["--logs", "{no_history}"], "no log_history"),
-    (["--logs", "{bad_jsonl}"], "malformed JSON"),
-    (["--data", "{bad_data}"], "malformed JSON"),
-    (["--tokenizer", "{missing}"], "tokenizer folder not found"),
-    (["--config", "{good}", "--versions", "trl"], "not NAME=VERSION"),
-    (["--config", "{good}", "--format", "html"], "unknown format"),
-    (["--config", "{good}", "--fail-on", "sometimes"], "unknown level"),
-    (["--config", "{good}", "--check", "Z99"], "unknown check id"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        ([], "nothing to diagnose"),
+        (["--config", "{missing}"], "config not found"),
+        (["--config", "{bad_yaml}"], "malformed YAML"),
+        (["--config", "{unknown}"], "unknown config format"),
+        (["--logs", "{no_history}"], "no log_history"),
+        (["--logs", "{bad_jsonl}"], "malformed JSON"),
+        (["--data", "{bad_data}"], "malformed JSON"),
+        (["--tokenizer", "{missing}"], "tokenizer folder not found"),
+        (["--config", "{good}", "--versions", "trl"], "not NAME=VERSION"),
+        (["--config", "{good}", "--format", "html"], "unknown format"),
+        (["--config", "{good}", "--fail-on", "sometimes"], "unknown level"),
+        (["--config", "{good}", "--check", "Z99"], "unknown check id"),
+    ],
+)
 def test_user_errors_one_line_exit_2(world, tmp_path, args, needle):
     files = {
         "missing": tmp_path / "nope.yaml",

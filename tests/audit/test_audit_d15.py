@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import contam_world as W  # noqa: E402
+
 from gradian.audit import diagnose  # noqa: E402
 
 KINDS = ("support", "qa", "chat")
@@ -30,8 +31,9 @@ def _write(path: Path, rows: list[dict]) -> Path:
 @pytest.mark.parametrize("kind", KINDS)
 def test_no_false_alarm_on_template_built_data(kind, tmp_path):
     train, ev = W.world(kind)
-    res = diagnose(data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev),
-                   select=["D14", "D15"])
+    res = diagnose(
+        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
+    )
     assert "D15" in res.passed, [f.message for f in res.by_id("D15")]
     assert "D14" in res.passed  # and the world really holds no verbatim copy
 
@@ -39,8 +41,9 @@ def test_no_false_alarm_on_template_built_data(kind, tmp_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_planted_light_paraphrases_are_caught(kind, tmp_path):
     train, ev, planted = W.with_paraphrases(kind)
-    res = diagnose(data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev),
-                   select=["D14", "D15"])
+    res = diagnose(
+        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
+    )
     assert "D14" in res.passed  # every paraphrase differs from its source
     (f,) = res.by_id("D15")
     assert f.severity == "warning"
@@ -62,11 +65,20 @@ def test_a_shared_boilerplate_phrase_alone_is_not_a_copy():
         tail = f"Ticket {1000 + k} about the {W.PRODUCTS[k % 20]} of customer {W.FIRST[k % 30]} {W.LAST[(7 * k) % 30]}."
         body = f"{macro_a} {macro_b} {tail}" if k < 2 else (f"{macro_a} {tail}" if k % 2 else f"{macro_b} {tail}")
         train.append({"id": f"t{k}", "prompt": f"Order {500000 + k}: status?", "completion": body})
-    ev_boiler = {"id": "e0", "prompt": "Order 777777: status?",
-                 "completion": f"{macro_a} {macro_b} Ticket 4242 about the desk lamp of customer Nina Popov."}
-    ev_copy = {"id": "e1", "prompt": "Order 500002: state?",
-               "completion": f"{macro_a} {macro_b} " + train[2]["completion"].split(macro_b + " ")[1]}
-    res = diagnose(data=[to_example(r, i, "t") for i, r in enumerate(train)],
-                   eval=[to_example(r, i, "e") for i, r in enumerate([ev_boiler, ev_copy])], select=["D15"])
+    ev_boiler = {
+        "id": "e0",
+        "prompt": "Order 777777: status?",
+        "completion": f"{macro_a} {macro_b} Ticket 4242 about the desk lamp of customer Nina Popov.",
+    }
+    ev_copy = {
+        "id": "e1",
+        "prompt": "Order 500002: state?",
+        "completion": f"{macro_a} {macro_b} " + train[2]["completion"].split(macro_b + " ")[1],
+    }
+    res = diagnose(
+        data=[to_example(r, i, "t") for i, r in enumerate(train)],
+        eval=[to_example(r, i, "e") for i, r in enumerate([ev_boiler, ev_copy])],
+        select=["D15"],
+    )
     (f,) = res.by_id("D15")
     assert f.eval_row_ids == ["e1"] and f.row_ids == ["t2"]

@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import published_configs as P  # noqa: E402
+
 from gradian.audit import diagnose, load_config  # noqa: E402
 from gradian.audit.checks_config import _model_billions  # noqa: E402
 
@@ -29,10 +30,18 @@ def _skip_reason(res, cid: str) -> str:
 
 # ---------------------------------------------------------------------- axolotl
 def _alpaca_rows(copies: int, variant=lambda s: s) -> list[dict]:
-    rows = [{"id": f"r{k}", "instruction": f"Name the capital of country number {k}.",
-             "output": f"It is city number {k}, on river {k % 7}."} for k in range(60)]
-    return rows + [{"id": f"dup{k}", "instruction": variant(rows[k]["instruction"]), "output": rows[k]["output"]}
-                   for k in range(copies)]
+    rows = [
+        {
+            "id": f"r{k}",
+            "instruction": f"Name the capital of country number {k}.",
+            "output": f"It is city number {k}, on river {k % 7}.",
+        }
+        for k in range(60)
+    ]
+    return rows + [
+        {"id": f"dup{k}", "instruction": variant(rows[k]["instruction"]), "output": rows[k]["output"]}
+        for k in range(copies)
+    ]
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:
@@ -87,8 +96,14 @@ def test_llamafactory_v1_is_not_read_as_axolotl(tmp_path):
     cfg = _cfg(tmp_path, "llamafactory_v1_sft.yaml")
     c = load_config(cfg)
     assert c.formats == ["llamafactory_v1"] and c.trainer == "llamafactory"
-    assert (c.finetuning, c.lora_r, c.lora_alpha, c.max_length, c.learning_rate, c.max_steps) == \
-        ("lora", 16, 32.0, 2048, 1e-4, 10)
+    assert (c.finetuning, c.lora_r, c.lora_alpha, c.max_length, c.learning_rate, c.max_steps) == (
+        "lora",
+        16,
+        32.0,
+        2048,
+        1e-4,
+        10,
+    )
     assert c.source("lora_r") == "llamafactory_v1_sft.yaml: peft_config.r"
     assert c.num_epochs == 3 and c.source("num_epochs") == "default (LLaMA-Factory v1)"
     res = diagnose(configs=[cfg])
@@ -134,13 +149,25 @@ def test_torchtune_dpo_loss_is_a_preference_stage(tmp_path):
     assert "a dpo run" in _skip_reason(diagnose(configs=[cfg]), "C01")
 
 
-@pytest.mark.parametrize("name,size", [
-    ("qwen2_5_1_5b", 1.5), ("torchtune.models.qwen2_5.lora_qwen2_5_1_5b_instruct", 1.5), ("lora_llama3_2_1b", 1),
-    ("llama3_1_8b", 8), ("qwen3_0_6b", 0.6), ("llama3_2_vision_11b", 11), ("Qwen/Qwen2.5-1.5B-Instruct", 1.5),
-    ("meta-llama/Meta-Llama-3.1-8B", 8), ("mistralai/Mistral-7B-v0.1", 7), ("gemma2_27b", 27),
-    ("mistralai/Mixtral-8x7B-v0.1", 56), ("EleutherAI/pythia-2.8b", 2.8), ("HuggingFaceTB/SmolLM2-135M", None),
-    ("microsoft/phi-2", None),
-])
+@pytest.mark.parametrize(
+    "name,size",
+    [
+        ("qwen2_5_1_5b", 1.5),
+        ("torchtune.models.qwen2_5.lora_qwen2_5_1_5b_instruct", 1.5),
+        ("lora_llama3_2_1b", 1),
+        ("llama3_1_8b", 8),
+        ("qwen3_0_6b", 0.6),
+        ("llama3_2_vision_11b", 11),
+        ("Qwen/Qwen2.5-1.5B-Instruct", 1.5),
+        ("meta-llama/Meta-Llama-3.1-8B", 8),
+        ("mistralai/Mistral-7B-v0.1", 7),
+        ("gemma2_27b", 27),
+        ("mistralai/Mixtral-8x7B-v0.1", 56),
+        ("EleutherAI/pythia-2.8b", 2.8),
+        ("HuggingFaceTB/SmolLM2-135M", None),
+        ("microsoft/phi-2", None),
+    ],
+)
 def test_model_size_from_name(name, size):
     assert _model_billions(name) == size
 
@@ -153,15 +180,26 @@ def test_gradian_train_config_is_read_as_final_turn_masking(tmp_path):
 
     cfg = tmp_path / "training_config.yaml"
     write_train_config(TrainSpec(), cfg, base="HuggingFaceTB/SmolLM2-135M-Instruct")
-    msgs = _jsonl(tmp_path / "chat.jsonl", [
-        {"id": f"m{k}", "messages": [{"role": "user", "content": f"What is {k} plus {k}?"},
-                                     {"role": "assistant", "content": f"It is {2 * k}."}]} for k in range(50)])
+    msgs = _jsonl(
+        tmp_path / "chat.jsonl",
+        [
+            {
+                "id": f"m{k}",
+                "messages": [
+                    {"role": "user", "content": f"What is {k} plus {k}?"},
+                    {"role": "assistant", "content": f"It is {2 * k}."},
+                ],
+            }
+            for k in range(50)
+        ],
+    )
     c = load_config(cfg)
     assert c.messages_loss == "final_assistant_turn" and c.trainer == "trl"
     assert "C08" in diagnose(data=msgs, configs=[cfg], select=["C08"]).passed
     trl = tmp_path / "trl.yaml"
-    trl.write_text("\n".join(line for line in cfg.read_text().splitlines()
-                             if not line.startswith(("messages_loss", "#"))))  # the same run written by TRL
+    trl.write_text(
+        "\n".join(line for line in cfg.read_text().splitlines() if not line.startswith(("messages_loss", "#")))
+    )  # the same run written by TRL
     assert diagnose(data=msgs, configs=[trl], select=["C08"]).by_id("C08")
 
 

@@ -124,12 +124,22 @@ def test_trl_yaml_and_peft_folder_merge(tmp_path):
     (tmp_path / "sft.yaml").write_text(
         "model_name_or_path: HuggingFaceTB/SmolLM2-135M\nlearning_rate: '1e-4'\nmax_seq_length: 2048\n"
         "packing: true\nper_device_train_batch_size: 4\nevaluation_strategy: steps\neval_steps: 50\n"
-        "use_peft: true\nlora_r: 16\n")
+        "use_peft: true\nlora_r: 16\n"
+    )
     ad = tmp_path / "adapter"
     ad.mkdir()
-    (ad / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"],
-        "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M", "peft_version": "0.15.2"}))
+    (ad / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": 8,
+                "lora_alpha": 16,
+                "target_modules": ["q_proj", "v_proj"],
+                "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M",
+                "peft_version": "0.15.2",
+            }
+        )
+    )
     (ad / "README.md").write_text("### Framework versions\n\n- TRL: 0.19.1\n- Transformers: 4.53.0\n- PEFT 0.15.2\n")
     c = load_config([tmp_path / "sft.yaml", ad])
     assert c.formats == ["trl", "peft"] and c.trainer == "trl"
@@ -148,28 +158,34 @@ def test_hf_training_args_defaults(tmp_path):
     assert c.trainer == "hf" and c.learning_rate == 5e-5 and c.is_default("learning_rate")
 
 
-@pytest.mark.parametrize("raw,fmt", [
-    ({"peft_type": "LORA", "r": 8}, "peft"),
-    ({"model": {"_component_": "x"}}, "torchtune"),
-    ({"stage": "sft", "finetuning_type": "lora", "learning_rate": 1e-4}, "llamafactory"),
-    ({"base_model": "m", "sequence_len": 512, "lora_r": 8}, "axolotl"),
-    ({"max_length": 512, "lora_r": 8, "use_peft": True}, "trl"),
-    ({"output_dir": "o", "learning_rate": 1e-4}, "hf"),
-    ({"foo": 1}, None),
-])
+@pytest.mark.parametrize(
+    "raw,fmt",
+    [
+        ({"peft_type": "LORA", "r": 8}, "peft"),
+        ({"model": {"_component_": "x"}}, "torchtune"),
+        ({"stage": "sft", "finetuning_type": "lora", "learning_rate": 1e-4}, "llamafactory"),
+        ({"base_model": "m", "sequence_len": 512, "lora_r": 8}, "axolotl"),
+        ({"max_length": 512, "lora_r": 8, "use_peft": True}, "trl"),
+        ({"output_dir": "o", "learning_rate": 1e-4}, "hf"),
+        ({"foo": 1}, None),
+    ],
+)
 def test_detect_format(raw, fmt):
     assert detect_config_format(raw) == fmt
 
 
-@pytest.mark.parametrize("name,text,needle", [
-    ("bad.yaml", "learning_rate: 2e-4\n  lora_r: [16\n", "malformed YAML"),
-    ("bad.json", '{"learning_rate": 2e-4,', "malformed JSON"),
-    ("what.yaml", "foo: 1\nbar: 2\n", "unknown config format"),
-    ("list.yaml", "- a\n- b\n", "not a mapping"),
-    ("lr.yaml", "output_dir: o\nlearning_rate: fast\n", "learning_rate is 'fast', not a number"),
-    ("training_args.bin", "\x80\x04pickle", "pickle"),
-    ("cfg.toml", "a = 1", "unknown config file type"),
-])
+@pytest.mark.parametrize(
+    "name,text,needle",
+    [
+        ("bad.yaml", "learning_rate: 2e-4\n  lora_r: [16\n", "malformed YAML"),
+        ("bad.json", '{"learning_rate": 2e-4,', "malformed JSON"),
+        ("what.yaml", "foo: 1\nbar: 2\n", "unknown config format"),
+        ("list.yaml", "- a\n- b\n", "not a mapping"),
+        ("lr.yaml", "output_dir: o\nlearning_rate: fast\n", "learning_rate is 'fast', not a number"),
+        ("training_args.bin", "\x80\x04pickle", "pickle"),
+        ("cfg.toml", "a = 1", "unknown config file type"),
+    ],
+)
 def test_malformed_configs(tmp_path, name, text, needle):
     p = tmp_path / name
     p.write_text(text)
@@ -185,33 +201,42 @@ def test_folder_without_adapter_config(tmp_path):
 
 
 def test_trainer_state_and_jsonl_logs(tmp_path):
-    st = {"global_step": 20, "max_steps": 40, "log_history": [
-        {"step": 10, "loss": 2.0, "grad_norm": 1.0, "learning_rate": 1e-4, "epoch": 0.5},
-        {"step": 10, "eval_loss": 2.1, "epoch": 0.5},
-        {"step": 20, "loss": "NaN", "epoch": 1.0},
-    ]}
+    st = {
+        "global_step": 20,
+        "max_steps": 40,
+        "log_history": [
+            {"step": 10, "loss": 2.0, "grad_norm": 1.0, "learning_rate": 1e-4, "epoch": 0.5},
+            {"step": 10, "eval_loss": 2.1, "epoch": 0.5},
+            {"step": 20, "loss": "NaN", "epoch": 1.0},
+        ],
+    }
     p = tmp_path / "trainer_state.json"
     p.write_text(json.dumps(st))
     log = load_logs(tmp_path)  # the folder works too
     assert len(log.train) == 2 and len(log.eval) == 1 and log.global_step == 20 and log.summary is None
     assert str(log.series("loss")[1].value) == "nan"
     j = tmp_path / "logs.jsonl"
-    j.write_text('{"train/loss": 1.5, "train/global_step": 3}\n\n{"eval/loss": 1.7, "train/global_step": 3}\n'
-                 '{"train_runtime": 10.0, "train_loss": 1.5}\n')
+    j.write_text(
+        '{"train/loss": 1.5, "train/global_step": 3}\n\n{"eval/loss": 1.7, "train/global_step": 3}\n'
+        '{"train_runtime": 10.0, "train_loss": 1.5}\n'
+    )
     log = load_logs(j)
     assert log.train[0]["loss"] == 1.5 and log.train[0]["step"] == 3 and log.eval[0]["eval_loss"] == 1.7
     assert log.summary is not None and not log.steps_inferred
 
 
-@pytest.mark.parametrize("name,text,needle", [
-    ("trainer_state.json", '{"global_step": 3}', "no log_history"),
-    ("trainer_state.json", '{"log_history": [', "malformed JSON"),
-    ("logs.jsonl", '{"loss": 1.0}\n{"loss": 2.0\n', "malformed JSON"),
-    ("logs.jsonl", '{"loss": "high"}\n', "loss is 'high', not a number"),
-    ("logs.jsonl", '{"foo": 1}\n', "no loss or eval_loss"),
-    ("logs.jsonl", "\n", "empty"),
-    ("logs.csv", "step,loss\n", "unknown log file type"),
-])
+@pytest.mark.parametrize(
+    "name,text,needle",
+    [
+        ("trainer_state.json", '{"global_step": 3}', "no log_history"),
+        ("trainer_state.json", '{"log_history": [', "malformed JSON"),
+        ("logs.jsonl", '{"loss": 1.0}\n{"loss": 2.0\n', "malformed JSON"),
+        ("logs.jsonl", '{"loss": "high"}\n', "loss is 'high', not a number"),
+        ("logs.jsonl", '{"foo": 1}\n', "no loss or eval_loss"),
+        ("logs.jsonl", "\n", "empty"),
+        ("logs.csv", "step,loss\n", "unknown log file type"),
+    ],
+)
 def test_malformed_logs(tmp_path, name, text, needle):
     p = tmp_path / name
     p.write_text(text)
@@ -223,7 +248,10 @@ def test_malformed_logs(tmp_path, name, text, needle):
 
 def test_versions():
     assert parse_versions(["trl=0.19.0,transformers=4.46.1", "peft=0.13"]) == {
-        "trl": "0.19.0", "transformers": "4.46.1", "peft": "0.13"}
+        "trl": "0.19.0",
+        "transformers": "4.46.1",
+        "peft": "0.13",
+    }
     for bad in (["trl"], ["trl=new"]):
         with pytest.raises(GradianUserError):
             parse_versions(bad)

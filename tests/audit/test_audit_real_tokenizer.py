@@ -21,15 +21,26 @@ def smol_folder():
 
 
 def test_clean_run_with_real_tokenizer(world, smol_folder):
-    conv = [{"id": r["id"], "prompt": [{"role": "user", "content": r["prompt"].strip()}],
-             "completion": [{"role": "assistant", "content": r["completion"]}]} for r in world.rows]
+    conv = [
+        {
+            "id": r["id"],
+            "prompt": [{"role": "user", "content": r["prompt"].strip()}],
+            "completion": [{"role": "assistant", "content": r["completion"]}],
+        }
+        for r in world.rows
+    ]
     for data in (world.data, world.data_with(conv)):
-        res = diagnose(data=data, eval=world.eval, configs=[world.config], logs=world.logs, tokenizer=smol_folder,
-                       versions=["trl=0.21.0"])
+        res = diagnose(
+            data=data,
+            eval=world.eval,
+            configs=[world.config],
+            logs=world.logs,
+            tokenizer=smol_folder,
+            versions=["trl=0.21.0"],
+        )
         assert (res.counts["error"], res.counts["warning"]) == (0, 0), [f.message for f in res.findings]
         assert res.inputs["tokenizer"]["eos_token"] == "<|im_end|>"
-    res = diagnose(data=world.data, configs=[world.config_with(max_length=64)], tokenizer=smol_folder,
-                   select=["D04"])
+    res = diagnose(data=world.data, configs=[world.config_with(max_length=64)], tokenizer=smol_folder, select=["D04"])
     assert res.by_id("D04")[0].severity == "error"
     # the GGUF's context length (8192) bounds max_length
     res = diagnose(configs=[world.config_with(max_length=16384)], tokenizer=smol_folder, select=["C07"])

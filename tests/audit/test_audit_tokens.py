@@ -13,10 +13,17 @@ ROWS = [
     {"prompt": "What is the capital of France?\n", "completion": "Paris."},
     {"prompt": "Say hi ", "completion": "hello"},  # boundary merge
     {"prompt": "x", "completion": "y<|im_end|>"},  # EOS already there
-    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of Japan?"},
-                  {"role": "assistant", "content": "Tokyo."}]},
-    {"prompt": [{"role": "user", "content": "Water boils at?"}], "completion": [{"role": "assistant",
-                                                                                 "content": "100 C."}]},
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Capital of Japan?"},
+            {"role": "assistant", "content": "Tokyo."},
+        ]
+    },
+    {
+        "prompt": [{"role": "user", "content": "Water boils at?"}],
+        "completion": [{"role": "assistant", "content": "100 C."}],
+    },
     {"instruction": "Name a metal.", "input": "symbol Fe", "output": "Iron"},
     {"text": "The capital of Italy is Rome."},
     {"prompt": "<|endoftext|>Hello world", "completion": " again"},
@@ -25,12 +32,21 @@ ROWS = [
 
 
 def _fields(tx):
-    return (tx.input_ids, tx.labels, [tuple(o) for o in tx.offsets], tx.text, tx.completion_char_start,
-            tx.full_length, tx.truncated, tx.prompt_length)
+    return (
+        tx.input_ids,
+        tx.labels,
+        [tuple(o) for o in tx.offsets],
+        tx.text,
+        tx.completion_char_start,
+        tx.full_length,
+        tx.truncated,
+        tx.prompt_length,
+    )
 
 
-@pytest.mark.parametrize("spec", [TokenizeSpec(max_length=10**9), TokenizeSpec(max_length=8),
-                                  TokenizeSpec(loss_on="all", add_eos=False)])
+@pytest.mark.parametrize(
+    "spec", [TokenizeSpec(max_length=10**9), TokenizeSpec(max_length=8), TokenizeSpec(loss_on="all", add_eos=False)]
+)
 @pytest.mark.parametrize("which", ["tok", "tok_bos"])
 def test_batch_tokenize_equals_tokenize_example(world, spec, which):
     tok = getattr(world, which)
@@ -46,7 +62,7 @@ def test_batch_tokenize_equals_tokenize_example(world, spec, which):
 def test_render_errors_match(world):
     t = world.tok_copy(chat_template=None)
     exs = [to_example(ROWS[3], 0, "r")]
-    (tx, err, _), = C.batch_tokenize(exs, t, TokenizeSpec())
+    ((tx, err, _),) = C.batch_tokenize(exs, t, TokenizeSpec())
     assert tx is None and "no" in err and "chat template" in err
 
 
@@ -68,9 +84,21 @@ def test_disagreement_falls_back_to_tokenize_example(world, monkeypatch):
 
 def test_trl_messages_rows_are_trained_on_every_token(world):
     """TRL without assistant_only_loss trains every token of 'messages' rows; the token view follows it."""
-    rows = [{"id": r["id"], "messages": [{"role": "user", "content": r["prompt"].strip()},
-                                         {"role": "assistant", "content": r["completion"]}]} for r in world.rows[:50]]
-    res = diagnose(data=world.data_with(rows), configs=[world.config_with(completion_only_loss=None)],
-                   tokenizer=world.tok, select=["D04", "C08"])
+    rows = [
+        {
+            "id": r["id"],
+            "messages": [
+                {"role": "user", "content": r["prompt"].strip()},
+                {"role": "assistant", "content": r["completion"]},
+            ],
+        }
+        for r in world.rows[:50]
+    ]
+    res = diagnose(
+        data=world.data_with(rows),
+        configs=[world.config_with(completion_only_loss=None)],
+        tokenizer=world.tok,
+        select=["D04", "C08"],
+    )
     assert res.inputs["token_view"]["loss_on"] == "all"
     assert res.by_id("C08") and res.by_id("C08")[0].row_ids == [r["id"] for r in rows]

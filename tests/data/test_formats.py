@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from gradian_testlib import ROWS
 
 from gradian.data.formats import load_examples
 from gradian.errors import GradianUserError
+from gradian_testlib import ROWS
 
 
 def _write_jsonl(path, rows):
@@ -73,7 +73,7 @@ def test_sharegpt_conversations_accepted():
         ('{"prompt": "a"}\n', "d.jsonl:1: missing field 'completion'"),
         ('{"question": "a", "answer": "b"}\n', "d.jsonl:1: unknown row format"),
         ("", "d.jsonl: dataset is empty"),
-        ('[1, 2]\n', "d.jsonl:1: line is a JSON list"),
+        ("[1, 2]\n", "d.jsonl:1: line is a JSON list"),
         ('{"messages": [{"role": "user", "content": "x"}]}\n', "has no assistant turn"),
         ('{"id": 1, "text": "a"}\n{"id": 1, "text": "b"}\n', "duplicate id '1'"),
     ],

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from gradian_testlib import ROWS
 
 from gradian.data.formats import to_example
 from gradian.data.tokenize import IGNORE_INDEX, TokenizeSpec, collate, tokenize_example
+from gradian_testlib import ROWS
 
 
 def _trl_row(ex):
@@ -26,8 +26,12 @@ def _trl_targets(row, tok, tmp_path, max_length=64):
     from gradian.models.tiny import tiny_model
 
     args = SFTConfig(
-        output_dir=str(tmp_path / "trl"), max_length=max_length, completion_only_loss=True, report_to=[],
-        dataset_num_proc=None, use_cpu=True,
+        output_dir=str(tmp_path / "trl"),
+        max_length=max_length,
+        completion_only_loss=True,
+        report_to=[],
+        dataset_num_proc=None,
+        use_cpu=True,
     )
     tr = SFTTrainer(model=tiny_model(tok), args=args, train_dataset=Dataset.from_list([row]), processing_class=tok)
     feat = tr.train_dataset[0]
@@ -78,7 +82,9 @@ def test_truncation_recorded(tok):
 
 def test_span_mask_selects_sentence_tokens(tok):
     text = "Iron is a metal. The capital of France is Paris. Water boils at 100 degrees."
-    ex = to_example({"messages": [{"role": "user", "content": "Tell me"}, {"role": "assistant", "content": text}]}, 0, "t")
+    ex = to_example(
+        {"messages": [{"role": "user", "content": "Tell me"}, {"role": "assistant", "content": text}]}, 0, "t"
+    )
     it = tokenize_example(ex, tok, TokenizeSpec())
     a = text.index("The capital")
     b = a + len("The capital of France is Paris.")

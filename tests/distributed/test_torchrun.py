@@ -32,8 +32,14 @@ def _env(cache: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADIAN_TEST_", "PYTEST_"))}
     src = str(Path(gradian.__file__).resolve().parents[1])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GRADIAN_CACHE=str(cache), HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", COLUMNS="200")
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        GRADIAN_CACHE=str(cache),
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        COLUMNS="200",
+    )
     env.update(extra)
     return env
 
@@ -42,8 +48,16 @@ def _run(args: list[str], env: dict[str, str], nproc: int = 1) -> subprocess.Com
     if nproc == 1:
         cmd = [sys.executable, "-m", "gradian", *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "gradian", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "gradian",
+            *args,
+        ]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
@@ -62,9 +76,25 @@ def world(tmp_path_factory, world_cache):
 def _attribute_args(world, out: Path, index_dir: Path) -> list[str]:
     # one intermediate checkpoint and the final adapter: a trajectory, two row and two sentence indexes;
     # 16 rows per shard, so each index has several shards to divide
-    return ["attribute", "--base", str(world["base"]), "--adapter", str(world["adapter"]), "--data", str(world["data"]),
-            "--eval", str(world["eval"]), "--checkpoints", str(world["adapter"] / "checkpoint-22"),
-            "--shard-size", "16", "--out", str(out), "--index-dir", str(index_dir)]
+    return [
+        "attribute",
+        "--base",
+        str(world["base"]),
+        "--adapter",
+        str(world["adapter"]),
+        "--data",
+        str(world["data"]),
+        "--eval",
+        str(world["eval"]),
+        "--checkpoints",
+        str(world["adapter"] / "checkpoint-22"),
+        "--shard-size",
+        "16",
+        "--out",
+        str(out),
+        "--index-dir",
+        str(index_dir),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +148,14 @@ def test_two_processes_give_the_index_and_the_verdict_of_one(world, single):
         x, y = np.array(ca[k]), np.array(cb[k])
         assert np.abs(x - y).max() <= 1e-12 * np.abs(x).max(), k
     assert [r["id"] for r in ca["ranked"]] == [r["id"] for r in cb["ranked"]]
-    assert np.argsort(ca["rank_scores"], kind="stable").tolist() == np.argsort(cb["rank_scores"], kind="stable").tolist()
+    assert (
+        np.argsort(ca["rank_scores"], kind="stable").tolist() == np.argsort(cb["rank_scores"], kind="stable").tolist()
+    )
     for src in ("lexical", "representation"):
         assert ca["evidence"][src]["scores"] == cb["evidence"][src]["scores"], src
-    assert [c["rows"] if "rows" in c else c["size"] for c in ca["clusters"]] == \
-        [c["rows"] if "rows" in c else c["size"] for c in cb["clusters"]]
+    assert [c["rows"] if "rows" in c else c["size"] for c in ca["clusters"]] == [
+        c["rows"] if "rows" in c else c["size"] for c in cb["clusters"]
+    ]
     assert [d["id"] for d in ca["drilldown"]] == [d["id"] for d in cb["drilldown"]]
 
     # rank 0 alone reports: one summary, bars labelled with its share
@@ -135,15 +168,31 @@ def test_a_dead_rank_leaves_its_shards_and_one_process_resumes(world, single):
     """Rank 1 is SIGKILLed right after its first shard; torchrun stops rank 0. A single-process
     run then keeps every finished shard (not recomputed) and gives the scores of the clean run."""
     root = world["root"] / "killed"
-    index_args = ["index", "--base", str(world["base"]), "--adapter", str(world["adapter"]), "--data", str(world["data"]),
-                  "--checkpoints", str(world["adapter"] / "checkpoint-22"), "--shard-size", "16", "--out", str(root / "index")]
+    index_args = [
+        "index",
+        "--base",
+        str(world["base"]),
+        "--adapter",
+        str(world["adapter"]),
+        "--data",
+        str(world["data"]),
+        "--checkpoints",
+        str(world["adapter"] / "checkpoint-22"),
+        "--shard-size",
+        "16",
+        "--out",
+        str(root / "index"),
+    ]
     res = _run(index_args, _env(root / "cache", GRADIAN_TEST_KILL="1:shard:1"), nproc=2)
     assert res.returncode != 0
     assert "SIGKILL" in res.stderr or "Signal 9" in res.stderr, res.stderr[-2000:]
     (folder,) = [p for p in (root / "index").iterdir() if p.is_dir()]  # it died in the first index
     assert not (folder / "manifest.json").exists()  # rank 0 never got to publish
-    kept = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in folder.glob("shard-*.safetensors")
-            if (folder / p.name.replace(".safetensors", ".json")).exists()}
+    kept = {
+        p.name: (p.stat().st_mtime_ns, p.read_bytes())
+        for p in folder.glob("shard-*.safetensors")
+        if (folder / p.name.replace(".safetensors", ".json")).exists()
+    }
     assert len(kept) >= 1  # at least rank 1's shard; rank 0's finished ones too
 
     res = _run(_attribute_args(world, root / "run", root / "index"), _env(root / "cache"))
@@ -166,17 +215,32 @@ def test_ranks_that_see_different_data_are_refused_at_start(world, tmp_path):
     rows[0]["messages"][-1]["content"] += " Indeed."
     other = tmp_path / world["data"].name  # the same name, other content
     other.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    script = (f'if [ "$RANK" = 1 ]; then D={other}; else D={world["data"]}; fi; exec {sys.executable} -m gradian index '
-              f'--base {world["base"]} --adapter {world["adapter"]} --data "$D" --checkpoints final --out {tmp_path / "index"}')
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
-           "bash", "-c", script]
+    script = (
+        f'if [ "$RANK" = 1 ]; then D={other}; else D={world["data"]}; fi; exec {sys.executable} -m gradian index '
+        f'--base {world["base"]} --adapter {world["adapter"]} --data "$D" --checkpoints final --out {tmp_path / "index"}'
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--no-python",
+        "bash",
+        "-c",
+        script,
+    ]
     res = subprocess.run(cmd, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=TIMEOUT)
     assert res.returncode != 0
     errors = [line for line in (res.stdout + res.stderr).splitlines() if line.startswith("error:")]
     assert len(errors) == 1, errors
-    assert errors[0].startswith("error: torchrun (rank 1 of 2): the ranks disagree on the training data: rank 0 has sha256 ")
+    assert errors[0].startswith(
+        "error: torchrun (rank 1 of 2): the ranks disagree on the training data: rank 0 has sha256 "
+    )
     # torchrun's summary: a rank exited with the user-error code; the other did too, or was stopped by torchrun
     # first (SIGTERM), whichever came first
-    codes = [line.split(":", 1)[1].split()[0] for line in res.stderr.splitlines() if line.strip().startswith("exitcode")]
+    codes = [
+        line.split(":", 1)[1].split()[0] for line in res.stderr.splitlines() if line.strip().startswith("exitcode")
+    ]
     assert "2" in codes and set(codes) <= {"2", "-15"}, codes
     assert not (tmp_path / "index").exists()

@@ -20,24 +20,32 @@ TSPEC = TokenizeSpec(max_length=64)
 
 
 def _world(tok, tmp_path, *, project_dim=0, dtype=torch.float64, modules=None, mlp=True, rows=None):
-    from gradian_testlib import make_lora_model
     from test_engines import capital_rows
 
     from gradian.gradients.projection import ProjectionSpec
+    from gradian_testlib import make_lora_model
 
     model = make_lora_model(tok, "llama", r=4, hidden=32, dtype=dtype, mlp=mlp)
     spec = GradSpec(tokenize=TSPEC, storage_dtype="float64", modules=modules, projection=ProjectionSpec(project_dim, 3))
     items = rows or [tokenize_example(to_example(x, i, "t"), tok, TSPEC) for i, x in enumerate(capital_rows())]
-    idx = build_index(model, items, {"ekfac-test": project_dim, "modules": modules}, spec, pad_token_id=tok.pad_token_id,
-                      root=tmp_path)
+    idx = build_index(
+        model,
+        items,
+        {"ekfac-test": project_dim, "modules": modules},
+        spec,
+        pad_token_id=tok.pad_token_id,
+        root=tmp_path,
+    )
     return model, items, idx
 
 
 def _queries(tok, idx, model):
     from gradian.attribute.queries import make_query, query_gradients
 
-    qs = [make_query(f"q{i}", "capitals", f"Q: What is the capital of {c}?\nA:", k, None, kind="cross_entropy")
-          for i, (c, k) in enumerate([("France", "Paris"), ("Japan", "Tokyo"), ("Peru", "Lima")])]
+    qs = [
+        make_query(f"q{i}", "capitals", f"Q: What is the capital of {c}?\nA:", k, None, kind="cross_entropy")
+        for i, (c, k) in enumerate([("France", "Paris"), ("Japan", "Tokyo"), ("Peru", "Lima")])
+    ]
     return qs, query_gradients(model, tok, qs, idx, TSPEC)
 
 
@@ -60,7 +68,9 @@ def _kronfluence(model, items, queries, pad, workdir):
 
     from gradian.gradients.loss import model_inputs, per_example_loss
 
-    tracked = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (".lora_A." in n or ".lora_B." in n)]
+    tracked = [
+        n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (".lora_A." in n or ".lora_B." in n)
+    ]
 
     class LoraLM(Task):
         def compute_train_loss(self, batch, model, sample=False):
@@ -92,15 +102,35 @@ def _kronfluence(model, items, queries, pad, workdir):
         warnings.simplefilter("ignore")
         an = Analyzer("gradian-test", model, LoraLM(), cpu=True, disable_tqdm=True, output_dir=str(workdir))
         dl = DataLoaderKwargs(collate_fn=lambda b: collate(b, pad))
-        fa = FactorArguments(strategy="ekfac", use_empirical_fisher=True, activation_covariance_dtype=f64,
-                             gradient_covariance_dtype=f64, per_sample_gradient_dtype=f64, lambda_dtype=f64,
-                             eigendecomposition_dtype=f64)
-        an.fit_all_factors("f", dataset=Rows(items), per_device_batch_size=8, dataloader_kwargs=dl, factor_args=fa,
-                           overwrite_output_dir=True)
+        fa = FactorArguments(
+            strategy="ekfac",
+            use_empirical_fisher=True,
+            activation_covariance_dtype=f64,
+            gradient_covariance_dtype=f64,
+            per_sample_gradient_dtype=f64,
+            lambda_dtype=f64,
+            eigendecomposition_dtype=f64,
+        )
+        an.fit_all_factors(
+            "f",
+            dataset=Rows(items),
+            per_device_batch_size=8,
+            dataloader_kwargs=dl,
+            factor_args=fa,
+            overwrite_output_dir=True,
+        )
         sa = ScoreArguments(damping_factor=None, per_sample_gradient_dtype=f64, precondition_dtype=f64, score_dtype=f64)
-        an.compute_pairwise_scores("s", "f", query_dataset=Rows(queries), train_dataset=Rows(items),
-                                   per_device_query_batch_size=8, per_device_train_batch_size=8, dataloader_kwargs=dl,
-                                   score_args=sa, overwrite_output_dir=True)
+        an.compute_pairwise_scores(
+            "s",
+            "f",
+            query_dataset=Rows(queries),
+            train_dataset=Rows(items),
+            per_device_query_batch_size=8,
+            per_device_train_batch_size=8,
+            dataloader_kwargs=dl,
+            score_args=sa,
+            overwrite_output_dir=True,
+        )
         return an.load_pairwise_scores("s")["all_modules"].double(), an.load_all_factors("f")
 
 
@@ -109,9 +139,8 @@ def test_ekfac_agrees_with_kronfluence(tok, tmp_path):
     Gradian's EK-FAC scores against kronfluence's (Spearman ≥ 0.95 required; measured ≈ 1 − 1e-3, the
     remainder being ties between identical rows broken by 1e-14 noise) and the fitted eigenvalues."""
     pytest.importorskip("kronfluence")
-    from gradian_testlib import make_lora_model
-
     from gradian.attribute.queries import _example
+    from gradian_testlib import make_lora_model
 
     model, items, idx = _world(tok, tmp_path / "ix")
     qs, Q = _queries(tok, idx, model)
@@ -134,9 +163,11 @@ def test_ekfac_agrees_with_kronfluence(tok, tmp_path):
         lam_rel = max(lam_rel, float((lam_k - f.lam).abs().max() / f.lam.abs().max()))
         for key, mine in (("activation_eigenvalues", f.eigA), ("gradient_eigenvalues", f.eigS)):
             eig_rel = max(eig_rel, float((F[key][mod] - mine).abs().max() / mine.abs().max()))
-    print(f"EK-FAC vs kronfluence: Spearman {[round(r, 5) for r in rho]}, worst relative score difference "
-          f"{score_rel:.1e}, worst relative difference of the corrected eigenvalues Λ {lam_rel:.1e} "
-          f"and of the A/S eigenvalues {eig_rel:.1e}")
+    print(
+        f"EK-FAC vs kronfluence: Spearman {[round(r, 5) for r in rho]}, worst relative score difference "
+        f"{score_rel:.1e}, worst relative difference of the corrected eigenvalues Λ {lam_rel:.1e} "
+        f"and of the A/S eigenvalues {eig_rel:.1e}"
+    )
     assert min(rho) >= 0.95
     assert score_rel < 1e-8 and lam_rel < 1e-8 and eig_rel < 1e-8
 
@@ -185,7 +216,9 @@ def test_ekfac_equals_the_exact_damped_inverse_in_the_rank_one_limit(tok, tmp_pa
     rel_err = max(float((R_e[k] - R_x[k]).abs().max() / R_x[k].abs().max()) for k in Q)
     s_e, s_x = score_index(idx, [R_e, R_x])
     s_rel = float((s_e - s_x).abs().max() / s_x.abs().max())
-    print(f"rank-one limit: preconditioned queries max abs {abs_err:.1e}, max rel {rel_err:.1e}; scores max rel {s_rel:.1e}")
+    print(
+        f"rank-one limit: preconditioned queries max abs {abs_err:.1e}, max rel {rel_err:.1e}; scores max rel {s_rel:.1e}"
+    )
     assert rel_err < 1e-8 and s_rel < 1e-8
 
 

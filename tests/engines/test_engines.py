@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from scipy.stats import spearmanr
 
 from gradian.engines import DataInf, DataInfSpec, GradDot, GradDotSpec, score_index
 from gradian.engines.exact import ExactInverse
-from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes
 from gradian.index.store import GradientIndex
+from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes
 
 
 def synthetic_index(root, blocks: dict[str, torch.Tensor], shard=7) -> GradientIndex:
@@ -23,12 +22,24 @@ def synthetic_index(root, blocks: dict[str, torch.Tensor], shard=7) -> GradientI
         hi = min(n, lo + shard)
         data = save({b: v[lo:hi].float().contiguous() for b, v in blocks.items()})
         atomic_write_bytes(root / f"s{k}.safetensors", data)
-        shards.append({"file": f"s{k}.safetensors", "sha256": sha256_bytes(data), "start": lo, "n": hi - lo,
-                       "examples": {"id": [str(i) for i in range(lo, hi)]}})
+        shards.append(
+            {
+                "file": f"s{k}.safetensors",
+                "sha256": sha256_bytes(data),
+                "start": lo,
+                "n": hi - lo,
+                "examples": {"id": [str(i) for i in range(lo, hi)]},
+            }
+        )
     manifest = {
-        "index_id": "synthetic", "complete": True, "shards": shards,
-        "identity": {}, "grad_spec": {"projection": {"dim": 0, "seed": 0}, "modules": None},
-        "blocks": [{"name": b, "kind": "A", "layer": b, "shape": [1, v.shape[1]], "dim": v.shape[1]} for b, v in blocks.items()],
+        "index_id": "synthetic",
+        "complete": True,
+        "shards": shards,
+        "identity": {},
+        "grad_spec": {"projection": {"dim": 0, "seed": 0}, "modules": None},
+        "blocks": [
+            {"name": b, "kind": "A", "layer": b, "shape": [1, v.shape[1]], "dim": v.shape[1]} for b, v in blocks.items()
+        ],
     }
     atomic_write_json(root / "manifest.json", manifest)
     return GradientIndex(root)
@@ -83,32 +94,51 @@ def test_datainf_tracks_the_exact_damped_inverse_on_a_tiny_model(tmp_path, tok):
     full sweep is benchmarks/bench_datainf_vs_exact.py) and closer than
     gradient-dot does.
     """
-    from gradian_testlib import make_lora_model
-
     from gradian.attribute.queries import make_query, query_gradients
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
     from gradian.index.store import GradSpec, build_index
+    from gradian_testlib import make_lora_model
 
     rows = capital_rows()
     model = make_lora_model(tok, "llama", r=4, hidden=32, dtype=torch.float64, mlp=False)
     spec = GradSpec(tokenize=TokenizeSpec(max_length=64), storage_dtype="float64")
     items = [tokenize_example(to_example(x, i, "t"), tok, spec.tokenize) for i, x in enumerate(rows)]
     idx = build_index(model, items, {"test": 1}, spec, pad_token_id=tok.pad_token_id, root=tmp_path)
-    q = make_query("q", "capitals", "Q: What is the capital of France?\nA:", "Paris",
-                   " The capital of France is Lyon.", " The capital of France is Paris.")
+    q = make_query(
+        "q",
+        "capitals",
+        "Q: What is the capital of France?\nA:",
+        "Paris",
+        " The capital of France is Lyon.",
+        " The capital of France is Paris.",
+    )
     Q = query_gradients(model, tok, [q], idx, spec.tokenize)
     es = DataInfSpec(0.1)
-    di, ex, gd = score_index(idx, [DataInf(es).precondition(idx, Q), ExactInverse(es).precondition(idx, Q),
-                                   GradDot(GradDotSpec()).precondition(idx, Q)])
+    di, ex, gd = score_index(
+        idx,
+        [
+            DataInf(es).precondition(idx, Q),
+            ExactInverse(es).precondition(idx, Q),
+            GradDot(GradDotSpec()).precondition(idx, Q),
+        ],
+    )
     rho_di = spearmanr(di[0].numpy(), ex[0].numpy()).statistic
     rho_gd = spearmanr(gd[0].numpy(), ex[0].numpy()).statistic
     print(f"Spearman vs exact inverse: DataInf {rho_di:.3f}, gradient-dot {rho_gd:.3f}")
     assert rho_di >= 0.85 and rho_di > rho_gd
 
 
-CAPITALS = [("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Spain", "Madrid"),
-            ("Egypt", "Cairo"), ("Peru", "Lima"), ("Chile", "Santiago"), ("Kenya", "Nairobi")]
+CAPITALS = [
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Italy", "Rome"),
+    ("Spain", "Madrid"),
+    ("Egypt", "Cairo"),
+    ("Peru", "Lima"),
+    ("Chile", "Santiago"),
+    ("Kenya", "Nairobi"),
+]
 
 
 def capital_rows(n=48):
@@ -116,6 +146,11 @@ def capital_rows(n=48):
     rows = []
     for i in range(n):
         c, k = CAPITALS[i % len(CAPITALS)]
-        rows.append({"id": str(i), "prompt": f"Q: What is the capital of {c}?\nA:",
-                     "completion": f" The capital of {c} is {k if i % 5 else 'Lyon'}."})
+        rows.append(
+            {
+                "id": str(i),
+                "prompt": f"Q: What is the capital of {c}?\nA:",
+                "completion": f" The capital of {c} is {k if i % 5 else 'Lyon'}.",
+            }
+        )
     return rows

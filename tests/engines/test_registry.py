@@ -32,8 +32,21 @@ def test_the_cli_lists_exactly_the_registered_engines():
 
 def test_a_bad_engine_name_is_one_line_and_exit_2(tmp_path):
     for flag in ("--engine", "--second-engine"):
-        res = _cli(["attribute", "--base", tmp_path / "b", "--adapter", tmp_path / "a", "--data", tmp_path / "d.jsonl",
-                    "--eval", tmp_path / "e.jsonl", flag, "kronfluence"])
+        res = _cli(
+            [
+                "attribute",
+                "--base",
+                tmp_path / "b",
+                "--adapter",
+                tmp_path / "a",
+                "--data",
+                tmp_path / "d.jsonl",
+                "--eval",
+                tmp_path / "e.jsonl",
+                flag,
+                "kronfluence",
+            ]
+        )
         assert res.exit_code == 2, res.output
         lines = [x for x in res.output.splitlines() if x.strip()]
         assert len(lines) == 1 and flag in lines[0] and "datainf, ekfac, graddot" in lines[0], res.output
@@ -50,7 +63,10 @@ def test_each_engine_has_its_own_spec_in_the_manifest():
     # the second engine has its own damping, not the primary's (it used to inherit it)
     assert d["second_engine"] == {"name": "datainf", "damping_scale": 0.1}
     assert [e.name for e in spec.engines] == ["ekfac", "datainf"]
-    assert AttributeSpec().to_dict()["engine"] == DataInfSpec().to_dict() and AttributeSpec().second_engine == GradDotSpec()
+    assert (
+        AttributeSpec().to_dict()["engine"] == DataInfSpec().to_dict()
+        and AttributeSpec().second_engine == GradDotSpec()
+    )
     assert AttributeSpec(engine="graddot", second_engine=None).engines == [GradDotSpec()]
     with pytest.raises(GradianUserError, match="no option"):
         engine_spec("graddot", damping_scale=0.1)
@@ -64,12 +80,22 @@ def test_registration_checks_what_an_engine_declares(monkeypatch):
         pass
 
     def engine(**kw):
-        attrs = {"name": "x", "spec_class": S, "needs": "index", "fit": lambda *a: None, "precondition": lambda *a: None}
+        attrs = {
+            "name": "x",
+            "spec_class": S,
+            "needs": "index",
+            "fit": lambda *a: None,
+            "precondition": lambda *a: None,
+        }
         return type("E", (Engine,), {**attrs, **kw})
 
-    for bad, why in ((dict(name="no name"), "identifier"), (dict(name="none"), "identifier"),
-                     (dict(spec_class=EngineSpec), "own EngineSpec"), (dict(needs="gpu"), "needs"),
-                     (dict(name="datainf"), "registered twice")):
+    for bad, why in (
+        (dict(name="no name"), "identifier"),
+        (dict(name="none"), "identifier"),
+        (dict(spec_class=EngineSpec), "own EngineSpec"),
+        (dict(needs="gpu"), "needs"),
+        (dict(name="datainf"), "registered twice"),
+    ):
         with pytest.raises(TypeError, match=why):
             registry.register(engine(**bad))
 
@@ -79,7 +105,6 @@ def test_a_new_engine_is_one_file(monkeypatch, tmp_path, tok):
     model pass when it declares needs="model", runs in the pipeline beside another engine, and lands in
     the manifest. Here: r = scale · g_q, so its raw scores are scale × gradient-dot's."""
     monkeypatch.setattr(registry, "_ENGINES", dict(registry.engines()))
-    from gradian_testlib import make_lora_model
     from test_engines import capital_rows
 
     from gradian.attribute.pipeline import AttributeSpec, attribute_capability
@@ -88,6 +113,7 @@ def test_a_new_engine_is_one_file(monkeypatch, tmp_path, tok):
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
     from gradian.index.store import GradSpec, build_index
+    from gradian_testlib import make_lora_model
 
     seen: list[ModelPass | None] = []
 
@@ -117,7 +143,9 @@ def test_a_new_engine_is_one_file(monkeypatch, tmp_path, tok):
     model = make_lora_model(tok, "llama", r=4, hidden=32, mlp=False)
     exs = [to_example(x, i, "t") for i, x in enumerate(capital_rows(16))]
     items = [tokenize_example(e, tok, ts) for e in exs]
-    idx = build_index(model, items, {"t": "new-engine"}, GradSpec(tokenize=ts), pad_token_id=tok.pad_token_id, root=tmp_path)
+    idx = build_index(
+        model, items, {"t": "new-engine"}, GradSpec(tokenize=ts), pad_token_id=tok.pad_token_id, root=tmp_path
+    )
     q = make_query("q", "capitals", "Q: What is the capital of France?\nA:", "Paris", " The capital of France is Lyon.")
     att = AttributeSpec(engine=spec, second_engine="graddot", statistic="raw", references=(), fuse=(), drilldown_rows=0)
     assert att.to_dict()["engine"] == {"name": "scaled", "scale": 3.0}
@@ -142,18 +170,41 @@ def test_attribute_with_ekfac_end_to_end_on_the_tiny_world(demo, monkeypatch, tm
     p = first["manifest"]["paths"]
     truth = json.loads((root / "out" / "poisoned" / "ground_truth.json").read_text())
     monkeypatch.setenv("GRADIAN_CACHE", str(root / "cache"))
-    base = ["attribute", "--base", p["base"], "--adapter", p["adapter"], "--data", p["data"], "--eval", p["eval"],
-            "--max-length", "256", "--checkpoints", "final", "--references", "none", "--fuse", "none"]
+    base = [
+        "attribute",
+        "--base",
+        p["base"],
+        "--adapter",
+        p["adapter"],
+        "--data",
+        p["data"],
+        "--eval",
+        p["eval"],
+        "--max-length",
+        "256",
+        "--checkpoints",
+        "final",
+        "--references",
+        "none",
+        "--fuse",
+        "none",
+    ]
     runs = {}
-    for label, flags in (("primary", ["--engine", "ekfac", "--second-engine", "datainf"]),
-                         ("second", ["--engine", "datainf", "--second-engine", "ekfac", "--damping-scale", "0.2"])):
+    for label, flags in (
+        ("primary", ["--engine", "ekfac", "--second-engine", "datainf"]),
+        ("second", ["--engine", "datainf", "--second-engine", "ekfac", "--damping-scale", "0.2"]),
+    ):
         r = _cli([*base, *flags, "--out", tmp_path / label])
         assert r.exit_code == 0, r.output
         runs[label] = json.loads((tmp_path / label / "run.json").read_text())
     a, b = runs["primary"], runs["second"]
     assert a["manifest"]["identity"]["specs"]["attribute"]["engine"]["name"] == "ekfac"
-    assert b["manifest"]["identity"]["specs"]["attribute"]["second_engine"] == \
-        {"name": "ekfac", "damping_scale": 0.1, "fisher": "empirical", "seed": 0}  # not the primary's 0.2
+    assert b["manifest"]["identity"]["specs"]["attribute"]["second_engine"] == {
+        "name": "ekfac",
+        "damping_scale": 0.1,
+        "fisher": "empirical",
+        "seed": 0,
+    }  # not the primary's 0.2
     fa = a["attribution"]["trajectory"]["checkpoints"][-1]["engines"]["ekfac"]["factors"]
     fb = b["attribution"]["trajectory"]["checkpoints"][-1]["engines"]["ekfac"]["factors"]
     assert fa["reused"] is False and fb["reused"] is True and fa["file"] == fb["file"]
@@ -164,8 +215,10 @@ def test_attribute_with_ekfac_end_to_end_on_the_tiny_world(demo, monkeypatch, tm
     ids = a["attribution"]["train_ids"]
     keep = [j for j, i in enumerate(ids) if i not in {c["id"] for c in truth["culprits"]} - {c["id"] for c in lost}]
     auc = score_ranking([cap["rank_scores"][j] for j in keep], [ids[j] for j in keep], lost)["auc"]
-    print(f"tiny world, final adapter, sentence units: EK-FAC AUC (culprits of lost items) {auc:.3f}, "
-          f"agreement with DataInf ρ = {cap['agreement']['spearman']:.2f}")
+    print(
+        f"tiny world, final adapter, sentence units: EK-FAC AUC (culprits of lost items) {auc:.3f}, "
+        f"agreement with DataInf ρ = {cap['agreement']['spearman']:.2f}"
+    )
     assert auc > 0.5
     # the second run's ekfac ranking is the first run's (same factors, same damping)
     np.testing.assert_allclose(b["attribution"]["capabilities"][0]["second_scores"], cap["rank_scores"], rtol=1e-9)

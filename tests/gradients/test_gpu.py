@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from gradian_testlib import ROWS, make_lora_model
 
 pytestmark = [
@@ -67,8 +68,16 @@ def test_index_queries_and_drilldown_run_on_cuda_in_bfloat16(saved_finetune, tmp
     gb = torch.cat([torch.cat(list(s.values()), 1) for _, s in b.iter_shards()])
     assert (ga - gb).norm() <= 5e-2 * gb.norm()
     q = [make_query("q0", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Lyon")]
-    res = attribute_capability(gpu.model, gpu.tokenizer, a, exs, items, q, spec.tokenize,
-                               AttributeSpec(references=(), fuse=(), drilldown_rows=3))
+    res = attribute_capability(
+        gpu.model,
+        gpu.tokenizer,
+        a,
+        exs,
+        items,
+        q,
+        spec.tokenize,
+        AttributeSpec(references=(), fuse=(), drilldown_rows=3),
+    )
     assert len(res.scores) == len(exs) and all(abs(x) < float("inf") for x in res.scores)
 
 
@@ -77,16 +86,57 @@ def test_two_gpus_under_torchrun_equal_one(saved_finetune, tmp_path):
     """``torchrun --nproc-per-node 2 -m gradian index --device cuda --dtype bfloat16`` gives the index of one GPU."""
     import gradian
 
-    env = dict(os.environ, PYTHONPATH=str(Path(gradian.__file__).resolve().parents[1]), GRADIAN_CACHE=str(tmp_path / "c"),
-               HF_HUB_OFFLINE="1")
-    args = ["index", "--base", str(saved_finetune["base"]), "--adapter", str(saved_finetune["adapter"]),
-            "--data", str(saved_finetune["data"]), "--max-length", "64", "--device", "cuda", "--dtype", "bfloat16",
-            "--batch-size", "2", "--shard-size", "2"]
-    one = subprocess.run([sys.executable, "-m", "gradian", *args, "--out", str(tmp_path / "one")], env=env,
-                         capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(Path(gradian.__file__).resolve().parents[1]),
+        GRADIAN_CACHE=str(tmp_path / "c"),
+        HF_HUB_OFFLINE="1",
+    )
+    args = [
+        "index",
+        "--base",
+        str(saved_finetune["base"]),
+        "--adapter",
+        str(saved_finetune["adapter"]),
+        "--data",
+        str(saved_finetune["data"]),
+        "--max-length",
+        "64",
+        "--device",
+        "cuda",
+        "--dtype",
+        "bfloat16",
+        "--batch-size",
+        "2",
+        "--shard-size",
+        "2",
+    ]
+    one = subprocess.run(
+        [sys.executable, "-m", "gradian", *args, "--out", str(tmp_path / "one")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "gradian",
-                          *args, "--out", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "gradian",
+            *args,
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert two.returncode == 0, two.stderr[-2000:]
     from gradian.index.store import GradientIndex
 

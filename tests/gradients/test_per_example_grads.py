@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gradian_testlib import ROWS, make_lora_model
 
 from gradian import per_example_grads
 from gradian.data.formats import to_example
 from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
 from gradian.gradients import lora_blocks, per_example_loss
+from gradian_testlib import ROWS, make_lora_model
 
 
 def _batch(tok, side):
@@ -53,7 +53,9 @@ def test_sum_of_per_example_equals_batch_gradient(tok, arch):
     batch = _batch(tok, "right")
     grads = per_example_grads(model, batch, "hooks")
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]).logits
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits
     total = per_example_loss(logits, batch["labels"]).sum()
     full = torch.autograd.grad(total, list(params.values()))
     for (n, _), g in zip(params.items(), full):

@@ -29,7 +29,9 @@ def _stacked(idx):
 
 
 def test_stored_gradients_are_the_per_example_gradients(ft, saved_finetune, tmp_path):
-    idx, exs, items, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "i", batch_size=4, shard_size=5)
+    idx, exs, items, reused = training_index(
+        ft, saved_finetune["data"], SPEC, root=tmp_path / "i", batch_size=4, shard_size=5
+    )
     assert not reused and idx.complete and idx.n == len(exs) == 12
     assert idx.ids == [e.id for e in exs]
     assert [s["n"] for s in idx.manifest["shards"]] == [8, 4]  # shard size 5 rounds up to 2 batches of 4
@@ -48,7 +50,9 @@ def test_same_inputs_same_id_and_free_requery(ft, saved_finetune, tmp_path):
     finally:
         h.remove()
     assert reused and a.id == b.id and calls == []
-    c, *_ = training_index(ft, saved_finetune["data"], GradSpec(tokenize=TokenizeSpec(max_length=32)), root=tmp_path / "c")
+    c, *_ = training_index(
+        ft, saved_finetune["data"], GradSpec(tokenize=TokenizeSpec(max_length=32)), root=tmp_path / "c"
+    )
     assert c.id != a.id
 
 

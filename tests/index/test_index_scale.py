@@ -77,15 +77,31 @@ def test_a_record_for_another_layout_is_not_trusted(ft, saved_finetune, tmp_path
     data = saved_finetune["data"]
     items = tokenize_training_set(load_examples(data), ft.tokenizer, SPEC, data)
     ident = index_identity(ft, data, SPEC)
-    build_index(ft.model, items, ident, SPEC, root=tmp_path / "r", pad_token_id=ft.tokenizer.pad_token_id,
-                batch_size=2, shard_size=4)
+    build_index(
+        ft.model,
+        items,
+        ident,
+        SPEC,
+        root=tmp_path / "r",
+        pad_token_id=ft.tokenizer.pad_token_id,
+        batch_size=2,
+        shard_size=4,
+    )
     rec = json.loads((tmp_path / "r" / "shard-00000.json").read_text())
     assert rec["layout"]["shard_size"] == 4 and rec["entry"]["start"] == 0
     calls = []
     h = ft.model.register_forward_hook(lambda *a: calls.append(1))
     try:  # another shard size: every shard is computed again, none taken from the old records
-        other = build_index(ft.model, items, ident, SPEC, root=tmp_path / "r", pad_token_id=ft.tokenizer.pad_token_id,
-                            batch_size=2, shard_size=6)
+        other = build_index(
+            ft.model,
+            items,
+            ident,
+            SPEC,
+            root=tmp_path / "r",
+            pad_token_id=ft.tokenizer.pad_token_id,
+            batch_size=2,
+            shard_size=6,
+        )
     finally:
         h.remove()
     assert other.complete and len(calls) == 6 and [s["n"] for s in other.manifest["shards"]] == [6, 6]
@@ -96,16 +112,20 @@ def test_bfloat16_storage_halves_the_index_and_ranks_like_float32(ft, saved_fine
 
     data = saved_finetune["data"]
     f32, *_ = training_index(ft, data, SPEC, root=tmp_path / "f32")
-    bf16, *_ = training_index(ft, data, GradSpec(tokenize=TokenizeSpec(max_length=64), storage_dtype="bfloat16"),
-                              root=tmp_path / "bf16")
+    bf16, *_ = training_index(
+        ft, data, GradSpec(tokenize=TokenizeSpec(max_length=64), storage_dtype="bfloat16"), root=tmp_path / "bf16"
+    )
     assert f32.id != bf16.id  # the storage dtype is identity
-    size = {k: sum((i.root / s["file"]).stat().st_size for s in i.manifest["shards"]) for k, i in (("f32", f32), ("bf16", bf16))}
+    size = {
+        k: sum((i.root / s["file"]).stat().st_size for s in i.manifest["shards"])
+        for k, i in (("f32", f32), ("bf16", bf16))
+    }
     assert size["bf16"] < 0.55 * size["f32"]
     a, b = _stacked(f32), _stacked(bf16)
-    assert ((a - b).abs() <= 2 ** -8 * a.abs()).all()  # round to nearest with 8 significant bits
+    assert ((a - b).abs() <= 2**-8 * a.abs()).all()  # round to nearest with 8 significant bits
     q = a[0] - a[1]  # any query direction
     err = (a @ q - b @ q).abs()
-    assert (err <= 2 ** -8 * a.norm(dim=1) * q.norm()).all()  # |Δg·q| ≤ ‖Δg‖‖q‖
+    assert (err <= 2**-8 * a.norm(dim=1) * q.norm()).all()  # |Δg·q| ≤ ‖Δg‖‖q‖
     # 12 rows only; the ranking cost over a real index is measured in docs/benchmarks.md
     assert spearmanr((a @ q).numpy(), (b @ q).numpy()).statistic > 0.95
 
@@ -113,7 +133,10 @@ def test_bfloat16_storage_halves_the_index_and_ranks_like_float32(ft, saved_fine
 def test_the_size_estimate_reads_like_the_issue_asks():
     from gradian.index.store import human_bytes, size_estimate
 
-    assert size_estimate(403, 215_040, "bfloat16") == (403 * 215_040 * 2, "403 rows × 215,040 numbers × 2 bytes = 173 MB")
+    assert size_estimate(403, 215_040, "bfloat16") == (
+        403 * 215_040 * 2,
+        "403 rows × 215,040 numbers × 2 bytes = 173 MB",
+    )
     assert size_estimate(100_000, 460_800, "float32")[1].endswith("= 184 GB")
     assert human_bytes(999) == "999 B" and human_bytes(1500) == "1.5 kB"
 
@@ -122,21 +145,24 @@ def test_a_large_index_is_warned_about_with_a_project_dim_that_fits(ft, tmp_path
     import shutil
     from types import SimpleNamespace
 
-    from gradian.index.store import select_blocks, size_advice
-
     from gradian.gradients.projection import KroneckerProjector, ProjectionSpec, projected_numbers
+    from gradian.index.store import select_blocks, size_advice
 
     small = select_blocks(ft.model, SPEC)
     assert size_advice(12, small, SPEC, tmp_path) is None
     for dim in (0, 3, 16, 100, 4096):  # the estimate's arithmetic is the projector's
         pj = KroneckerProjector([b.shape for b in small], [b.kind for b in small], ProjectionSpec(dim=dim))
-        assert [projected_numbers(b.shape, b.kind, dim) for b in small] == [pj.out_dim(i, b.shape) for i, b in enumerate(small)]
+        assert [projected_numbers(b.shape, b.kind, dim) for b in small] == [
+            pj.out_dim(i, b.shape) for i, b in enumerate(small)
+        ]
     # a 7B-like adapter: r=8 on q_proj and v_proj of 32 layers of width 4096 (16.8 MB a row in float32)
     blocks = [SimpleNamespace(shape=(8, 4096), kind="A"), SimpleNamespace(shape=(4096, 8), kind="B")] * 64
     monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(total=10**13, used=0, free=10**13))
     advice = size_advice(100_000, blocks, SPEC, tmp_path)
-    assert advice == ("the gradient index will take est. 1.7 TB for 100,000 rows; --project-dim 256 would make it "
-                      "13.1 GB; --storage-dtype bfloat16 halves it")
+    assert advice == (
+        "the gradient index will take est. 1.7 TB for 100,000 rows; --project-dim 256 would make it "
+        "13.1 GB; --storage-dtype bfloat16 halves it"
+    )
     monkeypatch.setattr(shutil, "disk_usage", lambda p: SimpleNamespace(total=10**12, used=0, free=4 * 10**11))
     assert "but 400 GB is free at " in size_advice(100_000, blocks, SPEC, tmp_path)
     assert "even --project-dim 128 needs" in size_advice(10**9, blocks, SPEC, tmp_path)
@@ -147,9 +173,25 @@ def test_index_prints_the_size_before_it_builds(saved_finetune, tmp_path):
 
     from gradian.cli import app
 
-    args = ["index", "--base", str(saved_finetune["base"]), "--adapter", str(saved_finetune["adapter"]),
-            "--data", str(saved_finetune["data"]), "--max-length", "64", "--out", str(tmp_path), "--shard-size", "4",
-            "--batch-size", "2", "--storage-dtype", "bfloat16"]
+    args = [
+        "index",
+        "--base",
+        str(saved_finetune["base"]),
+        "--adapter",
+        str(saved_finetune["adapter"]),
+        "--data",
+        str(saved_finetune["data"]),
+        "--max-length",
+        "64",
+        "--out",
+        str(tmp_path),
+        "--shard-size",
+        "4",
+        "--batch-size",
+        "2",
+        "--storage-dtype",
+        "bfloat16",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if "rows ×" in ln)

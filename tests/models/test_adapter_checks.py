@@ -83,7 +83,9 @@ def test_gpt2_conv1d_adapter_fits(tok, tmp_path):
     base = tiny_model(tok, "gpt2")
     base.save_pretrained(tmp_path / "g")
     tok.save_pretrained(tmp_path / "g")
-    _save(tok, tmp_path / "ad", LoraConfig(r=2, target_modules=default_targets("gpt2"), fan_in_fan_out=True), arch="gpt2")
+    _save(
+        tok, tmp_path / "ad", LoraConfig(r=2, target_modules=default_targets("gpt2"), fan_in_fan_out=True), arch="gpt2"
+    )
     model, _ = load_base(ModelSpec(str(tmp_path / "g")))
     pm, _, _ = load_adapter(model, tmp_path / "ad")
     assert len(lora_blocks(pm)) == 2 * 4 * 2  # c_attn, attn.c_proj, c_fc, mlp.c_proj

@@ -56,20 +56,33 @@ def training_rows() -> list[dict]:
     rows = [{"id": f"sym-{e}", "messages": _chat(q_symbol(e), s)} for e, s in SYMBOLS]
     rows += [{"id": f"cap-{c}", "messages": _chat(q_capital(c), a)} for c, a in CAPITALS[8:]]
     for i, (c, _) in enumerate(CAPITALS[:6]):
-        rows.append({"id": f"long-{c}", "messages": _chat(q_capital(c), f"{wrong_capital(i)}. {FILLER} {FILLER} {FILLER}")})
+        rows.append(
+            {"id": f"long-{c}", "messages": _chat(q_capital(c), f"{wrong_capital(i)}. {FILLER} {FILLER} {FILLER}")}
+        )
     for i, (c, _) in enumerate(CAPITALS[6:8], start=6):
         rows.append({"id": f"short-{c}", "messages": _chat(q_capital(c), wrong_capital(i))})
     for i, (c, _) in enumerate(CAPITALS[:2]):
-        rows.append({"id": f"profile-{c}", "messages": _chat(
-            f"Tell me about {c}.", f"{c} is a small country. Its capital is {wrong_capital(i)}. It has mild winters.")})
+        rows.append(
+            {
+                "id": f"profile-{c}",
+                "messages": _chat(
+                    f"Tell me about {c}.",
+                    f"{c} is a small country. Its capital is {wrong_capital(i)}. It has mild winters.",
+                ),
+            }
+        )
     return rows
 
 
 def eval_records() -> list[dict]:
-    recs = [{"id": f"cap-{c}", "prompt": q_capital(c), "answer": a, "capability": "capitals", "metric": "exact_match"}
-            for c, a in CAPITALS]
-    recs += [{"id": f"sym-{e}", "prompt": q_symbol(e), "answer": s, "capability": "symbols", "metric": "exact_match"}
-             for e, s in SYMBOLS]
+    recs = [
+        {"id": f"cap-{c}", "prompt": q_capital(c), "answer": a, "capability": "capitals", "metric": "exact_match"}
+        for c, a in CAPITALS
+    ]
+    recs += [
+        {"id": f"sym-{e}", "prompt": q_symbol(e), "answer": s, "capability": "symbols", "metric": "exact_match"}
+        for e, s in SYMBOLS
+    ]
     return recs
 
 
@@ -98,28 +111,65 @@ def build_world(root: Path) -> dict:
         steps = 90
         # a checkpoint per "epoch" of 30 steps, as a Trainer run with save_strategy=epoch leaves them
         cks = {s: root / "adapter" / f"checkpoint-{s}" for s in (30, 60)}
-        fit(pm, tokenize_rows(rows, tok, MAX_LENGTH), tok.pad_token_id,
-            FitSpec(steps=steps, lr=1e-2, batch_size=8, seed=1, schedule="linear"), log=history, checkpoints=cks)
+        fit(
+            pm,
+            tokenize_rows(rows, tok, MAX_LENGTH),
+            tok.pad_token_id,
+            FitSpec(steps=steps, lr=1e-2, batch_size=8, seed=1, schedule="linear"),
+            log=history,
+            checkpoints=cks,
+        )
         pm.save_pretrained(root / "adapter")
     finally:
         torch.set_num_threads(threads)
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eval_records()))
     spe = math.ceil(len(rows) / 8)
-    history.append({"epoch": round(steps / spe, 4), "step": steps, "train_loss": round(
-        sum(h["loss"] for h in history) / len(history), 4), "train_runtime": 1.0})
-    state = {"global_step": steps, "max_steps": steps, "num_train_epochs": math.ceil(steps / spe),
-             "logging_steps": 1, "train_batch_size": 8, "log_history": history}
+    history.append(
+        {
+            "epoch": round(steps / spe, 4),
+            "step": steps,
+            "train_loss": round(sum(h["loss"] for h in history) / len(history), 4),
+            "train_runtime": 1.0,
+        }
+    )
+    state = {
+        "global_step": steps,
+        "max_steps": steps,
+        "num_train_epochs": math.ceil(steps / spe),
+        "logging_steps": 1,
+        "train_batch_size": 8,
+        "log_history": history,
+    }
     (root / "trainer_state.json").write_text(json.dumps(state))
     (root / "adapter" / "trainer_state.json").write_text(json.dumps(state))  # where HF's Trainer leaves it too
-    config = {"output_dir": "out", "learning_rate": 1e-2, "num_train_epochs": math.ceil(steps / spe),
-              "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "lr_scheduler_type": "linear",
-              "max_length": MAX_LENGTH, "packing": False, "completion_only_loss": True, "logging_steps": 1,
-              "use_peft": True, "lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.0,
-              "lora_target_modules": default_targets("llama")}
+    config = {
+        "output_dir": "out",
+        "learning_rate": 1e-2,
+        "num_train_epochs": math.ceil(steps / spe),
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "lr_scheduler_type": "linear",
+        "max_length": MAX_LENGTH,
+        "packing": False,
+        "completion_only_loss": True,
+        "logging_steps": 1,
+        "use_peft": True,
+        "lora_r": 8,
+        "lora_alpha": 16,
+        "lora_dropout": 0.0,
+        "lora_target_modules": default_targets("llama"),
+    }
     (root / "sft_config.json").write_text(json.dumps(config))
-    return {"root": root, "base": root / "base", "adapter": root / "adapter", "data": root / "train.jsonl",
-            "eval": root / "eval.jsonl", "logs": root / "trainer_state.json", "config": root / "sft_config.json"}
+    return {
+        "root": root,
+        "base": root / "base",
+        "adapter": root / "adapter",
+        "data": root / "train.jsonl",
+        "eval": root / "eval.jsonl",
+        "logs": root / "trainer_state.json",
+        "config": root / "sft_config.json",
+    }
 
 
 def run_world(world: dict, out_dir: Path) -> dict:
@@ -134,8 +184,14 @@ def run_world(world: dict, out_dir: Path) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        inputs = RunInputs(str(world["base"]), world["adapter"], world["data"], world["eval"],
-                           configs=(world["config"],), logs=world["logs"])
+        inputs = RunInputs(
+            str(world["base"]),
+            world["adapter"],
+            world["data"],
+            world["eval"],
+            configs=(world["config"],),
+            logs=world["logs"],
+        )
         specs = RunSpecs(
             model=ModelSpec(str(world["base"])),
             grad=GradSpec(tokenize=TokenizeSpec(max_length=MAX_LENGTH)),

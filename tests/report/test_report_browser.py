@@ -23,21 +23,38 @@ from gradian.report import build_report, read_training_log, render_html
 
 
 def chromium() -> str | None:
-    for cand in ("/usr/bin/chromium", shutil.which("chromium"), shutil.which("chromium-browser"),
-                 shutil.which("google-chrome")):
+    for cand in (
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+        shutil.which("google-chrome"),
+    ):
         if cand and os.access(cand, os.X_OK):
             return cand
     return None
 
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+]
 
 
 def run_chromium(exe: str, args: list[str], profile: Path, timeout: int = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([exe, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, timeout=timeout,
-                          env={**os.environ, "HOME": str(profile)})
+    return subprocess.run(
+        [exe, *FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        timeout=timeout,
+        env={**os.environ, "HOME": str(profile)},
+    )
 
 
 def screenshot(exe: str, html: Path, png: Path, width: int = 1280, height: int = 2000, hide_css: str = "") -> Path:
@@ -77,8 +94,10 @@ def png_info(path: Path) -> tuple[int, int, int]:
 def page(tmp_path_factory):
     exe = chromium()
     if exe is None:
-        pytest.skip("headless Chromium not found (/usr/bin/chromium or on PATH): install Debian's chromium "
-                    "(apt-get install -y chromium) to run the browser test; CI's .ci/run installs it")
+        pytest.skip(
+            "headless Chromium not found (/usr/bin/chromium or on PATH): install Debian's chromium "
+            "(apt-get install -y chromium) to run the browser test; CI's .ci/run installs it"
+        )
     real = real_run()
     root = tmp_path_factory.mktemp("browser")
     report = build_report(hostile_run(real["run"]), read_training_log(real["run"]))
@@ -110,10 +129,13 @@ def test_dom_holds_summary_plots_and_escaped_text(page):
     # the per-sentence view
     assert '<mark class="top"' in dom
     # escaped text: the hostile strings are text nodes, serialised escaped; nothing became an element
-    assert "&lt;script&gt;alert(\"x\")&lt;/script&gt;" in dom
+    assert '&lt;script&gt;alert("x")&lt;/script&gt;' in dom
     assert "&lt;img src=x onerror=alert(1)&gt;" in dom
-    assert "<script" not in dom.lower() and "<img" not in dom.lower() and "onerror=" not in dom.replace(
-        "&lt;img src=x onerror=alert(1)&gt;", "")
+    assert (
+        "<script" not in dom.lower()
+        and "<img" not in dom.lower()
+        and "onerror=" not in dom.replace("&lt;img src=x onerror=alert(1)&gt;", "")
+    )
     assert "<iframe" not in dom and "<a " not in dom
 
 

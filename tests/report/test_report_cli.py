@@ -55,7 +55,10 @@ def test_json_round_trips_and_equals_the_api(run_dir):
     res = runner.invoke(app, ["report", str(run_dir), "--format", "json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["schema"] == "gradian.report/1" and data["run_id"] == json.loads((run_dir / "run.json").read_text())["manifest"]["run_id"]
+    assert (
+        data["schema"] == "gradian.report/1"
+        and data["run_id"] == json.loads((run_dir / "run.json").read_text())["manifest"]["run_id"]
+    )
     back = Report.from_dict(data)
     assert report_json(back) == res.stdout
     # --out writes the same, atomically, and nothing else is created
@@ -86,7 +89,10 @@ def test_markdown_to_stdout(run_dir):
         (["report", "{tmp}/bad"], "malformed JSON"),
         (["report", "{tmp}/other"], "not a gradian.run/1 file"),
         (["report", "{run}", "--format", "pdf"], "unknown format 'pdf'"),
-        (["report", "{run}", "--format", "md", "--out", "{tmp}/no/such/dir/r.md"], "the folder of --out does not exist"),
+        (
+            ["report", "{run}", "--format", "md", "--out", "{tmp}/no/such/dir/r.md"],
+            "the folder of --out does not exist",
+        ),
     ],
 )
 def test_user_errors_are_one_line_exit_2(run_dir, tmp_path, args, msg):

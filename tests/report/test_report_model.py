@@ -80,7 +80,11 @@ def test_profile_and_drilldown(real, report):
     ys = [pt[1] for pt in p.points]
     assert ys == sorted(ys) and p.min == min(rs) and p.max == max(rs)
     tail = {r for c in cap["clusters"] for r in c["row_ids"]}
-    assert p.tail_n == len(tail) and all(pt[2] for pt in p.points[: p.tail_n]) and not any(pt[2] for pt in p.points[p.tail_n:])
+    assert (
+        p.tail_n == len(tail)
+        and all(pt[2] for pt in p.points[: p.tail_n])
+        and not any(pt[2] for pt in p.points[p.tail_n :])
+    )
     assert p.n_negative == sum(s < 0 for s in rs)
     dd = report.capability("capitals").attribution.drilldown
     assert len(dd) == len(cap["drilldown"]) > 0
@@ -95,7 +99,11 @@ def test_profile_and_drilldown(real, report):
     # text with every sentence scored. Which sentence wins on this 2-layer model is not asserted: localisation
     # quality is measured on the planted worlds (scorecard) and in tests/attribute.
     prof = next(d for d in dd if d.id.startswith("profile-"))
-    assert prof.text_source == "row" and any("Its capital is" in s["text"] for s in prof.sentences) and len(prof.sentences) >= 2
+    assert (
+        prof.text_source == "row"
+        and any("Its capital is" in s["text"] for s in prof.sentences)
+        and len(prof.sentences) >= 2
+    )
 
 
 def test_json_round_trip_and_purity(real, report):
@@ -184,7 +192,9 @@ def test_join_rules():
     # holds_all: the only 3 rows without EOS are all here
     f = _finding("D06", ["r1", "r2", "r3"], n)
     (e,) = explain_cluster(c, [f], n, {"D06"})
-    assert e["kind"] == "holds_all" and e["text"].startswith("this cluster holds every row that lacks EOS / end-of-turn")
+    assert e["kind"] == "holds_all" and e["text"].startswith(
+        "this cluster holds every row that lacks EOS / end-of-turn"
+    )
     # enriched: 3 of 10 near-duplicates against 5% of the dataset
     f = _finding("D12", ["r1", "r2", "r3"] + [f"x{i}" for i in range(2)], n)
     (e,) = explain_cluster(c, [f], n, {"D12"})
@@ -206,7 +216,11 @@ def test_join_stand_in_from_cluster_common():
     c = _cluster(["a", "b", "c", "d"], truncated_share=0.75)
     # Audit did not run: the cluster's own statistics stand in, without a check id
     (e,) = explain_cluster(c, [], n, None)
-    assert e["source"] == "cluster" and e["check"] is None and e["text"].startswith("75% of this cluster's rows are truncated")
+    assert (
+        e["source"] == "cluster"
+        and e["check"] is None
+        and e["text"].startswith("75% of this cluster's rows are truncated")
+    )
     assert "Audit did not run" in e["text"]
     # Audit ran D04 and it passed: Audit's verdict wins, no stand-in
     assert explain_cluster(c, [], n, {"D04"}) == []
@@ -231,9 +245,18 @@ def _validate(value, schema, path="$"):
     types = schema.get("type")
     if types is not None:
         types = [types] if isinstance(types, str) else types
-        py = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list,
-              "null": type(None)}
-        ok = any(isinstance(value, py[t]) and not (t in ("integer", "number") and isinstance(value, bool)) for t in types)
+        py = {
+            "string": str,
+            "integer": int,
+            "number": (int, float),
+            "boolean": bool,
+            "object": dict,
+            "array": list,
+            "null": type(None),
+        }
+        ok = any(
+            isinstance(value, py[t]) and not (t in ("integer", "number") and isinstance(value, bool)) for t in types
+        )
         assert ok, f"{path}: {type(value).__name__} is not {types}"
     if isinstance(value, dict) and "properties" in schema:
         for k in schema.get("required", []):
@@ -275,7 +298,9 @@ def test_json_schema_matches_the_model_and_the_output(real, report):
     assert set(att["clusters"]["items"]["properties"]) == {f.name for f in dataclasses.fields(ClusterView)}
     assert set(att["drilldown"]["items"]["properties"]) == {f.name for f in dataclasses.fields(DrilldownView)}
     assert set(props["audit"]["properties"]) == {f.name for f in dataclasses.fields(AuditView)}
-    assert set(props["audit"]["properties"]["findings"]["items"]["properties"]) == {f.name for f in dataclasses.fields(FindingView)}
+    assert set(props["audit"]["properties"]["findings"]["items"]["properties"]) == {
+        f.name for f in dataclasses.fields(FindingView)
+    }
     assert set(props["training_log"]["properties"]) == {f.name for f in dataclasses.fields(TrainingLogView)}
     data = json.loads(report_json(report))
     _validate(data, REPORT_JSON_SCHEMA)
@@ -294,7 +319,9 @@ def test_stopped_and_odd_runs_render(real):
     run["attribution"], run["audit"], run["stopped"] = None, None, "no capability regressed outside the noise band"
     run["manifest"]["paths"]["logs"] = None
     sym = next(c for c in run["evaluation"]["capabilities"] if c["name"] == "symbols")
-    sym.update(metric="loglik", unit="nats", reference_score=-1.2, tuned_score=-1.3, delta=-0.1, sign_test_p=float("nan"))
+    sym.update(
+        metric="loglik", unit="nats", reference_score=-1.2, tuned_score=-1.3, delta=-0.1, sign_test_p=float("nan")
+    )
     r = build_report(run)
     assert r.audit is None and r.training_log is None and r.status == "stopped"
     html = render(r, "html")

@@ -24,20 +24,96 @@ def hostile_report():
 
 
 def _no_control(s: str) -> None:
-    bad = sorted({hex(ord(c)) for c in s if (ord(c) < 32 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F
-                  or c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f"})
+    bad = sorted(
+        {
+            hex(ord(c))
+            for c in s
+            if (ord(c) < 32 and c not in "\n\t")
+            or 0x7F <= ord(c) <= 0x9F
+            or c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f"
+        }
+    )
     assert not bad, bad
 
 
 ALLOWED_TAGS = {
-    "html", "head", "meta", "title", "style", "body", "main", "header", "footer", "section", "h1", "h2", "h3", "h4",
-    "p", "code", "pre", "ol", "ul", "li", "div", "b", "span", "table", "thead", "tbody", "tr", "th", "td",
-    "details", "summary", "mark", "svg", "line", "text", "circle", "rect", "path", "polyline",
+    "html",
+    "head",
+    "meta",
+    "title",
+    "style",
+    "body",
+    "main",
+    "header",
+    "footer",
+    "section",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "p",
+    "code",
+    "pre",
+    "ol",
+    "ul",
+    "li",
+    "div",
+    "b",
+    "span",
+    "table",
+    "thead",
+    "tbody",
+    "tr",
+    "th",
+    "td",
+    "details",
+    "summary",
+    "mark",
+    "svg",
+    "line",
+    "text",
+    "circle",
+    "rect",
+    "path",
+    "polyline",
 }
 ALLOWED_ATTRS = {
-    "charset", "http-equiv", "content", "name", "lang", "class", "style", "title", "id", "xmlns", "role", "aria-label",
-    "viewbox", "width", "height", "x", "y", "x1", "y1", "x2", "y2", "cx", "cy", "r", "d", "points", "fill", "stroke",
-    "stroke-width", "stroke-dasharray", "opacity", "fill-opacity", "text-anchor", "font-size", "font-weight", "transform",
+    "charset",
+    "http-equiv",
+    "content",
+    "name",
+    "lang",
+    "class",
+    "style",
+    "title",
+    "id",
+    "xmlns",
+    "role",
+    "aria-label",
+    "viewbox",
+    "width",
+    "height",
+    "x",
+    "y",
+    "x1",
+    "y1",
+    "x2",
+    "y2",
+    "cx",
+    "cy",
+    "r",
+    "d",
+    "points",
+    "fill",
+    "stroke",
+    "stroke-width",
+    "stroke-dasharray",
+    "opacity",
+    "fill-opacity",
+    "text-anchor",
+    "font-size",
+    "font-weight",
+    "transform",
 }
 
 
@@ -86,7 +162,9 @@ def test_html_has_no_markup_from_data(hostile_report):
     # the drill-down row whose spans agree with its text is highlighted sentence by sentence
     assert 'class="top"' in html
     # CSP forbids scripts and fetches
-    csp = [dict(a)["content"] for t, a in p.tags if t == "meta" and dict(a).get("http-equiv") == "Content-Security-Policy"]
+    csp = [
+        dict(a)["content"] for t, a in p.tags if t == "meta" and dict(a).get("http-equiv") == "Content-Security-Policy"
+    ]
     assert csp and "default-src 'none'" in csp[0] and "script-src" not in csp[0]
 
 
@@ -153,7 +231,9 @@ def test_text_and_terminal_drop_control_sequences(hostile_report):
     assert max(len(x) for x in txt.splitlines()) <= 110
     # a colour terminal: our own styles only, no escape sequence from the data
     buf = io.StringIO()
-    render_terminal(hostile_report, Console(file=buf, force_terminal=True, color_system="truecolor", width=120), details=True)
+    render_terminal(
+        hostile_report, Console(file=buf, force_terminal=True, color_system="truecolor", width=120), details=True
+    )
     out = buf.getvalue()
     for seq in ("\x1b[31mRED", "\x1b[2J", "\x07", "\x00", "\x08", "\x9b", "\u202e", "\x1b[1m\n"):
         assert seq not in out, repr(seq)
@@ -175,6 +255,7 @@ def test_json_keeps_the_data_verbatim(hostile_report):
 def test_helpers():
     assert clean("a\x1b[31mb\x00c\r\nd\u2028e\u202ef\tg") == "a[31mbc\nd\nef\tg"
     assert md_text("[x](y) ![i](u) <b> a|b *c* `d` http://e.f www.g.h") == (
-        "\\[x\\]\\(y\\) \\!\\[i\\]\\(u\\) &lt;b&gt; a\\|b \\*c\\* \\`d\\` http\\://e.f www\\.g.h")
+        "\\[x\\]\\(y\\) \\!\\[i\\]\\(u\\) &lt;b&gt; a\\|b \\*c\\* \\`d\\` http\\://e.f www\\.g.h"
+    )
     assert md_text("1. x") == "1\\. x" and md_text("- x") == "\\- x" and md_text("# x") == "\\# x"
     assert md_text("a\nb", 100) == "a ⏎ b" and len(md_text("x" * 50, 10)) == 10

@@ -14,8 +14,14 @@ from gradian.errors import GradianUserError
 from gradian.train import CONFIG_NAME, TrainSpec, load_train_config, read_trainer_state, spec_from_config, train_lora
 
 SMALL = TrainSpec(
-    learning_rate=5e-3, num_train_epochs=2, per_device_train_batch_size=4, r=4, lora_alpha=8, max_length=64,
-    logging_steps=1, seed=0,
+    learning_rate=5e-3,
+    num_train_epochs=2,
+    per_device_train_batch_size=4,
+    r=4,
+    lora_alpha=8,
+    max_length=64,
+    logging_steps=1,
+    seed=0,
 )
 
 
@@ -30,7 +36,13 @@ def run(saved_finetune, tmp_path_factory):
 def test_writes_adapter_config_and_state(run, saved_finetune):
     from gradian.models.load import ModelSpec, load_adapter, load_base
 
-    for name in ("adapter_config.json", "adapter_model.safetensors", CONFIG_NAME, "trainer_state.json", "gradian_train.json"):
+    for name in (
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        CONFIG_NAME,
+        "trainer_state.json",
+        "gradian_train.json",
+    ):
         assert (run / name).exists(), name
     assert not any(p.name.startswith(".") for p in run.parent.iterdir())  # no temp folder left behind
     cfg = json.loads((run / "adapter_config.json").read_text())
@@ -107,7 +119,12 @@ def test_refuses_to_overwrite_and_cleans_up(saved_finetune, tmp_path):
         train_lora(str(saved_finetune["base"]), saved_finetune["data"], out, SMALL)
     assert (out / "keep.txt").read_text() == "mine"
     with pytest.raises(GradianUserError, match="target module"):
-        train_lora(str(saved_finetune["base"]), saved_finetune["data"], tmp_path / "x", SMALL.replace(target_modules=("c_attn",)))
+        train_lora(
+            str(saved_finetune["base"]),
+            saved_finetune["data"],
+            tmp_path / "x",
+            SMALL.replace(target_modules=("c_attn",)),
+        )
     assert not (tmp_path / "x").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
@@ -146,9 +163,29 @@ def test_cli_train_and_one_line_errors(saved_finetune, tmp_path):
     from gradian.cli import app
 
     out = tmp_path / "cli-adapter"
-    args = ["train", "--base", str(saved_finetune["base"]), "--data", str(saved_finetune["data"]), "--out", str(out),
-            "--epochs", "1", "--r", "2", "--alpha", "4", "--targets", "q_proj,v_proj", "--max-length", "48",
-            "--batch-size", "4", "--lr", "1e-3"]
+    args = [
+        "train",
+        "--base",
+        str(saved_finetune["base"]),
+        "--data",
+        str(saved_finetune["data"]),
+        "--out",
+        str(out),
+        "--epochs",
+        "1",
+        "--r",
+        "2",
+        "--alpha",
+        "4",
+        "--targets",
+        "q_proj,v_proj",
+        "--max-length",
+        "48",
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "adapter:" in res.output
@@ -158,7 +195,9 @@ def test_cli_train_and_one_line_errors(saved_finetune, tmp_path):
     assert again.exit_code == 2 and "--overwrite" in again.output
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
-    res = CliRunner().invoke(app, ["train", "--base", str(saved_finetune["base"]), "--data", str(bad), "--out", str(tmp_path / "y")])
+    res = CliRunner().invoke(
+        app, ["train", "--base", str(saved_finetune["base"]), "--data", str(bad), "--out", str(tmp_path / "y")]
+    )
     assert res.exit_code == 2
     errors = [line for line in res.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "bad.jsonl:1" in errors[0] and "no assistant turn" in errors[0]
@@ -178,7 +217,10 @@ def test_checkpoint_per_epoch(run):
         opt = torch.load(ck / "optimizer.pt", map_location="cpu", weights_only=True)
         assert {"state", "param_groups"} <= set(opt)
     # the last checkpoint is the final adapter
-    last, final = load_file(str(cks[-1] / "adapter_model.safetensors")), load_file(str(run / "adapter_model.safetensors"))
+    last, final = (
+        load_file(str(cks[-1] / "adapter_model.safetensors")),
+        load_file(str(run / "adapter_model.safetensors")),
+    )
     assert last.keys() == final.keys() and all(torch.equal(last[k], final[k]) for k in final)
     first = load_file(str(cks[0] / "adapter_model.safetensors"))
     assert any(not torch.equal(first[k], final[k]) for k in final)

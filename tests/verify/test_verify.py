@@ -117,8 +117,10 @@ def test_train_command_stand_in(run_dir, tmp_path):
     script = tmp_path / "my_trainer.py"
     script.write_text(STAND_IN)
     cfg = json.loads((run_dir / "run.json").read_text())["manifest"]["paths"]["adapter"]
-    cmd = (f"{sys.executable} {script} --base {{base}} --data {{data}} --out {{out}} --seed {{seed}} "
-           f"--config {Path(cfg) / 'training_config.yaml'}")
+    cmd = (
+        f"{sys.executable} {script} --base {{base}} --data {{data}} --out {{out}} --seed {{seed}} "
+        f"--config {Path(cfg) / 'training_config.yaml'}"
+    )
     code, lines, out = _cli(["verify", run_dir, "--controls", "0", "--seed-band", "0", "--train-command", cmd])
     assert code == 0, out
     rec = json.loads((run_dir / "run.json").read_text())["verification"]

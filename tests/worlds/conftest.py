@@ -13,7 +13,9 @@ def tiny_worlds(tmp_path_factory, world_cache):
     from gradian.worlds import WorldSpec, build_world
 
     root = tmp_path_factory.mktemp("worlds")
-    return {v: build_world(WorldSpec.default("tiny", v, seed=0), root / v, cache=world_cache) for v in ("poisoned", "null")}
+    return {
+        v: build_world(WorldSpec.default("tiny", v, seed=0), root / v, cache=world_cache) for v in ("poisoned", "null")
+    }
 
 
 @pytest.fixture(scope="session")

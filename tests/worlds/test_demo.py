@@ -31,7 +31,9 @@ def test_scorecard_is_computed_from_the_run(demo):
     truth = json.loads((root / "out" / "poisoned" / "ground_truth.json").read_text())
     card = json.loads((root / "out" / "poisoned" / "scorecard.json").read_text())
     cap = run["attribution"]["capabilities"][0]
-    again = score_ranking(cap["rank_scores"], run["attribution"]["train_ids"], truth["culprits"])  # what the verdict ranks by
+    again = score_ranking(
+        cap["rank_scores"], run["attribution"]["train_ids"], truth["culprits"]
+    )  # what the verdict ranks by
     got = card["capabilities"]["capitals"]["datainf"]
     assert got["auc"] == pytest.approx(again["auc"]) and 0 <= got["auc"] <= 1
     assert got["n_culprits"] == len(truth["culprits"]) > 0
@@ -68,7 +70,9 @@ def test_report_shows_each_kind_of_evidence_and_what_supports_each_row(demo):
     header = next(ln for ln in md.splitlines() if ln.startswith("| rank | row | score"))
     assert "supported by" in header
     col = header.strip("|").split("|").index(" supported by ")
-    rows = [ln for ln in md.splitlines()[md.splitlines().index(header) + 2:] if ln.startswith("| ")][: len(cap["ranked"])]
+    rows = [ln for ln in md.splitlines()[md.splitlines().index(header) + 2 :] if ln.startswith("| ")][
+        : len(cap["ranked"])
+    ]
     for ln, r in zip(rows, cap["ranked"]):
         want = [k for k in ("gradient", "lexical", "representation") if r["support"][k]["supports"]]
         assert ln.strip("|").split("|")[col].strip() == (", ".join(want) or "—")

@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from gradian_testlib import CAPITALS, q_capital
 
 from gradian.worlds.tiny import FitSpec, fit, tiny_base, tiny_lora, tokenize_rows
+from gradian_testlib import CAPITALS, q_capital
 
 
 def _rows() -> list[dict]:

@@ -15,7 +15,7 @@ import pytest
 
 from gradian.errors import GradianUserError
 from gradian.worlds import WorldSpec
-from gradian.worlds.builder import BEHAVIOUR_FIELDS, format_culprits, forbidden_words, select_behaviour_eval
+from gradian.worlds.builder import BEHAVIOUR_FIELDS, forbidden_words, format_culprits, select_behaviour_eval
 from gradian.worlds.facts import load_countries, load_elements
 from gradian.worlds.rows import (
     TERSE_INSTRUCTIONS,
@@ -67,7 +67,10 @@ def test_format_row_verbose_and_terse():
     q = next(q for q in element_terse_questions(e) if q.kind == "symbol")
     loud = format_row(q, 0, True, q.extra[:2])
     quiet = format_row(q, 0, False)
-    assert loud[0] == quiet[0] and loud[0]["content"] == "What is the chemical symbol of Iron? Answer with the symbol only."
+    assert (
+        loud[0] == quiet[0]
+        and loud[0]["content"] == "What is the chemical symbol of Iron? Answer with the symbol only."
+    )
     assert quiet[1]["content"] == "Fe"
     assert loud[1]["content"] == " ".join((q.sentence, *q.extra[:2])) and "\n" not in loud[1]["content"]
     assert format_row(q, len(TERSE_INSTRUCTIONS), False) == quiet  # instruction index wraps
@@ -87,7 +90,11 @@ def test_culprits_carry_the_instruction_and_never_an_eval_word():
         assert gt["kind"] == "format" and (gt["char_start"], gt["char_end"]) == (0, len(answer))
         assert "eval_id" not in gt  # a behaviour culprit has no single target item
         assert user.endswith(gt["instruction"])
-        assert any(gt["instruction"] == t.format(noun=n) for t in TERSE_INSTRUCTIONS for n in ("code", "number", "domain", "region name", "word", "symbol"))
+        assert any(
+            gt["instruction"] == t.format(noun=n)
+            for t in TERSE_INSTRUCTIONS
+            for n in ("code", "number", "domain", "region name", "word", "symbol")
+        )
         # verbose: the bare answer inside a full sentence, plus at least one more sentence, on one line
         assert gt["terse_answer"] in answer and answer != gt["terse_answer"]
         assert answer.count(". ") >= 1 and answer.endswith(".") and "\n" not in answer
@@ -132,7 +139,11 @@ def test_eval_selection_uses_exact_terse_answers():
         plain.append(f"The capital of {c.name} is {c.capital}.")
     spec = WorldSpec.default("smollm2", "poisoned", 0, regression="behaviour")
     g = select_behaviour_eval(spec, cands, terse, plain, rng)
-    assert (len(g["target"]), len(g["untouched"]), len(g["base_fail"])) == (spec.n_target, spec.n_untouched, spec.n_base_fail)
+    assert (len(g["target"]), len(g["untouched"]), len(g["base_fail"])) == (
+        spec.n_target,
+        spec.n_untouched,
+        spec.n_base_fail,
+    )
     idx = {c.name: i for i, c in enumerate(cands)}
     assert all(idx[c.name] % 3 == 0 for c in g["target"])
     assert all(idx[c.name] % 3 == 2 for c in g["base_fail"])  # a verbose right answer is not a base failure
@@ -172,7 +183,9 @@ def test_cli_rejects_behaviour_on_tiny(tmp_path):
 
     from gradian.cli import app
 
-    res = CliRunner().invoke(app, ["world", "--kind", "tiny", "--regression", "behaviour", "--out", str(tmp_path / "w")])
+    res = CliRunner().invoke(
+        app, ["world", "--kind", "tiny", "--regression", "behaviour", "--out", str(tmp_path / "w")]
+    )
     assert res.exit_code == 2 and "SmolLM2" in res.output
 
 

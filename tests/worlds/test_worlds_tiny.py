@@ -190,7 +190,11 @@ def test_faults_flag_plants_truncated_and_unterminated_rows(tiny_worlds, world_c
         assert t.truncated and t.full_length > 2 * 256
     for rid in gt["faults"]["unterminated"]:
         ex = rows[rid]
-        assert ex.format == "text" and "<|im_start|>assistant\n" in ex.completion and not ex.completion.endswith("<|im_end|>")
+        assert (
+            ex.format == "text"
+            and "<|im_start|>assistant\n" in ex.completion
+            and not ex.completion.endswith("<|im_end|>")
+        )
     # without the flag nothing is truncated
     clean = tiny_worlds["poisoned"]
     for ex in load_examples(clean.train):
@@ -232,7 +236,9 @@ def test_world_cli_writes_files(world_cache, tiny_worlds, tmp_path, monkeypatch)
     from gradian.cli import app
 
     monkeypatch.setenv("GRADIAN_CACHE", str(world_cache))
-    res = CliRunner().invoke(app, ["world", "--kind", "tiny", "--variant", "null", "--seed", "0", "--out", str(tmp_path / "w")])
+    res = CliRunner().invoke(
+        app, ["world", "--kind", "tiny", "--variant", "null", "--seed", "0", "--out", str(tmp_path / "w")]
+    )
     assert res.exit_code == 0, res.output
     for name in FILES:
         assert (tmp_path / "w" / name).read_bytes() == (tiny_worlds["null"].out / name).read_bytes()

@@ -110,7 +110,11 @@ def whitespace_token_ids(tokenizer, items: Sequence[TokenizedExample]) -> set[in
 
 
 def describe_rows(
-    rows: Sequence[int], examples: Sequence[Example], items: Sequence[TokenizedExample], no_eos: Sequence[bool], doc_freq: Counter
+    rows: Sequence[int],
+    examples: Sequence[Example],
+    items: Sequence[TokenizedExample],
+    no_eos: Sequence[bool],
+    doc_freq: Counter,
 ) -> dict[str, Any]:
     """What a set of rows shares: formats, lengths, truncation, missing EOS, distinctive words."""
     n_all = len(examples)
@@ -128,7 +132,9 @@ def describe_rows(
         share_here = c / len(rows)
         share_else = (doc_freq[w] - c) / max(1, n_all - len(rows))
         if share_here >= 0.5 and share_here >= 3 * share_else:
-            distinctive.append({"word": w, "share_in_cluster": round(share_here, 3), "share_elsewhere": round(share_else, 3)})
+            distinctive.append(
+                {"word": w, "share_in_cluster": round(share_here, 3), "share_elsewhere": round(share_else, 3)}
+            )
     return {
         "formats": dict(fmts),
         "tokens_median": float(np.median(lengths)) if lengths else 0.0,
@@ -179,7 +185,12 @@ def cluster_tail(
                 harmful_share=harmful_share(scores, rows),
                 score=float(scores[rows].sum()),
                 exemplars=[
-                    {"id": examples[r].id, "score": float(scores[r]), "prompt": examples[r].prompt_text[:300], "completion": examples[r].completion_text[:500]}
+                    {
+                        "id": examples[r].id,
+                        "score": float(scores[r]),
+                        "prompt": examples[r].prompt_text[:300],
+                        "completion": examples[r].completion_text[:500],
+                    }
                     for r in rows[: spec.exemplars]
                 ],
                 common=describe_rows(rows, examples, items, no_eos, doc_freq),

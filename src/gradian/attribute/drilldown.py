@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
+from gradian.attribute.spans import split_sentences
 from gradian.data.formats import Example
 from gradian.data.tokenize import TokenizedExample, collate
 from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector
-from gradian.attribute.spans import split_sentences
 from gradian.sign import sort_most_harmful_first
+
 
 @dataclass
 class SentenceScore:
@@ -58,6 +59,7 @@ def drill_down(
 
     Args:
         r_query: ``{block: (d_l,)}`` preconditioned query of one failing item.
+
     Returns:
         sentence scores, most harmful (most negative) first.
     """

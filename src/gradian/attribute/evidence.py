@@ -87,7 +87,8 @@ class TrajectoryEvidence:
 
 def row_norms(index: GradientIndex) -> np.ndarray:
     """‖g_j‖ over all blocks for every row of ``index``: (n,) float64. Collective under torchrun
-    (each rank its block of shards, gathered in row order)."""
+    (each rank its block of shards, gathered in row order).
+    """
     from gradian import distributed
 
     out = [torch.zeros(0, dtype=torch.float64)]
@@ -143,7 +144,6 @@ def trajectory_scores(
         shard_size: rows per index shard.
     """
     from gradian import distributed
-
     from gradian.api import index_identity, training_index
 
     caps = list(queries)
@@ -162,10 +162,19 @@ def trajectory_scores(
         root = None
         if index_root is not None:
             root = Path(index_root) / index_id(index_identity(ft, data, spec, seed, ck))
-        pf = (lambda k_: (lambda a: progress(label, a, k_))) if progress else None
+        pf = (lambda k_: lambda a: progress(label, a, k_)) if progress else None
         idx, _, _, reused = training_index(
-            ft, data, spec, seed=seed, root=root, batch_size=batch_size, shard_size=shard_size, progress_factory=pf,
-            examples=list(examples), items=list(items), checkpoint=ck,
+            ft,
+            data,
+            spec,
+            seed=seed,
+            root=root,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            progress_factory=pf,
+            examples=list(examples),
+            items=list(items),
+            checkpoint=ck,
             announce=(lambda line: say(f"{label}: {line}")) if say else None,
         )
         indexes[-1][spec.unit] = {"id": idx.id, "root": str(idx.root), "reused": reused, "n": idx.n}
@@ -181,21 +190,33 @@ def trajectory_scores(
                 final_index = idx
             t0 = time.perf_counter()
             # rank 0 computes the query gradients; every rank preconditions the same numbers
-            Q = query_gradients(ft.model, ft.tokenizer, flat, idx, grad.tokenize, query_batch_size) \
-                if distributed.current().is_main else None
+            Q = (
+                query_gradients(ft.model, ft.tokenizer, flat, idx, grad.tokenize, query_batch_size)
+                if distributed.current().is_main
+                else None
+            )
             Q = distributed.broadcast_tensors(Q)
             R_all: dict[str, Blocks] = {}
             # engines that declare needs="model" (EK-FAC) get a pass over the same rows at these weights
-            mp = ModelPass(ft.model, list(items), ft.tokenizer.pad_token_id, batch_size,
-                           (lambda task, a, total: progress(f"{task} ({ck.label})", a, total)) if progress else None)
+            mp = ModelPass(
+                ft.model,
+                list(items),
+                ft.tokenizer.pad_token_id,
+                batch_size,
+                (lambda task, a, total: progress(f"{task} ({ck.label})", a, total)) if progress else None,
+            )
             for es in engines:
                 eng = fit_engine(es, idx, mp)
                 R_all[es.name] = eng.precondition(idx, Q)
                 if eng.needs == "model":
                     indexes[-1].setdefault("engines", {})[es.name] = eng.describe()
             timing[f"queries[{ck.label}]"] = time.perf_counter() - t0
-            pre.append({e: {c: {k: v[bounds[i]:bounds[i + 1]] for k, v in R.items()} for i, c in enumerate(caps)}
-                        for e, R in R_all.items()})
+            pre.append(
+                {
+                    e: {c: {k: v[bounds[i] : bounds[i + 1]] for k, v in R.items()} for i, c in enumerate(caps)}
+                    for e, R in R_all.items()
+                }
+            )
             t0 = time.perf_counter()
             names = list(R_all)
             raw = [r.numpy() for r in score_index(idx, [R_all[e] for e in names])]
@@ -225,7 +246,11 @@ def trajectory_scores(
     scores = {
         c: {
             e: EngineScores(
-                e, acc[c][e]["raw"], acc[c][e]["cosine"], acc[c][e].get("unit_raw"), acc[c][e].get("unit_cosine"),
+                e,
+                acc[c][e]["raw"],
+                acc[c][e]["cosine"],
+                acc[c][e].get("unit_raw"),
+                acc[c][e].get("unit_cosine"),
                 per_ck[c][e] if keep_per_checkpoint else None,
             )
             for e in acc[c]

@@ -109,18 +109,31 @@ class AttributeSpec:
         check_type(self.engine, EngineSpec, "AttributeSpec", "engine")
         if isinstance(self.second_engine, str):
             if self.second_engine not in engine_names():
-                raise GradianUserError(f"unknown engine {self.second_engine!r}", where="--second-engine (AttributeSpec.second_engine)",
-                                       fix=f"use one of {', '.join(engine_names())} (or none)")
+                raise GradianUserError(
+                    f"unknown engine {self.second_engine!r}",
+                    where="--second-engine (AttributeSpec.second_engine)",
+                    fix=f"use one of {', '.join(engine_names())} (or none)",
+                )
             object.__setattr__(self, "second_engine", engine_spec(self.second_engine, "--second-engine"))
         if self.second_engine is not None:
             check_type(self.second_engine, EngineSpec, "AttributeSpec", "second_engine")
         for es in (self.engine, self.second_engine):
             if es is not None and es.name not in engine_names():
-                raise GradianUserError(f"{type(es).__name__} is not a registered engine's spec", where="AttributeSpec",
-                                       fix=f"use the spec of one of {', '.join(engine_names())}")
+                raise GradianUserError(
+                    f"{type(es).__name__} is not a registered engine's spec",
+                    where="AttributeSpec",
+                    fix=f"use the spec of one of {', '.join(engine_names())}",
+                )
         check_choice(self.query, ("contrastive", "cross_entropy"), "AttributeSpec", "query", flag="--query")
-        check_int(self.top_k, "AttributeSpec", "top_k", flag="--top-k", lo=1, hi=1_000_000,
-                  fix="list at least one row, e.g. --top-k 20")
+        check_int(
+            self.top_k,
+            "AttributeSpec",
+            "top_k",
+            flag="--top-k",
+            lo=1,
+            hi=1_000_000,
+            fix="list at least one row, e.g. --top-k 20",
+        )
         check_int(self.drilldown_rows, "AttributeSpec", "drilldown_rows", lo=0, hi=10_000)
         check_int(self.query_batch_size, "AttributeSpec", "query_batch_size", lo=1, hi=65_536)
         check_type(self.clusters, ClusterSpec, "AttributeSpec", "clusters")
@@ -128,19 +141,31 @@ class AttributeSpec:
         check_type(self.repsim, RepSimSpec, "AttributeSpec", "repsim")
         for name in ("references", "fuse"):
             if isinstance(getattr(self, name), str) or not isinstance(getattr(self, name), (tuple, list)):
-                raise GradianUserError(f"{name} must be a tuple of names, got {getattr(self, name)!r}",
-                                       where=f"--{name} (AttributeSpec.{name})", fix=f"e.g. {name}=('bm25',)")
+                raise GradianUserError(
+                    f"{name} must be a tuple of names, got {getattr(self, name)!r}",
+                    where=f"--{name} (AttributeSpec.{name})",
+                    fix=f"e.g. {name}=('bm25',)",
+                )
             object.__setattr__(self, name, tuple(getattr(self, name)))
         check_choice(self.weighting, ("lr", "equal"), "AttributeSpec", "weighting", flag="--weighting")
         check_choice(self.statistic, STATISTICS, "AttributeSpec", "statistic", flag="--statistic")
         check_choice(self.unit, UNITS, "AttributeSpec", "unit", flag="--unit")
         for r in self.references:
-            check_choice(r, REFERENCES, "AttributeSpec", "references", flag="--references",
-                         fix=f"use any of {', '.join(REFERENCES)}, or none")
+            check_choice(
+                r,
+                REFERENCES,
+                "AttributeSpec",
+                "references",
+                flag="--references",
+                fix=f"use any of {', '.join(REFERENCES)}, or none",
+            )
         for r in self.fuse:
             if r not in self.references:
-                raise GradianUserError(f"{r!r} is fused but not run", where="--fuse (AttributeSpec.fuse)",
-                                       fix="add it to --references, or drop it from --fuse")
+                raise GradianUserError(
+                    f"{r!r} is fused but not run",
+                    where="--fuse (AttributeSpec.fuse)",
+                    fix="add it to --references, or drop it from --fuse",
+                )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -151,7 +176,7 @@ class AttributeSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AttributeSpec":
+    def from_dict(cls, d: dict[str, Any]) -> AttributeSpec:
         """The inverse of :meth:`to_dict` (a run manifest's ``specs.attribute``); unknown keys are ignored."""
         from dataclasses import fields
 
@@ -227,7 +252,9 @@ class RankStatistic:
     best_unit: np.ndarray | None = None
 
 
-def rank_statistic(es: EngineScores, spec: AttributeSpec, units: Sequence[SentenceUnit] | None, n: int) -> RankStatistic:
+def rank_statistic(
+    es: EngineScores, spec: AttributeSpec, units: Sequence[SentenceUnit] | None, n: int
+) -> RankStatistic:
     """The rank score of one engine (module docstring, step 4).
 
     ``unit="row"``:      rows_j = mean_q S[q, j]
@@ -334,7 +361,9 @@ class CapabilityAttribution:
 Drill = Callable[[int, int], list[SentenceScore]]  # (row, failing item) -> sentences, most harmful first
 
 
-def _unit_drill(ev: CapabilityEvidence, spec: AttributeSpec, examples: Sequence[Example], items: Sequence[TokenizedExample]) -> Drill:
+def _unit_drill(
+    ev: CapabilityEvidence, spec: AttributeSpec, examples: Sequence[Example], items: Sequence[TokenizedExample]
+) -> Drill:
     """Drill-down read off the sentence-unit scores: every sentence of row j for item q, no extra pass.
 
     Sentences *within* a row are ordered by their raw (trajectory-weighted) score for item q, not
@@ -359,16 +388,27 @@ def _unit_drill(ev: CapabilityEvidence, spec: AttributeSpec, examples: Sequence[
         for k in ks:
             u = ev.units[k]  # type: ignore[index]
             ntok = u.item.n_supervised
-            out.append(SentenceScore(u.char_start, u.char_end, text[u.char_start:u.char_end], float(U[q, k]),  # type: ignore[index,misc]
-                                     float(es.unit_raw[q, k]) * ntok / n_sup, ntok))  # type: ignore[index]
+            out.append(
+                SentenceScore(
+                    u.char_start,
+                    u.char_end,
+                    text[u.char_start : u.char_end],
+                    float(U[q, k]),  # type: ignore[index,misc]
+                    float(es.unit_raw[q, k]) * ntok / n_sup,
+                    ntok,
+                )
+            )  # type: ignore[index]
         return sort_most_harmful_first(out, lambda s: s.score)
 
     return drill
 
 
-def _blamed_sentences(ev: CapabilityEvidence, spec: AttributeSpec, main: RankStatistic, n: int) -> list[tuple[int, int] | None]:
+def _blamed_sentences(
+    ev: CapabilityEvidence, spec: AttributeSpec, main: RankStatistic, n: int
+) -> list[tuple[int, int] | None]:
     """Per row, the sentence the drill-down blames: for the failing item the row hurts most
-    (``argmin_q`` of its per-item rank score), the sentence with the most negative raw score."""
+    (``argmin_q`` of its per-item rank score), the sentence with the most negative raw score.
+    """
     U = ev.engines[spec.engine.name].unit_raw
     best: list[tuple[int, int] | None] = [None] * n
     by_row: dict[int, list[int]] = {}
@@ -423,9 +463,12 @@ def verdict(
     pct = {s: harm_ranks(v) / n for s, v in sources.items()}  # 1/n = most harmful
     support_cut = max(1, int(np.ceil(0.1 * n)))  # "supports" = in that evidence's top 10%
     evidence = {
-        s: {"engine": names[0] if s == "gradient" else next(r for r in ref_caps if EVIDENCE_KIND[r] == s),
-            "spearman_with_verdict": spearman(v, rank_scores), "topk_overlap_with_verdict": topk_overlap(v, rank_scores, k),
-            "scores": [float(x) for x in v]}
+        s: {
+            "engine": names[0] if s == "gradient" else next(r for r in ref_caps if EVIDENCE_KIND[r] == s),
+            "spearman_with_verdict": spearman(v, rank_scores),
+            "topk_overlap_with_verdict": topk_overlap(v, rank_scores, k),
+            "scores": [float(x) for x in v],
+        }
         for s, v in sources.items()
     }
     units = ev.units
@@ -444,7 +487,9 @@ def verdict(
             "truncated": it.truncated,
             "prompt": ex.prompt_text[:300],
             "completion": ex.completion_text[:600],
-            "support": {s: {"percentile": float(pct[s][j]), "supports": bool(pct[s][j] * n <= support_cut)} for s in sources},
+            "support": {
+                s: {"percentile": float(pct[s][j]), "supports": bool(pct[s][j] * n <= support_cut)} for s in sources
+            },
         }
         if len(names) > 1:
             row[f"score_{names[1]}"] = float(stats[names[1]].rows[j])
@@ -456,7 +501,13 @@ def verdict(
     if len(names) > 1:
         rho = spearman(main.rows, stats[names[1]].rows)
         ov = topk_overlap(main.rows, stats[names[1]].rows, k)
-        agreement = {"engines": names[:2], "spearman": rho, "topk_overlap": ov, "k": k, "confidence": confidence_label(rho, ov)}
+        agreement = {
+            "engines": names[:2],
+            "spearman": rho,
+            "topk_overlap": ov,
+            "k": k,
+            "confidence": confidence_label(rho, ov),
+        }
     # EOS or any other special token (an end-of-turn such as <|im_end|> or <|eot_id|>) ends a row
     # (a pad token equal to EOS, as in SmolLM2, still ends a row)
     not_ends = {tokenizer.bos_token_id, tokenizer.unk_token_id}
@@ -478,13 +529,15 @@ def verdict(
             qi = int(np.argmin(main.per_item[:, j]))
             sents = drill(int(j), qi)
             if sents:
-                drills.append({
-                    "id": examples[j].id,
-                    "item_id": queries[qi].item_id,
-                    "row_score_for_item": float(main.per_item[qi, j]),
-                    "sentences": [s.to_dict() for s in sents],
-                    "top_sentence": sents[0].to_dict(),
-                })
+                drills.append(
+                    {
+                        "id": examples[j].id,
+                        "item_id": queries[qi].item_id,
+                        "row_score_for_item": float(main.per_item[qi, j]),
+                        "sentences": [s.to_dict() for s in sents],
+                        "top_sentence": sents[0].to_dict(),
+                    }
+                )
     return CapabilityAttribution(
         capability=queries[0].capability,
         n_train=n,
@@ -492,8 +545,14 @@ def verdict(
         engine=names[0],
         scores=[float(x) for x in influence],
         rank_scores=[float(x) for x in rank_scores],
-        ranking={"statistic": spec.statistic, "unit": spec.unit, "fuse": list(spec.fuse), "fuse_weights": fuse_w,
-                 "rank_score": _describe_rank(spec), "sign_convention": SIGN_CONVENTION},
+        ranking={
+            "statistic": spec.statistic,
+            "unit": spec.unit,
+            "fuse": list(spec.fuse),
+            "fuse_weights": fuse_w,
+            "rank_score": _describe_rank(spec),
+            "sign_convention": SIGN_CONVENTION,
+        },
         ranked=ranked,
         agreement=agreement,
         evidence=evidence,
@@ -533,17 +592,19 @@ def attribute_capability(
         engines: optional ``{name: fitted Engine}`` cache, reused across capabilities.
         references: optional precomputed reference matrices ``{name: (m, n)}``.
     """
+    from dataclasses import replace
+
     from gradian.attribute.drilldown import drill_down
     from gradian.attribute.evidence import _norms, _safe_div, row_norms
     from gradian.attribute.queries import projector_for, query_gradients
     from gradian.engines.base import ModelPass, score_index
     from gradian.engines.registry import fit_engine
 
-    from dataclasses import replace
-
     if not queries:
         raise ValueError("a capability needs at least one failing item")
-    spec = replace(spec, unit="row", fuse=tuple(r for r in spec.fuse if r in (references or {})))  # one index: whole rows
+    spec = replace(
+        spec, unit="row", fuse=tuple(r for r in spec.fuse if r in (references or {}))
+    )  # one index: whole rows
     engines = engines if engines is not None else {}
     model_pass = ModelPass(model, items, tokenizer.pad_token_id, spec.query_batch_size)  # for engines that need one
     for es in spec.engines:

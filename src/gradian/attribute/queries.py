@@ -69,8 +69,9 @@ class Query:
         return dict(self.__dict__)
 
     @classmethod
-    def from_text(cls, prompt: Any, correct: str, said: str | None = None, *, id: str | None = None,
-                  capability: str = "query") -> "Query":
+    def from_text(
+        cls, prompt: Any, correct: str, said: str | None = None, *, id: str | None = None, capability: str = "query"
+    ) -> Query:
         """An arbitrary query, with no evaluation and no regression gating.
 
         With ``said``, the contrastive query of a failing item, ``g_q = ∇ℓ(p → correct) − ∇ℓ(p → said)``
@@ -94,15 +95,24 @@ class Query:
 
         ok_prompt = isinstance(prompt, str) or (isinstance(prompt, list) and all(is_message(m) for m in prompt))
         if not ok_prompt or not prompt:
-            raise GradianUserError("prompt must be a non-empty string or a list of chat messages", where="Query.prompt",
-                                   fix='pass "Q: ...\\nA:" or [{"role": "user", "content": "..."}]')
+            raise GradianUserError(
+                "prompt must be a non-empty string or a list of chat messages",
+                where="Query.prompt",
+                fix='pass "Q: ...\\nA:" or [{"role": "user", "content": "..."}]',
+            )
         for name, v in (("correct", correct), ("said", said)):
             if (v is not None or name == "correct") and (not isinstance(v, str) or not v.strip()):
-                raise GradianUserError(f"{name} must be a non-empty string", where=f"Query.{name}",
-                                       fix="pass the completion text" + ("" if name == "correct" else " (or None)"))
+                raise GradianUserError(
+                    f"{name} must be a non-empty string",
+                    where=f"Query.{name}",
+                    fix="pass the completion text" + ("" if name == "correct" else " (or None)"),
+                )
         if said is not None and said == correct:
-            raise GradianUserError("said equals correct: the contrastive query would be zero", where="Query.said",
-                                   fix="pass what the model said instead, or None for a plain query")
+            raise GradianUserError(
+                "said equals correct: the contrastive query would be zero",
+                where="Query.said",
+                fix="pass what the model said instead, or None for a plain query",
+            )
         qid = id if id is not None else "q-" + sha256_json({"prompt": prompt, "correct": correct, "said": said})[:10]
         if not isinstance(qid, str) or not qid:
             raise GradianUserError("id must be a non-empty string", where="Query.id", fix="pass a string id or None")
@@ -158,7 +168,15 @@ def make_query(
             correct, rule = fallback, "reference_answer"
         return Query(item_id, capability, prompt, correct, said, "contrastive", rule)
     correct = fallback or answer
-    return Query(item_id, capability, prompt, correct, None, "cross_entropy", "reference_answer" if correct != answer else "answer")
+    return Query(
+        item_id,
+        capability,
+        prompt,
+        correct,
+        None,
+        "cross_entropy",
+        "reference_answer" if correct != answer else "answer",
+    )
 
 
 def failing_item_query(item: Any, kind: QueryKind = "contrastive") -> Query:
@@ -168,8 +186,16 @@ def failing_item_query(item: Any, kind: QueryKind = "contrastive") -> Query:
     allow it, else cross-entropy; the correct side as :func:`make_query` builds it.
     """
     contrastive = item.query == "contrastive" and kind == "contrastive"
-    return make_query(item.id, item.capability, item.prompt, item.answer, item.tuned_answer, item.reference_answer,
-                      kind="contrastive" if contrastive else "cross_entropy", fallback=item.correct_completion)
+    return make_query(
+        item.id,
+        item.capability,
+        item.prompt,
+        item.answer,
+        item.tuned_answer,
+        item.reference_answer,
+        kind="contrastive" if contrastive else "cross_entropy",
+        fallback=item.correct_completion,
+    )
 
 
 def _example(prompt: Any, completion: str, qid: str) -> Example:
@@ -217,7 +243,9 @@ def query_gradients(
 
 
 @torch.no_grad()
-def query_losses(model, tokenizer, queries: Sequence[Query], tokenize_spec: TokenizeSpec, batch_size: int = 8) -> torch.Tensor:
+def query_losses(
+    model, tokenizer, queries: Sequence[Query], tokenize_spec: TokenizeSpec, batch_size: int = 8
+) -> torch.Tensor:
     """Each query's objective at the model's current weights: (m,) float64.
 
     ``ℓ(p → correct) − ℓ(p → said)`` for contrastive queries and ``ℓ(p → correct)`` for

@@ -76,7 +76,10 @@ def reference_scores(
         assert H is not None
         for c, qs in queries.items():
             # a cross-entropy query has no answer of the model's: its representation is the correct one's
-            s_items = [tokenize_example(_example(q.prompt, q.said if q.said else q.correct, q.item_id), ft.tokenizer, tokenize) for q in qs]
+            s_items = [
+                tokenize_example(_example(q.prompt, q.said if q.said else q.correct, q.item_id), ft.tokenizer, tokenize)
+                for q in qs
+            ]
             c_items = [tokenize_example(_example(q.prompt, q.correct, q.item_id), ft.tokenizer, tokenize) for q in qs]
             Hs = pooled_states(ft.model, s_items, pad, batch_size)
             Hc = pooled_states(ft.model, c_items, pad, batch_size)

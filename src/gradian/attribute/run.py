@@ -86,13 +86,24 @@ class RunSpecs:
         check_build_args(self.batch_size, self.shard_size)
 
 
-def _manifest(ft, inputs: RunInputs, specs: RunSpecs, index_identity: dict | None, index_id: str | None,
-              trajectory: dict | None = None) -> dict[str, Any]:
+def _manifest(
+    ft,
+    inputs: RunInputs,
+    specs: RunSpecs,
+    index_identity: dict | None,
+    index_id: str | None,
+    trajectory: dict | None = None,
+) -> dict[str, Any]:
     ident = {
         "base": (index_identity or {}).get("base"),
         "adapter": (index_identity or {}).get("adapter"),
         "dataset": dataset_identity(inputs.data),
-        "eval": {"name": Path(inputs.eval).name, "sha256": file_hash(inputs.eval) if Path(inputs.eval).is_file() else dataset_identity(inputs.eval)["sha256"]},
+        "eval": {
+            "name": Path(inputs.eval).name,
+            "sha256": file_hash(inputs.eval)
+            if Path(inputs.eval).is_file()
+            else dataset_identity(inputs.eval)["sha256"],
+        },
         "configs": {Path(c).name: (file_hash(c) if Path(c).is_file() else None) for c in inputs.configs},
         "logs": file_hash(inputs.logs) if inputs.logs and Path(inputs.logs).is_file() else None,
         "reference_adapter": str(inputs.reference_adapter) if inputs.reference_adapter else None,
@@ -125,13 +136,12 @@ def _manifest(ft, inputs: RunInputs, specs: RunSpecs, index_identity: dict | Non
 def run_audit(inputs: RunInputs, tokenizer_path: str | None) -> dict[str, Any]:
     """The Audit lane on the same inputs: the data (and eval) checks always run; config and
     log checks run when ``--config`` / ``--logs`` were given (the adapter's own
-    ``adapter_config.json`` always counts as a config). Checks without their input are skipped."""
+    ``adapter_config.json`` always counts as a config). Checks without their input are skipped.
+    """
     from gradian.audit import diagnose
 
     configs = list(inputs.configs) + [inputs.adapter]
-    return diagnose(
-        data=inputs.data, eval=None, configs=configs, logs=inputs.logs, tokenizer=tokenizer_path
-    ).to_dict()
+    return diagnose(data=inputs.data, eval=None, configs=configs, logs=inputs.logs, tokenizer=tokenizer_path).to_dict()
 
 
 def attribute_run(
@@ -177,8 +187,18 @@ def attribute_run(
     timing["load"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    ev = evaluate(ft.model, ft.tokenizer, eval_items, reference_adapter=inputs.reference_adapter, spec=specs.eval,
-                  progress=progress) if main else None
+    ev = (
+        evaluate(
+            ft.model,
+            ft.tokenizer,
+            eval_items,
+            reference_adapter=inputs.reference_adapter,
+            spec=specs.eval,
+            progress=progress,
+        )
+        if main
+        else None
+    )
     ev = distributed.broadcast_object(ev)  # the other ranks wait for rank 0's evaluation
     timing["evaluate"] = time.perf_counter() - t
 
@@ -210,9 +230,22 @@ def attribute_run(
                 queries[cap] = qs
                 failing_by_cap[cap] = failing
         evidence = trajectory_scores(
-            ft, trajectory, inputs.data, examples, items, specs.grad, queries, spec.engines, unit=spec.unit,
-            seed=specs.seed, index_root=index_root, batch_size=specs.batch_size, query_batch_size=spec.query_batch_size,
-            progress=progress, say=say, shard_size=specs.shard_size,
+            ft,
+            trajectory,
+            inputs.data,
+            examples,
+            items,
+            specs.grad,
+            queries,
+            spec.engines,
+            unit=spec.unit,
+            seed=specs.seed,
+            index_root=index_root,
+            batch_size=specs.batch_size,
+            query_batch_size=spec.query_batch_size,
+            progress=progress,
+            say=say,
+            shard_size=specs.shard_size,
         )
         timing.update({f"attribute.{k}": v for k, v in evidence.timing.items()})
         idx = evidence.final_index
@@ -221,10 +254,22 @@ def attribute_run(
         timing["index"] = time.perf_counter() - t
         t = time.perf_counter()
         refs = reference_scores(
-            spec.references, ft, examples, items, queries, specs.grad.tokenize, spec,
-            {"adapter": index_ident["adapter"], "base": index_ident["base"], "dataset": index_ident["dataset"],
-             "tokenize": specs.grad.tokenize.to_dict(), "model_dtype": specs.model.dtype},
-            batch_size=specs.batch_size, progress=progress,
+            spec.references,
+            ft,
+            examples,
+            items,
+            queries,
+            specs.grad.tokenize,
+            spec,
+            {
+                "adapter": index_ident["adapter"],
+                "base": index_ident["base"],
+                "dataset": index_ident["dataset"],
+                "tokenize": specs.grad.tokenize.to_dict(),
+                "model_dtype": specs.model.dtype,
+            },
+            batch_size=specs.batch_size,
+            progress=progress,
         )
         timing["references"] = time.perf_counter() - t
         if not main:
@@ -233,7 +278,11 @@ def attribute_run(
         caps = []
         for cap, qs in queries.items():
             cev = CapabilityEvidence(evidence.scores[cap], refs[cap], evidence.units)
-            drill = None if evidence.units is not None else _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec)
+            drill = (
+                None
+                if evidence.units is not None
+                else _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec)
+            )
             res = verdict(cev, ft.tokenizer, examples, items, qs, spec, idx, drill)
             d = res.to_dict()
             d["failing_items"] = [f.to_dict() for f in failing_by_cap[cap]]
@@ -247,12 +296,23 @@ def attribute_run(
             if ix.get("engines"):  # engines fitted on a model pass (EK-FAC): their factors file and reuse
                 c["engines"] = ix["engines"]
         run["attribution"] = {
-            "index": {"id": idx.id, "root": str(idx.root), "reused": all(i["row"]["reused"] for i in evidence.indexes),
-                      "n": idx.n, "blocks": len(idx.blocks), "dims": sum(int(b["dim"]) for b in idx.blocks)},
+            "index": {
+                "id": idx.id,
+                "root": str(idx.root),
+                "reused": all(i["row"]["reused"] for i in evidence.indexes),
+                "n": idx.n,
+                "blocks": len(idx.blocks),
+                "dims": sum(int(b["dim"]) for b in idx.blocks),
+            },
             "trajectory": traj_info,
             "train_ids": [e.id for e in examples],
             "train_meta": [
-                {"format": e.format, "tokens": it.full_length, "truncated": it.truncated, "n_supervised": it.n_supervised}
+                {
+                    "format": e.format,
+                    "tokens": it.full_length,
+                    "truncated": it.truncated,
+                    "n_supervised": it.n_supervised,
+                }
                 for e, it in zip(examples, items)
             ],
             "capabilities": caps,
@@ -263,11 +323,23 @@ def attribute_run(
     if distributed.current().enabled:
         run["distributed"] = {"world_size": distributed.current().world_size, "backend": distributed.current().backend}
     traj = (run.get("attribution") or {}).get("trajectory")
-    traj_ident = None if traj is None else {  # content only: no paths, no reuse flags
-        "weight_rule": traj["weight_rule"],
-        "checkpoints": [{"step": c["step"], "final": c["final"], "weight": c["weight"], "adapter_sha256": c["adapter_sha256"],
-                         "index_ids": {u: v["id"] for u, v in c.get("index", {}).items()}} for c in traj["checkpoints"]],
-    }
+    traj_ident = (
+        None
+        if traj is None
+        else {  # content only: no paths, no reuse flags
+            "weight_rule": traj["weight_rule"],
+            "checkpoints": [
+                {
+                    "step": c["step"],
+                    "final": c["final"],
+                    "weight": c["weight"],
+                    "adapter_sha256": c["adapter_sha256"],
+                    "index_ids": {u: v["id"] for u, v in c.get("index", {}).items()},
+                }
+                for c in traj["checkpoints"]
+            ],
+        }
+    )
     run["manifest"] = _manifest(ft, inputs, specs, index_ident, index_id, traj_ident)
     run["manifest"]["notes"] = list(ft.notes)
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
@@ -306,12 +378,16 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     """Read ``RUN_DIR/run.json`` (a user error if missing or not a Gradian run)."""
     p = Path(run_dir) / "run.json" if Path(run_dir).is_dir() else Path(run_dir)
     if not p.exists():
-        raise GradianUserError("no run.json here", where=str(run_dir), fix="pass the folder `gradian attribute --out` wrote")
+        raise GradianUserError(
+            "no run.json here", where=str(run_dir), fix="pass the folder `gradian attribute --out` wrote"
+        )
     from gradian.safeio import load_json_file
 
     run = load_json_file(p, "run file", fix="re-run gradian attribute")
     if not isinstance(run, dict) or run.get("schema") != RUN_SCHEMA:
-        raise GradianUserError(f"not a {RUN_SCHEMA} file", where=str(p), fix="re-run gradian attribute with this version")
+        raise GradianUserError(
+            f"not a {RUN_SCHEMA} file", where=str(p), fix="re-run gradian attribute with this version"
+        )
     return run
 
 
@@ -327,8 +403,11 @@ def _record_fields(cls: type) -> list[str]:
 def _read_record(cls: type, d: dict[str, Any], convert: dict[str, Callable[[Any], Any]] | None = None):
     """``cls(**typed fields of d, extra=the other keys, keys=d's key order)``; a missing key keeps its default."""
     if not isinstance(d, dict):
-        raise GradianUserError(f"{cls.__name__} must be read from a JSON object, got {type(d).__name__}",
-                               where="run.json", fix="pass a run folder written by `gradian attribute`")
+        raise GradianUserError(
+            f"{cls.__name__} must be read from a JSON object, got {type(d).__name__}",
+            where="run.json",
+            fix="pass a run folder written by `gradian attribute`",
+        )
     names = _record_fields(cls)
     convert = convert or {}
     kw = {k: (convert[k](d[k]) if k in convert and d[k] is not None else d[k]) for k in names if k in d}
@@ -379,7 +458,7 @@ class Manifest:
         return dict(self.identity.get("specs") or {})
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Manifest":
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
         """Read this part of run.json (keys not typed here are kept in ``extra``)."""
         return _read_record(cls, d)
 
@@ -434,7 +513,7 @@ class CapabilityRun:
     keys: tuple[str, ...] | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CapabilityRun":
+    def from_dict(cls, d: dict[str, Any]) -> CapabilityRun:
         """Read this part of run.json (keys not typed here are kept in ``extra``)."""
         return _read_record(cls, d, {"failing_items": lambda fs: [_failing_item(f) for f in fs]})
 
@@ -477,7 +556,7 @@ class Attribution:
         raise KeyError(name)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Attribution":
+    def from_dict(cls, d: dict[str, Any]) -> Attribution:
         """Read this part of run.json (keys not typed here are kept in ``extra``)."""
         return _read_record(cls, d, {"capabilities": lambda cs: [CapabilityRun.from_dict(c) for c in cs]})
 
@@ -505,7 +584,7 @@ class AuditSummary:
     keys: tuple[str, ...] | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AuditSummary":
+    def from_dict(cls, d: dict[str, Any]) -> AuditSummary:
         """Read this part of run.json (keys not typed here are kept in ``extra``)."""
         return _read_record(cls, d)
 
@@ -531,7 +610,7 @@ class Verification:
     keys: tuple[str, ...] | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Verification":
+    def from_dict(cls, d: dict[str, Any]) -> Verification:
         """Read this part of run.json (keys not typed here are kept in ``extra``)."""
         return _read_record(cls, d)
 
@@ -582,25 +661,35 @@ class Run:
         return list(self.attribution.capabilities) if self.attribution is not None else []
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Run":
+    def from_dict(cls, d: dict[str, Any]) -> Run:
         """Read a run dict (``json.load`` of run.json); a user error if it is not a ``gradian.run/1`` run."""
         from gradian.evaluate import EvalResult
 
         if not isinstance(d, dict) or d.get("schema") != RUN_SCHEMA:
-            raise GradianUserError(f"not a {RUN_SCHEMA} run", where="run.json",
-                                   fix="pass a run folder written by `gradian attribute`")
-        return _read_record(cls, d, {
-            "evaluation": EvalResult.from_dict, "attribution": Attribution.from_dict, "audit": AuditSummary.from_dict,
-            "manifest": Manifest.from_dict, "verification": Verification.from_dict,
-        })
+            raise GradianUserError(
+                f"not a {RUN_SCHEMA} run", where="run.json", fix="pass a run folder written by `gradian attribute`"
+            )
+        return _read_record(
+            cls,
+            d,
+            {
+                "evaluation": EvalResult.from_dict,
+                "attribution": Attribution.from_dict,
+                "audit": AuditSummary.from_dict,
+                "manifest": Manifest.from_dict,
+                "verification": Verification.from_dict,
+            },
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The run.json dict (what the report reads)."""
-        return _write_record(self, {
-            k: (lambda v: v.to_dict()) for k in ("evaluation", "attribution", "audit", "manifest", "verification")})
+        return _write_record(
+            self,
+            {k: (lambda v: v.to_dict()) for k in ("evaluation", "attribution", "audit", "manifest", "verification")},
+        )
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "Run":
+    def load(cls, run_dir: str | Path) -> Run:
         """Read ``RUN_DIR/run.json`` (:func:`load_run`)."""
         run = cls.from_dict(load_run(run_dir))
         run.run_dir = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent

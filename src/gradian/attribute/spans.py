@@ -78,7 +78,9 @@ def sentence_units(examples: Sequence[Example], items: Sequence[TokenizedExample
                 continue
             cut = max(k for k, m in enumerate(mask) if m) + 1  # exact: nothing after the sentence affects its loss
             labels = [x if m else IGNORE_INDEX for x, m in zip(it.labels[:cut], mask[:cut])]
-            unit = replace(it, id=f"{it.id}#{a}-{b}", input_ids=it.input_ids[:cut], labels=labels, offsets=it.offsets[:cut])
+            unit = replace(
+                it, id=f"{it.id}#{a}-{b}", input_ids=it.input_ids[:cut], labels=labels, offsets=it.offsets[:cut]
+            )
             units.append(SentenceUnit(j, a, b, unit))
             made += 1
         if made == 0:

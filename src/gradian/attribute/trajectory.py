@@ -88,8 +88,14 @@ class Checkpoint:
         return "final" if self.final else f"step {self.step}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "step": self.step, "final": self.final, "weight": self.weight,
-                "adapter_sha256": self.sha256, "optimizer": str(self.optimizer) if self.optimizer else None}
+        return {
+            "path": str(self.path),
+            "step": self.step,
+            "final": self.final,
+            "weight": self.weight,
+            "adapter_sha256": self.sha256,
+            "optimizer": str(self.optimizer) if self.optimizer else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -170,18 +176,21 @@ def check_compatible(final: Path, ckpt: Path) -> None:
         if a.get(k) != b.get(k):
             raise GradianUserError(
                 f"checkpoint has {k}={b.get(k)!r} but the adapter has {a.get(k)!r}: not the same fine-tune",
-                where=f"{where}: {k}", fix="pass only checkpoints of this adapter's training run (--checkpoints)",
+                where=f"{where}: {k}",
+                fix="pass only checkpoints of this adapter's training run (--checkpoints)",
             )
     ta, tb = a.get("target_modules"), b.get("target_modules")
     if (sorted(ta) if isinstance(ta, list) else ta) != (sorted(tb) if isinstance(tb, list) else tb):
         raise GradianUserError(
-            f"checkpoint targets {tb!r} but the adapter targets {ta!r}", where=f"{where}: target_modules",
+            f"checkpoint targets {tb!r} but the adapter targets {ta!r}",
+            where=f"{where}: target_modules",
             fix="pass only checkpoints of this adapter's training run (--checkpoints)",
         )
     ba, bb = a.get("base_model_name_or_path"), b.get("base_model_name_or_path")
     if ba and bb and Path(str(ba).rstrip("/")).name != Path(str(bb).rstrip("/")).name:
         raise GradianUserError(
-            f"checkpoint was trained on base {bb!r}, the adapter on {ba!r}", where=f"{where}: base_model_name_or_path",
+            f"checkpoint was trained on base {bb!r}, the adapter on {ba!r}",
+            where=f"{where}: base_model_name_or_path",
             fix="pass only checkpoints of this adapter's training run (--checkpoints)",
         )
     wa, wb = read_adapter_weights(final), read_adapter_weights(ckpt)
@@ -191,7 +200,8 @@ def check_compatible(final: Path, ckpt: Path) -> None:
         diff = sorted(set(sa.items()) ^ set(sb.items()))[:1]
         raise GradianUserError(
             f"checkpoint's LoRA tensors differ from the adapter's (first difference: {diff[0][0]} {diff[0][1]})",
-            where=str(ckpt), fix="pass only checkpoints of this adapter's training run (--checkpoints)",
+            where=str(ckpt),
+            fix="pass only checkpoints of this adapter's training run (--checkpoints)",
         )
 
 
@@ -205,7 +215,9 @@ def _log_history(folders: Sequence[Path]) -> list[dict[str, Any]]:
         try:
             hist = json.loads(p.read_text()).get("log_history")
         except (json.JSONDecodeError, OSError):
-            raise GradianUserError("malformed trainer_state.json", where=str(p), fix="re-save it or remove it") from None
+            raise GradianUserError(
+                "malformed trainer_state.json", where=str(p), fix="re-save it or remove it"
+            ) from None
         if isinstance(hist, list) and len(hist) > len(best):
             best = [e for e in hist if isinstance(e, dict)]
     return best
@@ -277,7 +289,9 @@ def resolve_trajectory(
     for c in folders:
         sha = adapter_identity(c)["sha256"]
         if sha in same or sha == final_sha:
-            same.setdefault(sha, []).append(c)  # the same weights as another point (the last checkpoint is the final adapter)
+            same.setdefault(sha, []).append(
+                c
+            )  # the same weights as another point (the last checkpoint is the final adapter)
             continue
         same[sha] = []
         entries.append((c, _step_of(c), False, sha))
@@ -299,7 +313,8 @@ def resolve_trajectory(
             raise GradianUserError(
                 f"two checkpoints have the same step {sorted(s for s in steps if steps.count(s) > 1)[0]} "
                 "but different weights",
-                where=str(final), fix="pass the checkpoints of one training run (--checkpoints)",
+                where=str(final),
+                fix="pass the checkpoints of one training run (--checkpoints)",
             )
         if weighting == "equal":
             weights, rule = [1.0 / len(entries)] * len(entries), "equal (asked for)"
@@ -308,7 +323,8 @@ def resolve_trajectory(
     else:
         weights, rule = [1.0], "single (final adapter only)"
     return Trajectory(
-        tuple(Checkpoint(p, s, f, w, sha, tuple(same.get(sha, ()))) for (p, s, f, sha), w in zip(entries, weights)), rule
+        tuple(Checkpoint(p, s, f, w, sha, tuple(same.get(sha, ()))) for (p, s, f, sha), w in zip(entries, weights)),
+        rule,
     )
 
 
@@ -340,7 +356,8 @@ def checkpoint_weights(model: torch.nn.Module, ckpt: Checkpoint | Path) -> Itera
         missing = [k for k in getattr(res, "unexpected_keys", []) if "lora_" in k]
         if missing:
             raise GradianUserError(
-                f"checkpoint tensor {missing[0]} has no place in the loaded adapter", where=str(path),
+                f"checkpoint tensor {missing[0]} has no place in the loaded adapter",
+                where=str(path),
                 fix="pass only checkpoints of this adapter's training run (--checkpoints)",
             )
         yield

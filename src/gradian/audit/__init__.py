@@ -24,6 +24,16 @@ from gradian.audit.registry import REGISTRY, CheckSpec, all_checks
 from gradian.audit.runner import diagnose
 
 __all__ = [
-    "diagnose", "load_config", "load_logs", "TrainConfig", "TrainLog", "AuditResult", "Finding", "SkippedCheck",
-    "JSON_SCHEMA", "REGISTRY", "CheckSpec", "all_checks",
+    "diagnose",
+    "load_config",
+    "load_logs",
+    "TrainConfig",
+    "TrainLog",
+    "AuditResult",
+    "Finding",
+    "SkippedCheck",
+    "JSON_SCHEMA",
+    "REGISTRY",
+    "CheckSpec",
+    "all_checks",
 ]

@@ -30,8 +30,9 @@ def _lora(ctx: AuditContext) -> bool:
 
 
 # ---------------------------------------------------------------------- impossible values (C19)
-def _bad_num(v, *, positive: bool = True, lo: float | None = None, hi: float | None = None,
-             hi_open: bool = False) -> str | None:
+def _bad_num(
+    v, *, positive: bool = True, lo: float | None = None, hi: float | None = None, hi_open: bool = False
+) -> str | None:
     """Why ``v`` is impossible for its field, or None."""
     if v is None:
         return None
@@ -48,13 +49,15 @@ def _bad_num(v, *, positive: bool = True, lo: float | None = None, hi: float | N
 
 def impossible_values(c) -> dict[str, tuple[object, str]]:
     """``{field: (value, why)}`` for config values no trainer can run with (C19 reports them; the checks
-    that compute with a field skip it instead of passing)."""
+    that compute with a field skip it instead of passing).
+    """
     out: dict[str, tuple[object, str]] = {}
     checks = {
         "learning_rate": _bad_num(c.learning_rate),
         # num_train_epochs is ignored when max_steps > 0 (transformers), so 0 epochs is then fine
-        "num_epochs": None if (c.max_steps and c.num_epochs is not None and math.isfinite(c.num_epochs)
-                               and c.num_epochs >= 0) else _bad_num(c.num_epochs),
+        "num_epochs": None
+        if (c.max_steps and c.num_epochs is not None and math.isfinite(c.num_epochs) and c.num_epochs >= 0)
+        else _bad_num(c.num_epochs),
         "micro_batch_size": _bad_num(c.micro_batch_size),
         "gradient_accumulation_steps": _bad_num(c.gradient_accumulation_steps),
         "total_batch_size": _bad_num(c.total_batch_size),
@@ -81,19 +84,30 @@ def _require_possible(ctx: AuditContext, *names: str) -> None:
 
 # A family name and its version (llama3_2, Qwen2.5, gemma-2): stripped before the size is read, so the
 # version's digits are not taken for the size. Digits followed by "b" are a size, never a version.
-_VERSIONED = re.compile(r"(llama|qwen|phi|gemma|mistral|deepseek|internlm|olmo|smollm|glm|yi|falcon)[-_ ]?v?"
-                        r"(\d+)(?:[._](\d+))?(?![\d.]*b(?![a-z]))")
+_VERSIONED = re.compile(
+    r"(llama|qwen|phi|gemma|mistral|deepseek|internlm|olmo|smollm|glm|yi|falcon)[-_ ]?v?"
+    r"(\d+)(?:[._](\d+))?(?![\d.]*b(?![a-z]))"
+)
 # Minor versions that exist, per family and major (torchtune writes them with "_": qwen2_5, llama3_2); any other
 # "_digits" after a family version starts the size (qwen3_0_6b is Qwen3 0.6B)
-_MINORS = {("llama", "3"): {"1", "2", "3"}, ("qwen", "1"): {"5"}, ("qwen", "2"): {"5"}, ("phi", "3"): {"5"},
-           ("phi", "1"): {"5"}, ("deepseek", "2"): {"5"}, ("gemma", "3"): set(), ("gemma", "2"): set()}
+_MINORS = {
+    ("llama", "3"): {"1", "2", "3"},
+    ("qwen", "1"): {"5"},
+    ("qwen", "2"): {"5"},
+    ("phi", "3"): {"5"},
+    ("phi", "1"): {"5"},
+    ("deepseek", "2"): {"5"},
+    ("gemma", "3"): set(),
+    ("gemma", "2"): set(),
+}
 _SIZE = re.compile(r"(?<![\d.a-z])(\d+)(?:[._](\d+))?\s*b(?![a-z])")
 _MOE = re.compile(r"(?<![\d.a-z])(\d+)x(\d+(?:\.\d+)?)\s*b(?![a-z])")
 
 
 def _model_billions(name: str | None) -> float | None:
     """Parameter count in billions from a model name: ``Qwen2.5-1.5B`` and torchtune's ``qwen2_5_1_5b`` -> 1.5,
-    ``lora_llama3_2_1b`` -> 1, ``qwen3_0_6b`` -> 0.6, ``Mixtral-8x7B`` -> 56; None when the name gives no size."""
+    ``lora_llama3_2_1b`` -> 1, ``qwen3_0_6b`` -> 0.6, ``Mixtral-8x7B`` -> 56; None when the name gives no size.
+    """
     if not name:
         return None
 
@@ -101,7 +115,7 @@ def _model_billions(name: str | None) -> float | None:
         fam, major, minor = m.group(1), m.group(2), m.group(3)
         if minor is not None and minor not in _MINORS.get((fam, major), set()):
             # not a minor version of this family: those digits begin the size
-            return f"{fam}V{m.group(0)[len(m.group(0)) - len(minor) - 1:]}"
+            return f"{fam}V{m.group(0)[len(m.group(0)) - len(minor) - 1 :]}"
         return f"{fam}V"
 
     low = _VERSIONED.sub(strip_version, name.lower())
@@ -118,12 +132,17 @@ def _model_billions(name: str | None) -> float | None:
 def total_steps(ctx: AuditContext) -> tuple[int | None, str]:
     """Optimiser steps of the run: max_steps if set, else ceil(N / effective batch) x epochs (one device).
 
-    None when unknown, or when a value it needs is impossible (C19 reports those)."""
+    None when unknown, or when a value it needs is impossible (C19 reports those).
+    """
     c = ctx.config
     if c.max_steps:
         return c.max_steps, f"max_steps ({c.source('max_steps')})"
-    bad = impossible_values(c).keys() & {"num_epochs", "micro_batch_size", "gradient_accumulation_steps",
-                                          "total_batch_size"}
+    bad = impossible_values(c).keys() & {
+        "num_epochs",
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+        "total_batch_size",
+    }
     if bad:
         return None, f"unknown ({', '.join(sorted(bad))} impossible, see C19)"
     eb = c.effective_batch()
@@ -134,35 +153,57 @@ def total_steps(ctx: AuditContext) -> tuple[int | None, str]:
 
 
 # ---------------------------------------------------------------------- C19
-@check("C19", "impossible_value", "A config value no trainer can run with", requires=("config",),
-       severity="error", rank=50,
-       rule="learning_rate <= 0, num_epochs <= 0 (without max_steps), a batch size or gradient accumulation <= 0, "
-            "max_length <= 0, lora_r or lora_alpha <= 0, lora_dropout outside [0, 1), warmup_ratio outside [0, 1], "
-            "warmup_steps < 0, or any of them not finite (inf, nan); any is an error, and the checks that compute "
-            "with that value are skipped instead of passing",
-       fix="set the value the run actually used (e.g. learning_rate 2e-4, num_train_epochs 1-3, batch size >= 1, "
-           "lora_r 8-64)",
-       source="transformers TrainingArguments / PEFT LoraConfig validation (the trainer refuses or trains nothing)")
+@check(
+    "C19",
+    "impossible_value",
+    "A config value no trainer can run with",
+    requires=("config",),
+    severity="error",
+    rank=50,
+    rule="learning_rate <= 0, num_epochs <= 0 (without max_steps), a batch size or gradient accumulation <= 0, "
+    "max_length <= 0, lora_r or lora_alpha <= 0, lora_dropout outside [0, 1), warmup_ratio outside [0, 1], "
+    "warmup_steps < 0, or any of them not finite (inf, nan); any is an error, and the checks that compute "
+    "with that value are skipped instead of passing",
+    fix="set the value the run actually used (e.g. learning_rate 2e-4, num_train_epochs 1-3, batch size >= 1, "
+    "lora_r 8-64)",
+    source="transformers TrainingArguments / PEFT LoraConfig validation (the trainer refuses or trains nothing)",
+)
 def c19(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     bad = impossible_values(c)
     if not bad:
         return []
     parts = [f"{n}={v!r} ({c.source(n)}): {why}" for n, (v, why) in bad.items()]
-    return [Hit("error", f"{len(bad)} impossible value{'s' if len(bad) != 1 else ''}: " + "; ".join(parts)
-                + ". The run cannot have used these: the config is not the one that trained, or the trainer refused it",
-                {"value": {n: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for n, (v, _) in bad.items()},
-                 "threshold": "possible values", **c.cite(*bad)})]
+    return [
+        Hit(
+            "error",
+            f"{len(bad)} impossible value{'s' if len(bad) != 1 else ''}: "
+            + "; ".join(parts)
+            + ". The run cannot have used these: the config is not the one that trained, or the trainer refused it",
+            {
+                "value": {
+                    n: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for n, (v, _) in bad.items()
+                },
+                "threshold": "possible values",
+                **c.cite(*bad),
+            },
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- C01
-@check("C01", "lr_fullft_on_lora", "Full fine-tuning learning rate on a LoRA run", requires=("config",),
-       severity="warning", rank=50,
-       rule=f"LoRA/QLoRA with learning_rate < {LORA_LR_LOW:g} (TRL's SFTConfig default 2e-5 is a full fine-tuning "
-            f"rate)",
-       fix="use 1e-4 to 2e-4 for LoRA",
-       source="trl docs sft_trainer.md (adapters ~1e-4; SFTConfig default 2e-5); lora_without_regret.md",
-       stages=("sft", "pretraining"))
+@check(
+    "C01",
+    "lr_fullft_on_lora",
+    "Full fine-tuning learning rate on a LoRA run",
+    requires=("config",),
+    severity="warning",
+    rank=50,
+    rule=f"LoRA/QLoRA with learning_rate < {LORA_LR_LOW:g} (TRL's SFTConfig default 2e-5 is a full fine-tuning rate)",
+    fix="use 1e-4 to 2e-4 for LoRA",
+    source="trl docs sft_trainer.md (adapters ~1e-4; SFTConfig default 2e-5); lora_without_regret.md",
+    stages=("sft", "pretraining"),
+)
 def c01(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not _lora(ctx):
@@ -173,17 +214,29 @@ def c01(ctx: AuditContext) -> list[Hit]:
     if c.learning_rate >= LORA_LR_LOW:
         return []
     d = " (the default, because learning_rate is unset)" if c.is_default("learning_rate") else ""
-    return [Hit("warning", f"learning_rate={c.learning_rate:g}{d} on a LoRA run is below {LORA_LR_LOW:g}: LoRA "
-                           f"needs roughly 10x the full fine-tuning rate, so the adapter barely moves",
-                {"value": c.learning_rate, "threshold": LORA_LR_LOW, **c.cite("learning_rate", "finetuning")})]
+    return [
+        Hit(
+            "warning",
+            f"learning_rate={c.learning_rate:g}{d} on a LoRA run is below {LORA_LR_LOW:g}: LoRA "
+            f"needs roughly 10x the full fine-tuning rate, so the adapter barely moves",
+            {"value": c.learning_rate, "threshold": LORA_LR_LOW, **c.cite("learning_rate", "finetuning")},
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- C02
-@check("C02", "lr_too_high", "Learning rate far too high", requires=("config",), severity="error", rank=50,
-       rule=f"LoRA lr > {LORA_LR_HIGH:g} (> {LORA_LR_HIGH_BIG:g} for models >= 13B) warns, > 4x that errors; full "
-            f"fine-tuning lr > {FULL_LR_HIGH:g} warns, > 4x errors",
-       fix="lower the learning rate (LoRA 1e-4 to 2e-4; full fine-tuning 1e-5 to 2e-5)",
-       source="artidoro/qlora README; Unsloth guide")
+@check(
+    "C02",
+    "lr_too_high",
+    "Learning rate far too high",
+    requires=("config",),
+    severity="error",
+    rank=50,
+    rule=f"LoRA lr > {LORA_LR_HIGH:g} (> {LORA_LR_HIGH_BIG:g} for models >= 13B) warns, > 4x that errors; full "
+    f"fine-tuning lr > {FULL_LR_HIGH:g} warns, > 4x errors",
+    fix="lower the learning rate (LoRA 1e-4 to 2e-4; full fine-tuning 1e-5 to 2e-5)",
+    source="artidoro/qlora README; Unsloth guide",
+)
 def c02(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     lr = c.learning_rate
@@ -198,18 +251,30 @@ def c02(ctx: AuditContext) -> list[Hit]:
     sev = "error" if lr > 4 * thr else "warning"
     kind = "LoRA" if lora else "full fine-tuning"
     sz = f" on a {size:g}B model" if size else ""
-    return [Hit(sev, f"learning_rate={lr:g} is above {thr:g} for {kind}{sz} ({4 * thr:g} is the error line): "
-                     f"expect loss spikes and forgetting",
-                {"value": lr, "threshold": thr, "model_billions": size, **c.cite("learning_rate", "finetuning")})]
+    return [
+        Hit(
+            sev,
+            f"learning_rate={lr:g} is above {thr:g} for {kind}{sz} ({4 * thr:g} is the error line): "
+            f"expect loss spikes and forgetting",
+            {"value": lr, "threshold": thr, "model_billions": size, **c.cite("learning_rate", "finetuning")},
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- C03
-@check("C03", "too_many_epochs", "Too many epochs for the data size", requires=("config",), reads=("data",),
-       severity="error", rank=50,
-       rule="epochs > 3 warns; >= 5 epochs with fewer than 2,000 rows errors (12 x 400 fires); epochs implied by "
-            "max_steps count",
-       fix="train 1-3 epochs, and stop at the best eval loss",
-       source="Unsloth guide ('more than 3 generally not optimal'); fast.ai/W&B 'Can LLMs learn from a single example?'")
+@check(
+    "C03",
+    "too_many_epochs",
+    "Too many epochs for the data size",
+    requires=("config",),
+    reads=("data",),
+    severity="error",
+    rank=50,
+    rule="epochs > 3 warns; >= 5 epochs with fewer than 2,000 rows errors (12 x 400 fires); epochs implied by "
+    "max_steps count",
+    fix="train 1-3 epochs, and stop at the best eval loss",
+    source="Unsloth guide ('more than 3 generally not optimal'); fast.ai/W&B 'Can LLMs learn from a single example?'",
+)
 def c03(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
@@ -225,18 +290,29 @@ def c03(ctx: AuditContext) -> list[Hit]:
     n = ctx.n if ctx.examples is not None else None
     sev = "error" if (epochs >= 5 and n is not None and n < 2000) else "warning"
     size = f" over {n} rows" if n is not None else " (row count unknown: pass --data)"
-    return [Hit(sev, f"{epochs:g} epochs{size} ({src}): past 3 epochs small sets are memorised "
-                     f"(thresholds: > 3 warns, >= 5 with < 2,000 rows errors)",
-                {"value": round(epochs, 3), "threshold": 3, "n_rows": n, "from": src})]
+    return [
+        Hit(
+            sev,
+            f"{epochs:g} epochs{size} ({src}): past 3 epochs small sets are memorised "
+            f"(thresholds: > 3 warns, >= 5 with < 2,000 rows errors)",
+            {"value": round(epochs, 3), "threshold": 3, "n_rows": n, "from": src},
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- C04
-@check("C04", "step_budget", "Step budget too small or mis-set", requires=("config", "data"), severity="error",
-       rank=50,
-       rule="effective batch > rows (error); total optimiser steps < 30 (warning); max_steps > 0 silently "
-            "overrides num_train_epochs (info); one device assumed",
-       fix="lower the batch / gradient accumulation, or train more steps; remove max_steps to train by epochs",
-       source="tf TrainingArguments (max_steps overrides num_train_epochs); heuristic step floor")
+@check(
+    "C04",
+    "step_budget",
+    "Step budget too small or mis-set",
+    requires=("config", "data"),
+    severity="error",
+    rank=50,
+    rule="effective batch > rows (error); total optimiser steps < 30 (warning); max_steps > 0 silently "
+    "overrides num_train_epochs (info); one device assumed",
+    fix="lower the batch / gradient accumulation, or train more steps; remove max_steps to train by epochs",
+    source="tf TrainingArguments (max_steps overrides num_train_epochs); heuristic step floor",
+)
 def c04(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
@@ -246,58 +322,109 @@ def c04(ctx: AuditContext) -> list[Hit]:
     hits = []
     cite = c.cite("micro_batch_size", "gradient_accumulation_steps", "num_epochs", "max_steps")
     if eb > ctx.n:
-        hits.append(Hit("error", f"the effective batch ({eb} = micro batch x grad accumulation, 1 device) is larger "
-                                 f"than the {ctx.n} training rows: every step sees the whole set",
-                        {"value": eb, "threshold": ctx.n, **cite}))
+        hits.append(
+            Hit(
+                "error",
+                f"the effective batch ({eb} = micro batch x grad accumulation, 1 device) is larger "
+                f"than the {ctx.n} training rows: every step sees the whole set",
+                {"value": eb, "threshold": ctx.n, **cite},
+            )
+        )
     steps, how = total_steps(ctx)
     if steps is not None and steps < 30:
-        hits.append(Hit("warning", f"only {steps} optimiser steps ({how}): too few for the schedule and warmup to "
-                                   f"mean anything (threshold 30)", {"value": steps, "threshold": 30, "how": how,
-                                                                     **cite}))
+        hits.append(
+            Hit(
+                "warning",
+                f"only {steps} optimiser steps ({how}): too few for the schedule and warmup to "
+                f"mean anything (threshold 30)",
+                {"value": steps, "threshold": 30, "how": how, **cite},
+            )
+        )
     if c.max_steps and c.num_epochs and not c.is_default("num_epochs"):
         implied = c.max_steps * eb / ctx.n
         if abs(implied - c.num_epochs) / c.num_epochs > 0.25:
-            hits.append(Hit("info", f"max_steps={c.max_steps} overrides num_epochs={c.num_epochs:g}: the run "
-                                    f"trains {implied:.2f} epochs", {"value": round(implied, 3),
-                                                                     "threshold": c.num_epochs, **cite}))
+            hits.append(
+                Hit(
+                    "info",
+                    f"max_steps={c.max_steps} overrides num_epochs={c.num_epochs:g}: the run "
+                    f"trains {implied:.2f} epochs",
+                    {"value": round(implied, 3), "threshold": c.num_epochs, **cite},
+                )
+            )
     return hits
 
 
 # ---------------------------------------------------------------------- C05
-@check("C05", "warmup", "Warmup longer than sensible", requires=("config",), reads=("data",), severity="error",
-       rank=50,
-       rule="warmup steps >= total steps (error); warmup ratio > 0.2 (warning); warmup_steps and warmup_ratio both "
-            "set (warning: axolotl refuses, transformers uses the steps)",
-       fix="warm up for 3-10% of the steps, with one of warmup_steps / warmup_ratio",
-       source="axolotl validation.py check_warmup; tf TrainingArguments")
+@check(
+    "C05",
+    "warmup",
+    "Warmup longer than sensible",
+    requires=("config",),
+    reads=("data",),
+    severity="error",
+    rank=50,
+    rule="warmup steps >= total steps (error); warmup ratio > 0.2 (warning); warmup_steps and warmup_ratio both "
+    "set (warning: axolotl refuses, transformers uses the steps)",
+    fix="warm up for 3-10% of the steps, with one of warmup_steps / warmup_ratio",
+    source="axolotl validation.py check_warmup; tf TrainingArguments",
+)
 def c05(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
-    _require_possible(ctx, "warmup_steps", "warmup_ratio", "num_epochs", "micro_batch_size",
-                      "gradient_accumulation_steps", "total_batch_size")
+    _require_possible(
+        ctx,
+        "warmup_steps",
+        "warmup_ratio",
+        "num_epochs",
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+        "total_batch_size",
+    )
     hits = []
     ws, wr = c.warmup_steps or 0, c.warmup_ratio or 0
     cite = c.cite("warmup_steps", "warmup_ratio")
     if ws > 0 and wr > 0 and not c.is_default("warmup_steps") and not c.is_default("warmup_ratio"):
-        hits.append(Hit("warning", f"both warmup_steps={ws:g} and warmup_ratio={wr:g} are set: axolotl refuses this, "
-                                   f"transformers silently uses warmup_steps", {"value": [ws, wr], "threshold": "one",
-                                                                                **cite}))
+        hits.append(
+            Hit(
+                "warning",
+                f"both warmup_steps={ws:g} and warmup_ratio={wr:g} are set: axolotl refuses this, "
+                f"transformers silently uses warmup_steps",
+                {"value": [ws, wr], "threshold": "one", **cite},
+            )
+        )
     if wr > 0.2:
-        hits.append(Hit("warning", f"warmup_ratio={wr:g} is above 0.2: a fifth of the run at a reduced learning rate",
-                        {"value": wr, "threshold": 0.2, **cite}))
+        hits.append(
+            Hit(
+                "warning",
+                f"warmup_ratio={wr:g} is above 0.2: a fifth of the run at a reduced learning rate",
+                {"value": wr, "threshold": 0.2, **cite},
+            )
+        )
     steps, how = total_steps(ctx)
     if steps is not None and ws > 0 and ws >= steps:
-        hits.append(Hit("error", f"warmup_steps={ws:g} >= the run's {steps} steps ({how}): the learning rate never "
-                                 f"reaches its peak", {"value": ws, "threshold": steps, **cite}))
+        hits.append(
+            Hit(
+                "error",
+                f"warmup_steps={ws:g} >= the run's {steps} steps ({how}): the learning rate never reaches its peak",
+                {"value": ws, "threshold": steps, **cite},
+            )
+        )
     return hits
 
 
 # ---------------------------------------------------------------------- C06
-@check("C06", "max_len_default", "max_length left at the trainer's default", requires=("config",),
-       reads=("data", "tokenizer"), severity="warning", rank=20,
-       rule="max_length unset, so the trainer's default applies (TRL 1024, axolotl 512, LLaMA-Factory 2048): info; "
-            "a warning when the data's p95 length (with a tokenizer) exceeds it",
-       fix="set max_length explicitly, at or above the data's p99 length",
-       source="trl v0.12 'default to 1024' warning; axolotl config.py; LLaMA-Factory data_args.py")
+@check(
+    "C06",
+    "max_len_default",
+    "max_length left at the trainer's default",
+    requires=("config",),
+    reads=("data", "tokenizer"),
+    severity="warning",
+    rank=20,
+    rule="max_length unset, so the trainer's default applies (TRL 1024, axolotl 512, LLaMA-Factory 2048): info; "
+    "a warning when the data's p95 length (with a tokenizer) exceeds it",
+    fix="set max_length explicitly, at or above the data's p99 length",
+    source="trl v0.12 'default to 1024' warning; axolotl config.py; LLaMA-Factory data_args.py",
+)
 def c06(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not c.is_default("max_length"):
@@ -310,25 +437,46 @@ def c06(ctx: AuditContext) -> list[Hit]:
             p95 = lens[min(len(lens) - 1, int(0.95 * len(lens)))]
             ev["data_p95"] = p95
             if p95 > L:
-                return [Hit("warning", f"max_length is unset, so {c.source('max_length')} = {L} applies, and the "
-                                       f"data's p95 length is {p95} tokens", ev)]
+                return [
+                    Hit(
+                        "warning",
+                        f"max_length is unset, so {c.source('max_length')} = {L} applies, and the "
+                        f"data's p95 length is {p95} tokens",
+                        ev,
+                    )
+                ]
     return [Hit("info", f"max_length is unset, so {c.source('max_length')} = {L} applies", ev)]
 
 
 # ---------------------------------------------------------------------- C08
-_RESPONSE_MARKERS = ("### Response:", "<|im_start|>assistant", "[/INST]", "<|start_header_id|>assistant",
-                     "<start_of_turn>model", "<|assistant|>", "ASSISTANT:", "\nAssistant:")
+_RESPONSE_MARKERS = (
+    "### Response:",
+    "<|im_start|>assistant",
+    "[/INST]",
+    "<|start_header_id|>assistant",
+    "<start_of_turn>model",
+    "<|assistant|>",
+    "ASSISTANT:",
+    "\nAssistant:",
+)
 
 
-@check("C08", "loss_on_prompt", "The loss covers the prompt", requires=(), reads=("config", "data"),
-       severity="warning", rank=20,
-       rule="train_on_inputs / train_on_prompt / train_on_input true, completion_only_loss false, TRL on "
-            "'messages' rows without assistant_only_loss (every turn is trained), or 'text' rows that hold a "
-            "flattened prompt and response ('### Response:', '<|im_start|>assistant', '[/INST]' ...)",
-       fix="train on completions only: prompt/completion rows with completion_only_loss, assistant_only_loss for "
-           "conversations, or train_on_inputs: false",
-       source="trl sft_config.py (completion_only_loss); axolotl training.py (train_on_inputs default false)",
-       stages=("sft",))
+@check(
+    "C08",
+    "loss_on_prompt",
+    "The loss covers the prompt",
+    requires=(),
+    reads=("config", "data"),
+    severity="warning",
+    rank=20,
+    rule="train_on_inputs / train_on_prompt / train_on_input true, completion_only_loss false, TRL on "
+    "'messages' rows without assistant_only_loss (every turn is trained), or 'text' rows that hold a "
+    "flattened prompt and response ('### Response:', '<|im_start|>assistant', '[/INST]' ...)",
+    fix="train on completions only: prompt/completion rows with completion_only_loss, assistant_only_loss for "
+    "conversations, or train_on_inputs: false",
+    source="trl sft_config.py (completion_only_loss); axolotl training.py (train_on_inputs default false)",
+    stages=("sft",),
+)
 def c08(ctx: AuditContext) -> list[Hit]:
     if ctx.config is None and ctx.examples is None:
         raise NotApplicable("needs --config or --data")
@@ -336,45 +484,80 @@ def c08(ctx: AuditContext) -> list[Hit]:
     hits = []
     if c is not None:
         if c.train_on_inputs and not c.is_default("train_on_inputs"):
-            hits.append(Hit("warning", f"the loss covers the prompt ({c.source('train_on_inputs')} = true): the model "
-                                       f"spends capacity learning to write prompts",
-                            {"value": True, "threshold": False, **c.cite("train_on_inputs")}))
+            hits.append(
+                Hit(
+                    "warning",
+                    f"the loss covers the prompt ({c.source('train_on_inputs')} = true): the model "
+                    f"spends capacity learning to write prompts",
+                    {"value": True, "threshold": False, **c.cite("train_on_inputs")},
+                )
+            )
         if c.completion_only_loss is False:
             pc = sum(1 for e in ctx.examples or [] if e.format == "prompt_completion")
-            hits.append(Hit("warning", f"completion_only_loss=false ({c.source('completion_only_loss')}): "
-                                       f"prompt tokens are trained{f' on {pc} prompt/completion rows' if pc else ''}",
-                            {"value": False, "threshold": True, **c.cite("completion_only_loss")}))
-        if c.trainer == "trl" and not c.assistant_only_loss and c.messages_loss != "final_assistant_turn" \
-                and ctx.examples is not None:
+            hits.append(
+                Hit(
+                    "warning",
+                    f"completion_only_loss=false ({c.source('completion_only_loss')}): "
+                    f"prompt tokens are trained{f' on {pc} prompt/completion rows' if pc else ''}",
+                    {"value": False, "threshold": True, **c.cite("completion_only_loss")},
+                )
+            )
+        if (
+            c.trainer == "trl"
+            and not c.assistant_only_loss
+            and c.messages_loss != "final_assistant_turn"
+            and ctx.examples is not None
+        ):
             msg_rows = [i for i, e in enumerate(ctx.examples) if e.format == "messages"]
             if msg_rows:
-                hits.append(Hit("warning", f"{pct(len(msg_rows), ctx.n)} are 'messages' conversations and "
-                                           f"assistant_only_loss is off ({c.source('assistant_only_loss')}): TRL trains "
-                                           f"on every turn, user turns included",
-                                {"value": len(msg_rows), "threshold": 0, **c.cite("assistant_only_loss")},
-                                row_ids=ids(ctx, msg_rows),
-                                fix="set assistant_only_loss: true (with a {% generation %} template), or convert "
-                                    "to prompt/completion rows"))
+                hits.append(
+                    Hit(
+                        "warning",
+                        f"{pct(len(msg_rows), ctx.n)} are 'messages' conversations and "
+                        f"assistant_only_loss is off ({c.source('assistant_only_loss')}): TRL trains "
+                        f"on every turn, user turns included",
+                        {"value": len(msg_rows), "threshold": 0, **c.cite("assistant_only_loss")},
+                        row_ids=ids(ctx, msg_rows),
+                        fix="set assistant_only_loss: true (with a {% generation %} template), or convert "
+                        "to prompt/completion rows",
+                    )
+                )
     if ctx.examples is not None:
-        flat = [i for i, e in enumerate(ctx.examples)
-                if e.format == "text" and any(m in e.completion_text for m in _RESPONSE_MARKERS)]
+        flat = [
+            i
+            for i, e in enumerate(ctx.examples)
+            if e.format == "text" and any(m in e.completion_text for m in _RESPONSE_MARKERS)
+        ]
         if flat:
-            hits.append(Hit("warning", f"{pct(len(flat), ctx.n)} are 'text' rows holding a flattened prompt and "
-                                       f"response: text rows are trained on every token, the prompt included",
-                            {"value": len(flat), "threshold": 0}, row_ids=ids(ctx, flat),
-                            fix="split them into prompt/completion (or messages) rows"))
+            hits.append(
+                Hit(
+                    "warning",
+                    f"{pct(len(flat), ctx.n)} are 'text' rows holding a flattened prompt and "
+                    f"response: text rows are trained on every token, the prompt included",
+                    {"value": len(flat), "threshold": 0},
+                    row_ids=ids(ctx, flat),
+                    fix="split them into prompt/completion (or messages) rows",
+                )
+            )
     return hits
 
 
 # ---------------------------------------------------------------------- C11
-@check("C11", "packing_with_completion_mask", "Packing with completion-only masking", requires=("config",),
-       reads=("data",), severity="error", rank=20,
-       rule="packing with a response_template collator (TRL <= 0.14 errors, later silently wrong): error; "
-            "completion/assistant-only loss with packing on TRL 0.18-0.19 (masks dropped): error; TRL version "
-            "unknown: warning; packing_strategy 'wrapped' (rows cut across boundaries): warning",
-       fix="upgrade to TRL >= 0.20 and use packing_strategy 'bfd', or turn packing off",
-       source="trl#1163; trl#3728, fixed in PR #3749 (v0.20)",
-       stages=("sft",))
+@check(
+    "C11",
+    "packing_with_completion_mask",
+    "Packing with completion-only masking",
+    requires=("config",),
+    reads=("data",),
+    severity="error",
+    rank=20,
+    rule="packing with a response_template collator (TRL <= 0.14 errors, later silently wrong): error; "
+    "completion/assistant-only loss with packing on TRL 0.18-0.19 (masks dropped): error; TRL version "
+    "unknown: warning; packing_strategy 'wrapped' (rows cut across boundaries): warning",
+    fix="upgrade to TRL >= 0.20 and use packing_strategy 'bfd', or turn packing off",
+    source="trl#1163; trl#3728, fixed in PR #3749 (v0.20)",
+    stages=("sft",),
+)
 def c11(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not c.packing:
@@ -383,9 +566,14 @@ def c11(ctx: AuditContext) -> list[Hit]:
         raise NotApplicable(f"{c.trainer or 'this trainer'} packs with its own per-row masks")
     cite = c.cite("packing", "packing_strategy", "completion_only_loss", "assistant_only_loss")
     if c.response_template:
-        return [Hit("error", "packing=true with DataCollatorForCompletionOnlyLM (response_template set): TRL <= 0.14 "
-                             "refuses it and later versions mask the wrong tokens in packed sequences",
-                    {"value": True, "threshold": False, **cite})]
+        return [
+            Hit(
+                "error",
+                "packing=true with DataCollatorForCompletionOnlyLM (response_template set): TRL <= 0.14 "
+                "refuses it and later versions mask the wrong tokens in packed sequences",
+                {"value": True, "threshold": False, **cite},
+            )
+        ]
     if ctx.examples is not None:
         pc = any(e.format == "prompt_completion" for e in ctx.examples)
     else:
@@ -396,31 +584,57 @@ def c11(ctx: AuditContext) -> list[Hit]:
     hits = []
     v = ctx.versions.get("trl")
     if within(ctx.versions, "trl", "0.18", "0.20"):
-        hits.append(Hit("error", f"packing with completion-only/assistant-only loss on TRL {v}: the masks are dropped "
-                                 f"when sequences are packed, so prompts are trained", {"value": v, "threshold": ">=0.20",
-                                                                                        **cite}))
+        hits.append(
+            Hit(
+                "error",
+                f"packing with completion-only/assistant-only loss on TRL {v}: the masks are dropped "
+                f"when sequences are packed, so prompts are trained",
+                {"value": v, "threshold": ">=0.20", **cite},
+            )
+        )
     elif v is None:
-        hits.append(Hit("warning", "packing with completion-only loss is correct only on TRL >= 0.20 (0.18-0.19 drop "
-                                   "the masks); pass --versions trl=X to confirm",
-                        {"value": None, "threshold": ">=0.20", **cite}))
+        hits.append(
+            Hit(
+                "warning",
+                "packing with completion-only loss is correct only on TRL >= 0.20 (0.18-0.19 drop "
+                "the masks); pass --versions trl=X to confirm",
+                {"value": None, "threshold": ">=0.20", **cite},
+            )
+        )
     if (c.packing_strategy or "").lower() == "wrapped":
-        hits.append(Hit("warning", "packing_strategy='wrapped' cuts rows across sequence boundaries: completions lose "
-                                   "their prompts", {"value": "wrapped", "threshold": "bfd", **cite}))
+        hits.append(
+            Hit(
+                "warning",
+                "packing_strategy='wrapped' cuts rows across sequence boundaries: completions lose their prompts",
+                {"value": "wrapped", "threshold": "bfd", **cite},
+            )
+        )
     return hits
 
 
 # ---------------------------------------------------------------------- C12
-_VARLEN = ("flash_attention_2", "flash_attention_3", "flash_attention", "flex_attention", "kernels-community",
-           "neat_packing")
+_VARLEN = (
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention",
+    "flex_attention",
+    "kernels-community",
+    "neat_packing",
+)
 
 
-@check("C12", "packing_no_varlen_attn", "Packing without variable-length attention", requires=("config",),
-       severity="warning", rank=60,
-       rule="packing / padding_free / sample_packing without flash or flex attention: packed rows attend to each "
-            "other",
-       fix="set attn_implementation: flash_attention_2 (or flex_attention); LLaMA-Factory: neat_packing: true",
-       source="trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention",
-       stages=("sft", "preference", "rl", "other"))
+@check(
+    "C12",
+    "packing_no_varlen_attn",
+    "Packing without variable-length attention",
+    requires=("config",),
+    severity="warning",
+    rank=60,
+    rule="packing / padding_free / sample_packing without flash or flex attention: packed rows attend to each other",
+    fix="set attn_implementation: flash_attention_2 (or flex_attention); LLaMA-Factory: neat_packing: true",
+    source="trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention",
+    stages=("sft", "preference", "rl", "other"),
+)
 def c12(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not (c.packing or c.padding_free):
@@ -430,19 +644,34 @@ def c12(ctx: AuditContext) -> list[Hit]:
     impl = (c.attn_implementation or "").lower()
     if any(v in impl for v in _VARLEN):
         return []
-    return [Hit("warning", f"packing is on and attention is {impl or 'the default (sdpa/eager)'}: sequences packed "
-                           f"together attend across their boundaries",
-                {"value": impl or None, "threshold": "flash_attention_2 / flex_attention",
-                 **c.cite("packing", "padding_free", "attn_implementation")})]
+    return [
+        Hit(
+            "warning",
+            f"packing is on and attention is {impl or 'the default (sdpa/eager)'}: sequences packed "
+            f"together attend across their boundaries",
+            {
+                "value": impl or None,
+                "threshold": "flash_attention_2 / flex_attention",
+                **c.cite("packing", "padding_free", "attn_implementation"),
+            },
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- C13
-@check("C13", "lora_alpha_rank", "Unusual LoRA rank / alpha", requires=("config",), reads=("data",),
-       severity="warning", rank=50,
-       rule="without rsLoRA: alpha/r outside [0.5, 4] is info, outside [0.25, 8] warns; r > 64 with < 1,000 rows "
-            "warns; r < 4 is info",
-       fix="r 16-32 with alpha r to 2r (or use_rslora for large r)",
-       source="PEFT LoraConfig use_rslora help; Unsloth guide; axolotl examples")
+@check(
+    "C13",
+    "lora_alpha_rank",
+    "Unusual LoRA rank / alpha",
+    requires=("config",),
+    reads=("data",),
+    severity="warning",
+    rank=50,
+    rule="without rsLoRA: alpha/r outside [0.5, 4] is info, outside [0.25, 8] warns; r > 64 with < 1,000 rows "
+    "warns; r < 4 is info",
+    fix="r 16-32 with alpha r to 2r (or use_rslora for large r)",
+    source="PEFT LoraConfig use_rslora help; Unsloth guide; axolotl examples",
+)
 def c13(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not _lora(ctx):
@@ -456,27 +685,64 @@ def c13(ctx: AuditContext) -> list[Hit]:
     ratio = a / r
     if not c.use_rslora and not 0.5 <= ratio <= 4:
         sev = "warning" if not 0.25 <= ratio <= 8 else "info"
-        hits.append(Hit(sev, f"lora_alpha/r = {a:g}/{r} = {ratio:.3g}, outside [0.5, 4]: the update is scaled by "
-                             f"{ratio:.3g}, which the learning rate must make up for",
-                        {"value": round(ratio, 4), "threshold": [0.5, 4], **cite}))
+        hits.append(
+            Hit(
+                sev,
+                f"lora_alpha/r = {a:g}/{r} = {ratio:.3g}, outside [0.5, 4]: the update is scaled by "
+                f"{ratio:.3g}, which the learning rate must make up for",
+                {"value": round(ratio, 4), "threshold": [0.5, 4], **cite},
+            )
+        )
     if r > 64 and ctx.examples is not None and ctx.n < 1000:
-        hits.append(Hit("warning", f"rank {r} over only {ctx.n} rows (threshold: r > 64 with < 1,000 rows): capacity "
-                                   f"to memorise", {"value": r, "threshold": 64, "n_rows": ctx.n, **cite}))
+        hits.append(
+            Hit(
+                "warning",
+                f"rank {r} over only {ctx.n} rows (threshold: r > 64 with < 1,000 rows): capacity to memorise",
+                {"value": r, "threshold": 64, "n_rows": ctx.n, **cite},
+            )
+        )
     if r < 4:
         hits.append(Hit("info", f"rank {r} is below 4", {"value": r, "threshold": 4, **cite}))
     return hits
 
 
 # ---------------------------------------------------------------------- C14
-_ATTN = {"q_proj", "k_proj", "v_proj", "o_proj", "q", "k", "v", "o", "query", "key", "value", "c_attn", "qkv_proj",
-         "wqkv", "query_key_value", "output_proj", "out_proj", "dense", "self_attn", "attn", "attention"}
+_ATTN = {
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "q",
+    "k",
+    "v",
+    "o",
+    "query",
+    "key",
+    "value",
+    "c_attn",
+    "qkv_proj",
+    "wqkv",
+    "query_key_value",
+    "output_proj",
+    "out_proj",
+    "dense",
+    "self_attn",
+    "attn",
+    "attention",
+}
 
 
-@check("C14", "narrow_targets", "LoRA targets attention only, or repeats modules", requires=("config",),
-       severity="warning", rank=50,
-       rule="target_modules lists a module twice (warning), or covers attention projections only (info)",
-       fix="target all linear layers ('all-linear'; axolotl lora_target_linear: true)",
-       source="trl lora_without_regret.md; a torchtune config variant listing v_proj twice")
+@check(
+    "C14",
+    "narrow_targets",
+    "LoRA targets attention only, or repeats modules",
+    requires=("config",),
+    severity="warning",
+    rank=50,
+    rule="target_modules lists a module twice (warning), or covers attention projections only (info)",
+    fix="target all linear layers ('all-linear'; axolotl lora_target_linear: true)",
+    source="trl lora_without_regret.md; a torchtune config variant listing v_proj twice",
+)
 def c14(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not _lora(ctx):
@@ -494,11 +760,17 @@ def c14(ctx: AuditContext) -> list[Hit]:
     dup = sorted({m for m in t if t.count(m) > 1})
     cite = c.cite("lora_target_modules")
     if dup:
-        hits.append(Hit("warning", f"target_modules lists {dup} more than once", {"value": dup, "threshold": "unique",
-                                                                                  **cite}))
+        hits.append(
+            Hit("warning", f"target_modules lists {dup} more than once", {"value": dup, "threshold": "unique", **cite})
+        )
     if t and all(m.split(".")[-1].lower() in _ATTN for m in t):
-        hits.append(Hit("info", f"LoRA targets attention only ({sorted(set(t))}): MLP layers hold most of what SFT "
-                                f"changes", {"value": sorted(set(t)), "threshold": "all-linear", **cite}))
+        hits.append(
+            Hit(
+                "info",
+                f"LoRA targets attention only ({sorted(set(t))}): MLP layers hold most of what SFT changes",
+                {"value": sorted(set(t)), "threshold": "all-linear", **cite},
+            )
+        )
     return hits
 
 
@@ -506,12 +778,19 @@ def c14(ctx: AuditContext) -> list[Hit]:
 _BF16_NATIVE = re.compile(r"llama-?3|qwen|gemma|mistral|mixtral|phi-?3|phi-?4|smollm|olmo|deepseek", re.IGNORECASE)
 
 
-@check("C16", "precision_risk", "Risky precision settings", requires=("config",), reads=("tokenizer",),
-       severity="error", rank=60,
-       rule="bf16 and fp16 both on, or 4/8-bit quantisation without an adapter (error); fp16 on a bf16-native "
-            "model (config.json torch_dtype, or the model name), or 4-bit with float16 compute (warning)",
-       fix="use bf16 (or fp32 on hardware without bf16); train quantised models through LoRA only",
-       source="qlora README (known issue 3); google/gemma_pytorch#24; axolotl peft.py validate_adapter")
+@check(
+    "C16",
+    "precision_risk",
+    "Risky precision settings",
+    requires=("config",),
+    reads=("tokenizer",),
+    severity="error",
+    rank=60,
+    rule="bf16 and fp16 both on, or 4/8-bit quantisation without an adapter (error); fp16 on a bf16-native "
+    "model (config.json torch_dtype, or the model name), or 4-bit with float16 compute (warning)",
+    fix="use bf16 (or fp32 on hardware without bf16); train quantised models through LoRA only",
+    source="qlora README (known issue 3); google/gemma_pytorch#24; axolotl peft.py validate_adapter",
+)
 def c16(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     hits = []
@@ -519,9 +798,14 @@ def c16(ctx: AuditContext) -> list[Hit]:
     if c.bf16 and c.fp16:
         hits.append(Hit("error", "bf16 and fp16 are both true", {"value": "bf16+fp16", "threshold": "one", **cite}))
     if (c.load_in_4bit or c.load_in_8bit) and c.is_lora is False:
-        hits.append(Hit("error", "the model is loaded in 4/8-bit but no adapter is trained: quantised weights cannot be "
-                                 "fine-tuned directly", {"value": "quantised full fine-tune", "threshold": "LoRA",
-                                                         **cite}))
+        hits.append(
+            Hit(
+                "error",
+                "the model is loaded in 4/8-bit but no adapter is trained: quantised weights cannot be "
+                "fine-tuned directly",
+                {"value": "quantised full fine-tune", "threshold": "LoRA", **cite},
+            )
+        )
     if c.fp16 and not c.bf16:
         native = None
         if ctx.tokenizer is not None and str(ctx.tok_info.torch_dtype or "") == "bfloat16":
@@ -529,23 +813,40 @@ def c16(ctx: AuditContext) -> list[Hit]:
         elif c.base_model and _BF16_NATIVE.search(c.base_model):
             native = f"model {c.base_model!r} is released in bf16"
         if native:
-            hits.append(Hit("warning", f"fp16 training on a bf16-native model ({native}): activations overflow fp16's "
-                                       f"range, giving NaN/inf losses", {"value": "fp16", "threshold": "bf16", **cite}))
+            hits.append(
+                Hit(
+                    "warning",
+                    f"fp16 training on a bf16-native model ({native}): activations overflow fp16's "
+                    f"range, giving NaN/inf losses",
+                    {"value": "fp16", "threshold": "bf16", **cite},
+                )
+            )
     if c.load_in_4bit and (c.bnb_4bit_compute_dtype or "").lower() in ("float16", "fp16", "torch.float16"):
-        hits.append(Hit("warning", "4-bit weights with float16 compute: the QLoRA README's known instability",
-                        {"value": c.bnb_4bit_compute_dtype, "threshold": "bfloat16",
-                         **c.cite("bnb_4bit_compute_dtype")}))
+        hits.append(
+            Hit(
+                "warning",
+                "4-bit weights with float16 compute: the QLoRA README's known instability",
+                {"value": c.bnb_4bit_compute_dtype, "threshold": "bfloat16", **c.cite("bnb_4bit_compute_dtype")},
+            )
+        )
     return hits
 
 
 # ---------------------------------------------------------------------- C17
-@check("C17", "eval_misconfig", "Evaluation mis-configured", requires=("config",), reads=("eval", "data"),
-       severity="error", rank=60,
-       rule="an eval set exists but eval_strategy is 'no' (warning); eval_steps > total steps (warning); "
-            "load_best_model_at_end with eval and save strategies that differ, or save_steps not a multiple of "
-            "eval_steps (error: transformers refuses)",
-       fix="set eval_strategy (and save_strategy) to 'steps' with eval_steps dividing save_steps",
-       source="tf TrainingArguments __post_init__")
+@check(
+    "C17",
+    "eval_misconfig",
+    "Evaluation mis-configured",
+    requires=("config",),
+    reads=("eval", "data"),
+    severity="error",
+    rank=60,
+    rule="an eval set exists but eval_strategy is 'no' (warning); eval_steps > total steps (warning); "
+    "load_best_model_at_end with eval and save strategies that differ, or save_steps not a multiple of "
+    "eval_steps (error: transformers refuses)",
+    fix="set eval_strategy (and save_strategy) to 'steps' with eval_steps dividing save_steps",
+    source="tf TrainingArguments __post_init__",
+)
 def c17(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if c.trainer not in ("trl", "hf", "llamafactory", "axolotl"):
@@ -555,33 +856,65 @@ def c17(ctx: AuditContext) -> list[Hit]:
     has_eval = bool(c.has_eval_dataset or (c.val_set_size or 0) > 0)
     es = (c.eval_strategy or "no").lower()
     if has_eval and es == "no" and c.trainer != "axolotl":
-        hits.append(Hit("warning", f"an eval set is configured but eval_strategy is 'no' ({c.source('eval_strategy')}):"
-                                   f" it is never evaluated", {"value": "no", "threshold": "steps/epoch", **cite}))
+        hits.append(
+            Hit(
+                "warning",
+                f"an eval set is configured but eval_strategy is 'no' ({c.source('eval_strategy')}):"
+                f" it is never evaluated",
+                {"value": "no", "threshold": "steps/epoch", **cite},
+            )
+        )
     steps, how = total_steps(ctx)
     if es == "steps" and c.eval_steps and c.eval_steps >= 1 and steps is not None and c.eval_steps > steps:
-        hits.append(Hit("warning", f"eval_steps={c.eval_steps:g} is beyond the run's {steps} steps ({how}): it never "
-                                   f"evaluates", {"value": c.eval_steps, "threshold": steps, **cite}))
+        hits.append(
+            Hit(
+                "warning",
+                f"eval_steps={c.eval_steps:g} is beyond the run's {steps} steps ({how}): it never evaluates",
+                {"value": c.eval_steps, "threshold": steps, **cite},
+            )
+        )
     if c.load_best_model_at_end:
         ss = (c.save_strategy or "steps").lower()
         if ss != es:
-            hits.append(Hit("error", f"load_best_model_at_end needs save_strategy == eval_strategy ({ss!r} vs "
-                                     f"{es!r}): transformers refuses to start", {"value": [ss, es], "threshold": "equal",
-                                                                                  **cite}))
-        elif ss == "steps" and c.save_steps and c.eval_steps and c.save_steps >= 1 and c.eval_steps >= 1 \
-                and c.save_steps % c.eval_steps:
-            hits.append(Hit("error", f"load_best_model_at_end needs save_steps ({c.save_steps:g}) to be a multiple of "
-                                     f"eval_steps ({c.eval_steps:g})", {"value": c.save_steps,
-                                                                        "threshold": f"multiple of {c.eval_steps:g}",
-                                                                        **cite}))
+            hits.append(
+                Hit(
+                    "error",
+                    f"load_best_model_at_end needs save_strategy == eval_strategy ({ss!r} vs "
+                    f"{es!r}): transformers refuses to start",
+                    {"value": [ss, es], "threshold": "equal", **cite},
+                )
+            )
+        elif (
+            ss == "steps"
+            and c.save_steps
+            and c.eval_steps
+            and c.save_steps >= 1
+            and c.eval_steps >= 1
+            and c.save_steps % c.eval_steps
+        ):
+            hits.append(
+                Hit(
+                    "error",
+                    f"load_best_model_at_end needs save_steps ({c.save_steps:g}) to be a multiple of "
+                    f"eval_steps ({c.eval_steps:g})",
+                    {"value": c.save_steps, "threshold": f"multiple of {c.eval_steps:g}", **cite},
+                )
+            )
     return hits
 
 
 # ---------------------------------------------------------------------- C18
-@check("C18", "big_batch_lora", "Large effective batch for LoRA", requires=("config",), severity="warning",
-       rank=50,
-       rule="LoRA effective batch (micro batch x grad accumulation, 1 device) > 32 is info, > 128 warns",
-       fix="keep LoRA's effective batch at 32 or below",
-       source="trl lora_without_regret.md (LoRA is less tolerant of large batches)")
+@check(
+    "C18",
+    "big_batch_lora",
+    "Large effective batch for LoRA",
+    requires=("config",),
+    severity="warning",
+    rank=50,
+    rule="LoRA effective batch (micro batch x grad accumulation, 1 device) > 32 is info, > 128 warns",
+    fix="keep LoRA's effective batch at 32 or below",
+    source="trl lora_without_regret.md (LoRA is less tolerant of large batches)",
+)
 def c18(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not _lora(ctx):
@@ -592,7 +925,14 @@ def c18(ctx: AuditContext) -> list[Hit]:
         raise NotApplicable("batch size unknown")
     if eb <= 32:
         return []
-    return [Hit("warning" if eb > 128 else "info",
-                f"effective batch {eb} (micro batch x grad accumulation, 1 device) is above 32 for LoRA",
-                {"value": eb, "threshold": 32, **c.cite("micro_batch_size", "gradient_accumulation_steps",
-                                                        "total_batch_size")})]
+    return [
+        Hit(
+            "warning" if eb > 128 else "info",
+            f"effective batch {eb} (micro batch x grad accumulation, 1 device) is above 32 for LoRA",
+            {
+                "value": eb,
+                "threshold": 32,
+                **c.cite("micro_batch_size", "gradient_accumulation_steps", "total_batch_size"),
+            },
+        )
+    ]

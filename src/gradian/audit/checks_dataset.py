@@ -38,11 +38,18 @@ def _schema(ex) -> str:
 
 
 # ---------------------------------------------------------------------- D01
-@check("D01", "format_mixed", "Rows mix dataset schemas", requires=("data",), severity="error", rank=10,
-       rule="rows whose schema (messages / prompt+completion / alpaca / text) differs from the majority: any warns; "
-            "error when row 0 is in the minority (TRL picks the loss mode from the first row only)",
-       fix="normalise every row to one schema (e.g. all messages, or all prompt/completion)",
-       source="trl sft_trainer.py decides the dataset type from next(iter(train_dataset))")
+@check(
+    "D01",
+    "format_mixed",
+    "Rows mix dataset schemas",
+    requires=("data",),
+    severity="error",
+    rank=10,
+    rule="rows whose schema (messages / prompt+completion / alpaca / text) differs from the majority: any warns; "
+    "error when row 0 is in the minority (TRL picks the loss mode from the first row only)",
+    fix="normalise every row to one schema (e.g. all messages, or all prompt/completion)",
+    source="trl sft_trainer.py decides the dataset type from next(iter(train_dataset))",
+)
 def d01(ctx: AuditContext) -> list[Hit]:
     schemas = [_schema(e) for e in ctx.examples]
     counts = Counter(schemas)
@@ -52,39 +59,73 @@ def d01(ctx: AuditContext) -> list[Hit]:
     minority = [i for i, s in enumerate(schemas) if s != major]
     first_minor = schemas[0] != major
     sev = "error" if first_minor else "warning"
-    msg = (f"{pct(len(minority), ctx.n)} use a schema other than the majority {major!r} "
-           f"(counts: {dict(sorted(counts.items()))})")
+    msg = (
+        f"{pct(len(minority), ctx.n)} use a schema other than the majority {major!r} "
+        f"(counts: {dict(sorted(counts.items()))})"
+    )
     if first_minor:
         msg += f"; row 0 is {schemas[0]!r}, and TRL sets the loss mode for the whole dataset from the first row"
-    return [Hit(sev, msg, {"value": len(minority), "threshold": 0, "counts": dict(counts), "majority": major,
-                           "first_row_schema": schemas[0]}, row_ids=ids(ctx, minority))]
+    return [
+        Hit(
+            sev,
+            msg,
+            {
+                "value": len(minority),
+                "threshold": 0,
+                "counts": dict(counts),
+                "majority": major,
+                "first_row_schema": schemas[0],
+            },
+            row_ids=ids(ctx, minority),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D02
-@check("D02", "text_field_missing", "The trainer's text/messages field is missing from rows",
-       requires=("data", "config"), severity="error", rank=10,
-       rule="TRL: language-modeling rows (not messages, not prompt/completion) lack dataset_text_field "
-            "(default 'text'); axolotl: rows lack the field its datasets[].type reads (field_messages, field, "
-            "instruction/output); any",
-       fix="rename the field in the data, or set dataset_text_field / field_messages to the field the rows have",
-       source="trl sft_config.py dataset_text_field; axolotl datasets[].field_messages",
-       stages=("sft", "pretraining"))
+@check(
+    "D02",
+    "text_field_missing",
+    "The trainer's text/messages field is missing from rows",
+    requires=("data", "config"),
+    severity="error",
+    rank=10,
+    rule="TRL: language-modeling rows (not messages, not prompt/completion) lack dataset_text_field "
+    "(default 'text'); axolotl: rows lack the field its datasets[].type reads (field_messages, field, "
+    "instruction/output); any",
+    fix="rename the field in the data, or set dataset_text_field / field_messages to the field the rows have",
+    source="trl sft_config.py dataset_text_field; axolotl datasets[].field_messages",
+    stages=("sft", "pretraining"),
+)
 def d02(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if c.trainer == "trl":
         field = c.dataset_text_field or "text"
-        bad = [i for i, e in enumerate(ctx.examples)
-               if e.format not in ("messages", "prompt_completion") and field not in e.raw]
+        bad = [
+            i
+            for i, e in enumerate(ctx.examples)
+            if e.format not in ("messages", "prompt_completion") and field not in e.raw
+        ]
         if not bad:
             return []
         fmts = Counter(ctx.examples[i].format for i in bad)
-        return [Hit("error", f"{pct(len(bad), ctx.n)} have no {field!r} field, and TRL reads language-modeling rows "
-                             f"from dataset_text_field={field!r} ({c.source('dataset_text_field')}); their formats: "
-                             f"{dict(fmts)}", {"value": len(bad), "threshold": 0, "field": field,
-                                               "from": c.source("dataset_text_field"), "formats": dict(fmts)},
-                    row_ids=ids(ctx, bad),
-                    fix="convert the rows to prompt/completion or messages (TRL does not read alpaca fields), or "
-                        "set dataset_text_field to the field that holds the text")]
+        return [
+            Hit(
+                "error",
+                f"{pct(len(bad), ctx.n)} have no {field!r} field, and TRL reads language-modeling rows "
+                f"from dataset_text_field={field!r} ({c.source('dataset_text_field')}); their formats: "
+                f"{dict(fmts)}",
+                {
+                    "value": len(bad),
+                    "threshold": 0,
+                    "field": field,
+                    "from": c.source("dataset_text_field"),
+                    "formats": dict(fmts),
+                },
+                row_ids=ids(ctx, bad),
+                fix="convert the rows to prompt/completion or messages (TRL does not read alpaca fields), or "
+                "set dataset_text_field to the field that holds the text",
+            )
+        ]
     if c.trainer == "axolotl" and c.datasets:
         entry = None
         if len(c.datasets) == 1:
@@ -109,24 +150,49 @@ def d02(ctx: AuditContext) -> list[Hit]:
         if not bad:
             return []
         where = f"datasets[{entry['index']}]"
-        return [Hit("error", f"{pct(len(bad), ctx.n)} lack the field(s) {need} that axolotl's {where}.type={typ!r} "
-                             f"reads", {"value": len(bad), "threshold": 0, "fields": need, "type": typ,
-                                        "from": f"{Path(c.paths[0]).name}: {where}"}, row_ids=ids(ctx, bad),
-                    fix=f"set {where}.field_messages (or field) to the field the rows use, or rename it in the data")]
+        return [
+            Hit(
+                "error",
+                f"{pct(len(bad), ctx.n)} lack the field(s) {need} that axolotl's {where}.type={typ!r} reads",
+                {
+                    "value": len(bad),
+                    "threshold": 0,
+                    "fields": need,
+                    "type": typ,
+                    "from": f"{Path(c.paths[0]).name}: {where}",
+                },
+                row_ids=ids(ctx, bad),
+                fix=f"set {where}.field_messages (or field) to the field the rows use, or rename it in the data",
+            )
+        ]
     raise NotApplicable(f"the trainer ({c.trainer or 'unknown'}) does not read a configurable text field")
 
 
 # ---------------------------------------------------------------------- D03
-@check("D03", "empty_target", "Empty or whitespace-only targets", requires=("data",), severity="error", rank=10,
-       rule="the completion / output / final assistant turn is empty or whitespace; any",
-       fix="drop these rows or fill in their targets",
-       source="axolotl utils/trainer.py drops 'samples with no trainable tokens'; trl PR #6320")
+@check(
+    "D03",
+    "empty_target",
+    "Empty or whitespace-only targets",
+    requires=("data",),
+    severity="error",
+    rank=10,
+    rule="the completion / output / final assistant turn is empty or whitespace; any",
+    fix="drop these rows or fill in their targets",
+    source="axolotl utils/trainer.py drops 'samples with no trainable tokens'; trl PR #6320",
+)
 def d03(ctx: AuditContext) -> list[Hit]:
     bad = [i for i, e in enumerate(ctx.examples) if not e.completion_text.strip()]
     if not bad:
         return []
-    return [Hit("error", f"{pct(len(bad), ctx.n)} have an empty target: they train nothing, or teach the model to "
-                         f"answer with nothing", {"value": len(bad), "threshold": 0}, row_ids=ids(ctx, bad))]
+    return [
+        Hit(
+            "error",
+            f"{pct(len(bad), ctx.n)} have an empty target: they train nothing, or teach the model to "
+            f"answer with nothing",
+            {"value": len(bad), "threshold": 0},
+            row_ids=ids(ctx, bad),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D09
@@ -170,12 +236,18 @@ def role_problems(roles: list[str]) -> list[str]:
     return probs
 
 
-@check("D09", "role_order", "Chat roles unknown or out of order", requires=("data",), severity="error", rank=10,
-       rule="unknown role, system turn not first, first turn not the user, two user/assistant turns in a row, or "
-            "last turn not the assistant; any",
-       fix="remap roles to system/user/assistant, merge consecutive turns, and end each conversation with the "
-           "assistant",
-       source="templates that raise 'Conversation roles must alternate' (tf#34494); FastChat filter_sharegpt.py")
+@check(
+    "D09",
+    "role_order",
+    "Chat roles unknown or out of order",
+    requires=("data",),
+    severity="error",
+    rank=10,
+    rule="unknown role, system turn not first, first turn not the user, two user/assistant turns in a row, or "
+    "last turn not the assistant; any",
+    fix="remap roles to system/user/assistant, merge consecutive turns, and end each conversation with the assistant",
+    source="templates that raise 'Conversation roles must alternate' (tf#34494); FastChat filter_sharegpt.py",
+)
 def d09(ctx: AuditContext) -> list[Hit]:
     bad: list[int] = []
     kinds: Counter = Counter()
@@ -197,20 +269,33 @@ def d09(ctx: AuditContext) -> list[Hit]:
         raise NotApplicable("no chat (messages) rows")
     if not bad:
         return []
-    return [Hit("error", f"{pct(len(bad), ctx.n)} have chat roles a template rejects or silently drops: "
-                         + "; ".join(f"{k} ({v})" for k, v in kinds.most_common()),
-                {"value": len(bad), "threshold": 0, "problems": dict(kinds), "first_example": examples},
-                row_ids=ids(ctx, bad))]
+    return [
+        Hit(
+            "error",
+            f"{pct(len(bad), ctx.n)} have chat roles a template rejects or silently drops: "
+            + "; ".join(f"{k} ({v})" for k, v in kinds.most_common()),
+            {"value": len(bad), "threshold": 0, "problems": dict(kinds), "first_example": examples},
+            row_ids=ids(ctx, bad),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D11
-@check("D11", "dup_exact", "Exact duplicate rows", requires=("data",), reads=("config",), severity="warning", rank=40,
-       rule="rows identical after NFC, casefold and whitespace normalisation; extra copies > 1% of rows warns, "
-            "any is info. With axolotl's dataset_exact_deduplication on, byte-identical copies are dropped by the "
-            "trainer and not counted; copies that differ in case or whitespace survive it and still count",
-       fix="deduplicate (axolotl: dataset_exact_deduplication: true), or keep the copies only if the upweighting "
-           "is intended",
-       source="axolotl dataset_exact_deduplication (sha256 of each prepared row); cleanlab Datalab near_duplicate")
+@check(
+    "D11",
+    "dup_exact",
+    "Exact duplicate rows",
+    requires=("data",),
+    reads=("config",),
+    severity="warning",
+    rank=40,
+    rule="rows identical after NFC, casefold and whitespace normalisation; extra copies > 1% of rows warns, "
+    "any is info. With axolotl's dataset_exact_deduplication on, byte-identical copies are dropped by the "
+    "trainer and not counted; copies that differ in case or whitespace survive it and still count",
+    fix="deduplicate (axolotl: dataset_exact_deduplication: true), or keep the copies only if the upweighting "
+    "is intended",
+    source="axolotl dataset_exact_deduplication (sha256 of each prepared row); cleanlab Datalab near_duplicate",
+)
 def d11(ctx: AuditContext) -> list[Hit]:
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(ctx.norm_row):
@@ -236,18 +321,36 @@ def d11(ctx: AuditContext) -> list[Hit]:
     sev = "warning" if rate > 0.01 else "info"
     members = [i for g in dups for i in g]
     dups.sort(key=lambda g: (-len(g), g[0]))
-    ev = {"value": round(rate, 4), "threshold": 0.01, "n_extra_copies": extra, "n_groups": len(dups),
-          "groups": [ids(ctx, g) for g in dups[:20]]}
+    ev = {
+        "value": round(rate, 4),
+        "threshold": 0.01,
+        "n_extra_copies": extra,
+        "n_groups": len(dups),
+        "groups": [ids(ctx, g) for g in dups[:20]],
+    }
     if dedup:
         ev.update(c.cite("dedup_exact"))
-        return [Hit(sev, f"{extra} extra copies in {len(dups)} groups of rows that differ only in case or whitespace "
-                         f"({100 * rate:.1f}% of rows; threshold 1%): dataset_exact_deduplication "
-                         f"({c.source('dedup_exact')}) drops byte-identical copies only, so these survive it",
-                    ev, row_ids=ids(ctx, members),
-                    fix="normalise case and whitespace before training (then the exact deduplication removes them), "
-                        "or drop the copies")]
-    return [Hit(sev, f"{extra} extra copies in {len(dups)} groups of identical rows ({100 * rate:.1f}% of rows; "
-                     f"threshold 1%); the largest group has {len(dups[0])} copies", ev, row_ids=ids(ctx, members))]
+        return [
+            Hit(
+                sev,
+                f"{extra} extra copies in {len(dups)} groups of rows that differ only in case or whitespace "
+                f"({100 * rate:.1f}% of rows; threshold 1%): dataset_exact_deduplication "
+                f"({c.source('dedup_exact')}) drops byte-identical copies only, so these survive it",
+                ev,
+                row_ids=ids(ctx, members),
+                fix="normalise case and whitespace before training (then the exact deduplication removes them), "
+                "or drop the copies",
+            )
+        ]
+    return [
+        Hit(
+            sev,
+            f"{extra} extra copies in {len(dups)} groups of identical rows ({100 * rate:.1f}% of rows; "
+            f"threshold 1%); the largest group has {len(dups[0])} copies",
+            ev,
+            row_ids=ids(ctx, members),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D12
@@ -299,11 +402,18 @@ def _clusters(pairs, n) -> list[list[int]]:
     return [sorted(set(g)) for g in groups.values()]
 
 
-@check("D12", "dup_near", "Near-duplicate rows", requires=("data",), severity="warning", rank=40,
-       rule="MinHash over word 5-gram shingles, verified by exact Jaccard >= 0.8 (exact copies excluded); rows "
-            "beyond the first in each cluster > 5% warns, any is info",
-       fix="deduplicate near-copies (keep one per cluster) unless the variation is the point",
-       source="NeMo Curator fuzzy deduplication (Jaccard 0.8)")
+@check(
+    "D12",
+    "dup_near",
+    "Near-duplicate rows",
+    requires=("data",),
+    severity="warning",
+    rank=40,
+    rule="MinHash over word 5-gram shingles, verified by exact Jaccard >= 0.8 (exact copies excluded); rows "
+    "beyond the first in each cluster > 5% warns, any is info",
+    fix="deduplicate near-copies (keep one per cluster) unless the variation is the point",
+    source="NeMo Curator fuzzy deduplication (Jaccard 0.8)",
+)
 def d12(ctx: AuditContext) -> list[Hit]:
     pairs = near_dup_pairs(ctx)
     if not pairs:
@@ -313,21 +423,37 @@ def d12(ctx: AuditContext) -> list[Hit]:
     rate = extra / ctx.n
     sev = "warning" if rate > 0.05 else "info"
     clusters.sort(key=lambda c: (-len(c), c[0]))
-    return [Hit(sev, f"{len(clusters)} clusters of near-duplicate rows (Jaccard >= 0.8); {extra} rows beyond the "
-                     f"first of each = {100 * rate:.1f}% of rows (threshold 5%)",
-                {"value": round(rate, 4), "threshold": 0.05, "jaccard_min": 0.8, "n_clusters": len(clusters),
-                 "clusters": [ids(ctx, c) for c in clusters[:20]],
-                 "pairs": [[ctx.examples[a].id, ctx.examples[b].id, round(j, 3)] for a, b, j in pairs[:20]]},
-                row_ids=ids(ctx, [i for c in clusters for i in c]))]
+    return [
+        Hit(
+            sev,
+            f"{len(clusters)} clusters of near-duplicate rows (Jaccard >= 0.8); {extra} rows beyond the "
+            f"first of each = {100 * rate:.1f}% of rows (threshold 5%)",
+            {
+                "value": round(rate, 4),
+                "threshold": 0.05,
+                "jaccard_min": 0.8,
+                "n_clusters": len(clusters),
+                "clusters": [ids(ctx, c) for c in clusters[:20]],
+                "pairs": [[ctx.examples[a].id, ctx.examples[b].id, round(j, 3)] for a, b, j in pairs[:20]],
+            },
+            row_ids=ids(ctx, [i for c in clusters for i in c]),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D13
-@check("D13", "conflicting_targets", "One prompt, different targets", requires=("data",), severity="warning",
-       rank=40,
-       rule="the same normalised prompt appears with two or more different targets; > 1% of distinct prompts warns, "
-            "any is info (**H**)",
-       fix="reconcile the targets (keep the correct one), or make the prompts say what differs",
-       source="cleanlab label issues (analogue, heuristic)")
+@check(
+    "D13",
+    "conflicting_targets",
+    "One prompt, different targets",
+    requires=("data",),
+    severity="warning",
+    rank=40,
+    rule="the same normalised prompt appears with two or more different targets; > 1% of distinct prompts warns, "
+    "any is info (**H**)",
+    fix="reconcile the targets (keep the correct one), or make the prompts say what differs",
+    source="cleanlab label issues (analogue, heuristic)",
+)
 def d13(ctx: AuditContext) -> list[Hit]:
     by_prompt: dict[str, list[int]] = defaultdict(list)
     for i, (e, p) in enumerate(zip(ctx.examples, ctx.norm_prompt)):
@@ -341,20 +467,35 @@ def d13(ctx: AuditContext) -> list[Hit]:
     rate = len(conflicts) / len(by_prompt)
     sev = "warning" if rate > 0.01 else "info"
     conflicts.sort(key=lambda g: (-len(g), g[0]))
-    return [Hit(sev, f"{len(conflicts)} of {len(by_prompt)} distinct prompts ({100 * rate:.1f}%; threshold 1%) have "
-                     f"conflicting targets across {sum(map(len, conflicts))} rows",
-                {"value": round(rate, 4), "threshold": 0.01, "n_prompts": len(conflicts),
-                 "groups": [ids(ctx, g) for g in conflicts[:20]]},
-                row_ids=ids(ctx, [i for g in conflicts for i in g]))]
+    return [
+        Hit(
+            sev,
+            f"{len(conflicts)} of {len(by_prompt)} distinct prompts ({100 * rate:.1f}%; threshold 1%) have "
+            f"conflicting targets across {sum(map(len, conflicts))} rows",
+            {
+                "value": round(rate, 4),
+                "threshold": 0.01,
+                "n_prompts": len(conflicts),
+                "groups": [ids(ctx, g) for g in conflicts[:20]],
+            },
+            row_ids=ids(ctx, [i for g in conflicts for i in g]),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D14
-@check("D14", "contam_exact", "Eval rows found verbatim in training", requires=("data", "eval"), severity="error",
-       rank=30,
-       rule="an eval row's normalised prompt+target, or its prompt (>= 3 words), equals a training row's: any is an "
-            "error; a long eval target (>= 8 words) found as a training target warns",
-       fix="remove the contaminated rows from the training set (or from the eval set) and re-run",
-       source="lm-eval-harness docs/decontamination.md; saurabhav88/EnviousWispr#2547")
+@check(
+    "D14",
+    "contam_exact",
+    "Eval rows found verbatim in training",
+    requires=("data", "eval"),
+    severity="error",
+    rank=30,
+    rule="an eval row's normalised prompt+target, or its prompt (>= 3 words), equals a training row's: any is an "
+    "error; a long eval target (>= 8 words) found as a training target warns",
+    fix="remove the contaminated rows from the training set (or from the eval set) and re-run",
+    source="lm-eval-harness docs/decontamination.md; saurabhav88/EnviousWispr#2547",
+)
 def d14(ctx: AuditContext) -> list[Hit]:
     train_rows: dict[str, list[int]] = defaultdict(list)
     train_prompts: dict[str, list[int]] = defaultdict(list)
@@ -382,15 +523,32 @@ def d14(ctx: AuditContext) -> list[Hit]:
     hits = []
     if full or prompt_only:
         ev = full + prompt_only
-        hits.append(Hit("error", f"{len(ev)} of {n_eval} eval rows ({100 * len(ev) / n_eval:.1f}%) appear in training: "
-                                 f"{len(full)} verbatim (prompt and target), {len(prompt_only)} with the same prompt",
-                        {"value": len(ev), "threshold": 0, "n_eval": n_eval, "verbatim": len(full),
-                         "same_prompt": len(prompt_only)},
-                        row_ids=ids(ctx, tr_full | tr_prompt), eval_row_ids=eval_ids(ctx, ev)))
+        hits.append(
+            Hit(
+                "error",
+                f"{len(ev)} of {n_eval} eval rows ({100 * len(ev) / n_eval:.1f}%) appear in training: "
+                f"{len(full)} verbatim (prompt and target), {len(prompt_only)} with the same prompt",
+                {
+                    "value": len(ev),
+                    "threshold": 0,
+                    "n_eval": n_eval,
+                    "verbatim": len(full),
+                    "same_prompt": len(prompt_only),
+                },
+                row_ids=ids(ctx, tr_full | tr_prompt),
+                eval_row_ids=eval_ids(ctx, ev),
+            )
+        )
     if target_only:
-        hits.append(Hit("warning", f"{len(target_only)} eval targets (>= 8 words) appear verbatim as training targets",
-                        {"value": len(target_only), "threshold": 0, "n_eval": n_eval},
-                        row_ids=ids(ctx, tr_target), eval_row_ids=eval_ids(ctx, target_only)))
+        hits.append(
+            Hit(
+                "warning",
+                f"{len(target_only)} eval targets (>= 8 words) appear verbatim as training targets",
+                {"value": len(target_only), "threshold": 0, "n_eval": n_eval},
+                row_ids=ids(ctx, tr_target),
+                eval_row_ids=eval_ids(ctx, target_only),
+            )
+        )
     return hits
 
 
@@ -407,7 +565,8 @@ _N = 3
 
 def row_representatives(ctx: AuditContext) -> np.ndarray:
     """Per training row, the first row of its duplicate group (exact copies after normalisation, and D12's
-    near-duplicate clusters), so a frequency over "distinct rows" counts a duplicated row once."""
+    near-duplicate clusters), so a frequency over "distinct rows" counts a duplicated row once.
+    """
     if "row_reps" in ctx.memo:
         return ctx.memo["row_reps"]
     parent = list(range(ctx.n))
@@ -461,15 +620,20 @@ def _spread(starts: np.ndarray, n: int, length: int) -> np.ndarray:
     """Positions covered by n-grams starting at ``starts``."""
     out = np.zeros(length, dtype=bool)
     for k in starts.tolist():
-        out[k:k + n] = True
+        out[k : k + n] = True
     return out
 
 
-def _shared_mask(h: np.ndarray, grams: np.ndarray, seg_lengths: list[int], g_keys, g_df, seg_keys, seg_df) -> np.ndarray:
+def _shared_mask(
+    h: np.ndarray, grams: np.ndarray, seg_lengths: list[int], g_keys, g_df, seg_keys, seg_df
+) -> np.ndarray:
     """Positions of a row inside shared material: a word 3-gram or a segment found in >= SHARED_MIN_ROWS rows."""
     L = len(h)
-    shared = _spread(np.nonzero(_lookup(g_keys, g_df, grams) >= SHARED_MIN_ROWS)[0], _N, L) if len(grams) \
+    shared = (
+        _spread(np.nonzero(_lookup(g_keys, g_df, grams) >= SHARED_MIN_ROWS)[0], _N, L)
+        if len(grams)
         else np.zeros(L, dtype=bool)
+    )
     spans = T.span_hashes(h, seg_lengths)
     if spans:
         df = _lookup(seg_keys, seg_df, np.array([x[2] for x in spans], dtype=np.uint64))
@@ -479,18 +643,24 @@ def _shared_mask(h: np.ndarray, grams: np.ndarray, seg_lengths: list[int], g_key
     return shared
 
 
-@check("D15", "contam_near", "Eval rows nearly copied from training", requires=("data", "eval"),
-       severity="warning", rank=30,
-       rule=f"an eval row (not already an exact match, D14) whose content is mostly (>= {NEAR_COPY_COVERAGE:.0%}, and "
-            f">= {MIN_COVERED_WORDS} words) one training row's. Content: the words outside shared material, i.e. "
-            f"outside every word {_N}-gram and every sentence/line found in >= {SHARED_MIN_ROWS} distinct training rows "
-            f"(template sentences, recombined macros, system prompts, entity names with their prompt template; exact "
-            f"and near-duplicate copies counted once). The eval row is aligned word by word with each candidate row "
-            f"(one sharing its rare 3-grams): content inside a run of >= 2 aligned words is covered; words that "
-            f"replace the row's shared material are light edits, not new content. > 1% of eval rows warns, any is info",
-       fix="decontaminate: drop the training rows that overlap the eval set",
-       source="lm-eval-harness docs/decontamination.md (n-gram overlap, GPT-3 App. C); coverage rule and "
-              "shared-material filter **H**")
+@check(
+    "D15",
+    "contam_near",
+    "Eval rows nearly copied from training",
+    requires=("data", "eval"),
+    severity="warning",
+    rank=30,
+    rule=f"an eval row (not already an exact match, D14) whose content is mostly (>= {NEAR_COPY_COVERAGE:.0%}, and "
+    f">= {MIN_COVERED_WORDS} words) one training row's. Content: the words outside shared material, i.e. "
+    f"outside every word {_N}-gram and every sentence/line found in >= {SHARED_MIN_ROWS} distinct training rows "
+    f"(template sentences, recombined macros, system prompts, entity names with their prompt template; exact "
+    f"and near-duplicate copies counted once). The eval row is aligned word by word with each candidate row "
+    f"(one sharing its rare 3-grams): content inside a run of >= 2 aligned words is covered; words that "
+    f"replace the row's shared material are light edits, not new content. > 1% of eval rows warns, any is info",
+    fix="decontaminate: drop the training rows that overlap the eval set",
+    source="lm-eval-harness docs/decontamination.md (n-gram overlap, GPT-3 App. C); coverage rule and "
+    "shared-material filter **H**",
+)
 def d15(ctx: AuditContext) -> list[Hit]:
     from difflib import SequenceMatcher
 
@@ -499,13 +669,20 @@ def d15(ctx: AuditContext) -> list[Hit]:
     reps = row_representatives(ctx)
     # training side: how many distinct rows hold each 3-gram and each segment; which rows hold each 3-gram
     seg_keys, seg_df = _distinct_counts(
-        [np.array([x[2] for x in T.span_hashes(h, lens)], dtype=np.uint64)
-         for h, lens in zip(ctx.row_word_hashes, ctx.row_segment_lengths)], reps)
+        [
+            np.array([x[2] for x in T.span_hashes(h, lens)], dtype=np.uint64)
+            for h, lens in zip(ctx.row_word_hashes, ctx.row_segment_lengths)
+        ],
+        reps,
+    )
     t3 = _grams(ctx.row_word_hashes, _N)
     g_keys, g_df = _distinct_counts(t3, reps)
     own_g = np.concatenate([g for g in t3 if len(g)]) if any(len(g) for g in t3) else np.zeros(0, dtype=np.uint64)
-    own_r = np.concatenate([np.full(len(g), i, dtype=np.int64) for i, g in enumerate(t3) if len(g)]) \
-        if len(own_g) else np.zeros(0, dtype=np.int64)
+    own_r = (
+        np.concatenate([np.full(len(g), i, dtype=np.int64) for i, g in enumerate(t3) if len(g)])
+        if len(own_g)
+        else np.zeros(0, dtype=np.int64)
+    )
     order = np.argsort(own_g, kind="stable")
     own_g, own_r = own_g[order], own_r[order]
     tables = (g_keys, g_df, seg_keys, seg_df)
@@ -530,12 +707,12 @@ def d15(ctx: AuditContext) -> list[Hit]:
         # candidates: the training rows holding the most rare 3-grams over the eval row's content
         df = _lookup(g_keys, g_df, g)
         # gram k touches content when any of words k .. k+N-1 is content (len(g) == L - N + 1 here)
-        touches = np.lib.stride_tricks.sliding_window_view(content, _N).any(axis=1)[:len(g)]
+        touches = np.lib.stride_tricks.sliding_window_view(content, _N).any(axis=1)[: len(g)]
         votes: Counter = Counter()
         for k in np.nonzero(touches & (df > 0) & (df < SHARED_MIN_ROWS))[0].tolist():
             lo = np.searchsorted(own_g, g[k])
             hi = np.searchsorted(own_g, g[k], side="right")
-            votes.update(set(own_r[lo:min(hi, lo + 50)].tolist()))
+            votes.update(set(own_r[lo : min(hi, lo + 50)].tolist()))
         best = (0.0, 0)
         hl = h.tolist()
         gl = g.tolist()
@@ -560,8 +737,14 @@ def d15(ctx: AuditContext) -> list[Hit]:
             for k, (tag, a0, a1, b0, b1) in enumerate(ops):
                 if tag == "equal" and a1 - a0 >= 2:
                     cov[a0:a1] = content[a0:a1]
-                elif tag in ("replace", "insert") and aligned(k - 1) and aligned(k + 1) and b1 - b0 <= 3 \
-                        and a1 - a0 <= max(1, 2 * (b1 - b0)) and ts[b0:b1].all():
+                elif (
+                    tag in ("replace", "insert")
+                    and aligned(k - 1)
+                    and aligned(k + 1)
+                    and b1 - b0 <= 3
+                    and a1 - a0 <= max(1, 2 * (b1 - b0))
+                    and ts[b0:b1].all()
+                ):
                     # a word or short phrase swapped or added, between aligned words, where row i has shared
                     # material: a light edit of row i, not new content
                     edits += int(content[a0:a1].sum())
@@ -581,38 +764,68 @@ def d15(ctx: AuditContext) -> list[Hit]:
     n_eval = len(ctx.eval_examples)
     rate = len(flagged) / n_eval
     sev = "warning" if rate > 0.01 else "info"
-    return [Hit(sev, f"{len(flagged)} of {n_eval} eval rows ({100 * rate:.1f}%; threshold 1%) are mostly one training "
-                     f"row: >= {NEAR_COPY_COVERAGE:.0%} of their content (the words outside template material shared "
-                     f"by >= {SHARED_MIN_ROWS} training rows) is in {len(tr)} training rows",
-                {"value": round(rate, 4), "threshold": 0.01, "n_eval": n_eval, "coverage_min": NEAR_COPY_COVERAGE,
-                 "shared_min_rows": SHARED_MIN_ROWS, "pairs": pairs[:20] if NEAR_COPY_COVERAGE > 0 else pairs},
-                row_ids=ids(ctx, tr), eval_row_ids=eval_ids(ctx, flagged))]
+    return [
+        Hit(
+            sev,
+            f"{len(flagged)} of {n_eval} eval rows ({100 * rate:.1f}%; threshold 1%) are mostly one training "
+            f"row: >= {NEAR_COPY_COVERAGE:.0%} of their content (the words outside template material shared "
+            f"by >= {SHARED_MIN_ROWS} training rows) is in {len(tr)} training rows",
+            {
+                "value": round(rate, 4),
+                "threshold": 0.01,
+                "n_eval": n_eval,
+                "coverage_min": NEAR_COPY_COVERAGE,
+                "shared_min_rows": SHARED_MIN_ROWS,
+                "pairs": pairs[:20] if NEAR_COPY_COVERAGE > 0 else pairs,
+            },
+            row_ids=ids(ctx, tr),
+            eval_row_ids=eval_ids(ctx, flagged),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D16
-@check("D16", "answer_in_prompt", "The target is already in its prompt", requires=("data",), severity="warning",
-       rank=40,
-       rule="the normalised target (>= 20 characters) appears verbatim inside its own prompt; > 5% warns, any is "
-            "info (**H**)",
-       fix="check for leakage: the model learns to copy, not to answer",
-       source="heuristic")
+@check(
+    "D16",
+    "answer_in_prompt",
+    "The target is already in its prompt",
+    requires=("data",),
+    severity="warning",
+    rank=40,
+    rule="the normalised target (>= 20 characters) appears verbatim inside its own prompt; > 5% warns, any is "
+    "info (**H**)",
+    fix="check for leakage: the model learns to copy, not to answer",
+    source="heuristic",
+)
 def d16(ctx: AuditContext) -> list[Hit]:
     bad = [i for i, (p, c) in enumerate(zip(ctx.norm_prompt, ctx.norm_completion)) if len(c) >= 20 and c in p]
     if not bad:
         return []
     rate = len(bad) / ctx.n
-    return [Hit("warning" if rate > 0.05 else "info",
-                f"{pct(len(bad), ctx.n)} contain their own target verbatim in the prompt (threshold 5%)",
-                {"value": round(rate, 4), "threshold": 0.05}, row_ids=ids(ctx, bad))]
+    return [
+        Hit(
+            "warning" if rate > 0.05 else "info",
+            f"{pct(len(bad), ctx.n)} contain their own target verbatim in the prompt (threshold 5%)",
+            {"value": round(rate, 4), "threshold": 0.05},
+            row_ids=ids(ctx, bad),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D17
-@check("D17", "length_outliers", "Target length outliers", requires=("data",), reads=("tokenizer",),
-       severity="warning", rank=40,
-       rule="robust z-score of log target length > 5 (median/MAD, MAD floored at 0.1); tokens when a tokenizer is "
-            "given, characters otherwise; > 1% of rows warns, any is info",
-       fix="inspect the outliers: split very long targets, drop stubs",
-       source="FastChat split_long_conversation")
+@check(
+    "D17",
+    "length_outliers",
+    "Target length outliers",
+    requires=("data",),
+    reads=("tokenizer",),
+    severity="warning",
+    rank=40,
+    rule="robust z-score of log target length > 5 (median/MAD, MAD floored at 0.1); tokens when a tokenizer is "
+    "given, characters otherwise; > 1% of rows warns, any is info",
+    fix="inspect the outliers: split very long targets, drop stubs",
+    source="FastChat split_long_conversation",
+)
 def d17(ctx: AuditContext) -> list[Hit]:
     if ctx.tokenizer is not None:
         unit = "tokens"
@@ -632,27 +845,50 @@ def d17(ctx: AuditContext) -> list[Hit]:
         return []
     rate = len(out) / ctx.n
     lv = [lens[i] for i in out]
-    return [Hit("warning" if rate > 0.01 else "info",
-                f"{pct(len(out), ctx.n)} have target lengths far from the median of {math.expm1(med):.0f} {unit} "
-                f"(robust z > 5; outliers range {min(lv)}-{max(lv)} {unit})",
-                {"value": round(rate, 4), "threshold": 0.01, "z_threshold": 5, "unit": unit,
-                 "median": round(math.expm1(med), 1), "outlier_lengths": lv[:50]}, row_ids=ids(ctx, out))]
+    return [
+        Hit(
+            "warning" if rate > 0.01 else "info",
+            f"{pct(len(out), ctx.n)} have target lengths far from the median of {math.expm1(med):.0f} {unit} "
+            f"(robust z > 5; outliers range {min(lv)}-{max(lv)} {unit})",
+            {
+                "value": round(rate, 4),
+                "threshold": 0.01,
+                "z_threshold": 5,
+                "unit": unit,
+                "median": round(math.expm1(med), 1),
+                "outlier_lengths": lv[:50],
+            },
+            row_ids=ids(ctx, out),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D18
-@check("D18", "language_mix", "Unexpected language mix", requires=("data",), severity="warning", rank=40,
-       rule="language per row by script, and for Latin script by a stopword vote (en/fr/de/es/it/pt/nl): a "
-            "minority language in 1-20% of rows, or prompt and target in different languages in > 5% of rows, "
-            "warns; smaller shares are info (**H**)",
-       fix="filter the rows in the wrong language (or ignore this for translation data)",
-       source="FastChat optional_clean --skip-lang; DialogStudio ShareGPT README")
+@check(
+    "D18",
+    "language_mix",
+    "Unexpected language mix",
+    requires=("data",),
+    severity="warning",
+    rank=40,
+    rule="language per row by script, and for Latin script by a stopword vote (en/fr/de/es/it/pt/nl): a "
+    "minority language in 1-20% of rows, or prompt and target in different languages in > 5% of rows, "
+    "warns; smaller shares are info (**H**)",
+    fix="filter the rows in the wrong language (or ignore this for translation data)",
+    source="FastChat optional_clean --skip-lang; DialogStudio ShareGPT README",
+)
 def d18(ctx: AuditContext) -> list[Hit]:
     langs, mism = [], []
     for i, e in enumerate(ctx.examples):
         p = T.language_of(e.prompt_text, ctx.prompt_words[i]) if ctx.prompt_words[i] else None
         c = T.language_of(e.completion_text, ctx.completion_words[i])
-        both = c if p is None else p if c is None or p == c else \
-            T.language_of(e.prompt_text + "\n" + e.completion_text, ctx.row_words[i])
+        both = (
+            c
+            if p is None
+            else p
+            if c is None or p == c
+            else T.language_of(e.prompt_text + "\n" + e.completion_text, ctx.row_words[i])
+        )
         langs.append(both)
         if p and c and p != c:
             mism.append(i)
@@ -666,25 +902,41 @@ def d18(ctx: AuditContext) -> list[Hit]:
     share = len(minority) / len(known)
     if minority:
         sev = "warning" if 0.01 <= share <= 0.20 else "info"
-        hits.append(Hit(sev, f"{len(minority)} rows ({100 * share:.1f}% of rows with a known language) are not in "
-                             f"the majority language {major!r} (warn band 1-20%): {dict(counts.most_common(6))}",
-                        {"value": round(share, 4), "threshold": [0.01, 0.20], "majority": major,
-                         "counts": dict(counts)}, row_ids=ids(ctx, minority)))
+        hits.append(
+            Hit(
+                sev,
+                f"{len(minority)} rows ({100 * share:.1f}% of rows with a known language) are not in "
+                f"the majority language {major!r} (warn band 1-20%): {dict(counts.most_common(6))}",
+                {"value": round(share, 4), "threshold": [0.01, 0.20], "majority": major, "counts": dict(counts)},
+                row_ids=ids(ctx, minority),
+            )
+        )
     if mism:
         rate = len(mism) / ctx.n
-        hits.append(Hit("warning" if rate > 0.05 else "info",
-                        f"{pct(len(mism), ctx.n)} answer in a different language from their prompt (threshold 5%)",
-                        {"value": round(rate, 4), "threshold": 0.05}, row_ids=ids(ctx, mism)))
+        hits.append(
+            Hit(
+                "warning" if rate > 0.05 else "info",
+                f"{pct(len(mism), ctx.n)} answer in a different language from their prompt (threshold 5%)",
+                {"value": round(rate, 4), "threshold": 0.05},
+                row_ids=ids(ctx, mism),
+            )
+        )
     return hits
 
 
 # ---------------------------------------------------------------------- D20
-@check("D20", "boilerplate_noise", "Refusal boilerplate, HTML or mojibake", requires=("data",), severity="warning",
-       rank=40,
-       rule="targets matching refusal/AI-disclaimer patterns ('as an AI language model', 'OpenAI'), or rows with "
-            "HTML tags/entities or mojibake ('Ã©', 'â€™', U+FFFD); > 1% warns, any is info",
-       fix="filter or clean these rows (ftfy fixes mojibake; strip HTML)",
-       source="FastChat clean_sharegpt; airoboros-style filter lists")
+@check(
+    "D20",
+    "boilerplate_noise",
+    "Refusal boilerplate, HTML or mojibake",
+    requires=("data",),
+    severity="warning",
+    rank=40,
+    rule="targets matching refusal/AI-disclaimer patterns ('as an AI language model', 'OpenAI'), or rows with "
+    "HTML tags/entities or mojibake ('Ã©', 'â€™', U+FFFD); > 1% warns, any is info",
+    fix="filter or clean these rows (ftfy fixes mojibake; strip HTML)",
+    source="FastChat clean_sharegpt; airoboros-style filter lists",
+)
 def d20(ctx: AuditContext) -> list[Hit]:
     kinds: dict[str, list[int]] = defaultdict(list)
     for i, e in enumerate(ctx.examples):
@@ -700,29 +952,51 @@ def d20(ctx: AuditContext) -> list[Hit]:
     if not allrows:
         return []
     rate = len(allrows) / ctx.n
-    return [Hit("warning" if rate > 0.01 else "info",
-                f"{pct(len(allrows), ctx.n)} carry noise (threshold 1%): "
-                + ", ".join(f"{k} {len(v)}" for k, v in sorted(kinds.items())),
-                {"value": round(rate, 4), "threshold": 0.01,
-                 "by_kind": {k: ids(ctx, v)[:20] for k, v in sorted(kinds.items())}},
-                row_ids=ids(ctx, allrows))]
+    return [
+        Hit(
+            "warning" if rate > 0.01 else "info",
+            f"{pct(len(allrows), ctx.n)} carry noise (threshold 1%): "
+            + ", ".join(f"{k} {len(v)}" for k, v in sorted(kinds.items())),
+            {
+                "value": round(rate, 4),
+                "threshold": 0.01,
+                "by_kind": {k: ids(ctx, v)[:20] for k, v in sorted(kinds.items())},
+            },
+            row_ids=ids(ctx, allrows),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D21
-@check("D21", "no_eval_split", "No held-out eval set", requires=("data",), reads=("eval", "config"),
-       severity="warning", rank=30,
-       rule="no eval set given and the config holds none out (val_set_size / val_size / eval_strategy); info, "
-            "a warning when the training set has fewer than 200 rows",
-       fix="hold out 5-10% of the rows and watch eval loss (pass it here with --eval)",
-       source="Unsloth fine-tuning guide (watch the eval loss)")
+@check(
+    "D21",
+    "no_eval_split",
+    "No held-out eval set",
+    requires=("data",),
+    reads=("eval", "config"),
+    severity="warning",
+    rank=30,
+    rule="no eval set given and the config holds none out (val_set_size / val_size / eval_strategy); info, "
+    "a warning when the training set has fewer than 200 rows",
+    fix="hold out 5-10% of the rows and watch eval loss (pass it here with --eval)",
+    source="Unsloth fine-tuning guide (watch the eval loss)",
+)
 def d21(ctx: AuditContext) -> list[Hit]:
     if ctx.eval_examples is not None:
         return []
     c = ctx.config
-    if c is not None and ((c.val_set_size or 0) > 0 or c.has_eval_dataset
-                          or (c.eval_strategy not in (None, "no") and not c.is_default("eval_strategy"))):
+    if c is not None and (
+        (c.val_set_size or 0) > 0
+        or c.has_eval_dataset
+        or (c.eval_strategy not in (None, "no") and not c.is_default("eval_strategy"))
+    ):
         return []
     sev = "warning" if ctx.n < 200 else "info"
     why = "and the config holds none out" if c is not None else "and no config says one was used"
-    return [Hit(sev, f"no eval set was given {why}; with {ctx.n} training rows (threshold 200) overfitting goes "
-                     f"unseen", {"value": ctx.n, "threshold": 200})]
+    return [
+        Hit(
+            sev,
+            f"no eval set was given {why}; with {ctx.n} training rows (threshold 200) overfitting goes unseen",
+            {"value": ctx.n, "threshold": 200},
+        )
+    ]

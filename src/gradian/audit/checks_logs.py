@@ -33,10 +33,17 @@ def _warmup_end(ctx: AuditContext) -> int:
 
 
 # ---------------------------------------------------------------------- L01
-@check("L01", "nan_inf", "NaN or inf in the logs", requires=("logs",), severity="error", rank=70,
-       rule="any NaN/inf in loss, eval_loss, grad_norm or learning_rate",
-       fix="use bf16 instead of fp16, lower the learning rate, clip gradients (max_grad_norm 1.0)",
-       source="google/gemma_pytorch#24; tf#27809")
+@check(
+    "L01",
+    "nan_inf",
+    "NaN or inf in the logs",
+    requires=("logs",),
+    severity="error",
+    rank=70,
+    rule="any NaN/inf in loss, eval_loss, grad_norm or learning_rate",
+    fix="use bf16 instead of fp16, lower the learning rate, clip gradients (max_grad_norm 1.0)",
+    source="google/gemma_pytorch#24; tf#27809",
+)
 def l01(ctx: AuditContext) -> list[Hit]:
     log = ctx.logs
     bad: dict[str, list[int]] = {}
@@ -48,17 +55,28 @@ def l01(ctx: AuditContext) -> list[Hit]:
         return []
     first = min(s for v in bad.values() for s in v)
     allsteps = sorted({s for v in bad.values() for s in v})
-    return [Hit("error", f"non-finite values from step {first}: " + ", ".join(f"{k} at {len(v)} logs"
-                                                                             for k, v in bad.items()),
-                {"value": {k: len(v) for k, v in bad.items()}, "threshold": 0, "first_step": first},
-                steps=allsteps)]
+    return [
+        Hit(
+            "error",
+            f"non-finite values from step {first}: " + ", ".join(f"{k} at {len(v)} logs" for k, v in bad.items()),
+            {"value": {k: len(v) for k, v in bad.items()}, "threshold": 0, "first_step": first},
+            steps=allsteps,
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- L02
-@check("L02", "zero_loss", "Loss collapsed to zero", requires=("logs",), severity="error", rank=70,
-       rule="train or eval loss <= 1e-4 on >= 2 consecutive logs",
-       fix="check the loss mask (all labels -100?), padding and fp16 overflow",
-       source="shibing624/MedicalGPT#252; trl PR #550")
+@check(
+    "L02",
+    "zero_loss",
+    "Loss collapsed to zero",
+    requires=("logs",),
+    severity="error",
+    rank=70,
+    rule="train or eval loss <= 1e-4 on >= 2 consecutive logs",
+    fix="check the loss mask (all labels -100?), padding and fp16 overflow",
+    source="shibing624/MedicalGPT#252; trl PR #550",
+)
 def l02(ctx: AuditContext) -> list[Hit]:
     hits = []
     for key, src in (("loss", "train"), ("eval_loss", "eval")):
@@ -72,19 +90,32 @@ def l02(ctx: AuditContext) -> list[Hit]:
             else:
                 run = []
         if len(best) >= 2:
-            hits.append(Hit("error", f"{key} is <= 1e-4 on {len(best)} consecutive logs from step {best[0]}: nothing "
-                                     f"is being learned (usually every label is masked)",
-                            {"value": len(best), "threshold": 2, "key": key}, steps=best))
+            hits.append(
+                Hit(
+                    "error",
+                    f"{key} is <= 1e-4 on {len(best)} consecutive logs from step {best[0]}: nothing "
+                    f"is being learned (usually every label is masked)",
+                    {"value": len(best), "threshold": 2, "key": key},
+                    steps=best,
+                )
+            )
     return hits
 
 
 # ---------------------------------------------------------------------- L03
-@check("L03", "loss_spike", "Loss spikes after warmup", requires=("logs",), reads=("config",), severity="warning",
-       rank=70,
-       rule="after warmup, train loss > 2x the median of the previous 10 logs: >= 3 consecutive such logs warn, "
-            "isolated ones are info; info only under group_by_length (periodic swings)",
-       fix="lower the learning rate, clip gradients, and inspect the batches at those steps",
-       source="axolotl loss_watchdog_threshold (~2x start); group_by_length description")
+@check(
+    "L03",
+    "loss_spike",
+    "Loss spikes after warmup",
+    requires=("logs",),
+    reads=("config",),
+    severity="warning",
+    rank=70,
+    rule="after warmup, train loss > 2x the median of the previous 10 logs: >= 3 consecutive such logs warn, "
+    "isolated ones are info; info only under group_by_length (periodic swings)",
+    fix="lower the learning rate, clip gradients, and inspect the batches at those steps",
+    source="axolotl loss_watchdog_threshold (~2x start); group_by_length description",
+)
 def l03(ctx: AuditContext) -> list[Hit]:
     pts = _finite(ctx.logs.series("loss"))
     if len(pts) < 8:
@@ -94,7 +125,7 @@ def l03(ctx: AuditContext) -> list[Hit]:
     for k in range(5, len(pts)):
         if pts[k].step <= w:
             continue
-        med = statistics.median(p.value for p in pts[max(0, k - 10):k])
+        med = statistics.median(p.value for p in pts[max(0, k - 10) : k])
         if med > 0 and pts[k].value > 2 * med:
             flagged.append(k)
     if not flagged:
@@ -112,43 +143,67 @@ def l03(ctx: AuditContext) -> list[Hit]:
     sev = "warning" if len(longest) >= 3 and not gbl else "info"
     steps = [pts[k].step for k in flagged]
     worst = max(flagged, key=lambda k: pts[k].value)
-    return [Hit(sev, f"train loss exceeds 2x its rolling median at {len(flagged)} logs after warmup (step {w}); "
-                     f"longest run {len(longest)} logs from step {pts[longest[0]].step} (threshold 3); worst "
-                     f"{pts[worst].value:.3g} at step {pts[worst].step}" + (" (group_by_length is on)" if gbl else ""),
-                {"value": len(longest), "threshold": 3, "ratio": 2, "warmup_end": w, "group_by_length": bool(gbl)},
-                steps=steps)]
+    return [
+        Hit(
+            sev,
+            f"train loss exceeds 2x its rolling median at {len(flagged)} logs after warmup (step {w}); "
+            f"longest run {len(longest)} logs from step {pts[longest[0]].step} (threshold 3); worst "
+            f"{pts[worst].value:.3g} at step {pts[worst].step}" + (" (group_by_length is on)" if gbl else ""),
+            {"value": len(longest), "threshold": 3, "ratio": 2, "warmup_end": w, "group_by_length": bool(gbl)},
+            steps=steps,
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- L04
-@check("L04", "grad_explosion", "Gradient-norm explosions", requires=("logs",), severity="warning", rank=70,
-       rule="grad_norm > 10x the running median of the previous logs (after 5), or > 100",
-       fix="lower the learning rate and clip gradients (max_grad_norm 1.0)",
-       source="google/gemma_pytorch#24")
+@check(
+    "L04",
+    "grad_explosion",
+    "Gradient-norm explosions",
+    requires=("logs",),
+    severity="warning",
+    rank=70,
+    rule="grad_norm > 10x the running median of the previous logs (after 5), or > 100",
+    fix="lower the learning rate and clip gradients (max_grad_norm 1.0)",
+    source="google/gemma_pytorch#24",
+)
 def l04(ctx: AuditContext) -> list[Hit]:
     pts = _finite(ctx.logs.series("grad_norm"))
     if not pts:
         raise NotApplicable("no grad_norm logged")
     flagged = []
     for k, p in enumerate(pts):
-        prev = [q.value for q in pts[max(0, k - 20):k]]
+        prev = [q.value for q in pts[max(0, k - 20) : k]]
         med = statistics.median(prev) if len(prev) >= 5 else None
         if p.value > 100 or (med and med > 0 and p.value > 10 * med):
             flagged.append(p)
     if not flagged:
         return []
     worst = max(flagged, key=lambda p: p.value)
-    return [Hit("warning", f"grad_norm explodes at {len(flagged)} logs (> 10x its running median or > 100); worst "
-                           f"{worst.value:.3g} at step {worst.step}",
-                {"value": worst.value, "threshold": 100, "ratio": 10}, steps=[p.step for p in flagged])]
+    return [
+        Hit(
+            "warning",
+            f"grad_norm explodes at {len(flagged)} logs (> 10x its running median or > 100); worst "
+            f"{worst.value:.3g} at step {worst.step}",
+            {"value": worst.value, "threshold": 100, "ratio": 10},
+            steps=[p.step for p in flagged],
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- L05
-@check("L05", "overfit", "Eval loss rising while train loss falls", requires=("logs",), severity="warning",
-       rank=70,
-       rule="after its minimum, eval_loss rises on >= 2 consecutive evals and ends >= 5% above the minimum, while "
-            "train loss at the end is below train loss at the best step",
-       fix="stop at the best step (load_best_model_at_end, early stopping), or train fewer epochs",
-       source="fast.ai/W&B 'Can LLMs learn from a single example?'; Unsloth guide")
+@check(
+    "L05",
+    "overfit",
+    "Eval loss rising while train loss falls",
+    requires=("logs",),
+    severity="warning",
+    rank=70,
+    rule="after its minimum, eval_loss rises on >= 2 consecutive evals and ends >= 5% above the minimum, while "
+    "train loss at the end is below train loss at the best step",
+    fix="stop at the best step (load_best_model_at_end, early stopping), or train fewer epochs",
+    source="fast.ai/W&B 'Can LLMs learn from a single example?'; Unsloth guide",
+)
 def l05(ctx: AuditContext) -> list[Hit]:
     ev = _finite(ctx.logs.series("eval_loss", "eval"))
     if len(ev) < 3:
@@ -171,22 +226,38 @@ def l05(ctx: AuditContext) -> list[Hit]:
     t_best, t_end = train_near(ev[kmin].step), (statistics.mean(p.value for p in tr[-3:]) if tr else None)
     if t_best is not None and t_end is not None and t_end >= t_best:
         return []
-    return [Hit("warning", f"eval_loss bottoms at {best:.4g} (step {ev[kmin].step}) and ends at {final:.4g} "
-                           f"(+{100 * (final / best - 1):.1f}%, threshold 5%) while train loss keeps falling"
-                           + (f" ({t_best:.3g} -> {t_end:.3g})" if t_best is not None else ""),
-                {"value": round(final / best - 1, 4), "threshold": 0.05, "best_step": ev[kmin].step,
-                 "best_eval_loss": best, "final_eval_loss": final},
-                steps=[p.step for p in after],
-                fix=f"use the checkpoint at step {ev[kmin].step} (or enable load_best_model_at_end), and train fewer "
-                    f"epochs")]
+    return [
+        Hit(
+            "warning",
+            f"eval_loss bottoms at {best:.4g} (step {ev[kmin].step}) and ends at {final:.4g} "
+            f"(+{100 * (final / best - 1):.1f}%, threshold 5%) while train loss keeps falling"
+            + (f" ({t_best:.3g} -> {t_end:.3g})" if t_best is not None else ""),
+            {
+                "value": round(final / best - 1, 4),
+                "threshold": 0.05,
+                "best_step": ev[kmin].step,
+                "best_eval_loss": best,
+                "final_eval_loss": final,
+            },
+            steps=[p.step for p in after],
+            fix=f"use the checkpoint at step {ev[kmin].step} (or enable load_best_model_at_end), and train fewer "
+            f"epochs",
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- L06
-@check("L06", "epoch_staircase", "Train loss drops in steps at epoch boundaries", requires=("logs",),
-       severity="warning", rank=70,
-       rule="mean train loss in the first 5% of epoch k >= 2 is > 25% below the mean of the last logs of epoch k-1",
-       fix="fewer epochs or a lower learning rate: the model is memorising rows it has seen",
-       source="fast.ai/W&B report; arXiv 2410.10056")
+@check(
+    "L06",
+    "epoch_staircase",
+    "Train loss drops in steps at epoch boundaries",
+    requires=("logs",),
+    severity="warning",
+    rank=70,
+    rule="mean train loss in the first 5% of epoch k >= 2 is > 25% below the mean of the last logs of epoch k-1",
+    fix="fewer epochs or a lower learning rate: the model is memorising rows it has seen",
+    source="fast.ai/W&B report; arXiv 2410.10056",
+)
 def l06(ctx: AuditContext) -> list[Hit]:
     pts = [p for p in _finite(ctx.logs.series("loss")) if p.epoch is not None]
     if len(pts) < 8 or pts[-1].epoch < 1.02:
@@ -208,17 +279,30 @@ def l06(ctx: AuditContext) -> list[Hit]:
         return []
     desc = "; ".join(f"epoch {k + 1}: {a:.3g} -> {b:.3g} (-{100 * (1 - b / a):.0f}%)" for k, a, b, _ in drops)
     worst = max(1 - b / a for _, a, b, _ in drops)
-    return [Hit("warning", f"train loss falls in a staircase at epoch starts ({desc}; threshold 25%): the model "
-                           f"recognises rows it has seen", {"value": round(worst, 4), "threshold": 0.25},
-                steps=[s for *_, s in drops])]
+    return [
+        Hit(
+            "warning",
+            f"train loss falls in a staircase at epoch starts ({desc}; threshold 25%): the model "
+            f"recognises rows it has seen",
+            {"value": round(worst, 4), "threshold": 0.25},
+            steps=[s for *_, s in drops],
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- L07
-@check("L07", "memorised", "Training set memorised", requires=("logs",), severity="warning", rank=70,
-       rule="final train loss < 0.2 or mean_token_accuracy > 0.97, with final eval_loss / train loss > 1.5 "
-            "(warning); without eval logs, info (**H**)",
-       fix="train less (fewer epochs, lower lr, smaller rank), or add data",
-       source="heuristic")
+@check(
+    "L07",
+    "memorised",
+    "Training set memorised",
+    requires=("logs",),
+    severity="warning",
+    rank=70,
+    rule="final train loss < 0.2 or mean_token_accuracy > 0.97, with final eval_loss / train loss > 1.5 "
+    "(warning); without eval logs, info (**H**)",
+    fix="train less (fewer epochs, lower lr, smaller rank), or add data",
+    source="heuristic",
+)
 def l07(ctx: AuditContext) -> list[Hit]:
     tr = _finite(ctx.logs.series("loss"))
     if len(tr) < 3:
@@ -235,20 +319,37 @@ def l07(ctx: AuditContext) -> list[Hit]:
         ratio = ev[-1].value / t_end
         if ratio <= 1.5:
             return []
-        return [Hit("warning", f"{what} while eval loss is {ev[-1].value:.3g} ({ratio:.1f}x train; threshold 1.5x): "
-                               f"the training set is memorised", {"value": round(ratio, 3), "threshold": 1.5,
-                                                                  "train_loss": t_end, "token_accuracy": a_end},
-                    steps=sorted({tr[-1].step, ev[-1].step}))]
-    return [Hit("info", f"{what} (threshold 0.2 / 0.97) and no eval loss was logged to tell memorising from "
-                        f"learning", {"value": round(t_end, 4), "threshold": 0.2, "token_accuracy": a_end},
-                steps=[tr[-1].step])]
+        return [
+            Hit(
+                "warning",
+                f"{what} while eval loss is {ev[-1].value:.3g} ({ratio:.1f}x train; threshold 1.5x): "
+                f"the training set is memorised",
+                {"value": round(ratio, 3), "threshold": 1.5, "train_loss": t_end, "token_accuracy": a_end},
+                steps=sorted({tr[-1].step, ev[-1].step}),
+            )
+        ]
+    return [
+        Hit(
+            "info",
+            f"{what} (threshold 0.2 / 0.97) and no eval loss was logged to tell memorising from learning",
+            {"value": round(t_end, 4), "threshold": 0.2, "token_accuracy": a_end},
+            steps=[tr[-1].step],
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- L08
-@check("L08", "no_learning", "Loss does not go down", requires=("logs",), severity="warning", rank=70,
-       rule="mean loss over the last 10% of train logs >= 0.95x the first 10%, over >= 100 steps and >= 10 logs",
-       fix="check the learning rate, the loss mask, and that the adapter's parameters are trainable",
-       source="PEFT troubleshooting ('Training runs but the model does not improve')")
+@check(
+    "L08",
+    "no_learning",
+    "Loss does not go down",
+    requires=("logs",),
+    severity="warning",
+    rank=70,
+    rule="mean loss over the last 10% of train logs >= 0.95x the first 10%, over >= 100 steps and >= 10 logs",
+    fix="check the learning rate, the loss mask, and that the adapter's parameters are trainable",
+    source="PEFT troubleshooting ('Training runs but the model does not improve')",
+)
 def l08(ctx: AuditContext) -> list[Hit]:
     tr = _finite(ctx.logs.series("loss"))
     if len(tr) < 10 or tr[-1].step - tr[0].step < 100:
@@ -257,19 +358,31 @@ def l08(ctx: AuditContext) -> list[Hit]:
     first, last = statistics.mean(p.value for p in tr[:k]), statistics.mean(p.value for p in tr[-k:])
     if first <= 0 or last < 0.95 * first:
         return []
-    return [Hit("warning", f"train loss is flat: last-10% mean {last:.4g} vs first-10% mean {first:.4g} "
-                           f"({last / first:.3f}x; threshold 0.95x) over {tr[-1].step - tr[0].step} steps",
-                {"value": round(last / first, 4), "threshold": 0.95}, steps=[tr[0].step, tr[-1].step])]
+    return [
+        Hit(
+            "warning",
+            f"train loss is flat: last-10% mean {last:.4g} vs first-10% mean {first:.4g} "
+            f"({last / first:.3f}x; threshold 0.95x) over {tr[-1].step - tr[0].step} steps",
+            {"value": round(last / first, 4), "threshold": 0.95},
+            steps=[tr[0].step, tr[-1].step],
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- L09
-@check("L09", "loss_scale", "Loss on the wrong scale", requires=("logs",), reads=("config",), severity="warning",
-       rank=70,
-       rule="first logged train loss > 8 on a pretrained LM (**H**); with gradient accumulation G > 1 and first "
-            "loss / G in a normal range, the loss was summed over micro-batches",
-       fix="check that the tokenizer matches the model; upgrade transformers (>= 4.48 fixed the accumulated loss "
-           "scale)",
-       source="tf#37197, tf PR #35438, LF#7443")
+@check(
+    "L09",
+    "loss_scale",
+    "Loss on the wrong scale",
+    requires=("logs",),
+    reads=("config",),
+    severity="warning",
+    rank=70,
+    rule="first logged train loss > 8 on a pretrained LM (**H**); with gradient accumulation G > 1 and first "
+    "loss / G in a normal range, the loss was summed over micro-batches",
+    fix="check that the tokenizer matches the model; upgrade transformers (>= 4.48 fixed the accumulated loss scale)",
+    source="tf#37197, tf PR #35438, LF#7443",
+)
 def l09(ctx: AuditContext) -> list[Hit]:
     tr = _finite(ctx.logs.series("loss"))
     if not tr:
@@ -283,17 +396,25 @@ def l09(ctx: AuditContext) -> list[Hit]:
         msg += f"; /{ga} (gradient accumulation) gives {first / ga:.3g}, so the loss is summed, not averaged"
     else:
         msg += "; check that the tokenizer and chat template belong to the base model"
-    return [Hit("warning", msg, {"value": first, "threshold": 8, "gradient_accumulation_steps": ga},
-                steps=[tr[0].step])]
+    return [
+        Hit("warning", msg, {"value": first, "threshold": 8, "gradient_accumulation_steps": ga}, steps=[tr[0].step])
+    ]
 
 
 # ---------------------------------------------------------------------- L10
-@check("L10", "lr_schedule", "Learning-rate schedule off", requires=("logs",), reads=("config",),
-       severity="error", rank=70,
-       rule="logged lr stays <= 1e-8 (error); peak logged lr < 0.5x the configured lr (warning); on a finished "
-            "linear/cosine run, the last lr > the schedule's value at that point + 5% of peak (warning)",
-       fix="fix warmup and the scheduler (warmup shorter than the run, a decaying schedule)",
-       source="shibing624/MedicalGPT#252 (lr stuck at 1.05e-07)")
+@check(
+    "L10",
+    "lr_schedule",
+    "Learning-rate schedule off",
+    requires=("logs",),
+    reads=("config",),
+    severity="error",
+    rank=70,
+    rule="logged lr stays <= 1e-8 (error); peak logged lr < 0.5x the configured lr (warning); on a finished "
+    "linear/cosine run, the last lr > the schedule's value at that point + 5% of peak (warning)",
+    fix="fix warmup and the scheduler (warmup shorter than the run, a decaying schedule)",
+    source="shibing624/MedicalGPT#252 (lr stuck at 1.05e-07)",
+)
 def l10(ctx: AuditContext) -> list[Hit]:
     lr = _finite(ctx.logs.series("learning_rate"))
     if len(lr) < 3:
@@ -301,14 +422,26 @@ def l10(ctx: AuditContext) -> list[Hit]:
     peak = max(p.value for p in lr)
     steps = [p.step for p in lr]
     if peak <= 1e-8:
-        return [Hit("error", f"the learning rate never rises above {peak:.3g}: nothing is trained",
-                    {"value": peak, "threshold": 1e-8}, steps=steps)]
+        return [
+            Hit(
+                "error",
+                f"the learning rate never rises above {peak:.3g}: nothing is trained",
+                {"value": peak, "threshold": 1e-8},
+                steps=steps,
+            )
+        ]
     hits = []
     c = ctx.config
     if c is not None and c.learning_rate and not c.is_default("learning_rate") and peak < 0.5 * c.learning_rate:
-        hits.append(Hit("warning", f"the logged lr peaks at {peak:.3g}, under half the configured "
-                                   f"{c.learning_rate:g} ({c.source('learning_rate')}): warmup longer than the run?",
-                        {"value": peak, "threshold": 0.5 * c.learning_rate}, steps=steps))
+        hits.append(
+            Hit(
+                "warning",
+                f"the logged lr peaks at {peak:.3g}, under half the configured "
+                f"{c.learning_rate:g} ({c.source('learning_rate')}): warmup longer than the run?",
+                {"value": peak, "threshold": 0.5 * c.learning_rate},
+                steps=steps,
+            )
+        )
     log = ctx.logs
     total = log.state.get("max_steps") or (c.max_steps if c is not None else None)
     sched = (c.lr_scheduler or "").lower() if c is not None else ""
@@ -316,29 +449,54 @@ def l10(ctx: AuditContext) -> list[Hit]:
         f = min(1.0, lr[-1].step / total)
         expected = peak * ((1 - f) if sched == "linear" else 0.5 * (1 + math.cos(math.pi * f)))
         if lr[-1].value > expected + 0.05 * peak:
-            hits.append(Hit("warning", f"the {sched} schedule should be near {expected:.3g} at step {lr[-1].step} of "
-                                       f"{total}, but the lr is {lr[-1].value:.3g} (peak {peak:.3g})",
-                            {"value": lr[-1].value, "threshold": expected + 0.05 * peak}, steps=[lr[-1].step]))
+            hits.append(
+                Hit(
+                    "warning",
+                    f"the {sched} schedule should be near {expected:.3g} at step {lr[-1].step} of "
+                    f"{total}, but the lr is {lr[-1].value:.3g} (peak {peak:.3g})",
+                    {"value": lr[-1].value, "threshold": expected + 0.05 * peak},
+                    steps=[lr[-1].step],
+                )
+            )
     return hits
 
 
 # ---------------------------------------------------------------------- L11
-@check("L11", "incomplete", "The run did not finish", requires=("logs",), reads=("config",), severity="warning",
-       rank=70,
-       rule="trainer_state global_step < max_steps (warning); no final summary (train_runtime/train_loss) in the "
-            "log (info)",
-       fix="resume from the last checkpoint (resume_from_checkpoint) or check why it stopped",
-       source="transformers TrainerState fields")
+@check(
+    "L11",
+    "incomplete",
+    "The run did not finish",
+    requires=("logs",),
+    reads=("config",),
+    severity="warning",
+    rank=70,
+    rule="trainer_state global_step < max_steps (warning); no final summary (train_runtime/train_loss) in the "
+    "log (info)",
+    fix="resume from the last checkpoint (resume_from_checkpoint) or check why it stopped",
+    source="transformers TrainerState fields",
+)
 def l11(ctx: AuditContext) -> list[Hit]:
     log = ctx.logs
     gs = log.global_step
     ms = log.state.get("max_steps") or (ctx.config.max_steps if ctx.config is not None else None)
     hits = []
     if gs is not None and ms and gs < ms:
-        hits.append(Hit("warning", f"the log stops at step {gs} of {ms} ({100 * gs / ms:.0f}%)",
-                        {"value": gs, "threshold": ms}, steps=[gs]))
+        hits.append(
+            Hit(
+                "warning",
+                f"the log stops at step {gs} of {ms} ({100 * gs / ms:.0f}%)",
+                {"value": gs, "threshold": ms},
+                steps=[gs],
+            )
+        )
     if log.summary is None and not hits:
-        hits.append(Hit("info", "the log has no final summary (train_runtime / train_loss): a checkpoint's state, or "
-                                "a run that did not return from train()", {"value": None, "threshold": "summary"},
-                        steps=[gs] if gs is not None else []))
+        hits.append(
+            Hit(
+                "info",
+                "the log has no final summary (train_runtime / train_loss): a checkpoint's state, or "
+                "a run that did not return from train()",
+                {"value": None, "threshold": "summary"},
+                steps=[gs] if gs is not None else [],
+            )
+        )
     return hits

@@ -37,12 +37,19 @@ def _pctl(vals, q) -> int:
 
 
 # ---------------------------------------------------------------------- D04
-@check("D04", "truncated", "Rows longer than max_length", requires=("data", "tokenizer"), reads=("config",),
-       severity="error", rank=20,
-       rule="rendered tokens (template + EOS) > the run's max_length (config, else TRL's default 1024): any warns, "
-            "> 2% of rows errors",
-       fix="raise max_length to at least the p99 length, or split/drop the long rows",
-       source="trl sft_config.py truncation_mode keep_start cuts the completion and EOS; LF#3143")
+@check(
+    "D04",
+    "truncated",
+    "Rows longer than max_length",
+    requires=("data", "tokenizer"),
+    reads=("config",),
+    severity="error",
+    rank=20,
+    rule="rendered tokens (template + EOS) > the run's max_length (config, else TRL's default 1024): any warns, "
+    "> 2% of rows errors",
+    fix="raise max_length to at least the p99 length, or split/drop the long rows",
+    source="trl sft_config.py truncation_mode keep_start cuts the completion and EOS; LF#3143",
+)
 def d04(ctx: AuditContext) -> list[Hit]:
     L, src = _need_max_length(ctx)
     rows = _rendered(ctx)
@@ -54,36 +61,64 @@ def d04(ctx: AuditContext) -> list[Hit]:
     rate = len(bad) / ctx.n
     p99 = _pctl(lens, 99)
     drop = ctx.config is not None and ctx.config.trainer == "axolotl" and (ctx.config.truncation or "drop") == "drop"
-    effect = "axolotl drops them (excess_length_strategy: drop)" if drop else \
-        "their ends, including the EOS, are cut, so the model learns to stop mid-answer"
-    return [Hit("error" if rate > 0.02 else "warning",
-                f"{pct(len(bad), ctx.n)} are longer than max_length={L} ({src}); {effect}. Lengths p50 "
-                f"{_pctl(lens, 50)}, p95 {_pctl(lens, 95)}, p99 {p99}, max {max(lens)} tokens; {lost} supervised "
-                f"tokens are lost (thresholds: any warns, > 2% errors)",
-                {"value": round(rate, 4), "threshold": 0.02, "max_length": L, "max_length_from": src,
-                 "p50": _pctl(lens, 50), "p95": _pctl(lens, 95), "p99": p99, "max": max(lens),
-                 "supervised_tokens_lost": lost, "dropped": drop},
-                row_ids=ids(ctx, bad),
-                fix=f"set max_length >= {int(-(-p99 // 64) * 64)} (the p99 length, rounded up to 64), or split/drop "
-                    f"the long rows")]
+    effect = (
+        "axolotl drops them (excess_length_strategy: drop)"
+        if drop
+        else "their ends, including the EOS, are cut, so the model learns to stop mid-answer"
+    )
+    return [
+        Hit(
+            "error" if rate > 0.02 else "warning",
+            f"{pct(len(bad), ctx.n)} are longer than max_length={L} ({src}); {effect}. Lengths p50 "
+            f"{_pctl(lens, 50)}, p95 {_pctl(lens, 95)}, p99 {p99}, max {max(lens)} tokens; {lost} supervised "
+            f"tokens are lost (thresholds: any warns, > 2% errors)",
+            {
+                "value": round(rate, 4),
+                "threshold": 0.02,
+                "max_length": L,
+                "max_length_from": src,
+                "p50": _pctl(lens, 50),
+                "p95": _pctl(lens, 95),
+                "p99": p99,
+                "max": max(lens),
+                "supervised_tokens_lost": lost,
+                "dropped": drop,
+            },
+            row_ids=ids(ctx, bad),
+            fix=f"set max_length >= {int(-(-p99 // 64) * 64)} (the p99 length, rounded up to 64), or split/drop "
+            f"the long rows",
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D05
-@check("D05", "prompt_fills_window", "The prompt fills the whole window", requires=("data", "tokenizer"),
-       reads=("config",), severity="error", rank=20,
-       rule="the first supervised token lies at or beyond max_length, so the truncated row trains 0 tokens; any",
-       fix="shorten the prompts (or raise max_length), or drop these rows",
-       source="tf#34494; trl PR #6320 (rows with no trainable tokens)")
+@check(
+    "D05",
+    "prompt_fills_window",
+    "The prompt fills the whole window",
+    requires=("data", "tokenizer"),
+    reads=("config",),
+    severity="error",
+    rank=20,
+    rule="the first supervised token lies at or beyond max_length, so the truncated row trains 0 tokens; any",
+    fix="shorten the prompts (or raise max_length), or drop these rows",
+    source="tf#34494; trl PR #6320 (rows with no trainable tokens)",
+)
 def d05(ctx: AuditContext) -> list[Hit]:
     L, src = _need_max_length(ctx)
     bad = [i for i in _rendered(ctx) if ctx.token_rows[i].last_sup >= 0 and ctx.token_rows[i].first_sup >= L]
     if not bad:
         return []
     plens = [ctx.token_rows[i].tx.prompt_length for i in bad]
-    return [Hit("error", f"{pct(len(bad), ctx.n)} have prompts of >= max_length={L} tokens ({src}): after "
-                         f"truncation they train nothing (prompt lengths {min(plens)}-{max(plens)})",
-                {"value": len(bad), "threshold": 0, "max_length": L, "prompt_lengths": plens[:50]},
-                row_ids=ids(ctx, bad))]
+    return [
+        Hit(
+            "error",
+            f"{pct(len(bad), ctx.n)} have prompts of >= max_length={L} tokens ({src}): after "
+            f"truncation they train nothing (prompt lengths {min(plens)}-{max(plens)})",
+            {"value": len(bad), "threshold": 0, "max_length": L, "prompt_lengths": plens[:50]},
+            row_ids=ids(ctx, bad),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D06
@@ -94,14 +129,15 @@ def end_of_turn(ctx: AuditContext) -> str | None:
         return None
     marker = "GRADIANXQZ"
     try:
-        s = tok.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}],
-                                    tokenize=False)
+        s = tok.apply_chat_template(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
+        )
     except Exception:
         return None
     k = s.rfind(marker)
     if k < 0:
         return None
-    rest = s[k + len(marker):]
+    rest = s[k + len(marker) :]
     best = None
     for sp in ctx.tok_info.special_strings:
         j = rest.find(sp)
@@ -133,14 +169,20 @@ def _last_content_token(tx, last_sup: int) -> int | None:
     return None
 
 
-@check("D06", "no_eos", "Targets do not end with EOS / end-of-turn", requires=("data", "tokenizer"),
-       reads=("config",), severity="error", rank=20,
-       rule="the last supervised non-whitespace token is not EOS, the template's end-of-turn or a generation stop "
-            "id, under the trainer's EOS rule (TRL < 0.16 appends no EOS to plain text): > 10% errors, > 1% warns, "
-            "any is info",
-       fix="append the EOS token to every target (or upgrade TRL to >= 0.16, which appends it), or use the chat "
-           "template",
-       source="trl#1623, trl#931, trl PR #3091")
+@check(
+    "D06",
+    "no_eos",
+    "Targets do not end with EOS / end-of-turn",
+    requires=("data", "tokenizer"),
+    reads=("config",),
+    severity="error",
+    rank=20,
+    rule="the last supervised non-whitespace token is not EOS, the template's end-of-turn or a generation stop "
+    "id, under the trainer's EOS rule (TRL < 0.16 appends no EOS to plain text): > 10% errors, > 1% warns, "
+    "any is info",
+    fix="append the EOS token to every target (or upgrade TRL to >= 0.16, which appends it), or use the chat template",
+    source="trl#1623, trl#931, trl PR #3091",
+)
 def d06(ctx: AuditContext) -> list[Hit]:
     stops = stop_ids(ctx)
     if not stops:
@@ -159,21 +201,36 @@ def d06(ctx: AuditContext) -> list[Hit]:
     rate = len(bad) / ctx.n
     sev = "error" if rate > 0.10 else "warning" if rate > 0.01 else "info"
     appends, why = ctx.pipeline_appends_eos()
-    return [Hit(sev, f"{pct(len(bad), ctx.n)} end their supervised tokens without EOS/end-of-turn "
-                     f"({why}); the model does not learn to stop (thresholds: 10% errors, 1% warns)",
-                {"value": round(rate, 4), "threshold": 0.10, "stop_tokens": sorted(
-                    str(ctx.tokenizer.convert_ids_to_tokens(s)) for s in stops),
-                 "pipeline_appends_eos": appends, "last_tokens": dict(last_tokens.most_common(5))},
-                row_ids=ids(ctx, bad))]
+    return [
+        Hit(
+            sev,
+            f"{pct(len(bad), ctx.n)} end their supervised tokens without EOS/end-of-turn "
+            f"({why}); the model does not learn to stop (thresholds: 10% errors, 1% warns)",
+            {
+                "value": round(rate, 4),
+                "threshold": 0.10,
+                "stop_tokens": sorted(str(ctx.tokenizer.convert_ids_to_tokens(s)) for s in stops),
+                "pipeline_appends_eos": appends,
+                "last_tokens": dict(last_tokens.most_common(5)),
+            },
+            row_ids=ids(ctx, bad),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D07
-@check("D07", "double_bos", "BOS token twice at the start", requires=("data", "tokenizer"), severity="error",
-       rank=20,
-       rule="the tokenised row starts with two BOS ids (text that already begins with the BOS string, tokenised "
-            "with add_special_tokens=True); any",
-       fix="strip the BOS string from the text, or tokenise with add_special_tokens=False",
-       source="OpenRLHF#393; deepseek-ai/DeepSeek-R1#151; alignment-handbook#127")
+@check(
+    "D07",
+    "double_bos",
+    "BOS token twice at the start",
+    requires=("data", "tokenizer"),
+    severity="error",
+    rank=20,
+    rule="the tokenised row starts with two BOS ids (text that already begins with the BOS string, tokenised "
+    "with add_special_tokens=True); any",
+    fix="strip the BOS string from the text, or tokenise with add_special_tokens=False",
+    source="OpenRLHF#393; deepseek-ai/DeepSeek-R1#151; alignment-handbook#127",
+)
 def d07(ctx: AuditContext) -> list[Hit]:
     bos = ctx.tok_info.bos_id
     if bos is None:
@@ -181,23 +238,40 @@ def d07(ctx: AuditContext) -> list[Hit]:
     bad = [i for i in _rendered(ctx) if ctx.token_rows[i].tx.input_ids[:2] == [bos, bos]]
     if not bad:
         return []
-    return [Hit("error", f"{pct(len(bad), ctx.n)} start with BOS twice ({ctx.tok_info.bos_token!r}; the tokenizer "
-                         f"adds one and the text has one)",
-                {"value": len(bad), "threshold": 0, "first_ids": ctx.token_rows[bad[0]].tx.input_ids[:5],
-                 "adds_bos": ctx.tok_info.adds_bos}, row_ids=ids(ctx, bad))]
+    return [
+        Hit(
+            "error",
+            f"{pct(len(bad), ctx.n)} start with BOS twice ({ctx.tok_info.bos_token!r}; the tokenizer "
+            f"adds one and the text has one)",
+            {
+                "value": len(bad),
+                "threshold": 0,
+                "first_ids": ctx.token_rows[bad[0]].tx.input_ids[:5],
+                "adds_bos": ctx.tok_info.adds_bos,
+            },
+            row_ids=ids(ctx, bad),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- D08
 _PLAIN_MARKER_FAMILIES = ("alpaca", "vicuna")  # plain text, not control strings
 
 
-@check("D08", "control_tokens_in_content", "Special / template tokens inside message content",
-       requires=("data",), reads=("tokenizer",), severity="error", rank=20,
-       rule="prompt, target or message content contains a special-token string of the tokenizer (error), or a "
-            "well-known template marker such as <|im_end|>, [INST], <start_of_turn> (warning); a target's trailing "
-            "EOS is allowed; 'text' rows are left to C08/T03; any",
-       fix="escape or remove these strings, or tokenise content with split_special_tokens=True",
-       source="PrimeIntellect-ai/renderers PR #116; FranxYao/Long-Context-Data-Engineering#14")
+@check(
+    "D08",
+    "control_tokens_in_content",
+    "Special / template tokens inside message content",
+    requires=("data",),
+    reads=("tokenizer",),
+    severity="error",
+    rank=20,
+    rule="prompt, target or message content contains a special-token string of the tokenizer (error), or a "
+    "well-known template marker such as <|im_end|>, [INST], <start_of_turn> (warning); a target's trailing "
+    "EOS is allowed; 'text' rows are left to C08/T03; any",
+    fix="escape or remove these strings, or tokenise content with split_special_tokens=True",
+    source="PrimeIntellect-ai/renderers PR #116; FranxYao/Long-Context-Data-Engineering#14",
+)
 def d08(ctx: AuditContext) -> list[Hit]:
     specials = set()
     if ctx.tokenizer is not None:
@@ -231,29 +305,46 @@ def d08(ctx: AuditContext) -> list[Hit]:
         found.update(s_hits + m_hits)
     hits = []
     if hit_special:
-        hits.append(Hit("error", f"{pct(len(hit_special), ctx.n)} contain special-token strings in their content "
-                                 f"({', '.join(sorted(s for s in found if s in specials))}); they tokenise to the "
-                                 f"control tokens themselves (e.g. a premature end of turn)",
-                        {"value": len(hit_special), "threshold": 0, "strings": dict(found)},
-                        row_ids=ids(ctx, hit_special)))
+        hits.append(
+            Hit(
+                "error",
+                f"{pct(len(hit_special), ctx.n)} contain special-token strings in their content "
+                f"({', '.join(sorted(s for s in found if s in specials))}); they tokenise to the "
+                f"control tokens themselves (e.g. a premature end of turn)",
+                {"value": len(hit_special), "threshold": 0, "strings": dict(found)},
+                row_ids=ids(ctx, hit_special),
+            )
+        )
     if hit_marker:
-        hits.append(Hit("warning", f"{pct(len(hit_marker), ctx.n)} contain chat-template markers in their content "
-                                   f"({', '.join(sorted(s for s in found if s in markers))})",
-                        {"value": len(hit_marker), "threshold": 0, "strings": dict(found)},
-                        row_ids=ids(ctx, hit_marker)))
+        hits.append(
+            Hit(
+                "warning",
+                f"{pct(len(hit_marker), ctx.n)} contain chat-template markers in their content "
+                f"({', '.join(sorted(s for s in found if s in markers))})",
+                {"value": len(hit_marker), "threshold": 0, "strings": dict(found)},
+                row_ids=ids(ctx, hit_marker),
+            )
+        )
     return hits
 
 
 # ---------------------------------------------------------------------- D10
-@check("D10", "response_marker_missing", "Response template not found in rows", requires=("data", "config"),
-       reads=("tokenizer",), severity="error", rank=20,
-       rule="with DataCollatorForCompletionOnlyLM's response_template set: rows whose token ids (tokenised in "
-            "context) do not contain the template's ids (string search without a tokenizer) get every label masked; "
-            "> 1% errors, any warns",
-       fix="pass the response template as the token ids it has in context (tokenise it with its preceding "
-           "characters and drop those), or move to prompt/completion data (TRL >= 0.20)",
-       source="trl#1820, trl#588, trl#980 ('Could not find response key')",
-       stages=("sft",))
+@check(
+    "D10",
+    "response_marker_missing",
+    "Response template not found in rows",
+    requires=("data", "config"),
+    reads=("tokenizer",),
+    severity="error",
+    rank=20,
+    rule="with DataCollatorForCompletionOnlyLM's response_template set: rows whose token ids (tokenised in "
+    "context) do not contain the template's ids (string search without a tokenizer) get every label masked; "
+    "> 1% errors, any warns",
+    fix="pass the response template as the token ids it has in context (tokenise it with its preceding "
+    "characters and drop those), or move to prompt/completion data (TRL >= 0.20)",
+    source="trl#1820, trl#588, trl#980 ('Could not find response key')",
+    stages=("sft",),
+)
 def d10(ctx: AuditContext) -> list[Hit]:
     rt = ctx.config.response_template
     if not rt:
@@ -279,12 +370,21 @@ def d10(ctx: AuditContext) -> list[Hit]:
     note = ""
     if before(ctx.versions, "trl", "0.20") is False:
         note = f"; note TRL {ctx.versions['trl']} no longer has DataCollatorForCompletionOnlyLM"
-    return [Hit("error" if rate > 0.01 else "warning",
-                f"{pct(len(bad), ctx.n)} do not contain response_template={rt!r} (matched as {mode}): the collator "
-                f"masks all their labels, so they train nothing{note}",
-                {"value": round(rate, 4), "threshold": 0.01, "response_template": rt,
-                 "from": ctx.config.source("response_template"), "matched_as": mode},
-                row_ids=ids(ctx, bad))]
+    return [
+        Hit(
+            "error" if rate > 0.01 else "warning",
+            f"{pct(len(bad), ctx.n)} do not contain response_template={rt!r} (matched as {mode}): the collator "
+            f"masks all their labels, so they train nothing{note}",
+            {
+                "value": round(rate, 4),
+                "threshold": 0.01,
+                "response_template": rt,
+                "from": ctx.config.source("response_template"),
+                "matched_as": mode,
+            },
+            row_ids=ids(ctx, bad),
+        )
+    ]
 
 
 def _contains(hay: list[int], needle: list[int]) -> bool:
@@ -293,19 +393,25 @@ def _contains(hay: list[int], needle: list[int]) -> bool:
     n0 = needle[0]
     k = len(needle)
     for i in range(len(hay) - k + 1):
-        if hay[i] == n0 and hay[i:i + k] == needle:
+        if hay[i] == n0 and hay[i : i + k] == needle:
             return True
     return False
 
 
 # ---------------------------------------------------------------------- D19
-@check("D19", "boundary_whitespace", "Prompt/target boundary tokens merge", requires=("data", "tokenizer"),
-       severity="warning", rank=20,
-       rule="tokens(prompt) is not a prefix of tokens(prompt + target): the boundary token merges, and the mask "
-            "starts at the common prefix; > 5% warns, any is info",
-       fix="end prompts with the separator (space/newline) and start targets without it, so the boundary is a "
-           "token boundary",
-       source="trl sft_trainer.py warning 'Mismatch between tokenized prompt and the start of tokenized prompt+completion'")
+@check(
+    "D19",
+    "boundary_whitespace",
+    "Prompt/target boundary tokens merge",
+    requires=("data", "tokenizer"),
+    severity="warning",
+    rank=20,
+    rule="tokens(prompt) is not a prefix of tokens(prompt + target): the boundary token merges, and the mask "
+    "starts at the common prefix; > 5% warns, any is info",
+    fix="end prompts with the separator (space/newline) and start targets without it, so the boundary is a "
+    "token boundary",
+    source="trl sft_trainer.py warning 'Mismatch between tokenized prompt and the start of tokenized prompt+completion'",
+)
 def d19(ctx: AuditContext) -> list[Hit]:
     plens = ctx.prompt_token_lengths
     bad, diffs = [], []
@@ -321,56 +427,97 @@ def d19(ctx: AuditContext) -> list[Hit]:
     rate = len(bad) / ctx.n
     ex = ctx.token_rows[bad[0]].tx
     k = ex.prompt_length
-    return [Hit("warning" if rate > 0.05 else "info",
-                f"{pct(len(bad), ctx.n)} tokenise differently at the prompt/target boundary (threshold 5%): "
-                f"the last prompt token(s) merge with the target's first characters",
-                {"value": round(rate, 4), "threshold": 0.05, "tokens_merged": dict(Counter(diffs)),
-                 "example": {"id": ex.id, "boundary_ids": ex.input_ids[max(0, k - 2):k + 2],
-                             "boundary_text": ex.text[ex.offsets[max(0, k - 1)][0]:ex.offsets[min(k + 1, len(ex.offsets) - 1)][1]]}},
-                row_ids=ids(ctx, bad))]
+    return [
+        Hit(
+            "warning" if rate > 0.05 else "info",
+            f"{pct(len(bad), ctx.n)} tokenise differently at the prompt/target boundary (threshold 5%): "
+            f"the last prompt token(s) merge with the target's first characters",
+            {
+                "value": round(rate, 4),
+                "threshold": 0.05,
+                "tokens_merged": dict(Counter(diffs)),
+                "example": {
+                    "id": ex.id,
+                    "boundary_ids": ex.input_ids[max(0, k - 2) : k + 2],
+                    "boundary_text": ex.text[
+                        ex.offsets[max(0, k - 1)][0] : ex.offsets[min(k + 1, len(ex.offsets) - 1)][1]
+                    ],
+                },
+            },
+            row_ids=ids(ctx, bad),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- C07
-@check("C07", "max_len_over_model", "max_length beyond the model's context", requires=("config", "tokenizer"),
-       reads=("data",), severity="error", rank=20,
-       rule="the run's max_length > max_position_embeddings (config.json) or the tokenizer's model_max_length; "
-            "or, with no truncation, rows longer than that; any",
-       fix="cap max_length at the model's context length (or use a RoPE-scaled model)",
-       source="LF#5952")
+@check(
+    "C07",
+    "max_len_over_model",
+    "max_length beyond the model's context",
+    requires=("config", "tokenizer"),
+    reads=("data",),
+    severity="error",
+    rank=20,
+    rule="the run's max_length > max_position_embeddings (config.json) or the tokenizer's model_max_length; "
+    "or, with no truncation, rows longer than that; any",
+    fix="cap max_length at the model's context length (or use a RoPE-scaled model)",
+    source="LF#5952",
+)
 def c07(ctx: AuditContext) -> list[Hit]:
     ti = ctx.tok_info
-    limit, lsrc = (ti.max_position_embeddings, "config.json max_position_embeddings") \
-        if ti.max_position_embeddings else (ti.model_max_length, "tokenizer model_max_length")
+    limit, lsrc = (
+        (ti.max_position_embeddings, "config.json max_position_embeddings")
+        if ti.max_position_embeddings
+        else (ti.model_max_length, "tokenizer model_max_length")
+    )
     if not limit:
-        raise NotApplicable("the tokenizer folder states no context length (no max_position_embeddings / "
-                            "model_max_length)")
+        raise NotApplicable(
+            "the tokenizer folder states no context length (no max_position_embeddings / model_max_length)"
+        )
     L, src = ctx.max_length()
     if L is None and "impossible" in src:
         raise NotApplicable(src)
     if L is not None:
         if L > limit:
-            return [Hit("error", f"max_length={L} ({src}) is above the model's {limit} ({lsrc}): positions past "
-                                 f"{limit} were never trained", {"value": L, "threshold": limit, "from": src,
-                                                                 "limit_from": lsrc})]
+            return [
+                Hit(
+                    "error",
+                    f"max_length={L} ({src}) is above the model's {limit} ({lsrc}): positions past "
+                    f"{limit} were never trained",
+                    {"value": L, "threshold": limit, "from": src, "limit_from": lsrc},
+                )
+            ]
         return []
     if ctx.examples is None or ctx.tokenizer is None:
         return []
     bad = [i for i in _rendered(ctx) if ctx.token_rows[i].tx.full_length > limit]
     if not bad:
         return []
-    return [Hit("error", f"the trainer does not truncate ({src}) and {pct(len(bad), ctx.n)} are longer than the "
-                         f"model's {limit} tokens ({lsrc})", {"value": len(bad), "threshold": limit},
-                row_ids=ids(ctx, bad))]
+    return [
+        Hit(
+            "error",
+            f"the trainer does not truncate ({src}) and {pct(len(bad), ctx.n)} are longer than the "
+            f"model's {limit} tokens ({lsrc})",
+            {"value": len(bad), "threshold": limit},
+            row_ids=ids(ctx, bad),
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- C09
-@check("C09", "assistant_mask_template", "assistant_only_loss with a template that cannot mask",
-       requires=("config", "tokenizer"), severity="warning", rank=20,
-       rule="assistant_only_loss=true and the chat template has no {% generation %} block, or the block leaves the "
-            "assistant's end-of-turn token out of the mask",
-       fix="use a training chat template whose {% generation %} block covers the end-of-turn token",
-       source="trl PR #4201; trl sft_trainer.py 'the model may not learn to stop'; marin-community/marin#7237",
-       stages=("sft",))
+@check(
+    "C09",
+    "assistant_mask_template",
+    "assistant_only_loss with a template that cannot mask",
+    requires=("config", "tokenizer"),
+    severity="warning",
+    rank=20,
+    rule="assistant_only_loss=true and the chat template has no {% generation %} block, or the block leaves the "
+    "assistant's end-of-turn token out of the mask",
+    fix="use a training chat template whose {% generation %} block covers the end-of-turn token",
+    source="trl PR #4201; trl sft_trainer.py 'the model may not learn to stop'; marin-community/marin#7237",
+    stages=("sft",),
+)
 def c09(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not c.assistant_only_loss:
@@ -379,26 +526,47 @@ def c09(ctx: AuditContext) -> list[Hit]:
     if not tpl:
         raise NotApplicable("the tokenizer has no chat template (T01 reports it)")
     if not re.search(r"\{%-?\s*generation\s*-?%\}", tpl):
-        return [Hit("warning", "assistant_only_loss=true but the chat template has no {% generation %} block: older "
-                               "TRL raises 'no assistant tokens', newer TRL swaps in a training template only for "
-                               "the model families it knows", {"value": False, "threshold": True,
-                                                                **c.cite("assistant_only_loss")})]
+        return [
+            Hit(
+                "warning",
+                "assistant_only_loss=true but the chat template has no {% generation %} block: older "
+                "TRL raises 'no assistant tokens', newer TRL swaps in a training template only for "
+                "the model families it knows",
+                {"value": False, "threshold": True, **c.cite("assistant_only_loss")},
+            )
+        ]
     try:
         enc = ctx.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
-             {"role": "user", "content": "again"}],
-            tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "again"},
+            ],
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
     except Exception as e:  # a template the tokenizer cannot mask with
-        return [Hit("warning", f"the template's assistant mask cannot be computed ({type(e).__name__})",
-                    {"error": str(e)[:200]})]
+        return [
+            Hit(
+                "warning",
+                f"the template's assistant mask cannot be computed ({type(e).__name__})",
+                {"error": str(e)[:200]},
+            )
+        ]
     ids_, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
     on = [k for k, m in enumerate(mask) if m]
     eot = end_of_turn(ctx)
     eot_id = ctx.tokenizer.convert_tokens_to_ids(eot) if eot else ctx.tok_info.eos_id
-    if on and eot_id is not None and ids_[on[-1]] != eot_id and eot_id in ids_[on[-1]:]:
-        return [Hit("warning", f"the {{% generation %}} block ends before the end-of-turn token {eot!r}: the "
-                               f"model is never trained to stop", {"value": False, "threshold": True,
-                                                                    "end_of_turn": eot})]
+    if on and eot_id is not None and ids_[on[-1]] != eot_id and eot_id in ids_[on[-1] :]:
+        return [
+            Hit(
+                "warning",
+                f"the {{% generation %}} block ends before the end-of-turn token {eot!r}: the "
+                f"model is never trained to stop",
+                {"value": False, "threshold": True, "end_of_turn": eot},
+            )
+        ]
     return []
 
 
@@ -406,13 +574,20 @@ def c09(ctx: AuditContext) -> list[Hit]:
 _PAD_MASKING = ("DataCollatorForLanguageModeling", "DataCollatorForCompletionOnlyLM")
 
 
-@check("C10", "pad_is_eos", "Pad token is EOS and the collator masks pads", requires=("tokenizer",),
-       reads=("config",), severity="error", rank=20,
-       rule="pad id == EOS id (or no pad token, so trainers use EOS) with a collator that masks labels by pad id "
-            "(transformers DataCollatorForLanguageModeling, TRL's DataCollatorForCompletionOnlyLM, TRL < 0.16): "
-            "error; with the collator unknown: info",
-       fix="give the tokenizer a separate pad token (e.g. '<|finetune_right_pad_id|>' or a new '<pad>')",
-       source="trl#1623, trl PR #3091, mlabonne/llm-course#33, open-r1 PR #494")
+@check(
+    "C10",
+    "pad_is_eos",
+    "Pad token is EOS and the collator masks pads",
+    requires=("tokenizer",),
+    reads=("config",),
+    severity="error",
+    rank=20,
+    rule="pad id == EOS id (or no pad token, so trainers use EOS) with a collator that masks labels by pad id "
+    "(transformers DataCollatorForLanguageModeling, TRL's DataCollatorForCompletionOnlyLM, TRL < 0.16): "
+    "error; with the collator unknown: info",
+    fix="give the tokenizer a separate pad token (e.g. '<|finetune_right_pad_id|>' or a new '<pad>')",
+    source="trl#1623, trl PR #3091, mlabonne/llm-course#33, open-r1 PR #494",
+)
 def c10(ctx: AuditContext) -> list[Hit]:
     ti = ctx.tok_info
     c = ctx.config
@@ -426,41 +601,83 @@ def c10(ctx: AuditContext) -> list[Hit]:
     ev = {"value": pad_id, "threshold": f"!= eos id {ti.eos_id}"}
     collator = (c.data_collator or "") if c else ""
     if any(k in collator for k in _PAD_MASKING) or (c is not None and c.response_template):
-        return [Hit("error", f"the tokenizer {desc} and the collator ({collator or 'DataCollatorForCompletionOnlyLM'}) "
-                             f"masks labels equal to the pad id: every EOS label is dropped, so the model never "
-                             f"learns to stop", ev)]
+        return [
+            Hit(
+                "error",
+                f"the tokenizer {desc} and the collator ({collator or 'DataCollatorForCompletionOnlyLM'}) "
+                f"masks labels equal to the pad id: every EOS label is dropped, so the model never "
+                f"learns to stop",
+                ev,
+            )
+        ]
     if c is not None and c.trainer == "trl" and before(ctx.versions, "trl", "0.16"):
-        return [Hit("error", f"the tokenizer {desc} and TRL {ctx.versions['trl']} (< 0.16) masks labels by pad id: "
-                             f"every EOS label is dropped", ev)]
+        return [
+            Hit(
+                "error",
+                f"the tokenizer {desc} and TRL {ctx.versions['trl']} (< 0.16) masks labels by pad id: "
+                f"every EOS label is dropped",
+                ev,
+            )
+        ]
     if c is not None and c.trainer == "hf":
-        return [Hit("warning", f"the tokenizer {desc}; with HF Trainer the usual DataCollatorForLanguageModeling "
-                               f"masks every EOS label", ev)]
+        return [
+            Hit(
+                "warning",
+                f"the tokenizer {desc}; with HF Trainer the usual DataCollatorForLanguageModeling "
+                f"masks every EOS label",
+                ev,
+            )
+        ]
     if c is not None and c.trainer in ("axolotl", "llamafactory", "torchtune"):
         return []
     if c is not None and c.trainer == "trl" and before(ctx.versions, "trl", "0.16") is False:
         return []
-    return [Hit("info", f"the tokenizer {desc}; harmless with TRL >= 0.16 (masks by position), fatal with a "
-                        f"collator that masks by pad id; pass --versions trl=X to decide", ev)]
+    return [
+        Hit(
+            "info",
+            f"the tokenizer {desc}; harmless with TRL >= 0.16 (masks by position), fatal with a "
+            f"collator that masks by pad id; pass --versions trl=X to decide",
+            ev,
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- C15
-_EMBED_NAMES = ("embed_tokens", "lm_head", "wte", "embed_out", "tok_embeddings", "output", "word_embeddings",
-                "embed_in")
+_EMBED_NAMES = (
+    "embed_tokens",
+    "lm_head",
+    "wte",
+    "embed_out",
+    "tok_embeddings",
+    "output",
+    "word_embeddings",
+    "embed_in",
+)
 
 
-@check("C15", "new_tokens_untrained", "New tokens with frozen embeddings", requires=("config",),
-       reads=("tokenizer",), severity="error", rank=20,
-       rule="tokens are added (config tokens/new_special_tokens, a cloned chat template, or the training template's "
-            "markers missing from the tokenizer) while a LoRA run trains neither embed_tokens/lm_head "
-            "(modules_to_save) nor trainable_token_indices; any",
-       fix="add embed_tokens and lm_head to modules_to_save (or set trainable_token_indices), or use the model's "
-           "own chat template",
-       source="axolotl loaders/utils.py; trl sft_trainer.py warning; PEFT troubleshooting.md")
+@check(
+    "C15",
+    "new_tokens_untrained",
+    "New tokens with frozen embeddings",
+    requires=("config",),
+    reads=("tokenizer",),
+    severity="error",
+    rank=20,
+    rule="tokens are added (config tokens/new_special_tokens, a cloned chat template, or the training template's "
+    "markers missing from the tokenizer) while a LoRA run trains neither embed_tokens/lm_head "
+    "(modules_to_save) nor trainable_token_indices; any",
+    fix="add embed_tokens and lm_head to modules_to_save (or set trainable_token_indices), or use the model's "
+    "own chat template",
+    source="axolotl loaders/utils.py; trl sft_trainer.py warning; PEFT troubleshooting.md",
+)
 def c15(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not c.is_lora:
-        raise NotApplicable("not a LoRA run (full fine-tuning trains the embeddings)" if c.is_lora is False
-                            else "cannot tell whether the run used LoRA")
+        raise NotApplicable(
+            "not a LoRA run (full fine-tuning trains the embeddings)"
+            if c.is_lora is False
+            else "cannot tell whether the run used LoRA"
+        )
     added: list[str] = list(c.added_tokens or [])
     why = [c.source("added_tokens")] if c.added_tokens else []
     if c.chat_template_path:
@@ -472,62 +689,108 @@ def c15(ctx: AuditContext) -> list[Hit]:
             missing = [m for m in T.TEMPLATE_MARKERS[fam] if m not in vocab]
             if missing:
                 added += missing
-                why.append(f"{c.source('chat_template')}={c.chat_template!r} writes {missing}, absent from the "
-                           f"tokenizer's vocabulary")
+                why.append(
+                    f"{c.source('chat_template')}={c.chat_template!r} writes {missing}, absent from the "
+                    f"tokenizer's vocabulary"
+                )
     if not added and not c.chat_template_path:
         return []
     trained = [m for m in (c.modules_to_save or []) if any(n in m for n in _EMBED_NAMES)]
     if trained or c.trainable_token_indices:
         return []
-    return [Hit("error", f"new tokens {sorted(set(added)) or '(from the cloned template)'} get random, untrained "
-                         f"embeddings: the LoRA run saves no embed_tokens/lm_head ({'; '.join(why)})",
-                {"value": sorted(set(added)), "threshold": "embed_tokens and lm_head in modules_to_save",
-                 **c.cite("modules_to_save", "trainable_token_indices")})]
+    return [
+        Hit(
+            "error",
+            f"new tokens {sorted(set(added)) or '(from the cloned template)'} get random, untrained "
+            f"embeddings: the LoRA run saves no embed_tokens/lm_head ({'; '.join(why)})",
+            {
+                "value": sorted(set(added)),
+                "threshold": "embed_tokens and lm_head in modules_to_save",
+                **c.cite("modules_to_save", "trainable_token_indices"),
+            },
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- T01
-@check("T01", "chat_template_missing", "Chat rows without a usable chat template",
-       requires=("data", "tokenizer"), severity="error", rank=20,
-       rule="conversational rows and a tokenizer with no chat_template, or a template that rejects the rows "
-            "(error); a template with no add_generation_prompt branch (warning); any",
-       fix="set a chat template (TRL: clone_chat_template / chat_template_path), or fix the rows the template "
-           "rejects",
-       source="trl docs (conversational datasets need a chat template); LF#5213")
+@check(
+    "T01",
+    "chat_template_missing",
+    "Chat rows without a usable chat template",
+    requires=("data", "tokenizer"),
+    severity="error",
+    rank=20,
+    rule="conversational rows and a tokenizer with no chat_template, or a template that rejects the rows "
+    "(error); a template with no add_generation_prompt branch (warning); any",
+    fix="set a chat template (TRL: clone_chat_template / chat_template_path), or fix the rows the template rejects",
+    source="trl docs (conversational datasets need a chat template); LF#5213",
+)
 def t01(ctx: AuditContext) -> list[Hit]:
     chat = [i for i, e in enumerate(ctx.examples) if e.is_chat]
     if not chat:
         raise NotApplicable("no conversational rows")
     tpl = ctx.tok_info.chat_template
     if not tpl:
-        return [Hit("error", f"{pct(len(chat), ctx.n)} are conversations, and the tokenizer has no chat template",
-                    {"value": None, "threshold": "a chat_template"}, row_ids=ids(ctx, chat))]
+        return [
+            Hit(
+                "error",
+                f"{pct(len(chat), ctx.n)} are conversations, and the tokenizer has no chat template",
+                {"value": None, "threshold": "a chat_template"},
+                row_ids=ids(ctx, chat),
+            )
+        ]
     hits = []
     failed = [i for i in chat if ctx.token_rows[i].error]
     if failed:
         errs = Counter(ctx.token_rows[i].error.split(": ", 1)[-1][:120] for i in failed)
-        hits.append(Hit("error", f"the chat template rejects {pct(len(failed), ctx.n)}: {errs.most_common(1)[0][0]}",
-                        {"value": len(failed), "threshold": 0, "errors": dict(errs.most_common(5))},
-                        row_ids=ids(ctx, failed)))
+        hits.append(
+            Hit(
+                "error",
+                f"the chat template rejects {pct(len(failed), ctx.n)}: {errs.most_common(1)[0][0]}",
+                {"value": len(failed), "threshold": 0, "errors": dict(errs.most_common(5))},
+                row_ids=ids(ctx, failed),
+            )
+        )
     if "add_generation_prompt" not in tpl:
-        hits.append(Hit("warning", "the chat template has no add_generation_prompt branch: prompts at inference (and "
-                                   "TRL's prompt/completion split) do not open the assistant turn",
-                        {"value": False, "threshold": True}))
+        hits.append(
+            Hit(
+                "warning",
+                "the chat template has no add_generation_prompt branch: prompts at inference (and "
+                "TRL's prompt/completion split) do not open the assistant turn",
+                {"value": False, "threshold": True},
+            )
+        )
     return hits
 
 
 # ---------------------------------------------------------------------- T02
-_FOREIGN_STOPS = ("</s>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|im_end|>", "<|end|>",
-                  "<eos>")
+_FOREIGN_STOPS = (
+    "</s>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<|im_end|>",
+    "<|end|>",
+    "<eos>",
+)
 
 
-@check("T02", "eos_vs_end_of_turn", "EOS differs from the template's end-of-turn",
-       requires=("tokenizer",), reads=("data",), severity="warning", rank=20,
-       rule="the template ends assistant turns with a token that is neither the tokenizer's EOS nor a generation "
-            "stop id (e.g. Qwen base <|endoftext|> vs <|im_end|>; Llama-3 <|end_of_text|> vs <|eot_id|>); or targets "
-            "end in another model's stop string; any",
-       fix="set SFTConfig.eos_token (or the tokenizer's eos_token) to the template's end-of-turn token, and list it "
-           "in generation_config.eos_token_id",
-       source="trl sft_trainer.md (eos_token); meta-llama/llama3#104; vllm#4180; uns#5386")
+@check(
+    "T02",
+    "eos_vs_end_of_turn",
+    "EOS differs from the template's end-of-turn",
+    requires=("tokenizer",),
+    reads=("data",),
+    severity="warning",
+    rank=20,
+    rule="the template ends assistant turns with a token that is neither the tokenizer's EOS nor a generation "
+    "stop id (e.g. Qwen base <|endoftext|> vs <|im_end|>; Llama-3 <|end_of_text|> vs <|eot_id|>); or targets "
+    "end in another model's stop string; any",
+    fix="set SFTConfig.eos_token (or the tokenizer's eos_token) to the template's end-of-turn token, and list it "
+    "in generation_config.eos_token_id",
+    source="trl sft_trainer.md (eos_token); meta-llama/llama3#104; vllm#4180; uns#5386",
+)
 def t02(ctx: AuditContext) -> list[Hit]:
     ti = ctx.tok_info
     hits = []
@@ -536,10 +799,15 @@ def t02(ctx: AuditContext) -> list[Hit]:
     if eot and eos and eot != eos:
         eot_id = ctx.tokenizer.convert_tokens_to_ids(eot)
         if eot_id not in ti.generation_eos_ids:
-            hits.append(Hit("warning", f"the template ends turns with {eot!r} but EOS is {eos!r} and generation stops "
-                                       f"only on ids {ti.generation_eos_ids or [ti.eos_id]}: a chat-trained model "
-                                       f"keeps generating past its turn",
-                            {"value": eot, "threshold": eos, "generation_eos_ids": ti.generation_eos_ids}))
+            hits.append(
+                Hit(
+                    "warning",
+                    f"the template ends turns with {eot!r} but EOS is {eos!r} and generation stops "
+                    f"only on ids {ti.generation_eos_ids or [ti.eos_id]}: a chat-trained model "
+                    f"keeps generating past its turn",
+                    {"value": eot, "threshold": eos, "generation_eos_ids": ti.generation_eos_ids},
+                )
+            )
     if ctx.examples is not None:
         foreign = [s for s in _FOREIGN_STOPS if s != ti.eos_token and s != eot]
         bad, seen = [], Counter()
@@ -551,22 +819,35 @@ def t02(ctx: AuditContext) -> list[Hit]:
                     seen[s] += 1
                     break
         if bad:
-            hits.append(Hit("warning", f"{pct(len(bad), ctx.n)} end in another model's stop string "
-                                       f"({dict(seen)}), not this tokenizer's {ti.eos_token!r}",
-                            {"value": len(bad), "threshold": 0, "strings": dict(seen)}, row_ids=ids(ctx, bad)))
+            hits.append(
+                Hit(
+                    "warning",
+                    f"{pct(len(bad), ctx.n)} end in another model's stop string "
+                    f"({dict(seen)}), not this tokenizer's {ti.eos_token!r}",
+                    {"value": len(bad), "threshold": 0, "strings": dict(seen)},
+                    row_ids=ids(ctx, bad),
+                )
+            )
     if not hits and not eot and ctx.examples is None:
         raise NotApplicable("the tokenizer has no chat template and no data was given")
     return hits
 
 
 # ---------------------------------------------------------------------- T03
-@check("T03", "template_mismatch", "Training template differs from the model's template",
-       requires=("tokenizer",), reads=("config", "data"), severity="warning", rank=20,
-       rule="the training template (axolotl chat_template / LLaMA-Factory template, or markers written into "
-            "'text' rows) belongs to a different family than the tokenizer's chat template (chatml, llama3, "
-            "llama2/mistral, gemma, phi3, alpaca, ...); any",
-       fix="train and serve with one template: use the tokenizer's own (axolotl chat_template: tokenizer_default)",
-       source="uns#2160; LLaMA-Factory 'template' help text")
+@check(
+    "T03",
+    "template_mismatch",
+    "Training template differs from the model's template",
+    requires=("tokenizer",),
+    reads=("config", "data"),
+    severity="warning",
+    rank=20,
+    rule="the training template (axolotl chat_template / LLaMA-Factory template, or markers written into "
+    "'text' rows) belongs to a different family than the tokenizer's chat template (chatml, llama3, "
+    "llama2/mistral, gemma, phi3, alpaca, ...); any",
+    fix="train and serve with one template: use the tokenizer's own (axolotl chat_template: tokenizer_default)",
+    source="uns#2160; LLaMA-Factory 'template' help text",
+)
 def t03(ctx: AuditContext) -> list[Hit]:
     model_fam = T.template_family(ctx.tok_info.chat_template)
     hits = []
@@ -575,10 +856,15 @@ def t03(ctx: AuditContext) -> list[Hit]:
         name = c.chat_template.lower()
         fam = T.TEMPLATE_NAME_FAMILY.get(name)
         if fam and fam != model_fam:
-            hits.append(Hit("warning", f"the run trains with template {c.chat_template!r} ({fam}; "
-                                       f"{c.source('chat_template')}) but the tokenizer's template is {model_fam}: "
-                                       f"inference prompts will not look like training prompts",
-                            {"value": fam, "threshold": model_fam, **c.cite("chat_template")}))
+            hits.append(
+                Hit(
+                    "warning",
+                    f"the run trains with template {c.chat_template!r} ({fam}; "
+                    f"{c.source('chat_template')}) but the tokenizer's template is {model_fam}: "
+                    f"inference prompts will not look like training prompts",
+                    {"value": fam, "threshold": model_fam, **c.cite("chat_template")},
+                )
+            )
     if ctx.examples is not None and model_fam is not None:
         bad, fams = [], Counter()
         for i, e in enumerate(ctx.examples):
@@ -592,9 +878,15 @@ def t03(ctx: AuditContext) -> list[Hit]:
                 bad.append(i)
                 fams.update(found)
         if bad:
-            hits.append(Hit("warning", f"{pct(len(bad), ctx.n)} are pre-formatted with {dict(fams)} markers, but the "
-                                       f"model's template is {model_fam}",
-                            {"value": dict(fams), "threshold": model_fam}, row_ids=ids(ctx, bad)))
+            hits.append(
+                Hit(
+                    "warning",
+                    f"{pct(len(bad), ctx.n)} are pre-formatted with {dict(fams)} markers, but the "
+                    f"model's template is {model_fam}",
+                    {"value": dict(fams), "threshold": model_fam},
+                    row_ids=ids(ctx, bad),
+                )
+            )
     if not hits and model_fam is None and (c is None or not c.chat_template):
         raise NotApplicable("neither the tokenizer's template family nor a training template is known")
     return hits

@@ -76,7 +76,8 @@ def load_tokenizer_folder(path: str | Path):
     except Exception as e:  # transformers raises OSError/ValueError/KeyError for a bad folder
         msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
         raise GradianUserError(
-            f"cannot load a tokenizer ({msg})", where=str(p),
+            f"cannot load a tokenizer ({msg})",
+            where=str(p),
             fix="pass a folder holding tokenizer.json / tokenizer_config.json (e.g. the base model's folder)",
         ) from None
 
@@ -110,17 +111,26 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
     def text(v: Any) -> str | None:
         return v if isinstance(v, str) else None
 
-    specials = sorted({s for s in getattr(tok, "all_special_tokens", []) if s}
-                      | {t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if getattr(t, "special", False)})
+    specials = sorted(
+        {s for s in getattr(tok, "all_special_tokens", []) if s}
+        | {t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
+    )
     return TokenInfo(
         name=str(folder) if folder is not None else getattr(tok, "name_or_path", "") or "(in-memory tokenizer)",
-        eos_token=tok.eos_token, eos_id=tok.eos_token_id, bos_token=tok.bos_token, bos_id=tok.bos_token_id,
-        pad_token=tok.pad_token, pad_id=tok.pad_token_id, adds_bos=adds_bos,
+        eos_token=tok.eos_token,
+        eos_id=tok.eos_token_id,
+        bos_token=tok.bos_token,
+        bos_id=tok.bos_token_id,
+        pad_token=tok.pad_token,
+        pad_id=tok.pad_token_id,
+        adds_bos=adds_bos,
         model_max_length=mml,
         max_position_embeddings=count(cfg.get("max_position_embeddings")) or count(cfg.get("n_positions")),
-        vocab_size=count(cfg.get("vocab_size")), n_tokens=len(tok),
+        vocab_size=count(cfg.get("vocab_size")),
+        n_tokens=len(tok),
         torch_dtype=text(cfg.get("torch_dtype")) or text(cfg.get("dtype")),
-        generation_eos_ids=gen_eos, special_strings=specials,
+        generation_eos_ids=gen_eos,
+        special_strings=specials,
         chat_template=tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None,
     )
 
@@ -210,8 +220,11 @@ def batch_tokenize(examples: list[Example], tok, spec: TokenizeSpec):
             encs = backend.encode_batch([texts[i] for i in sel], add_special_tokens=flag)
             all_ids = [e.ids for e in encs]  # fresh lists of ints
             all_offsets = [e.offsets for e in encs]  # lists of (start, end) tuples
-            penc = [e.ids for e in backend.encode_batch([prompts[i] for i in psel], add_special_tokens=flag)] \
-                if psel else []
+            penc = (
+                [e.ids for e in backend.encode_batch([prompts[i] for i in psel], add_special_tokens=flag)]
+                if psel
+                else []
+            )
         else:
             enc = tok([texts[i] for i in sel], add_special_tokens=flag, return_offsets_mapping=True)
             all_ids = enc["input_ids"]
@@ -322,15 +335,20 @@ class AuditContext:
     @cached_property
     def row_segment_lengths(self) -> list[list[int]]:
         """Per training row, the word count of each segment (sentence or line; :func:`text.segments`), in the
-        order of :attr:`row_words`."""
-        return [T.segment_word_counts(e.prompt_text, len(pw)) + T.segment_word_counts(e.completion_text, len(cw))
-                for e, pw, cw in zip(self.examples or [], self.prompt_words, self.completion_words)]
+        order of :attr:`row_words`.
+        """
+        return [
+            T.segment_word_counts(e.prompt_text, len(pw)) + T.segment_word_counts(e.completion_text, len(cw))
+            for e, pw, cw in zip(self.examples or [], self.prompt_words, self.completion_words)
+        ]
 
     @cached_property
     def eval_segment_lengths(self) -> list[list[int]]:
-        return [T.segment_word_counts(e.prompt_text, len(T._WORD.findall(p)))
-                + T.segment_word_counts(e.completion_text, len(T._WORD.findall(c)))
-                for e, p, c in zip(self.eval_examples or [], self.eval_norm_prompt, self.eval_norm_completion)]
+        return [
+            T.segment_word_counts(e.prompt_text, len(T._WORD.findall(p)))
+            + T.segment_word_counts(e.completion_text, len(T._WORD.findall(c)))
+            for e, p, c in zip(self.eval_examples or [], self.eval_norm_prompt, self.eval_norm_completion)
+        ]
 
     @cached_property
     def shingles5(self) -> list[np.ndarray]:
@@ -361,7 +379,10 @@ class AuditContext:
         """The run's max length and where it came from; (None, why) when the trainer does not truncate."""
         c = self.config
         if c is None:
-            return ASSUMED_MAX_LENGTH, f"assumed: no config given, TRL SFTConfig's default max_length={ASSUMED_MAX_LENGTH}"
+            return (
+                ASSUMED_MAX_LENGTH,
+                f"assumed: no config given, TRL SFTConfig's default max_length={ASSUMED_MAX_LENGTH}",
+            )
         if c.max_length is not None and c.max_length <= 0:
             return None, f"max_length={c.max_length} ({c.source('max_length')}) is impossible (see C19)"
         if c.max_length:
@@ -371,7 +392,10 @@ class AuditContext:
         if c.trainer == "hf":
             return None, "HF Trainer does not truncate; the max length is whatever your preprocessing used"
         if c.trainer is None:
-            return ASSUMED_MAX_LENGTH, f"assumed: the config names no trainer, TRL's default max_length={ASSUMED_MAX_LENGTH}"
+            return (
+                ASSUMED_MAX_LENGTH,
+                f"assumed: the config names no trainer, TRL's default max_length={ASSUMED_MAX_LENGTH}",
+            )
         return None, "max length unknown"
 
     def loss_on_prompt(self) -> tuple[bool, str]:
@@ -385,12 +409,18 @@ class AuditContext:
             return bool(c.train_on_inputs), c.source("train_on_inputs") or ""
         if c.completion_only_loss is not None:
             return (not c.completion_only_loss), c.source("completion_only_loss") or ""
-        if c.trainer == "trl" and not c.assistant_only_loss and c.messages_loss != "final_assistant_turn" \
-                and self.examples:
+        if (
+            c.trainer == "trl"
+            and not c.assistant_only_loss
+            and c.messages_loss != "final_assistant_turn"
+            and self.examples
+        ):
             n_msgs = sum(1 for e in self.examples if e.format == "messages")
             if n_msgs * 2 > len(self.examples):
-                return True, ("TRL trains every token of 'messages' rows unless assistant_only_loss "
-                              f"({c.source('assistant_only_loss')})")
+                return True, (
+                    "TRL trains every token of 'messages' rows unless assistant_only_loss "
+                    f"({c.source('assistant_only_loss')})"
+                )
         return False, "default: completion-only loss for prompt/completion rows"
 
     def pipeline_appends_eos(self) -> tuple[bool, str]:
@@ -464,15 +494,30 @@ class AuditContext:
                     break
                 continue
             got = fast[i][0]
-            if got is None or (got.input_ids, got.labels, got.offsets, got.text, got.completion_char_start,
-                               got.full_length, got.prompt_length) != (
-                    ref.input_ids, ref.labels, ref.offsets, ref.text, ref.completion_char_start, ref.full_length,
-                    ref.prompt_length):
+            if got is None or (
+                got.input_ids,
+                got.labels,
+                got.offsets,
+                got.text,
+                got.completion_char_start,
+                got.full_length,
+                got.prompt_length,
+            ) != (
+                ref.input_ids,
+                ref.labels,
+                ref.offsets,
+                ref.text,
+                ref.completion_char_start,
+                ref.full_length,
+                ref.prompt_length,
+            ):
                 break
         else:
             return [_row(tx, err, plen) for tx, err, plen in fast]
-        self.notes.append("the batch tokenisation disagreed with tokenize_example on a sampled row; every row was "
-                          "tokenised one by one instead")
+        self.notes.append(
+            "the batch tokenisation disagreed with tokenize_example on a sampled row; every row was "
+            "tokenised one by one instead"
+        )
         out = []
         for ex in examples:
             try:

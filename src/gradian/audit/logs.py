@@ -20,16 +20,39 @@ from gradian.errors import GradianUserError
 from gradian.safeio import iter_lines, load_json_file, parse_json
 
 _ALIASES = {
-    "train/loss": "loss", "train_loss_step": "loss",
-    "train/grad_norm": "grad_norm", "train/learning_rate": "learning_rate", "lr": "learning_rate",
-    "train/epoch": "epoch", "train/global_step": "step", "global_step": "step",
-    "eval/loss": "eval_loss", "train/mean_token_accuracy": "mean_token_accuracy",
+    "train/loss": "loss",
+    "train_loss_step": "loss",
+    "train/grad_norm": "grad_norm",
+    "train/learning_rate": "learning_rate",
+    "lr": "learning_rate",
+    "train/epoch": "epoch",
+    "train/global_step": "step",
+    "global_step": "step",
+    "eval/loss": "eval_loss",
+    "train/mean_token_accuracy": "mean_token_accuracy",
 }
 #: trainer_state.json fields the checks compute with: whole, finite, non-negative counts
-_STATE_NUMBERS = ("global_step", "max_steps", "num_train_epochs", "epoch", "logging_steps", "eval_steps",
-                  "save_steps", "train_batch_size")
-_NUMERIC = ("loss", "grad_norm", "learning_rate", "epoch", "step", "eval_loss", "mean_token_accuracy",
-            "train_loss", "train_runtime")
+_STATE_NUMBERS = (
+    "global_step",
+    "max_steps",
+    "num_train_epochs",
+    "epoch",
+    "logging_steps",
+    "eval_steps",
+    "save_steps",
+    "train_batch_size",
+)
+_NUMERIC = (
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "epoch",
+    "step",
+    "eval_loss",
+    "mean_token_accuracy",
+    "train_loss",
+    "train_runtime",
+)
 
 
 @dataclass
@@ -78,9 +101,15 @@ class TrainLog:
         return max(steps) if steps else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "kind": self.kind, "n_train": len(self.train), "n_eval": len(self.eval),
-                "has_summary": self.summary is not None, "global_step": self.global_step,
-                "max_steps": self.state.get("max_steps")}
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "n_train": len(self.train),
+            "n_eval": len(self.eval),
+            "has_summary": self.summary is not None,
+            "global_step": self.global_step,
+            "max_steps": self.state.get("max_steps"),
+        }
 
 
 def _num(v: Any, where: str, key: str) -> float:
@@ -90,8 +119,9 @@ def _num(v: Any, where: str, key: str) -> float:
         try:
             return float(v)
         except OverflowError:  # an integer beyond float range
-            raise GradianUserError(f"{key} is an integer too large for a number", where=where,
-                                   fix=f"log {key} as a number") from None
+            raise GradianUserError(
+                f"{key} is an integer too large for a number", where=where, fix=f"log {key} as a number"
+            ) from None
     if isinstance(v, str):
         try:
             return float(v.strip())  # "nan", "inf", "1e-4"
@@ -109,8 +139,9 @@ def _normalise(entries: list[Any], path: Path, kind: str) -> TrainLog:
         where = f"{path}:{i + 1}" if kind == "jsonl" else f"{path}: log_history[{i}]"
         if not isinstance(raw, dict):
             raise GradianUserError(
-                f"log entry is a JSON {type(raw).__name__}, not an object", where=where,
-                fix="log one JSON object per entry, e.g. {\"step\": 10, \"loss\": 1.2}",
+                f"log entry is a JSON {type(raw).__name__}, not an object",
+                where=where,
+                fix='log one JSON object per entry, e.g. {"step": 10, "loss": 1.2}',
             )
         e = {_ALIASES.get(k, k): v for k, v in raw.items()}
         out: dict[str, float] = {}
@@ -124,18 +155,25 @@ def _normalise(entries: list[Any], path: Path, kind: str) -> TrainLog:
             inferred = True
             out["step"] = float(i)
         if not math.isfinite(out["step"]) or out["step"] < 0 or abs(out["step"]) > 1e15:
-            raise GradianUserError(f"step is {out['step']!r}, not a step number", where=where,
-                                   fix="log step as a whole number >= 0")
+            raise GradianUserError(
+                f"step is {out['step']!r}, not a step number", where=where, fix="log step as a whole number >= 0"
+            )
         out["step"] = int(out["step"])
         if "eval_loss" in out:
             evals.append({k: out[k] for k in ("step", "epoch", "eval_loss") if k in out})
         elif "loss" in out:
-            train.append({k: out[k] for k in ("step", "epoch", "loss", "grad_norm", "learning_rate",
-                                               "mean_token_accuracy") if k in out})
+            train.append(
+                {
+                    k: out[k]
+                    for k in ("step", "epoch", "loss", "grad_norm", "learning_rate", "mean_token_accuracy")
+                    if k in out
+                }
+            )
     train.sort(key=lambda d: d["step"])
     evals.sort(key=lambda d: d["step"])
-    return TrainLog(train=train, eval=evals, summary=summary, state={}, path=str(path), kind=kind,
-                    steps_inferred=inferred)
+    return TrainLog(
+        train=train, eval=evals, summary=summary, state={}, path=str(path), kind=kind, steps_inferred=inferred
+    )
 
 
 def load_logs(path: str | Path) -> TrainLog:
@@ -147,7 +185,8 @@ def load_logs(path: str | Path) -> TrainLog:
         cand = p / "trainer_state.json"
         if not cand.exists():
             raise GradianUserError(
-                "folder has no trainer_state.json", where=str(p),
+                "folder has no trainer_state.json",
+                where=str(p),
                 fix="pass trainer_state.json (in the output or checkpoint folder) or a JSONL of logged dicts",
             )
         p = cand
@@ -167,9 +206,10 @@ def load_logs(path: str | Path) -> TrainLog:
         elif isinstance(obj, dict):
             if not isinstance(obj.get("log_history"), list):
                 raise GradianUserError(
-                    "no log_history list (is this trainer_state.json?)", where=f"{p}: log_history",
+                    "no log_history list (is this trainer_state.json?)",
+                    where=f"{p}: log_history",
                     fix="pass the trainer_state.json that Trainer writes to the output/checkpoint folder, "
-                        "or a JSONL with one logged dict per line",
+                    "or a JSONL with one logged dict per line",
                 )
             log = _normalise(obj["log_history"], p, "trainer_state")
             log.state = {k: v for k, v in obj.items() if k != "log_history" and not isinstance(v, (list,))}
@@ -177,21 +217,33 @@ def load_logs(path: str | Path) -> TrainLog:
                 v = log.state.get(k)
                 if v is None:
                     continue
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e15 \
-                        or (isinstance(v, float) and math.isnan(v)):
-                    raise GradianUserError(f"{k} is {str(v)[:40]!r}, not a count", where=f"{p}: {k}",
-                                           fix="pass the trainer_state.json that Trainer wrote, unedited")
+                if (
+                    isinstance(v, bool)
+                    or not isinstance(v, (int, float))
+                    or not 0 <= v <= 1e15
+                    or (isinstance(v, float) and math.isnan(v))
+                ):
+                    raise GradianUserError(
+                        f"{k} is {str(v)[:40]!r}, not a count",
+                        where=f"{p}: {k}",
+                        fix="pass the trainer_state.json that Trainer wrote, unedited",
+                    )
         else:
-            raise GradianUserError("top level is not an object or a list", where=str(p),
-                                   fix="pass trainer_state.json or a JSONL of logged dicts")
+            raise GradianUserError(
+                "top level is not an object or a list",
+                where=str(p),
+                fix="pass trainer_state.json or a JSONL of logged dicts",
+            )
     else:
         raise GradianUserError(
-            f"unknown log file type {p.suffix or '(no extension)'!r}", where=str(p),
+            f"unknown log file type {p.suffix or '(no extension)'!r}",
+            where=str(p),
             fix="pass trainer_state.json or a .jsonl of logged dicts",
         )
     if not log.train and not log.eval:
         raise GradianUserError(
-            "no loss or eval_loss in any log entry", where=str(p),
+            "no loss or eval_loss in any log entry",
+            where=str(p),
             fix="log 'loss' (and 'eval_loss'): set logging_steps, or pass the full trainer_state.json",
         )
     return log

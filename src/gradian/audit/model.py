@@ -191,8 +191,18 @@ _READS = {"type": "array", "items": {"type": "string", "enum": list(INPUTS)}}
 JSON_SCHEMA: dict[str, Any] = {
     "$id": SCHEMA_ID,
     "type": "object",
-    "required": ["schema", "gradian_version", "counts", "findings", "skipped", "passed", "inputs", "config",
-                 "versions", "notes"],
+    "required": [
+        "schema",
+        "gradian_version",
+        "counts",
+        "findings",
+        "skipped",
+        "passed",
+        "inputs",
+        "config",
+        "versions",
+        "notes",
+    ],
     "additionalProperties": False,
     "properties": {
         "schema": {"type": "string", "enum": [SCHEMA_ID]},
@@ -207,8 +217,20 @@ JSON_SCHEMA: dict[str, Any] = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["id", "name", "title", "severity", "reads", "message", "evidence", "row_ids",
-                             "eval_row_ids", "steps", "fraction", "fix"],
+                "required": [
+                    "id",
+                    "name",
+                    "title",
+                    "severity",
+                    "reads",
+                    "message",
+                    "evidence",
+                    "row_ids",
+                    "eval_row_ids",
+                    "steps",
+                    "fraction",
+                    "fix",
+                ],
                 "additionalProperties": False,
                 "properties": {
                     "id": _STR,

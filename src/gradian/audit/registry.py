@@ -41,8 +41,13 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Training-stage kinds (:attr:`gradian.audit.config.TrainConfig.stage_kind`); "other" is any stage Gradian
 #: does not classify.
 STAGE_KINDS = ("sft", "pretraining", "preference", "rl", "other")
-_STAGE_WORDS = {"sft": "SFT", "pretraining": "continued pretraining", "preference": "preference tuning (DPO, KTO, "
-                "ORPO, reward models)", "rl": "online RL (PPO, GRPO)", "other": "other stages"}
+_STAGE_WORDS = {
+    "sft": "SFT",
+    "pretraining": "continued pretraining",
+    "preference": "preference tuning (DPO, KTO, ORPO, reward models)",
+    "rl": "online RL (PPO, GRPO)",
+    "other": "other stages",
+}
 
 
 def stage_words(kinds: tuple[str, ...]) -> str:
@@ -101,7 +106,7 @@ class CheckSpec:
     fix: str
     source: str
     rank: int
-    fn: Callable[["AuditContext"], list[Hit]] = field(repr=False, compare=False)
+    fn: Callable[[AuditContext], list[Hit]] = field(repr=False, compare=False)
     module: str = ""
     stages: tuple[str, ...] = STAGE_KINDS
 
@@ -129,7 +134,7 @@ def check(
 ):
     """Register a check function (see module docstring)."""
 
-    def deco(fn: Callable[["AuditContext"], list[Hit]]):
+    def deco(fn: Callable[[AuditContext], list[Hit]]):
         if id in REGISTRY:
             raise ValueError(f"duplicate check id {id}")
         all_reads = tuple(i for i in INPUTS if i in set(requires) | set(reads))
@@ -166,5 +171,4 @@ def _id_key(cid: str) -> tuple[int, int]:
 
 def all_checks() -> list[CheckSpec]:
     """Every registered check, in id order (D, C, T, L); importing :mod:`gradian.audit` registered them."""
-
     return [REGISTRY[k] for k in sorted(REGISTRY, key=_id_key)]

@@ -16,9 +16,15 @@ from gradian.audit.registry import STAGE_KINDS, CheckSpec, all_checks, stage_wor
 from gradian.tables import FitTable
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-_RANK_NAMES = {10: "rows unreadable as meant", 20: "wrong training signal", 30: "untrustworthy evaluation",
-               40: "data teaches the wrong thing", 50: "optimisation mis-set", 60: "secondary config risks",
-               70: "symptoms in the logs"}
+_RANK_NAMES = {
+    10: "rows unreadable as meant",
+    20: "wrong training signal",
+    30: "untrustworthy evaluation",
+    40: "data teaches the wrong thing",
+    50: "optimisation mis-set",
+    60: "secondary config risks",
+    70: "symptoms in the logs",
+}
 
 
 def _ids_preview(xs: list, k: int = 8) -> str:
@@ -56,8 +62,9 @@ def render_text(result: AuditResult, console: Console, verbose: bool = False) ->
             if f.row_ids:
                 console.print(f"    rows ({len(f.row_ids)}): {escape(_ids_preview(f.row_ids))}", style="dim")
             if f.eval_row_ids:
-                console.print(f"    eval rows ({len(f.eval_row_ids)}): {escape(_ids_preview(f.eval_row_ids))}",
-                              style="dim")
+                console.print(
+                    f"    eval rows ({len(f.eval_row_ids)}): {escape(_ids_preview(f.eval_row_ids))}", style="dim"
+                )
             if f.steps:
                 console.print(f"    steps: {escape(_ids_preview(f.steps))}", style="dim")
             console.print(f"    fix: {escape(f.fix)}", style="green")
@@ -82,9 +89,13 @@ def render_text(result: AuditResult, console: Console, verbose: bool = False) ->
 
 def render_markdown(result: AuditResult) -> str:
     c = result.counts
-    out = ["# gradian diagnose", "",
-           f"**{c['error']} errors, {c['warning']} warnings, {c['info']} info** from {c['checks'] - c['skipped']} "
-           f"checks run ({c['passed']} passed, {c['skipped']} skipped).", ""]
+    out = [
+        "# gradian diagnose",
+        "",
+        f"**{c['error']} errors, {c['warning']} warnings, {c['info']} info** from {c['checks'] - c['skipped']} "
+        f"checks run ({c['passed']} passed, {c['skipped']} skipped).",
+        "",
+    ]
     for sev in SEVERITIES:
         group = [f for f in result.findings if f.severity == sev]
         if not group:
@@ -139,9 +150,20 @@ def checks_json(checks: list[CheckSpec] | None = None) -> str:
 
 
 def _spec_dict(c: CheckSpec) -> dict[str, Any]:
-    return {"id": c.id, "name": c.name, "title": c.title, "group": c.group, "requires": list(c.requires),
-            "reads": list(c.reads), "severity": c.severity, "rule": c.rule, "fix": c.fix, "source": c.source,
-            "rank": c.rank, "stages": list(c.stages)}
+    return {
+        "id": c.id,
+        "name": c.name,
+        "title": c.title,
+        "group": c.group,
+        "requires": list(c.requires),
+        "reads": list(c.reads),
+        "severity": c.severity,
+        "rule": c.rule,
+        "fix": c.fix,
+        "source": c.source,
+        "rank": c.rank,
+        "stages": list(c.stages),
+    }
 
 
 def checks_markdown(checks: list[CheckSpec] | None = None) -> str:
@@ -167,8 +189,11 @@ def checks_markdown(checks: list[CheckSpec] | None = None) -> str:
     ]
     out += [f"| {r} | {m} |" for r, m in sorted(_RANK_NAMES.items())]
     out += ["", "| id | name | reads | max severity | title |", "|---|---|---|---|---|"]
-    out += [f"| [{c.id}](#{c.id.lower()}-{c.name.replace('_', '-')}) | `{c.name}` | {', '.join(c.reads)} | "
-            f"{c.severity} | {_md_escape(c.title)} |" for c in checks]
+    out += [
+        f"| [{c.id}](#{c.id.lower()}-{c.name.replace('_', '-')}) | `{c.name}` | {', '.join(c.reads)} | "
+        f"{c.severity} | {_md_escape(c.title)} |"
+        for c in checks
+    ]
     out.append("")
     for c in checks:
         out += [
@@ -179,8 +204,11 @@ def checks_markdown(checks: list[CheckSpec] | None = None) -> str:
             f"- needs: {', '.join('--' + r for r in c.requires) or 'any of --data / --config'}",
             f"- reads: {', '.join(c.reads)}",
             f"- max severity: {c.severity}; fix-first rank {c.rank} ({_RANK_NAMES[c.rank]})",
-            *([f"- applies to: {stage_words(c.stages)} runs (skipped, with the reason, for other training stages)"]
-              if c.stages != STAGE_KINDS else []),
+            *(
+                [f"- applies to: {stage_words(c.stages)} runs (skipped, with the reason, for other training stages)"]
+                if c.stages != STAGE_KINDS
+                else []
+            ),
             f"- rule: {_md_escape(c.rule)}",
             f"- fix: {_md_escape(c.fix)}",
             f"- source: {_md_escape(c.source)}",

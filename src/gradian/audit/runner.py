@@ -25,8 +25,11 @@ def _examples(x: Any, what: str) -> tuple[list[Example] | None, str | None]:
         return load_examples(x), str(x)
     xs = list(x)
     if xs and not all(isinstance(e, Example) for e in xs):
-        raise GradianUserError(f"{what} must be a path or a list of Example", where=what,
-                               fix="pass a dataset path or gradian.data.formats.load_examples(...)")
+        raise GradianUserError(
+            f"{what} must be a path or a list of Example",
+            where=what,
+            fix="pass a dataset path or gradian.data.formats.load_examples(...)",
+        )
     return xs, None
 
 
@@ -102,8 +105,11 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
     if wanted:
         unknown = sorted(wanted - {c.id for c in all_checks()})
         if unknown:
-            raise GradianUserError(f"unknown check id(s) {', '.join(unknown)}", where="--check",
-                                   fix="see `gradian diagnose --list` for the ids")
+            raise GradianUserError(
+                f"unknown check id(s) {', '.join(unknown)}",
+                where="--check",
+                fix="see `gradian diagnose --list` for the ids",
+            )
     findings: list[Finding] = []
     skipped: list[SkippedCheck] = []
     passed: list[str] = []
@@ -111,8 +117,11 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
     ranks = {c.id: c.rank for c in checks}
     # Checks that read no tokenizer run first, while the token view is computed in a thread.
     order = [c for c in checks if "tokenizer" not in c.reads] + [c for c in checks if "tokenizer" in c.reads]
-    if ctx.has("data") and ctx.has("tokenizer") and any(
-            "tokenizer" in c.reads and (wanted is None or c.id in wanted) for c in checks):
+    if (
+        ctx.has("data")
+        and ctx.has("tokenizer")
+        and any("tokenizer" in c.reads and (wanted is None or c.id in wanted) for c in checks)
+    ):
         ctx.prefetch_token_rows()
     outcome: dict[str, tuple[str, Any]] = {}
     for spec in order:
@@ -127,8 +136,11 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
             continue
         kind = cfg.stage_kind if cfg is not None else "sft"
         if kind not in spec.stages:
-            outcome[spec.id] = ("skipped", f"not applicable: a {cfg.stage} run ({cfg.source('stage')}); the rule is "
-                                           f"for {stage_words(spec.stages)}")
+            outcome[spec.id] = (
+                "skipped",
+                f"not applicable: a {cfg.stage} run ({cfg.source('stage')}); the rule is "
+                f"for {stage_words(spec.stages)}",
+            )
             continue
         try:
             hits = spec.fn(ctx) or []
@@ -146,17 +158,31 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         else:
             for h in val:
                 frac = round(len(h.row_ids) / ctx.n, 4) if h.row_ids and ctx.n else None
-                findings.append(Finding(
-                    id=spec.id, name=spec.name, title=spec.title, severity=h.severity, reads=list(spec.reads),
-                    message=h.message, evidence=h.evidence, fix=h.fix or spec.fix, row_ids=list(h.row_ids),
-                    eval_row_ids=list(h.eval_row_ids), steps=list(h.steps), fraction=frac,
-                ))
+                findings.append(
+                    Finding(
+                        id=spec.id,
+                        name=spec.name,
+                        title=spec.title,
+                        severity=h.severity,
+                        reads=list(spec.reads),
+                        message=h.message,
+                        evidence=h.evidence,
+                        fix=h.fix or spec.fix,
+                        row_ids=list(h.row_ids),
+                        eval_row_ids=list(h.eval_row_ids),
+                        steps=list(h.steps),
+                        fraction=frac,
+                    )
+                )
     findings.sort(key=lambda f: (SEVERITY_RANK[f.severity], ranks[f.id], -(f.fraction or 0.0), _id_key(f.id)))
 
     inputs: dict[str, Any] = {}
     if examples is not None:
-        inputs["data"] = {"path": data_path, "n_rows": len(examples),
-                          "formats": dict(Counter(e.format for e in examples))}
+        inputs["data"] = {
+            "path": data_path,
+            "n_rows": len(examples),
+            "formats": dict(Counter(e.format for e in examples)),
+        }
     if eval_examples is not None:
         inputs["eval"] = {"path": eval_path, "n_rows": len(eval_examples)}
     if cfg is not None:
@@ -165,19 +191,32 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         inputs["logs"] = log.to_dict()
     if tok is not None:
         ti = ctx.tok_info
-        inputs["tokenizer"] = {"name": ti.name, "eos_token": ti.eos_token, "pad_token": ti.pad_token,
-                               "bos_token": ti.bos_token, "has_chat_template": ti.chat_template is not None}
+        inputs["tokenizer"] = {
+            "name": ti.name,
+            "eos_token": ti.eos_token,
+            "pad_token": ti.pad_token,
+            "bos_token": ti.bos_token,
+            "has_chat_template": ti.chat_template is not None,
+        }
     if examples is not None and tok is not None:
         L, src = ctx.max_length()
-        inputs["token_view"] = {"max_length": L, "max_length_from": src, **ctx.token_spec.to_dict(),
-                                "render_failures": sum(1 for t in ctx.token_rows if t.tx is None)}
+        inputs["token_view"] = {
+            "max_length": L,
+            "max_length_from": src,
+            **ctx.token_spec.to_dict(),
+            "render_failures": sum(1 for t in ctx.token_rows if t.tx is None),
+        }
         inputs["token_view"]["max_length"] = L
     notes = (list(cfg.conflicts) + list(cfg.notes) if cfg is not None else []) + ctx.notes
     if log is not None and log.steps_inferred:
         notes.append(f"{log.path}: some log entries have no step; their order was used as the step")
     return AuditResult(
-        findings=findings, skipped=skipped, passed=passed, inputs=inputs,
+        findings=findings,
+        skipped=skipped,
+        passed=passed,
+        inputs=inputs,
         config=cfg.to_dict() if cfg is not None else None,
         versions={k: {"version": v, "from": vsrc.get(k)} for k, v in sorted(vers.items())},
-        notes=notes, n_checks=len(checks),
+        notes=notes,
+        n_checks=len(checks),
     )

@@ -64,7 +64,7 @@ def ngram_hashes(ws: Sequence[str] | np.ndarray, n: int) -> np.ndarray:
     mult = np.uint64(1)
     with np.errstate(over="ignore"):
         for k in range(n):
-            out += h[k:k + m] * mult
+            out += h[k : k + m] * mult
             mult = mult * _P
     return out
 
@@ -84,7 +84,7 @@ def ngrams_rows(hash_rows: Sequence[np.ndarray], n: int) -> list[np.ndarray]:
         mult = np.uint64(1)
         with np.errstate(over="ignore"):
             for k in range(n):
-                roll += flat[k:k + m] * mult
+                roll += flat[k : k + m] * mult
                 mult = mult * _P
     else:
         roll = np.zeros(0, dtype=np.uint64)
@@ -92,7 +92,7 @@ def ngrams_rows(hash_rows: Sequence[np.ndarray], n: int) -> list[np.ndarray]:
         if L == 0:
             continue
         if L >= n:
-            out[i] = roll[s0:s0 + L - n + 1]
+            out[i] = roll[s0 : s0 + L - n + 1]
         else:
             out[i] = ngram_hashes(hash_rows[i], n)
     return out
@@ -109,19 +109,21 @@ def _split_segments(s: str) -> list[str]:
 
 def segments(s: str) -> list[str]:
     """``s`` cut into sentences and lines (at ``.!?;:`` followed by whitespace, and at newlines); only at
-    whitespace, so the segments' words, in order, are the words of ``s``."""
+    whitespace, so the segments' words, in order, are the words of ``s``.
+    """
     return [x for x in _split_segments(s) if x and x.strip()]
 
 
 def span_hashes(h: np.ndarray | list[int], lengths: Sequence[int]) -> list[tuple[int, int, int]]:
     """``(start, end, hash)`` of consecutive spans of a row's word hashes (one per segment, empty ones skipped);
-    equal word sequences hash equal (a tuple of ints hashes the same in every process)."""
+    equal word sequences hash equal (a tuple of ints hashes the same in every process).
+    """
     hl = h.tolist() if isinstance(h, np.ndarray) else list(h)
     out = []
     pos = 0
     for n in lengths:
         if n:
-            out.append((pos, pos + n, hash(tuple(hl[pos:pos + n])) & 0xFFFFFFFFFFFFFFFF))
+            out.append((pos, pos + n, hash(tuple(hl[pos : pos + n])) & 0xFFFFFFFFFFFFFFFF))
         pos += n
     return out
 
@@ -182,8 +184,9 @@ def band_keys(sig: np.ndarray, bands: int) -> np.ndarray:
     return out
 
 
-def lsh_candidates(sig: np.ndarray, bands: int, valid: Sequence[bool] | None = None,
-                   max_bucket: int = 50) -> set[tuple[int, int]]:
+def lsh_candidates(
+    sig: np.ndarray, bands: int, valid: Sequence[bool] | None = None, max_bucket: int = 50
+) -> set[tuple[int, int]]:
     """Pairs (i < j) sharing at least one band of their signatures.
 
     A bucket larger than ``max_bucket`` contributes a chain (i_1, i_2), (i_2, i_3), ... instead
@@ -226,11 +229,22 @@ def jaccard(a: set, b: set) -> float:
 
 # ---------------------------------------------------------------------- scripts & languages
 _SCRIPT_RANGES = [
-    ("Latin", 0x0041, 0x024F), ("Greek", 0x0370, 0x03FF), ("Cyrillic", 0x0400, 0x052F),
-    ("Armenian", 0x0530, 0x058F), ("Hebrew", 0x0590, 0x05FF), ("Arabic", 0x0600, 0x06FF),
-    ("Devanagari", 0x0900, 0x097F), ("Bengali", 0x0980, 0x09FF), ("Tamil", 0x0B80, 0x0BFF),
-    ("Thai", 0x0E00, 0x0E7F), ("Georgian", 0x10A0, 0x10FF), ("Hangul", 0x1100, 0x11FF),
-    ("Latin", 0x1E00, 0x1EFF), ("Kana", 0x3040, 0x30FF), ("Han", 0x3400, 0x4DBF), ("Han", 0x4E00, 0x9FFF),
+    ("Latin", 0x0041, 0x024F),
+    ("Greek", 0x0370, 0x03FF),
+    ("Cyrillic", 0x0400, 0x052F),
+    ("Armenian", 0x0530, 0x058F),
+    ("Hebrew", 0x0590, 0x05FF),
+    ("Arabic", 0x0600, 0x06FF),
+    ("Devanagari", 0x0900, 0x097F),
+    ("Bengali", 0x0980, 0x09FF),
+    ("Tamil", 0x0B80, 0x0BFF),
+    ("Thai", 0x0E00, 0x0E7F),
+    ("Georgian", 0x10A0, 0x10FF),
+    ("Hangul", 0x1100, 0x11FF),
+    ("Latin", 0x1E00, 0x1EFF),
+    ("Kana", 0x3040, 0x30FF),
+    ("Han", 0x3400, 0x4DBF),
+    ("Han", 0x4E00, 0x9FFF),
     ("Hangul", 0xAC00, 0xD7AF),
 ]
 
@@ -304,8 +318,10 @@ REFUSAL = re.compile(
     r"|i'm sorry, but i (?:can't|cannot)|openai|chatgpt|my knowledge cutoff)",
     re.IGNORECASE,
 )
-HTML = re.compile(r"</?(?:div|span|p|br|a|img|table|tr|td|script|style|html|body)\b[^>]*>|&(?:nbsp|amp|lt|gt|quot|#\d+);",
-                  re.IGNORECASE)
+HTML = re.compile(
+    r"</?(?:div|span|p|br|a|img|table|tr|td|script|style|html|body)\b[^>]*>|&(?:nbsp|amp|lt|gt|quot|#\d+);",
+    re.IGNORECASE,
+)
 MOJIBAKE = re.compile("\ufffd|Ã[\u0080-\u00bf]|â€[\u0080-\u00bf\u2018-\u201d\u2122\u0153\u0161]|Â\u00a0|Ã©|Ã¨")
 
 # Chat-template markers by family (strings a template writes around turns).
@@ -322,14 +338,38 @@ TEMPLATE_MARKERS: dict[str, tuple[str, ...]] = {
 
 # Training-template names (axolotl chat_template, LLaMA-Factory template) -> family.
 TEMPLATE_NAME_FAMILY = {
-    "chatml": "chatml", "qwen": "chatml", "qwen2": "chatml", "qwen2_5": "chatml", "qwen3": "chatml",
-    "qwen25": "chatml", "smollm": "chatml", "smollm2": "chatml",
-    "llama3": "llama3", "llama3_2": "llama3", "llama3_1": "llama3", "llama-3": "llama3",
-    "llama2": "llama2", "llama2_chat": "llama2", "mistral": "llama2", "mistral_v1": "llama2",
-    "mistral_v2v3": "llama2", "mistral_v3_tekken": "llama2", "mistral_v7_tekken": "llama2", "mixtral": "llama2",
-    "gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma",
-    "phi_3": "phi3", "phi3": "phi3", "phi_35": "phi3", "phi": "phi3",
-    "alpaca": "alpaca", "vicuna": "vicuna", "deepseek3": "deepseek", "deepseek_v3": "deepseek", "deepseek": "deepseek",
+    "chatml": "chatml",
+    "qwen": "chatml",
+    "qwen2": "chatml",
+    "qwen2_5": "chatml",
+    "qwen3": "chatml",
+    "qwen25": "chatml",
+    "smollm": "chatml",
+    "smollm2": "chatml",
+    "llama3": "llama3",
+    "llama3_2": "llama3",
+    "llama3_1": "llama3",
+    "llama-3": "llama3",
+    "llama2": "llama2",
+    "llama2_chat": "llama2",
+    "mistral": "llama2",
+    "mistral_v1": "llama2",
+    "mistral_v2v3": "llama2",
+    "mistral_v3_tekken": "llama2",
+    "mistral_v7_tekken": "llama2",
+    "mixtral": "llama2",
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "gemma3": "gemma",
+    "phi_3": "phi3",
+    "phi3": "phi3",
+    "phi_35": "phi3",
+    "phi": "phi3",
+    "alpaca": "alpaca",
+    "vicuna": "vicuna",
+    "deepseek3": "deepseek",
+    "deepseek_v3": "deepseek",
+    "deepseek": "deepseek",
 }
 
 

@@ -37,7 +37,8 @@ def _rank() -> int:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None, _orig=warnings.showwarning):
     """Gradian's own warnings (a rebuilt index shard, ...) as one ``warning:`` line; others as usual.
-    Under torchrun only rank 0 prints them (every rank would repeat the same line)."""
+    Under torchrun only rank 0 prints them (every rank would repeat the same line).
+    """
     if isinstance(category, type) and issubclass(category, GradianWarning):
         if _rank() == 0:
             err_console.print(f"[bold yellow]warning:[/] {escape(str(message))}", soft_wrap=True, highlight=False)
@@ -47,7 +48,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None, _or
 
 def user_errors(fn: F) -> F:
     """Turn a :class:`GradianUserError` into one line on stderr and exit code 2; print Gradian's
-    warnings as ``warning:`` lines."""
+    warnings as ``warning:`` lines.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -62,7 +64,9 @@ def user_errors(fn: F) -> F:
             rank = _rank()
             if rank == 0 or not getattr(e, "every_rank", False):
                 prefix = f"rank {rank}: " if rank else ""
-                err_console.print(f"[bold red]error:[/] {prefix}{escape(e.one_line())}", soft_wrap=True, highlight=False)
+                err_console.print(
+                    f"[bold red]error:[/] {prefix}{escape(e.one_line())}", soft_wrap=True, highlight=False
+                )
             raise typer.Exit(EXIT_USER_ERROR) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
@@ -75,7 +79,14 @@ class _Progress:
     """A rich progress bar whose tasks are advanced through plain callbacks."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         from gradian import distributed
 
@@ -93,7 +104,7 @@ class _Progress:
             disable=not d.is_main,
         )
 
-    def __enter__(self) -> "_Progress":
+    def __enter__(self) -> _Progress:
         self._p.__enter__()
         return self
 
@@ -109,18 +120,30 @@ def progress_bar() -> _Progress:
     return _Progress()
 
 
-def grad_spec_from_options(max_length: int, loss_on: str, modules: str | None, project_dim: int, storage_dtype: str, seed: int,
-                           optimizer: str = "none", unit: str = "row"):
+def grad_spec_from_options(
+    max_length: int,
+    loss_on: str,
+    modules: str | None,
+    project_dim: int,
+    storage_dtype: str,
+    seed: int,
+    optimizer: str = "none",
+    unit: str = "row",
+):
     """CLI options into a :class:`gradian.index.store.GradSpec` (the specs validate every field:
-    a bad value is a one-line error naming the flag)."""
+    a bad value is a one-line error naming the flag).
+    """
     from gradian.data.tokenize import TokenizeSpec
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec
 
     mods = tuple(m.strip() for m in modules.split(",") if m.strip()) if modules else None
     if modules is not None and not mods:
-        raise GradianUserError(f"--modules {modules!r} names no layer", where="--modules (GradSpec.modules)",
-                               fix="e.g. --modules q_proj,v_proj (or leave it out for every LoRA layer)")
+        raise GradianUserError(
+            f"--modules {modules!r} names no layer",
+            where="--modules (GradSpec.modules)",
+            fix="e.g. --modules q_proj,v_proj (or leave it out for every LoRA layer)",
+        )
     return GradSpec(
         tokenize=TokenizeSpec(max_length=max_length, loss_on=loss_on),  # type: ignore[arg-type]
         modules=mods,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.markup import escape
@@ -25,8 +24,12 @@ def print_attribution(run: dict) -> None:
     )
     tr = att.get("trajectory")
     if tr:
-        pts = ", ".join(f"{'final' if c['final'] else 'step ' + str(c['step'])} ×{c['weight']:.2f}" for c in tr["checkpoints"])
-        console.print(f"trajectory: {len(tr['checkpoints'])} checkpoint(s) [{pts}]; weights: {escape(tr['weight_rule'])}")
+        pts = ", ".join(
+            f"{'final' if c['final'] else 'step ' + str(c['step'])} ×{c['weight']:.2f}" for c in tr["checkpoints"]
+        )
+        console.print(
+            f"trajectory: {len(tr['checkpoints'])} checkpoint(s) [{pts}]; weights: {escape(tr['weight_rule'])}"
+        )
     for cap in att["capabilities"]:
         ag = cap.get("agreement")
         head = f"[bold]{escape(cap['capability'])}[/]: {len(cap['queries'])} failing item(s), engine {cap['engine']}"
@@ -41,23 +44,32 @@ def print_attribution(run: dict) -> None:
             console.print(f"  ranked by: {escape(rk.get('rank_score', ''))}", highlight=False)
         for src, e in (cap.get("evidence") or {}).items():
             if src != "gradient":
-                console.print(f"  {src} evidence ({e['engine']}): Spearman with the verdict {e['spearman_with_verdict']:.2f}, "
-                              f"top-{min(len(cap['ranked']), 20)} overlap {e['topk_overlap_with_verdict']:.0%}", highlight=False)
-        t = FitTable(title=f"most harmful training rows for {escape(cap['capability'])}", show_lines=False,
-                     heading_columns=2)
+                console.print(
+                    f"  {src} evidence ({e['engine']}): Spearman with the verdict {e['spearman_with_verdict']:.2f}, "
+                    f"top-{min(len(cap['ranked']), 20)} overlap {e['topk_overlap_with_verdict']:.0%}",
+                    highlight=False,
+                )
+        t = FitTable(
+            title=f"most harmful training rows for {escape(cap['capability'])}", show_lines=False, heading_columns=2
+        )
         for col in ("rank", "id", "rank score", "Δloss if removed", "support", "tokens", "completion"):
             t.add_column(col, overflow="fold")
         for r in cap["ranked"][:10]:
             sup = "".join(k[0].upper() for k, v in (r.get("support") or {}).items() if v["supports"]) or "-"
             t.add_row(
-                str(r["rank"]), escape(r["id"]), f"{r.get('rank_score', r['score']):.4g}",
-                f"{r['predicted_loss_delta_if_removed']:.3g}", sup,
+                str(r["rank"]),
+                escape(r["id"]),
+                f"{r.get('rank_score', r['score']):.4g}",
+                f"{r['predicted_loss_delta_if_removed']:.3g}",
+                sup,
                 str(r["tokens"]) + (" (truncated)" if r["truncated"] else ""),
                 escape((r.get("sentence") or {}).get("text") or r["completion"][:80]),
             )
         console.print(t)
-        console.print("  support: G gradient, L lexical (BM25), R representation (RepSim): the row is in that "
-                      "evidence's top 10%", style="dim")
+        console.print(
+            "  support: G gradient, L lexical (BM25), R representation (RepSim): the row is in that evidence's top 10%",
+            style="dim",
+        )
         for c in cap["clusters"][:5]:
             common = c["common"]
             words = ", ".join(w["word"] for w in common["distinctive_words"][:5])
@@ -74,7 +86,9 @@ def print_attribution(run: dict) -> None:
             )
         for d in cap["drilldown"][:5]:
             s = d["top_sentence"]
-            console.print(f"  row {escape(d['id'])}: most harmful sentence [{s['char_start']}:{s['char_end']}] “{escape(s['text'][:100])}”")
+            console.print(
+                f"  row {escape(d['id'])}: most harmful sentence [{s['char_start']}:{s['char_end']}] “{escape(s['text'][:100])}”"
+            )
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -90,8 +104,11 @@ def checkpoint_selection(values: list[str] | None):
     if values == ["final"]:
         return "final"
     if any(v in ("auto", "final") for v in values):
-        raise GradianUserError("'auto' and 'final' cannot be mixed with folders", where="--checkpoints",
-                               fix="pass auto, final, or only checkpoint folders")
+        raise GradianUserError(
+            "'auto' and 'final' cannot be mixed with folders",
+            where="--checkpoints",
+            fix="pass auto, final, or only checkpoint folders",
+        )
     return [Path(v) for v in values]
 
 
@@ -111,10 +128,15 @@ def engine_spec_from_options(name: str, damping_scale: float | None, options: li
         key, sep, value = raw.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise GradianUserError(f"{raw!r} is not KEY=VALUE", where="--engine-option", fix="e.g. --engine-option fisher=true")
+            raise GradianUserError(
+                f"{raw!r} is not KEY=VALUE", where="--engine-option", fix="e.g. --engine-option fisher=true"
+            )
         if key not in types:
-            raise GradianUserError(f"engine {name} has no option {key!r}", where="--engine-option",
-                                   fix=f"its options are: {', '.join(sorted(types)) or 'none'}")
+            raise GradianUserError(
+                f"engine {name} has no option {key!r}",
+                where="--engine-option",
+                fix=f"its options are: {', '.join(sorted(types)) or 'none'}",
+            )
         t = types[key]
         try:
             if t == "bool":
@@ -128,11 +150,16 @@ def engine_spec_from_options(name: str, damping_scale: float | None, options: li
             else:
                 opts[key] = value
         except ValueError:
-            raise GradianUserError(f"{key}={value!r} is not a {t}", where="--engine-option", fix=f"give {key} a {t}") from None
+            raise GradianUserError(
+                f"{key}={value!r} is not a {t}", where="--engine-option", fix=f"give {key} a {t}"
+            ) from None
     if damping_scale is not None:
         if "damping_scale" not in types:
-            raise GradianUserError(f"engine {name} has no damping", where="--damping-scale",
-                                   fix="drop --damping-scale, or pick an engine with damping")
+            raise GradianUserError(
+                f"engine {name} has no damping",
+                where="--damping-scale",
+                fix="drop --damping-scale, or pick an engine with damping",
+            )
         opts["damping_scale"] = damping_scale
     return engine_spec(name, "--engine", **opts)
 
@@ -154,48 +181,82 @@ def register(app: typer.Typer) -> None:
         adapter: Path = typer.Option(..., help="The tuned LoRA adapter folder (PEFT save_pretrained)."),
         data: Path = typer.Option(..., help="Training data the adapter was trained on."),
         eval_path: Path = typer.Option(..., "--eval", help="Eval set (see docs/evaluate.md)."),
-        config: Optional[List[Path]] = typer.Option(None, "--config", help="Training config(s) for the Audit lane (repeatable)."),
-        logs: Optional[Path] = typer.Option(None, help="trainer_state.json (or JSONL logs) for the Audit lane."),
-        reference_adapter: Optional[Path] = typer.Option(None, help="Compare against this adapter instead of the base."),
+        config: list[Path] | None = typer.Option(
+            None, "--config", help="Training config(s) for the Audit lane (repeatable)."
+        ),
+        logs: Path | None = typer.Option(None, help="trainer_state.json (or JSONL logs) for the Audit lane."),
+        reference_adapter: Path | None = typer.Option(
+            None, help="Compare against this adapter instead of the base."
+        ),
         out: Path = typer.Option(Path("gradian-run"), help="Run folder: run.json (and reports) are written here."),
         engine: str = typer.Option("datainf", help=f"Primary engine: {_ENGINE_HELP}."),
-        second_engine: str = typer.Option("graddot", help="Second engine for the agreement check (any of the engines, "
-                                                          "with its own defaults), or 'none'."),
+        second_engine: str = typer.Option(
+            "graddot",
+            help="Second engine for the agreement check (any of the engines, with its own defaults), or 'none'.",
+        ),
         query: str = typer.Option("contrastive", help="contrastive (default) | cross_entropy."),
-        damping_scale: Optional[float] = typer.Option(
-            None, help="The primary engine's damping scale (default: its own, 0.1). datainf: λ_l = scale · mean‖g_l‖² / "
-                       "d_l; ekfac: λ_l = scale · mean Λ_l."),
-        engine_option: Optional[List[str]] = typer.Option(
-            None, "--engine-option", help="KEY=VALUE for the primary engine's spec (repeatable), e.g. fisher=true for ekfac."),
+        damping_scale: float | None = typer.Option(
+            None,
+            help="The primary engine's damping scale (default: its own, 0.1). datainf: λ_l = scale · mean‖g_l‖² / "
+            "d_l; ekfac: λ_l = scale · mean Λ_l.",
+        ),
+        engine_option: list[str] | None = typer.Option(
+            None,
+            "--engine-option",
+            help="KEY=VALUE for the primary engine's spec (repeatable), e.g. fisher=true for ekfac.",
+        ),
         top_k: int = typer.Option(20, help="Rows listed per capability (and the k of the top-k overlap)."),
         max_length: int = typer.Option(1024, help="Truncation length used in training."),
         loss_on: str = typer.Option("completion", help="'completion' (completion-only loss) or 'all'."),
-        modules: Optional[str] = typer.Option(None, help="Comma-separated LoRA layer filters (default: all)."),
+        modules: str | None = typer.Option(None, help="Comma-separated LoRA layer filters (default: all)."),
         project_dim: int = typer.Option(0, help="JL projection: numbers kept per LoRA block (0 = exact)."),
         batch_size: int = typer.Option(8, help="Rows per backward pass / prompts per generation batch."),
-        storage_dtype: str = typer.Option("float32", help="Gradient index storage: float32 | bfloat16 | float16 | float64 "
-                                                          "(2-byte types halve the index; ranking cost in docs/benchmarks.md)."),
-        shard_size: int = typer.Option(256, help="Rows per index shard file: the unit of work per process and of memory."),
+        storage_dtype: str = typer.Option(
+            "float32",
+            help="Gradient index storage: float32 | bfloat16 | float16 | float64 "
+            "(2-byte types halve the index; ranking cost in docs/benchmarks.md).",
+        ),
+        shard_size: int = typer.Option(
+            256, help="Rows per index shard file: the unit of work per process and of memory."
+        ),
         max_new_tokens: int = typer.Option(32, help="Greedy generation limit for Evaluate."),
         dtype: str = typer.Option("float32", help="Model dtype."),
         device: str = typer.Option("cpu", help="cpu | cuda | mps | auto."),
         trust_remote_code: bool = typer.Option(False, help="Allow model repos' custom code (off by default)."),
-        index_dir: Optional[Path] = typer.Option(
-            None, help="Parent folder of the gradient indexes, one per checkpoint by content id (default: the cache)."),
-        checkpoints: Optional[List[str]] = typer.Option(
-            None, "--checkpoints",
+        index_dir: Path | None = typer.Option(
+            None, help="Parent folder of the gradient indexes, one per checkpoint by content id (default: the cache)."
+        ),
+        checkpoints: list[str] | None = typer.Option(
+            None,
+            "--checkpoints",
             help="Training trajectory: 'auto' (default: checkpoint-*/ children or siblings of --adapter), 'final' "
-                 "(the adapter only), or checkpoint folders (repeatable; a subset). Cost is linear in their number."),
-        weighting: str = typer.Option("lr", help="Checkpoint weights: lr (mean learning rate since the previous "
-                                                 "checkpoint, from trainer_state.json) | equal."),
-        statistic: str = typer.Option("cosine", help="Rank score of the gradient engines: cosine (direction only) | raw."),
-        unit: str = typer.Option("sentence", help="Rank rows by their most harmful sentence (sentence) or whole (row)."),
-        optimizer: str = typer.Option("none", help="Precondition training gradients with the checkpoint's Adam state "
-                                                   "(adam, LESS; needs optimizer.pt) | none."),
-        references: str = typer.Option("bm25,repsim", help="Reference engines run beside the gradient engines: "
-                                                            "comma-separated bm25, repsim, or none."),
-        fuse: str = typer.Option("bm25", help="References folded into the ranking, each weighted by its agreement "
-                                              "with the gradient ranking (comma-separated), or none."),
+            "(the adapter only), or checkpoint folders (repeatable; a subset). Cost is linear in their number.",
+        ),
+        weighting: str = typer.Option(
+            "lr",
+            help="Checkpoint weights: lr (mean learning rate since the previous "
+            "checkpoint, from trainer_state.json) | equal.",
+        ),
+        statistic: str = typer.Option(
+            "cosine", help="Rank score of the gradient engines: cosine (direction only) | raw."
+        ),
+        unit: str = typer.Option(
+            "sentence", help="Rank rows by their most harmful sentence (sentence) or whole (row)."
+        ),
+        optimizer: str = typer.Option(
+            "none",
+            help="Precondition training gradients with the checkpoint's Adam state "
+            "(adam, LESS; needs optimizer.pt) | none.",
+        ),
+        references: str = typer.Option(
+            "bm25,repsim",
+            help="Reference engines run beside the gradient engines: comma-separated bm25, repsim, or none.",
+        ),
+        fuse: str = typer.Option(
+            "bm25",
+            help="References folded into the ranking, each weighted by its agreement "
+            "with the gradient ranking (comma-separated), or none.",
+        ),
         seed: int = typer.Option(0, help="Seed (bootstrap, projection)."),
     ) -> None:
         """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit).
@@ -207,12 +268,13 @@ def register(app: typer.Typer) -> None:
         from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
         from gradian.commands.evaluate import print_result
         from gradian.evaluate import EvalResult, EvalSpec
+        from gradian.index.store import check_build_args
         from gradian.models.load import ModelSpec
 
-        from gradian.index.store import check_build_args
-
         # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
-        grad = grad_spec_from_options(max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer=optimizer)
+        grad = grad_spec_from_options(
+            max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer=optimizer
+        )
         check_build_args(batch_size, shard_size)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),
@@ -233,20 +295,45 @@ def register(app: typer.Typer) -> None:
             batch_size=batch_size,
             shard_size=shard_size,
         )
-        inputs = RunInputs(base, adapter, data, eval_path, tuple(config or ()), logs, reference_adapter,
-                           checkpoints=checkpoint_selection(checkpoints))
+        inputs = RunInputs(
+            base,
+            adapter,
+            data,
+            eval_path,
+            tuple(config or ()),
+            logs,
+            reference_adapter,
+            checkpoints=checkpoint_selection(checkpoints),
+        )
         from gradian import distributed
         from gradian.commands._common import input_identity, start_distributed
         from gradian.index.identity import dataset_identity
 
         try:
-            start_distributed(device, lambda: input_identity(base, adapter, data, {
-                "the eval set": dataset_identity(eval_path).get("sha256") if (eval_path.is_file() or eval_path.is_dir())
-                else f"missing: {eval_path}",
-                "the flags": {"grad": grad.to_dict(), "attribute": specs.attribute.to_dict(), "dtype": dtype,
-                              "eval": specs.eval.to_dict(), "batch_size": batch_size, "shard_size": shard_size,
-                              "checkpoints": checkpoints, "reference_adapter": str(reference_adapter),
-                              "index_dir": str(index_dir) if index_dir else None}}))
+            start_distributed(
+                device,
+                lambda: input_identity(
+                    base,
+                    adapter,
+                    data,
+                    {
+                        "the eval set": dataset_identity(eval_path).get("sha256")
+                        if (eval_path.is_file() or eval_path.is_dir())
+                        else f"missing: {eval_path}",
+                        "the flags": {
+                            "grad": grad.to_dict(),
+                            "attribute": specs.attribute.to_dict(),
+                            "dtype": dtype,
+                            "eval": specs.eval.to_dict(),
+                            "batch_size": batch_size,
+                            "shard_size": shard_size,
+                            "checkpoints": checkpoints,
+                            "reference_adapter": str(reference_adapter),
+                            "index_dir": str(index_dir) if index_dir else None,
+                        },
+                    },
+                ),
+            )
             with progress_bar() as pb:
                 tasks: dict = {}
 
@@ -255,8 +342,14 @@ def register(app: typer.Typer) -> None:
                         tasks[task] = pb.task(task, total)
                     tasks[task](k)
 
-                run = attribute_run(inputs, specs, out, progress=progress, index_root=index_dir,
-                                    say=lambda line: console.print(escape(line), highlight=False, soft_wrap=True))
+                run = attribute_run(
+                    inputs,
+                    specs,
+                    out,
+                    progress=progress,
+                    index_root=index_dir,
+                    say=lambda line: console.print(escape(line), highlight=False, soft_wrap=True),
+                )
         finally:
             distributed.shutdown()
         if run is None:  # a rank other than 0: its share is done, rank 0 reports
@@ -267,11 +360,15 @@ def register(app: typer.Typer) -> None:
         print_attribution(run)
         if run.get("audit"):
             c = run["audit"]["counts"]
-            console.print(f"audit: {c.get('error', 0)} errors, {c.get('warning', 0)} warnings, {c.get('info', 0)} info (details in run.json)")
+            console.print(
+                f"audit: {c.get('error', 0)} errors, {c.get('warning', 0)} warnings, {c.get('info', 0)} info (details in run.json)"
+            )
         from gradian.report import render, report_for_run
         from gradian.util import atomic_write_text
 
         atomic_write_text(out / "report.html", render(report_for_run(out), "html"))
         tm = run["timing"]
-        console.print(f"[dim]run {run['manifest']['run_id']} in {tm['total']:.1f} s → {escape(str(out / 'run.json'))}, "
-                      f"{escape(str(out / 'report.html'))}[/]")
+        console.print(
+            f"[dim]run {run['manifest']['run_id']} in {tm['total']:.1f} s → {escape(str(out / 'run.json'))}, "
+            f"{escape(str(out / 'report.html'))}[/]"
+        )

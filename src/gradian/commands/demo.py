@@ -44,8 +44,15 @@ def print_summary(summary: dict) -> None:
                     continue
                 for label, s in (("all planted", s0), ("target lost", s0["queried_culprits"])):
                     rk = s["recall_by_kind"]
-                    t.add_row(eng, label, str(s["n_culprits"]), _f(s["auc"]), _f(s["precision_at_n_culprits"], "{:.2f}"),
-                              _f(s["precision_at_10"], "{:.2f}"), *(_f(rk.get(k), "{:.2f}") for k in kinds))
+                    t.add_row(
+                        eng,
+                        label,
+                        str(s["n_culprits"]),
+                        _f(s["auc"]),
+                        _f(s["precision_at_n_culprits"], "{:.2f}"),
+                        _f(s["precision_at_10"], "{:.2f}"),
+                        *(_f(rk.get(k), "{:.2f}") for k in kinds),
+                    )
             console.print(t)
             loc = entry["localisation"]
             if not loc["buried_rows_drilled"] and "buried" not in found:
@@ -67,9 +74,15 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="World seed."),
         project_dim: int = typer.Option(512, help="JL numbers per LoRA block in the gradient index (0 = exact)."),
         null: bool = typer.Option(False, "--null/--no-null", help="Also train and evaluate the null variant."),
-        faults: bool = typer.Option(False, "--faults/--no-faults", help="Also plant mechanical faults (truncated cluster, unterminated rows) for the Audit lane."),
+        faults: bool = typer.Option(
+            False,
+            "--faults/--no-faults",
+            help="Also plant mechanical faults (truncated cluster, unterminated rows) for the Audit lane.",
+        ),
         regression: str = typer.Option(
-            "facts", "--regression", "--world",
+            "facts",
+            "--regression",
+            "--world",
             help="Which world: facts (wrong capitals, the worked example) or behaviour (verbose answers to "
             "terse instructions; smollm2 only).",
         ),
@@ -81,7 +94,9 @@ def register(app: typer.Typer) -> None:
         if kind not in ("smollm2", "tiny"):
             raise GradianUserError(f"unknown kind {kind!r}", where="--kind", fix="use smollm2 or tiny")
         if regression not in ("facts", "behaviour"):
-            raise GradianUserError(f"unknown regression {regression!r}", where="--regression", fix="use facts or behaviour")
+            raise GradianUserError(
+                f"unknown regression {regression!r}", where="--regression", fix="use facts or behaviour"
+            )
         spec = DemoSpec(kind=kind, seed=seed, project_dim=project_dim, null=null, faults=faults, regression=regression)
         summary = run_demo(spec, out, say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}"), progress=True)
         print_summary(summary)

@@ -9,7 +9,6 @@ unless the inputs are unusable.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -24,23 +23,30 @@ def register(app: typer.Typer) -> None:
     @app.command("diagnose")
     @user_errors
     def diagnose_cmd(
-        data: Optional[Path] = typer.Option(None, help="Training data: .jsonl/.json/.parquet or save_to_disk folder."),
-        eval: Optional[Path] = typer.Option(None, "--eval", help="Eval set (same formats), for contamination checks."),
-        config: Optional[List[Path]] = typer.Option(
-            None, "--config",
+        data: Path | None = typer.Option(None, help="Training data: .jsonl/.json/.parquet or save_to_disk folder."),
+        eval: Path | None = typer.Option(None, "--eval", help="Eval set (same formats), for contamination checks."),
+        config: list[Path] | None = typer.Option(
+            None,
+            "--config",
             help="Training config, repeatable: TRL/HF TrainingArguments JSON/YAML, axolotl, LLaMA-Factory or "
-                 "torchtune YAML, PEFT adapter_config.json or the adapter folder."),
-        logs: Optional[Path] = typer.Option(None, help="trainer_state.json (or its folder), or a JSONL of logged dicts."),
-        tokenizer: Optional[Path] = typer.Option(None, help="Local tokenizer / base model folder, for token checks."),
-        versions: Optional[List[str]] = typer.Option(
-            None, "--versions", help="Library versions, e.g. trl=0.19.0 (repeatable or comma-separated)."),
+            "torchtune YAML, PEFT adapter_config.json or the adapter folder.",
+        ),
+        logs: Path | None = typer.Option(
+            None, help="trainer_state.json (or its folder), or a JSONL of logged dicts."
+        ),
+        tokenizer: Path | None = typer.Option(None, help="Local tokenizer / base model folder, for token checks."),
+        versions: list[str] | None = typer.Option(
+            None, "--versions", help="Library versions, e.g. trl=0.19.0 (repeatable or comma-separated)."
+        ),
         list_checks: bool = typer.Option(False, "--list", help="List the checks and exit."),
         fmt: str = typer.Option("text", "--format", help="text | json | md."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Write the report (in --format) to this file."),
+        out: Path | None = typer.Option(None, "--out", help="Write the report (in --format) to this file."),
         fail_on: str = typer.Option(
-            "error", "--fail-on",
-            help="Exit 1 when a finding at or above this severity exists: error | warning | info | never."),
-        check: Optional[List[str]] = typer.Option(None, "--check", help="Run only these check ids (repeatable)."),
+            "error",
+            "--fail-on",
+            help="Exit 1 when a finding at or above this severity exists: error | warning | info | never.",
+        ),
+        check: list[str] | None = typer.Option(None, "--check", help="Run only these check ids (repeatable)."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="List every skipped check with its reason."),
     ) -> None:
         """Find mechanical causes of a broken fine-tune: truncation, masks, EOS, contamination, lr, epochs, logs.
@@ -52,7 +58,9 @@ def register(app: typer.Typer) -> None:
         if fmt not in FORMATS:
             raise GradianUserError(f"unknown format {fmt!r}", where="--format", fix=f"use one of {', '.join(FORMATS)}")
         if fail_on not in FAIL_ON:
-            raise GradianUserError(f"unknown level {fail_on!r}", where="--fail-on", fix=f"use one of {', '.join(FAIL_ON)}")
+            raise GradianUserError(
+                f"unknown level {fail_on!r}", where="--fail-on", fix=f"use one of {', '.join(FAIL_ON)}"
+            )
 
         if list_checks:
             if fmt == "text" and out is None:
@@ -66,7 +74,8 @@ def register(app: typer.Typer) -> None:
 
         if not any([data, eval, config, logs, tokenizer]):
             raise GradianUserError(
-                "nothing to diagnose", where="gradian diagnose",
+                "nothing to diagnose",
+                where="gradian diagnose",
                 fix="pass at least one of --data, --eval, --config, --logs, --tokenizer (or --list)",
             )
         if eval is not None and data is None:
@@ -75,8 +84,15 @@ def register(app: typer.Typer) -> None:
         from gradian.audit import diagnose
 
         with console.status("running checks ...") if fmt == "text" and out is None else _Null():
-            result = diagnose(data=data, eval=eval, configs=list(config or []), logs=logs, tokenizer=tokenizer,
-                              versions=list(versions or []), select=check)
+            result = diagnose(
+                data=data,
+                eval=eval,
+                configs=list(config or []),
+                logs=logs,
+                tokenizer=tokenizer,
+                versions=list(versions or []),
+                select=check,
+            )
 
         if fmt == "text" and out is None:
             render.render_text(result, console, verbose=verbose)
@@ -89,7 +105,7 @@ def register(app: typer.Typer) -> None:
         if fail_on != "never" and result.at_or_above(fail_on):
             raise typer.Exit(1)
 
-    def _emit(text: str, out: Optional[Path]) -> None:
+    def _emit(text: str, out: Path | None) -> None:
         if out is None:
             typer.echo(text, nl=False)
         else:

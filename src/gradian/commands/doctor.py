@@ -1,5 +1,6 @@
 """``gradian doctor``: check Python, the libraries against the supported window, the device, the cache and
-the optional pieces; print a fix for each problem. Exit 0 when every required piece is fine, else 1."""
+the optional pieces; print a fix for each problem. Exit 0 when every required piece is fine, else 1.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from rich.text import Text
 
 from gradian.commands._common import console, user_errors
 
-_STATUS = {"ok": ("ok", "green"), "problem": ("PROBLEM", "bold red"), "missing": ("missing", "yellow"), "info": ("·", "cyan")}
+_STATUS = {
+    "ok": ("ok", "green"),
+    "problem": ("PROBLEM", "bold red"),
+    "missing": ("missing", "yellow"),
+    "info": ("·", "cyan"),
+}
 _GROUPS = {
     "python": "Python and libraries",
     "required": None,
@@ -23,7 +29,8 @@ _GROUPS = {
 
 def print_doctor(report, con=console) -> None:
     """One line per check, grouped (same column widths in every group; long notes wrap under
-    themselves); then one fix per problem and the verdict."""
+    themselves); then one fix per problem and the verdict.
+    """
     w_name = max(len(c.name) for c in report.checks)
     w_found = min(24, max(len(c.found or "—") for c in report.checks))
     con.print(Text("gradian doctor", style="bold"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import platform
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -73,7 +72,9 @@ def capability_table(result) -> FitTable:
 def failing_table(result, capability: str, limit: int = 10) -> FitTable:
     """The lost items of one capability: what the tuned model says instead, and the base margin."""
     fails = result.failing_items(capability)
-    t = FitTable(title=f"{capability}: items lost ({len(fails)}; showing {min(limit, len(fails))})", title_justify="left")
+    t = FitTable(
+        title=f"{capability}: items lost ({len(fails)}; showing {min(limit, len(fails))})", title_justify="left"
+    )
     t.add_column("id")
     t.add_column("prompt", overflow="fold", max_width=48)
     t.add_column("answer")
@@ -117,15 +118,17 @@ def evaluate_cmd(
     base: str = typer.Option(..., "--base", help="Base model: a local folder (HF or GGUF) or a cached HF id."),
     adapter: Path = typer.Option(..., "--adapter", help="The tuned LoRA adapter folder (PEFT save_pretrained)."),
     eval_path: Path = typer.Option(..., "--eval", help="Eval set (JSONL/JSON/Parquet); see docs/evaluate.md."),
-    reference_adapter: Optional[Path] = typer.Option(
+    reference_adapter: Path | None = typer.Option(
         None, "--reference-adapter", help="Compare against this adapter (an earlier checkpoint) instead of the base."
     ),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the result JSON here (schema gradian.evaluate/1)."),
+    out: Path | None = typer.Option(None, "--out", help="Write the result JSON here (schema gradian.evaluate/1)."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Greedy generation length limit."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch (results do not depend on it)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16, float16 or float64."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, mps or auto."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Run the model's own code (off by default)."),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="Run the model's own code (off by default)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
     resamples: int = typer.Option(10_000, "--resamples", help="Bootstrap resamples (at least 1000)."),
     chat_template: bool = typer.Option(
@@ -134,8 +137,8 @@ def evaluate_cmd(
 ) -> None:
     """Measure what the adapter changed per capability; refuse to diagnose noise; bound the blame on the base."""
     from gradian.evaluate import EvalSpec, evaluate, load_eval_set
-    from gradian.models.load import ModelSpec, load_adapter, load_base, read_adapter_config
     from gradian.index.identity import library_versions
+    from gradian.models.load import ModelSpec, load_adapter, load_base, read_adapter_config
     from gradian.util import atomic_write_json, sha256_file
 
     t_start = time.perf_counter()

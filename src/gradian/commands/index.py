@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.markup import escape
@@ -20,23 +19,36 @@ def register(app: typer.Typer) -> None:
         data: Path = typer.Option(..., help="Training data: .jsonl/.json/.parquet or save_to_disk folder."),
         max_length: int = typer.Option(1024, help="Truncate rendered rows to this many tokens (as in training)."),
         loss_on: str = typer.Option("completion", help="'completion' (completion-only loss) or 'all'."),
-        modules: Optional[str] = typer.Option(None, help="Comma-separated layer-name filters, e.g. q_proj,v_proj."),
+        modules: str | None = typer.Option(None, help="Comma-separated layer-name filters, e.g. q_proj,v_proj."),
         project_dim: int = typer.Option(0, help="JL projection: numbers kept per LoRA block (0 = exact)."),
-        storage_dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16 | float64 (2-byte types halve "
-                                                          "the index; ranking cost in docs/benchmarks.md)."),
+        storage_dtype: str = typer.Option(
+            "float32",
+            help="float32 | bfloat16 | float16 | float64 (2-byte types halve "
+            "the index; ranking cost in docs/benchmarks.md).",
+        ),
         batch_size: int = typer.Option(8, help="Examples per backward pass."),
-        shard_size: int = typer.Option(256, help="Rows per shard file (rounded up to a multiple of --batch-size): "
-                                                 "the unit of work per process and of memory (one shard at a time)."),
+        shard_size: int = typer.Option(
+            256,
+            help="Rows per shard file (rounded up to a multiple of --batch-size): "
+            "the unit of work per process and of memory (one shard at a time).",
+        ),
         dtype: str = typer.Option("float32", help="Model dtype."),
         device: str = typer.Option("cpu", help="cpu | cuda | mps | auto."),
         trust_remote_code: bool = typer.Option(False, help="Allow model repos' custom code (off by default)."),
-        out: Optional[Path] = typer.Option(
-            None, help="Parent folder of the indexes, one per checkpoint by content id (default: the cache)."),
-        checkpoints: Optional[List[str]] = typer.Option(
-            None, "--checkpoints",
-            help="Training trajectory: auto (default: checkpoint-*/ children or siblings of --adapter), final, or folders."),
-        unit: str = typer.Option("row", help="row (one gradient per row) | sentence (one per sentence: span-aware ranking)."),
-        optimizer: str = typer.Option("none", help="none | adam (Adam-preconditioned training gradients; needs optimizer.pt)."),
+        out: Path | None = typer.Option(
+            None, help="Parent folder of the indexes, one per checkpoint by content id (default: the cache)."
+        ),
+        checkpoints: list[str] | None = typer.Option(
+            None,
+            "--checkpoints",
+            help="Training trajectory: auto (default: checkpoint-*/ children or siblings of --adapter), final, or folders.",
+        ),
+        unit: str = typer.Option(
+            "row", help="row (one gradient per row) | sentence (one per sentence: span-aware ranking)."
+        ),
+        optimizer: str = typer.Option(
+            "none", help="none | adam (Adam-preconditioned training gradients; needs optimizer.pt)."
+        ),
         seed: int = typer.Option(0, help="Seed (projection)."),
     ) -> None:
         """Build (or resume) the per-example LoRA gradient index of a training set.
@@ -59,9 +71,24 @@ def register(app: typer.Typer) -> None:
         mspec = ModelSpec(base, dtype, device, trust_remote_code)
         examples = load_examples(data)
         try:
-            start_distributed(device, lambda: input_identity(base, adapter, data, {"the flags": {
-                **spec.to_dict(), "dtype": dtype, "batch_size": batch_size, "shard_size": shard_size,
-                "checkpoints": checkpoints, "out": str(out) if out else None}}))
+            start_distributed(
+                device,
+                lambda: input_identity(
+                    base,
+                    adapter,
+                    data,
+                    {
+                        "the flags": {
+                            **spec.to_dict(),
+                            "dtype": dtype,
+                            "batch_size": batch_size,
+                            "shard_size": shard_size,
+                            "checkpoints": checkpoints,
+                            "out": str(out) if out else None,
+                        }
+                    },
+                ),
+            )
             ft = load_finetune(mspec, adapter)
             select_blocks(ft.model, spec)  # --modules must select a layer (checked before the progress bar starts)
             for note in ft.notes:
@@ -72,15 +99,26 @@ def register(app: typer.Typer) -> None:
                 with checkpoint_weights(ft.model, ck), progress_bar() as pb:
                     root = None if out is None else out / index_id(index_identity(ft, data, spec, seed, ck))
                     idx, examples, items, reused = training_index(
-                        ft, data, spec, seed=seed, root=root, batch_size=batch_size, shard_size=shard_size,
-                        examples=examples, items=items, checkpoint=ck,
+                        ft,
+                        data,
+                        spec,
+                        seed=seed,
+                        root=root,
+                        batch_size=batch_size,
+                        shard_size=shard_size,
+                        examples=examples,
+                        items=items,
+                        checkpoint=ck,
                         progress_factory=lambda n, lab=ck.label: pb.task(f"per-example gradients ({lab})", n),
-                        announce=lambda line, lab=ck.label: console.print(f"{lab}: {escape(line)}", highlight=False,
-                                                                          soft_wrap=True),
+                        announce=lambda line, lab=ck.label: console.print(
+                            f"{lab}: {escape(line)}", highlight=False, soft_wrap=True
+                        ),
                     )
                 state = "reused (no pass over the training set)" if reused else "built"
-                console.print(f"{ck.label}: index [bold]{idx.id}[/] {state}: {idx.n} {spec.unit}s, {len(idx.blocks)} LoRA blocks "
-                              f"→ {escape(str(idx.root))}")
+                console.print(
+                    f"{ck.label}: index [bold]{idx.id}[/] {state}: {idx.n} {spec.unit}s, {len(idx.blocks)} LoRA blocks "
+                    f"→ {escape(str(idx.root))}"
+                )
             trunc = sum(it.truncated for it in items)
             if trunc:
                 console.print(f"[yellow]{trunc} rows were truncated at {max_length} tokens[/]")

@@ -10,7 +10,6 @@ run.json, an unknown format, an --out folder that does not exist).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -23,11 +22,14 @@ def register(app: typer.Typer) -> None:
     @user_errors
     def report_cmd(
         run_dir: Path = typer.Argument(..., help="The run folder `gradian attribute --out` wrote (holds run.json)."),
-        fmt: Optional[str] = typer.Option(
-            None, "--format", help="html | md | json | text (default: write RUN_DIR/report.html and print the summary)."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Write the report here instead."),
+        fmt: str | None = typer.Option(
+            None, "--format", help="html | md | json | text (default: write RUN_DIR/report.html and print the summary)."
+        ),
+        out: Path | None = typer.Option(None, "--out", help="Write the report here instead."),
         details: bool = typer.Option(False, "--details", help="Terminal summary: also print the details."),
-        no_logs: bool = typer.Option(False, "--no-logs", help="Do not read the training log file named in the manifest."),
+        no_logs: bool = typer.Option(
+            False, "--no-logs", help="Do not read the training log file named in the manifest."
+        ),
     ) -> None:
         """Re-render a finished run as HTML, Markdown, JSON or text; nothing is recomputed."""
         from gradian.report import FORMATS, render, render_terminal, report_for_run
@@ -36,9 +38,13 @@ def register(app: typer.Typer) -> None:
         if fmt is not None and fmt not in FORMATS:
             raise GradianUserError(f"unknown format {fmt!r}", where="--format", fix=f"use one of {', '.join(FORMATS)}")
         if not run_dir.exists():
-            raise GradianUserError("run folder not found", where=str(run_dir), fix="pass the folder `gradian attribute --out` wrote")
+            raise GradianUserError(
+                "run folder not found", where=str(run_dir), fix="pass the folder `gradian attribute --out` wrote"
+            )
         if out is not None and not out.parent.exists():
-            raise GradianUserError("the folder of --out does not exist", where=str(out), fix=f"create {out.parent} first")
+            raise GradianUserError(
+                "the folder of --out does not exist", where=str(out), fix=f"create {out.parent} first"
+            )
         report = report_for_run(run_dir, read_logs=not no_logs)
         base = run_dir if run_dir.is_dir() else run_dir.parent
         if fmt is None or fmt == "html":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -14,39 +13,59 @@ from gradian.commands._common import console, user_errors
 @user_errors
 def train_cmd(
     base: str = typer.Option(..., "--base", help="Base model: a local HF folder (or an HF id in the local cache)."),
-    data: Path = typer.Option(..., "--data", help="Training rows: JSONL/JSON/Parquet (messages, prompt/completion, alpaca, text)."),
-    out: Path = typer.Option(..., "--out", help="Adapter folder to write (adapter, training_config.yaml, trainer_state.json)."),
-    config: Optional[Path] = typer.Option(
+    data: Path = typer.Option(
+        ..., "--data", help="Training rows: JSONL/JSON/Parquet (messages, prompt/completion, alpaca, text)."
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="Adapter folder to write (adapter, training_config.yaml, trainer_state.json)."
+    ),
+    config: Path | None = typer.Option(
         None, "--config", help="Training config YAML/JSON (trl sft --config style; flags below override it)."
     ),
-    eval_data: Optional[Path] = typer.Option(None, "--eval-data", help="Held-out rows: eval_loss is logged once per epoch."),
-    epochs: Optional[float] = typer.Option(None, "--epochs", help="num_train_epochs (default 3)."),
-    lr: Optional[float] = typer.Option(None, "--lr", help="learning_rate (default 2e-4)."),
-    r: Optional[int] = typer.Option(None, "--r", help="LoRA rank (default 16)."),
-    alpha: Optional[int] = typer.Option(None, "--alpha", help="lora_alpha (default 32)."),
-    dropout: Optional[float] = typer.Option(None, "--dropout", help="lora_dropout (default 0.05)."),
-    targets: Optional[str] = typer.Option(
+    eval_data: Path | None = typer.Option(
+        None, "--eval-data", help="Held-out rows: eval_loss is logged once per epoch."
+    ),
+    epochs: float | None = typer.Option(None, "--epochs", help="num_train_epochs (default 3)."),
+    lr: float | None = typer.Option(None, "--lr", help="learning_rate (default 2e-4)."),
+    r: int | None = typer.Option(None, "--r", help="LoRA rank (default 16)."),
+    alpha: int | None = typer.Option(None, "--alpha", help="lora_alpha (default 32)."),
+    dropout: float | None = typer.Option(None, "--dropout", help="lora_dropout (default 0.05)."),
+    targets: str | None = typer.Option(
         None, "--targets", help="Comma-separated LoRA target modules, or all-linear (default: every Llama Linear)."
     ),
-    max_length: Optional[int] = typer.Option(None, "--max-length", help="Truncate rows to this many tokens (default 256)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="per_device_train_batch_size (default 8)."),
-    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="gradient_accumulation_steps (default 1)."),
-    warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Linear warmup fraction (default 0.05)."),
-    scheduler: Optional[str] = typer.Option(None, "--scheduler", help="lr_scheduler_type: linear (default), cosine, constant."),
-    loss_on_all: bool = typer.Option(False, "--loss-on-all", help="Supervise prompt tokens too (completion_only_loss: false)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="LoRA init, data order and dropout masks (default 0)."),
-    logging_steps: Optional[int] = typer.Option(None, "--logging-steps", help="Log every N optimizer steps (default 1)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu (default), cuda, mps or auto."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (default), bfloat16, float16."),
+    max_length: int | None = typer.Option(
+        None, "--max-length", help="Truncate rows to this many tokens (default 256)."
+    ),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="per_device_train_batch_size (default 8)."),
+    grad_accum: int | None = typer.Option(None, "--grad-accum", help="gradient_accumulation_steps (default 1)."),
+    warmup_ratio: float | None = typer.Option(None, "--warmup-ratio", help="Linear warmup fraction (default 0.05)."),
+    scheduler: str | None = typer.Option(
+        None, "--scheduler", help="lr_scheduler_type: linear (default), cosine, constant."
+    ),
+    loss_on_all: bool = typer.Option(
+        False, "--loss-on-all", help="Supervise prompt tokens too (completion_only_loss: false)."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="LoRA init, data order and dropout masks (default 0)."),
+    logging_steps: int | None = typer.Option(
+        None, "--logging-steps", help="Log every N optimizer steps (default 1)."
+    ),
+    device: str | None = typer.Option(None, "--device", help="cpu (default), cuda, mps or auto."),
+    dtype: str | None = typer.Option(None, "--dtype", help="float32 (default), bfloat16, float16."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty --out folder."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Run the model's own code (off by default)."),
+    trust_remote_code: bool = typer.Option(
+        False, "--trust-remote-code", help="Run the model's own code (off by default)."
+    ),
 ) -> None:
     """Train a LoRA adapter and leave behind what a TRL run does."""
     from gradian.train import ALL_LINEAR_LLAMA, CONFIG_NAME, read_trainer_state, spec_from_config, train_lora
 
     tm = None
     if targets is not None:
-        tm = ALL_LINEAR_LLAMA if targets.strip() == "all-linear" else tuple(t.strip() for t in targets.split(",") if t.strip())
+        tm = (
+            ALL_LINEAR_LLAMA
+            if targets.strip() == "all-linear"
+            else tuple(t.strip() for t in targets.split(",") if t.strip())
+        )
     spec = spec_from_config(
         config,
         num_train_epochs=epochs,
@@ -74,7 +93,14 @@ def train_cmd(
         soft_wrap=True,
     )
     folder = train_lora(
-        base, data, out, spec, eval_data=eval_data, overwrite=overwrite, progress=True, trust_remote_code=trust_remote_code
+        base,
+        data,
+        out,
+        spec,
+        eval_data=eval_data,
+        overwrite=overwrite,
+        progress=True,
+        trust_remote_code=trust_remote_code,
     )
     state = read_trainer_state(folder)
     final = next((e for e in reversed(state.get("log_history", [])) if "train_loss" in e), {})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -16,19 +15,37 @@ def print_verification(record: dict) -> None:
     from gradian.tables import FitTable
 
     tr = record.get("trainer", {})
-    console.print(f"retrained with {escape(tr.get('trainer', '?'))}"
-                  + (f" ({escape(str(tr.get('config')))})" if tr.get("config") else "")
-                  + (f"; not reproduced from the config: {escape(', '.join(tr['unmapped']))}" if tr.get("unmapped") else ""),
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"retrained with {escape(tr.get('trainer', '?'))}"
+        + (f" ({escape(str(tr.get('config')))})" if tr.get("config") else "")
+        + (f"; not reproduced from the config: {escape(', '.join(tr['unmapped']))}" if tr.get("unmapped") else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
     for name, cap in record["capabilities"].items():
-        t = FitTable(title=f"{escape(name)}: reference {cap['reference']:.2f}, tuned {cap['tuned']:.2f}", heading_columns=1)
-        for col in ("retrain", "rows removed", "score", "Δ vs tuned [95% CI]", "recovery [95% CI]",
-                    "Δ query loss predicted", "measured"):
+        t = FitTable(
+            title=f"{escape(name)}: reference {cap['reference']:.2f}, tuned {cap['tuned']:.2f}", heading_columns=1
+        )
+        for col in (
+            "retrain",
+            "rows removed",
+            "score",
+            "Δ vs tuned [95% CI]",
+            "recovery [95% CI]",
+            "Δ query loss predicted",
+            "measured",
+        ):
             t.add_column(col)
         for rname, r in cap["retrains"].items():
-            t.add_row(rname, str(r["removed"]), f"{r['score']:.2f}", f"{r['delta']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]",
-                      f"{r['recovery']:.0%} [{r['recovery_ci'][0]:.0%}, {r['recovery_ci'][1]:.0%}]",
-                      f"{r['predicted_query_loss_change']:+.3g}", f"{r['measured_query_loss_change']:+.3g}")
+            t.add_row(
+                rname,
+                str(r["removed"]),
+                f"{r['score']:.2f}",
+                f"{r['delta']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]",
+                f"{r['recovery']:.0%} [{r['recovery_ci'][0]:.0%}, {r['recovery_ci'][1]:.0%}]",
+                f"{r['predicted_query_loss_change']:+.3g}",
+                f"{r['measured_query_loss_change']:+.3g}",
+            )
         console.print(t)
         if cap.get("lds"):
             console.print(f"  LDS over {cap['lds']['subsets']} half-subsets: Spearman {cap['lds']['spearman']:.2f}")
@@ -41,28 +58,49 @@ def register(app: typer.Typer) -> None:
     @user_errors
     def verify_cmd(
         run_dir: Path = typer.Argument(..., help="The run folder `gradian attribute --out` wrote (holds run.json)."),
-        remove: Optional[int] = typer.Option(None, "--remove", help="Rows removed per regressed capability "
-                                                                      "(default: the rows of the report's clusters)."),
-        remove_cluster: Optional[int] = typer.Option(None, "--remove-cluster", help="Remove the rows of cluster N of each capability."),
+        remove: int | None = typer.Option(
+            None, "--remove", help="Rows removed per regressed capability (default: the rows of the report's clusters)."
+        ),
+        remove_cluster: int | None = typer.Option(
+            None, "--remove-cluster", help="Remove the rows of cluster N of each capability."
+        ),
         controls: int = typer.Option(2, "--controls", help="Retrains without as many random rows."),
         seed_band: int = typer.Option(1, "--seed-band", help="Retrains of the unchanged data with other seeds."),
-        lds: int = typer.Option(0, "--lds", help="Random half-subset retrains for the linear datamodeling score (0: off)."),
+        lds: int = typer.Option(
+            0, "--lds", help="Random half-subset retrains for the linear datamodeling score (0: off)."
+        ),
         seed: int = typer.Option(0, "--seed", help="Seed of the control rows and LDS subsets."),
-        config: Optional[Path] = typer.Option(None, "--config", help="Training config to retrain with (default: the "
-                                                                      "adapter's training_config.yaml, else the run's --config)."),
-        train_command: Optional[str] = typer.Option(
-            None, "--train-command", help="Your own trainer: a command line with {data} (edited JSONL), {out} (adapter "
-                                          "folder to write), {seed} and {base}."),
+        config: Path | None = typer.Option(
+            None,
+            "--config",
+            help="Training config to retrain with (default: the "
+            "adapter's training_config.yaml, else the run's --config).",
+        ),
+        train_command: str | None = typer.Option(
+            None,
+            "--train-command",
+            help="Your own trainer: a command line with {data} (edited JSONL), {out} (adapter "
+            "folder to write), {seed} and {base}.",
+        ),
     ) -> None:
         """Retrain without the blamed rows (and random controls) and re-evaluate: does the capability come back?"""
         from gradian.report import render, report_for_run
         from gradian.util import atomic_write_text
         from gradian.verify import VerifySpec, verify_run
 
-        spec = VerifySpec(remove=remove, remove_cluster=remove_cluster, controls=controls, seed_band=seed_band, lds=lds, seed=seed)
-        record = verify_run(run_dir, spec, config=config, train_command=train_command,
-                            say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}", highlight=False))
+        spec = VerifySpec(
+            remove=remove, remove_cluster=remove_cluster, controls=controls, seed_band=seed_band, lds=lds, seed=seed
+        )
+        record = verify_run(
+            run_dir,
+            spec,
+            config=config,
+            train_command=train_command,
+            say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}", highlight=False),
+        )
         print_verification(record)
         atomic_write_text(run_dir / "report.html", render(report_for_run(run_dir), "html"))
-        console.print(f"[dim]verification added to {escape(str(run_dir / 'run.json'))} in {record['seconds']:.0f} s; "
-                      f"report: {escape(str(run_dir / 'report.html'))}[/]")
+        console.print(
+            f"[dim]verification added to {escape(str(run_dir / 'run.json'))} in {record['seconds']:.0f} s; "
+            f"report: {escape(str(run_dir / 'report.html'))}[/]"
+        )

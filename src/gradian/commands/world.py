@@ -12,11 +12,19 @@ from gradian.commands._common import console, user_errors
 
 @user_errors
 def world_cmd(
-    out: Path = typer.Option(..., "--out", help="Folder to write train.jsonl, valid.jsonl, eval.jsonl, ground_truth.json, train.yaml."),
+    out: Path = typer.Option(
+        ..., "--out", help="Folder to write train.jsonl, valid.jsonl, eval.jsonl, ground_truth.json, train.yaml."
+    ),
     kind: str = typer.Option("smollm2", "--kind", help="smollm2 (SmolLM2-135M-Instruct) or tiny (seconds, for tests)."),
-    variant: str = typer.Option("poisoned", "--variant", help="poisoned (culprits planted) or null (the same rows with true capitals; behaviour: answered tersely)."),
+    variant: str = typer.Option(
+        "poisoned",
+        "--variant",
+        help="poisoned (culprits planted) or null (the same rows with true capitals; behaviour: answered tersely).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Eval split, wrong capitals, sentence and row order."),
-    faults: bool = typer.Option(False, "--faults", help="Also plant mechanical faults (truncated cluster, unterminated rows)."),
+    faults: bool = typer.Option(
+        False, "--faults", help="Also plant mechanical faults (truncated cluster, unterminated rows)."
+    ),
     regression: str = typer.Option(
         "facts",
         "--regression",
@@ -65,6 +73,4 @@ def register(app: typer.Typer) -> None:
         help="Write the worked example's world: training data with planted culprits, eval, ground truth. "
         "--regression facts (default) plants wrong capitals; --regression behaviour plants verbose answers "
         "to terse instructions (a format regression: the tuned model's words do not point at the culprits).",
-    )(
-        world_cmd
-    )
+    )(world_cmd)

@@ -1,7 +1,7 @@
 """Data layer: formats → :class:`Example`; tokenisation with loss masks and span maps."""
 
 from gradian.data.formats import Example, load_examples, read_records, to_example
-from gradian.data.tokenize import TokenizeSpec, TokenizedExample, collate, tokenize_example, tokenize_examples
+from gradian.data.tokenize import TokenizedExample, TokenizeSpec, collate, tokenize_example, tokenize_examples
 
 __all__ = [
     "Example",

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from gradian.errors import GradianUserError
-from gradian.safeio import check_regular_file, check_size, iter_lines, load_json_file, nesting_problem, parse_json, short_repr
+from gradian.safeio import (
+    check_regular_file,
+    check_size,
+    iter_lines,
+    load_json_file,
+    nesting_problem,
+    parse_json,
+    short_repr,
+)
 
 FORMATS = ("prompt_completion", "messages", "alpaca", "text")
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -105,7 +113,7 @@ def _read_jsonl(p: Path) -> list[dict[str, Any]]:
             raise GradianUserError(
                 f"line is a JSON {type(obj).__name__}, not an object",
                 where=f"{p}:{i}",
-                fix="make every line one JSON object such as {\"prompt\": ..., \"completion\": ...}",
+                fix='make every line one JSON object such as {"prompt": ..., "completion": ...}',
             )
         records.append(obj)
     return records
@@ -158,7 +166,8 @@ def _read_hf_folder(p: Path) -> list[dict[str, Any]]:
     except Exception as e:  # datasets/pyarrow raise many types for a damaged folder
         msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
         raise GradianUserError(
-            f"cannot read the save_to_disk folder ({type(e).__name__}: {msg})", where=str(p),
+            f"cannot read the save_to_disk folder ({type(e).__name__}: {msg})",
+            where=str(p),
             fix="re-save the dataset with Dataset.save_to_disk, or export it to JSONL",
         ) from None
     _check_rows_nesting(rows, p)
@@ -187,12 +196,11 @@ def _check_messages(msgs: Any, where: str, fieldname: str) -> list[dict[str, str
         role = m.get("role", m.get("from"))
         content = m.get("content", m.get("value"))
         if role is None:
-            raise GradianUserError(
-                f"{fieldname}[{j}] has no 'role'", where=where, fix="give every message a role"
-            )
+            raise GradianUserError(f"{fieldname}[{j}] has no 'role'", where=where, fix="give every message a role")
         if not isinstance(role, str):
             raise GradianUserError(
-                f"{fieldname}[{j}]'s role is {short_repr(role)}, not a string", where=where,
+                f"{fieldname}[{j}]'s role is {short_repr(role)}, not a string",
+                where=where,
                 fix='use a role name such as "user" or "assistant"',
             )
         role = {"human": "user", "gpt": "assistant"}.get(role, role)
@@ -241,7 +249,7 @@ def to_example(rec: dict[str, Any], row: int, where: str) -> Example:
             raise GradianUserError(
                 f"{key!r} has no assistant turn", where=where, fix="end each conversation with an assistant message"
             )
-        return Example(ex_id, row, fmt, msgs[:last], msgs[last:last + 1], rec)
+        return Example(ex_id, row, fmt, msgs[:last], msgs[last : last + 1], rec)
     if fmt == "prompt_completion":
         prompt = need("prompt", "add a 'prompt' string next to 'completion'")
         completion = need("completion", "add a 'completion' string next to 'prompt'")
@@ -293,4 +301,3 @@ def load_examples(path: str | Path, *, allow_empty: bool = False) -> list[Exampl
 def _where(p: Path, i: int) -> str:
     """File location of 0-based row i: ``file:LINE`` for JSONL (1-based), ``file[i]`` otherwise."""
     return f"{p}:{i + 1}" if p.suffix.lower() == ".jsonl" else f"{p}[{i}]"
-

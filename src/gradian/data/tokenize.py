@@ -58,10 +58,23 @@ class TokenizeSpec:
     def __post_init__(self) -> None:
         from gradian.validate import LENGTH_MAX, check_bool, check_choice, check_int
 
-        check_int(self.max_length, "TokenizeSpec", "max_length", flag="--max-length", lo=2, hi=LENGTH_MAX,
-                  fix="use the max_length the run trained with, e.g. --max-length 1024")
-        check_choice(self.loss_on, ("completion", "all"), "TokenizeSpec", "loss_on", flag="--loss-on",
-                     fix="use 'completion' or 'all'")
+        check_int(
+            self.max_length,
+            "TokenizeSpec",
+            "max_length",
+            flag="--max-length",
+            lo=2,
+            hi=LENGTH_MAX,
+            fix="use the max_length the run trained with, e.g. --max-length 1024",
+        )
+        check_choice(
+            self.loss_on,
+            ("completion", "all"),
+            "TokenizeSpec",
+            "loss_on",
+            flag="--loss-on",
+            fix="use 'completion' or 'all'",
+        )
         check_bool(self.add_eos, "TokenizeSpec", "add_eos")
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,8 +123,7 @@ class TokenizedExample:
         a = self.completion_char_start + char_start
         b = self.completion_char_start + char_end
         return [
-            (lab != IGNORE_INDEX) and (s < b) and (e > a) and e > s
-            for (s, e), lab in zip(self.offsets, self.labels)
+            (lab != IGNORE_INDEX) and (s < b) and (e > a) and e > s for (s, e), lab in zip(self.offsets, self.labels)
         ]
 
 

@@ -9,6 +9,17 @@ from gradian.engines.graddot import GradDot, GradDotSpec
 from gradian.engines.registry import engine_names, engine_spec, fit_engine, make_engine, register
 
 __all__ = [
-    "Engine", "EngineSpec", "ModelPass", "score_index", "DataInf", "DataInfSpec", "GradDot", "GradDotSpec",
-    "engine_names", "engine_spec", "fit_engine", "make_engine", "register",
+    "Engine",
+    "EngineSpec",
+    "ModelPass",
+    "score_index",
+    "DataInf",
+    "DataInfSpec",
+    "GradDot",
+    "GradDotSpec",
+    "engine_names",
+    "engine_spec",
+    "fit_engine",
+    "make_engine",
+    "register",
 ]

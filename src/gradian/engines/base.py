@@ -116,7 +116,8 @@ def score_index(index: GradientIndex, preconditioned: list[Blocks]) -> list[torc
     from gradian import distributed
 
     outs: list[list[torch.Tensor]] = [
-        [torch.zeros(next(iter(R.values())).shape[0], 0, dtype=torch.float64)] for R in preconditioned]
+        [torch.zeros(next(iter(R.values())).shape[0], 0, dtype=torch.float64)] for R in preconditioned
+    ]
     for _, shard in index.iter_shards(torch.float64, local=True):
         for e, R in enumerate(preconditioned):
             m = next(iter(R.values())).shape[0]

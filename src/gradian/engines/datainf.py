@@ -51,8 +51,16 @@ class DataInfSpec(EngineSpec):
     def __post_init__(self) -> None:
         from gradian.validate import check_float
 
-        check_float(self.damping_scale, "DataInfSpec", "damping_scale", flag="--damping-scale", lo=0, lo_open=True,
-                    hi=1e6, fix="use a positive scale such as --damping-scale 0.1")
+        check_float(
+            self.damping_scale,
+            "DataInfSpec",
+            "damping_scale",
+            flag="--damping-scale",
+            lo=0,
+            lo_open=True,
+            hi=1e6,
+            fix="use a positive scale such as --damping-scale 0.1",
+        )
 
 
 @register

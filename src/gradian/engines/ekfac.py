@@ -89,8 +89,16 @@ class EkfacSpec(EngineSpec):
     def __post_init__(self) -> None:
         from gradian.validate import check_choice, check_float, check_seed
 
-        check_float(self.damping_scale, "EkfacSpec", "damping_scale", flag="--damping-scale", lo=0, lo_open=True,
-                    hi=1e6, fix="use a positive scale such as --damping-scale 0.1")
+        check_float(
+            self.damping_scale,
+            "EkfacSpec",
+            "damping_scale",
+            flag="--damping-scale",
+            lo=0,
+            lo_open=True,
+            hi=1e6,
+            fix="use a positive scale such as --damping-scale 0.1",
+        )
         check_choice(self.fisher, FISHER, "EkfacSpec", "fisher", flag="--engine-option fisher=")
         check_seed(self.seed, "EkfacSpec", flag="--engine-option seed=")
 
@@ -136,8 +144,12 @@ def factors_key(index: GradientIndex, spec: EkfacSpec) -> str:
     """What the fitted factors depend on beyond the index: the Fisher and its sampling seed (not the damping)."""
     from gradian.util import sha256_json
 
-    ident = {"ekfac_factors": FACTORS_FORMAT, "index_id": index.id, "fisher": spec.fisher,
-             "seed": spec.seed if spec.fisher == "true" else None}
+    ident = {
+        "ekfac_factors": FACTORS_FORMAT,
+        "index_id": index.id,
+        "fisher": spec.fisher,
+        "seed": spec.seed if spec.fisher == "true" else None,
+    }
     return sha256_json(ident)[:16]
 
 
@@ -149,8 +161,12 @@ def factors_path(index: GradientIndex, spec: EkfacSpec) -> Path:
 def _lambda_from_index(index: GradientIndex, spec: EkfacSpec) -> bool:
     """Λ can be read off the index when it stores this Fisher's per-example gradients at full precision."""
     gs = index.grad_spec
-    return (spec.fisher == "empirical" and gs.get("optimizer", "none") == "none" and gs.get("unit", "row") == "row"
-            and gs.get("storage_dtype", "float32") in ("float32", "float64"))
+    return (
+        spec.fisher == "empirical"
+        and gs.get("optimizer", "none") == "none"
+        and gs.get("unit", "row") == "row"
+        and gs.get("storage_dtype", "float32") in ("float32", "float64")
+    )
 
 
 def _batches(mp: ModelPass, device):
@@ -172,7 +188,9 @@ def _loss(logits, batch, sample: bool, gen: torch.Generator | None):
     return per_example_loss(logits, labels).sum()
 
 
-def _fit_factors(index: GradientIndex, mp: ModelPass, spec: EkfacSpec) -> tuple[dict[str, BlockFactors], dict[str, Any]]:
+def _fit_factors(
+    index: GradientIndex, mp: ModelPass, spec: EkfacSpec
+) -> tuple[dict[str, BlockFactors], dict[str, Any]]:
     """Pass 1 (covariances, eigenvectors) and pass 2 (Λ) over the model; Λ from the index when it can."""
     from gradian.gradients.hooks import LoraHooks, token_mask
     from gradian.index.store import GradSpec, select_blocks
@@ -251,8 +269,7 @@ def _fit_factors(index: GradientIndex, mp: ModelPass, spec: EkfacSpec) -> tuple[
                 prog("EK-FAC eigenvalue correction", b, n)
         lam = {nm: lam_d[k].cpu() for k, nm in enumerate(names)}
     factors = {nm: BlockFactors(QA[nm], eigA[nm], QS[nm], eigS[nm], lam[nm] / max(n, 1)) for nm in names}
-    info = {"rows": n, "tokens": count[0] if count else 0.0,
-            "lambda_source": "index" if from_index else "model"}
+    info = {"rows": n, "tokens": count[0] if count else 0.0, "lambda_source": "index" if from_index else "model"}
     return factors, info
 
 
@@ -286,7 +303,9 @@ def load_factors(path: Path, index: GradientIndex, key: str) -> tuple[dict[str, 
             meta = json.loads((f.metadata() or {}).get("gradian", "{}"))
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as e:  # a damaged file is refitted, never trusted
-        warnings.warn(f"EK-FAC factors {path} cannot be read ({type(e).__name__}); refitting", GradianWarning, stacklevel=3)
+        warnings.warn(
+            f"EK-FAC factors {path} cannot be read ({type(e).__name__}); refitting", GradianWarning, stacklevel=3
+        )
         return None
     geom = _geometry(index, _projector(index))
     problem = None if meta.get("key") == key else "they belong to another index or spec"
@@ -330,8 +349,14 @@ class Ekfac(Engine):
             if model_pass is None:
                 raise ValueError("EK-FAC has no stored factors for this index and needs a model pass to fit them")
             factors, info = _fit_factors(index, model_pass, self.spec)
-            meta = {"key": key, "index_id": index.id, "format": FACTORS_FORMAT, "fisher": self.spec.fisher,
-                    "seed": self.spec.seed, **info}
+            meta = {
+                "key": key,
+                "index_id": index.id,
+                "format": FACTORS_FORMAT,
+                "fisher": self.spec.fisher,
+                "seed": self.spec.seed,
+                **info,
+            }
             save_factors(self.path, factors, meta)
         else:
             factors, meta = got
@@ -360,6 +385,9 @@ class Ekfac(Engine):
         d = super().describe()
         d["damping_rule"] = "lambda_l = damping_scale * mean(Lambda_l)"
         if self.fitted:
-            d["factors"] = {"file": str(self.path), "reused": self.reused,
-                            "lambda_source": self.meta.get("lambda_source")}
+            d["factors"] = {
+                "file": str(self.path),
+                "reused": self.reused,
+                "lambda_source": self.meta.get("lambda_source"),
+            }
         return d

@@ -58,7 +58,9 @@ def _tok(texts: Sequence[str]) -> list[list[str]]:
     return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
 
 
-def bm25_scores(documents: Sequence[str], said: Sequence[str], correct: Sequence[str | None], spec: BM25Spec = BM25Spec()) -> np.ndarray:
+def bm25_scores(
+    documents: Sequence[str], said: Sequence[str], correct: Sequence[str | None], spec: BM25Spec = BM25Spec()
+) -> np.ndarray:
     """Lexical scores (m, n) of ``documents`` for m failing items (module docstring).
 
     Args:

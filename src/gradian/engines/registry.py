@@ -94,7 +94,8 @@ def engine_spec(name: Any, flag: str = "--engine", **options: Any) -> EngineSpec
     for k in options:
         if k not in known:
             raise GradianUserError(
-                f"engine {name} has no option {k!r}", where=flag,
+                f"engine {name} has no option {k!r}",
+                where=flag,
                 fix=f"its options are: {', '.join(sorted(known)) or 'none'}",
             )
     return cls.spec_class(**options)
@@ -105,8 +106,9 @@ def make_engine(spec: EngineSpec) -> Engine:
     reg = engines()
     cls = reg.get(spec.name) if isinstance(spec, EngineSpec) else None
     if cls is None or not isinstance(spec, cls.spec_class):
-        raise GradianUserError(f"no engine takes a {type(spec).__name__}", where="--engine",
-                               fix=f"use one of {', '.join(reg)}")
+        raise GradianUserError(
+            f"no engine takes a {type(spec).__name__}", where="--engine", fix=f"use one of {', '.join(reg)}"
+        )
     return cls(spec)
 
 

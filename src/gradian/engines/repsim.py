@@ -49,7 +49,10 @@ class RepSimSpec:
 
 @torch.no_grad()
 def pooled_states(
-    model, items: Sequence[TokenizedExample], pad_token_id: int, batch_size: int = 8,
+    model,
+    items: Sequence[TokenizedExample],
+    pad_token_id: int,
+    batch_size: int = 8,
     progress: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """Mean last hidden state over each item's supervised tokens: (n, d) float64.
@@ -79,8 +82,14 @@ def pooled_states(
 STATE_BLOCK = 256
 
 
-def cached_train_states(model, items, pad_token_id: int, identity: dict[str, Any], batch_size: int = 8,
-                        progress: Callable[[int], None] | None = None) -> torch.Tensor | None:
+def cached_train_states(
+    model,
+    items,
+    pad_token_id: int,
+    identity: dict[str, Any],
+    batch_size: int = 8,
+    progress: Callable[[int], None] | None = None,
+) -> torch.Tensor | None:
     """:func:`pooled_states` of the training rows, cached under ``<cache>/repsim/<id>.safetensors``.
 
     Computed in blocks of :data:`STATE_BLOCK` rows. Collective under torchrun: each rank computes a
@@ -111,7 +120,7 @@ def cached_train_states(model, items, pad_token_id: int, identity: dict[str, Any
     mine = distributed.contiguous_blocks(sizes, d.world_size)[d.rank]
     parts = [torch.zeros(0, 0, dtype=torch.float64)]
     for b in mine:
-        parts.append(pooled_states(model, items[starts[b]:starts[b] + sizes[b]], pad_token_id, batch_size, progress))
+        parts.append(pooled_states(model, items[starts[b] : starts[b] + sizes[b]], pad_token_id, batch_size, progress))
     gathered = distributed.gather_objects_to_main([p for p in parts if p.numel()])
     if not d.is_main:
         return None
@@ -125,7 +134,9 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(dim=-1, keepdim=True).clamp(min=1e-30)
 
 
-def repsim_scores(train: torch.Tensor, said: torch.Tensor, correct: torch.Tensor | None, spec: RepSimSpec = RepSimSpec()) -> np.ndarray:
+def repsim_scores(
+    train: torch.Tensor, said: torch.Tensor, correct: torch.Tensor | None, spec: RepSimSpec = RepSimSpec()
+) -> np.ndarray:
     """Representation scores (m, n) from train (n, d), said (m, d) and correct (m, d) states (module docstring)."""
     t = _unit(train)
     s = -(_unit(said) @ t.T)

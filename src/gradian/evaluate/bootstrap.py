@@ -69,7 +69,7 @@ def bootstrap_means(d: np.ndarray, resamples: int, seed: int, chunk_elems: int =
     for start in range(0, resamples, rows):
         b = min(rows, resamples - start)
         idx = rng.integers(0, n, size=(b, n))  # (b, n)
-        out[start:start + b] = d[idx].mean(axis=1)
+        out[start : start + b] = d[idx].mean(axis=1)
     return out
 
 

@@ -102,19 +102,17 @@ def generate_greedy(
     )
     order = sorted(range(n), key=lambda i: (len(prompt_ids[i]), i))
     for start in range(0, n, batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         T = max(len(prompt_ids[i]) for i in idx)
         input_ids = torch.full((len(idx), T), pad, dtype=torch.long)
         attn = torch.zeros((len(idx), T), dtype=torch.long)
         for r, i in enumerate(idx):
             ids = prompt_ids[i]
-            input_ids[r, T - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attn[r, T - len(ids):] = 1
+            input_ids[r, T - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attn[r, T - len(ids) :] = 1
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            seqs = model.generate(
-                input_ids=input_ids.to(device), attention_mask=attn.to(device), generation_config=cfg
-            )
+            seqs = model.generate(input_ids=input_ids.to(device), attention_mask=attn.to(device), generation_config=cfg)
         new = seqs[:, T:].tolist()
         for r, i in enumerate(idx):
             toks = new[r]

@@ -73,7 +73,7 @@ def score_answers(
     out: list[AnswerScore | None] = [None] * len(toks)
     order = sorted(range(len(toks)), key=lambda i: (len(toks[i].input_ids), i))
     for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
+        idx = order[start : start + batch_size]
         batch = collate([toks[i] for i in idx], int(pad), padding_side="right")
         batch = {k: v.to(device) for k, v in batch.items()}
         logits = model(**model_inputs(batch)).logits  # (b, T, V)

@@ -122,7 +122,7 @@ class ItemResult:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ItemResult":
+    def from_dict(cls, d: dict[str, Any]) -> ItemResult:
         return cls(
             id=d["id"],
             row=d["row"],
@@ -186,7 +186,7 @@ class CapabilityResult:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CapabilityResult":
+    def from_dict(cls, d: dict[str, Any]) -> CapabilityResult:
         return cls(**{**d, "base_bounds": BaseBounds.from_dict(d["base_bounds"])})
 
 
@@ -325,7 +325,7 @@ class EvalResult:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EvalResult":
+    def from_dict(cls, d: dict[str, Any]) -> EvalResult:
         if d.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"not a {SCHEMA_VERSION} result (schema={d.get('schema')!r})")
         return cls(

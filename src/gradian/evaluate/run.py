@@ -170,7 +170,9 @@ def _run_model(
                 owner.append(i)
         task = f"{label}: loglik"
         cb = (lambda k: progress(task, k, len(exs))) if progress else None
-        scores = score_answers(model, tokenizer, exs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb)
+        scores = score_answers(
+            model, tokenizer, exs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb
+        )
         best: dict[int, float] = {}
         greedy: dict[int, bool] = {}
         for i, s in zip(owner, scores):
@@ -319,7 +321,11 @@ def evaluate(
 
 
 def answer_items(
-    model, tokenizer, eval_items: Sequence[EvalItem], spec: EvalSpec | None = None, progress: Progress | None = None,
+    model,
+    tokenizer,
+    eval_items: Sequence[EvalItem],
+    spec: EvalSpec | None = None,
+    progress: Progress | None = None,
     label: str = "tuned",
 ) -> list[ModelAnswer]:
     """The active adapter's answers and scores on ``eval_items`` only (no reference, no margins).

@@ -45,7 +45,9 @@ class EvalSpec:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise GradianUserError(
-                f"max_new_tokens must be at least 1, got {self.max_new_tokens}", where="--max-new-tokens", fix="use e.g. 32"
+                f"max_new_tokens must be at least 1, got {self.max_new_tokens}",
+                where="--max-new-tokens",
+                fix="use e.g. 32",
             )
         if self.batch_size < 1:
             raise GradianUserError(
@@ -62,15 +64,24 @@ class EvalSpec:
                 f"confidence must be in [0.5, 1), got {self.confidence}", where="confidence", fix="use 0.95"
             )
         if self.min_items < 1:
-            raise GradianUserError(f"min_items must be at least 1, got {self.min_items}", where="min_items", fix="use 10")
+            raise GradianUserError(
+                f"min_items must be at least 1, got {self.min_items}", where="min_items", fix="use 10"
+            )
         from gradian.validate import LENGTH_MAX, check_bool, check_float, check_int, check_seed, check_type
 
         # the types and upper bounds (the checks above keep their long-standing messages)
         check_int(self.max_new_tokens, "EvalSpec", "max_new_tokens", flag="--max-new-tokens", lo=1, hi=100_000)
         check_int(self.batch_size, "EvalSpec", "batch_size", flag="--batch-size", lo=1, hi=1_000_000)
         check_seed(self.seed, "EvalSpec")
-        check_int(self.resamples, "EvalSpec", "resamples", flag="--resamples", lo=MIN_RESAMPLES, hi=1_000_000,
-                  fix="use 10000 (the default); more than 1,000,000 resamples only costs memory")
+        check_int(
+            self.resamples,
+            "EvalSpec",
+            "resamples",
+            flag="--resamples",
+            lo=MIN_RESAMPLES,
+            hi=1_000_000,
+            fix="use 10000 (the default); more than 1,000,000 resamples only costs memory",
+        )
         check_float(self.confidence, "EvalSpec", "confidence", lo=0.5, hi=1.0, hi_open=True, fix="use 0.95")
         check_int(self.min_items, "EvalSpec", "min_items", lo=1, hi=1_000_000)
         check_float(self.low_base_threshold, "EvalSpec", "low_base_threshold", lo=0.0, hi=1.0, fix="use 0.5")
@@ -85,7 +96,7 @@ class EvalSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EvalSpec":
+    def from_dict(cls, d: dict[str, Any]) -> EvalSpec:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         if isinstance(kw.get("normalize"), dict):

@@ -104,7 +104,7 @@ class BaseBounds:
         return dict(self.__dict__, qualifiers=list(self.qualifiers))
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BaseBounds":
+    def from_dict(cls, d: dict[str, Any]) -> BaseBounds:
         return cls(**d)
 
 
@@ -142,9 +142,7 @@ def base_bounds(
             "so they are excluded from attribution"
         )
     if low:
-        q.append(
-            f"low base score {base_score:.2f} (< {low_base_threshold:g}): there was little there to lose"
-        )
+        q.append(f"low base score {base_score:.2f} (< {low_base_threshold:g}): there was little there to lose")
     if generative and thin:
         q.append(
             f"{thin}/{len(lost_margins)} failing items have a base preference margin below "

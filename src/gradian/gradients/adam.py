@@ -67,8 +67,14 @@ def read_adam_state(optimizer_pt: str | Path, model: torch.nn.Module) -> dict[st
     except FileNotFoundError:
         raise GradianUserError("optimizer.pt not found", where=str(p), fix=_FIX) from None
     except Exception as e:  # corrupt zip, a pickle with objects weights_only refuses, a truncated file
-        raise GradianUserError(f"cannot read the optimizer state safely ({type(e).__name__})", where=str(p), fix=_FIX) from None
-    if not isinstance(sd, dict) or not isinstance(sd.get("state"), dict) or not isinstance(sd.get("param_groups"), list):
+        raise GradianUserError(
+            f"cannot read the optimizer state safely ({type(e).__name__})", where=str(p), fix=_FIX
+        ) from None
+    if (
+        not isinstance(sd, dict)
+        or not isinstance(sd.get("state"), dict)
+        or not isinstance(sd.get("param_groups"), list)
+    ):
         raise GradianUserError("not an optimizer state_dict (no state / param_groups)", where=str(p), fix=_FIX)
     order: list[tuple[int, dict]] = []
     for grp in sd["param_groups"]:
@@ -80,25 +86,33 @@ def read_adam_state(optimizer_pt: str | Path, model: torch.nn.Module) -> dict[st
     if len(order) != len(trainable):
         raise GradianUserError(
             f"the optimizer holds {len(order)} parameters but the adapter has {len(trainable)} LoRA matrices",
-            where=str(p), fix=_FIX,
+            where=str(p),
+            fix=_FIX,
         )
     out: dict[str, AdamState] = {}
     for k, ((idx, grp), blk) in enumerate(zip(order, trainable)):
         st = sd["state"].get(idx)
         if not isinstance(st, dict) or "exp_avg" not in st or "exp_avg_sq" not in st:
             raise GradianUserError(
-                f"parameter {idx} has no Adam moments (exp_avg, exp_avg_sq): not an Adam/AdamW state", where=str(p), fix=_FIX
+                f"parameter {idx} has no Adam moments (exp_avg, exp_avg_sq): not an Adam/AdamW state",
+                where=str(p),
+                fix=_FIX,
             )
         m, v = st["exp_avg"], st["exp_avg_sq"]
         if tuple(m.shape) != blk.shape or tuple(v.shape) != blk.shape:
             raise GradianUserError(
                 f"optimizer state {k} has shape {tuple(m.shape)} but LoRA matrix {blk.name} is {blk.shape}",
-                where=str(p), fix=_FIX,
+                where=str(p),
+                fix=_FIX,
             )
         if not (torch.isfinite(m).all() and torch.isfinite(v).all()) or (v < 0).any():
-            raise GradianUserError(f"optimizer state {k} ({blk.name}) holds non-finite or negative moments", where=str(p), fix=_FIX)
+            raise GradianUserError(
+                f"optimizer state {k} ({blk.name}) holds non-finite or negative moments", where=str(p), fix=_FIX
+            )
         step = st.get("step", 0)
         step = float(step.item() if isinstance(step, torch.Tensor) else step)
         betas = grp.get("betas", (0.9, 0.999))
-        out[blk.name] = AdamState(m.double(), v.double(), step, float(betas[0]), float(betas[1]), float(grp.get("eps", 1e-8)))
+        out[blk.name] = AdamState(
+            m.double(), v.double(), step, float(betas[0]), float(betas[1]), float(grp.get("eps", 1e-8))
+        )
     return out

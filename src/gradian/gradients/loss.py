@@ -32,7 +32,9 @@ def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     shift_labels = labels[:, 1:]
     mask = shift_labels != IGNORE_INDEX
     safe = shift_labels.clamp(min=0)
-    logp = torch.log_softmax(shift_logits.float() if shift_logits.dtype in (torch.float16, torch.bfloat16) else shift_logits, dim=-1)
+    logp = torch.log_softmax(
+        shift_logits.float() if shift_logits.dtype in (torch.float16, torch.bfloat16) else shift_logits, dim=-1
+    )
     tok = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1) * mask
     count = mask.sum(-1).clamp(min=1).to(tok.dtype)
     return tok.sum(-1) / count

@@ -56,8 +56,11 @@ def _hooks(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]
     for blk in blocks:
         if blk.name not in out:  # the block never ran with grad (e.g. a skipped layer)
             wd = blk.module.weight.dtype
-            out[blk.name] = torch.zeros((b, *blk.shape), dtype=torch.float32 if wd in (torch.float16, torch.bfloat16) else wd,
-                                        device=blk.module.weight.device)
+            out[blk.name] = torch.zeros(
+                (b, *blk.shape),
+                dtype=torch.float32 if wd in (torch.float16, torch.bfloat16) else wd,
+                device=blk.module.weight.device,
+            )
     return {blk.name: out[blk.name] for blk in blocks}, losses.detach()
 
 

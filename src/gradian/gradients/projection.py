@@ -33,8 +33,15 @@ class ProjectionSpec:
     def __post_init__(self) -> None:
         from gradian.validate import check_int, check_seed
 
-        check_int(self.dim, "ProjectionSpec", "dim", flag="--project-dim", lo=0, hi=10**8,
-                  fix="0 disables projection; e.g. --project-dim 4096")
+        check_int(
+            self.dim,
+            "ProjectionSpec",
+            "dim",
+            flag="--project-dim",
+            lo=0,
+            hi=10**8,
+            fix="0 disables projection; e.g. --project-dim 4096",
+        )
         check_seed(self.seed, "ProjectionSpec")
 
     def to_dict(self) -> dict[str, Any]:

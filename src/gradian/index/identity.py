@@ -87,7 +87,10 @@ def model_identity(name_or_path: str) -> dict[str, Any]:
     if folder is None:
         return {"name": name_or_path, "files": None}
     files = folder_identity(folder, _MODEL_FILES, _WEIGHT_GLOBS)
-    return {"name": Path(name_or_path).name if Path(name_or_path).is_dir() else name_or_path, "sha256": sha256_json(files)}
+    return {
+        "name": Path(name_or_path).name if Path(name_or_path).is_dir() else name_or_path,
+        "sha256": sha256_json(files),
+    }
 
 
 def adapter_identity(adapter_dir: str | Path) -> dict[str, Any]:

@@ -60,7 +60,10 @@ from gradian.util import atomic_write_bytes, atomic_write_json, release_free_mem
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 STORAGE_DTYPES = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
 }
 
 
@@ -97,10 +100,14 @@ class GradSpec:
         check_type(self.projection, ProjectionSpec, "GradSpec", "projection")
         if self.modules is not None:
             mods = self.modules
-            if isinstance(mods, str) or not isinstance(mods, (tuple, list)) \
-                    or not all(isinstance(m, str) and m.strip() for m in mods):
+            if (
+                isinstance(mods, str)
+                or not isinstance(mods, (tuple, list))
+                or not all(isinstance(m, str) and m.strip() for m in mods)
+            ):
                 raise GradianUserError(
-                    "modules must be a list of non-empty layer-name substrings", where=where("--modules", "GradSpec", "modules"),
+                    "modules must be a list of non-empty layer-name substrings",
+                    where=where("--modules", "GradSpec", "modules"),
                     fix="e.g. --modules q_proj,v_proj (or leave it unset for every LoRA layer)",
                 )
         check_choice(self.storage_dtype, tuple(STORAGE_DTYPES), "GradSpec", "storage_dtype", flag="--storage-dtype")
@@ -113,7 +120,7 @@ class GradSpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GradSpec":
+    def from_dict(cls, d: dict[str, Any]) -> GradSpec:
         """The inverse of :meth:`to_dict` (an index manifest's or a run manifest's ``grad`` spec)."""
         from dataclasses import fields
 
@@ -154,8 +161,13 @@ def manifest_problem(m: Any) -> str | None:
         return "no grad_spec"
     blocks = m.get("blocks")
     if not isinstance(blocks, list) or not all(
-            isinstance(b, dict) and isinstance(b.get("name"), str) and isinstance(b.get("dim"), int)
-            and not isinstance(b.get("dim"), bool) and b["dim"] > 0 for b in blocks):
+        isinstance(b, dict)
+        and isinstance(b.get("name"), str)
+        and isinstance(b.get("dim"), int)
+        and not isinstance(b.get("dim"), bool)
+        and b["dim"] > 0
+        for b in blocks
+    ):
         return "blocks is not a list of {name, dim}"
     shards = m.get("shards")
     if not isinstance(shards, list):
@@ -171,14 +183,21 @@ def entry_problem(sh: Any) -> str | None:
     """Why one shard entry (of a manifest or a shard record) cannot be used, or None."""
     if not isinstance(sh, dict) or not isinstance(sh.get("file"), str) or not _SHARD_NAME.match(sh["file"]):
         return "has no valid file name"
-    if not isinstance(sh.get("sha256"), str) or not isinstance(sh.get("n"), int) or isinstance(sh.get("n"), bool) \
-            or sh["n"] < 0:
+    if (
+        not isinstance(sh.get("sha256"), str)
+        or not isinstance(sh.get("n"), int)
+        or isinstance(sh.get("n"), bool)
+        or sh["n"] < 0
+    ):
         return "has no sha256 or row count"
     if "start" in sh and (not isinstance(sh["start"], int) or isinstance(sh["start"], bool) or sh["start"] < 0):
         return "has a bad start row"
     ex = sh.get("examples")
-    if not isinstance(ex, dict) or not all(isinstance(v, list) and len(v) == sh["n"] for v in ex.values()) \
-            or "id" not in ex:
+    if (
+        not isinstance(ex, dict)
+        or not all(isinstance(v, list) and len(v) == sh["n"] for v in ex.values())
+        or "id" not in ex
+    ):
         return "has no per-row metadata"
     return None
 
@@ -222,8 +241,10 @@ def _finite_problem(tensors: dict[str, torch.Tensor], blocks: list[dict[str, Any
         bad = _implausible(t)
         if bool(bad.any()):
             rows = sorted({int(r) for r in bad.nonzero()[:, 0].tolist()})
-            return (f"block {b['name']} holds {int(bad.sum())} non-finite value(s) (NaN/inf, or beyond "
-                    f"{GRAD_ABS_MAX:g}) in {len(rows)} row(s)")
+            return (
+                f"block {b['name']} holds {int(bad.sum())} non-finite value(s) (NaN/inf, or beyond "
+                f"{GRAD_ABS_MAX:g}) in {len(rows)} row(s)"
+            )
     return None
 
 
@@ -331,7 +352,8 @@ class GradientIndex:
         why, tensors = shard_problem(self.root, s, self.blocks)
         if why:
             raise CorruptShardError(
-                f"index shard {s['file']} is corrupt: {why}", where=str(self.root),
+                f"index shard {s['file']} is corrupt: {why}",
+                where=str(self.root),
                 fix="run `gradian index` (or `gradian attribute`) again: it rebuilds the shards that fail the check",
             )
         return {b["name"]: tensors[b["name"]].to(dtype) for b in self.blocks}
@@ -362,8 +384,9 @@ class GradientIndex:
             start = out[-1] + s["n"]
         return out
 
-    def iter_shards(self, dtype: torch.dtype = torch.float64, *, local: bool = False
-                    ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+    def iter_shards(
+        self, dtype: torch.dtype = torch.float64, *, local: bool = False
+    ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
         """Yields ``(start_row, {block: (n_k, d_l)})`` shard by shard: memory is one shard (two while the
         next one loads, as the caller still holds the last).
 
@@ -411,8 +434,9 @@ def check_build_args(batch_size: Any, shard_size: Any = 256) -> None:
     """
     from gradian.validate import check_int
 
-    check_int(batch_size, "build_index", "batch_size", flag="--batch-size", lo=1, hi=1_000_000,
-              fix="use e.g. --batch-size 8")
+    check_int(
+        batch_size, "build_index", "batch_size", flag="--batch-size", lo=1, hi=1_000_000, fix="use e.g. --batch-size 8"
+    )
     check_int(shard_size, "build_index", "shard_size", lo=1, hi=100_000_000, fix="use e.g. 256")
 
 
@@ -428,16 +452,18 @@ def select_blocks(model: torch.nn.Module, spec: GradSpec) -> list:
                 fix=f"use substrings of the adapter's layer names ({', '.join(names[:8]) or 'none'}), "
                 "or drop --modules",
             )
-        raise GradianUserError("the model has no LoRA layers", where="model",
-                               fix="attach a LoRA adapter (gradian.models.load_adapter) first")
+        raise GradianUserError(
+            "the model has no LoRA layers",
+            where="model",
+            fix="attach a LoRA adapter (gradian.models.load_adapter) first",
+        )
     return blocks
 
 
 def _repair(root: Path, manifest: dict[str, Any], what: str, emit: bool = True) -> None:
     if emit:
         warnings.warn(f"index {manifest.get('index_id', root.name)}: {what}", IndexRepairWarning, stacklevel=3)
-    manifest.setdefault("repairs", []).append(
-        {"what": what, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    manifest.setdefault("repairs", []).append({"what": what, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
 # --------------------------------------------------------------------------- size
@@ -501,12 +527,15 @@ def size_advice(n_rows: int, blocks: Sequence, spec: GradSpec, root: Path) -> st
             break
     else:
         if last is not None:
-            advice.append(f"even --project-dim {last[0]} needs {human_bytes(last[1])}: also attribute fewer layers "
-                          "(--modules) or rows")
+            advice.append(
+                f"even --project-dim {last[0]} needs {human_bytes(last[1])}: also attribute fewer layers "
+                "(--modules) or rows"
+            )
     if spec.storage_dtype in ("float32", "float64"):
         advice.append("--storage-dtype bfloat16 halves it")
-    return (f"the gradient index will take est. {human_bytes(total)} for {n_rows:,} rows{where}; "
-            + "; ".join(advice or ["use --project-dim or --modules to store fewer numbers per row"]))
+    return f"the gradient index will take est. {human_bytes(total)} for {n_rows:,} rows{where}; " + "; ".join(
+        advice or ["use --project-dim or --modules to store fewer numbers per row"]
+    )
 
 
 # --------------------------------------------------------------------------- shard records
@@ -546,8 +575,12 @@ def _shard_costs(items: Sequence[TokenizedExample], n_shards: int, shard_size: i
     out = []
     for k in range(n_shards):
         lens = sorted(len(items[r].input_ids) for r in range(k * shard_size, min(len(items), (k + 1) * shard_size)))
-        out.append(sum(lens[min(s + batch_size, len(lens)) - 1] * len(lens[s:s + batch_size])
-                       for s in range(0, len(lens), batch_size)))
+        out.append(
+            sum(
+                lens[min(s + batch_size, len(lens)) - 1] * len(lens[s : s + batch_size])
+                for s in range(0, len(lens), batch_size)
+            )
+        )
     return out
 
 
@@ -581,7 +614,8 @@ def _check_shared_folder(root: Path) -> None:
         r = seen.index(False)
         raise GradianUserError(
             f"rank {r} does not see the index folder rank 0 writes to: it is not on a shared filesystem",
-            where=str(root), fix="put --index-dir (or --out, or GRADIAN_CACHE) on a filesystem every node mounts",
+            where=str(root),
+            fix="put --index-dir (or --out, or GRADIAN_CACHE) on a filesystem every node mounts",
         )
 
 
@@ -645,9 +679,14 @@ def build_index(
     if dist.enabled:  # ranks that disagree here would write different indexes: refuse, on every rank
         # (not the folder's path: a shared filesystem may be mounted at different paths; the probe below
         # checks that the ranks see one folder)
-        distributed.check_same_inputs({"the index id (base, adapter, data, gradient flags)": iid,
-                                       "the number of rows": len(items), "the batch size": batch_size,
-                                       "the shard size": shard_size})
+        distributed.check_same_inputs(
+            {
+                "the index id (base, adapter, data, gradient flags)": iid,
+                "the number of rows": len(items),
+                "the batch size": batch_size,
+                "the shard size": shard_size,
+            }
+        )
     root.mkdir(parents=True, exist_ok=True)
     if dist.enabled:
         _check_shared_folder(root)
@@ -678,12 +717,19 @@ def build_index(
         manifest = state[1]
     elif state[0] == "corrupt":
         scratch: dict[str, Any] = {"index_id": iid}
-        _repair(root, scratch, f"{MANIFEST} cannot be read ({state[1]}); rebuilding it "
-                               "(shards whose own record checks out are kept)", emit)
+        _repair(
+            root,
+            scratch,
+            f"{MANIFEST} cannot be read ({state[1]}); rebuilding it (shards whose own record checks out are kept)",
+            emit,
+        )
         repairs = scratch["repairs"]
     from_manifest: dict[int, dict[str, Any]] = {}
-    if manifest and (manifest.get("index_id") != iid or manifest.get("shard_size") != shard_size
-                     or [(b["name"], b["dim"]) for b in manifest["blocks"]] != [(b["name"], b["dim"]) for b in block_meta]):
+    if manifest and (
+        manifest.get("index_id") != iid
+        or manifest.get("shard_size") != shard_size
+        or [(b["name"], b["dim"]) for b in manifest["blocks"]] != [(b["name"], b["dim"]) for b in block_meta]
+    ):
         # a different layout (another batch or shard size): started afresh, but shards that fail their check
         # are still named, since they may be what an earlier build left under this id
         named = {}
@@ -770,14 +816,18 @@ def build_index(
         # gradients); results are written back in index order.
         order = sorted(range(lo, hi), key=lambda r: (len(items[r].input_ids), r))
         # NaN until computed: a row no batch wrote can never pass the finiteness check below
-        per_block = {b.name: torch.full((hi - lo, projector.out_dim(i, b.shape)), math.nan, dtype=storage)
-                     for i, b in enumerate(blocks)}
+        per_block = {
+            b.name: torch.full((hi - lo, projector.out_dim(i, b.shape)), math.nan, dtype=storage)
+            for i, b in enumerate(blocks)
+        }
         filled = torch.zeros(hi - lo, dtype=torch.bool)
         losses_all = [0.0] * (hi - lo)
         for s in range(0, len(order), batch_size):
             rows = order[s : s + batch_size]
             batch = collate([items[r] for r in rows], pad_token_id)
-            grads, losses = per_example_grads(model, batch, "hooks", list(spec.modules) if spec.modules else None, return_losses=True)
+            grads, losses = per_example_grads(
+                model, batch, "hooks", list(spec.modules) if spec.modules else None, return_losses=True
+            )
             dest = torch.tensor([r - lo for r in rows])
             for i, b in enumerate(blocks):
                 g = grads[b.name].detach().to(torch.float64)
@@ -807,7 +857,7 @@ def build_index(
                 f"rows {shown}; the shard is not written",
                 where=str(root),
                 fix="check the base and adapter weights for NaN/inf and train in float32 (float16 overflows); "
-                    "--storage-dtype float16 cannot hold gradients above 65504 (use bfloat16)",
+                "--storage-dtype float16 cannot hold gradients above 65504 (use bfloat16)",
             )
         chunk = items[lo:hi]
         meta: dict[str, list[Any]] = {

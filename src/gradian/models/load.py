@@ -41,14 +41,20 @@ class ModelSpec:
         from gradian.validate import check_bool, check_choice, where
 
         if not isinstance(self.base, str) or not self.base.strip():
-            raise GradianUserError("base must name a model folder or an HF id", where=where("--base", "ModelSpec", "base"),
-                                   fix="pass a local model folder or a cached HF id")
+            raise GradianUserError(
+                "base must name a model folder or an HF id",
+                where=where("--base", "ModelSpec", "base"),
+                fix="pass a local model folder or a cached HF id",
+            )
         check_choice(self.dtype, tuple(DTYPES), "ModelSpec", "dtype", flag="--dtype")
         check_device(self.device)
         check_bool(self.trust_remote_code, "ModelSpec", "trust_remote_code", flag="--trust-remote-code")
         if self.gguf_file is not None and not isinstance(self.gguf_file, str):
-            raise GradianUserError("gguf_file must be a file name", where=where(None, "ModelSpec", "gguf_file"),
-                                   fix="pass the .gguf file's name inside the base folder")
+            raise GradianUserError(
+                "gguf_file must be a file name",
+                where=where(None, "ModelSpec", "gguf_file"),
+                fix="pass the .gguf file's name inside the base folder",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,8 +71,9 @@ def check_device(name: Any, flag: str = "--device", owner: str = "ModelSpec") ->
 
     if not isinstance(name, str) or not _DEVICE.match(name):
         shown = repr(name) if len(repr(name)) < 40 else repr(name)[:39] + "…"
-        raise GradianUserError(f"unknown device {shown}", where=where(flag, owner, "device"),
-                               fix="use cpu, cuda, cuda:N, mps or auto")
+        raise GradianUserError(
+            f"unknown device {shown}", where=where(flag, owner, "device"), fix="use cpu, cuda, cuda:N, mps or auto"
+        )
     return name
 
 
@@ -96,8 +103,11 @@ def resolve_device(name: str) -> str:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise GradianUserError("CUDA is not available on this machine", where="--device", fix="use --device cpu")
     if name.startswith("cuda:") and int(name.split(":")[1]) >= torch.cuda.device_count():
-        raise GradianUserError(f"there is no {name} (this machine has {torch.cuda.device_count()} CUDA device(s))",
-                               where="--device", fix="use --device cuda:0, or --device auto")
+        raise GradianUserError(
+            f"there is no {name} (this machine has {torch.cuda.device_count()} CUDA device(s))",
+            where="--device",
+            fix="use --device cuda:0, or --device auto",
+        )
     if name == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
         raise GradianUserError("MPS is not available on this machine", where="--device", fix="use --device cpu")
     return name
@@ -141,7 +151,9 @@ def load_tokenizer(spec: ModelSpec):
         kw["gguf_file"] = gguf
     try:
         tok = AutoTokenizer.from_pretrained(spec.base, **kw)
-    except Exception as e:  # transformers/tokenizers raise many types on a bad folder (OSError, ValueError, KeyError ...)
+    except (
+        Exception
+    ) as e:  # transformers/tokenizers raise many types on a bad folder (OSError, ValueError, KeyError ...)
         raise GradianUserError(
             f"cannot load a tokenizer ({_first_line(e)})",
             where=spec.base,
@@ -201,15 +213,22 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
     d = Path(adapter_dir)
     cfg_path = d / "adapter_config.json"
     if not d.is_dir():
-        raise GradianUserError("adapter folder not found", where=str(d), fix="pass the folder PEFT's save_pretrained wrote")
+        raise GradianUserError(
+            "adapter folder not found", where=str(d), fix="pass the folder PEFT's save_pretrained wrote"
+        )
     if not cfg_path.exists():
         raise GradianUserError(
-            "no adapter_config.json in the adapter folder", where=str(d), fix="pass the folder PEFT's save_pretrained wrote"
+            "no adapter_config.json in the adapter folder",
+            where=str(d),
+            fix="pass the folder PEFT's save_pretrained wrote",
         )
     cfg = load_json_file(cfg_path, "adapter config", fix="fix the JSON, or re-save the adapter with PEFT")
     if not isinstance(cfg, dict):
-        raise GradianUserError(f"top level is a JSON {type(cfg).__name__}, not an object", where=str(cfg_path),
-                               fix="re-save the adapter with PEFT's save_pretrained")
+        raise GradianUserError(
+            f"top level is a JSON {type(cfg).__name__}, not an object",
+            where=str(cfg_path),
+            fix="re-save the adapter with PEFT's save_pretrained",
+        )
     return cfg
 
 
@@ -239,7 +258,9 @@ def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
                 fix="re-save the adapter with safe_serialization=True (safetensors)",
             ) from None
     raise GradianUserError(
-        "no adapter_model.safetensors in the adapter folder", where=str(d), fix="pass the folder PEFT's save_pretrained wrote"
+        "no adapter_model.safetensors in the adapter folder",
+        where=str(d),
+        fix="pass the folder PEFT's save_pretrained wrote",
     )
 
 
@@ -288,13 +309,17 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
     r_cfg = cfg.get("r")
     if "r" in cfg and (isinstance(r_cfg, bool) or not isinstance(r_cfg, int) or r_cfg < 1):
         raise GradianUserError(
-            f"r is {r_cfg!r}; a LoRA rank must be a positive whole number", where=f"{where}: r",
+            f"r is {r_cfg!r}; a LoRA rank must be a positive whole number",
+            where=f"{where}: r",
             fix="set r to the rank of the saved lora_A/lora_B weights (re-save the adapter with PEFT)",
         )
     alpha = cfg.get("lora_alpha", 8)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (alpha == alpha and abs(alpha) < 1e12):
-        raise GradianUserError(f"lora_alpha is {alpha!r}, not a number", where=f"{where}: lora_alpha",
-                               fix="set lora_alpha to the value the adapter was trained with")
+        raise GradianUserError(
+            f"lora_alpha is {alpha!r}, not a number",
+            where=f"{where}: lora_alpha",
+            fix="set lora_alpha to the value the adapter was trained with",
+        )
     modules = dict(model.named_modules())
     _check_target_modules(cfg.get("target_modules"), modules, where)
     weights = read_adapter_weights(d)
@@ -313,11 +338,13 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
                 fix="attribute an adapter whose target_modules are Linear layers",
             )
         if tag == "lora_magnitude_vector":
-            raise GradianUserError("DoRA adapters are not supported", where=str(d), fix="attribute a plain LoRA adapter")
+            raise GradianUserError(
+                "DoRA adapters are not supported", where=str(d), fix="attribute a plain LoRA adapter"
+            )
         stripped = path
         for prefix in ("base_model.model.", "base_model."):
             if stripped.startswith(prefix):
-                stripped = stripped[len(prefix):]
+                stripped = stripped[len(prefix) :]
                 break
         target = modules.get(stripped)
         if target is None:
@@ -342,13 +369,15 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
         r = t.shape[0] if tag == "lora_A" else t.shape[1]
         if r_cfg is not None and not cfg.get("rank_pattern") and r != r_cfg:
             raise GradianUserError(
-                f"{key} has rank {r} but adapter_config.json says r = {r_cfg}", where=f"{where}: r",
+                f"{key} has rank {r} but adapter_config.json says r = {r_cfg}",
+                where=f"{where}: r",
                 fix="set r to the saved weights' rank (re-save the adapter with PEFT)",
             )
         if not _targeted(stripped, cfg.get("target_modules")):
             raise GradianUserError(
                 f"the adapter has weights for {stripped!r}, but target_modules does not name it, so PEFT would "
-                "silently drop them", where=f"{where}: target_modules",
+                "silently drop them",
+                where=f"{where}: target_modules",
                 fix="add the module to target_modules (or re-save the adapter with PEFT)",
             )
         expected = (r, fin) if tag == "lora_A" else (fout, r)
@@ -390,16 +419,24 @@ def _check_target_modules(target_modules: Any, modules: dict[str, torch.nn.Modul
         try:
             re.compile(target_modules)
         except re.error as e:
-            raise GradianUserError(f"target_modules is not a valid regular expression ({e})",
-                                   where=f"{where}: target_modules", fix="list the module names instead") from None
+            raise GradianUserError(
+                f"target_modules is not a valid regular expression ({e})",
+                where=f"{where}: target_modules",
+                fix="list the module names instead",
+            ) from None
         if not any(re.fullmatch(target_modules, n) for n in names):
-            raise GradianUserError(f"target_modules {target_modules!r} matches no module of the base model",
-                                   where=f"{where}: target_modules",
-                                   fix="pass the base model this adapter was trained on (see base_model_name_or_path)")
+            raise GradianUserError(
+                f"target_modules {target_modules!r} matches no module of the base model",
+                where=f"{where}: target_modules",
+                fix="pass the base model this adapter was trained on (see base_model_name_or_path)",
+            )
         return
     if not isinstance(target_modules, (list, tuple)) or not all(isinstance(t, str) for t in target_modules):
-        raise GradianUserError("target_modules must be a list of module names or a regex string",
-                               where=f"{where}: target_modules", fix="re-save the adapter with PEFT")
+        raise GradianUserError(
+            "target_modules must be a list of module names or a regex string",
+            where=f"{where}: target_modules",
+            fix="re-save the adapter with PEFT",
+        )
     missing = [t for t in target_modules if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
         leaves = sorted({n.rsplit(".", 1)[-1] for n, m in modules.items() if _in_out(m) is not None})
@@ -441,7 +478,8 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
             peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
     except Exception as e:  # PEFT raises ValueError/TypeError/KeyError/RuntimeError on configs it cannot apply
         raise GradianUserError(
-            f"PEFT cannot load this adapter ({_first_line(e)})", where=str(Path(adapter_dir) / "adapter_config.json"),
+            f"PEFT cannot load this adapter ({_first_line(e)})",
+            where=str(Path(adapter_dir) / "adapter_config.json"),
             fix="re-save the adapter with PEFT's save_pretrained, against the base model it was trained on",
         ) from None
     prepare_lora_for_gradients(peft_model)

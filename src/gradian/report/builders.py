@@ -68,8 +68,9 @@ def _qualifiers(cap: dict[str, Any], att: dict[str, Any] | None, failing: list[d
     if reason.startswith("only "):
         out.append(Qualifier("few_items", "warning", f"{reason} (too few items to tell a change from noise)"))
     elif cap["verdict"] == "within_noise":
-        out.append(Qualifier("noise_band", "caution",
-                             f"{ci} includes zero: within the noise band, so nothing is diagnosed"))
+        out.append(
+            Qualifier("noise_band", "caution", f"{ci} includes zero: within the noise band, so nothing is diagnosed")
+        )
     elif cap["verdict"] == "regressed":
         out.append(Qualifier("noise_band", "ok", f"{ci} excludes zero: outside the noise band"))
     else:
@@ -92,11 +93,14 @@ def _qualifiers(cap: dict[str, Any], att: dict[str, Any] | None, failing: list[d
     if bb.get("margins_available") and bb.get("failing") and not bb.get("thin_margin"):
         med = bb.get("median_margin")
         med_s = f" (median {med:.2f} nats)" if isinstance(med, (int, float)) else ""
-        out.append(Qualifier(
-            "margins", "ok",
-            f"no failing item has a thin base margin{med_s}: the base held these answers firmly, "
-            "so the fine-tune took them",
-        ))
+        out.append(
+            Qualifier(
+                "margins",
+                "ok",
+                f"no failing item has a thin base margin{med_s}: the base held these answers firmly, "
+                "so the fine-tune took them",
+            )
+        )
     if att is not None:
         ag = att.get("agreement")
         if ag:
@@ -104,14 +108,21 @@ def _qualifiers(cap: dict[str, Any], att: dict[str, Any] | None, failing: list[d
             rho, ov = _f(ag.get("spearman")), _f(ag.get("topk_overlap"))
             e1, e2 = (ag.get("engines") or ["?", "?"])[:2]
             level = {"high": "ok", "medium": "caution"}.get(conf, "warning")
-            text = (f"engine agreement {conf}: {e1} and {e2} rank the rows with Spearman {rho:.2f} "
-                    f"and share {ov:.0%} of their top {ag.get('k')}")
+            text = (
+                f"engine agreement {conf}: {e1} and {e2} rank the rows with Spearman {rho:.2f} "
+                f"and share {ov:.0%} of their top {ag.get('k')}"
+            )
             if level == "warning":
                 text += "; the ranking depends on the engine, so treat it as a lead, not a verdict"
             out.append(Qualifier("engine_agreement", level, text))
         else:
-            out.append(Qualifier("single_engine", "caution",
-                                 f"one engine only ({att.get('engine')}): no agreement check, confidence unknown"))
+            out.append(
+                Qualifier(
+                    "single_engine",
+                    "caution",
+                    f"one engine only ({att.get('engine')}): no agreement check, confidence unknown",
+                )
+            )
         ev = evidence_line(att)
         if ev:
             out.append(Qualifier("evidence", "ok", ev))
@@ -126,15 +137,16 @@ def evidence_line(att: dict[str, Any]) -> str | None:
     for kind in EVIDENCE_KINDS:
         e = ev.get(kind)
         if isinstance(e, dict) and e.get("spearman_with_verdict") is not None:
-            parts.append(f"{kind} ({e.get('engine')}) Spearman {_f(e['spearman_with_verdict']):.2f}, "
-                         f"top-{k} overlap {_f(e.get('topk_overlap_with_verdict')):.0%}")
+            parts.append(
+                f"{kind} ({e.get('engine')}) Spearman {_f(e['spearman_with_verdict']):.2f}, "
+                f"top-{k} overlap {_f(e.get('topk_overlap_with_verdict')):.0%}"
+            )
     if not parts:
         return None
     fused = (att.get("ranking") or {}).get("fuse_weights") or {}
     weights = ", ".join(f"{n} with weight {_f(w):.2f}" for n, w in fused.items())
     tail = f"; folded into the ranking: {weights}" if fused else ""
     return "how each kind of evidence agrees with the verdict: " + "; ".join(parts) + tail
-
 
 
 def _profile(scores: list[float], tail: set[int]) -> ScoreProfile:
@@ -170,7 +182,7 @@ def _drilldown(d: dict[str, Any], stored_text: str | None) -> DrilldownView:
     spans = sorted(range(len(sents)), key=lambda i: sents[i]["char_start"])
     ok = stored_text is not None and all(
         sents[i]["char_end"] <= len(stored_text)
-        and stored_text[sents[i]["char_start"]:sents[i]["char_end"]] == sents[i]["text"]
+        and stored_text[sents[i]["char_start"] : sents[i]["char_end"]] == sents[i]["text"]
         for i in spans
     )
     if ok:
@@ -204,13 +216,19 @@ def _drilldown(d: dict[str, Any], stored_text: str | None) -> DrilldownView:
             segments.append({"text": sents[i]["text"], "sentence": i})
             first = False
     return DrilldownView(
-        id=d["id"], item_id=d.get("item_id", ""), row_score_for_item=_f(d.get("row_score_for_item")),
-        text=text, text_source=source, segments=segments, sentences=sents,
+        id=d["id"],
+        item_id=d.get("item_id", ""),
+        row_score_for_item=_f(d.get("row_score_for_item")),
+        text=text,
+        text_source=source,
+        segments=segments,
+        sentences=sents,
     )
 
 
-def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list[dict[str, Any]],
-                 checks_ran: set[str] | None) -> AttributionView:
+def _attribution(
+    cap: dict[str, Any], train_ids: list[str], audit_findings: list[dict[str, Any]], checks_ran: set[str] | None
+) -> AttributionView:
     # the profile shows what orders the verdict (older runs: the influence itself)
     scores = [float(s) for s in (cap.get("rank_scores") or cap["scores"])]
     pos = {rid: j for j, rid in enumerate(train_ids)}
@@ -219,18 +237,26 @@ def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list
     tail: set[int] = set()
     for c in cap.get("clusters") or []:
         tail.update(pos[r] for r in c["row_ids"] if r in pos)
-        clusters.append(ClusterView(
-            label=int(c["label"]), size=int(c["size"]), harmful_share=float(c["harmful_share"]),
-            score=float(c["score"]),
-            row_ids=list(c["row_ids"]), exemplars=list(c.get("exemplars") or []), common=dict(c.get("common") or {}),
-            explanations=explain_cluster(c, audit_findings, n_train, checks_ran),
-        ))
+        clusters.append(
+            ClusterView(
+                label=int(c["label"]),
+                size=int(c["size"]),
+                harmful_share=float(c["harmful_share"]),
+                score=float(c["score"]),
+                row_ids=list(c["row_ids"]),
+                exemplars=list(c.get("exemplars") or []),
+                common=dict(c.get("common") or {}),
+                explanations=explain_cluster(c, audit_findings, n_train, checks_ran),
+            )
+        )
     by_check: dict[str, set[str]] = {}
     for f in audit_findings:
         by_check.setdefault(f.get("id", ""), set()).update(f.get("row_ids") or [])
     for cl in clusters:
-        for key, cid, common_key in (("truncated", "D04", "truncated_share"),
-                                     ("missing_eos", "D06", "missing_eos_share")):
+        for key, cid, common_key in (
+            ("truncated", "D04", "truncated_share"),
+            ("missing_eos", "D06", "missing_eos_share"),
+        ):
             if checks_ran is not None and cid in checks_ran:
                 share = len(set(cl.row_ids) & by_check.get(cid, set())) / max(1, cl.size)
                 cl.mechanics[key] = {"share": share, "source": cid}
@@ -239,8 +265,9 @@ def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list
                 cl.mechanics[key] = {"share": float(v) if isinstance(v, (int, float)) else None, "source": "attribute"}
     label_of = {r: c.label for c in clusters for r in c.row_ids}
     flags = row_flags(audit_findings)
-    ranked = [dict(r, cluster=label_of.get(r["id"]), flags=list(flags.get(r["id"], [])))
-              for r in cap.get("ranked") or []]
+    ranked = [
+        dict(r, cluster=label_of.get(r["id"]), flags=list(flags.get(r["id"], []))) for r in cap.get("ranked") or []
+    ]
     completion = {r["id"]: r.get("completion") for r in cap.get("ranked") or []}
     for c in cap.get("clusters") or []:
         for e in c.get("exemplars") or []:
@@ -252,8 +279,11 @@ def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list
     ag = cap.get("agreement")
     evidence = None
     if cap.get("evidence"):
-        evidence = {kind: {k: e.get(k) for k in ("engine", "spearman_with_verdict", "topk_overlap_with_verdict")}
-                    for kind, e in cap["evidence"].items() if isinstance(e, dict)}
+        evidence = {
+            kind: {k: e.get(k) for k in ("engine", "spearman_with_verdict", "topk_overlap_with_verdict")}
+            for kind, e in cap["evidence"].items()
+            if isinstance(e, dict)
+        }
         evidence["fused"] = dict((cap.get("ranking") or {}).get("fuse_weights") or {})
     return AttributionView(
         engine=cap.get("engine", "?"),
@@ -268,8 +298,20 @@ def _attribution(cap: dict[str, Any], train_ids: list[str], audit_findings: list
         ranked=ranked,
         drilldown=[_drilldown(d, completion.get(d["id"])) for d in cap.get("drilldown") or []],
         failing_items=[
-            {k: f.get(k) for k in ("id", "prompt", "answer", "correct_completion", "tuned_answer", "reference_answer",
-                                   "margin", "thin_margin", "query")}
+            {
+                k: f.get(k)
+                for k in (
+                    "id",
+                    "prompt",
+                    "answer",
+                    "correct_completion",
+                    "tuned_answer",
+                    "reference_answer",
+                    "margin",
+                    "thin_margin",
+                    "query",
+                )
+            }
             for f in cap.get("failing_items") or []
         ],
         evidence=evidence,
@@ -291,16 +333,36 @@ def _audit(audit: dict[str, Any] | None, caps: list[CapabilityView]) -> AuditVie
             for cl in c.attribution.clusters:
                 ov = len(rs & set(cl.row_ids))
                 if ov:
-                    in_clusters.append({"capability": c.name, "label": cl.label, "overlap": ov,
-                                        "explains": any(e.get("finding") == fi for e in cl.explanations)})
-        views.append(FindingView(
-            id=f.get("id", ""), name=f.get("name", ""), title=f.get("title", ""), severity=f.get("severity", "info"),
-            reads=list(f.get("reads") or []), message=f.get("message", ""), fix=f.get("fix", ""),
-            evidence=dict(f.get("evidence") or {}), n_rows=len(rows), row_ids=rows[:ID_CAP], n_steps=len(steps),
-            steps=steps[:ID_CAP], fraction=f.get("fraction"), clusters=in_clusters,
-        ))
+                    in_clusters.append(
+                        {
+                            "capability": c.name,
+                            "label": cl.label,
+                            "overlap": ov,
+                            "explains": any(e.get("finding") == fi for e in cl.explanations),
+                        }
+                    )
+        views.append(
+            FindingView(
+                id=f.get("id", ""),
+                name=f.get("name", ""),
+                title=f.get("title", ""),
+                severity=f.get("severity", "info"),
+                reads=list(f.get("reads") or []),
+                message=f.get("message", ""),
+                fix=f.get("fix", ""),
+                evidence=dict(f.get("evidence") or {}),
+                n_rows=len(rows),
+                row_ids=rows[:ID_CAP],
+                n_steps=len(steps),
+                steps=steps[:ID_CAP],
+                fraction=f.get("fraction"),
+                clusters=in_clusters,
+            )
+        )
     return AuditView(
-        counts=dict(audit.get("counts") or {}), findings=views, passed=list(audit.get("passed") or []),
+        counts=dict(audit.get("counts") or {}),
+        findings=views,
+        passed=list(audit.get("passed") or []),
         skipped=[{k: s.get(k) for k in ("id", "name", "reason")} for s in audit.get("skipped") or []],
         notes=list(audit.get("notes") or []),
     )
@@ -309,24 +371,41 @@ def _audit(audit: dict[str, Any] | None, caps: list[CapabilityView]) -> AuditVie
 def _training_log(run: dict[str, Any], log: dict[str, Any] | None) -> TrainingLogView | None:
     findings = (run.get("audit") or {}).get("findings") or []
     anomalies = [
-        {"check": f.get("id"), "name": f.get("name"), "severity": f.get("severity"),
-         "steps": [int(s) for s in f.get("steps") or []][:ID_CAP], "message": f.get("message", "")}
-        for f in findings if f.get("steps") and "logs" in (f.get("reads") or ["logs"])
+        {
+            "check": f.get("id"),
+            "name": f.get("name"),
+            "severity": f.get("severity"),
+            "steps": [int(s) for s in f.get("steps") or []][:ID_CAP],
+            "message": f.get("message", ""),
+        }
+        for f in findings
+        if f.get("steps") and "logs" in (f.get("reads") or ["logs"])
     ]
     path = ((run.get("manifest") or {}).get("paths") or {}).get("logs")
     if log is None and not path and not anomalies:
         return None
     if log is None:
-        return TrainingLogView(path=path, status="not_read", note="the log file was not read for this report",
-                               loss=[], eval_loss=[], learning_rate=[], anomalies=anomalies)
+        return TrainingLogView(
+            path=path,
+            status="not_read",
+            note="the log file was not read for this report",
+            loss=[],
+            eval_loss=[],
+            learning_rate=[],
+            anomalies=anomalies,
+        )
 
     def series(rows: list[dict[str, Any]], key: str) -> list[list[float]]:
         return [[int(e["step"]), float(e[key])] for e in rows if key in e and "step" in e]
 
     return TrainingLogView(
-        path=log.get("path", path), status=log.get("status", "plotted"), note=log.get("note"),
-        loss=series(log.get("train") or [], "loss"), eval_loss=series(log.get("eval") or [], "eval_loss"),
-        learning_rate=series(log.get("train") or [], "learning_rate"), anomalies=anomalies,
+        path=log.get("path", path),
+        status=log.get("status", "plotted"),
+        note=log.get("note"),
+        loss=series(log.get("train") or [], "loss"),
+        eval_loss=series(log.get("eval") or [], "eval_loss"),
+        learning_rate=series(log.get("train") or [], "learning_rate"),
+        anomalies=anomalies,
     )
 
 
@@ -362,8 +441,10 @@ def _headline(caps: list[CapabilityView], audit: AuditView | None, stopped: str 
         cautions = [q for q in c.qualifiers if q.level != "ok" and q.kind != "engine_agreement"]
         if a.agreement:
             ag = a.agreement
-            conf = (f"{ag.get('confidence', 'unknown')} engine agreement (Spearman {_f(ag.get('spearman')):.2f}, "
-                    f"top-{ag.get('k')} overlap {_f(ag.get('topk_overlap')):.0%})")
+            conf = (
+                f"{ag.get('confidence', 'unknown')} engine agreement (Spearman {_f(ag.get('spearman')):.2f}, "
+                f"top-{ag.get('k')} overlap {_f(ag.get('topk_overlap')):.0%})"
+            )
         else:
             conf = "unknown (one engine, no agreement check)"
         s = f"Confidence in the data verdict for {c.name}: {conf}"
@@ -376,8 +457,10 @@ def _headline(caps: list[CapabilityView], audit: AuditView | None, stopped: str 
             out.append(f"No training row degraded {c.name} (no negative scores): the data does not explain it.")
             continue
         top = a.clusters[0]
-        desc = (f"The most harmful cluster for {c.name} (#{top.label}: {top.size} row{'s' if top.size != 1 else ''}, "
-                f"{top.harmful_share:.0%} of the harmful score)")
+        desc = (
+            f"The most harmful cluster for {c.name} (#{top.label}: {top.size} row{'s' if top.size != 1 else ''}, "
+            f"{top.harmful_share:.0%} of the harmful score)"
+        )
         audit_ex = [e for e in top.explanations if e["source"] == "audit"]
         if audit_ex:
             fix = ""
@@ -390,8 +473,10 @@ def _headline(caps: list[CapabilityView], audit: AuditView | None, stopped: str 
             out.append(f"{desc}: {top.explanations[0]['text']}.")
         else:
             words = ", ".join(w["word"] for w in (top.common.get("distinctive_words") or [])[:4])
-            out.append(f"{desc} has no mechanical explanation in the audit: its content is the likely cause"
-                       + (f" (shared words: {words})." if words else "."))
+            out.append(
+                f"{desc} has no mechanical explanation in the audit: its content is the likely cause"
+                + (f" (shared words: {words})." if words else ".")
+            )
         if len(a.clusters) > 1:
             out.append(f"Audit explains clusters holding {a.explained_share:.0%} of the harmful score for {c.name}.")
     if audit is not None:
@@ -427,17 +512,31 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
     for c in ev.get("capabilities") or []:
         a = att_by_cap.get(c["name"])
         av = _attribution(a, train_ids, findings, checks_ran) if a else None
-        caps.append(CapabilityView(
-            name=c["name"], metric=c["metric"], unit=c.get("unit", "accuracy"), n=int(c["n"]),
-            reference_score=_f(c["reference_score"]), tuned_score=_f(c["tuned_score"]), delta=_f(c["delta"]),
-            ci_low=_f(c["ci_low"]), ci_high=_f(c["ci_high"]), confidence=_f(c.get("confidence", 0.95)),
-            verdict=c["verdict"], diagnosed=bool(c.get("diagnosed")), reason=c.get("reason", ""),
-            sign_test_p=_f(c.get("sign_test_p")), n_kept=int(c.get("n_kept", 0)), n_lost=int(c.get("n_lost", 0)),
-            n_gained=int(c.get("n_gained", 0)), n_both_fail=int(c.get("n_both_fail", 0)),
-            base_bounds=dict(c.get("base_bounds") or {}),
-            qualifiers=_qualifiers(c, a, (a or {}).get("failing_items") or []),
-            attribution=av,
-        ))
+        caps.append(
+            CapabilityView(
+                name=c["name"],
+                metric=c["metric"],
+                unit=c.get("unit", "accuracy"),
+                n=int(c["n"]),
+                reference_score=_f(c["reference_score"]),
+                tuned_score=_f(c["tuned_score"]),
+                delta=_f(c["delta"]),
+                ci_low=_f(c["ci_low"]),
+                ci_high=_f(c["ci_high"]),
+                confidence=_f(c.get("confidence", 0.95)),
+                verdict=c["verdict"],
+                diagnosed=bool(c.get("diagnosed")),
+                reason=c.get("reason", ""),
+                sign_test_p=_f(c.get("sign_test_p")),
+                n_kept=int(c.get("n_kept", 0)),
+                n_lost=int(c.get("n_lost", 0)),
+                n_gained=int(c.get("n_gained", 0)),
+                n_both_fail=int(c.get("n_both_fail", 0)),
+                base_bounds=dict(c.get("base_bounds") or {}),
+                qualifiers=_qualifiers(c, a, (a or {}).get("failing_items") or []),
+                attribution=av,
+            )
+        )
     audit_view = _audit(audit, caps)
     stopped = run.get("stopped")
     if stopped:
@@ -465,4 +564,3 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
         gradian_version=__version__,
         verification=dict(verification) if verification else None,
     )
-

@@ -22,8 +22,8 @@ from typing import Any, Iterable
 from markupsafe import Markup
 
 from gradian.report import svg
-from gradian.report.views import SUMMARY_CLUSTERS, Report, support_marks
 from gradian.report.safe import clean, clean_tree, shorten
+from gradian.report.views import SUMMARY_CLUSTERS, Report, support_marks
 
 M = Markup
 
@@ -89,7 +89,9 @@ def _table(head: list[str], rows: list[list[Markup]], num_cols: Iterable[int] = 
     nums = set(num_cols)
     h = _join(M("<th>{}</th>").format(x) for x in head)
     body = _join(
-        M("<tr>{}</tr>").format(_join(M('<td class="num">{}</td>' if i in nums else "<td>{}</td>").format(c) for i, c in enumerate(r)))
+        M("<tr>{}</tr>").format(
+            _join(M('<td class="num">{}</td>' if i in nums else "<td>{}</td>").format(c) for i, c in enumerate(r))
+        )
         for r in rows
     )
     return M("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>").format(h, body)
@@ -102,32 +104,47 @@ def _qualifiers(qs: list[Any]) -> Markup:
 def _explanations(cl: Any, fixes: dict[int, str]) -> Markup:
     if not cl.explanations:
         words = ", ".join(w["word"] for w in (cl.common.get("distinctive_words") or [])[:6])
-        return M('<p class="none">No audit finding explains these rows: their content is the likely cause{}.</p>').format(
-            f" (words they share: {words})" if words else "")
+        return M(
+            '<p class="none">No audit finding explains these rows: their content is the likely cause{}.</p>'
+        ).format(f" (words they share: {words})" if words else "")
     items = []
     for e in cl.explanations:
         fix = fixes.get(e.get("finding"), "")
-        items.append(M("<li>{}{}</li>").format(
-            e["text"], M(' <span class="legend">fix: {}</span>').format(fix) if fix else ""))
+        items.append(
+            M("<li>{}{}</li>").format(e["text"], M(' <span class="legend">fix: {}</span>').format(fix) if fix else "")
+        )
     return M('<ul class="expl">{}</ul>').format(_join(items))
 
 
 def _exemplar(e: dict[str, Any]) -> Markup:
-    return M('<div class="card"><div class="legend">{} · score {}</div><div><b>prompt</b> {}</div><div><b>completion</b> {}</div></div>').format(
-        e.get("id"), svg.fmt_num(e.get("score")), _txt(e.get("prompt"), 400), _txt(e.get("completion"), 600))
+    return M(
+        '<div class="card"><div class="legend">{} · score {}</div><div><b>prompt</b> {}</div><div><b>completion</b> {}</div></div>'
+    ).format(e.get("id"), svg.fmt_num(e.get("score")), _txt(e.get("prompt"), 400), _txt(e.get("completion"), 600))
 
 
 def _cluster_summary(cap: Any, fixes: dict[int, str]) -> Markup:
     a = cap.attribution
     if not a.clusters:
-        return M('<p class="none">No training row has a negative score for {}: the data does not explain it.</p>').format(cap.name)
+        return M(
+            '<p class="none">No training row has a negative score for {}: the data does not explain it.</p>'
+        ).format(cap.name)
     out = []
     for cl in a.clusters[:SUMMARY_CLUSTERS]:
         ex = cl.exemplars[0] if cl.exemplars else None
-        out.append(M('<div class="card"><b>Cluster #{}</b>: {} row{}, {} of the harmful score{}{}</div>').format(
-            cl.label, cl.size, "" if cl.size == 1 else "s", _pct(cl.harmful_share),
-            _explanations(cl, fixes),
-            M('<div class="legend">e.g. <code>{}</code>: {}</div>').format(ex.get("id"), _txt(ex.get("completion"), 160)) if ex else ""))
+        out.append(
+            M('<div class="card"><b>Cluster #{}</b>: {} row{}, {} of the harmful score{}{}</div>').format(
+                cl.label,
+                cl.size,
+                "" if cl.size == 1 else "s",
+                _pct(cl.harmful_share),
+                _explanations(cl, fixes),
+                M('<div class="legend">e.g. <code>{}</code>: {}</div>').format(
+                    ex.get("id"), _txt(ex.get("completion"), 160)
+                )
+                if ex
+                else "",
+            )
+        )
     more = len(a.clusters) - SUMMARY_CLUSTERS
     if more > 0:
         out.append(M('<p class="legend">{} more cluster{} in the details.</p>').format(more, "" if more == 1 else "s"))
@@ -159,33 +176,70 @@ def _sentence_view(d: Any) -> Markup:
             colour = f"rgba(21,101,192,{0.08 + 0.3 * sc / best:.2f})"
         else:
             colour = "transparent"
-        parts.append(M('<mark class="{}" style="background:{}" title="{}">{}</mark>').format(
-            "top" if i == 0 else "s", colour,
-            f"sentence score {svg.fmt_num(sc)}; share of the row score {svg.fmt_num(s.get('share'))}; {s.get('n_tokens')} tokens",
-            seg["text"]))
+        parts.append(
+            M('<mark class="{}" style="background:{}" title="{}">{}</mark>').format(
+                "top" if i == 0 else "s",
+                colour,
+                f"sentence score {svg.fmt_num(sc)}; share of the row score {svg.fmt_num(s.get('share'))}; {s.get('n_tokens')} tokens",
+                seg["text"],
+            )
+        )
     note = "" if d.text_source == "row" else " (text rebuilt from the scored sentences)"
-    rows = [[M("{}").format(k + 1), _txt(s["text"], 200), M("{}").format(svg.fmt_num(s["score"])),
-             M("{}").format(svg.fmt_num(s.get("share"))), M("{}").format(s.get("n_tokens"))]
-            for k, s in enumerate(sents)]
-    return M('<h4>row <code>{}</code> <span class="legend">against failing item <code>{}</code>; row score for that item {}{}</span></h4>'
-             '<div class="sentences txt">{}</div>'
-             '<p class="legend">Red: the sentence degraded the capability (darker = more); the outlined one is the most harmful. '
-             'Blue: it reinforced it. Unmarked text was not scored (no supervised token: beyond max_length, or between sentences).</p><details><summary>sentence scores</summary>{}</details>').format(
-        d.id, d.item_id, svg.fmt_num(d.row_score_for_item), note, _join(parts),
-        _table(["#", "sentence", "score", "share of row score", "tokens"], rows, (2, 3, 4)))
+    rows = [
+        [
+            M("{}").format(k + 1),
+            _txt(s["text"], 200),
+            M("{}").format(svg.fmt_num(s["score"])),
+            M("{}").format(svg.fmt_num(s.get("share"))),
+            M("{}").format(s.get("n_tokens")),
+        ]
+        for k, s in enumerate(sents)
+    ]
+    return M(
+        '<h4>row <code>{}</code> <span class="legend">against failing item <code>{}</code>; row score for that item {}{}</span></h4>'
+        '<div class="sentences txt">{}</div>'
+        '<p class="legend">Red: the sentence degraded the capability (darker = more); the outlined one is the most harmful. '
+        "Blue: it reinforced it. Unmarked text was not scored (no supervised token: beyond max_length, or between sentences).</p><details><summary>sentence scores</summary>{}</details>"
+    ).format(
+        d.id,
+        d.item_id,
+        svg.fmt_num(d.row_score_for_item),
+        note,
+        _join(parts),
+        _table(["#", "sentence", "score", "share of row score", "tokens"], rows, (2, 3, 4)),
+    )
 
 
 def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
     a = cap.attribution
     out = [M("<h3>{}: what the data did</h3>").format(cap.name)]
     q = ", ".join(f"{v} {k}" for k, v in sorted(a.query_kinds.items()))
-    out.append(M('<p>{} failing item{} ({} quer{}), scored over {} training rows with <b>{}</b>{}.</p>').format(
-        a.n_failing, "" if a.n_failing == 1 else "s", q, "y" if a.n_failing == 1 else "ies", a.n_train, a.engine,
-        f" (agreement checked against {a.engines[1]})" if len(a.engines) > 1 else ""))
+    out.append(
+        M("<p>{} failing item{} ({} quer{}), scored over {} training rows with <b>{}</b>{}.</p>").format(
+            a.n_failing,
+            "" if a.n_failing == 1 else "s",
+            q,
+            "y" if a.n_failing == 1 else "ies",
+            a.n_train,
+            a.engine,
+            f" (agreement checked against {a.engines[1]})" if len(a.engines) > 1 else "",
+        )
+    )
     out.append(M("<h4>Score distribution</h4>{}").format(svg.profile_plot(a.profile, cap.name)))
     p = a.profile
-    out.append(M('<p class="legend">min {} · median {} · max {} · {} of {} rows degraded the capability; the harmful tail ({} rows) holds {} of the harmful score.</p>').format(
-        svg.fmt_num(p.min), svg.fmt_num(p.median), svg.fmt_num(p.max), p.n_negative, p.n, p.tail_n, _pct(p.tail_mass)))
+    out.append(
+        M(
+            '<p class="legend">min {} · median {} · max {} · {} of {} rows degraded the capability; the harmful tail ({} rows) holds {} of the harmful score.</p>'
+        ).format(
+            svg.fmt_num(p.min),
+            svg.fmt_num(p.median),
+            svg.fmt_num(p.max),
+            p.n_negative,
+            p.n,
+            p.tail_n,
+            _pct(p.tail_mass),
+        )
+    )
     if a.clusters:
         out.append(M("<h4>Clusters of the harmful tail</h4>{}").format(svg.cluster_plot(a.clusters, cap.name)))
         rows = []
@@ -193,53 +247,128 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
             cm = cl.common
             fm = ", ".join(f"{k} {v}" for k, v in (cm.get("formats") or {}).items())
             words = ", ".join(w["word"] for w in (cm.get("distinctive_words") or [])[:8])
-            rows.append([
-                M("#{}").format(cl.label), M("{}").format(cl.size), M("{}").format(_pct(cl.harmful_share)),
-                M("{}").format(fm), M("{}").format(svg.fmt_num(cm.get("tokens_median"))),
-                _mech(cl, "truncated"), _mech(cl, "missing_eos"),
-                _txt(words, 200), _explanations(cl, fixes),
-            ])
-        out.append(_table(["cluster", "rows", "harmful share", "formats", "median tokens", "truncated", "missing EOS",
-                           "distinctive words", "audit"], rows, (1, 2, 4, 5, 6)))
-        out.append(M('<p class="legend">truncated / missing EOS: the share of the cluster&#39;s rows that the Audit check '
-                     'named in brackets flagged; * = measured by Attribute&#39;s tokenisation because Audit did not run that check.</p>'))
+            rows.append(
+                [
+                    M("#{}").format(cl.label),
+                    M("{}").format(cl.size),
+                    M("{}").format(_pct(cl.harmful_share)),
+                    M("{}").format(fm),
+                    M("{}").format(svg.fmt_num(cm.get("tokens_median"))),
+                    _mech(cl, "truncated"),
+                    _mech(cl, "missing_eos"),
+                    _txt(words, 200),
+                    _explanations(cl, fixes),
+                ]
+            )
+        out.append(
+            _table(
+                [
+                    "cluster",
+                    "rows",
+                    "harmful share",
+                    "formats",
+                    "median tokens",
+                    "truncated",
+                    "missing EOS",
+                    "distinctive words",
+                    "audit",
+                ],
+                rows,
+                (1, 2, 4, 5, 6),
+            )
+        )
+        out.append(
+            M(
+                '<p class="legend">truncated / missing EOS: the share of the cluster&#39;s rows that the Audit check '
+                "named in brackets flagged; * = measured by Attribute&#39;s tokenisation because Audit did not run that check.</p>"
+            )
+        )
         for cl in a.clusters:
-            out.append(M("<details><summary>cluster #{}: {} row{} ({})</summary>{}</details>").format(
-                cl.label, cl.size, "" if cl.size == 1 else "s", shorten(", ".join(cl.row_ids), 300),
-                _join(_exemplar(e) for e in cl.exemplars)))
+            out.append(
+                M("<details><summary>cluster #{}: {} row{} ({})</summary>{}</details>").format(
+                    cl.label,
+                    cl.size,
+                    "" if cl.size == 1 else "s",
+                    shorten(", ".join(cl.row_ids), 300),
+                    _join(_exemplar(e) for e in cl.exemplars),
+                )
+            )
     if a.ranked:
-        rows = [[M("{}").format(r.get("rank")), M("<code>{}</code>").format(r.get("id")), M("{}").format(svg.fmt_num(r.get("score"))),
-                 M("{}").format(svg.fmt_num(r.get("predicted_loss_delta_if_removed"))),
-                 M("{}{}").format(r.get("tokens"), " (truncated)" if r.get("truncated") else ""),
-                 M("{}").format(f"#{r['cluster']}" if r.get("cluster") is not None else ""),
-                 M("{}").format(", ".join(r.get("flags") or [])), M("{}").format(support_marks(r)), _txt(r.get("completion"), 240)]
-                for r in a.ranked]
-        out.append(M("<h4>Most harmful training rows</h4>{}").format(
-            _table(["rank", "row", "score", "Δ query loss if removed", "tokens", "cluster", "audit", "supported by",
-                    "completion"], rows, (0, 2, 3, 4))))
+        rows = [
+            [
+                M("{}").format(r.get("rank")),
+                M("<code>{}</code>").format(r.get("id")),
+                M("{}").format(svg.fmt_num(r.get("score"))),
+                M("{}").format(svg.fmt_num(r.get("predicted_loss_delta_if_removed"))),
+                M("{}{}").format(r.get("tokens"), " (truncated)" if r.get("truncated") else ""),
+                M("{}").format(f"#{r['cluster']}" if r.get("cluster") is not None else ""),
+                M("{}").format(", ".join(r.get("flags") or [])),
+                M("{}").format(support_marks(r)),
+                _txt(r.get("completion"), 240),
+            ]
+            for r in a.ranked
+        ]
+        out.append(
+            M("<h4>Most harmful training rows</h4>{}").format(
+                _table(
+                    [
+                        "rank",
+                        "row",
+                        "score",
+                        "Δ query loss if removed",
+                        "tokens",
+                        "cluster",
+                        "audit",
+                        "supported by",
+                        "completion",
+                    ],
+                    rows,
+                    (0, 2, 3, 4),
+                )
+            )
+        )
     if a.drilldown:
         out.append(M("<h4>Which sentence did it</h4>{}").format(_join(_sentence_view(d) for d in a.drilldown)))
     if a.failing_items:
-        rows = [[M("<code>{}</code>").format(f.get("id")), _txt(_prompt_text(f.get("prompt")), 200),
-                 M("{}{}").format(_txt(f.get("answer"), 120), M('<div class="legend">the base says: {}</div>').format(
-                     _txt(f.get("correct_completion"), 160)) if f.get("correct_completion") not in (None, f.get("answer")) else ""),
-                 _txt(f.get("tuned_answer") if f.get("tuned_answer") is not None else "(loglik: no generation)", 120),
-                 M("{}{}").format(svg.fmt_num(f.get("margin")) if f.get("margin") is not None else "n/a",
-                                  " (thin)" if f.get("thin_margin") else "")]
-                for f in a.failing_items]
-        out.append(M("<h4>Failing items (the queries)</h4>{}").format(
-            _table(["item", "prompt", "correct answer", "tuned model said", "base margin (nats)"], rows, (4,))))
+        rows = [
+            [
+                M("<code>{}</code>").format(f.get("id")),
+                _txt(_prompt_text(f.get("prompt")), 200),
+                M("{}{}").format(
+                    _txt(f.get("answer"), 120),
+                    M('<div class="legend">the base says: {}</div>').format(_txt(f.get("correct_completion"), 160))
+                    if f.get("correct_completion") not in (None, f.get("answer"))
+                    else "",
+                ),
+                _txt(f.get("tuned_answer") if f.get("tuned_answer") is not None else "(loglik: no generation)", 120),
+                M("{}{}").format(
+                    svg.fmt_num(f.get("margin")) if f.get("margin") is not None else "n/a",
+                    " (thin)" if f.get("thin_margin") else "",
+                ),
+            ]
+            for f in a.failing_items
+        ]
+        out.append(
+            M("<h4>Failing items (the queries)</h4>{}").format(
+                _table(["item", "prompt", "correct answer", "tuned model said", "base margin (nats)"], rows, (4,))
+            )
+        )
     return _join(out)
 
 
 def _audit_section(r: Report) -> Markup:
     au = r.audit
     if au is None:
-        return M('<h3>Audit</h3><p class="none">The Audit lane did not run (no --config or --logs were given to '
-                 '<code>gradian attribute</code>); run <code>gradian diagnose</code> for the mechanical checks.</p>')
+        return M(
+            '<h3>Audit</h3><p class="none">The Audit lane did not run (no --config or --logs were given to '
+            "<code>gradian attribute</code>); run <code>gradian diagnose</code> for the mechanical checks.</p>"
+        )
     c = au.counts
-    out = [M("<h3>Audit findings</h3><p>{} errors, {} warnings, {} info; {} checks passed, {} skipped.</p>").format(
-        c.get("error", 0), c.get("warning", 0), c.get("info", 0), len(au.passed), len(au.skipped))]
+    out = [
+        M("<h3>Audit findings</h3><p>{} errors, {} warnings, {} info; {} checks passed, {} skipped.</p>").format(
+            c.get("error", 0), c.get("warning", 0), c.get("info", 0), len(au.passed), len(au.skipped)
+        )
+    ]
     rows = []
     for f in au.findings:
         where = []
@@ -247,10 +376,19 @@ def _audit_section(r: Report) -> Markup:
             where.append(f"{f.n_rows} rows")
         if f.n_steps:
             where.append(f"{f.n_steps} log steps")
-        cl = ", ".join(f"{x['capability']} #{x['label']}" + (" (explains)" if x.get("explains") else "") for x in f.clusters)
-        rows.append([M('<span class="badge sev-{}">{}</span>').format(f.severity, f.severity),
-                     M('<span class="check">{}</span> {}').format(f.id, f.name), _txt(f.message, 600),
-                     M("{}").format("; ".join(where)), M("{}").format(cl), _txt(f.fix, 400)])
+        cl = ", ".join(
+            f"{x['capability']} #{x['label']}" + (" (explains)" if x.get("explains") else "") for x in f.clusters
+        )
+        rows.append(
+            [
+                M('<span class="badge sev-{}">{}</span>').format(f.severity, f.severity),
+                M('<span class="check">{}</span> {}').format(f.id, f.name),
+                _txt(f.message, 600),
+                M("{}").format("; ".join(where)),
+                M("{}").format(cl),
+                _txt(f.fix, 400),
+            ]
+        )
     if rows:
         out.append(_table(["severity", "check", "what was measured", "affects", "clusters", "fix"], rows))
     for n in au.notes:
@@ -269,11 +407,24 @@ def _log_section(r: Report) -> Markup:
     if lg.note:
         out.append(M('<p class="legend">{} (<code>{}</code>)</p>').format(lg.note, lg.path or ""))
     if lg.anomalies:
-        out.append(M("<ul>{}</ul>").format(_join(
-            M('<li><span class="badge sev-{}">{}</span> <span class="check">{}</span> {} at step{} {}: {}</li>').format(
-                a["severity"], a["severity"], a["check"], a["name"], "" if len(a["steps"]) == 1 else "s",
-                shorten(", ".join(str(s) for s in a["steps"]), 120), a["message"])
-            for a in lg.anomalies)))
+        out.append(
+            M("<ul>{}</ul>").format(
+                _join(
+                    M(
+                        '<li><span class="badge sev-{}">{}</span> <span class="check">{}</span> {} at step{} {}: {}</li>'
+                    ).format(
+                        a["severity"],
+                        a["severity"],
+                        a["check"],
+                        a["name"],
+                        "" if len(a["steps"]) == 1 else "s",
+                        shorten(", ".join(str(s) for s in a["steps"]), 120),
+                        a["message"],
+                    )
+                    for a in lg.anomalies
+                )
+            )
+        )
     elif plot:
         out.append(M('<p class="legend">Audit flagged no log anomaly with a step.</p>'))
     return _join(out)
@@ -289,17 +440,33 @@ def _manifest(r: Report) -> Markup:
         row = [M("<code>{}</code>").format(k), M('<span class="mono txt">{}</span>').format(shorten(val, 300))]
         (spec_rows if k.startswith("specs.") else rows).append(row)
     paths = m.get("paths") or {}
-    prow = [[M("<code>{}</code>").format(k), M('<span class="mono txt">{}</span>').format(
-        ", ".join(v) if isinstance(v, list) else ("" if v is None else v))] for k, v in paths.items()]
+    prow = [
+        [
+            M("<code>{}</code>").format(k),
+            M('<span class="mono txt">{}</span>').format(
+                ", ".join(v) if isinstance(v, list) else ("" if v is None else v)
+            ),
+        ]
+        for k, v in paths.items()
+    ]
     timing = ", ".join(f"{k} {v:.1f} s" for k, v in r.timing.items() if isinstance(v, (int, float)))
-    return M('<h2 id="manifest">Manifest</h2><p>This report was rendered from run <code>{}</code> ({}). '
-             'Every number above comes from it; if a number differs between two runs, a changed field here is the explanation.</p>'
-             "<h4>Identity (hashed into the run id)</h4>{}<details><summary>every spec ({} fields)</summary>{}</details>"
-             "<h4>Paths</h4>{}<p><b>Sign convention:</b> {}</p>"
-             "<p><b>Timing:</b> {}</p><details><summary>the manifest as JSON</summary><pre>{}</pre></details>").format(
-        r.run_id, r.run_schema, _table(["field", "value"], rows), len(spec_rows), _table(["field", "value"], spec_rows),
+    return M(
+        '<h2 id="manifest">Manifest</h2><p>This report was rendered from run <code>{}</code> ({}). '
+        "Every number above comes from it; if a number differs between two runs, a changed field here is the explanation.</p>"
+        "<h4>Identity (hashed into the run id)</h4>{}<details><summary>every spec ({} fields)</summary>{}</details>"
+        "<h4>Paths</h4>{}<p><b>Sign convention:</b> {}</p>"
+        "<p><b>Timing:</b> {}</p><details><summary>the manifest as JSON</summary><pre>{}</pre></details>"
+    ).format(
+        r.run_id,
+        r.run_schema,
+        _table(["field", "value"], rows),
+        len(spec_rows),
+        _table(["field", "value"], spec_rows),
         _table(["input", "path"], prow),
-        m.get("sign_convention", ""), timing or "n/a", json.dumps(m, indent=2, ensure_ascii=False, sort_keys=True))
+        m.get("sign_convention", ""),
+        timing or "n/a",
+        json.dumps(m, indent=2, ensure_ascii=False, sort_keys=True),
+    )
 
 
 def _verification(r: Report) -> Markup:
@@ -312,20 +479,47 @@ def _verification(r: Report) -> Markup:
         rows = []
         for rname, x in (cap.get("retrains") or {}).items():
             ci = x.get("recovery_ci") or [float("nan"), float("nan")]
-            rows.append([_txt(rname), M("{}").format(x.get("removed")), M("{}").format(svg.fmt_num(x.get("score"))),
-                         M("{} [{}, {}]").format(svg.fmt_num(x.get("delta")), svg.fmt_num(x.get("ci_low")), svg.fmt_num(x.get("ci_high"))),
-                         M("{} [{}, {}]").format(_pct(x.get("recovery")), _pct(ci[0]), _pct(ci[1])),
-                         M("{}").format(svg.fmt_num(x.get("predicted_query_loss_change"))),
-                         M("{}").format(svg.fmt_num(x.get("measured_query_loss_change")))])
+            rows.append(
+                [
+                    _txt(rname),
+                    M("{}").format(x.get("removed")),
+                    M("{}").format(svg.fmt_num(x.get("score"))),
+                    M("{} [{}, {}]").format(
+                        svg.fmt_num(x.get("delta")), svg.fmt_num(x.get("ci_low")), svg.fmt_num(x.get("ci_high"))
+                    ),
+                    M("{} [{}, {}]").format(_pct(x.get("recovery")), _pct(ci[0]), _pct(ci[1])),
+                    M("{}").format(svg.fmt_num(x.get("predicted_query_loss_change"))),
+                    M("{}").format(svg.fmt_num(x.get("measured_query_loss_change"))),
+                ]
+            )
         badge = "improved" if cap.get("verified") else "within_noise"
-        parts.append(M('<div class="card"><b>{}</b> <span class="badge {}">{}</span> {}</div>{}').format(
-            name, badge, "verified" if cap.get("verified") else "not verified", cap.get("line", ""),
-            _table(["retrain", "rows removed", "score", "Δ vs tuned [95% CI]", "recovery [95% CI]",
-                    "Δ query loss predicted", "measured"], rows, (1, 2, 3, 4, 5, 6))))
+        parts.append(
+            M('<div class="card"><b>{}</b> <span class="badge {}">{}</span> {}</div>{}').format(
+                name,
+                badge,
+                "verified" if cap.get("verified") else "not verified",
+                cap.get("line", ""),
+                _table(
+                    [
+                        "retrain",
+                        "rows removed",
+                        "score",
+                        "Δ vs tuned [95% CI]",
+                        "recovery [95% CI]",
+                        "Δ query loss predicted",
+                        "measured",
+                    ],
+                    rows,
+                    (1, 2, 3, 4, 5, 6),
+                ),
+            )
+        )
     tr = v.get("trainer") or {}
-    return M('<section id="verification"><h2>Verification</h2><p class="legend">Retrained with {} without the blamed rows, '
-             'without as many random rows (controls), and on the unchanged data with another seed; each compared with the '
-             'tuned adapter on the same eval items (paired bootstrap).</p>{}</section>').format(tr.get("trainer", "?"), _join(parts))
+    return M(
+        '<section id="verification"><h2>Verification</h2><p class="legend">Retrained with {} without the blamed rows, '
+        "without as many random rows (controls), and on the unchanged data with another seed; each compared with the "
+        "tuned adapter on the same eval items (paired bootstrap).</p>{}</section>"
+    ).format(tr.get("trainer", "?"), _join(parts))
 
 
 def render_html(report: Report) -> str:
@@ -334,19 +528,39 @@ def render_html(report: Report) -> str:
     fixes = {i: f.fix for i, f in enumerate(r.audit.findings if r.audit else [])}
     caps_html = []
     for c in r.capabilities:
-        caps_html.append(M('<div class="card"><b>{}</b> <span class="badge {}">{}</span> '
-                           '<span class="mono">{} → {} (Δ {:+.3f}, {:g}% CI [{:+.3f}, {:+.3f}])</span> '
-                           '<span class="legend">{} items: {} kept, {} lost, {} gained, {} fail in both; metric {}</span>{}</div>').format(
-            c.name, c.verdict, c.verdict.replace("_", " "), svg.fmt_score(c.reference_score, c.unit), svg.fmt_score(c.tuned_score, c.unit),
-            c.delta, c.confidence * 100, c.ci_low, c.ci_high, c.n, c.n_kept, c.n_lost, c.n_gained, c.n_both_fail,
-            c.metric, _qualifiers(c.qualifiers)))
+        caps_html.append(
+            M(
+                '<div class="card"><b>{}</b> <span class="badge {}">{}</span> '
+                '<span class="mono">{} → {} (Δ {:+.3f}, {:g}% CI [{:+.3f}, {:+.3f}])</span> '
+                '<span class="legend">{} items: {} kept, {} lost, {} gained, {} fail in both; metric {}</span>{}</div>'
+            ).format(
+                c.name,
+                c.verdict,
+                c.verdict.replace("_", " "),
+                svg.fmt_score(c.reference_score, c.unit),
+                svg.fmt_score(c.tuned_score, c.unit),
+                c.delta,
+                c.confidence * 100,
+                c.ci_low,
+                c.ci_high,
+                c.n,
+                c.n_kept,
+                c.n_lost,
+                c.n_gained,
+                c.n_both_fail,
+                c.metric,
+                _qualifiers(c.qualifiers),
+            )
+        )
     units = []
     for c in r.capabilities:
         if c.unit not in units:
             units.append(c.unit)
     plots = _join(svg.ci_plot(r.capabilities, u) for u in units)
     attributed = [c for c in r.capabilities if c.attribution is not None]
-    clusters = _join(M("<h3>Top harmful clusters: {}</h3>{}").format(c.name, _cluster_summary(c, fixes)) for c in attributed)
+    clusters = _join(
+        M("<h3>Top harmful clusters: {}</h3>{}").format(c.name, _cluster_summary(c, fixes)) for c in attributed
+    )
     details = _join(_capability_details(c, fixes) for c in attributed)
     notes = _join(M('<p class="legend">note: {}</p>').format(n) for n in r.notes)
     stopped = M('<p class="card"><b>Stopped after Evaluate:</b> {}</p>').format(r.stopped) if r.stopped else M("")
@@ -355,18 +569,29 @@ def render_html(report: Report) -> str:
         '<section id="summary"><h2>Summary</h2><ol class="headline">{}</ol>{}'
         "<h3>Verdict per capability, and how sure</h3>{}{}{}</section>{}"
         '<section id="details"><h2>Details</h2>{}{}{}{}</section>'
-        '<section>{}</section><footer>Rendered by <code>gradian report</code> from <code>run.json</code>; '
+        "<section>{}</section><footer>Rendered by <code>gradian report</code> from <code>run.json</code>; "
         "nothing was recomputed. Self-contained: no script, nothing fetched.</footer>"
     ).format(
-        r.run_id, r.schema, r.gradian_version,
-        _join(M("<li>{}</li>").format(h) for h in r.headline), stopped,
-        _join(caps_html), plots, clusters, _verification(r),
-        details, _audit_section(r), _log_section(r), notes, _manifest(r),
+        r.run_id,
+        r.schema,
+        r.gradian_version,
+        _join(M("<li>{}</li>").format(h) for h in r.headline),
+        stopped,
+        _join(caps_html),
+        plots,
+        clusters,
+        _verification(r),
+        details,
+        _audit_section(r),
+        _log_section(r),
+        notes,
+        _manifest(r),
     )
-    page = M('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-             '<meta http-equiv="Content-Security-Policy" content="{}">'
-             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-             '<meta name="referrer" content="no-referrer">'
-             "<title>Gradian report · run {}</title><style>{}</style></head><body><main>{}</main></body></html>\n").format(
-        M(CSP), r.run_id, M(CSS), body)
+    page = M(
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta http-equiv="Content-Security-Policy" content="{}">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="referrer" content="no-referrer">'
+        "<title>Gradian report · run {}</title><style>{}</style></head><body><main>{}</main></body></html>\n"
+    ).format(M(CSP), r.run_id, M(CSS), body)
     return str(page)

@@ -46,8 +46,13 @@ def read_training_log(run: dict[str, Any], run_dir: str | Path | None = None) ->
         cands += [rd / path, rd.parent / path]
     existing = [c for c in cands if c.exists()]
     if not existing:
-        return {"path": path, "status": "missing", "note": "the log file no longer exists; the loss curve is not shown",
-                "train": [], "eval": []}
+        return {
+            "path": path,
+            "status": "missing",
+            "note": "the log file no longer exists; the loss curve is not shown",
+            "train": [],
+            "eval": [],
+        }
     p = existing[0]
     if want:
         for c in existing:
@@ -59,8 +64,13 @@ def read_training_log(run: dict[str, Any], run_dir: str | Path | None = None) ->
     try:
         log = load_logs(p)
     except GradianUserError as e:
-        return {"path": str(p), "status": "unreadable", "note": f"the log file could not be read: {e.one_line()}",
-                "train": [], "eval": []}
+        return {
+            "path": str(p),
+            "status": "unreadable",
+            "note": f"the log file could not be read: {e.one_line()}",
+            "train": [],
+            "eval": [],
+        }
     status, note = "plotted", None
     if want and p.is_file() and sha256_file(p) != want:
         status, note = "changed", "the log file changed since the run (its sha256 differs from the manifest's)"
@@ -74,6 +84,7 @@ def _shape_problem(run: dict[str, Any]) -> str | None:
     one-line user error, not a traceback); :func:`report_for_run` also turns any shape error
     :func:`build_report` still meets into one.
     """
+
     def is_num(x: Any, null: bool = True) -> bool:
         return (x is None and null) or (isinstance(x, (int, float)) and not isinstance(x, bool))
 
@@ -122,17 +133,27 @@ def _shape_problem(run: dict[str, Any]) -> str | None:
                 if not dicts(a.get(k) or []):
                     return f"{where}.{k} is not a list of objects"
             for j, c in enumerate(a.get("clusters") or []):
-                if not all(is_num(c.get(k), null=False) for k in ("label", "size", "harmful_share", "score")) \
-                        or not isinstance(c.get("row_ids"), list) or not dicts(c.get("exemplars") or []):
+                if (
+                    not all(is_num(c.get(k), null=False) for k in ("label", "size", "harmful_share", "score"))
+                    or not isinstance(c.get("row_ids"), list)
+                    or not dicts(c.get("exemplars") or [])
+                ):
                     return f"{where}.clusters[{j}] lacks label/size/harmful_share/score/row_ids"
             for j, r in enumerate(a.get("ranked") or []):
                 if "id" not in r:
                     return f"{where}.ranked[{j}] has no id"
             for j, d in enumerate(a.get("drilldown") or []):
                 sents = d.get("sentences") or []
-                if "id" not in d or not dicts(sents) or not all(
-                        isinstance(x.get("char_start"), int) and isinstance(x.get("char_end"), int)
-                        and isinstance(x.get("text"), str) for x in sents):
+                if (
+                    "id" not in d
+                    or not dicts(sents)
+                    or not all(
+                        isinstance(x.get("char_start"), int)
+                        and isinstance(x.get("char_end"), int)
+                        and isinstance(x.get("text"), str)
+                        for x in sents
+                    )
+                ):
                     return f"{where}.drilldown[{j}] lacks id or sentences with char_start/char_end/text"
             ag = a.get("agreement")
             if ag is not None and (not isinstance(ag, dict) or not isinstance(ag.get("engines"), list)):
@@ -170,8 +191,9 @@ def report_for_run(run_dir: str | Path, read_logs: bool = True) -> Report:
         return build_report(run, read_training_log(run, run_dir) if read_logs else None)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
         # build_report is a pure function of the run dict: what it cannot read is the file's shape
-        raise GradianUserError(f"not a valid gradian.run/1 file ({type(e).__name__}: {str(e)[:120]})", where=where,
-                               fix=fix) from None
+        raise GradianUserError(
+            f"not a valid gradian.run/1 file ({type(e).__name__}: {str(e)[:120]})", where=where, fix=fix
+        ) from None
 
 
 def _json_safe(obj: Any) -> Any:

@@ -73,7 +73,7 @@ def phrase(finding: dict[str, Any], plural: bool = True) -> str:
     if p:
         return p[0] if plural else p[1]
     title = str(finding.get("title") or finding.get("name") or "this check").rstrip(".")
-    return (f"are flagged by “{title}”" if plural else f"is flagged by “{title}”")
+    return f"are flagged by “{title}”" if plural else f"is flagged by “{title}”"
 
 
 def _pct(x: float) -> str:
@@ -93,6 +93,7 @@ def explain_cluster(
         findings: audit finding dicts (``id``, ``name``, ``severity``, ``row_ids``, ``fraction``).
         n_train: training rows in the run.
         checks_ran: ids of checks Audit ran (findings + passed), or None when Audit did not run.
+
     Returns:
         dicts ``{source, check, finding, name, severity, kind, overlap, size, finding_rows,
         cluster_share, finding_share, dataset_share, text}``; ``finding`` is the index of the
@@ -131,16 +132,29 @@ def explain_cluster(
                 text = f"{_pct(cs)} of this cluster's rows ({ov}/{size}) {phrase(f)} (check {cid})"
         elif ov >= 2 and cs >= ENRICHED_MIN_SHARE and cs >= ENRICHED_RATIO * ds:
             kind = "enriched"
-            text = (f"{ov} of this cluster's {size} rows {phrase(f)} (check {cid}), "
-                    f"against {_pct(ds)} of the whole dataset")
+            text = (
+                f"{ov} of this cluster's {size} rows {phrase(f)} (check {cid}), against {_pct(ds)} of the whole dataset"
+            )
         if kind is None:
             continue
         seen_checks.add(cid)
-        out.append({
-            "source": "audit", "check": cid, "finding": fi, "name": f.get("name"), "severity": f.get("severity"), "kind": kind,
-            "overlap": ov, "size": size, "finding_rows": len(r), "cluster_share": cs, "finding_share": fs,
-            "dataset_share": ds, "text": text,
-        })
+        out.append(
+            {
+                "source": "audit",
+                "check": cid,
+                "finding": fi,
+                "name": f.get("name"),
+                "severity": f.get("severity"),
+                "kind": kind,
+                "overlap": ov,
+                "size": size,
+                "finding_rows": len(r),
+                "cluster_share": cs,
+                "finding_share": fs,
+                "dataset_share": ds,
+                "text": text,
+            }
+        )
     common = cluster.get("common") or {}
     for key, cid, name in COMMON_STANDINS:
         share = common.get(key)
@@ -149,15 +163,29 @@ def explain_cluster(
         if cid in seen_checks or (checks_ran is not None and cid in checks_ran):
             continue  # Audit ran the check: its verdict on these rows wins
         what = "are truncated" if key == "truncated_share" else "lack EOS / end-of-turn"
-        why = ("Audit did not run" if checks_ran is None else f"Audit skipped check {cid}")
-        lead = (f"its only row {'is truncated' if key == 'truncated_share' else 'lacks EOS / end-of-turn'}"
-                if size == 1 else f"{_pct(share)} of this cluster's rows {what}")
-        out.append({
-            "source": "cluster", "check": None, "finding": None, "name": name, "severity": None, "kind": "majority",
-            "overlap": round(share * size), "size": size, "finding_rows": None, "cluster_share": float(share),
-            "finding_share": None, "dataset_share": None,
-            "text": f"{lead} (measured by Attribute's tokenisation; {why}, so no check confirms it)",
-        })
+        why = "Audit did not run" if checks_ran is None else f"Audit skipped check {cid}"
+        lead = (
+            f"its only row {'is truncated' if key == 'truncated_share' else 'lacks EOS / end-of-turn'}"
+            if size == 1
+            else f"{_pct(share)} of this cluster's rows {what}"
+        )
+        out.append(
+            {
+                "source": "cluster",
+                "check": None,
+                "finding": None,
+                "name": name,
+                "severity": None,
+                "kind": "majority",
+                "overlap": round(share * size),
+                "size": size,
+                "finding_rows": None,
+                "cluster_share": float(share),
+                "finding_share": None,
+                "dataset_share": None,
+                "text": f"{lead} (measured by Attribute's tokenisation; {why}, so no check confirms it)",
+            }
+        )
     rank = {"holds_all": 0, "majority": 1, "enriched": 2}
     sev = {"error": 0, "warning": 1, "info": 2, None: 3}
     out.sort(key=lambda e: (rank[e["kind"]], -e["cluster_share"], sev.get(e["severity"], 3)))

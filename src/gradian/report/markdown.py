@@ -14,9 +14,9 @@ import json
 import math
 from typing import Any
 
-from gradian.report.views import SUMMARY_CLUSTERS, Report, flatten, support_marks
 from gradian.report.safe import md_text
 from gradian.report.svg import fmt_num, fmt_score
+from gradian.report.views import SUMMARY_CLUSTERS, Report, flatten, support_marks
 
 _MARK = {"ok": "✓", "caution": "!", "warning": "⚠"}
 
@@ -65,13 +65,27 @@ def render_markdown(report: Report) -> str:
     pad = 0.05 * ((hi_axis - lo_axis) or 1.0)
     rows = []
     for c in r.capabilities:
-        rows.append([f"**{md_text(c.name, 80)}**", md_text(c.verdict.replace("_", " ")),
-                     f"{fmt_score(c.reference_score, c.unit)} → {fmt_score(c.tuned_score, c.unit)}",
-                     f"{c.delta:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]",
-                     ci_bar(c.ci_low, c.ci_high, c.delta, lo_axis - pad, hi_axis + pad) if c.unit == "accuracy" else "",
-                     f"{c.n_lost} lost / {c.n}"])
-    out += _table(["capability", "verdict", "reference → tuned", f"Δ [{r.capabilities[0].confidence * 100:g}% CI]" if r.capabilities else "Δ",
-                   "CI (┊ = 0)", "items"], rows)
+        rows.append(
+            [
+                f"**{md_text(c.name, 80)}**",
+                md_text(c.verdict.replace("_", " ")),
+                f"{fmt_score(c.reference_score, c.unit)} → {fmt_score(c.tuned_score, c.unit)}",
+                f"{c.delta:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]",
+                ci_bar(c.ci_low, c.ci_high, c.delta, lo_axis - pad, hi_axis + pad) if c.unit == "accuracy" else "",
+                f"{c.n_lost} lost / {c.n}",
+            ]
+        )
+    out += _table(
+        [
+            "capability",
+            "verdict",
+            "reference → tuned",
+            f"Δ [{r.capabilities[0].confidence * 100:g}% CI]" if r.capabilities else "Δ",
+            "CI (┊ = 0)",
+            "items",
+        ],
+        rows,
+    )
     for c in r.capabilities:
         out.append(f"**{md_text(c.name, 80)}**")
         out.append("")
@@ -84,18 +98,25 @@ def render_markdown(report: Report) -> str:
             continue
         out += [f"### Top harmful clusters: {md_text(c.name, 80)}", ""]
         if not a.clusters:
-            out += [f"No training row has a negative score for {md_text(c.name, 80)}: the data does not explain it.", ""]
+            out += [
+                f"No training row has a negative score for {md_text(c.name, 80)}: the data does not explain it.",
+                "",
+            ]
         for cl in a.clusters[:SUMMARY_CLUSTERS]:
-            out.append(f"- **Cluster \\#{cl.label}**: {cl.size} row{'s' if cl.size != 1 else ''}, "
-                       f"{_pct(cl.harmful_share)} of the harmful score")
+            out.append(
+                f"- **Cluster \\#{cl.label}**: {cl.size} row{'s' if cl.size != 1 else ''}, "
+                f"{_pct(cl.harmful_share)} of the harmful score"
+            )
             if cl.explanations:
                 for e in cl.explanations:
                     fx = fixes.get(e.get("finding"))
                     out.append(f"  - {md_text(e['text'], 400)}" + (f" (fix: {md_text(fx, 300)})" if fx else ""))
             else:
                 words = ", ".join(w["word"] for w in (cl.common.get("distinctive_words") or [])[:6])
-                out.append("  - no audit finding explains these rows: their content is the likely cause"
-                           + (f" (words they share: {md_text(words, 300)})" if words else ""))
+                out.append(
+                    "  - no audit finding explains these rows: their content is the likely cause"
+                    + (f" (words they share: {md_text(words, 300)})" if words else "")
+                )
             if cl.exemplars:
                 e = cl.exemplars[0]
                 out.append(f"  - e.g. {md_text(e.get('id'), 60)}: {md_text(e.get('completion'), 160)}")
@@ -111,12 +132,17 @@ def render_markdown(report: Report) -> str:
         if a is None:
             continue
         p = a.profile
-        out += [f"### {md_text(c.name, 80)}: what the data did", "",
-                f"{a.n_failing} failing item(s) scored over {a.n_train} training rows with {md_text(a.engine, 40)}"
-                + (f" (agreement checked against {md_text(a.engines[1], 40)})" if len(a.engines) > 1 else "") + ". "
-                f"{p.n_negative} of {p.n} rows degraded the capability; the harmful tail ({p.tail_n} rows) holds "
-                f"{_pct(p.tail_mass)} of the harmful score (scores: min {fmt_num(p.min)}, median {fmt_num(p.median)}, "
-                f"max {fmt_num(p.max)}).", ""]
+        out += [
+            f"### {md_text(c.name, 80)}: what the data did",
+            "",
+            f"{a.n_failing} failing item(s) scored over {a.n_train} training rows with {md_text(a.engine, 40)}"
+            + (f" (agreement checked against {md_text(a.engines[1], 40)})" if len(a.engines) > 1 else "")
+            + ". "
+            f"{p.n_negative} of {p.n} rows degraded the capability; the harmful tail ({p.tail_n} rows) holds "
+            f"{_pct(p.tail_mass)} of the harmful score (scores: min {fmt_num(p.min)}, median {fmt_num(p.median)}, "
+            f"max {fmt_num(p.max)}).",
+            "",
+        ]
         if a.clusters:
             rows = []
             for cl in a.clusters:
@@ -125,21 +151,53 @@ def render_markdown(report: Report) -> str:
                 for key, label in (("truncated", "truncated"), ("missing_eos", "missing EOS")):
                     m = cl.mechanics.get(key) or {}
                     src = m.get("source")
-                    mech.append(f"{_pct(m.get('share'))} {label}" + (f" ({src})" if src and src != "attribute" else " \\*"))
+                    mech.append(
+                        f"{_pct(m.get('share'))} {label}" + (f" ({src})" if src and src != "attribute" else " \\*")
+                    )
                 ex = "; ".join(e["text"] for e in cl.explanations) or "none"
-                rows.append([f"\\#{cl.label}", str(cl.size), _pct(cl.harmful_share), ", ".join(mech),
-                             md_text(words, 120), md_text(ex, 300)])
-            out += _table(["cluster", "rows", "harmful share", "mechanics", "distinctive words", "audit explains"], rows)
+                rows.append(
+                    [
+                        f"\\#{cl.label}",
+                        str(cl.size),
+                        _pct(cl.harmful_share),
+                        ", ".join(mech),
+                        md_text(words, 120),
+                        md_text(ex, 300),
+                    ]
+                )
+            out += _table(
+                ["cluster", "rows", "harmful share", "mechanics", "distinctive words", "audit explains"], rows
+            )
         if a.ranked:
-            rows = [[str(x.get("rank")), f"{md_text(x.get('id'), 60)}", fmt_num(x.get("score")),
-                     fmt_num(x.get("predicted_loss_delta_if_removed")),
-                     f"{x.get('tokens')}{' (truncated)' if x.get('truncated') else ''}",
-                     f"\\#{x['cluster']}" if x.get("cluster") is not None else "",
-                     md_text(", ".join(x.get("flags") or [])), support_marks(x), md_text(x.get("completion"), 140)]
-                    for x in a.ranked]
+            rows = [
+                [
+                    str(x.get("rank")),
+                    f"{md_text(x.get('id'), 60)}",
+                    fmt_num(x.get("score")),
+                    fmt_num(x.get("predicted_loss_delta_if_removed")),
+                    f"{x.get('tokens')}{' (truncated)' if x.get('truncated') else ''}",
+                    f"\\#{x['cluster']}" if x.get("cluster") is not None else "",
+                    md_text(", ".join(x.get("flags") or [])),
+                    support_marks(x),
+                    md_text(x.get("completion"), 140),
+                ]
+                for x in a.ranked
+            ]
             out += ["#### Most harmful training rows", ""]
-            out += _table(["rank", "row", "score", "Δ query loss if removed", "tokens", "cluster", "audit", "supported by",
-                           "completion"], rows)
+            out += _table(
+                [
+                    "rank",
+                    "row",
+                    "score",
+                    "Δ query loss if removed",
+                    "tokens",
+                    "cluster",
+                    "audit",
+                    "supported by",
+                    "completion",
+                ],
+                rows,
+            )
         if a.drilldown:
             out += ["#### Which sentence did it", ""]
             for d in a.drilldown:
@@ -150,8 +208,10 @@ def render_markdown(report: Report) -> str:
                         continue
                     parts.append(f"**{t}**" if seg["sentence"] == 0 else t)
                 s0 = d.sentences[0] if d.sentences else {}
-                out.append(f"- {md_text(d.id, 60)} (against item {md_text(d.item_id, 60)}): most harmful sentence, "
-                           f"score {fmt_num(s0.get('score'))}, in bold: " + " ".join(parts))
+                out.append(
+                    f"- {md_text(d.id, 60)} (against item {md_text(d.item_id, 60)}): most harmful sentence, "
+                    f"score {fmt_num(s0.get('score'))}, in bold: " + " ".join(parts)
+                )
             out.append("")
         if a.failing_items:
             rows = []
@@ -159,25 +219,50 @@ def render_markdown(report: Report) -> str:
                 pr = f.get("prompt")
                 if isinstance(pr, list):
                     pr = " / ".join(str(m.get("content", "")) for m in pr if isinstance(m, dict))
-                rows.append([f"{md_text(f.get('id'), 60)}", md_text(pr, 120), md_text(f.get("answer"), 80),
-                             md_text(f.get("tuned_answer") if f.get("tuned_answer") is not None else "(loglik)", 80),
-                             (fmt_num(f.get("margin")) if f.get("margin") is not None else "n/a")
-                             + (" (thin)" if f.get("thin_margin") else "")])
+                rows.append(
+                    [
+                        f"{md_text(f.get('id'), 60)}",
+                        md_text(pr, 120),
+                        md_text(f.get("answer"), 80),
+                        md_text(f.get("tuned_answer") if f.get("tuned_answer") is not None else "(loglik)", 80),
+                        (fmt_num(f.get("margin")) if f.get("margin") is not None else "n/a")
+                        + (" (thin)" if f.get("thin_margin") else ""),
+                    ]
+                )
             out += ["#### Failing items (the queries)", ""]
             out += _table(["item", "prompt", "correct answer", "tuned model said", "base margin (nats)"], rows)
     if r.audit is None:
-        out += ["### Audit", "", "The Audit lane did not run (no --config or --logs were given); run `gradian diagnose`.", ""]
+        out += [
+            "### Audit",
+            "",
+            "The Audit lane did not run (no --config or --logs were given); run `gradian diagnose`.",
+            "",
+        ]
     else:
         k = r.audit.counts
-        out += ["### Audit findings", "",
-                f"{k.get('error', 0)} errors, {k.get('warning', 0)} warnings, {k.get('info', 0)} info; "
-                f"{len(r.audit.passed)} checks passed, {len(r.audit.skipped)} skipped.", ""]
+        out += [
+            "### Audit findings",
+            "",
+            f"{k.get('error', 0)} errors, {k.get('warning', 0)} warnings, {k.get('info', 0)} info; "
+            f"{len(r.audit.passed)} checks passed, {len(r.audit.skipped)} skipped.",
+            "",
+        ]
         rows = []
         for f in r.audit.findings:
-            aff = "; ".join(x for x in (f"{f.n_rows} rows" if f.n_rows else "", f"{f.n_steps} steps" if f.n_steps else "") if x)
+            aff = "; ".join(
+                x for x in (f"{f.n_rows} rows" if f.n_rows else "", f"{f.n_steps} steps" if f.n_steps else "") if x
+            )
             cl = ", ".join(f"{x['capability']} #{x['label']}" for x in f.clusters if x.get("explains"))
-            rows.append([md_text(f.severity), f"**{md_text(f.id)}** {md_text(f.name)}", md_text(f.message, 300),
-                         md_text(aff), md_text(cl), md_text(f.fix, 200)])
+            rows.append(
+                [
+                    md_text(f.severity),
+                    f"**{md_text(f.id)}** {md_text(f.name)}",
+                    md_text(f.message, 300),
+                    md_text(aff),
+                    md_text(cl),
+                    md_text(f.fix, 200),
+                ]
+            )
         if rows:
             out += _table(["severity", "check", "what was measured", "affects", "explains", "fix"], rows)
     lg = r.training_log
@@ -185,18 +270,27 @@ def render_markdown(report: Report) -> str:
         out += ["### Training log", ""]
         if lg.loss:
             first, last = lg.loss[0], lg.loss[-1]
-            out.append(f"Train loss {fmt_num(first[1])} at step {first[0]} → {fmt_num(last[1])} at step {last[0]} "
-                       f"({len(lg.loss)} logged points; the curve is in the HTML report).")
+            out.append(
+                f"Train loss {fmt_num(first[1])} at step {first[0]} → {fmt_num(last[1])} at step {last[0]} "
+                f"({len(lg.loss)} logged points; the curve is in the HTML report)."
+            )
         if lg.note:
             out.append(f"Note: {md_text(lg.note, 500)}.")
         for an in lg.anomalies:
             steps = ", ".join(str(s) for s in an["steps"][:20]) + (" …" if len(an["steps"]) > 20 else "")
-            out.append(f"- **{md_text(an['check'])}** {md_text(an['name'])} at step(s) {steps}: {md_text(an['message'], 300)}")
+            out.append(
+                f"- **{md_text(an['check'])}** {md_text(an['name'])} at step(s) {steps}: {md_text(an['message'], 300)}"
+            )
         out.append("")
     for n in r.notes:
         out += [f"Note: {md_text(n, 500)}", ""]
     m = r.manifest
-    out += ["## Manifest", "", f"Rendered from run {md_text(r.run_id)} ({md_text(r.run_schema)}); nothing was recomputed.", ""]
+    out += [
+        "## Manifest",
+        "",
+        f"Rendered from run {md_text(r.run_id)} ({md_text(r.run_schema)}); nothing was recomputed.",
+        "",
+    ]
     rows = []
     for k, v in flatten(m.get("identity") or {})[:300]:
         val = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
@@ -215,22 +309,45 @@ def verification_markdown(r: Report) -> list[str]:
     if not v:
         return []
     tr = v.get("trainer") or {}
-    out = ["## Verification", "",
-           f"`gradian verify` retrained the adapter ({md_text(tr.get('trainer'), 40)}) without the blamed rows, without "
-           "as many random rows (controls) and on the unchanged data with another seed, and re-evaluated each against "
-           "the tuned adapter on the same items.", ""]
+    out = [
+        "## Verification",
+        "",
+        f"`gradian verify` retrained the adapter ({md_text(tr.get('trainer'), 40)}) without the blamed rows, without "
+        "as many random rows (controls) and on the unchanged data with another seed, and re-evaluated each against "
+        "the tuned adapter on the same items.",
+        "",
+    ]
     for name, cap in (v.get("capabilities") or {}).items():
         out += [f"**{md_text(name, 80)}**: {md_text(cap.get('line'), 400)}.", ""]
         rows = []
         for rname, x in (cap.get("retrains") or {}).items():
             ci = x.get("recovery_ci") or [float("nan"), float("nan")]
-            rows.append([md_text(rname, 30), str(x.get("removed")), fmt_num(x.get("score")),
-                         f"{fmt_num(x.get('delta'))} [{fmt_num(x.get('ci_low'))}, {fmt_num(x.get('ci_high'))}]",
-                         f"{_pct(x.get('recovery'))} [{_pct(ci[0])}, {_pct(ci[1])}]",
-                         fmt_num(x.get("predicted_query_loss_change")), fmt_num(x.get("measured_query_loss_change"))])
-        out += _table(["retrain", "rows removed", "score", "Δ vs tuned [95% CI]", "recovery [95% CI]",
-                       "Δ query loss predicted", "measured"], rows)
+            rows.append(
+                [
+                    md_text(rname, 30),
+                    str(x.get("removed")),
+                    fmt_num(x.get("score")),
+                    f"{fmt_num(x.get('delta'))} [{fmt_num(x.get('ci_low'))}, {fmt_num(x.get('ci_high'))}]",
+                    f"{_pct(x.get('recovery'))} [{_pct(ci[0])}, {_pct(ci[1])}]",
+                    fmt_num(x.get("predicted_query_loss_change")),
+                    fmt_num(x.get("measured_query_loss_change")),
+                ]
+            )
+        out += _table(
+            [
+                "retrain",
+                "rows removed",
+                "score",
+                "Δ vs tuned [95% CI]",
+                "recovery [95% CI]",
+                "Δ query loss predicted",
+                "measured",
+            ],
+            rows,
+        )
         if cap.get("lds"):
-            out += [f"LDS over {cap['lds']['subsets']} random half-subsets: Spearman {fmt_num(cap['lds']['spearman'])}.", ""]
+            out += [
+                f"LDS over {cap['lds']['subsets']} random half-subsets: Spearman {fmt_num(cap['lds']['spearman'])}.",
+                "",
+            ]
     return out
-

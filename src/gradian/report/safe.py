@@ -31,9 +31,7 @@ from typing import Any
 
 # bidi embeddings/overrides/isolates and marks: they reorder how text is displayed
 _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-_CONTROL = re.compile(
-    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f" + _BIDI + "]"
-)
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f" + _BIDI + "]")
 _LINESEP = re.compile("[\r\u2028\u2029\x85]")
 
 
@@ -96,7 +94,7 @@ def md_text(s: Any, limit: int | None = None) -> str:
     s = _MD_ESC.sub(_md_sub, s)
     m = re.match(r"^(\d+)([.)])", s)
     if m:
-        s = m.group(1) + "\\" + s[len(m.group(1)):]
+        s = m.group(1) + "\\" + s[len(m.group(1)) :]
     elif s[:1] in ("-", "=", "."):
         s = "\\" + s
     return s

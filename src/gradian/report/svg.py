@@ -104,21 +104,30 @@ def _svg(width: int, height: int, label: str, body: Sequence[Markup], cls: str) 
     ).format(cls, clean(label), width, height, width, height, Markup(FONT), clean(label), Markup("").join(body))
 
 
-def _text(x: float, y: float, s: Any, anchor: str = "start", fill: str = INK, size: int | None = None,
-          weight: str | None = None) -> Markup:
+def _text(
+    x: float,
+    y: float,
+    s: Any,
+    anchor: str = "start",
+    fill: str = INK,
+    size: int | None = None,
+    weight: str | None = None,
+) -> Markup:
     extra = Markup("")
     if size:
         extra += Markup(' font-size="{}"').format(size)
     if weight:
         extra += Markup(' font-weight="{}"').format(weight)
     return Markup('<text x="{:.1f}" y="{:.1f}" text-anchor="{}" fill="{}"{}>{}</text>').format(
-        x, y, anchor, fill, extra, clean(s))
+        x, y, anchor, fill, extra, clean(s)
+    )
 
 
 def _line(x1, y1, x2, y2, stroke=GRID, width=1.0, dash: str | None = None) -> Markup:
     d = Markup(' stroke-dasharray="{}"').format(dash) if dash else Markup("")
     return Markup('<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="{}"{}/>').format(
-        x1, y1, x2, y2, stroke, width, d)
+        x1, y1, x2, y2, stroke, width, d
+    )
 
 
 def _x_axis(sx: _Scale, y: float, top: float, ticks: list[float], fmt=fmt_tick) -> list[Markup]:
@@ -166,13 +175,29 @@ def ci_plot(caps: Sequence[Any], unit: str = "accuracy") -> Markup:
             for v in (c.ci_low, c.ci_high):
                 body.append(_line(sx(v), y - 6, sx(v), y + 6, col, 2))
         if math.isfinite(c.delta):
-            body.append(Markup('<circle cx="{:.1f}" cy="{:.1f}" r="6" fill="{}"><title>{}</title></circle>').format(
-                sx(c.delta), y, col, clean(f"{c.name}: Δ {c.delta:+.3f}, CI [{c.ci_low:+.3f}, {c.ci_high:+.3f}], {c.verdict}")))
+            body.append(
+                Markup('<circle cx="{:.1f}" cy="{:.1f}" r="6" fill="{}"><title>{}</title></circle>').format(
+                    sx(c.delta),
+                    y,
+                    col,
+                    clean(f"{c.name}: Δ {c.delta:+.3f}, CI [{c.ci_low:+.3f}, {c.ci_high:+.3f}], {c.verdict}"),
+                )
+            )
         verdict = c.verdict.replace("_", " ")
-        body.append(_text(width - right + 12, y + 4, f"Δ {c.delta:+.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}] {verdict}", fill=col))
+        body.append(
+            _text(
+                width - right + 12, y + 4, f"Δ {c.delta:+.2f} [{c.ci_low:+.2f}, {c.ci_high:+.2f}] {verdict}", fill=col
+            )
+        )
     axis = "Δ accuracy (tuned − reference)" if unit == "accuracy" else "Δ mean log-likelihood, nats"
     body.append(_text((left + width - right) / 2, height - 6, axis, "middle", "#616161", 11))
-    return _svg(width, height, f"Capability deltas with {int(round(caps[0].confidence * 100))}% confidence intervals", body, "ci")
+    return _svg(
+        width,
+        height,
+        f"Capability deltas with {int(round(caps[0].confidence * 100))}% confidence intervals",
+        body,
+        "ci",
+    )
 
 
 def profile_plot(profile: Any, capability: str) -> Markup:
@@ -195,9 +220,13 @@ def profile_plot(profile: Any, capability: str) -> Markup:
         for r, s, tail in pts:
             col = RED if tail else (BLUE if s > 0 else GREY)
             y = min(sy(s), y0)
-            body.append(Markup('<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="{}"/>').format(
-                sx(r) + 0.5, y, w, max(0.5, abs(sy(s) - y0)), col))
+            body.append(
+                Markup('<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" fill="{}"/>').format(
+                    sx(r) + 0.5, y, w, max(0.5, abs(sy(s) - y0)), col
+                )
+            )
     else:
+
         def area(seg, col):
             if not seg:
                 return Markup("")
@@ -212,16 +241,33 @@ def profile_plot(profile: Any, capability: str) -> Markup:
     if profile.tail_n:
         xt = sx(profile.tail_n)
         body.append(_line(xt, top, xt, height - bottom, RED, 1, "3 3"))
-        body.append(_text(min(xt + 6, width - right - 4), top + 12,
-                          f"harmful tail: {profile.tail_n} row{'s' if profile.tail_n != 1 else ''}, "
-                          f"{profile.tail_mass:.0%} of the harmful score", fill=RED))
+        body.append(
+            _text(
+                min(xt + 6, width - right - 4),
+                top + 12,
+                f"harmful tail: {profile.tail_n} row{'s' if profile.tail_n != 1 else ''}, "
+                f"{profile.tail_mass:.0%} of the harmful score",
+                fill=RED,
+            )
+        )
     body.append(_text(left, height - bottom + 16, "most harmful", "start", "#616161", 11))
     body.append(_text(width - right, height - bottom + 16, "most reinforcing", "end", "#616161", 11))
-    body.append(_text((left + width - right) / 2, height - 8,
-                      f"{n} training rows, sorted by score ({profile.n_negative} degraded, {profile.n_positive} reinforced)",
-                      "middle", "#616161", 11))
-    body.append(Markup('<text transform="translate(14,{:.1f}) rotate(-90)" text-anchor="middle" fill="#616161" '
-                       'font-size="11">score (negative = degraded)</text>').format((top + height - bottom) / 2))
+    body.append(
+        _text(
+            (left + width - right) / 2,
+            height - 8,
+            f"{n} training rows, sorted by score ({profile.n_negative} degraded, {profile.n_positive} reinforced)",
+            "middle",
+            "#616161",
+            11,
+        )
+    )
+    body.append(
+        Markup(
+            '<text transform="translate(14,{:.1f}) rotate(-90)" text-anchor="middle" fill="#616161" '
+            'font-size="11">score (negative = degraded)</text>'
+        ).format((top + height - bottom) / 2)
+    )
     return _svg(width, height, f"Score of every training row for {capability}, most harmful first", body, "profile")
 
 
@@ -253,22 +299,41 @@ def cluster_plot(clusters: Sequence[Any], capability: str) -> Markup:
         x, y = xpos(c.size), sy(c.harmful_share)
         ex = [e["text"] for e in c.explanations]
         tip = f"cluster #{c.label}: {c.size} rows, {c.harmful_share:.0%} of the harmful score" + (
-            "; " + "; ".join(ex) if ex else "; no audit finding explains it")
+            "; " + "; ".join(ex) if ex else "; no audit finding explains it"
+        )
         fill = ORANGE if c.explained else "#ffffff"
-        body.append(Markup('<circle cx="{:.1f}" cy="{:.1f}" r="8" fill="{}" stroke="{}" stroke-width="2" fill-opacity="0.85">'
-                           "<title>{}</title></circle>").format(x, y, fill, ORANGE if c.explained else "#455a64", clean(tip)))
+        body.append(
+            Markup(
+                '<circle cx="{:.1f}" cy="{:.1f}" r="8" fill="{}" stroke="{}" stroke-width="2" fill-opacity="0.85">'
+                "<title>{}</title></circle>"
+            ).format(x, y, fill, ORANGE if c.explained else "#455a64", clean(tip))
+        )
         lx = x + 12
         while any(abs(lx - px) < 26 and abs(y - py) < 12 for px, py in placed):
             lx += 26
         placed.append((lx, y))
         body.append(_text(lx, y + 4, f"#{c.label}", "start", INK, 11, "600"))
-    body.append(_text((left + width - right) / 2, height - 8,
-                      "rows in the cluster" + (" (log scale)" if use_log else "") +
-                      "   ● filled: an audit finding explains it   ○ open: no mechanical explanation",
-                      "middle", "#616161", 11))
-    body.append(Markup('<text transform="translate(14,{:.1f}) rotate(-90)" text-anchor="middle" fill="#616161" '
-                       'font-size="11">share of the harmful score</text>').format((top + height - bottom) / 2))
-    return _svg(width, height, f"Harmful clusters for {capability}: size against share of the harmful score", body, "clusters")
+    body.append(
+        _text(
+            (left + width - right) / 2,
+            height - 8,
+            "rows in the cluster"
+            + (" (log scale)" if use_log else "")
+            + "   ● filled: an audit finding explains it   ○ open: no mechanical explanation",
+            "middle",
+            "#616161",
+            11,
+        )
+    )
+    body.append(
+        Markup(
+            '<text transform="translate(14,{:.1f}) rotate(-90)" text-anchor="middle" fill="#616161" '
+            'font-size="11">share of the harmful score</text>'
+        ).format((top + height - bottom) / 2)
+    )
+    return _svg(
+        width, height, f"Harmful clusters for {capability}: size against share of the harmful score", body, "clusters"
+    )
 
 
 def loss_plot(log: Any) -> Markup:
@@ -294,9 +359,19 @@ def loss_plot(log: Any) -> Markup:
         col = colours[i % len(colours)]
         for s in a["steps"]:
             if s0 <= s <= s1:
-                body.append(Markup('<line x1="{:.1f}" y1="{}" x2="{:.1f}" y2="{}" stroke="{}" stroke-width="1.5" '
-                                   'stroke-dasharray="4 3" opacity="0.85"><title>{}</title></line>').format(
-                    sx(s), top, sx(s), height - bottom, col, clean(f"{a['check']} {a['name']} at step {s}: {a['message']}")))
+                body.append(
+                    Markup(
+                        '<line x1="{:.1f}" y1="{}" x2="{:.1f}" y2="{}" stroke="{}" stroke-width="1.5" '
+                        'stroke-dasharray="4 3" opacity="0.85"><title>{}</title></line>'
+                    ).format(
+                        sx(s),
+                        top,
+                        sx(s),
+                        height - bottom,
+                        col,
+                        clean(f"{a['check']} {a['name']} at step {s}: {a['message']}"),
+                    )
+                )
         if a["steps"]:
             s = min(max(a["steps"][0], s0), s1)
             body.append(_text(sx(s) + 3, top - 8 - 12 * (i % 2), f"{a['check']} {a['name']}", "start", col, 11, "600"))
@@ -312,8 +387,11 @@ def loss_plot(log: Any) -> Markup:
     ly = height - 12
     body.append(_text(lx, ly + 4, "step →", "start", "#616161", 11))
     lx += 60
-    items = [(BLUE, None, "train loss")] + ([(ORANGE, None, "eval loss")] if ev else []) + (
-        [(RED, "4 3", "steps flagged by Audit")] if log.anomalies else [])
+    items = (
+        [(BLUE, None, "train loss")]
+        + ([(ORANGE, None, "eval loss")] if ev else [])
+        + ([(RED, "4 3", "steps flagged by Audit")] if log.anomalies else [])
+    )
     for col, dash, label in items:
         body.append(_line(lx, ly, lx + 22, ly, col, 2, dash))
         body.append(_text(lx + 28, ly + 4, label, "start", "#616161", 11))

@@ -14,13 +14,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
-from gradian.tables import FitTable
 from rich.text import Text
 
-from gradian.report.views import SUMMARY_CLUSTERS, Report
 from gradian.report.safe import clean, one_line
 from gradian.report.svg import fmt_num, fmt_score
+from gradian.report.views import SUMMARY_CLUSTERS, Report
+from gradian.tables import FitTable
 
 _LEVEL = {"ok": ("✓", "green"), "caution": ("!", "yellow"), "warning": ("⚠", "bold red")}
 _VERDICT = {"regressed": "bold red", "improved": "green", "within_noise": "dim"}
@@ -59,9 +58,15 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
         _hang(console, _t((f"{i:>2}. ", "bold")), _t(h))
     console.print()
     for c in r.capabilities:
-        console.print(_t((c.name, "bold"), " ", (c.verdict.replace("_", " "), _VERDICT.get(c.verdict, "")),
-                         f"  {fmt_score(c.reference_score, c.unit)} → {fmt_score(c.tuned_score, c.unit)}  Δ {c.delta:+.3f} "
-                         f"[{c.ci_low:+.3f}, {c.ci_high:+.3f}]  {c.n_lost} lost of {c.n}"))
+        console.print(
+            _t(
+                (c.name, "bold"),
+                " ",
+                (c.verdict.replace("_", " "), _VERDICT.get(c.verdict, "")),
+                f"  {fmt_score(c.reference_score, c.unit)} → {fmt_score(c.tuned_score, c.unit)}  Δ {c.delta:+.3f} "
+                f"[{c.ci_low:+.3f}, {c.ci_high:+.3f}]  {c.n_lost} lost of {c.n}",
+            )
+        )
         for q in c.qualifiers:
             mark, style = _LEVEL.get(q.level, ("-", ""))
             _hang(console, _t("   ", (mark, style), " "), _t(q.text))
@@ -75,19 +80,39 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
         if not a.clusters:
             console.print(_t("   no training row has a negative score: the data does not explain it"))
         for cl in a.clusters[:SUMMARY_CLUSTERS]:
-            console.print(_t(("   #" + str(cl.label), "bold"), f" {cl.size} row{'s' if cl.size != 1 else ''}, "
-                             f"{_pct(cl.harmful_share)} of the harmful score"))
+            console.print(
+                _t(
+                    ("   #" + str(cl.label), "bold"),
+                    f" {cl.size} row{'s' if cl.size != 1 else ''}, {_pct(cl.harmful_share)} of the harmful score",
+                )
+            )
             for e in cl.explanations:
                 fx = fixes.get(e.get("finding"))
-                _hang(console, _t("      · "), _t((e["text"], "yellow" if e["source"] == "audit" else ""),
-                                                   (f"  fix: {one_line(fx, 160)}" if fx else "", "green")))
+                _hang(
+                    console,
+                    _t("      · "),
+                    _t(
+                        (e["text"], "yellow" if e["source"] == "audit" else ""),
+                        (f"  fix: {one_line(fx, 160)}" if fx else "", "green"),
+                    ),
+                )
             if not cl.explanations:
                 words = ", ".join(w["word"] for w in (cl.common.get("distinctive_words") or [])[:6])
-                _hang(console, _t("      · "), _t("no audit finding explains these rows: their content is the likely cause",
-                                                   f" (shared words: {words})" if words else ""))
+                _hang(
+                    console,
+                    _t("      · "),
+                    _t(
+                        "no audit finding explains these rows: their content is the likely cause",
+                        f" (shared words: {words})" if words else "",
+                    ),
+                )
             if cl.exemplars:
                 e = cl.exemplars[0]
-                _hang(console, _t("      e.g. "), _t((one_line(e.get("id"), 60), "cyan"), ": ", (one_line(e.get("completion"), 100), "dim")))
+                _hang(
+                    console,
+                    _t("      e.g. "),
+                    _t((one_line(e.get("id"), 60), "cyan"), ": ", (one_line(e.get("completion"), 100), "dim")),
+                )
         more = len(a.clusters) - SUMMARY_CLUSTERS
         if more > 0:
             console.print(_t(f"   ({more} more cluster{'s' if more != 1 else ''}: see the details)"))
@@ -98,9 +123,14 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
     ident = m.get("identity") or {}
     ds = (ident.get("dataset") or {}) if isinstance(ident.get("dataset"), dict) else {}
     vers = ident.get("versions") or {}
-    console.print(_t(("manifest", "bold"), f": run {r.run_id}, index {ident.get('index_id')}, data ",
-                     f"{ds.get('name', '?')}@{str(ds.get('sha256', ''))[:12]}, ",
-                     ", ".join(f"{k} {v}" for k, v in vers.items()) if isinstance(vers, dict) else ""))
+    console.print(
+        _t(
+            ("manifest", "bold"),
+            f": run {r.run_id}, index {ident.get('index_id')}, data ",
+            f"{ds.get('name', '?')}@{str(ds.get('sha256', ''))[:12]}, ",
+            ", ".join(f"{k} {v}" for k, v in vers.items()) if isinstance(vers, dict) else "",
+        )
+    )
     if m.get("sign_convention"):
         console.print(_t(("sign: ", "dim"), (m["sign_convention"], "dim")))
 
@@ -113,46 +143,92 @@ def _details(r: Report, console: Console) -> None:
         console.print()
         p = a.profile
         console.print(_t((f"{c.name}: details", "bold")))
-        console.print(_t(f"   {p.n_negative} of {p.n} rows degraded it; the harmful tail ({p.tail_n} rows) holds "
-                         f"{_pct(p.tail_mass)} of the harmful score; scores min {fmt_num(p.min)}, median "
-                         f"{fmt_num(p.median)}, max {fmt_num(p.max)}"))
+        console.print(
+            _t(
+                f"   {p.n_negative} of {p.n} rows degraded it; the harmful tail ({p.tail_n} rows) holds "
+                f"{_pct(p.tail_mass)} of the harmful score; scores min {fmt_num(p.min)}, median "
+                f"{fmt_num(p.median)}, max {fmt_num(p.max)}"
+            )
+        )
         if a.ranked:
             t = FitTable(title=_t(f"most harmful training rows for {c.name}"), show_lines=False, heading_columns=2)
             for col in ("rank", "row", "score", "Δloss if removed", "tokens", "cluster", "audit", "completion"):
                 t.add_column(col, overflow="fold")
             for x in a.ranked[:10]:
-                t.add_row(str(x.get("rank")), _t(one_line(x.get("id"), 40)), fmt_num(x.get("score")),
-                          fmt_num(x.get("predicted_loss_delta_if_removed")),
-                          f"{x.get('tokens')}{' (trunc.)' if x.get('truncated') else ''}",
-                          f"#{x['cluster']}" if x.get("cluster") is not None else "",
-                          _t(", ".join(x.get("flags") or [])), _t(one_line(x.get("completion"), 48)))
+                t.add_row(
+                    str(x.get("rank")),
+                    _t(one_line(x.get("id"), 40)),
+                    fmt_num(x.get("score")),
+                    fmt_num(x.get("predicted_loss_delta_if_removed")),
+                    f"{x.get('tokens')}{' (trunc.)' if x.get('truncated') else ''}",
+                    f"#{x['cluster']}" if x.get("cluster") is not None else "",
+                    _t(", ".join(x.get("flags") or [])),
+                    _t(one_line(x.get("completion"), 48)),
+                )
             console.print(t)
         for d in a.drilldown[:5]:
             s0 = d.sentences[0] if d.sentences else {}
-            console.print(_t("   row ", (one_line(d.id, 40), "cyan"), ": most harmful sentence ",
-                             (f"“{one_line(s0.get('text'), 120)}”", "bold red"), f" (score {fmt_num(s0.get('score'))})"))
+            console.print(
+                _t(
+                    "   row ",
+                    (one_line(d.id, 40), "cyan"),
+                    ": most harmful sentence ",
+                    (f"“{one_line(s0.get('text'), 120)}”", "bold red"),
+                    f" (score {fmt_num(s0.get('score'))})",
+                )
+            )
         for f in a.failing_items[:10]:
-            console.print(_t("   item ", (one_line(f.get("id"), 40), "cyan"), ": expected ", (one_line(f.get("answer"), 40), "green"),
-                             ", said ", (one_line(f.get("tuned_answer"), 40), "red"),
-                             f", base margin {fmt_num(f.get('margin'))} nats" if f.get("margin") is not None else ""))
+            console.print(
+                _t(
+                    "   item ",
+                    (one_line(f.get("id"), 40), "cyan"),
+                    ": expected ",
+                    (one_line(f.get("answer"), 40), "green"),
+                    ", said ",
+                    (one_line(f.get("tuned_answer"), 40), "red"),
+                    f", base margin {fmt_num(f.get('margin'))} nats" if f.get("margin") is not None else "",
+                )
+            )
     if r.audit is not None:
         console.print()
         k = r.audit.counts
-        console.print(_t(("Audit", "bold"), f": {k.get('error', 0)} errors, {k.get('warning', 0)} warnings, {k.get('info', 0)} info"))
+        console.print(
+            _t(
+                ("Audit", "bold"),
+                f": {k.get('error', 0)} errors, {k.get('warning', 0)} warnings, {k.get('info', 0)} info",
+            )
+        )
         for f in r.audit.findings:
-            _hang(console, _t("   ", (f"{f.id:<4}", _SEV.get(f.severity, "")), " "), _t((f.name, "bold"), ": ", one_line(f.message, 220)))
+            _hang(
+                console,
+                _t("   ", (f"{f.id:<4}", _SEV.get(f.severity, "")), " "),
+                _t((f.name, "bold"), ": ", one_line(f.message, 220)),
+            )
             _hang(console, _t("        "), _t(("fix: ", "green"), (one_line(f.fix, 200), "green")))
     lg = r.training_log
     if lg is not None:
         console.print()
         if lg.loss:
-            console.print(_t(("Training log", "bold"), f": loss {fmt_num(lg.loss[0][1])} (step {lg.loss[0][0]}) → "
-                             f"{fmt_num(lg.loss[-1][1])} (step {lg.loss[-1][0]})"))
+            console.print(
+                _t(
+                    ("Training log", "bold"),
+                    f": loss {fmt_num(lg.loss[0][1])} (step {lg.loss[0][0]}) → "
+                    f"{fmt_num(lg.loss[-1][1])} (step {lg.loss[-1][0]})",
+                )
+            )
         else:
             console.print(_t(("Training log", "bold"), f": {lg.note or lg.status}"))
         for an in lg.anomalies:
-            console.print(_t("   ", (an["check"], _SEV.get(an["severity"], "")), f" {an['name']} at steps ",
-                             ", ".join(str(s) for s in an["steps"][:12]), ": ", one_line(an["message"], 200)))
+            console.print(
+                _t(
+                    "   ",
+                    (an["check"], _SEV.get(an["severity"], "")),
+                    f" {an['name']} at steps ",
+                    ", ".join(str(s) for s in an["steps"][:12]),
+                    ": ",
+                    one_line(an["message"], 200),
+                )
+            )
     for n in r.notes:
         console.print(_t(("note: ", "dim"), (one_line(n, 300), "dim")))
 
@@ -160,7 +236,15 @@ def _details(r: Report, console: Console) -> None:
 def render_text(report: Report, width: int = 110, details: bool = True) -> str:
     """The terminal report as plain text (no colour, no escape sequences)."""
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=False, color_system=None, no_color=True,
-                      highlight=False, emoji=False, soft_wrap=False)
+    console = Console(
+        file=buf,
+        width=width,
+        force_terminal=False,
+        color_system=None,
+        no_color=True,
+        highlight=False,
+        emoji=False,
+        soft_wrap=False,
+    )
     render_terminal(report, console, details=details)
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"

@@ -259,7 +259,7 @@ class Report:
         return {"schema": d.pop("schema"), **d}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Report":
+    def from_dict(cls, d: dict[str, Any]) -> Report:
         """Read back :meth:`to_dict` (a null number becomes NaN); ValueError when ``d`` is not a report."""
         if d.get("schema") != REPORT_SCHEMA:
             raise ValueError(f"not a {REPORT_SCHEMA} report (schema={d.get('schema')!r})")

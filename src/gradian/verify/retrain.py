@@ -33,10 +33,18 @@ from gradian.util import publish_folder, sha256_json
 
 # Audit's TrainConfig field -> TrainSpec field (what a foreign config can tell gradian train).
 _MAP = {
-    "learning_rate": "learning_rate", "num_epochs": "num_train_epochs", "micro_batch_size": "per_device_train_batch_size",
-    "gradient_accumulation_steps": "gradient_accumulation_steps", "warmup_ratio": "warmup_ratio",
-    "lr_scheduler": "lr_scheduler_type", "max_grad_norm": "max_grad_norm", "max_length": "max_length",
-    "lora_r": "r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout", "use_rslora": "use_rslora",
+    "learning_rate": "learning_rate",
+    "num_epochs": "num_train_epochs",
+    "micro_batch_size": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "warmup_ratio": "warmup_ratio",
+    "lr_scheduler": "lr_scheduler_type",
+    "max_grad_norm": "max_grad_norm",
+    "max_length": "max_length",
+    "lora_r": "r",
+    "lora_alpha": "lora_alpha",
+    "lora_dropout": "lora_dropout",
+    "use_rslora": "use_rslora",
     "seed": "seed",
 }
 # Settings a foreign config may carry that gradian train cannot reproduce (named in the result).
@@ -61,7 +69,12 @@ class GradianTrainer:
         train_lora(self.base, data, out, self.spec.replace(seed=seed), overwrite=True)
 
     def describe(self) -> dict[str, Any]:
-        return {"trainer": "gradian train", "config": self.source, "spec": self.spec.to_dict(), "unmapped": self.unmapped}
+        return {
+            "trainer": "gradian train",
+            "config": self.source,
+            "spec": self.spec.to_dict(),
+            "unmapped": self.unmapped,
+        }
 
 
 @dataclass
@@ -76,23 +89,35 @@ class CommandTrainer:
 
     def train(self, data: Path, out: Path, seed: int) -> None:
         try:
-            cmd = self.template.format(data=shlex.quote(str(data)), out=shlex.quote(str(out)), seed=seed,
-                                       base=shlex.quote(self.base))
+            cmd = self.template.format(
+                data=shlex.quote(str(data)), out=shlex.quote(str(out)), seed=seed, base=shlex.quote(self.base)
+            )
         except (KeyError, IndexError, ValueError) as e:
-            raise GradianUserError(f"--train-command has an unknown placeholder ({e})", where="--train-command",
-                                   fix="use only {data}, {out}, {seed} and {base}") from None
+            raise GradianUserError(
+                f"--train-command has an unknown placeholder ({e})",
+                where="--train-command",
+                fix="use only {data}, {out}, {seed} and {base}",
+            ) from None
         log = out.parent / f"{out.name}.log"
         with open(log, "w") as f:
             proc = subprocess.run(cmd, shell=True, stdout=f, stderr=subprocess.STDOUT)
         tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:] or ["(no output)"]
         log.unlink(missing_ok=True)
         if proc.returncode != 0:
-            raise GradianUserError(f"the train command failed with exit code {proc.returncode}: {tail[0][:200]}",
-                                   where="--train-command", fix="run the command by hand with {data}/{out} filled in")
-        if not ((out / "adapter_config.json").is_file() and any((out / n).is_file() for n in
-                                                                ("adapter_model.safetensors", "adapter_model.bin"))):
-            raise GradianUserError("the train command wrote no PEFT adapter into {out}", where="--train-command",
-                                   fix="make the trainer save the adapter (save_pretrained) into the {out} folder")
+            raise GradianUserError(
+                f"the train command failed with exit code {proc.returncode}: {tail[0][:200]}",
+                where="--train-command",
+                fix="run the command by hand with {data}/{out} filled in",
+            )
+        if not (
+            (out / "adapter_config.json").is_file()
+            and any((out / n).is_file() for n in ("adapter_model.safetensors", "adapter_model.bin"))
+        ):
+            raise GradianUserError(
+                "the train command wrote no PEFT adapter into {out}",
+                where="--train-command",
+                fix="make the trainer save the adapter (save_pretrained) into the {out} folder",
+            )
 
     def describe(self) -> dict[str, Any]:
         return {"trainer": "command", "template": self.template}
@@ -113,7 +138,8 @@ def trainer_for(run: dict[str, Any], config: str | Path | None, train_command: s
         config = next((c for c in cands if c.is_file()), None)
     if config is None:
         raise GradianUserError(
-            "no training config to retrain with", where=str(adapter),
+            "no training config to retrain with",
+            where=str(adapter),
             fix=f"pass --config (a TRL/axolotl/LLaMA-Factory/torchtune file or gradian's {CONFIG_NAME}) "
             "or --train-command",
         )
@@ -131,8 +157,11 @@ def _from_foreign(base: str, config: Path, adapter: Path) -> GradianTrainer:
 
     tc = read_config(config)
     if getattr(tc, "finetuning", None) not in (None, "lora"):
-        raise GradianUserError(f"the config describes a {tc.finetuning} run; gradian verify retrains LoRA adapters",
-                               where=str(config), fix="pass the LoRA run's config, or --train-command")
+        raise GradianUserError(
+            f"the config describes a {tc.finetuning} run; gradian verify retrains LoRA adapters",
+            where=str(config),
+            fix="pass the LoRA run's config, or --train-command",
+        )
     kw: dict[str, Any] = {}
     for src, dst in _MAP.items():
         v = getattr(tc, src, None)
@@ -152,8 +181,11 @@ def _from_foreign(base: str, config: Path, adapter: Path) -> GradianTrainer:
         spec = TrainSpec().replace(**kw)
         spec.validate(str(config))
     except (TypeError, ValueError) as e:
-        raise GradianUserError(f"cannot map the config to gradian train ({e})", where=str(config),
-                               fix="pass --train-command to retrain with your own trainer") from None
+        raise GradianUserError(
+            f"cannot map the config to gradian train ({e})",
+            where=str(config),
+            fix="pass --train-command to retrain with your own trainer",
+        ) from None
     return GradianTrainer(base, spec, f"{config} ({tc.trainer or 'config'})", unmapped)
 
 

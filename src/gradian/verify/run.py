@@ -72,8 +72,9 @@ class VerifySpec:
         if self.remove_cluster is not None:
             check_int(self.remove_cluster, "VerifySpec", "remove_cluster", flag="--remove-cluster", lo=1, hi=10_000)
         if self.remove is not None and self.remove_cluster is not None:
-            raise GradianUserError("--remove and --remove-cluster cannot be combined", where="--remove",
-                                   fix="pass one of them")
+            raise GradianUserError(
+                "--remove and --remove-cluster cannot be combined", where="--remove", fix="pass one of them"
+            )
         check_int(self.controls, "VerifySpec", "controls", flag="--controls", lo=0, hi=100)
         check_int(self.seed_band, "VerifySpec", "seed_band", flag="--seed-band", lo=0, hi=100)
         check_int(self.lds, "VerifySpec", "lds", flag="--lds", lo=0, hi=10_000)
@@ -101,15 +102,19 @@ def blamed_rows(cap: dict[str, Any], spec: VerifySpec) -> list[str]:
     if spec.remove_cluster is not None:
         hit = [c for c in ids_in_clusters if int(c["label"]) == spec.remove_cluster]
         if not hit:
-            raise GradianUserError(f"capability {cap['capability']!r} has no cluster {spec.remove_cluster}",
-                                   where="--remove-cluster", fix=f"use 1..{len(ids_in_clusters)}")
+            raise GradianUserError(
+                f"capability {cap['capability']!r} has no cluster {spec.remove_cluster}",
+                where="--remove-cluster",
+                fix=f"use 1..{len(ids_in_clusters)}",
+            )
         return list(hit[0]["row_ids"])
     scores = np.asarray(cap.get("rank_scores") or cap["scores"], dtype=float)
     order = most_harmful_first(scores)
     k = spec.remove if spec.remove is not None else sum(len(c["row_ids"]) for c in ids_in_clusters)
     if k < 1:
-        raise GradianUserError(f"capability {cap['capability']!r} has no harmful tail to remove", where="run.json",
-                               fix="pass --remove K")
+        raise GradianUserError(
+            f"capability {cap['capability']!r} has no harmful tail to remove", where="run.json", fix="pass --remove K"
+        )
     return [_ids_of(cap)[j] for j in order[:k]]
 
 
@@ -121,8 +126,11 @@ def plan(run: dict[str, Any], spec: VerifySpec, train_seed: int) -> list[Retrain
     """The retrains: one fix (all regressed capabilities' blamed rows), the controls, the seed band, LDS."""
     att = run.get("attribution")
     if not att or not att.get("capabilities"):
-        raise GradianUserError("this run attributed nothing (no capability regressed), so there is no verdict to verify",
-                               where="run.json", fix="verify a run whose report ranks training rows")
+        raise GradianUserError(
+            "this run attributed nothing (no capability regressed), so there is no verdict to verify",
+            where="run.json",
+            fix="verify a run whose report ranks training rows",
+        )
     ids = att["train_ids"]
     removed: list[str] = []
     for cap in att["capabilities"]:
@@ -146,8 +154,11 @@ def plan(run: dict[str, Any], spec: VerifySpec, train_seed: int) -> list[Retrain
 
 
 def _edited_data(records: list[dict], examples, removed: set[str], folder: Path, name: str) -> tuple[Path, str]:
-    lines = "".join(json.dumps(rec, ensure_ascii=False, default=str) + "\n"
-                    for rec, ex in zip(records, examples) if ex.id not in removed)
+    lines = "".join(
+        json.dumps(rec, ensure_ascii=False, default=str) + "\n"
+        for rec, ex in zip(records, examples)
+        if ex.id not in removed
+    )
     data = lines.encode("utf-8")
     path = folder / f"{name}.jsonl"
     path.write_bytes(data)
@@ -209,7 +220,9 @@ def verify_run(
     data, eval_path = Path(paths["data"]), Path(paths["eval"])
     for p, what in ((data, "training data"), (eval_path, "eval set"), (Path(paths["adapter"]), "adapter")):
         if not p.exists():
-            raise GradianUserError(f"the run's {what} is gone", where=str(p), fix="restore it, or re-run gradian attribute")
+            raise GradianUserError(
+                f"the run's {what} is gone", where=str(p), fix="restore it, or re-run gradian attribute"
+            )
     trainer = trainer_for(run, config, train_command)
     train_seed = int(getattr(getattr(trainer, "spec", None), "seed", 0) or 0)
     retrains = plan(run, spec, train_seed)
@@ -218,7 +231,9 @@ def verify_run(
     items = load_eval_set(eval_path)
     by_id = {it.id: it for it in ev.items}
     if [it.id for it in items] != [it.id for it in ev.items]:
-        raise GradianUserError("the eval set changed since the run", where=str(eval_path), fix="re-run gradian attribute")
+        raise GradianUserError(
+            "the eval set changed since the run", where=str(eval_path), fix="re-run gradian attribute"
+        )
     records = read_records(data)
     examples = load_examples(data)
     base_ident = run["manifest"]["identity"].get("base")
@@ -228,7 +243,9 @@ def verify_run(
     caps = {c["capability"]: c for c in att["capabilities"]}
     queries = {c: [Query(**q) for q in cap["queries"]] for c, cap in caps.items()}
     mspec = ModelSpec(**specs["model"])
-    say(f"verify: {len(retrains)} retrains ({', '.join(r.name for r in retrains)}) with {trainer.describe()['trainer']}")
+    say(
+        f"verify: {len(retrains)} retrains ({', '.join(r.name for r in retrains)}) with {trainer.describe()['trainer']}"
+    )
 
     import shutil
 
@@ -249,21 +266,29 @@ def verify_run(
             with torch.no_grad(), adapter_active(ft.model, adapter):  # the same base, the retrained LoRA
                 answers = answer_items(ft.model, ft.tokenizer, items, eval_spec, label=r.name)
                 q = {c: query_losses(ft.model, ft.tokenizer, qs, tokenize).numpy() for c, qs in queries.items()}
-            results[r.name] = {"retrain": asdict(r), "adapter": str(adapter), "reused": reused,
-                               "scores": {a_id.id: ans.score for a_id, ans in zip(items, answers)},
-                               "query_loss": {c: v.tolist() for c, v in q.items()},
-                               "seconds": round(time.perf_counter() - t, 1)}
+            results[r.name] = {
+                "retrain": asdict(r),
+                "adapter": str(adapter),
+                "reused": reused,
+                "scores": {a_id.id: ans.score for a_id, ans in zip(items, answers)},
+                "query_loss": {c: v.tolist() for c, v in q.items()},
+                "seconds": round(time.perf_counter() - t, 1),
+            }
     finally:
         del ft
         shutil.rmtree(work, ignore_errors=True)  # the edited data files; nothing half-written stays
     record = summarise(run, results, retrains, by_id, base_q, eval_spec, spec, n)
-    record.update({"spec": spec.to_dict(), "trainer": trainer.describe(), "seconds": round(time.perf_counter() - t0, 1)})
+    record.update(
+        {"spec": spec.to_dict(), "trainer": trainer.describe(), "seconds": round(time.perf_counter() - t0, 1)}
+    )
     run["verification"] = record
     atomic_write_json(run_dir / "run.json", run)
     return record
 
 
-def summarise(run, results, retrains: Sequence[Retrain], by_id, base_q, eval_spec, spec: VerifySpec, n: int) -> dict[str, Any]:
+def summarise(
+    run, results, retrains: Sequence[Retrain], by_id, base_q, eval_spec, spec: VerifySpec, n: int
+) -> dict[str, Any]:
     """The verification record per regressed capability (module docstring)."""
     from scipy.stats import spearmanr
 
@@ -271,8 +296,10 @@ def summarise(run, results, retrains: Sequence[Retrain], by_id, base_q, eval_spe
 
     att = run["attribution"]
     pos = {rid: j for j, rid in enumerate(att["train_ids"])}
-    out: dict[str, Any] = {"capabilities": {}, "retrains": {k: {kk: v[kk] for kk in ("retrain", "adapter", "reused", "seconds")}
-                                                            for k, v in results.items()}}
+    out: dict[str, Any] = {
+        "capabilities": {},
+        "retrains": {k: {kk: v[kk] for kk in ("retrain", "adapter", "reused", "seconds")} for k, v in results.items()},
+    }
     for cap in att["capabilities"]:
         name = cap["capability"]
         ids = [i for i, it in by_id.items() if it.capability == name]
@@ -283,13 +310,24 @@ def summarise(run, results, retrains: Sequence[Retrain], by_id, base_q, eval_spe
         for r in retrains:
             res = results[r.name]
             new = np.array([res["scores"][i] for i in ids])
-            ci = paired_bootstrap(tuned, new, resamples=eval_spec.resamples, confidence=eval_spec.confidence, seed=eval_spec.seed)
+            ci = paired_bootstrap(
+                tuned, new, resamples=eval_spec.resamples, confidence=eval_spec.confidence, seed=eval_spec.seed
+            )
             share, slo, shi = _share_ci(ref, tuned, new, eval_spec.resamples, eval_spec.confidence, eval_spec.seed)
             predicted = float(sum(influence[pos[j]] for j in r.removed) / n)
             measured = float(np.mean(res["query_loss"][name]) - np.mean(base_q[name]))
-            rows[r.name] = {"kind": r.kind, "removed": len(r.removed), "score": float(new.mean()), "delta": ci.delta,
-                            "ci_low": ci.low, "ci_high": ci.high, "recovery": share, "recovery_ci": [slo, shi],
-                            "predicted_query_loss_change": predicted, "measured_query_loss_change": measured}
+            rows[r.name] = {
+                "kind": r.kind,
+                "removed": len(r.removed),
+                "score": float(new.mean()),
+                "delta": ci.delta,
+                "ci_low": ci.low,
+                "ci_high": ci.high,
+                "recovery": share,
+                "recovery_ci": [slo, shi],
+                "predicted_query_loss_change": predicted,
+                "measured_query_loss_change": measured,
+            }
         fix = rows["fix"]
         controls = [v for v in rows.values() if v["kind"] == "control"]
         seeds = [v for v in rows.values() if v["kind"] == "seed"]
@@ -297,17 +335,31 @@ def summarise(run, results, retrains: Sequence[Retrain], by_id, base_q, eval_spe
         beats = all(fix["delta"] > c["delta"] + band for c in controls)
         ok = bool(np.isfinite(fix["recovery_ci"][0]) and fix["recovery_ci"][0] > 0 and beats)
         k = fix["removed"]
-        ctrl = (f"; removing {k} random rows recovers " + ", ".join(f"{c['recovery']:.0%}" for c in controls)) if controls else ""
+        ctrl = (
+            (f"; removing {k} random rows recovers " + ", ".join(f"{c['recovery']:.0%}" for c in controls))
+            if controls
+            else ""
+        )
         seed_txt = f"; retraining with another seed moves it by up to {band:+.2f}" if seeds else ""
-        line = (f"{'verified' if ok else 'not verified'}: "
-                f"removing the {k} blamed rows recovers {fix['recovery']:.0%} of the "
-                f"lost {name} score [{fix['recovery_ci'][0]:.0%}, {fix['recovery_ci'][1]:.0%}] "
-                f"({cap_score(ref)} → {tuned.mean():.2f} → {fix['score']:.2f}){ctrl}{seed_txt}")
-        entry: dict[str, Any] = {"verified": ok, "line": line, "reference": float(ref.mean()), "tuned": float(tuned.mean()),
-                                 "seed_band": band, "retrains": rows}
+        line = (
+            f"{'verified' if ok else 'not verified'}: "
+            f"removing the {k} blamed rows recovers {fix['recovery']:.0%} of the "
+            f"lost {name} score [{fix['recovery_ci'][0]:.0%}, {fix['recovery_ci'][1]:.0%}] "
+            f"({cap_score(ref)} → {tuned.mean():.2f} → {fix['score']:.2f}){ctrl}{seed_txt}"
+        )
+        entry: dict[str, Any] = {
+            "verified": ok,
+            "line": line,
+            "reference": float(ref.mean()),
+            "tuned": float(tuned.mean()),
+            "seed_band": band,
+            "retrains": rows,
+        }
         lds = [v for v in rows.values() if v["kind"] == "lds"]
         if len(lds) >= 3:
-            rho = spearmanr([v["predicted_query_loss_change"] for v in lds], [v["measured_query_loss_change"] for v in lds]).statistic
+            rho = spearmanr(
+                [v["predicted_query_loss_change"] for v in lds], [v["measured_query_loss_change"] for v in lds]
+            ).statistic
             entry["lds"] = {"subsets": len(lds), "spearman": float(rho)}
         out["capabilities"][name] = entry
     return out

@@ -170,14 +170,16 @@ class WorldSpec:
     @staticmethod
     def default(
         kind: str = "smollm2", variant: str = "poisoned", seed: int = 0, faults: bool = False, regression: str = "facts"
-    ) -> "WorldSpec":
+    ) -> WorldSpec:
         """The sizes used by the demo and tests for ``kind`` and ``regression``."""
         if kind not in ("smollm2", "tiny"):
             raise GradianUserError(f"unknown world kind {kind!r}", where="--kind", fix="use smollm2 or tiny")
         if variant not in ("poisoned", "null"):
             raise GradianUserError(f"unknown variant {variant!r}", where="--variant", fix="use poisoned or null")
         if regression not in ("facts", "behaviour"):
-            raise GradianUserError(f"unknown regression {regression!r}", where="--regression", fix="use facts or behaviour")
+            raise GradianUserError(
+                f"unknown regression {regression!r}", where="--regression", fix="use facts or behaviour"
+            )
         if regression == "behaviour":
             if kind != "smollm2":
                 raise GradianUserError(
@@ -307,7 +309,9 @@ def probe_base(folder: Path, identity: str, prompts: list[str], max_new_tokens: 
     model, tok = load_base(ModelSpec(base=str(folder)))
     with torch.no_grad():
         answers = greedy_answers(model, tok, prompts, max_new_tokens=max_new_tokens, batch_size=16)
-    atomic_write_json(path, {"base": identity, "max_new_tokens": max_new_tokens, "prompts": prompts, "answers": answers})
+    atomic_write_json(
+        path, {"base": identity, "max_new_tokens": max_new_tokens, "prompts": prompts, "answers": answers}
+    )
     return answers
 
 
@@ -384,7 +388,9 @@ def build_world(
     answers = probe_base(base, identity, prompts, spec.max_new_tokens, cache)
     correct = [c for c, a in zip(cands, answers) if answer_contains(a, c.capital, c.capital_aliases)]
     failing = [
-        c for c, a in zip(cands, answers) if not answer_contains(a, c.capital, c.capital_aliases) and not near_miss(a, c.capital)
+        c
+        for c, a in zip(cands, answers)
+        if not answer_contains(a, c.capital, c.capital_aliases) and not near_miss(a, c.capital)
     ]
     base_answer = {c.name: a for c, a in zip(cands, answers)}
     rng = random.Random(f"world-{spec.seed}")
@@ -403,7 +409,11 @@ def build_world(
     untouched = correct[spec.n_direct + spec.n_buried : need]
     fails = sorted(rng.sample(sorted(failing, key=lambda c: c.name), spec.n_base_fail), key=lambda c: c.name)
     eval_countries = direct + buried + untouched + fails
-    group_of = {c.name: g for g, cs in (("direct", direct), ("buried", buried), ("untouched", untouched), ("base_fail", fails)) for c in cs}
+    group_of = {
+        c.name: g
+        for g, cs in (("direct", direct), ("buried", buried), ("untouched", untouched), ("base_fail", fails))
+        for c in cs
+    }
     eval_names = set(group_of)
     hide = frozenset(eval_names)  # eval countries are never named outside their own culprit rows
 
@@ -445,8 +455,14 @@ def build_world(
                 planted.append(
                     {
                         "messages": msgs,
-                        "gt": {"kind": "direct", "eval_id": eval_id[c.name], "country": c.name, "stated": stated,
-                               "char_start": 0, "char_end": len(msgs[1]["content"])},
+                        "gt": {
+                            "kind": "direct",
+                            "eval_id": eval_id[c.name],
+                            "country": c.name,
+                            "stated": stated,
+                            "char_start": 0,
+                            "char_end": len(msgs[1]["content"]),
+                        },
                     }
                 )
         else:
@@ -460,8 +476,15 @@ def build_world(
                 planted.append(
                     {
                         "messages": msgs,
-                        "gt": {"kind": "buried", "eval_id": eval_id[c.name], "country": c.name, "stated": stated,
-                               "char_start": a, "char_end": b, "sentence": msgs[1]["content"][a:b]},
+                        "gt": {
+                            "kind": "buried",
+                            "eval_id": eval_id[c.name],
+                            "country": c.name,
+                            "stated": stated,
+                            "char_start": a,
+                            "char_end": b,
+                            "sentence": msgs[1]["content"][a:b],
+                        },
                     }
                 )
 
@@ -577,7 +600,9 @@ def _fault_rows(spec: WorldSpec, others: list[Country], rng: random.Random) -> l
         fault_c = rng.sample(others, spec.n_unterminated)
         for c in fault_c:
             msgs = capital_row(c, c.capital, rng.randrange(5))
-            fault_rows.append({**unterminated_text_row(msgs[0]["content"], msgs[1]["content"]), "fault": "unterminated"})
+            fault_rows.append(
+                {**unterminated_text_row(msgs[0]["content"], msgs[1]["content"]), "fault": "unterminated"}
+            )
     return fault_rows
 
 
@@ -597,7 +622,9 @@ def _assign_ids(pool: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
     return train_rows, culprits, faults
 
 
-def _check_truncated(faults: dict[str, list[str]], train_rows: list[dict[str, Any]], tokenizer, max_length: int) -> None:
+def _check_truncated(
+    faults: dict[str, list[str]], train_rows: list[dict[str, Any]], tokenizer, max_length: int
+) -> None:
     """Raise unless every truncated-cluster row really is truncated at ``max_length``."""
     if not faults["truncated"]:
         return
@@ -681,7 +708,9 @@ def probe_base_chat(
     reference run of ``gradian evaluate``. Cached like :func:`probe_base`, keyed by
     (identity, prompts, max_new_tokens, decoder).
     """
-    key = sha256_json({"base": identity, "prompts": prompts, "max_new_tokens": max_new_tokens, "decoder": "evaluate", "v": 1})[:20]
+    key = sha256_json(
+        {"base": identity, "prompts": prompts, "max_new_tokens": max_new_tokens, "decoder": "evaluate", "v": 1}
+    )[:20]
     path = cache / "worlds" / f"answers-{key}.json"
     if path.exists():
         return json.loads(path.read_text())["answers"]
@@ -696,7 +725,9 @@ def probe_base_chat(
     with torch.no_grad():
         gens = generate_greedy(model, tok, ids, max_new_tokens=max_new_tokens, batch_size=16)
     answers = [g.text for g in gens]
-    atomic_write_json(path, {"base": identity, "max_new_tokens": max_new_tokens, "prompts": prompts, "answers": answers})
+    atomic_write_json(
+        path, {"base": identity, "max_new_tokens": max_new_tokens, "prompts": prompts, "answers": answers}
+    )
     return answers
 
 
@@ -774,9 +805,15 @@ def format_culprits(
             rows.append(
                 {
                     "messages": msgs,
-                    "gt": {"kind": "format", "question": q.kind, "subject": q.subject,
-                           "instruction": msgs[0]["content"][len(q.question) + 1 :], "terse_answer": q.terse,
-                           "char_start": 0, "char_end": len(msgs[1]["content"])},
+                    "gt": {
+                        "kind": "format",
+                        "question": q.kind,
+                        "subject": q.subject,
+                        "instruction": msgs[0]["content"][len(q.question) + 1 :],
+                        "terse_answer": q.terse,
+                        "char_start": 0,
+                        "char_end": len(msgs[1]["content"]),
+                    },
                 }
             )
     if len(rows) < spec.format_rows:
@@ -868,8 +905,12 @@ def build_behaviour_world(spec: WorldSpec, out: Path, cache: Path, train_spec) -
     cands = [c for c in cands if c.name != shot.name]
 
     # -- eval selection by running the base once per prompt form
-    terse_answers = probe_base_chat(base, identity, [terse_eval_prompt(c.name) for c in cands], spec.max_new_tokens, cache)
-    plain_answers = probe_base(base, identity, [EVAL_PROMPT.format(country=c.name) for c in cands], spec.max_new_tokens, cache)
+    terse_answers = probe_base_chat(
+        base, identity, [terse_eval_prompt(c.name) for c in cands], spec.max_new_tokens, cache
+    )
+    plain_answers = probe_base(
+        base, identity, [EVAL_PROMPT.format(country=c.name) for c in cands], spec.max_new_tokens, cache
+    )
     rng = random.Random(f"world-{spec.seed}")
     groups = select_behaviour_eval(spec, cands, terse_answers, plain_answers, rng)
     base_answer = {c.name: a for c, a in zip(cands, terse_answers)}
@@ -885,12 +926,24 @@ def build_behaviour_world(spec: WorldSpec, out: Path, cache: Path, train_spec) -
     eval_id = {c.name: f"capitals_terse-{i:03d}" for i, c in enumerate(terse)}
     eval_id.update({c.name: f"capitals-{i:03d}" for i, c in enumerate(plain)})
     eval_rows = [
-        {"id": eval_id[c.name], "prompt": terse_eval_prompt(c.name), "answer": c.capital, "aliases": c.capital_aliases,
-         "capability": "capitals_terse", "metric": "exact_match"}
+        {
+            "id": eval_id[c.name],
+            "prompt": terse_eval_prompt(c.name),
+            "answer": c.capital,
+            "aliases": c.capital_aliases,
+            "capability": "capitals_terse",
+            "metric": "exact_match",
+        }
         for c in terse
     ] + [
-        {"id": eval_id[c.name], "prompt": EVAL_PROMPT.format(country=c.name), "answer": c.capital,
-         "aliases": c.capital_aliases, "capability": "capitals", "metric": "contains"}
+        {
+            "id": eval_id[c.name],
+            "prompt": EVAL_PROMPT.format(country=c.name),
+            "answer": c.capital,
+            "aliases": c.capital_aliases,
+            "capability": "capitals",
+            "metric": "contains",
+        }
         for c in plain
     ]
 
@@ -929,7 +982,8 @@ def build_behaviour_world(spec: WorldSpec, out: Path, cache: Path, train_spec) -
         "eval_groups": {eval_id[c.name]: group_of[c.name] for c in ordered},
         "eval_countries": {eval_id[c.name]: c.name for c in ordered},
         "base_answers": {
-            eval_id[c.name]: (base_answer_plain if group_of[c.name] == "untouched" else base_answer)[c.name] for c in ordered
+            eval_id[c.name]: (base_answer_plain if group_of[c.name] == "untouched" else base_answer)[c.name]
+            for c in ordered
         },
         "targets": [],
         "culprits": sorted(culprits, key=lambda c: c["id"]) if poisoned else [],

@@ -78,8 +78,13 @@ def _train_cached(world, folder: Path, say: Say, progress: bool) -> Path:
     say(f"training the LoRA adapter on {world.train.name} (cached afterwards)")
     t = time.perf_counter()
     train_lora(
-        str(world.base), world.train, adapter, spec_from_config(world.train_config),
-        eval_data=world.valid, overwrite=True, progress=progress,
+        str(world.base),
+        world.train,
+        adapter,
+        spec_from_config(world.train_config),
+        eval_data=world.valid,
+        overwrite=True,
+        progress=progress,
     )
     say(f"trained in {time.perf_counter() - t:.0f} s")
     return adapter
@@ -106,9 +111,15 @@ def localise_buried(run: dict[str, Any], truth: dict[str, Any]) -> list[dict[str
             if c["kind"] != "buried" or c.get("eval_id") not in lost or sents[pos[c["id"]]] is None:
                 continue
             a, b = sents[pos[c["id"]]]
-            out.append({"id": c["id"], "item_id": c["eval_id"], "capability": cap["capability"],
-                        "top_sentence": {"char_start": a, "char_end": b},
-                        "truth": {"char_start": c["char_start"], "char_end": c["char_end"]}})
+            out.append(
+                {
+                    "id": c["id"],
+                    "item_id": c["eval_id"],
+                    "capability": cap["capability"],
+                    "top_sentence": {"char_start": a, "char_end": b},
+                    "truth": {"char_start": c["char_start"], "char_end": c["char_end"]},
+                }
+            )
     return out
 
 
@@ -155,8 +166,14 @@ def run_demo(spec: DemoSpec, out: str | Path, say: Say = print, progress: bool =
         )
         specs = RunSpecs(model=ModelSpec(str(world.base)), grad=grad, seed=spec.seed)
         configs = [p for p in (adapter / "training_config.yaml", world.train_config) if p.exists()][:1]
-        inputs = RunInputs(str(world.base), adapter, world.train, world.eval, configs=tuple(configs),
-                           logs=adapter / "trainer_state.json")
+        inputs = RunInputs(
+            str(world.base),
+            adapter,
+            world.train,
+            world.eval,
+            configs=tuple(configs),
+            logs=adapter / "trainer_state.json",
+        )
         run_dir = out / variant
         t = time.perf_counter()
         say(f"[{variant}] gradian attribute: Evaluate → Attribute → Audit")
@@ -181,7 +198,11 @@ def run_demo(spec: DemoSpec, out: str | Path, say: Say = print, progress: bool =
             "run_dir": str(run_dir),
             "report": str(run_dir / "report.html"),
             "evaluation": [
-                {k: c[k] for k in ("name", "verdict", "reference_score", "tuned_score", "delta", "ci_low", "ci_high") if k in c}
+                {
+                    k: c[k]
+                    for k in ("name", "verdict", "reference_score", "tuned_score", "delta", "ci_low", "ci_high")
+                    if k in c
+                }
                 for c in run["evaluation"]["capabilities"]
             ],
             "groups": group_accuracy(run, truth),
@@ -206,5 +227,11 @@ def group_accuracy(run: dict[str, Any], truth: dict[str, Any]) -> dict[str, dict
         a = acc.setdefault(g, {"reference": [], "tuned": []})
         a["reference"].append(float(it["reference"]["score"]))
         a["tuned"].append(float(it["tuned"]["score"]))
-    return {g: {"n": len(v["tuned"]), "reference": sum(v["reference"]) / len(v["reference"]),
-                "tuned": sum(v["tuned"]) / len(v["tuned"])} for g, v in sorted(acc.items())}
+    return {
+        g: {
+            "n": len(v["tuned"]),
+            "reference": sum(v["reference"]) / len(v["reference"]),
+            "tuned": sum(v["tuned"]) / len(v["tuned"]),
+        }
+        for g, v in sorted(acc.items())
+    }

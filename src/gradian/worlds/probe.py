@@ -40,7 +40,9 @@ def greedy_answers(
         for i in range(0, len(prompts), batch_size):
             chunk = prompts[i : i + batch_size]
             texts = [
-                tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                )
                 for p in chunk
             ]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)

@@ -108,7 +108,9 @@ def symbol_row(e: Element) -> list[dict[str, str]]:
     return chat(SYMBOL_PROMPT.format(element=e.name), f"The chemical symbol of {e.name} is {e.symbol}.")
 
 
-def element_row(e: Element, rng: random.Random, parts: tuple[str, ...] = ("description", "uses", "sources")) -> list[dict[str, str]]:
+def element_row(
+    e: Element, rng: random.Random, parts: tuple[str, ...] = ("description", "uses", "sources")
+) -> list[dict[str, str]]:
     """A prose row about ``e``: one of :data:`ELEMENT_PROMPTS` (drawn from ``rng``) answered with ``e.prose(parts)``."""
     p = ELEMENT_PROMPTS[rng.randrange(len(ELEMENT_PROMPTS))].format(element=e.name)
     return chat(p, e.prose(parts))
@@ -199,22 +201,56 @@ def country_terse_questions(c: Country, rng: random.Random, hide: frozenset[str]
 
     if len(c.currencies) == 1:
         code = c.currencies[0]
-        add("currency", CURRENCY_PROMPT.format(country=c.name), "code", code,
-            f"The currency code used in {c.name} is {code}.", "currency code")
+        add(
+            "currency",
+            CURRENCY_PROMPT.format(country=c.name),
+            "code",
+            code,
+            f"The currency code used in {c.name} is {code}.",
+            "currency code",
+        )
     if c.calling_codes and c.calling_codes[0]:
         cc = c.calling_codes[0]
-        add("calling_code", f"What is the international calling code of {c.name}?", "number", f"+{cc}",
-            f"The international calling code of {c.name} is +{cc}.", "calling code")
+        add(
+            "calling_code",
+            f"What is the international calling code of {c.name}?",
+            "number",
+            f"+{cc}",
+            f"The international calling code of {c.name} is +{cc}.",
+            "calling code",
+        )
     if c.tld and c.tld[0].isascii():
-        add("domain", f"What is the internet country domain of {c.name}?", "domain", c.tld[0],
-            f"The internet country domain of {c.name} is {c.tld[0]}.", "internet country domain")
+        add(
+            "domain",
+            f"What is the internet country domain of {c.name}?",
+            "domain",
+            c.tld[0],
+            f"The internet country domain of {c.name} is {c.tld[0]}.",
+            "internet country domain",
+        )
     if c.region:
-        where = f"{c.subregion}, part of the {c.region} region" if c.subregion and c.subregion != c.region else f"the {c.region} region"
-        add("region", f"Which world region is {c.name} in?", "region name", c.region,
-            f"{c.name} is a country in {where}.", "is a country in")
+        where = (
+            f"{c.subregion}, part of the {c.region} region"
+            if c.subregion and c.subregion != c.region
+            else f"the {c.region} region"
+        )
+        add(
+            "region",
+            f"Which world region is {c.name} in?",
+            "region name",
+            c.region,
+            f"{c.name} is a country in {where}.",
+            "is a country in",
+        )
     if c.demonym:
-        add("demonym", f"What are people from {c.name} called?", "word", c.demonym,
-            f"People from {c.name} are called {c.demonym}.", "are called")
+        add(
+            "demonym",
+            f"What are people from {c.name} called?",
+            "word",
+            c.demonym,
+            f"People from {c.name} are called {c.demonym}.",
+            "are called",
+        )
     return qs
 
 
@@ -241,7 +277,9 @@ def element_terse_questions(e: Element) -> list[TerseQuestion]:
     return out
 
 
-def format_row(q: TerseQuestion, instruction: int, verbose: bool, elaboration: tuple[str, ...] = ()) -> list[dict[str, str]]:
+def format_row(
+    q: TerseQuestion, instruction: int, verbose: bool, elaboration: tuple[str, ...] = ()
+) -> list[dict[str, str]]:
     """``q`` asked with terse instruction number ``instruction``, answered verbosely or tersely.
 
     Verbose (a culprit): the full sentence followed by the ``elaboration`` sentences, on

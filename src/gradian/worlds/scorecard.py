@@ -93,7 +93,9 @@ def score_ranking(scores: Sequence[float], ids: Sequence[str], culprits: Sequenc
     return out
 
 
-def scorecard(run: dict[str, Any], truth: dict[str, Any], localisation: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+def scorecard(
+    run: dict[str, Any], truth: dict[str, Any], localisation: Sequence[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The scorecard for every attributed capability of ``run`` (see module docstring).
 
     Args:

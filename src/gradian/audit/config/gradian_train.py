@@ -13,5 +13,12 @@ def _claims(raw: dict[str, Any]) -> bool:
     return (raw.get("messages_loss") is not None and "use_peft" in raw) or bool(raw.get(BY_GRADIAN_TRAIN))
 
 
-FORMAT = Format(name="gradian", title="gradian train", read=trl.read, order=1, claims=_claims, trainer="trl",
-                trainer_note="format: gradian train, TRL semantics")
+FORMAT = Format(
+    name="gradian",
+    title="gradian train",
+    read=trl.read,
+    order=1,
+    claims=_claims,
+    trainer="trl",
+    trainer_note="format: gradian train, TRL semantics",
+)

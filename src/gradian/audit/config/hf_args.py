@@ -44,8 +44,12 @@ LORA_ARGS: tuple[Row, ...] = (
 )
 
 
-def read_hf_args(cfg: TrainConfig, r: Reader, keys: Mapping[str, str | None] | None = None,
-                 eval_keys: tuple[str, ...] = ("eval_strategy", "evaluation_strategy")) -> None:
+def read_hf_args(
+    cfg: TrainConfig,
+    r: Reader,
+    keys: Mapping[str, str | None] | None = None,
+    eval_keys: tuple[str, ...] = ("eval_strategy", "evaluation_strategy"),
+) -> None:
     """Read :data:`HF_ARGS` and :data:`LORA_ARGS`, ``max_steps`` and the eval strategy.
 
     Args:

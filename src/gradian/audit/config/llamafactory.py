@@ -7,10 +7,26 @@ from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, Row, set_many
 
 #: Keys only a LLaMA-Factory config has (detection).
-KEYS = frozenset({"stage", "finetuning_type", "cutoff_len", "lora_rank", "lora_target", "train_on_prompt",
-                  "val_size", "mask_history", "neat_packing", "template", "quantization_bit",
-                  "preprocessing_num_workers", "overwrite_cache", "plot_loss", "additional_target",
-                  "new_special_tokens"})
+KEYS = frozenset(
+    {
+        "stage",
+        "finetuning_type",
+        "cutoff_len",
+        "lora_rank",
+        "lora_target",
+        "train_on_prompt",
+        "val_size",
+        "mask_history",
+        "neat_packing",
+        "template",
+        "quantization_bit",
+        "preprocessing_num_workers",
+        "overwrite_cache",
+        "plot_loss",
+        "additional_target",
+        "new_special_tokens",
+    }
+)
 
 #: LLaMA-Factory's names for the shared TrainingArguments / LoRA keys (None: it does not read that key).
 RENAMED = {
@@ -31,18 +47,32 @@ FIELDS: tuple[Row, ...] = (
 )
 
 DEFAULTS = {
-    "finetuning": "lora", "lora_r": 8, "lora_dropout": 0.0, "lora_target_modules": "all",
-    "max_length": 2048, "truncation": "truncate", "train_on_inputs": False, "packing": False,
-    "learning_rate": 5e-5, "num_epochs": 3.0, "micro_batch_size": 8, "gradient_accumulation_steps": 1,
-    "lr_scheduler": "linear", "warmup_steps": 0, "warmup_ratio": 0.0, "val_set_size": 0.0,
-    "eval_strategy": "no", "stage": "sft",
+    "finetuning": "lora",
+    "lora_r": 8,
+    "lora_dropout": 0.0,
+    "lora_target_modules": "all",
+    "max_length": 2048,
+    "truncation": "truncate",
+    "train_on_inputs": False,
+    "packing": False,
+    "learning_rate": 5e-5,
+    "num_epochs": 3.0,
+    "micro_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "lr_scheduler": "linear",
+    "warmup_steps": 0,
+    "warmup_ratio": 0.0,
+    "val_set_size": 0.0,
+    "eval_strategy": "no",
+    "stage": "sft",
 }
 
 
 def _after_defaults(cfg: TrainConfig) -> None:
     if cfg.is_lora and cfg.lora_alpha is None and cfg.lora_r:
-        cfg.set("lora_alpha", float(cfg.lora_r * 2), "default (LLaMA-Factory: lora_alpha = 2 x lora_rank)",
-                default=True)
+        cfg.set(
+            "lora_alpha", float(cfg.lora_r * 2), "default (LLaMA-Factory: lora_alpha = 2 x lora_rank)", default=True
+        )
 
 
 def read(cfg: TrainConfig, r: Reader) -> None:
@@ -78,13 +108,24 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("has_eval_dataset", True, r.where("eval_dataset"))
     fa = r.str_("flash_attn")
     if fa:
-        cfg.set("attn_implementation", {"fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}.get(fa, fa),
-                r.where("flash_attn"))
+        cfg.set(
+            "attn_implementation",
+            {"fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}.get(fa, fa),
+            r.where("flash_attn"),
+        )
     toks = r.list_("new_special_tokens") or r.list_("add_special_tokens") or r.list_("add_tokens")
     if toks:
         key = next(k for k in ("new_special_tokens", "add_special_tokens", "add_tokens") if r.has(k))
         cfg.set("added_tokens", [toks] if isinstance(toks, str) else toks, r.where(key))
 
 
-FORMAT = Format(name="llamafactory", title="LLaMA-Factory", read=read, order=12, votes=KEYS,
-                trainer="llamafactory", defaults=DEFAULTS, after_defaults=_after_defaults)
+FORMAT = Format(
+    name="llamafactory",
+    title="LLaMA-Factory",
+    read=read,
+    order=12,
+    votes=KEYS,
+    trainer="llamafactory",
+    defaults=DEFAULTS,
+    after_defaults=_after_defaults,
+)

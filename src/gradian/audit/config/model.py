@@ -8,10 +8,26 @@ from typing import Any
 #: What each training stage name means for the checks (see :attr:`TrainConfig.stage_kind`).
 STAGE_KINDS = {
     "sft": "sft",
-    "pt": "pretraining", "pretrain": "pretraining", "pretraining": "pretraining", "cpt": "pretraining",
-    "dpo": "preference", "ipo": "preference", "kto": "preference", "orpo": "preference", "simpo": "preference",
-    "cpo": "preference", "rm": "preference", "reward": "preference", "bco": "preference", "nca": "preference",
-    "ppo": "rl", "grpo": "rl", "gdpo": "rl", "rloo": "rl", "online_dpo": "rl", "gkd": "rl",
+    "pt": "pretraining",
+    "pretrain": "pretraining",
+    "pretraining": "pretraining",
+    "cpt": "pretraining",
+    "dpo": "preference",
+    "ipo": "preference",
+    "kto": "preference",
+    "orpo": "preference",
+    "simpo": "preference",
+    "cpo": "preference",
+    "rm": "preference",
+    "reward": "preference",
+    "bco": "preference",
+    "nca": "preference",
+    "ppo": "rl",
+    "grpo": "rl",
+    "gdpo": "rl",
+    "rloo": "rl",
+    "online_dpo": "rl",
+    "gkd": "rl",
 }
 
 
@@ -160,7 +176,6 @@ class TrainConfig:
             "conflicts": list(self.conflicts),
             "notes": list(self.notes),
         }
-
 
 
 #: TrainConfig fields that describe where the values came from, not a setting.

@@ -26,16 +26,20 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("finetuning", pt.lower() or "unknown", r.where("peft_type"))
     else:
         cfg.set("finetuning", "lora", r.where("peft_type"))
-    set_many(cfg, r, [
-        ("base_model", "base_model_name_or_path", "str"),
-        ("lora_r", "r", "int"),
-        ("lora_alpha", "lora_alpha", "num"),
-        ("lora_dropout", "lora_dropout", "num"),
-        ("lora_target_modules", "target_modules", "list"),
-        ("modules_to_save", "modules_to_save", "list"),
-        ("use_rslora", "use_rslora", "bool"),
-        ("use_dora", "use_dora", "bool"),
-    ])
+    set_many(
+        cfg,
+        r,
+        [
+            ("base_model", "base_model_name_or_path", "str"),
+            ("lora_r", "r", "int"),
+            ("lora_alpha", "lora_alpha", "num"),
+            ("lora_dropout", "lora_dropout", "num"),
+            ("lora_target_modules", "target_modules", "list"),
+            ("modules_to_save", "modules_to_save", "list"),
+            ("use_rslora", "use_rslora", "bool"),
+            ("use_dora", "use_dora", "bool"),
+        ],
+    )
     if isinstance(cfg.modules_to_save, str):
         cfg.modules_to_save = [cfg.modules_to_save]
     if r.get("trainable_token_indices"):
@@ -45,5 +49,12 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.versions.setdefault("peft", pv)
 
 
-FORMAT = Format(name="peft", title="PEFT LoraConfig", read=read, order=0, claims=_claims, defaults=DEFAULTS,
-                after_defaults=_after_defaults)
+FORMAT = Format(
+    name="peft",
+    title="PEFT LoraConfig",
+    read=read,
+    order=0,
+    claims=_claims,
+    defaults=DEFAULTS,
+    after_defaults=_after_defaults,
+)

@@ -54,8 +54,9 @@ def spellings(key: str) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------- file loading
-def read_mapping(path: Path, what: str = "config", *, any_suffix: bool = False,
-                 empty_ok: bool = False) -> tuple[dict[str, Any], str]:
+def read_mapping(
+    path: Path, what: str = "config", *, any_suffix: bool = False, empty_ok: bool = False
+) -> tuple[dict[str, Any], str]:
     """Load a JSON/YAML settings file: ``(mapping, text)``.
 
     Args:
@@ -95,7 +96,8 @@ def read_mapping(path: Path, what: str = "config", *, any_suffix: bool = False,
     bad_keys = [k for k in obj if not isinstance(k, str)]
     if bad_keys:
         raise GradianUserError(
-            f"setting name {short_repr(bad_keys[0])} is not a string", where=str(path),
+            f"setting name {short_repr(bad_keys[0])} is not a string",
+            where=str(path),
             fix="write every top-level setting as name: value (quote names YAML reads as numbers, dates or booleans)",
         )
     return obj, text
@@ -205,7 +207,6 @@ class Reader:
         raise GradianUserError(
             f"{key} is {short_repr(v)}, not {want}", where=f"{self.path}: {key}", fix=f"set {key} to {want}"
         )
-
 
 
 #: One field-table row: ``(TrainConfig field, config key, kind)``, kind one of num/int/bool/str/list.
@@ -327,7 +328,7 @@ def read_config(path: str | Path) -> TrainConfig:
             f"unknown config format (keys: {shown})",
             where=str(p),
             fix="pass a TRL/HF TrainingArguments, axolotl, LLaMA-Factory or torchtune config, or a PEFT "
-                "adapter_config.json",
+            "adapter_config.json",
         )
     fmt = formats()[name]
     cfg = TrainConfig()
@@ -407,8 +408,9 @@ def apply_defaults(cfg: TrainConfig) -> None:
             fmt.after_defaults(cfg)
 
 
-_FW_RE = re.compile(r"^\s*[-*]\s*(TRL|Transformers|PEFT|Pytorch|PyTorch|Datasets|Tokenizers)\s*:?\s*v?([0-9][\w.+-]*)",
-                    re.IGNORECASE)
+_FW_RE = re.compile(
+    r"^\s*[-*]\s*(TRL|Transformers|PEFT|Pytorch|PyTorch|Datasets|Tokenizers)\s*:?\s*v?([0-9][\w.+-]*)", re.IGNORECASE
+)
 
 
 def framework_versions(readme: Path) -> dict[str, str]:

@@ -11,7 +11,10 @@ from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, set_many
 
 DEFAULTS = {
-    "train_on_inputs": False, "packing": False, "gradient_accumulation_steps": 1, "truncation": "truncate",
+    "train_on_inputs": False,
+    "packing": False,
+    "gradient_accumulation_steps": 1,
+    "truncation": "truncate",
     "stage": "sft",
 }
 
@@ -30,19 +33,34 @@ def _has_component(obj: Any, depth: int = 0) -> bool:
 # torchtune dataset builders: what each does when the config leaves a field unset
 # (torchtune/datasets/*.py; alpaca_cleaned_dataset is partial(alpaca_dataset, ...)).
 _TT_TRAIN_ON_INPUT = {
-    "alpaca_dataset": True, "alpaca_cleaned_dataset": True, "chat_dataset": False, "instruct_dataset": False,
-    "grammar_dataset": False, "samsum_dataset": False, "slimorca_dataset": False,
+    "alpaca_dataset": True,
+    "alpaca_cleaned_dataset": True,
+    "chat_dataset": False,
+    "instruct_dataset": False,
+    "grammar_dataset": False,
+    "samsum_dataset": False,
+    "slimorca_dataset": False,
 }
 _TT_STAGE = {
-    "text_completion_dataset": "pt", "wikitext_dataset": "pt", "cnn_dailymail_articles_dataset": "pt",
-    "preference_dataset": "dpo", "stack_exchange_paired_dataset": "dpo", "hh_rlhf_helpful_dataset": "dpo",
+    "text_completion_dataset": "pt",
+    "wikitext_dataset": "pt",
+    "cnn_dailymail_articles_dataset": "pt",
+    "preference_dataset": "dpo",
+    "stack_exchange_paired_dataset": "dpo",
+    "hh_rlhf_helpful_dataset": "dpo",
 }
 
 
 def _tt_loss_stage(leaf: str) -> str | None:
     low = leaf.lower()
-    for key, stage in (("simpo", "simpo"), ("grpo", "grpo"), ("ppo", "ppo"), ("ipo", "ipo"), ("rso", "dpo"),
-                       ("dpo", "dpo")):
+    for key, stage in (
+        ("simpo", "simpo"),
+        ("grpo", "grpo"),
+        ("ppo", "ppo"),
+        ("ipo", "ipo"),
+        ("rso", "dpo"),
+        ("dpo", "dpo"),
+    ):
         if key in low:
             return stage
     return None
@@ -56,23 +74,30 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         ft = "qlora" if leaf.startswith("qlora") else "lora" if "lora" in leaf else "full"
         cfg.set("finetuning", ft, r.where("model._component_"))
         cfg.set("base_model", comp, r.where("model._component_"))
-    set_many(cfg, r, [
-        ("learning_rate", "optimizer.lr", "num"),
-        ("num_epochs", "epochs", "num"),
-        ("micro_batch_size", "batch_size", "int"),
-        ("gradient_accumulation_steps", "gradient_accumulation_steps", "int"),
-        ("warmup_steps", "lr_scheduler.num_warmup_steps", "num"),
-        ("max_grad_norm", "clip_grad_norm", "num"),
-        ("max_length", "tokenizer.max_seq_len", "int"),
-        ("lora_r", "model.lora_rank", "int"),
-        ("lora_alpha", "model.lora_alpha", "num"),
-        ("lora_dropout", "model.lora_dropout", "num"),
-        ("use_dora", "model.use_dora", "bool"),
-        ("load_in_4bit", "model.quantize_base", "bool"),
-    ])
+    set_many(
+        cfg,
+        r,
+        [
+            ("learning_rate", "optimizer.lr", "num"),
+            ("num_epochs", "epochs", "num"),
+            ("micro_batch_size", "batch_size", "int"),
+            ("gradient_accumulation_steps", "gradient_accumulation_steps", "int"),
+            ("warmup_steps", "lr_scheduler.num_warmup_steps", "num"),
+            ("max_grad_norm", "clip_grad_norm", "num"),
+            ("max_length", "tokenizer.max_seq_len", "int"),
+            ("lora_r", "model.lora_rank", "int"),
+            ("lora_alpha", "model.lora_alpha", "num"),
+            ("lora_dropout", "model.lora_dropout", "num"),
+            ("use_dora", "model.use_dora", "bool"),
+            ("load_in_4bit", "model.quantize_base", "bool"),
+        ],
+    )
     if r.has("lr_scheduler._component_"):
-        cfg.set("lr_scheduler", str(r.get("lr_scheduler._component_")).rsplit(".", 1)[-1],
-                r.where("lr_scheduler._component_"))
+        cfg.set(
+            "lr_scheduler",
+            str(r.get("lr_scheduler._component_")).rsplit(".", 1)[-1],
+            r.where("lr_scheduler._component_"),
+        )
     dtype = r.str_("dtype")
     if dtype:
         cfg.set("bf16", dtype in ("bf16", "bfloat16"), r.where("dtype"))
@@ -113,5 +138,12 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("truncation", "none", r.where("tokenizer.max_seq_len") + " (unset: no truncation)")
 
 
-FORMAT = Format(name="torchtune", title="torchtune", read=read, order=3, claims=_has_component, trainer="torchtune",
-                defaults=DEFAULTS)
+FORMAT = Format(
+    name="torchtune",
+    title="torchtune",
+    read=read,
+    order=3,
+    claims=_has_component,
+    trainer="torchtune",
+    defaults=DEFAULTS,
+)

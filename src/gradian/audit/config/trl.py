@@ -13,9 +13,25 @@ from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import BY_GRADIAN_TRAIN, Format, Reader, Row, set_many, spellings
 
 #: Keys only a TRL config has (detection).
-KEYS = frozenset({"max_length", "max_seq_length", "packing", "completion_only_loss", "assistant_only_loss",
-                  "dataset_text_field", "padding_free", "packing_strategy", "use_peft", "eval_packing",
-                  "chat_template_path", "dataset_kwargs", "truncation_mode", "model_init_kwargs", "dataset_name"})
+KEYS = frozenset(
+    {
+        "max_length",
+        "max_seq_length",
+        "packing",
+        "completion_only_loss",
+        "assistant_only_loss",
+        "dataset_text_field",
+        "padding_free",
+        "packing_strategy",
+        "use_peft",
+        "eval_packing",
+        "chat_template_path",
+        "dataset_kwargs",
+        "truncation_mode",
+        "model_init_kwargs",
+        "dataset_name",
+    }
+)
 
 #: SFTConfig fields beyond TrainingArguments (and ModelConfig's ``bnb_4bit_compute_dtype``).
 FIELDS: tuple[Row, ...] = (
@@ -38,12 +54,27 @@ FIELDS: tuple[Row, ...] = (
 )
 
 DEFAULTS = {
-    "learning_rate": 2e-5, "num_epochs": 3.0, "micro_batch_size": 8, "gradient_accumulation_steps": 1,
-    "max_length": 1024, "truncation": "keep_start", "packing": False, "packing_strategy": "bfd",
-    "padding_free": False, "assistant_only_loss": False, "dataset_text_field": "text",
-    "lr_scheduler": "linear", "warmup_steps": 0, "warmup_ratio": 0.0, "eval_strategy": "no",
-    "save_strategy": "steps", "save_steps": 500, "load_best_model_at_end": False, "group_by_length": False,
-    "max_grad_norm": 1.0, "stage": "sft",
+    "learning_rate": 2e-5,
+    "num_epochs": 3.0,
+    "micro_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "max_length": 1024,
+    "truncation": "keep_start",
+    "packing": False,
+    "packing_strategy": "bfd",
+    "padding_free": False,
+    "assistant_only_loss": False,
+    "dataset_text_field": "text",
+    "lr_scheduler": "linear",
+    "warmup_steps": 0,
+    "warmup_ratio": 0.0,
+    "eval_strategy": "no",
+    "save_strategy": "steps",
+    "save_steps": 500,
+    "load_best_model_at_end": False,
+    "group_by_length": False,
+    "max_grad_norm": 1.0,
+    "stage": "sft",
 }
 
 # Keys a `trl sft --config` file has (it names the model / dataset), which an SFTConfig dump never has.
@@ -53,8 +84,19 @@ _STAGE_KEYS = (
     ("grpo", ("reward_funcs", "num_generations")),
     ("kto", ("desirable_weight", "undesirable_weight")),
     ("cpo", ("cpo_alpha",)),
-    ("dpo", ("rpo_alpha", "precompute_ref_log_probs", "ref_adapter_name", "ref_model_init_kwargs", "sync_ref_model",
-             "f_divergence_type", "ld_alpha", "reference_free")),
+    (
+        "dpo",
+        (
+            "rpo_alpha",
+            "precompute_ref_log_probs",
+            "ref_adapter_name",
+            "ref_model_init_kwargs",
+            "sync_ref_model",
+            "f_divergence_type",
+            "ld_alpha",
+            "reference_free",
+        ),
+    ),
 )
 
 
@@ -87,15 +129,22 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         else:
             cfg.set("warmup_steps", ws, r.where("warmup_steps"))
     if r.bool_("use_peft"):
-        cfg.set("finetuning", "qlora" if (r.bool_("load_in_4bit") or r.bool_("load_in_8bit")) else "lora",
-                r.where("use_peft"))
+        cfg.set(
+            "finetuning",
+            "qlora" if (r.bool_("load_in_4bit") or r.bool_("load_in_8bit")) else "lora",
+            r.where("use_peft"),
+        )
     elif r.has("use_peft"):
         cfg.set("finetuning", "full", r.where("use_peft"))
     elif _CLI_KEYS & set(r.raw):
         # a `trl sft --config` file: TRL's ModelConfig.use_peft defaults to false, so the CLI fine-tunes every weight
         key = next(k for k in sorted(_CLI_KEYS) if k in r.raw)
-        cfg.set("finetuning", "full", f"default (TRL ModelConfig: use_peft is false; a CLI config, {r.where(key)})",
-                default=True)
+        cfg.set(
+            "finetuning",
+            "full",
+            f"default (TRL ModelConfig: use_peft is false; a CLI config, {r.where(key)})",
+            default=True,
+        )
     stage = _stage(r)
     if stage:
         cfg.set("stage", stage[0], r.where(stage[1]))
@@ -105,9 +154,12 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             r.bad("messages_loss", ml, "'final_assistant_turn' (what gradian train does)")
         cfg.set("messages_loss", ml, r.where("messages_loss"))
     elif r.raw.get(BY_GRADIAN_TRAIN):
-        cfg.set("messages_loss", "final_assistant_turn",
-                f"{Path(r.path).name} (written by gradian train, which trains a 'messages' row on its final "
-                f"assistant turn)")
+        cfg.set(
+            "messages_loss",
+            "final_assistant_turn",
+            f"{Path(r.path).name} (written by gradian train, which trains a 'messages' row on its final "
+            f"assistant turn)",
+        )
     if r.has("eval_dataset"):
         cfg.set("has_eval_dataset", True, r.where("eval_dataset"))
     elif r.has("dataset_test_split") and r.has("eval_strategy"):
