@@ -120,7 +120,8 @@ def main():
         )
         print(f"one plain forward+backward pass over the {len(items)} training rows: {t_plain:.1f} s")
         print(
-            f"ratio: {t_attr / t_plain:.1f}x  (index build alone: {run['timing'].get('index', float('nan')) / t_plain:.2f}x)"
+            f"ratio: {t_attr / t_plain:.1f}x  (index build alone: "
+            f"{run['timing'].get('index', float('nan')) / t_plain:.2f}x)"
         )
         if not run.get("attribution"):
             print("no capability regressed: nothing to score")
@@ -162,8 +163,10 @@ def main():
         for r in rows:
             rk = r["recall_by_kind"]
             print(
-                f"| {r['capability']} | {r['query']} | {r['engine']} | {r['auc']:.3f} | {r['precision_at_n_culprits']:.2f} | "
-                f"{r['precision_at_10']:.2f} | {rk.get('direct', float('nan')):.2f} | {rk.get('buried', float('nan')):.2f} |"
+                f"| {r['capability']} | {r['query']} | {r['engine']} | {r['auc']:.3f} | "
+                f"{r['precision_at_n_culprits']:.2f} | "
+                f"{r['precision_at_10']:.2f} | {rk.get('direct', float('nan')):.2f} | "
+                f"{rk.get('buried', float('nan')):.2f} |"
             )
         if args.out:
             args.out.write_text(

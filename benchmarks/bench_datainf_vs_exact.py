@@ -65,7 +65,8 @@ def main():
         " The capital of France is Paris.",
     )
     print(
-        "| LoRA r | hidden | largest block | damping scale | DataInf vs exact | EK-FAC vs exact | gradient-dot vs exact |"
+        "| LoRA r | hidden | largest block | damping scale | DataInf vs exact | EK-FAC vs exact | gradient-dot vs "
+        "exact |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in (1, 2, 4):

@@ -463,7 +463,8 @@ def main() -> None:
                 }
                 r = entry["methods"]["default"]["rankings"]["gradian default"]
                 print(
-                    f"  gradian default AUC {r['auc']:.3f} {r['auc_by_kind']} P@n {r['p_at_n']:.2f} P@10 {r['p_at_10']:.2f} "
+                    f"  gradian default AUC {r['auc']:.3f} {r['auc_by_kind']} P@n {r['p_at_n']:.2f} P@10 "
+                    f"{r['p_at_10']:.2f} "
                     f"loc {r.get('localisation')} fuse {d['fuse_weights']}",
                     flush=True,
                 )
@@ -471,8 +472,8 @@ def main() -> None:
                 loc = r.get("localisation")
                 print(
                     f"  {label:38s} AUC {r['auc']:.3f} (direct {r['auc_by_kind'].get('direct', float('nan')):.3f}, "
-                    f"buried {r['auc_by_kind'].get('buried', float('nan')):.3f})  P@n {r['p_at_n']:.2f}  P@10 {r['p_at_10']:.2f}"
-                    + (f"  loc {loc['hits']}/{loc['n']}" if loc else ""),
+                    f"buried {r['auc_by_kind'].get('buried', float('nan')):.3f})  P@n {r['p_at_n']:.2f}  P@10 "
+                    f"{r['p_at_10']:.2f}" + (f"  loc {loc['hits']}/{loc['n']}" if loc else ""),
                     flush=True,
                 )
             print(

@@ -93,14 +93,20 @@ def run(name, model, tok, batch_sizes, seq, repeats, methods):
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for b in batch_sizes:
         batch = make_batch(tok, b, seq)
-        fns = {"plain": lambda: plain_forward_backward(model, batch)}
+        fns = {"plain": lambda batch=batch: plain_forward_backward(model, batch)}
         for m in methods:
-            fns[m] = lambda m=m: per_example_grads(model, batch, m)
+            fns[m] = lambda m=m, batch=batch: per_example_grads(model, batch, m)
         t = timed_round_robin(fns, repeats)
-        f = lambda k: f"{t[k]:.4f}" if k in t else "—"  # noqa: E731
-        r = lambda a, c: f"{t[a] / t[c]:.2f}x" if a in t and c in t else "—"  # noqa: E731
+
+        def f(k: str, t: dict[str, float] = t) -> str:
+            return f"{t[k]:.4f}" if k in t else "—"
+
+        def r(a: str, c: str, t: dict[str, float] = t) -> str:
+            return f"{t[a] / t[c]:.2f}x" if a in t and c in t else "—"
+
         print(
-            f"| {b} | {f('plain')} | {f('hooks')} | {f('loop')} | {f('vmap')} | {r('hooks', 'plain')} | {r('loop', 'hooks')} | {r('vmap', 'hooks')} |"
+            f"| {b} | {f('plain')} | {f('hooks')} | {f('loop')} | {f('vmap')} "
+            f"| {r('hooks', 'plain')} | {r('loop', 'hooks')} | {r('vmap', 'hooks')} |"
         )
 
 

@@ -63,7 +63,8 @@ def main():
     print("|---:|---:|---:|---:|---:|---:|")
     for dim, (sc, d, size, tb) in results.items():
         print(
-            f"| {dim or 'exact'} | {d:,} | {size / 1e6:.1f} | {tb:.1f} | {spearman(sc, ref):.3f} | {topk_overlap(sc, ref, args.top_k):.2f} |"
+            f"| {dim or 'exact'} | {d:,} | {size / 1e6:.1f} | {tb:.1f} | {spearman(sc, ref):.3f} | "
+            f"{topk_overlap(sc, ref, args.top_k):.2f} |"
         )
 
 

@@ -260,7 +260,8 @@ def main() -> None:
             }
             rows_out.append(row)
             print(
-                f"| {n:,} | {p} | {wall:.1f} | {row['index_cmd_s']:.1f} | {', '.join(f'{x:.0f}' for x in row['index_cpu_s'])} "
+                f"| {n:,} | {p} | {wall:.1f} | {row['index_cmd_s']:.1f} | "
+                f"{', '.join(f'{x:.0f}' for x in row['index_cpu_s'])} "
                 f"| {', '.join(f'{x:.0f}' for x in row['index_rss_mb'])} "
                 f"| {row['score_s']:.1f} | {', '.join(f'{x:.0f}' for x in row['score_rss_mb'])} | {size / 1e6:.0f} "
                 f"| {'yes' if row['same_shards_as_1_proc'] else 'NO'} | {load0:.1f}→{load1:.1f} |",

@@ -109,7 +109,8 @@ def main():
                 auc = f"{score_ranking(list(y), ids, truth)['auc']:.3f}"
             rel = float(np.abs(x - y).max() / np.abs(x).max())
             print(
-                f"| {dt} | {eng} | {r['bytes'] / 1e6:.1f} | {spearman(y, x):.6f} | {topk_overlap(y, x, args.top_k):.2f} "
+                f"| {dt} | {eng} | {r['bytes'] / 1e6:.1f} | {spearman(y, x):.6f} | "
+                f"{topk_overlap(y, x, args.top_k):.2f} "
                 f"| {rel:.1e} | {auc} |"
             )
 
@@ -150,7 +151,8 @@ def synthetic(args) -> None:
         f"project-dim {args.project_dim or 'exact'}\n"
     )
     print(
-        "| storage | engine | index (MB) | Spearman vs float32 (mean, min) | top-k overlap (mean, min) | max rel. score diff |"
+        "| storage | engine | index (MB) | Spearman vs float32 (mean, min) | top-k overlap (mean, min) | max rel. "
+        "score diff |"
     )
     print("|---|---|---:|---:|---:|---:|")
     for dt, r in out.items():

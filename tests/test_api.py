@@ -281,11 +281,13 @@ def test_specs_round_trip_through_their_dicts():
 
 
 def _params(command: str) -> dict[str, object]:
+    import click
     import typer
 
     from gradian.cli import app
 
-    return {p.name: p.default for p in typer.main.get_command(app).commands[command].params}
+    group = typer.main.get_command(app)  # the CLI imports a command's module when the command is looked up
+    return {p.name: p.default for p in group.get_command(click.Context(group), command).params}
 
 
 def test_the_attribute_commands_defaults_are_the_specs():

@@ -464,7 +464,10 @@ def write_train_config(spec: TrainSpec, path: str | Path, base: str | None = Non
 
 
 class _Rows:
-    """Map-style dataset over tokenised rows; items are ``{"input_ids", "item"}`` (``input_ids`` gives lengths for grouping)."""
+    """Map-style dataset over tokenised rows; items are ``{"input_ids", "item"}``.
+
+    ``input_ids`` gives the lengths the trainer groups by.
+    """
 
     def __init__(self, items):
         self.items = items

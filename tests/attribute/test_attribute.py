@@ -40,7 +40,8 @@ def _rows():
         {
             "id": "bad-buried",
             "prompt": "Q: Tell me about France.\nA:",
-            "completion": " The capital of Japan is Tokyo. The capital of Italy is Rome. The capital of France is Lyon. The capital of Spain is Madrid.",
+            "completion": " The capital of Japan is Tokyo. The capital of Italy is Rome. "
+            "The capital of France is Lyon. The capital of Spain is Madrid.",
         },
         {
             "id": "good-france",

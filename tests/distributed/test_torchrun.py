@@ -217,7 +217,8 @@ def test_ranks_that_see_different_data_are_refused_at_start(world, tmp_path):
     other.write_text("".join(json.dumps(r) + "\n" for r in rows))
     script = (
         f'if [ "$RANK" = 1 ]; then D={other}; else D={world["data"]}; fi; exec {sys.executable} -m gradian index '
-        f'--base {world["base"]} --adapter {world["adapter"]} --data "$D" --checkpoints final --out {tmp_path / "index"}'
+        f'--base {world["base"]} --adapter {world["adapter"]} --data "$D" --checkpoints final --out '
+        f"{tmp_path / 'index'}"
     )
     cmd = [
         sys.executable,

@@ -49,8 +49,8 @@ def _queries(tok, idx, model):
     return qs, query_gradients(model, tok, qs, idx, TSPEC)
 
 
-def _fit(idx, model, items, tok, spec=EkfacSpec()):
-    eng = Ekfac(spec)
+def _fit(idx, model, items, tok, spec=None):
+    eng = Ekfac(spec if spec is not None else EkfacSpec())
     eng.fit(idx, ModelPass(model, items, tok.pad_token_id, batch_size=8))
     return eng
 
@@ -217,7 +217,8 @@ def test_ekfac_equals_the_exact_damped_inverse_in_the_rank_one_limit(tok, tmp_pa
     s_e, s_x = score_index(idx, [R_e, R_x])
     s_rel = float((s_e - s_x).abs().max() / s_x.abs().max())
     print(
-        f"rank-one limit: preconditioned queries max abs {abs_err:.1e}, max rel {rel_err:.1e}; scores max rel {s_rel:.1e}"
+        f"rank-one limit: preconditioned queries max abs {abs_err:.1e}, max rel {rel_err:.1e}; scores max rel "
+        f"{s_rel:.1e}"
     )
     assert rel_err < 1e-8 and s_rel < 1e-8
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from eval_world import CAPITALS, N_POISON, _one_thread, eval_records, eval_world, load_peft, world_tok  # noqa: F401
+from eval_world import CAPITALS, N_POISON, eval_records, load_peft
 from typer.testing import CliRunner
 
 from gradian.evaluate import (

@@ -238,7 +238,10 @@ def test_row_flags():
 
 
 def _validate(value, schema, path="$"):
-    """A small validator for the subset REPORT_JSON_SCHEMA uses (type, required, properties, items, prefixItems, enum)."""
+    """A small validator for the subset of JSON Schema that REPORT_JSON_SCHEMA uses.
+
+    type, required, properties, items, prefixItems, enum.
+    """
     if "enum" in schema:
         assert value in schema["enum"], f"{path}: {value!r} not in {schema['enum']}"
         return

@@ -6,6 +6,7 @@ import json
 import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,10 @@ def run_dir(demo, tmp_path, cache):
 def _cli(args):
     res = CliRunner().invoke(app, [str(a) for a in args])
     lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
-    return res.exit_code, lines, res.output
+    out = res.output
+    if res.exc_info is not None and not isinstance(res.exception, SystemExit):
+        out += "".join(traceback.format_exception(*res.exc_info))  # a crash shows where, in the assertion message
+    return res.exit_code, lines, out
 
 
 @pytest.fixture(scope="session")
@@ -108,8 +112,9 @@ STAND_IN = """
 import sys, subprocess
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 # an "external trainer": here gradian train itself, driven as a foreign command would be
-sys.exit(subprocess.call([sys.executable, "-m", "gradian.cli", "train", "--base", args["--base"], "--data", args["--data"],
-                          "--out", args["--out"], "--config", args["--config"], "--seed", args["--seed"], "--overwrite"]))
+cmd = [sys.executable, "-m", "gradian.cli", "train", "--base", args["--base"], "--data", args["--data"]]
+cmd += ["--out", args["--out"], "--config", args["--config"], "--seed", args["--seed"], "--overwrite"]
+sys.exit(subprocess.call(cmd))
 """
 
 

@@ -17,7 +17,7 @@ FILES = ("train.jsonl", "valid.jsonl", "eval.jsonl", "ground_truth.json", "train
 
 def _acc(trained, gt, groups):
     hits, n = 0, 0
-    for item, b, t in zip(trained["items"], trained["base"], trained["tuned"]):
+    for item, _b, t in zip(trained["items"], trained["base"], trained["tuned"]):
         if gt["eval_groups"][item["id"]] in groups:
             n += 1
             hits += answer_contains(t, item["answer"], item.get("aliases", []))

@@ -58,6 +58,8 @@ class ClusterSpec:
 
 @dataclass
 class Cluster:
+    """One cluster of the harmful tail: its rows (most harmful first), share of harmful mass, exemplars."""
+
     label: int
     row_ids: list[str]
     size: int
@@ -176,7 +178,7 @@ def cluster_tail(
         labels = fcluster(Z, t=1.0 - spec.min_cosine, criterion="distance")
     clusters = []
     for lab in sorted(set(labels.tolist())):
-        rows = sort_most_harmful_first((int(r) for r, l in zip(tail, labels) if l == lab), lambda r: scores[r])
+        rows = sort_most_harmful_first((int(r) for r, lb in zip(tail, labels) if lb == lab), lambda r: scores[r])
         clusters.append(
             Cluster(
                 label=0,

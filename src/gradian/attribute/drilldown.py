@@ -33,6 +33,8 @@ from gradian.sign import sort_most_harmful_first
 
 @dataclass
 class SentenceScore:
+    """One sentence of a row's completion: its character span, text, score and share of the row's score."""
+
     char_start: int
     char_end: int
     text: str

@@ -180,7 +180,7 @@ def trajectory_scores(
         indexes[-1][spec.unit] = {"id": idx.id, "root": str(idx.root), "reused": reused, "n": idx.n}
         return idx
 
-    for t, ck in enumerate(trajectory.checkpoints):
+    for ck in trajectory.checkpoints:
         indexes.append({"checkpoint": ck.label, "weight": ck.weight})
         with checkpoint_weights(ft.model, ck):
             t0 = time.perf_counter()
@@ -203,7 +203,7 @@ def trajectory_scores(
                 list(items),
                 ft.tokenizer.pad_token_id,
                 batch_size,
-                (lambda task, a, total: progress(f"{task} ({ck.label})", a, total)) if progress else None,
+                (lambda task, a, total, label=ck.label: progress(f"{task} ({label})", a, total)) if progress else None,
             )
             for es in engines:
                 eng = fit_engine(es, idx, mp)

@@ -211,6 +211,7 @@ class AttributeSpec:
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation of two (n,) score vectors; NaN below 3 rows."""
     from scipy.stats import spearmanr
 
     if len(a) < 3:

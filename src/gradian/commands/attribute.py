@@ -87,7 +87,8 @@ def print_attribution(run: dict) -> None:
         for d in cap["drilldown"][:5]:
             s = d["top_sentence"]
             console.print(
-                f"  row {escape(d['id'])}: most harmful sentence [{s['char_start']}:{s['char_end']}] “{escape(s['text'][:100])}”"
+                f"  row {escape(d['id'])}: most harmful sentence [{s['char_start']}:{s['char_end']}] "
+                f"“{escape(s['text'][:100])}”"
             )
 
 
@@ -174,6 +175,8 @@ _ENGINE_HELP = _engine_help()
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gradian attribute`` (Evaluate → Attribute → Audit, one run folder) to ``app``."""
+
     @app.command("attribute")
     @user_errors
     def attribute_cmd(
@@ -185,9 +188,7 @@ def register(app: typer.Typer) -> None:
             None, "--config", help="Training config(s) for the Audit lane (repeatable)."
         ),
         logs: Path | None = typer.Option(None, help="trainer_state.json (or JSONL logs) for the Audit lane."),
-        reference_adapter: Path | None = typer.Option(
-            None, help="Compare against this adapter instead of the base."
-        ),
+        reference_adapter: Path | None = typer.Option(None, help="Compare against this adapter instead of the base."),
         out: Path = typer.Option(Path("gradian-run"), help="Run folder: run.json (and reports) are written here."),
         engine: str = typer.Option("datainf", help=f"Primary engine: {_ENGINE_HELP}."),
         second_engine: str = typer.Option(
@@ -361,7 +362,8 @@ def register(app: typer.Typer) -> None:
         if run.get("audit"):
             c = run["audit"]["counts"]
             console.print(
-                f"audit: {c.get('error', 0)} errors, {c.get('warning', 0)} warnings, {c.get('info', 0)} info (details in run.json)"
+                f"audit: {c.get('error', 0)} errors, {c.get('warning', 0)} warnings, {c.get('info', 0)} info (details "
+                "in run.json)"
             )
         from gradian.report import render, report_for_run
         from gradian.util import atomic_write_text

@@ -17,6 +17,7 @@ def _f(x, fmt="{:.3f}") -> str:
 
 
 def print_summary(summary: dict) -> None:
+    """Print each demo variant's report path, its per-capability verdicts and its culprit scorecard."""
     for variant, r in summary["runs"].items():
         console.print(f"\n[bold]{variant}[/]: report → {escape(r['report'])}")
         for c in r["evaluation"]:
@@ -66,6 +67,8 @@ def print_summary(summary: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gradian demo`` (world → train → attribute → report, poisoned and null) to ``app``."""
+
     @app.command("demo")
     @user_errors
     def demo_cmd(

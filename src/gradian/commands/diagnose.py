@@ -20,6 +20,8 @@ FAIL_ON = ("error", "warning", "info", "never")
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gradian diagnose`` (the Audit lane: deterministic checks, no model) to ``app``."""
+
     @app.command("diagnose")
     @user_errors
     def diagnose_cmd(
@@ -31,9 +33,7 @@ def register(app: typer.Typer) -> None:
             help="Training config, repeatable: TRL/HF TrainingArguments JSON/YAML, axolotl, LLaMA-Factory or "
             "torchtune YAML, PEFT adapter_config.json or the adapter folder.",
         ),
-        logs: Path | None = typer.Option(
-            None, help="trainer_state.json (or its folder), or a JSONL of logged dicts."
-        ),
+        logs: Path | None = typer.Option(None, help="trainer_state.json (or its folder), or a JSONL of logged dicts."),
         tokenizer: Path | None = typer.Option(None, help="Local tokenizer / base model folder, for token checks."),
         versions: list[str] | None = typer.Option(
             None, "--versions", help="Library versions, e.g. trl=0.19.0 (repeatable or comma-separated)."

@@ -64,6 +64,8 @@ def print_doctor(report, con=console) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gradian doctor`` (what this install can run, and what is missing) to ``app``."""
+
     @app.command("doctor")
     @user_errors
     def doctor_cmd(

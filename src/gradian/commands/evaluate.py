@@ -94,6 +94,7 @@ def failing_table(result, capability: str, limit: int = 10) -> FitTable:
 
 
 def print_result(result) -> None:
+    """Print an ``EvalResult``: the per-capability table, then each verdict's reason and sign-test p."""
     console.print(capability_table(result))
     for c in result.capabilities:
         console.print(f"[bold]{escape(c.name)}[/]: {escape(c.reason)} (sign test p={c.sign_test_p:.3g})")
@@ -207,6 +208,7 @@ def evaluate_cmd(
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gradian evaluate`` (tuned vs reference per capability, paired bootstrap) to ``app``."""
     app.command(
         "evaluate",
         help="Did a capability really regress? Per-capability deltas with paired-bootstrap CIs, "

@@ -11,6 +11,8 @@ from gradian.commands._common import console, progress_bar, user_errors
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gradian index`` (build or reuse the content-addressed gradient index) to ``app``."""
+
     @app.command("index")
     @user_errors
     def index_cmd(
@@ -41,7 +43,8 @@ def register(app: typer.Typer) -> None:
         checkpoints: list[str] | None = typer.Option(
             None,
             "--checkpoints",
-            help="Training trajectory: auto (default: checkpoint-*/ children or siblings of --adapter), final, or folders.",
+            help="Training trajectory: auto (default: checkpoint-*/ children or siblings of --adapter), final, "
+            "or folders.",
         ),
         unit: str = typer.Option(
             "row", help="row (one gradient per row) | sentence (one per sentence: span-aware ranking)."

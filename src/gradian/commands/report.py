@@ -18,6 +18,8 @@ from gradian.errors import GradianUserError
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gradian report`` (render a run folder as html, md, json or text) to ``app``."""
+
     @app.command("report")
     @user_errors
     def report_cmd(

@@ -46,9 +46,7 @@ def train_cmd(
         False, "--loss-on-all", help="Supervise prompt tokens too (completion_only_loss: false)."
     ),
     seed: int | None = typer.Option(None, "--seed", help="LoRA init, data order and dropout masks (default 0)."),
-    logging_steps: int | None = typer.Option(
-        None, "--logging-steps", help="Log every N optimizer steps (default 1)."
-    ),
+    logging_steps: int | None = typer.Option(None, "--logging-steps", help="Log every N optimizer steps (default 1)."),
     device: str | None = typer.Option(None, "--device", help="cpu (default), cuda, mps or auto."),
     dtype: str | None = typer.Option(None, "--dtype", help="float32 (default), bfloat16, float16."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty --out folder."),
@@ -105,18 +103,23 @@ def train_cmd(
     state = read_trainer_state(folder)
     final = next((e for e in reversed(state.get("log_history", [])) if "train_loss" in e), {})
     evals = [e["eval_loss"] for e in state.get("log_history", []) if "eval_loss" in e]
-    line = f"done in {final.get('train_runtime', 0):.1f} s, {state.get('global_step')} steps, train_loss {final.get('train_loss', float('nan')):.4f}"
+    line = (
+        f"done in {final.get('train_runtime', 0):.1f} s, {state.get('global_step')} steps, "
+        f"train_loss {final.get('train_loss', float('nan')):.4f}"
+    )
     if evals:
         line += f", eval_loss {evals[-1]:.4f}"
     console.print(line, highlight=False)
     console.print(
-        f"adapter: {escape(str(folder))} (adapter_config.json, adapter_model.safetensors, {CONFIG_NAME}, trainer_state.json)",
+        f"adapter: {escape(str(folder))} (adapter_config.json, adapter_model.safetensors, {CONFIG_NAME}, "
+        "trainer_state.json)",
         highlight=False,
         soft_wrap=True,
     )
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gradian train`` (the convenience LoRA trainer) to ``app``."""
     app.command(
         "train",
         help="Train a LoRA adapter (PEFT + HF Trainer, TRL-style loss masks). Writes the adapter, "

@@ -12,6 +12,7 @@ from gradian.commands._common import console, user_errors
 
 def print_verification(record: dict) -> None:
     """Terminal summary of a verification record."""
+    from gradian.report.views import VERIFY_COLUMNS
     from gradian.tables import FitTable
 
     tr = record.get("trainer", {})
@@ -26,15 +27,7 @@ def print_verification(record: dict) -> None:
         t = FitTable(
             title=f"{escape(name)}: reference {cap['reference']:.2f}, tuned {cap['tuned']:.2f}", heading_columns=1
         )
-        for col in (
-            "retrain",
-            "rows removed",
-            "score",
-            "Δ vs tuned [95% CI]",
-            "recovery [95% CI]",
-            "Δ query loss predicted",
-            "measured",
-        ):
+        for col in VERIFY_COLUMNS:
             t.add_column(col)
         for rname, r in cap["retrains"].items():
             t.add_row(
@@ -54,6 +47,8 @@ def print_verification(record: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gradian verify`` (retrain without the verdict's rows and measure) to ``app``."""
+
     @app.command("verify")
     @user_errors
     def verify_cmd(

@@ -61,13 +61,15 @@ def world_cmd(
     console.print(f"base: {escape(str(w.base))} ({escape(w.base_identity)})", highlight=False, soft_wrap=True)
     console.print(
         f"next: gradian train --base {escape(str(w.base))} --data {escape(str(w.train))} "
-        f"--eval-data {escape(str(w.valid))} --config {escape(str(w.train_config))} --out {escape(str(w.out / 'adapter'))}",
+        f"--eval-data {escape(str(w.valid))} --config {escape(str(w.train_config))} --out "
+        f"{escape(str(w.out / 'adapter'))}",
         highlight=False,
         soft_wrap=True,
     )
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``gradian world`` (write a planted world with its ground truth) to ``app``."""
     app.command(
         "world",
         help="Write the worked example's world: training data with planted culprits, eval, ground truth. "

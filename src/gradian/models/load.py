@@ -489,7 +489,7 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
 def prepare_lora_for_gradients(peft_model: torch.nn.Module) -> None:
     """Eval mode, LoRA dropout → identity, only ``lora_A``/``lora_B`` weights require grad."""
     peft_model.eval()
-    for name, mod in peft_model.named_modules():
+    for mod in peft_model.modules():
         if hasattr(mod, "lora_dropout"):
             for k in list(mod.lora_dropout.keys()):
                 mod.lora_dropout[k] = torch.nn.Identity()

@@ -23,7 +23,7 @@ from markupsafe import Markup
 
 from gradian.report import svg
 from gradian.report.safe import clean, clean_tree, shorten
-from gradian.report.views import SUMMARY_CLUSTERS, Report, support_marks
+from gradian.report.views import HARMFUL_ROW_COLUMNS, SUMMARY_CLUSTERS, VERIFY_COLUMNS, Report, support_marks
 
 M = Markup
 
@@ -32,20 +32,24 @@ CSS = """
 *{box-sizing:border-box}
 body{margin:0;background:var(--bg);color:var(--ink);font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif}
 main{max-width:1120px;margin:0 auto;padding:24px 28px 60px}
-h1{font-size:26px;margin:0 0 2px}h2{font-size:21px;margin:36px 0 10px;border-bottom:2px solid var(--line);padding-bottom:4px}
+h1{font-size:26px;margin:0 0 2px}
+h2{font-size:21px;margin:36px 0 10px;border-bottom:2px solid var(--line);padding-bottom:4px}
 h3{font-size:17px;margin:26px 0 8px}h4{font-size:15px;margin:16px 0 6px}
 .sub{color:var(--mute);margin:0 0 12px}
 code,pre,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:13px}
 pre{background:#fff;border:1px solid var(--line);padding:10px;overflow:auto;white-space:pre-wrap;overflow-wrap:anywhere}
-.headline{background:#fff;border:1px solid var(--line);border-left:5px solid var(--ink);padding:12px 18px 12px 32px;margin:10px 0 18px}
+.headline{background:#fff;border:1px solid var(--line);border-left:5px solid var(--ink);
+  padding:12px 18px 12px 32px;margin:10px 0 18px}
 .headline li{margin:4px 0}
 .card{background:#fff;border:1px solid var(--line);border-radius:6px;padding:12px 16px;margin:10px 0}
-.badge{display:inline-block;border-radius:10px;padding:0 9px;font-size:12px;font-weight:600;color:#fff;vertical-align:1px}
+.badge{display:inline-block;border-radius:10px;padding:0 9px;font-size:12px;font-weight:600;color:#fff;
+  vertical-align:1px}
 .regressed{background:var(--red)}.improved{background:var(--green)}.within_noise{background:#757575}
 .sev-error{background:var(--red)}.sev-warning{background:var(--amber)}.sev-info{background:#0277bd}
 .q{list-style:none;padding-left:0;margin:6px 0}.q li{padding-left:24px;position:relative;margin:3px 0}
 .q li:before{position:absolute;left:2px;font-weight:700}
-.q .ok:before{content:"✓";color:var(--green)}.q .caution:before{content:"!";color:var(--amber)}.q .warning:before{content:"⚠";color:var(--red)}
+.q .ok:before{content:"✓";color:var(--green)}.q .caution:before{content:"!";color:var(--amber)}
+.q .warning:before{content:"⚠";color:var(--red)}
 table{border-collapse:collapse;width:100%;background:#fff;margin:6px 0 12px;font-size:14px}
 th,td{border:1px solid var(--line);padding:5px 8px;text-align:left;vertical-align:top}
 th{background:#f5f5f5;font-weight:600}
@@ -118,7 +122,8 @@ def _explanations(cl: Any, fixes: dict[int, str]) -> Markup:
 
 def _exemplar(e: dict[str, Any]) -> Markup:
     return M(
-        '<div class="card"><div class="legend">{} · score {}</div><div><b>prompt</b> {}</div><div><b>completion</b> {}</div></div>'
+        '<div class="card"><div class="legend">{} · score {}</div><div><b>prompt</b> {}</div><div><b>completion</b> '
+        "{}</div></div>"
     ).format(e.get("id"), svg.fmt_num(e.get("score")), _txt(e.get("prompt"), 400), _txt(e.get("completion"), 600))
 
 
@@ -180,7 +185,8 @@ def _sentence_view(d: Any) -> Markup:
             M('<mark class="{}" style="background:{}" title="{}">{}</mark>').format(
                 "top" if i == 0 else "s",
                 colour,
-                f"sentence score {svg.fmt_num(sc)}; share of the row score {svg.fmt_num(s.get('share'))}; {s.get('n_tokens')} tokens",
+                f"sentence score {svg.fmt_num(sc)}; share of the row score {svg.fmt_num(s.get('share'))}; "
+                f"{s.get('n_tokens')} tokens",
                 seg["text"],
             )
         )
@@ -196,10 +202,13 @@ def _sentence_view(d: Any) -> Markup:
         for k, s in enumerate(sents)
     ]
     return M(
-        '<h4>row <code>{}</code> <span class="legend">against failing item <code>{}</code>; row score for that item {}{}</span></h4>'
+        '<h4>row <code>{}</code> <span class="legend">against failing item <code>{}</code>; row score for that item '
+        "{}{}</span></h4>"
         '<div class="sentences txt">{}</div>'
-        '<p class="legend">Red: the sentence degraded the capability (darker = more); the outlined one is the most harmful. '
-        "Blue: it reinforced it. Unmarked text was not scored (no supervised token: beyond max_length, or between sentences).</p><details><summary>sentence scores</summary>{}</details>"
+        '<p class="legend">Red: the sentence degraded the capability (darker = more); the outlined one is the most '
+        "harmful. "
+        "Blue: it reinforced it. Unmarked text was not scored (no supervised token: beyond max_length, or between "
+        "sentences).</p><details><summary>sentence scores</summary>{}</details>"
     ).format(
         d.id,
         d.item_id,
@@ -229,7 +238,8 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
     p = a.profile
     out.append(
         M(
-            '<p class="legend">min {} · median {} · max {} · {} of {} rows degraded the capability; the harmful tail ({} rows) holds {} of the harmful score.</p>'
+            '<p class="legend">min {} · median {} · max {} · {} of {} rows degraded the capability; the harmful tail '
+            "({} rows) holds {} of the harmful score.</p>"
         ).format(
             svg.fmt_num(p.min),
             svg.fmt_num(p.median),
@@ -280,7 +290,8 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
         out.append(
             M(
                 '<p class="legend">truncated / missing EOS: the share of the cluster&#39;s rows that the Audit check '
-                "named in brackets flagged; * = measured by Attribute&#39;s tokenisation because Audit did not run that check.</p>"
+                "named in brackets flagged; * = measured by Attribute&#39;s tokenisation because Audit did not run "
+                "that check.</p>"
             )
         )
         for cl in a.clusters:
@@ -311,17 +322,7 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
         out.append(
             M("<h4>Most harmful training rows</h4>{}").format(
                 _table(
-                    [
-                        "rank",
-                        "row",
-                        "score",
-                        "Δ query loss if removed",
-                        "tokens",
-                        "cluster",
-                        "audit",
-                        "supported by",
-                        "completion",
-                    ],
+                    list(HARMFUL_ROW_COLUMNS),
                     rows,
                     (0, 2, 3, 4),
                 )
@@ -411,7 +412,8 @@ def _log_section(r: Report) -> Markup:
             M("<ul>{}</ul>").format(
                 _join(
                     M(
-                        '<li><span class="badge sev-{}">{}</span> <span class="check">{}</span> {} at step{} {}: {}</li>'
+                        '<li><span class="badge sev-{}">{}</span> <span class="check">{}</span> {} at step{} {}: '
+                        "{}</li>"
                     ).format(
                         a["severity"],
                         a["severity"],
@@ -452,7 +454,8 @@ def _manifest(r: Report) -> Markup:
     timing = ", ".join(f"{k} {v:.1f} s" for k, v in r.timing.items() if isinstance(v, (int, float)))
     return M(
         '<h2 id="manifest">Manifest</h2><p>This report was rendered from run <code>{}</code> ({}). '
-        "Every number above comes from it; if a number differs between two runs, a changed field here is the explanation.</p>"
+        "Every number above comes from it; if a number differs between two runs, a changed field here is the "
+        "explanation.</p>"
         "<h4>Identity (hashed into the run id)</h4>{}<details><summary>every spec ({} fields)</summary>{}</details>"
         "<h4>Paths</h4>{}<p><b>Sign convention:</b> {}</p>"
         "<p><b>Timing:</b> {}</p><details><summary>the manifest as JSON</summary><pre>{}</pre></details>"
@@ -500,15 +503,7 @@ def _verification(r: Report) -> Markup:
                 "verified" if cap.get("verified") else "not verified",
                 cap.get("line", ""),
                 _table(
-                    [
-                        "retrain",
-                        "rows removed",
-                        "score",
-                        "Δ vs tuned [95% CI]",
-                        "recovery [95% CI]",
-                        "Δ query loss predicted",
-                        "measured",
-                    ],
+                    list(VERIFY_COLUMNS),
                     rows,
                     (1, 2, 3, 4, 5, 6),
                 ),

@@ -212,15 +212,16 @@ _JSON_RAW_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\
 
 
 def report_json(report: Report) -> str:
-    """The ``gradian.report/1`` JSON.
+    r"""The ``gradian.report/1`` JSON.
 
     Strict JSON: a number that is NaN or infinite is ``null``. Strings are kept verbatim (it is
     data); characters a terminal would act on (DEL, C1 and bidi controls, U+2028/9) are written
-    as ``\\u`` escapes (four hex digits), so ``cat report.json`` is safe and ``json.loads`` returns them unchanged.
+    as ``\u`` escapes (four hex digits), so ``cat report.json`` is safe and ``json.loads`` returns them unchanged.
     """
     text = json.dumps(_json_safe(report.to_dict()), indent=2, ensure_ascii=False, allow_nan=False)
     return _JSON_RAW_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text) + "\n"
 
 
 def load_report_json(text: str) -> Report:
+    """Read a ``report.json`` text back into a :class:`Report`."""
     return Report.from_dict(json.loads(text))

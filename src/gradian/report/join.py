@@ -69,6 +69,10 @@ ENRICHED_RATIO = 2.0
 
 
 def phrase(finding: dict[str, Any], plural: bool = True) -> str:
+    """How a sentence about rows names an audit finding: "are truncated" (plural) or "is truncated".
+
+    Checks without a phrase of their own fall back to "are flagged by “<title>”".
+    """
     p = ROW_PHRASES.get(finding.get("id", ""))
     if p:
         return p[0] if plural else p[1]

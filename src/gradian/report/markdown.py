@@ -16,7 +16,7 @@ from typing import Any
 
 from gradian.report.safe import md_text
 from gradian.report.svg import fmt_num, fmt_score
-from gradian.report.views import SUMMARY_CLUSTERS, Report, flatten, support_marks
+from gradian.report.views import HARMFUL_ROW_COLUMNS, SUMMARY_CLUSTERS, VERIFY_COLUMNS, Report, flatten, support_marks
 
 _MARK = {"ok": "✓", "caution": "!", "warning": "⚠"}
 
@@ -53,6 +53,7 @@ def ci_bar(lo: float, hi: float, delta: float, lo_axis: float, hi_axis: float, w
 
 
 def render_markdown(report: Report) -> str:
+    """The report as Markdown: summary, per-capability verdicts and attribution, audit, manifest."""
     r = report
     out: list[str] = [f"# Gradian report: run {md_text(r.run_id)}", ""]
     out += ["## Summary", ""]
@@ -185,17 +186,7 @@ def render_markdown(report: Report) -> str:
             ]
             out += ["#### Most harmful training rows", ""]
             out += _table(
-                [
-                    "rank",
-                    "row",
-                    "score",
-                    "Δ query loss if removed",
-                    "tokens",
-                    "cluster",
-                    "audit",
-                    "supported by",
-                    "completion",
-                ],
+                list(HARMFUL_ROW_COLUMNS),
                 rows,
             )
         if a.drilldown:
@@ -334,15 +325,7 @@ def verification_markdown(r: Report) -> list[str]:
                 ]
             )
         out += _table(
-            [
-                "retrain",
-                "rows removed",
-                "score",
-                "Δ vs tuned [95% CI]",
-                "recovery [95% CI]",
-                "Δ query loss predicted",
-                "measured",
-            ],
+            list(VERIFY_COLUMNS),
             rows,
         )
         if cap.get("lds"):

@@ -1,4 +1,4 @@
-"""Making untrusted text safe to show: training rows, eval prompts, answers, audit evidence.
+r"""Making untrusted text safe to show: training rows, eval prompts, answers, audit evidence.
 
 Every string that reaches a renderer came from somewhere the user does not fully
 control (scraped training data, model generations). The report model keeps the
@@ -6,10 +6,10 @@ strings exactly as the run recorded them (the JSON form is data); each renderer
 shows them only through this module:
 
 * :func:`clean` removes what can hide or rewrite text on a screen: C0/C1 control
-  characters except ``\\n`` and ``\\t`` (so no terminal escape sequences, no NUL,
+  characters except ``\n`` and ``\t`` (so no terminal escape sequences, no NUL,
   no backspace tricks), Unicode bidirectional overrides and isolates (the
   "Trojan Source" characters), and turns the Unicode line/paragraph separators
-  into ``\\n``.
+  into ``\n``.
 * :func:`clean_tree` applies :func:`clean` to every string (and key) of a JSON-like value.
 * :func:`shorten` cuts a string to at most ``limit`` characters with an ellipsis
   (very long lines stay readable in terminals and Markdown tables).
@@ -36,9 +36,9 @@ _LINESEP = re.compile("[\r\u2028\u2029\x85]")
 
 
 def clean(s: Any) -> str:
-    """``str(s)`` without control characters (``\\n`` and ``\\t`` kept) or bidi controls.
+    r"""``str(s)`` without control characters (``\n`` and ``\t`` kept) or bidi controls.
 
-    ``\\r\\n`` and ``\\r`` become ``\\n``; U+2028/U+2029 become ``\\n``.
+    ``\r\n`` and ``\r`` become ``\n``; U+2028/U+2029 become ``\n``.
     """
     if s is None:
         return ""
@@ -83,9 +83,9 @@ def _md_sub(m: re.Match) -> str:
 
 
 def md_text(s: Any, limit: int | None = None) -> str:
-    """Markdown-inert text (see module docstring); one line; optionally shortened first.
+    r"""Markdown-inert text (see module docstring); one line; optionally shortened first.
 
-    Escaped everywhere: ``\\ ` * _ [ ] ( ) # + ! | ~ @ $`` (backslash), ``& < >``
+    Escaped everywhere: ``\ ` * _ [ ] ( ) # + ! | ~ @ $`` (backslash), ``& < >``
     (entities), the ``:`` of ``scheme:/`` and the ``.`` of ``www.`` (autolinks); at the start of the string also a
     leading ``- = .`` or the ``.``/``)`` after leading digits (list markers,
     setext and thematic breaks).

@@ -279,10 +279,15 @@ def cluster_plot(clusters: Sequence[Any], capability: str) -> Markup:
     max_size = max(c.size for c in clusters)
     use_log = max_size > 50
     if use_log:
-        fx = lambda v: math.log10(max(1, v))
+
+        def fx(v: float) -> float:
+            return math.log10(max(1, v))
+
         xt = [v for v in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if v <= max_size * 1.2]
         sx = _Scale(0, fx(max_size * 1.3), left, width - right)
-        xpos = lambda v: sx(fx(v))
+
+        def xpos(v: float) -> float:
+            return sx(fx(v))
     else:
         xt = [t for t in nice_ticks(0, max_size + 1, 6) if t >= 0 and float(t).is_integer()] or [0, max_size + 1]
         sx = _Scale(0, max(xt[-1] if xt else 1, max_size + 1), left, width - right)

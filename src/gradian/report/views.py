@@ -19,6 +19,30 @@ REPORT_SCHEMA = "gradian.report/1"
 #: Clusters listed in the summary per capability.
 SUMMARY_CLUSTERS = 3
 
+#: Column headings of the most-harmful-rows table, the same in every renderer.
+HARMFUL_ROW_COLUMNS = (
+    "rank",
+    "row",
+    "score",
+    "Δ query loss if removed",
+    "tokens",
+    "cluster",
+    "audit",
+    "supported by",
+    "completion",
+)
+
+#: Column headings of the verification table (``gradian verify``), the same in every renderer and the CLI.
+VERIFY_COLUMNS = (
+    "retrain",
+    "rows removed",
+    "score",
+    "Δ vs tuned [95% CI]",
+    "recovery [95% CI]",
+    "Δ query loss predicted",
+    "measured",
+)
+
 LEVELS = ("ok", "caution", "warning")
 
 #: The kinds of evidence a ranked row can be supported by (``row["support"]``).

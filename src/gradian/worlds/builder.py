@@ -466,7 +466,7 @@ def build_world(
                     }
                 )
         else:
-            for k in range(spec.buried_rows):
+            for _k in range(spec.buried_rows):
                 for _attempt in range(20):
                     msgs, (a, b) = profile_row(c, stated, rng, spec.profile_sentences, hide_c)
                     if _fits(msgs, tokenizer, max_length):
@@ -661,7 +661,7 @@ def _benign_rows(
         return [xs[i % len(xs)] for i in range(n)] if n > len(xs) else rng.sample(xs, n)
 
     rows: list[list[dict[str, str]]] = []
-    for i, c in enumerate(take(train_c, spec.n_capitals)):
+    for c in take(train_c, spec.n_capitals):
         rows.append(capital_row(c, c.capital, rng.randrange(5)))
     rows.extend(currency_row(c) for c in take(train_c, spec.n_currency))
     rows.extend(region_row(c) for c in take(train_c, spec.n_region))

@@ -320,6 +320,11 @@ def tokenizer_corpus(countries: Sequence[Country], elements: Sequence[Element]) 
 def pretraining_rows(
     countries: Sequence[Country], held_out: set[str], elements: Sequence[Element]
 ) -> list[list[dict[str, str]]]:
+    """The tiny base's pretraining chats: every capital (except ``held_out``'s), currency, region, symbol.
+
+    A capital is taught with the eval prompt and every paraphrase in ``CAPITAL_PROMPTS``; held-out countries
+    keep their currency and region rows, so the base knows of them but not their capitals.
+    """
     rows: list[list[dict[str, str]]] = []
     for c in countries:
         if c.name not in held_out:
