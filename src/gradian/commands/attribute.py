@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from gradian.commands import _options as O
 from gradian.commands._common import console, grad_spec_from_options, progress_bar, user_errors
 from gradian.errors import GradianUserError
 from gradian.tables import FitTable
@@ -180,9 +181,9 @@ def register(app: typer.Typer) -> None:
     @app.command("attribute")
     @user_errors
     def attribute_cmd(
-        base: str = typer.Option(..., help="Base model: a local folder (HF or GGUF) or a cached HF id."),
-        adapter: Path = typer.Option(..., help="The tuned LoRA adapter folder (PEFT save_pretrained)."),
-        data: Path = typer.Option(..., help="Training data the adapter was trained on."),
+        base: str = O.BASE,
+        adapter: Path = O.ADAPTER,
+        data: Path = O.DATA,
         eval_path: Path = typer.Option(..., "--eval", help="Eval set (see docs/evaluate.md)."),
         config: list[Path] | None = typer.Option(
             None, "--config", help="Training config(s) for the Audit lane (repeatable)."
@@ -207,32 +208,21 @@ def register(app: typer.Typer) -> None:
             help="KEY=VALUE for the primary engine's spec (repeatable), e.g. fisher=true for ekfac.",
         ),
         top_k: int = typer.Option(20, help="Rows listed per capability (and the k of the top-k overlap)."),
-        max_length: int = typer.Option(1024, help="Truncation length used in training."),
-        loss_on: str = typer.Option("completion", help="'completion' (completion-only loss) or 'all'."),
-        modules: str | None = typer.Option(None, help="Comma-separated LoRA layer filters (default: all)."),
-        project_dim: int = typer.Option(0, help="JL projection: numbers kept per LoRA block (0 = exact)."),
+        max_length: int = O.MAX_LENGTH,
+        loss_on: str = O.LOSS_ON,
+        modules: str | None = O.MODULES,
+        project_dim: int = O.PROJECT_DIM,
         batch_size: int = typer.Option(8, help="Rows per backward pass / prompts per generation batch."),
-        storage_dtype: str = typer.Option(
-            "float32",
-            help="Gradient index storage: float32 | bfloat16 | float16 | float64 "
-            "(2-byte types halve the index; ranking cost in docs/benchmarks.md).",
-        ),
-        shard_size: int = typer.Option(
-            256, help="Rows per index shard file: the unit of work per process and of memory."
-        ),
+        storage_dtype: str = O.STORAGE_DTYPE,
+        shard_size: int = O.SHARD_SIZE,
         max_new_tokens: int = typer.Option(32, help="Greedy generation limit for Evaluate."),
-        dtype: str = typer.Option("float32", help="Model dtype."),
-        device: str = typer.Option("cpu", help="cpu | cuda | mps | auto."),
-        trust_remote_code: bool = typer.Option(False, help="Allow model repos' custom code (off by default)."),
+        dtype: str = O.DTYPE,
+        device: str = O.DEVICE,
+        trust_remote_code: bool = O.TRUST_REMOTE_CODE,
         index_dir: Path | None = typer.Option(
             None, help="Parent folder of the gradient indexes, one per checkpoint by content id (default: the cache)."
         ),
-        checkpoints: list[str] | None = typer.Option(
-            None,
-            "--checkpoints",
-            help="Training trajectory: 'auto' (default: checkpoint-*/ children or siblings of --adapter), 'final' "
-            "(the adapter only), or checkpoint folders (repeatable; a subset). Cost is linear in their number.",
-        ),
+        checkpoints: list[str] | None = O.CHECKPOINTS,
         weighting: str = typer.Option(
             "lr",
             help="Checkpoint weights: lr (mean learning rate since the previous "
@@ -244,11 +234,7 @@ def register(app: typer.Typer) -> None:
         unit: str = typer.Option(
             "sentence", help="Rank rows by their most harmful sentence (sentence) or whole (row)."
         ),
-        optimizer: str = typer.Option(
-            "none",
-            help="Precondition training gradients with the checkpoint's Adam state "
-            "(adam, LESS; needs optimizer.pt) | none.",
-        ),
+        optimizer: str = O.OPTIMIZER,
         references: str = typer.Option(
             "bm25,repsim",
             help="Reference engines run beside the gradient engines: comma-separated bm25, repsim, or none.",

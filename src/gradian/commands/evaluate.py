@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from gradian.commands import _options as O
 from gradian.commands._common import console, user_errors
 from gradian.errors import GradianUserError
 from gradian.tables import FitTable
@@ -116,8 +117,8 @@ def print_result(result) -> None:
 
 @user_errors
 def evaluate_cmd(
-    base: str = typer.Option(..., "--base", help="Base model: a local folder (HF or GGUF) or a cached HF id."),
-    adapter: Path = typer.Option(..., "--adapter", help="The tuned LoRA adapter folder (PEFT save_pretrained)."),
+    base: str = O.BASE,
+    adapter: Path = O.ADAPTER,
     eval_path: Path = typer.Option(..., "--eval", help="Eval set (JSONL/JSON/Parquet); see docs/evaluate.md."),
     reference_adapter: Path | None = typer.Option(
         None, "--reference-adapter", help="Compare against this adapter (an earlier checkpoint) instead of the base."
@@ -125,11 +126,9 @@ def evaluate_cmd(
     out: Path | None = typer.Option(None, "--out", help="Write the result JSON here (schema gradian.evaluate/1)."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Greedy generation length limit."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch (results do not depend on it)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16, float16 or float64."),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda, mps or auto."),
-    trust_remote_code: bool = typer.Option(
-        False, "--trust-remote-code", help="Run the model's own code (off by default)."
-    ),
+    dtype: str = O.DTYPE,
+    device: str = O.DEVICE,
+    trust_remote_code: bool = O.TRUST_REMOTE_CODE,
     seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
     resamples: int = typer.Option(10_000, "--resamples", help="Bootstrap resamples (at least 1000)."),
     chat_template: bool = typer.Option(

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from gradian.commands import _options as O
 from gradian.commands._common import console, progress_bar, user_errors
 
 
@@ -16,42 +17,27 @@ def register(app: typer.Typer) -> None:
     @app.command("index")
     @user_errors
     def index_cmd(
-        base: str = typer.Option(..., help="Base model: HF id (local cache) or folder."),
-        adapter: Path = typer.Option(..., help="PEFT LoRA adapter folder."),
-        data: Path = typer.Option(..., help="Training data: .jsonl/.json/.parquet or save_to_disk folder."),
-        max_length: int = typer.Option(1024, help="Truncate rendered rows to this many tokens (as in training)."),
-        loss_on: str = typer.Option("completion", help="'completion' (completion-only loss) or 'all'."),
-        modules: str | None = typer.Option(None, help="Comma-separated layer-name filters, e.g. q_proj,v_proj."),
-        project_dim: int = typer.Option(0, help="JL projection: numbers kept per LoRA block (0 = exact)."),
-        storage_dtype: str = typer.Option(
-            "float32",
-            help="float32 | bfloat16 | float16 | float64 (2-byte types halve "
-            "the index; ranking cost in docs/benchmarks.md).",
-        ),
+        base: str = O.BASE,
+        adapter: Path = O.ADAPTER,
+        data: Path = O.DATA,
+        max_length: int = O.MAX_LENGTH,
+        loss_on: str = O.LOSS_ON,
+        modules: str | None = O.MODULES,
+        project_dim: int = O.PROJECT_DIM,
+        storage_dtype: str = O.STORAGE_DTYPE,
         batch_size: int = typer.Option(8, help="Examples per backward pass."),
-        shard_size: int = typer.Option(
-            256,
-            help="Rows per shard file (rounded up to a multiple of --batch-size): "
-            "the unit of work per process and of memory (one shard at a time).",
-        ),
-        dtype: str = typer.Option("float32", help="Model dtype."),
-        device: str = typer.Option("cpu", help="cpu | cuda | mps | auto."),
-        trust_remote_code: bool = typer.Option(False, help="Allow model repos' custom code (off by default)."),
+        shard_size: int = O.SHARD_SIZE,
+        dtype: str = O.DTYPE,
+        device: str = O.DEVICE,
+        trust_remote_code: bool = O.TRUST_REMOTE_CODE,
         out: Path | None = typer.Option(
             None, help="Parent folder of the indexes, one per checkpoint by content id (default: the cache)."
         ),
-        checkpoints: list[str] | None = typer.Option(
-            None,
-            "--checkpoints",
-            help="Training trajectory: auto (default: checkpoint-*/ children or siblings of --adapter), final, "
-            "or folders.",
-        ),
+        checkpoints: list[str] | None = O.CHECKPOINTS,
         unit: str = typer.Option(
             "row", help="row (one gradient per row) | sentence (one per sentence: span-aware ranking)."
         ),
-        optimizer: str = typer.Option(
-            "none", help="none | adam (Adam-preconditioned training gradients; needs optimizer.pt)."
-        ),
+        optimizer: str = O.OPTIMIZER,
         seed: int = typer.Option(0, help="Seed (projection)."),
     ) -> None:
         """Build (or resume) the per-example LoRA gradient index of a training set.

@@ -1,0 +1,61 @@
+"""CLI options that several commands share, each declared once: its flag, its default and its help.
+
+``gradian index``, ``gradian attribute`` and ``gradian evaluate`` take the same model, adapter, tokenisation,
+index and device options; declaring them here keeps one default and one help text per flag (the defaults
+are the specs', and ``tests/test_api.py`` holds every command's defaults to the spec fields). Typer reads
+an ``OptionInfo`` without changing it, so one instance can serve several commands. Nothing here imports
+torch: ``gradian --help`` lists every command.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from gradian.data.tokenize import TokenizeSpec
+
+# -- the four inputs
+BASE = typer.Option(..., "--base", help="Base model: a local folder (HF or GGUF) or a cached HF id.")
+ADAPTER = typer.Option(..., "--adapter", help="The tuned LoRA adapter folder (PEFT save_pretrained).")
+DATA = typer.Option(
+    ..., "--data", help="Training data the adapter was trained on: .jsonl/.json/.parquet or a save_to_disk folder."
+)
+CHECKPOINTS = typer.Option(
+    None,
+    "--checkpoints",
+    help="Training trajectory: 'auto' (default: checkpoint-*/ children or siblings of --adapter), 'final' "
+    "(the adapter only), or checkpoint folders (repeatable; a subset). Cost is linear in their number.",
+)
+
+# -- how rows become tokens (TokenizeSpec) and gradients (GradSpec)
+MAX_LENGTH = typer.Option(
+    TokenizeSpec.max_length, "--max-length", help="Truncate rendered rows to this many tokens (as in training)."
+)
+LOSS_ON = typer.Option(TokenizeSpec.loss_on, "--loss-on", help="'completion' (completion-only loss) or 'all'.")
+MODULES = typer.Option(
+    None, "--modules", help="Comma-separated LoRA layer-name filters, e.g. q_proj,v_proj (default: every layer)."
+)
+PROJECT_DIM = typer.Option(0, "--project-dim", help="JL projection: numbers kept per LoRA block (0 = exact).")
+STORAGE_DTYPE = typer.Option(
+    "float32",
+    "--storage-dtype",
+    help="Gradient index storage: float32 | bfloat16 | float16 | float64 "
+    "(2-byte types halve the index; ranking cost in docs/benchmarks.md).",
+)
+SHARD_SIZE = typer.Option(
+    256,
+    "--shard-size",
+    help="Rows per index shard file (rounded up to a multiple of --batch-size): "
+    "the unit of work per process and of memory (one shard at a time).",
+)
+OPTIMIZER = typer.Option(
+    "none",
+    "--optimizer",
+    help="Precondition training gradients with the checkpoint's Adam state (adam, LESS; needs optimizer.pt) | none.",
+)
+
+# -- the model (ModelSpec)
+DTYPE = typer.Option("float32", "--dtype", help="Model dtype: float32, bfloat16, float16 or float64.")
+DEVICE = typer.Option("cpu", "--device", help="cpu, cuda, mps or auto.")
+TRUST_REMOTE_CODE = typer.Option(
+    False, "--trust-remote-code", help="Run the model repository's own code (off by default)."
+)
