@@ -69,7 +69,8 @@ def worker_score(out_dir: Path, root: Path) -> None:
 
     from gradian import distributed
     from gradian.attribute.evidence import row_norms
-    from gradian.engines import EngineSpec, make_engine, score_index
+    from gradian.engines import score_index
+    from gradian.engines.registry import engine_spec, fit_engine
     from gradian.index.store import GradientIndex
 
     distributed.init_from_env("cpu")
@@ -79,8 +80,7 @@ def worker_score(out_dir: Path, root: Path) -> None:
     Q = {b["name"]: torch.randn(8, int(b["dim"]), generator=g, dtype=torch.float64) for b in idx.blocks}
     R = []
     for name in ("datainf", "graddot"):
-        eng = make_engine(EngineSpec(name))
-        eng.fit(idx)
+        eng = fit_engine(engine_spec(name), idx)
         R.append(eng.precondition(idx, Q))
     scores = score_index(idx, R)
     norms = row_norms(idx)
