@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -325,12 +326,34 @@ class AuditContext:
         return [T._WORD.findall(p + " " + c) for p, c in zip(self.eval_norm_prompt, self.eval_norm_completion)]
 
     @cached_property
+    def row_word_flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """The word hashes of every training row end to end, ``(hashes (W,) uint64, offsets (n+1,) int64)``: row i's
+        words (:attr:`row_words`) are ``hashes[offsets[i]:offsets[i+1]]``.
+        """
+        pw, cw = self.prompt_words, self.completion_words
+        flat = list(chain.from_iterable(chain.from_iterable(zip(pw, cw))))
+        offsets = np.zeros(len(pw) + 1, dtype=np.int64)
+        np.cumsum([len(p) + len(c) for p, c in zip(pw, cw)], out=offsets[1:])
+        return T.word_hashes(flat), offsets
+
+    @cached_property
     def row_word_hashes(self) -> list[np.ndarray]:
-        return [T.word_hashes(ws) for ws in self.row_words]
+        """Per training row, its words' hashes (views into :attr:`row_word_flat`)."""
+        flat, off = self.row_word_flat
+        return np.split(flat, off[1:-1]) if len(off) > 1 else []
+
+    @cached_property
+    def eval_row_word_flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """:attr:`row_word_flat` for the eval rows (:attr:`eval_row_words`)."""
+        ws = self.eval_row_words
+        offsets = np.zeros(len(ws) + 1, dtype=np.int64)
+        np.cumsum([len(w) for w in ws], out=offsets[1:])
+        return T.word_hashes(list(chain.from_iterable(ws))), offsets
 
     @cached_property
     def eval_row_word_hashes(self) -> list[np.ndarray]:
-        return [T.word_hashes(ws) for ws in self.eval_row_words]
+        flat, off = self.eval_row_word_flat
+        return np.split(flat, off[1:-1]) if len(off) > 1 else []
 
     @cached_property
     def row_segment_lengths(self) -> list[list[int]]:

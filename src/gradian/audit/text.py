@@ -44,9 +44,15 @@ def _word_hash(w: str) -> int:
 
 
 def word_hashes(ws: Sequence[str]) -> np.ndarray:
-    """(len(ws),) uint64 crc32 of each word."""
-    get = _WH.get  # a cached hash of 0 is recomputed (as 0): same result, one lookup per word
-    return np.array([get(w) or _word_hash(w) for w in ws], dtype=np.uint64)
+    """(len(ws),) uint64 crc32 of each word.
+
+    Each distinct word is hashed once; the words are then mapped through that table at C speed.
+    """
+    table = dict.fromkeys(ws)
+    get = _WH.get  # a cached hash of 0 is recomputed (as 0): same result
+    for w in table:
+        table[w] = get(w) or _word_hash(w)
+    return np.fromiter(map(table.__getitem__, ws), dtype=np.uint64, count=len(ws))
 
 
 def ngram_hashes(ws: Sequence[str] | np.ndarray, n: int) -> np.ndarray:
@@ -114,18 +120,56 @@ def segments(s: str) -> list[str]:
     return [x for x in _split_segments(s) if x and x.strip()]
 
 
-def span_hashes(h: np.ndarray | list[int], lengths: Sequence[int]) -> list[tuple[int, int, int]]:
-    """``(start, end, hash)`` of consecutive spans of a row's word hashes (one per segment, empty ones skipped);
-    equal word sequences hash equal (a tuple of ints hashes the same in every process).
-    """
-    hl = h.tolist() if isinstance(h, np.ndarray) else list(h)
-    out = []
-    pos = 0
-    for n in lengths:
-        if n:
-            out.append((pos, pos + n, hash(tuple(hl[pos : pos + n])) & 0xFFFFFFFFFFFFFFFF))
-        pos += n
+#: ``P^-1 mod 2^64`` (``_P`` is odd, so invertible): a span's polynomial hash is normalised to start at power 0.
+_P_INV = np.uint64(pow(int(_P), -1, 2**64))
+_LEN_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _powers(base: np.uint64, n: int) -> np.ndarray:
+    """(n,) uint64 ``base^k mod 2^64`` for k = 0..n-1."""
+    out = np.full(n, base, dtype=np.uint64)
+    if n:
+        out[0] = 1
+        with np.errstate(over="ignore"):
+            np.cumprod(out, out=out)
     return out
+
+
+def span_hash_flat(flat: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Hashes of the word spans ``flat[starts[s]:ends[s]]`` (uint64 word hashes), all at once.
+
+    ``hash = (sum_k flat[start + k] * P^k  mod 2^64)  xor  (length * 0x9E3779B97F4A7C15)``: equal word sequences
+    hash equal, in every process; computed from one prefix sum ``Q[i] = sum_{k<i} flat[k] P^k`` as
+    ``(Q[end] - Q[start]) * P^-start`` (mod 2^64).
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    if not len(starts):
+        return np.zeros(0, dtype=np.uint64)
+    T = len(flat)
+    with np.errstate(over="ignore"):
+        q = np.zeros(T + 1, dtype=np.uint64)
+        np.cumsum(flat * _powers(_P, T), out=q[1:])
+        h = (q[ends] - q[starts]) * _powers(_P_INV, T + 1)[starts]
+        return h ^ ((ends - starts).astype(np.uint64) * _LEN_MIX)
+
+
+def span_bounds(lengths: Sequence[int], total: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of consecutive spans of ``lengths`` words (empty ones skipped), clipped to ``total`` words."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lens)
+    starts = ends - lens
+    keep = lens > 0
+    return np.minimum(starts[keep], total), np.minimum(ends[keep], total)
+
+
+def span_hashes(h: np.ndarray | list[int], lengths: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(start, end, hash)`` of consecutive spans of a row's word hashes (one per segment, empty ones skipped,
+    clipped to the row); equal word sequences hash equal (:func:`span_hash_flat`).
+    """
+    flat = np.asarray(h, dtype=np.uint64)
+    a, b = span_bounds(lengths, len(flat))
+    return list(zip(a.tolist(), b.tolist(), span_hash_flat(flat, a, b).tolist()))
 
 
 def segment_word_counts(text: str, expected: int | None = None) -> list[int]:
@@ -135,11 +179,18 @@ def segment_word_counts(text: str, expected: int | None = None) -> list[int]:
     normalised word count ``expected`` (a combining mark that NFC merges, say), each segment is
     normalised and counted instead.
     """
-    parts = _split_segments(text)
+    if "\x01" in text:
+        parts = _split_segments(text)
+        counted = [len(_WORD.findall(x)) for x in parts]
+    else:
+        # Every word becomes one "\x01" (never whitespace nor .!?;:, so the segments split where they did), and a
+        # segment's words are its "\x01"s: no word strings are built.
+        parts = _split_segments(_WORD.sub("\x01", text))
+        counted = [x.count("\x01") for x in parts]
     if len(parts) == 1:
         n = expected if expected is not None else len(words(text))
         return [n] if n else []
-    counts = [c for c in map(len, map(_WORD.findall, parts)) if c]
+    counts = [c for c in counted if c]
     if expected is not None and sum(counts) != expected:
         counts = [len(_WORD.findall(normalise(x))) for x in segments(text)]
     return counts
@@ -163,10 +214,13 @@ class MinHasher:
             return sig
         flat = np.concatenate([shingles[i] for i in nonempty])
         offsets = np.cumsum([0] + [len(shingles[i]) for i in nonempty[:-1]])
+        v = np.empty_like(flat)
+        rows = np.asarray(nonempty, dtype=np.int64)
         with np.errstate(over="ignore"):
             for j in range(self.k):
-                v = flat * self.a[j] + self.b[j]
-                sig[nonempty, j] = np.minimum.reduceat(v, offsets)
+                np.multiply(flat, self.a[j], out=v)
+                np.add(v, self.b[j], out=v)
+                sig[rows, j] = np.minimum.reduceat(v, offsets)
         return sig
 
 
