@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -591,16 +592,48 @@ def row_representatives(ctx: AuditContext) -> np.ndarray:
     return reps
 
 
-def _distinct_counts(keys_per_row: list[np.ndarray], reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys and, for each, the number of distinct row groups holding it (one vectorised pass)."""
-    if not any(len(k) for k in keys_per_row):
-        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
-    allk = np.concatenate([k for k in keys_per_row if len(k)])
-    allr = np.concatenate([np.full(len(k), reps[i], dtype=np.uint64) for i, k in enumerate(keys_per_row) if len(k)])
-    with np.errstate(over="ignore"):  # (key, group) folded into one 64-bit key; collisions are negligible
-        pair = allk * np.uint64(0x9E3779B97F4A7C15) + allr * np.uint64(0xC2B2AE3D27D4EB4F) + (allr << np.uint64(17))
-    _, first = np.unique(pair, return_index=True)
-    return np.unique(allk[first], return_counts=True)
+def _key_table(
+    keys: np.ndarray, rows: np.ndarray, reps: np.ndarray, with_rows: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Sorted unique keys and, for each, the number of distinct row groups holding it (exact, vectorised).
+
+    Args:
+        keys: (N,) uint64 keys (word 3-grams or segment hashes) of all training rows, end to end.
+        rows: (N,) int64 the training row of each key.
+        reps: (n_rows,) int64 each row's group (:func:`row_representatives`).
+        with_rows: also return every key occurrence sorted by (key, row).
+
+    Returns:
+        ``(unique keys (U,), groups per key (U,), keys sorted (N,), rows in (key, row) order (N,))``; the last two
+        are None unless ``with_rows``. A (key run, row) pair is packed in one uint64 (run index << 32 | row), so
+        the per-key work is two plain sorts, not a lexicographic sort.
+    """
+    if not len(keys):
+        e = np.zeros(0, dtype=np.int64)
+        return (
+            np.zeros(0, dtype=np.uint64),
+            e,
+            (np.zeros(0, dtype=np.uint64) if with_rows else None),
+            (e if with_rows else None),
+        )
+    order = np.argsort(keys)
+    ks = keys[order]
+    rs = rows[order]
+    new = np.empty(len(ks), dtype=bool)
+    new[0] = True
+    np.not_equal(ks[1:], ks[:-1], out=new[1:])
+    run = (np.cumsum(new) - 1).astype(np.uint64) << np.uint64(32)
+    pair = run | reps[rs].astype(np.uint64)
+    pair.sort()
+    first = np.empty(len(pair), dtype=bool)
+    first[0] = True
+    np.not_equal(pair[1:], pair[:-1], out=first[1:])
+    df = np.bincount((pair[first] >> np.uint64(32)).astype(np.int64), minlength=int(new.sum()))
+    if not with_rows:
+        return ks[new], df, None, None
+    by_row = run | rs.astype(np.uint64)
+    by_row.sort()
+    return ks[new], df, ks, (by_row & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
 def _lookup(sorted_keys: np.ndarray, counts: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -614,6 +647,29 @@ def _lookup(sorted_keys: np.ndarray, counts: np.ndarray, q: np.ndarray) -> np.nd
 def _grams(hash_rows: list[np.ndarray], n: int) -> list[np.ndarray]:
     """Word n-grams per row; rows shorter than n have none (not one gram of the whole row)."""
     return [g if len(h) >= n else np.zeros(0, dtype=np.uint64) for h, g in zip(hash_rows, T.ngrams_rows(hash_rows, n))]
+
+
+def _grams_flat(flat: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_grams` of rows given end to end: ``(grams (G,) uint64, gram offsets (n_rows+1,) int64)``.
+
+    Gram hashes are :func:`text.ngram_hashes`' (``sum_k h_{i+k} P^k``), from one rolling pass over ``flat``.
+    """
+    lens = np.diff(offsets)
+    counts = np.maximum(lens - (n - 1), 0)
+    goff = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(counts, out=goff[1:])
+    if not goff[-1]:
+        return np.zeros(0, dtype=np.uint64), goff
+    m = len(flat) - n + 1
+    roll = np.zeros(m, dtype=np.uint64)
+    mult = np.uint64(1)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            roll += flat[k : k + m] * mult
+            mult = mult * T._P
+    # the grams of row i start at offsets[i] .. offsets[i] + counts[i] - 1
+    starts = np.repeat(offsets[:-1] - goff[:-1], counts) + np.arange(goff[-1], dtype=np.int64)
+    return roll[starts], goff
 
 
 def _spread(starts: np.ndarray, n: int, length: int) -> np.ndarray:
@@ -667,24 +723,27 @@ def d15(ctx: AuditContext) -> list[Hit]:
     exact_rows = set(ctx.norm_row)
     exact_prompts = {p for p in ctx.norm_prompt if len(p.split()) >= 3}
     reps = row_representatives(ctx)
+    n = ctx.n
+    flat, off = ctx.row_word_flat
     # training side: how many distinct rows hold each 3-gram and each segment; which rows hold each 3-gram
-    seg_keys, seg_df = _distinct_counts(
-        [
-            np.array([x[2] for x in T.span_hashes(h, lens)], dtype=np.uint64)
-            for h, lens in zip(ctx.row_word_hashes, ctx.row_segment_lengths)
-        ],
-        reps,
-    )
-    t3 = _grams(ctx.row_word_hashes, _N)
-    g_keys, g_df = _distinct_counts(t3, reps)
-    own_g = np.concatenate([g for g in t3 if len(g)]) if any(len(g) for g in t3) else np.zeros(0, dtype=np.uint64)
-    own_r = (
-        np.concatenate([np.full(len(g), i, dtype=np.int64) for i, g in enumerate(t3) if len(g)])
-        if len(own_g)
-        else np.zeros(0, dtype=np.int64)
-    )
-    order = np.argsort(own_g, kind="stable")
-    own_g, own_r = own_g[order], own_r[order]
+    seg_lens = ctx.row_segment_lengths
+    n_seg = np.fromiter(map(len, seg_lens), dtype=np.int64, count=n)
+    seg_row = np.repeat(np.arange(n, dtype=np.int64), n_seg)
+    lens = np.fromiter(chain.from_iterable(seg_lens), dtype=np.int64, count=int(n_seg.sum()))
+    ends = np.cumsum(lens)
+    first_seg = np.cumsum(n_seg) - n_seg  # index of each row's first segment
+    before = (ends - lens)[np.minimum(first_seg, max(len(lens) - 1, 0))] if len(lens) else np.zeros(n, np.int64)
+    row_len = np.diff(off)[seg_row]
+    local_end = ends - np.repeat(before, n_seg)
+    keep = lens > 0  # span_hashes: empty segments skipped; spans clipped to the row
+    a0 = np.minimum(local_end - lens, row_len)[keep]
+    a1 = np.minimum(local_end, row_len)[keep]
+    base = off[:-1][seg_row[keep]]
+    seg_keys, seg_df, _, _ = _key_table(T.span_hash_flat(flat, base + a0, base + a1), seg_row[keep], reps)
+    g_flat, g_off = _grams_flat(flat, off, _N)
+    t3 = [g_flat[g_off[i] : g_off[i + 1]] for i in range(n)]
+    g_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(g_off))
+    g_keys, g_df, own_g, own_r = _key_table(g_flat, g_rows, reps, with_rows=True)
     tables = (g_keys, g_df, seg_keys, seg_df)
     t_shared: dict[int, np.ndarray] = {}
     t3_sets: dict[int, set[int]] = {}
@@ -709,9 +768,9 @@ def d15(ctx: AuditContext) -> list[Hit]:
         # gram k touches content when any of words k .. k+N-1 is content (len(g) == L - N + 1 here)
         touches = np.lib.stride_tricks.sliding_window_view(content, _N).any(axis=1)[: len(g)]
         votes: Counter = Counter()
-        for k in np.nonzero(touches & (df > 0) & (df < SHARED_MIN_ROWS))[0].tolist():
-            lo = np.searchsorted(own_g, g[k])
-            hi = np.searchsorted(own_g, g[k], side="right")
+        q = g[touches & (df > 0) & (df < SHARED_MIN_ROWS)]
+        # the rows of each such gram, in row order (at most the first 50)
+        for lo, hi in zip(np.searchsorted(own_g, q).tolist(), np.searchsorted(own_g, q, side="right").tolist()):
             votes.update(set(own_r[lo : min(hi, lo + 50)].tolist()))
         best = (0.0, 0)
         hl = h.tolist()
@@ -729,18 +788,16 @@ def d15(ctx: AuditContext) -> list[Hit]:
             ts = t_shared[i]
             edits = 0
             ops = SequenceMatcher(None, hl, ctx.row_word_hashes[i].tolist(), autojunk=False).get_opcodes()
-
-            def aligned(k: int) -> bool:
-                return 0 <= k < len(ops) and ops[k][0] == "equal"
-
+            # aligned[k + 1]: op k is an "equal" run (with a False at each end, for k = -1 and k = len(ops))
+            aligned = [False, *(op[0] == "equal" for op in ops), False]
             cov = np.zeros(L, dtype=bool)
             for k, (tag, a0, a1, b0, b1) in enumerate(ops):
                 if tag == "equal" and a1 - a0 >= 2:
                     cov[a0:a1] = content[a0:a1]
                 elif (
                     tag in ("replace", "insert")
-                    and aligned(k - 1)
-                    and aligned(k + 1)
+                    and aligned[k]
+                    and aligned[k + 2]
                     and b1 - b0 <= 3
                     and a1 - a0 <= max(1, 2 * (b1 - b0))
                     and ts[b0:b1].all()
