@@ -997,14 +997,16 @@ def d18(ctx: AuditContext) -> list[Hit]:
 def d20(ctx: AuditContext) -> list[Hit]:
     kinds: dict[str, list[int]] = defaultdict(list)
     for i, e in enumerate(ctx.examples):
-        c = e.completion_text
-        if T.REFUSAL.search(c):
+        p, c = e.prompt_text, e.completion_text
+        if T.refusal_in(c):
             kinds["refusal"].append(i)
-        both = e.prompt_text + "\n" + c
-        if ("<" in both or "&" in both) and T.HTML.search(both):
-            kinds["html"].append(i)
-        if not both.isascii() and T.MOJIBAKE.search(both):
-            kinds["mojibake"].append(i)
+        ascii_ = p.isascii() and c.isascii()
+        if not ascii_ or "<" in p or "&" in p or "<" in c or "&" in c:  # else neither pattern can match
+            both = p + "\n" + c
+            if ("<" in both or "&" in both) and T.HTML.search(both):
+                kinds["html"].append(i)
+            if not ascii_ and T.MOJIBAKE.search(both):
+                kinds["mojibake"].append(i)
     allrows = sorted({i for v in kinds.values() for i in v})
     if not allrows:
         return []

@@ -311,11 +311,11 @@ class AuditContext:
 
     @cached_property
     def prompt_words(self) -> list[list[str]]:
-        return [T._WORD.findall(p) for p in self.norm_prompt]
+        return [T.find_words(p) for p in self.norm_prompt]
 
     @cached_property
     def completion_words(self) -> list[list[str]]:
-        return [T._WORD.findall(c) for c in self.norm_completion]
+        return [T.find_words(c) for c in self.norm_completion]
 
     @cached_property
     def row_words(self) -> list[list[str]]:
@@ -323,7 +323,7 @@ class AuditContext:
 
     @cached_property
     def eval_row_words(self) -> list[list[str]]:
-        return [T._WORD.findall(p + " " + c) for p, c in zip(self.eval_norm_prompt, self.eval_norm_completion)]
+        return [T.find_words(p + " " + c) for p, c in zip(self.eval_norm_prompt, self.eval_norm_completion)]
 
     @cached_property
     def row_word_flat(self) -> tuple[np.ndarray, np.ndarray]:
@@ -368,8 +368,8 @@ class AuditContext:
     @cached_property
     def eval_segment_lengths(self) -> list[list[int]]:
         return [
-            T.segment_word_counts(e.prompt_text, len(T._WORD.findall(p)))
-            + T.segment_word_counts(e.completion_text, len(T._WORD.findall(c)))
+            T.segment_word_counts(e.prompt_text, len(T.find_words(p)))
+            + T.segment_word_counts(e.completion_text, len(T.find_words(c)))
             for e, p, c in zip(self.eval_examples or [], self.eval_norm_prompt, self.eval_norm_completion)
         ]
 

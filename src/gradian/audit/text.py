@@ -22,6 +22,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 _WORD = re.compile(r"\w+", re.UNICODE)
+#: ``_WORD`` for ASCII text: on ASCII characters ``\w`` is ``[A-Za-z0-9_]`` either way; this matches twice as fast.
+_WORD_ASCII = re.compile(r"\w+", re.ASCII)
 _P = np.uint64(1099511628211)  # FNV prime as the polynomial base
 
 
@@ -30,7 +32,12 @@ def normalise(s: str) -> str:
 
 
 def words(s: str) -> list[str]:
-    return _WORD.findall(normalise(s))
+    return find_words(normalise(s))
+
+
+def find_words(s: str) -> list[str]:
+    """``_WORD.findall(s)``: the words of ``s`` (its maximal runs of word characters)."""
+    return (_WORD_ASCII if s.isascii() else _WORD).findall(s)
 
 
 _WH: dict[str, int] = {}
@@ -185,7 +192,7 @@ def segment_word_counts(text: str, expected: int | None = None) -> list[int]:
     else:
         # Every word becomes one "\x01" (never whitespace nor .!?;:, so the segments split where they did), and a
         # segment's words are its "\x01"s: no word strings are built.
-        parts = _split_segments(_WORD.sub("\x01", text))
+        parts = _split_segments((_WORD_ASCII if text.isascii() else _WORD).sub("\x01", text))
         counted = [x.count("\x01") for x in parts]
     if len(parts) == 1:
         n = expected if expected is not None else len(words(text))
@@ -344,12 +351,12 @@ def latin_language(ws: Iterable[str], min_hits: int = 4) -> str | None:
     """A stopword vote among en/fr/de/es/it/pt/nl; None when fewer than ``min_hits`` stopwords or a tie."""
     votes: dict[str, float] = defaultdict(float)
     hits = 0
-    for w in ws:
-        langs = _SW_LOOKUP.get(w)
-        if langs:
-            hits += 1
-            for lang in langs:
-                votes[lang] += 1.0 / len(langs)
+    lookup = _SW_LOOKUP
+    for w in filter(lookup.__contains__, ws):  # only stopwords vote (in order: the float sums are unchanged)
+        langs = lookup[w]
+        hits += 1
+        for lang in langs:
+            votes[lang] += 1.0 / len(langs)
     if hits < min_hits or not votes:
         return None
     ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -372,6 +379,20 @@ REFUSAL = re.compile(
     r"|i'm sorry, but i (?:can't|cannot)|openai|chatgpt|my knowledge cutoff)",
     re.IGNORECASE,
 )
+#: Every REFUSAL alternative holds one of these (lower case): a necessary condition, checked with ``str.lower`` and
+#: ``in`` on ASCII text (where ``lower`` is exactly the regex's case folding); see :func:`refusal_in`.
+_REFUSAL_WORDS = ("an ai", "language model", "cannot", "sorry", "openai", "chatgpt", "cutoff")
+
+
+def refusal_in(s: str) -> bool:
+    """``REFUSAL.search(s)`` is not None; ASCII text without any of the pattern's key words skips the regex."""
+    if s.isascii():
+        low = s.lower()
+        if not any(w in low for w in _REFUSAL_WORDS):
+            return False
+    return REFUSAL.search(s) is not None
+
+
 HTML = re.compile(
     r"</?(?:div|span|p|br|a|img|table|tr|td|script|style|html|body)\b[^>]*>|&(?:nbsp|amp|lt|gt|quot|#\d+);",
     re.IGNORECASE,
