@@ -182,7 +182,7 @@ def d02(ctx: AuditContext) -> list[Hit]:
     source="axolotl utils/trainer.py drops 'samples with no trainable tokens'; trl PR #6320",
 )
 def d03(ctx: AuditContext) -> list[Hit]:
-    bad = [i for i, e in enumerate(ctx.examples) if not e.completion_text.strip()]
+    bad = [i for i, c in enumerate(ctx.completion_texts) if not c.strip()]
     if not bad:
         return []
     return [
@@ -674,10 +674,10 @@ def _grams_flat(flat: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarr
 
 def _spread(starts: np.ndarray, n: int, length: int) -> np.ndarray:
     """Positions covered by n-grams starting at ``starts``."""
-    out = np.zeros(length, dtype=bool)
-    for k in starts.tolist():
-        out[k : k + n] = True
-    return out
+    out = np.zeros(length + n, dtype=bool)
+    for k in range(n):
+        out[starts + k] = True
+    return out[:length]
 
 
 def _shared_mask(
@@ -780,7 +780,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
             if i not in t3_sets:
                 t3_sets[i] = set(t3[i].tolist())
             has = t3_sets[i]
-            in_row = np.fromiter((x in has for x in gl), dtype=bool, count=len(gl))  # np.isin(g, t3[i]), for short rows
+            in_row = np.fromiter(map(has.__contains__, gl), dtype=bool, count=len(gl))  # np.isin(g, t3[i])
             if int((_spread(np.nonzero(in_row)[0], _N, L) & content).sum()) < MIN_COVERED_WORDS:
                 continue
             if i not in t_shared:
@@ -889,7 +889,7 @@ def d17(ctx: AuditContext) -> list[Hit]:
         lens = [(tr.tx.full_length - tr.tx.prompt_length) if tr.tx is not None else None for tr in ctx.token_rows]
     else:
         unit = "characters"
-        lens = [len(e.completion_text) for e in ctx.examples]
+        lens = [len(c) for c in ctx.completion_texts]
     pts = [(i, math.log1p(max(L, 0))) for i, L in enumerate(lens) if L is not None]
     if len(pts) < 20:
         raise NotApplicable(f"too few rows ({len(pts)}) for a robust length distribution (needs 20)")
@@ -936,16 +936,10 @@ def d17(ctx: AuditContext) -> list[Hit]:
 )
 def d18(ctx: AuditContext) -> list[Hit]:
     langs, mism = [], []
-    for i, e in enumerate(ctx.examples):
-        p = T.language_of(e.prompt_text, ctx.prompt_words[i]) if ctx.prompt_words[i] else None
-        c = T.language_of(e.completion_text, ctx.completion_words[i])
-        both = (
-            c
-            if p is None
-            else p
-            if c is None or p == c
-            else T.language_of(e.prompt_text + "\n" + e.completion_text, ctx.row_words[i])
-        )
+    for i, (pt, ct) in enumerate(zip(ctx.prompt_texts, ctx.completion_texts)):
+        p = T.language_of(pt, ctx.prompt_words[i]) if ctx.prompt_words[i] else None
+        c = T.language_of(ct, ctx.completion_words[i])
+        both = c if p is None else p if c is None or p == c else T.language_of(pt + "\n" + ct, ctx.row_words[i])
         langs.append(both)
         if p and c and p != c:
             mism.append(i)
@@ -996,8 +990,7 @@ def d18(ctx: AuditContext) -> list[Hit]:
 )
 def d20(ctx: AuditContext) -> list[Hit]:
     kinds: dict[str, list[int]] = defaultdict(list)
-    for i, e in enumerate(ctx.examples):
-        p, c = e.prompt_text, e.completion_text
+    for i, (p, c) in enumerate(zip(ctx.prompt_texts, ctx.completion_texts)):
         if T.refusal_in(c):
             kinds["refusal"].append(i)
         ascii_ = p.isascii() and c.isascii()

@@ -290,12 +290,22 @@ class AuditContext:
 
     # ------------------------------------------------------------------ text views
     @cached_property
+    def prompt_texts(self) -> list[str]:
+        """``Example.prompt_text`` of every training row (built once: for chat rows it joins the messages)."""
+        return [e.prompt_text for e in self.examples or []]
+
+    @cached_property
+    def completion_texts(self) -> list[str]:
+        """``Example.completion_text`` of every training row."""
+        return [e.completion_text for e in self.examples or []]
+
+    @cached_property
     def norm_prompt(self) -> list[str]:
-        return [T.normalise(e.prompt_text) for e in self.examples or []]
+        return [T.normalise(p) for p in self.prompt_texts]
 
     @cached_property
     def norm_completion(self) -> list[str]:
-        return [T.normalise(e.completion_text) for e in self.examples or []]
+        return [T.normalise(c) for c in self.completion_texts]
 
     @cached_property
     def norm_row(self) -> list[str]:
@@ -361,8 +371,8 @@ class AuditContext:
         order of :attr:`row_words`.
         """
         return [
-            T.segment_word_counts(e.prompt_text, len(pw)) + T.segment_word_counts(e.completion_text, len(cw))
-            for e, pw, cw in zip(self.examples or [], self.prompt_words, self.completion_words)
+            T.segment_word_counts(p, len(pw)) + T.segment_word_counts(c, len(cw))
+            for p, c, pw, cw in zip(self.prompt_texts, self.completion_texts, self.prompt_words, self.completion_words)
         ]
 
     @cached_property

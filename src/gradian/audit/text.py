@@ -137,8 +137,7 @@ def _powers(base: np.uint64, n: int) -> np.ndarray:
     out = np.full(n, base, dtype=np.uint64)
     if n:
         out[0] = 1
-        with np.errstate(over="ignore"):
-            np.cumprod(out, out=out)
+        np.cumprod(out, out=out)  # wraps mod 2^64 (array arithmetic: no overflow warning)
     return out
 
 
@@ -154,11 +153,10 @@ def span_hash_flat(flat: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np
     if not len(starts):
         return np.zeros(0, dtype=np.uint64)
     T = len(flat)
-    with np.errstate(over="ignore"):
-        q = np.zeros(T + 1, dtype=np.uint64)
-        np.cumsum(flat * _powers(_P, T), out=q[1:])
-        h = (q[ends] - q[starts]) * _powers(_P_INV, T + 1)[starts]
-        return h ^ ((ends - starts).astype(np.uint64) * _LEN_MIX)
+    q = np.zeros(T + 1, dtype=np.uint64)  # array arithmetic wraps mod 2^64 silently
+    np.cumsum(flat * _powers(_P, T), out=q[1:])
+    h = (q[ends] - q[starts]) * _powers(_P_INV, T + 1)[starts]
+    return h ^ ((ends - starts).astype(np.uint64) * _LEN_MIX)
 
 
 def span_bounds(lengths: Sequence[int], total: int) -> tuple[np.ndarray, np.ndarray]:
