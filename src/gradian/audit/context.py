@@ -370,18 +370,21 @@ class AuditContext:
         """Per training row, the word count of each segment (sentence or line; :func:`text.segments`), in the
         order of :attr:`row_words`.
         """
-        return [
-            T.segment_word_counts(p, len(pw)) + T.segment_word_counts(c, len(cw))
-            for p, c, pw, cw in zip(self.prompt_texts, self.completion_texts, self.prompt_words, self.completion_words)
-        ]
+        n = len(self.prompt_texts)
+        counts = T.segment_word_counts_many(
+            self.prompt_texts + self.completion_texts, [len(w) for w in self.prompt_words + self.completion_words]
+        )
+        return [p + c for p, c in zip(counts[:n], counts[n:])]
 
     @cached_property
     def eval_segment_lengths(self) -> list[list[int]]:
-        return [
-            T.segment_word_counts(e.prompt_text, len(T.find_words(p)))
-            + T.segment_word_counts(e.completion_text, len(T.find_words(c)))
-            for e, p, c in zip(self.eval_examples or [], self.eval_norm_prompt, self.eval_norm_completion)
-        ]
+        ev = self.eval_examples or []
+        n = len(ev)
+        counts = T.segment_word_counts_many(
+            [e.prompt_text for e in ev] + [e.completion_text for e in ev],
+            [len(T.find_words(x)) for x in self.eval_norm_prompt + self.eval_norm_completion],
+        )
+        return [p + c for p, c in zip(counts[:n], counts[n:])]
 
     @cached_property
     def shingles5(self) -> list[np.ndarray]:

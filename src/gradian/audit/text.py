@@ -201,6 +201,66 @@ def segment_word_counts(text: str, expected: int | None = None) -> list[int]:
     return counts
 
 
+def _ascii_table(chars: str) -> np.ndarray:
+    t = np.zeros(256, dtype=bool)
+    t[[ord(c) for c in chars]] = True
+    return t
+
+
+# On ASCII text: what the word and whitespace classes match (Unicode mode: \x1c-\x1f are whitespace too), and the
+# characters a segment may end with.
+_ASCII_WORD = _ascii_table("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
+_ASCII_SPACE = _ascii_table("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f ")
+_ASCII_END = _ascii_table(".!?;:")
+
+
+def segment_word_counts_many(texts: Sequence[str], expected: Sequence[int]) -> list[list[int]]:
+    """``[segment_word_counts(t, e) for t, e in zip(texts, expected)]``, the ASCII texts all at once with numpy.
+
+    ``_SEGMENT.split`` cuts at a whitespace run that follows one of ``.!?;:`` or holds a newline (the regex can
+    match nowhere else), so on the ASCII texts joined by newlines (each join is such a run, and adds no word):
+    word starts ``w`` (a word character after a non-word one), whitespace runs, the runs that cut, and the words
+    between consecutive cuts (from a prefix sum of ``w``). A text whose counts do not add up to its ``expected``
+    takes :func:`segment_word_counts` itself.
+    """
+    out: list[list[int] | None] = [None] * len(texts)
+    idx = [i for i, t in enumerate(texts) if t.isascii()]
+    for i in set(range(len(texts))) - set(idx):
+        out[i] = segment_word_counts(texts[i], expected[i])
+    if idx:
+        a = np.frombuffer("\n".join([texts[i] for i in idx]).encode("ascii"), dtype=np.uint8)
+        n = len(a)
+        isw = _ASCII_WORD[a]
+        iss = _ASCII_SPACE[a]
+        starts = isw.copy()
+        starts[1:] &= ~isw[:-1]
+        cw = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(starts, out=cw[1:])  # cw[p]: words starting before p
+        prev_s = np.zeros(n, dtype=bool)
+        prev_s[1:] = iss[:-1]
+        next_s = np.zeros(n, dtype=bool)
+        next_s[:-1] = iss[1:]
+        r0 = np.flatnonzero(iss & ~prev_s)  # whitespace runs [r0, r1)
+        r1 = np.flatnonzero(iss & ~next_s) + 1
+        nl = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(a == 10, out=nl[1:])
+        cut = nl[r1] > nl[r0]
+        cut[r0 > 0] |= _ASCII_END[a[r0[r0 > 0] - 1]]
+        seg_from = np.concatenate(([0], r1[cut]))
+        seg_to = np.concatenate((r0[cut], [n]))
+        cnt = cw[seg_to] - cw[seg_from]
+        keep = cnt > 0
+        text_start = np.zeros(len(idx), dtype=np.int64)
+        np.cumsum([len(texts[i]) + 1 for i in idx[:-1]], out=text_start[1:])
+        seg_text = np.searchsorted(text_start, seg_from[keep], side="right") - 1
+        bounds = np.searchsorted(seg_text, np.arange(len(idx) + 1)).tolist()
+        cl = cnt[keep].tolist()
+        for k, i in enumerate(idx):
+            c = cl[bounds[k] : bounds[k + 1]]
+            out[i] = c if sum(c) == expected[i] else segment_word_counts(texts[i], expected[i])
+    return out  # type: ignore[return-value]
+
+
 class MinHasher:
     """MinHash signatures for many rows at once (vectorised with ``np.minimum.reduceat``)."""
 
