@@ -503,9 +503,9 @@ def d14(ctx: AuditContext) -> list[Hit]:
     train_targets: dict[str, list[int]] = defaultdict(list)
     for i, (r, p, c) in enumerate(zip(ctx.norm_row, ctx.norm_prompt, ctx.norm_completion)):
         train_rows[r].append(i)
-        if len(p.split()) >= 3:
+        if len(p.split(None, 2)) >= 3:  # >= 3 words
             train_prompts[p].append(i)
-        if len(c.split()) >= 8:
+        if len(c.split(None, 7)) >= 8:  # >= 8 words
             train_targets[c].append(i)
     full, prompt_only, target_only = [], [], []
     tr_full, tr_prompt, tr_target = set(), set(), set()
@@ -680,22 +680,53 @@ def _spread(starts: np.ndarray, n: int, length: int) -> np.ndarray:
     return out[:length]
 
 
+def _segment_spans(
+    flat: np.ndarray, off: np.ndarray, seg_lens: list[list[int]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every row's segments as word spans, all rows at once (:func:`text.span_hashes` of each row).
+
+    Args:
+        flat, off: the rows' word hashes end to end and the row offsets (``AuditContext.row_word_flat``).
+        seg_lens: per row, the word count of each segment.
+
+    Returns:
+        ``(row, start, end, hash, span offsets)``: per non-empty segment its row, its start and end word in the
+        row (clipped to the row), the hash of its words; row i's spans are ``span_off[i]:span_off[i+1]``.
+    """
+    n = len(seg_lens)
+    n_seg = np.fromiter(map(len, seg_lens), dtype=np.int64, count=n)
+    seg_row = np.repeat(np.arange(n, dtype=np.int64), n_seg)
+    lens = np.fromiter(chain.from_iterable(seg_lens), dtype=np.int64, count=int(n_seg.sum()))
+    ends = np.cumsum(lens)
+    first_seg = np.cumsum(n_seg) - n_seg  # index of each row's first segment
+    before = (ends - lens)[np.minimum(first_seg, max(len(lens) - 1, 0))] if len(lens) else np.zeros(n, np.int64)
+    row_len = np.diff(off)[seg_row]
+    local_end = ends - np.repeat(before, n_seg)
+    keep = lens > 0  # empty segments skipped; spans clipped to the row
+    a0 = np.minimum(local_end - lens, row_len)[keep]
+    a1 = np.minimum(local_end, row_len)[keep]
+    rows = seg_row[keep]
+    base = off[:-1][rows]
+    span_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=span_off[1:])
+    return rows, a0, a1, T.span_hash_flat(flat, base + a0, base + a1), span_off
+
+
 def _shared_mask(
-    h: np.ndarray, grams: np.ndarray, seg_lengths: list[int], g_keys, g_df, seg_keys, seg_df
+    L: int, grams: np.ndarray, spans: tuple[np.ndarray, np.ndarray, np.ndarray], g_keys, g_df, seg_keys, seg_df
 ) -> np.ndarray:
-    """Positions of a row inside shared material: a word 3-gram or a segment found in >= SHARED_MIN_ROWS rows."""
-    L = len(h)
+    """Positions of a row (of ``L`` words) inside shared material: a word 3-gram or a segment (``spans``: the
+    row's segment starts, ends and hashes) found in >= SHARED_MIN_ROWS rows.
+    """
     shared = (
         _spread(np.nonzero(_lookup(g_keys, g_df, grams) >= SHARED_MIN_ROWS)[0], _N, L)
         if len(grams)
         else np.zeros(L, dtype=bool)
     )
-    spans = T.span_hashes(h, seg_lengths)
-    if spans:
-        df = _lookup(seg_keys, seg_df, np.array([x[2] for x in spans], dtype=np.uint64))
-        for (a, b, _), d in zip(spans, df.tolist()):
-            if d >= SHARED_MIN_ROWS:
-                shared[a:b] = True
+    a0, a1, hs = spans
+    if len(hs):
+        for a, b in zip(*(x[_lookup(seg_keys, seg_df, hs) >= SHARED_MIN_ROWS].tolist() for x in (a0, a1))):
+            shared[a:b] = True
     return shared
 
 
@@ -721,25 +752,13 @@ def d15(ctx: AuditContext) -> list[Hit]:
     from difflib import SequenceMatcher
 
     exact_rows = set(ctx.norm_row)
-    exact_prompts = {p for p in ctx.norm_prompt if len(p.split()) >= 3}
+    exact_prompts = {p for p in ctx.norm_prompt if len(p.split(None, 2)) >= 3}  # >= 3 words
     reps = row_representatives(ctx)
     n = ctx.n
     flat, off = ctx.row_word_flat
     # training side: how many distinct rows hold each 3-gram and each segment; which rows hold each 3-gram
-    seg_lens = ctx.row_segment_lengths
-    n_seg = np.fromiter(map(len, seg_lens), dtype=np.int64, count=n)
-    seg_row = np.repeat(np.arange(n, dtype=np.int64), n_seg)
-    lens = np.fromiter(chain.from_iterable(seg_lens), dtype=np.int64, count=int(n_seg.sum()))
-    ends = np.cumsum(lens)
-    first_seg = np.cumsum(n_seg) - n_seg  # index of each row's first segment
-    before = (ends - lens)[np.minimum(first_seg, max(len(lens) - 1, 0))] if len(lens) else np.zeros(n, np.int64)
-    row_len = np.diff(off)[seg_row]
-    local_end = ends - np.repeat(before, n_seg)
-    keep = lens > 0  # span_hashes: empty segments skipped; spans clipped to the row
-    a0 = np.minimum(local_end - lens, row_len)[keep]
-    a1 = np.minimum(local_end, row_len)[keep]
-    base = off[:-1][seg_row[keep]]
-    seg_keys, seg_df, _, _ = _key_table(T.span_hash_flat(flat, base + a0, base + a1), seg_row[keep], reps)
+    seg_rows, s0, s1, s_hash, s_off = _segment_spans(flat, off, ctx.row_segment_lengths)
+    seg_keys, seg_df, _, _ = _key_table(s_hash, seg_rows, reps)
     g_flat, g_off = _grams_flat(flat, off, _N)
     t3 = [g_flat[g_off[i] : g_off[i + 1]] for i in range(n)]
     g_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(g_off))
@@ -752,6 +771,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
     tr: set[int] = set()
     pairs: list[list] = []
     e3 = _grams(ctx.eval_row_word_hashes, _N)
+    _, e0, e1, e_hash, e_off = _segment_spans(*ctx.eval_row_word_flat, ctx.eval_segment_lengths)
     for j, h in enumerate(ctx.eval_row_word_hashes):
         row = ctx.eval_norm_prompt[j] + "\x1f" + ctx.eval_norm_completion[j]
         if row in exact_rows or ctx.eval_norm_prompt[j] in exact_prompts:
@@ -759,7 +779,8 @@ def d15(ctx: AuditContext) -> list[Hit]:
         g, L = e3[j], len(h)
         if len(g) == 0:
             continue
-        content = ~_shared_mask(h, g, ctx.eval_segment_lengths[j], *tables)
+        sl = slice(e_off[j], e_off[j + 1])
+        content = ~_shared_mask(L, g, (e0[sl], e1[sl], e_hash[sl]), *tables)
         n_content = int(content.sum())
         if n_content < MIN_COVERED_WORDS:
             continue
@@ -784,7 +805,8 @@ def d15(ctx: AuditContext) -> list[Hit]:
             if int((_spread(np.nonzero(in_row)[0], _N, L) & content).sum()) < MIN_COVERED_WORDS:
                 continue
             if i not in t_shared:
-                t_shared[i] = _shared_mask(ctx.row_word_hashes[i], t3[i], ctx.row_segment_lengths[i], *tables)
+                sl = slice(s_off[i], s_off[i + 1])
+                t_shared[i] = _shared_mask(len(ctx.row_word_hashes[i]), t3[i], (s0[sl], s1[sl], s_hash[sl]), *tables)
             ts = t_shared[i]
             edits = 0
             ops = SequenceMatcher(None, hl, ctx.row_word_hashes[i].tolist(), autojunk=False).get_opcodes()
