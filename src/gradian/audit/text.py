@@ -219,9 +219,9 @@ def segment_word_counts_many(texts: Sequence[str], expected: Sequence[int]) -> l
 
     ``_SEGMENT.split`` cuts at a whitespace run that follows one of ``.!?;:`` or holds a newline (the regex can
     match nowhere else), so on the ASCII texts joined by newlines (each join is such a run, and adds no word):
-    word starts ``w`` (a word character after a non-word one), whitespace runs, the runs that cut, and the words
-    between consecutive cuts (from a prefix sum of ``w``). A text whose counts do not add up to its ``expected``
-    takes :func:`segment_word_counts` itself.
+    word starts (a word character after a non-word one), whitespace runs, the runs that cut, and the words
+    between consecutive cuts (by binary search in the word starts). A text whose counts do not add up to its
+    ``expected`` takes :func:`segment_word_counts` itself.
     """
     out: list[list[int] | None] = [None] * len(texts)
     idx = [i for i, t in enumerate(texts) if t.isascii()]
@@ -234,21 +234,19 @@ def segment_word_counts_many(texts: Sequence[str], expected: Sequence[int]) -> l
         iss = _ASCII_SPACE[a]
         starts = isw.copy()
         starts[1:] &= ~isw[:-1]
-        cw = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(starts, out=cw[1:])  # cw[p]: words starting before p
+        w_at = np.flatnonzero(starts)  # where each word starts
         prev_s = np.zeros(n, dtype=bool)
         prev_s[1:] = iss[:-1]
         next_s = np.zeros(n, dtype=bool)
         next_s[:-1] = iss[1:]
         r0 = np.flatnonzero(iss & ~prev_s)  # whitespace runs [r0, r1)
         r1 = np.flatnonzero(iss & ~next_s) + 1
-        nl = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(a == 10, out=nl[1:])
-        cut = nl[r1] > nl[r0]
+        nl = np.flatnonzero(a == 10)
+        cut = np.searchsorted(nl, r1) > np.searchsorted(nl, r0)  # the run holds a newline
         cut[r0 > 0] |= _ASCII_END[a[r0[r0 > 0] - 1]]
         seg_from = np.concatenate(([0], r1[cut]))
         seg_to = np.concatenate((r0[cut], [n]))
-        cnt = cw[seg_to] - cw[seg_from]
+        cnt = np.searchsorted(w_at, seg_to) - np.searchsorted(w_at, seg_from)  # words starting in [from, to)
         keep = cnt > 0
         text_start = np.zeros(len(idx), dtype=np.int64)
         np.cumsum([len(texts[i]) + 1 for i in idx[:-1]], out=text_start[1:])
