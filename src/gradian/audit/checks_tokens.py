@@ -410,7 +410,8 @@ def _contains(hay: list[int], needle: list[int]) -> bool:
     "starts at the common prefix; > 5% warns, any is info",
     fix="end prompts with the separator (space/newline) and start targets without it, so the boundary is a "
     "token boundary",
-    source="trl sft_trainer.py warning 'Mismatch between tokenized prompt and the start of tokenized prompt+completion'",
+    source="trl sft_trainer.py warning 'Mismatch between tokenized prompt and the start of tokenized "
+    "prompt+completion'",
 )
 def d19(ctx: AuditContext) -> list[Hit]:
     plens = ctx.prompt_token_lengths
