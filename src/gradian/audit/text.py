@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import unicodedata
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -405,15 +405,25 @@ for _lang, _ws in _STOPWORDS.items():
 
 def latin_language(ws: Iterable[str], min_hits: int = 4) -> str | None:
     """A stopword vote among en/fr/de/es/it/pt/nl; None when fewer than ``min_hits`` stopwords or a tie."""
-    votes: dict[str, float] = defaultdict(float)
-    hits = 0
     lookup = _SW_LOOKUP
-    for w in filter(lookup.__contains__, ws):  # only stopwords vote (in order: the float sums are unchanged)
-        langs = lookup[w]
-        hits += 1
-        for lang in langs:
-            votes[lang] += 1.0 / len(langs)
-    if hits < min_hits or not votes:
+    sw = list(filter(lookup.__contains__, ws))  # only stopwords vote
+    hits = len(sw)
+    if hits < min_hits:
+        return None
+    votes: dict[str, float] = defaultdict(float)
+    counts = Counter(sw)
+    if all(len(lookup[w]) in (1, 2) for w in counts):
+        # every vote is 1 or 1/2: the sums are exact in any order, so count each stopword once
+        for w, k in counts.items():
+            langs = lookup[w]
+            for lang in langs:
+                votes[lang] += k * (1.0 / len(langs))
+    else:  # a word shared by three languages votes 1/3: add in word order, as the float sums always were
+        for w in sw:
+            langs = lookup[w]
+            for lang in langs:
+                votes[lang] += 1.0 / len(langs)
+    if not votes:
         return None
     ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))
     if len(ranked) > 1 and ranked[0][1] < 1.5 * ranked[1][1]:
