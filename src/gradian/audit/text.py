@@ -27,8 +27,22 @@ _WORD_ASCII = re.compile(r"\w+", re.ASCII)
 _P = np.uint64(1099511628211)  # FNV prime as the polynomial base
 
 
+#: The ASCII whitespace other than the space (``str.split`` splits at these too).
+_ASCII_WS_NOT_SPACE = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
+
+
 def normalise(s: str) -> str:
-    return " ".join(unicodedata.normalize("NFC", s).casefold().split())
+    """NFC, casefold, whitespace runs collapsed to one space and stripped: ``" ".join(NFC(s).casefold().split())``."""
+    t = unicodedata.normalize("NFC", s).casefold()
+    if (
+        t.isascii()
+        and "  " not in t
+        and t[:1] != " "
+        and t[-1:] != " "
+        and not any(c in t for c in _ASCII_WS_NOT_SPACE)
+    ):
+        return t  # single spaces only: split and join would give it back
+    return " ".join(t.split())
 
 
 def words(s: str) -> list[str]:

@@ -181,6 +181,9 @@ def _check_rows_nesting(rows: list[Any], p: Path) -> None:
             raise GradianUserError(problem, where=f"{p}[{i}]", fix="flatten the row's fields")
 
 
+_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
+
+
 def _check_messages(msgs: Any, where: str, fieldname: str) -> list[dict[str, str]]:
     if not isinstance(msgs, list) or not msgs:
         raise GradianUserError(
@@ -203,7 +206,7 @@ def _check_messages(msgs: Any, where: str, fieldname: str) -> list[dict[str, str
                 where=where,
                 fix='use a role name such as "user" or "assistant"',
             )
-        role = {"human": "user", "gpt": "assistant"}.get(role, role)
+        role = _SHAREGPT_ROLES.get(role, role)
         if content is None:
             raise GradianUserError(
                 f"{fieldname}[{j}] has no 'content'", where=where, fix="give every message a content string"
