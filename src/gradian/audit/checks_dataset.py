@@ -958,10 +958,20 @@ def d17(ctx: AuditContext) -> list[Hit]:
 )
 def d18(ctx: AuditContext) -> list[Hit]:
     langs, mism = [], []
+    # only stopwords vote: each prompt's and completion's stopwords, in order, picked from the flat word table
+    wid, vocab = ctx.row_word_ids
+    _, off = ctx.row_word_flat
+    at = np.flatnonzero(T.is_stopword(vocab)[wid])
+    bounds = np.empty(2 * ctx.n + 1, dtype=np.int64)
+    bounds[0::2] = off
+    bounds[1::2] = off[:-1] + np.fromiter(map(len, ctx.prompt_words), dtype=np.int64, count=ctx.n)
+    cut = np.searchsorted(at, bounds).tolist()
+    sw = list(map(vocab.__getitem__, wid[at].tolist()))
     for i, (pt, ct) in enumerate(zip(ctx.prompt_texts, ctx.completion_texts)):
-        p = T.language_of(pt, ctx.prompt_words[i]) if ctx.prompt_words[i] else None
-        c = T.language_of(ct, ctx.completion_words[i])
-        both = c if p is None else p if c is None or p == c else T.language_of(pt + "\n" + ct, ctx.row_words[i])
+        sp, sc = sw[cut[2 * i] : cut[2 * i + 1]], sw[cut[2 * i + 1] : cut[2 * i + 2]]
+        p = T.language_of(pt, sp) if ctx.prompt_words[i] else None
+        c = T.language_of(ct, sc)
+        both = c if p is None else p if c is None or p == c else T.language_of(pt + "\n" + ct, sp + sc)
         langs.append(both)
         if p and c and p != c:
             mism.append(i)

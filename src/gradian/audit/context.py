@@ -336,15 +336,27 @@ class AuditContext:
         return [T.find_words(p + " " + c) for p, c in zip(self.eval_norm_prompt, self.eval_norm_completion)]
 
     @cached_property
-    def row_word_flat(self) -> tuple[np.ndarray, np.ndarray]:
-        """The word hashes of every training row end to end, ``(hashes (W,) uint64, offsets (n+1,) int64)``: row i's
-        words (:attr:`row_words`) are ``hashes[offsets[i]:offsets[i+1]]``.
-        """
+    def _row_word_table(self) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
         pw, cw = self.prompt_words, self.completion_words
         flat = list(chain.from_iterable(chain.from_iterable(zip(pw, cw))))
         offsets = np.zeros(len(pw) + 1, dtype=np.int64)
         np.cumsum([len(p) + len(c) for p, c in zip(pw, cw)], out=offsets[1:])
-        return T.word_hashes(flat), offsets
+        hashes, ids, vocab = T.word_table(flat)
+        return hashes, ids, vocab, offsets
+
+    @cached_property
+    def row_word_flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """The word hashes of every training row end to end, ``(hashes (W,) uint64, offsets (n+1,) int64)``: row i's
+        words (:attr:`row_words`) are ``hashes[offsets[i]:offsets[i+1]]``.
+        """
+        hashes, _, _, offsets = self._row_word_table
+        return hashes, offsets
+
+    @cached_property
+    def row_word_ids(self) -> tuple[np.ndarray, list[str]]:
+        """``(ids (W,) int64, vocab)``: the words of :attr:`row_word_flat` as indices into the distinct words."""
+        _, ids, vocab, _ = self._row_word_table
+        return ids, vocab
 
     @cached_property
     def row_word_hashes(self) -> list[np.ndarray]:

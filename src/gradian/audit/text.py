@@ -64,16 +64,25 @@ def _word_hash(w: str) -> int:
     return h
 
 
-def word_hashes(ws: Sequence[str]) -> np.ndarray:
-    """(len(ws),) uint64 crc32 of each word.
+def word_table(ws: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """``(hashes, ids, vocab)``: (len(ws),) uint64 crc32 of each word, (len(ws),) int64 its index in ``vocab``
+    (the distinct words, first seen first).
 
     Each distinct word is hashed once; the words are then mapped through that table at C speed.
     """
-    table = dict.fromkeys(ws)
+    index = dict.fromkeys(ws)
+    vocab = list(index)
     get = _WH.get  # a cached hash of 0 is recomputed (as 0): same result
-    for w in table:
-        table[w] = get(w) or _word_hash(w)
-    return np.fromiter(map(table.__getitem__, ws), dtype=np.uint64, count=len(ws))
+    vh = np.fromiter((get(w) or _word_hash(w) for w in vocab), dtype=np.uint64, count=len(vocab))
+    for k, w in enumerate(vocab):
+        index[w] = k
+    ids = np.fromiter(map(index.__getitem__, ws), dtype=np.int64, count=len(ws))
+    return vh[ids], ids, vocab
+
+
+def word_hashes(ws: Sequence[str]) -> np.ndarray:
+    """(len(ws),) uint64 crc32 of each word."""
+    return word_table(ws)[0]
 
 
 def ngram_hashes(ws: Sequence[str] | np.ndarray, n: int) -> np.ndarray:
@@ -445,8 +454,16 @@ def latin_language(ws: Iterable[str], min_hits: int = 4) -> str | None:
     return ranked[0][0]
 
 
+def is_stopword(vocab: Sequence[str]) -> np.ndarray:
+    """(len(vocab),) bool: which words vote in :func:`latin_language`."""
+    return np.fromiter(map(_SW_LOOKUP.__contains__, vocab), dtype=bool, count=len(vocab))
+
+
 def language_of(s: str, ws: list[str] | None = None) -> str | None:
-    """``en``/``fr``/... for Latin-script text (stopword vote), else the script name; None if unsure."""
+    """``en``/``fr``/... for Latin-script text (stopword vote), else the script name; None if unsure.
+
+    ``ws``: the words of ``s`` (:func:`words`), or only its stopwords in order (only they vote).
+    """
     script = dominant_script(s)
     if script != "Latin":
         return script
