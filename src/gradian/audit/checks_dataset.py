@@ -200,6 +200,9 @@ def d03(ctx: AuditContext) -> list[Hit]:
 KNOWN_ROLES = {"system", "user", "assistant", "tool", "function", "ipython", "developer"}
 
 
+_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
+
+
 def _raw_roles(raw: dict) -> list[str] | None:
     msgs = raw.get("messages", raw.get("conversations"))
     if not isinstance(msgs, list):
@@ -212,7 +215,7 @@ def _raw_roles(raw: dict) -> list[str] | None:
         if not isinstance(m, dict):
             return None
         r = m.get("role", m.get("from"))
-        roles.append({"human": "user", "gpt": "assistant"}.get(r, str(r)))
+        roles.append(_SHAREGPT_ROLES.get(r, str(r)))
     return roles
 
 
@@ -713,16 +716,22 @@ def _segment_spans(
 
 
 def _shared_mask(
-    L: int, grams: np.ndarray, spans: tuple[np.ndarray, np.ndarray, np.ndarray], g_keys, g_df, seg_keys, seg_df
+    L: int,
+    grams: np.ndarray,
+    spans: tuple[np.ndarray, np.ndarray, np.ndarray],
+    g_keys,
+    g_df,
+    seg_keys,
+    seg_df,
+    df: np.ndarray | None = None,
 ) -> np.ndarray:
     """Positions of a row (of ``L`` words) inside shared material: a word 3-gram or a segment (``spans``: the
-    row's segment starts, ends and hashes) found in >= SHARED_MIN_ROWS rows.
+    row's segment starts, ends and hashes) found in >= SHARED_MIN_ROWS rows. ``df``: the grams' counts, when
+    already looked up.
     """
-    shared = (
-        _spread(np.nonzero(_lookup(g_keys, g_df, grams) >= SHARED_MIN_ROWS)[0], _N, L)
-        if len(grams)
-        else np.zeros(L, dtype=bool)
-    )
+    if df is None:
+        df = _lookup(g_keys, g_df, grams)
+    shared = _spread(np.nonzero(df >= SHARED_MIN_ROWS)[0], _N, L) if len(grams) else np.zeros(L, dtype=bool)
     a0, a1, hs = spans
     if len(hs):
         for a, b in zip(*(x[_lookup(seg_keys, seg_df, hs) >= SHARED_MIN_ROWS].tolist() for x in (a0, a1))):
@@ -780,12 +789,12 @@ def d15(ctx: AuditContext) -> list[Hit]:
         if len(g) == 0:
             continue
         sl = slice(e_off[j], e_off[j + 1])
-        content = ~_shared_mask(L, g, (e0[sl], e1[sl], e_hash[sl]), *tables)
+        df = _lookup(g_keys, g_df, g)
+        content = ~_shared_mask(L, g, (e0[sl], e1[sl], e_hash[sl]), *tables, df=df)
         n_content = int(content.sum())
         if n_content < MIN_COVERED_WORDS:
             continue
-        # candidates: the training rows holding the most rare 3-grams over the eval row's content
-        df = _lookup(g_keys, g_df, g)
+        # candidates: the training rows holding the most rare 3-grams over the eval row's content (df: above)
         # gram k touches content when any of words k .. k+N-1 is content (len(g) == L - N + 1 here)
         touches = np.lib.stride_tricks.sliding_window_view(content, _N).any(axis=1)[: len(g)]
         votes: Counter = Counter()

@@ -280,7 +280,6 @@ def d08(ctx: AuditContext) -> list[Hit]:
     markers -= specials
     eos = ctx.tok_info.eos_token if ctx.tokenizer is not None else None
     # A cheap prefilter: a special/marker string always contains one of these characters.
-    pre = re.compile(r"[<\[｜]")
     hit_special, hit_marker, found = [], [], Counter()
     for i, e in enumerate(ctx.examples):
         if e.format == "text":
@@ -294,7 +293,7 @@ def d08(ctx: AuditContext) -> list[Hit]:
         if parts and eos and isinstance(e.completion, str) and parts[-1].endswith(eos):
             parts[-1] = parts[-1][: -len(eos)]
         blob = "\n".join(parts)
-        if not pre.search(blob):
+        if "<" not in blob and "[" not in blob and "｜" not in blob:
             continue
         s_hits = [s for s in specials if s in blob]
         m_hits = [m for m in markers if m in blob]
