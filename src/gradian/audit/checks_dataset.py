@@ -779,28 +779,44 @@ def d15(ctx: AuditContext) -> list[Hit]:
     flagged: list[int] = []
     tr: set[int] = set()
     pairs: list[list] = []
-    e3 = _grams(ctx.eval_row_word_hashes, _N)
-    _, e0, e1, e_hash, e_off = _segment_spans(*ctx.eval_row_word_flat, ctx.eval_segment_lengths)
+    # eval side, every row at once: its 3-grams' counts, which words are content (outside shared material), which
+    # grams touch content and are rare, and the training rows holding each such gram
+    ef, eo = ctx.eval_row_word_flat
+    eg, ego = _grams_flat(ef, eo, _N)
+    e_start = np.repeat(eo[:-1] - ego[:-1], np.diff(ego)) + np.arange(len(eg), dtype=np.int64)  # word of gram
+    e_df = _lookup(g_keys, g_df, eg)
+    shared = np.zeros(len(ef) + _N, dtype=np.int64)
+    for k in range(_N):
+        shared[e_start[e_df >= SHARED_MIN_ROWS] + k] = 1
+    e_rows, e0, e1, e_hash, _ = _segment_spans(ef, eo, ctx.eval_segment_lengths)
+    sh = _lookup(seg_keys, seg_df, e_hash) >= SHARED_MIN_ROWS
+    edge = np.zeros(len(ef) + 1, dtype=np.int64)  # +1 at a shared segment's start, -1 at its end
+    np.add.at(edge, eo[:-1][e_rows[sh]] + e0[sh], 1)
+    np.add.at(edge, eo[:-1][e_rows[sh]] + e1[sh], -1)
+    content_all = (shared[: len(ef)] == 0) & (np.cumsum(edge[:-1]) == 0)
+    n_content_all = np.concatenate(([0], np.cumsum(content_all)))
+    touch = np.zeros(len(eg), dtype=bool)  # gram k touches content when any of words k .. k+N-1 is content
+    for k in range(_N):
+        touch |= content_all[e_start + k]
+    voting = np.flatnonzero(touch & (e_df > 0) & (e_df < SHARED_MIN_ROWS))
+    v_cut = np.searchsorted(voting, ego).tolist()
+    v_lo = np.searchsorted(own_g, eg[voting]).tolist()
+    v_hi = np.searchsorted(own_g, eg[voting], side="right").tolist()
     for j, h in enumerate(ctx.eval_row_word_hashes):
         row = ctx.eval_norm_prompt[j] + "\x1f" + ctx.eval_norm_completion[j]
         if row in exact_rows or ctx.eval_norm_prompt[j] in exact_prompts:
             continue  # D14's
-        g, L = e3[j], len(h)
+        g, L = eg[ego[j] : ego[j + 1]], len(h)
         if len(g) == 0:
             continue
-        sl = slice(e_off[j], e_off[j + 1])
-        df = _lookup(g_keys, g_df, g)
-        content = ~_shared_mask(L, g, (e0[sl], e1[sl], e_hash[sl]), *tables, df=df)
-        n_content = int(content.sum())
+        content = content_all[eo[j] : eo[j + 1]]
+        n_content = int(n_content_all[eo[j + 1]] - n_content_all[eo[j]])
         if n_content < MIN_COVERED_WORDS:
             continue
-        # candidates: the training rows holding the most rare 3-grams over the eval row's content (df: above)
-        # gram k touches content when any of words k .. k+N-1 is content (len(g) == L - N + 1 here)
-        touches = np.lib.stride_tricks.sliding_window_view(content, _N).any(axis=1)[: len(g)]
+        # candidates: the training rows holding the most rare 3-grams over the eval row's content; each gram's
+        # rows in row order (at most the first 50)
         votes: Counter = Counter()
-        q = g[touches & (df > 0) & (df < SHARED_MIN_ROWS)]
-        # the rows of each such gram, in row order (at most the first 50)
-        for lo, hi in zip(np.searchsorted(own_g, q).tolist(), np.searchsorted(own_g, q, side="right").tolist()):
+        for lo, hi in zip(v_lo[v_cut[j] : v_cut[j + 1]], v_hi[v_cut[j] : v_cut[j + 1]]):
             votes.update(set(own_r[lo : min(hi, lo + 50)].tolist()))
         best = (0.0, 0)
         hl = h.tolist()
