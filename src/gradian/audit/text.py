@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import unicodedata
 import zlib
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -434,18 +434,10 @@ def latin_language(ws: Iterable[str], min_hits: int = 4) -> str | None:
     if hits < min_hits:
         return None
     votes: dict[str, float] = defaultdict(float)
-    counts = Counter(sw)
-    if all(len(lookup[w]) in (1, 2) for w in counts):
-        # every vote is 1 or 1/2: the sums are exact in any order, so count each stopword once
-        for w, k in counts.items():
-            langs = lookup[w]
-            for lang in langs:
-                votes[lang] += k * (1.0 / len(langs))
-    else:  # a word shared by three languages votes 1/3: add in word order, as the float sums always were
-        for w in sw:
-            langs = lookup[w]
-            for lang in langs:
-                votes[lang] += 1.0 / len(langs)
+    for w in sw:  # in word order, as the float sums always were
+        langs = lookup[w]
+        for lang in langs:
+            votes[lang] += 1.0 / len(langs)
     if not votes:
         return None
     ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))
