@@ -19,16 +19,19 @@ from gradian.audit.registry import Hit, NotApplicable, check
 
 
 def ids(ctx: AuditContext, idxs) -> list[str]:
+    """The ids of the training rows at indices ``idxs`` (sorted, each once)."""
     ex = ctx.examples or []
     return [ex[i].id for i in sorted(set(idxs))]
 
 
 def eval_ids(ctx: AuditContext, idxs) -> list[str]:
+    """The ids of the eval rows at indices ``idxs`` (sorted, each once)."""
     ex = ctx.eval_examples or []
     return [ex[i].id for i in sorted(set(idxs))]
 
 
 def pct(k: int, n: int) -> str:
+    """``k of n rows (p%)``, for messages."""
     return f"{k} of {n} rows ({100.0 * k / max(n, 1):.1f}%)"
 
 
@@ -52,6 +55,7 @@ def _schema(ex) -> str:
     source="trl sft_trainer.py decides the dataset type from next(iter(train_dataset))",
 )
 def d01(ctx: AuditContext) -> list[Hit]:
+    """D01 (format_mixed): Rows mix dataset schemas."""
     schemas = [_schema(e) for e in ctx.examples]
     counts = Counter(schemas)
     if len(counts) < 2:
@@ -98,6 +102,7 @@ def d01(ctx: AuditContext) -> list[Hit]:
     stages=("sft", "pretraining"),
 )
 def d02(ctx: AuditContext) -> list[Hit]:
+    """D02 (text_field_missing): The trainer's text/messages field is missing from rows."""
     c = ctx.config
     if c.trainer == "trl":
         field = c.dataset_text_field or "text"
@@ -182,6 +187,7 @@ def d02(ctx: AuditContext) -> list[Hit]:
     source="axolotl utils/trainer.py drops 'samples with no trainable tokens'; trl PR #6320",
 )
 def d03(ctx: AuditContext) -> list[Hit]:
+    """D03 (empty_target): Empty or whitespace-only targets."""
     bad = [i for i, c in enumerate(ctx.completion_texts) if not c.strip()]
     if not bad:
         return []
@@ -220,6 +226,7 @@ def _raw_roles(raw: dict) -> list[str] | None:
 
 
 def role_problems(roles: list[str]) -> list[str]:
+    """What is wrong with a conversation's role sequence (unknown roles, system not first, ...); empty when nothing."""
     probs = []
     unknown = sorted({r for r in roles if r not in KNOWN_ROLES})
     if unknown:
@@ -253,6 +260,7 @@ def role_problems(roles: list[str]) -> list[str]:
     source="templates that raise 'Conversation roles must alternate' (tf#34494); FastChat filter_sharegpt.py",
 )
 def d09(ctx: AuditContext) -> list[Hit]:
+    """D09 (role_order): Chat roles unknown or out of order."""
     bad: list[int] = []
     kinds: Counter = Counter()
     examples: dict[str, str] = {}
@@ -301,6 +309,7 @@ def d09(ctx: AuditContext) -> list[Hit]:
     source="axolotl dataset_exact_deduplication (sha256 of each prepared row); cleanlab Datalab near_duplicate",
 )
 def d11(ctx: AuditContext) -> list[Hit]:
+    """D11 (dup_exact): Exact duplicate rows."""
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(ctx.norm_row):
         groups[r].append(i)
@@ -359,6 +368,9 @@ def d11(ctx: AuditContext) -> list[Hit]:
 
 # ---------------------------------------------------------------------- D12
 def near_dup_pairs(ctx: AuditContext, threshold: float = 0.8) -> list[tuple[int, int, float]]:
+    """Training row pairs ``(i, j, jaccard)``, i < j, whose word 5-gram sets have Jaccard >= ``threshold`` (exact
+    copies excluded); MinHash/LSH candidates verified exactly, computed once per context (D12 and D15 share them).
+    """
     key = f"near_dup_pairs:{threshold}"
     if key not in ctx.memo:
         ctx.memo[key] = _near_dup_pairs(ctx, threshold)
@@ -419,6 +431,7 @@ def _clusters(pairs, n) -> list[list[int]]:
     source="NeMo Curator fuzzy deduplication (Jaccard 0.8)",
 )
 def d12(ctx: AuditContext) -> list[Hit]:
+    """D12 (dup_near): Near-duplicate rows."""
     pairs = near_dup_pairs(ctx)
     if not pairs:
         return []
@@ -459,6 +472,7 @@ def d12(ctx: AuditContext) -> list[Hit]:
     source="cleanlab label issues (analogue, heuristic)",
 )
 def d13(ctx: AuditContext) -> list[Hit]:
+    """D13 (conflicting_targets): One prompt, different targets."""
     by_prompt: dict[str, list[int]] = defaultdict(list)
     for i, (e, p) in enumerate(zip(ctx.examples, ctx.norm_prompt)):
         if e.format != "text" and p:
@@ -501,6 +515,7 @@ def d13(ctx: AuditContext) -> list[Hit]:
     source="lm-eval-harness docs/decontamination.md; saurabhav88/EnviousWispr#2547",
 )
 def d14(ctx: AuditContext) -> list[Hit]:
+    """D14 (contam_exact): Eval rows found verbatim in training."""
     train_rows: dict[str, list[int]] = defaultdict(list)
     train_prompts: dict[str, list[int]] = defaultdict(list)
     train_targets: dict[str, list[int]] = defaultdict(list)
@@ -758,6 +773,7 @@ def _shared_mask(
     "shared-material filter **H**",
 )
 def d15(ctx: AuditContext) -> list[Hit]:
+    """D15 (contam_near): Eval rows nearly copied from training."""
     from difflib import SequenceMatcher
 
     exact_rows = set(ctx.norm_row)
@@ -902,6 +918,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
     source="heuristic",
 )
 def d16(ctx: AuditContext) -> list[Hit]:
+    """D16 (answer_in_prompt): The target is already in its prompt."""
     bad = [i for i, (p, c) in enumerate(zip(ctx.norm_prompt, ctx.norm_completion)) if len(c) >= 20 and c in p]
     if not bad:
         return []
@@ -931,6 +948,7 @@ def d16(ctx: AuditContext) -> list[Hit]:
     source="FastChat split_long_conversation",
 )
 def d17(ctx: AuditContext) -> list[Hit]:
+    """D17 (length_outliers): Target length outliers."""
     if ctx.tokenizer is not None:
         unit = "tokens"
         lens = [(tr.tx.full_length - tr.tx.prompt_length) if tr.tx is not None else None for tr in ctx.token_rows]
@@ -982,6 +1000,7 @@ def d17(ctx: AuditContext) -> list[Hit]:
     source="FastChat optional_clean --skip-lang; DialogStudio ShareGPT README",
 )
 def d18(ctx: AuditContext) -> list[Hit]:
+    """D18 (language_mix): Unexpected language mix."""
     langs, mism = [], []
     # only stopwords vote: each prompt's and completion's stopwords, in order, picked from the flat word table
     wid, vocab = ctx.row_word_ids
@@ -1046,6 +1065,7 @@ def d18(ctx: AuditContext) -> list[Hit]:
     source="FastChat clean_sharegpt; airoboros-style filter lists",
 )
 def d20(ctx: AuditContext) -> list[Hit]:
+    """D20 (boilerplate_noise): Refusal boilerplate, HTML or mojibake."""
     kinds: dict[str, list[int]] = defaultdict(list)
     for i, (p, c) in enumerate(zip(ctx.prompt_texts, ctx.completion_texts)):
         if T.refusal_in(c):
@@ -1091,6 +1111,7 @@ def d20(ctx: AuditContext) -> list[Hit]:
     source="Unsloth fine-tuning guide (watch the eval loss)",
 )
 def d21(ctx: AuditContext) -> list[Hit]:
+    """D21 (no_eval_split): No held-out eval set."""
     if ctx.eval_examples is not None:
         return []
     c = ctx.config

@@ -84,6 +84,7 @@ def load_tokenizer_folder(path: str | Path):
 
 
 def token_info(tok, folder: str | Path | None) -> TokenInfo:
+    """The :class:`TokenInfo` of a tokenizer, with hints from its folder's config.json / generation_config.json."""
     cfg: dict[str, Any] = {}
     gen: dict[str, Any] = {}
     if folder is not None and Path(folder).is_dir():

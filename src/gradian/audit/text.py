@@ -46,6 +46,7 @@ def normalise(s: str) -> str:
 
 
 def words(s: str) -> list[str]:
+    """The words of ``s`` after :func:`normalise`."""
     return find_words(normalise(s))
 
 
@@ -362,6 +363,7 @@ def lsh_candidates(
 
 
 def jaccard(a: set, b: set) -> float:
+    """``|a & b| / |a | b|`` (1.0 for two empty sets)."""
     if not a and not b:
         return 1.0
     return len(a & b) / len(a | b)
