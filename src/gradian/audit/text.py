@@ -428,6 +428,10 @@ for _lang, _ws in _STOPWORDS.items():
         _SW_LOOKUP[_w].append(_lang)
 
 
+#: Each stopword's votes, ``(language, 1 / number of its languages)``.
+_SW_VOTES = {w: tuple((lang, 1.0 / len(langs)) for lang in langs) for w, langs in _SW_LOOKUP.items()}
+
+
 def latin_language(ws: Iterable[str], min_hits: int = 4) -> str | None:
     """A stopword vote among en/fr/de/es/it/pt/nl; None when fewer than ``min_hits`` stopwords or a tie."""
     lookup = _SW_LOOKUP
@@ -437,9 +441,8 @@ def latin_language(ws: Iterable[str], min_hits: int = 4) -> str | None:
         return None
     votes: dict[str, float] = defaultdict(float)
     for w in sw:  # in word order, as the float sums always were
-        langs = lookup[w]
-        for lang in langs:
-            votes[lang] += 1.0 / len(langs)
+        for lang, v in _SW_VOTES[w]:
+            votes[lang] += v
     if not votes:
         return None
     ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))
