@@ -26,7 +26,7 @@ fresh process                       before (``import          torch-free CLI and
                                     gradian`` imported        ``gradian diagnose``       JSON report, byte for
                                     torch)                                               byte)
 ==================================  ========================  =========================  =========================
-``gradian diagnose --help``         4.8 s wall, 3.7 s cpu     0.45-0.53 s wall,          0.36-0.45 s wall,
+``gradian diagnose --help``         4.8 s wall, 3.7 s cpu     0.45-0.53 s wall,          0.31-0.45 s wall,
                                                               0.45 s cpu                 0.31-0.44 s cpu
 ``gradian diagnose``, 10,000 rows   9.8-10.9 s wall,          5.1-5.2 s wall,            1.8-2.8 s wall,
                                     9.0 s cpu                 4.9-5.1 s cpu              1.8-2.75 s cpu
