@@ -662,13 +662,10 @@ def _lookup(sorted_keys: np.ndarray, counts: np.ndarray, q: np.ndarray) -> np.nd
     return np.where(sorted_keys[pos] == q, counts[pos], 0)
 
 
-def _grams(hash_rows: list[np.ndarray], n: int) -> list[np.ndarray]:
-    """Word n-grams per row; rows shorter than n have none (not one gram of the whole row)."""
-    return [g if len(h) >= n else np.zeros(0, dtype=np.uint64) for h, g in zip(hash_rows, T.ngrams_rows(hash_rows, n))]
-
-
 def _grams_flat(flat: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_grams` of rows given end to end: ``(grams (G,) uint64, gram offsets (n_rows+1,) int64)``.
+    """Word n-grams of rows given end to end; rows shorter than n have none (not one gram of the whole row).
+
+    Returns ``(grams (G,) uint64, gram offsets (n_rows+1,) int64)``.
 
     Gram hashes are :func:`text.ngram_hashes`' (``sum_k h_{i+k} P^k``), from one rolling pass over ``flat``.
     """
