@@ -169,6 +169,7 @@ def total_steps(ctx: AuditContext) -> tuple[int | None, str]:
     source="transformers TrainingArguments / PEFT LoraConfig validation (the trainer refuses or trains nothing)",
 )
 def c19(ctx: AuditContext) -> list[Hit]:
+    """C19 (impossible_value): A config value no trainer can run with."""
     c = ctx.config
     bad = impossible_values(c)
     if not bad:
@@ -205,6 +206,7 @@ def c19(ctx: AuditContext) -> list[Hit]:
     stages=("sft", "pretraining"),
 )
 def c01(ctx: AuditContext) -> list[Hit]:
+    """C01 (lr_fullft_on_lora): Full fine-tuning learning rate on a LoRA run."""
     c = ctx.config
     if not _lora(ctx):
         raise NotApplicable("full fine-tuning")
@@ -238,6 +240,7 @@ def c01(ctx: AuditContext) -> list[Hit]:
     source="artidoro/qlora README; Unsloth guide",
 )
 def c02(ctx: AuditContext) -> list[Hit]:
+    """C02 (lr_too_high): Learning rate far too high."""
     c = ctx.config
     lr = c.learning_rate
     if lr is None:
@@ -276,6 +279,7 @@ def c02(ctx: AuditContext) -> list[Hit]:
     source="Unsloth guide ('more than 3 generally not optimal'); fast.ai/W&B 'Can LLMs learn from a single example?'",
 )
 def c03(ctx: AuditContext) -> list[Hit]:
+    """C03 (too_many_epochs): Too many epochs for the data size."""
     c = ctx.config
     _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
     epochs, src = c.num_epochs, c.source("num_epochs")
@@ -314,6 +318,7 @@ def c03(ctx: AuditContext) -> list[Hit]:
     source="tf TrainingArguments (max_steps overrides num_train_epochs); heuristic step floor",
 )
 def c04(ctx: AuditContext) -> list[Hit]:
+    """C04 (step_budget): Step budget too small or mis-set."""
     c = ctx.config
     _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
     eb = c.effective_batch()
@@ -369,6 +374,7 @@ def c04(ctx: AuditContext) -> list[Hit]:
     source="axolotl validation.py check_warmup; tf TrainingArguments",
 )
 def c05(ctx: AuditContext) -> list[Hit]:
+    """C05 (warmup): Warmup longer than sensible."""
     c = ctx.config
     _require_possible(
         ctx,
@@ -426,6 +432,7 @@ def c05(ctx: AuditContext) -> list[Hit]:
     source="trl v0.12 'default to 1024' warning; axolotl config.py; LLaMA-Factory data_args.py",
 )
 def c06(ctx: AuditContext) -> list[Hit]:
+    """C06 (max_len_default): max_length left at the trainer's default."""
     c = ctx.config
     if not c.is_default("max_length"):
         return []
@@ -478,6 +485,7 @@ _RESPONSE_MARKERS = (
     stages=("sft",),
 )
 def c08(ctx: AuditContext) -> list[Hit]:
+    """C08 (loss_on_prompt): The loss covers the prompt."""
     if ctx.config is None and ctx.examples is None:
         raise NotApplicable("needs --config or --data")
     c = ctx.config
@@ -559,6 +567,7 @@ def c08(ctx: AuditContext) -> list[Hit]:
     stages=("sft",),
 )
 def c11(ctx: AuditContext) -> list[Hit]:
+    """C11 (packing_with_completion_mask): Packing with completion-only masking."""
     c = ctx.config
     if not c.packing:
         raise NotApplicable("packing is off")
@@ -636,6 +645,7 @@ _VARLEN = (
     stages=("sft", "preference", "rl", "other"),
 )
 def c12(ctx: AuditContext) -> list[Hit]:
+    """C12 (packing_no_varlen_attn): Packing without variable-length attention."""
     c = ctx.config
     if not (c.packing or c.padding_free):
         raise NotApplicable("packing and padding_free are off")
@@ -673,6 +683,7 @@ def c12(ctx: AuditContext) -> list[Hit]:
     source="PEFT LoraConfig use_rslora help; Unsloth guide; axolotl examples",
 )
 def c13(ctx: AuditContext) -> list[Hit]:
+    """C13 (lora_alpha_rank): Unusual LoRA rank / alpha."""
     c = ctx.config
     if not _lora(ctx):
         raise NotApplicable("full fine-tuning")
@@ -744,6 +755,7 @@ _ATTN = {
     source="trl lora_without_regret.md; a torchtune config variant listing v_proj twice",
 )
 def c14(ctx: AuditContext) -> list[Hit]:
+    """C14 (narrow_targets): LoRA targets attention only, or repeats modules."""
     c = ctx.config
     if not _lora(ctx):
         raise NotApplicable("full fine-tuning")
@@ -792,6 +804,7 @@ _BF16_NATIVE = re.compile(r"llama-?3|qwen|gemma|mistral|mixtral|phi-?3|phi-?4|sm
     source="qlora README (known issue 3); google/gemma_pytorch#24; axolotl peft.py validate_adapter",
 )
 def c16(ctx: AuditContext) -> list[Hit]:
+    """C16 (precision_risk): Risky precision settings."""
     c = ctx.config
     hits = []
     cite = c.cite("bf16", "fp16", "load_in_4bit", "load_in_8bit")
@@ -848,6 +861,7 @@ def c16(ctx: AuditContext) -> list[Hit]:
     source="tf TrainingArguments __post_init__",
 )
 def c17(ctx: AuditContext) -> list[Hit]:
+    """C17 (eval_misconfig): Evaluation mis-configured."""
     c = ctx.config
     if c.trainer not in ("trl", "hf", "llamafactory", "axolotl"):
         raise NotApplicable(f"{c.trainer or 'this trainer'} does not use TrainingArguments' eval settings")
@@ -916,6 +930,7 @@ def c17(ctx: AuditContext) -> list[Hit]:
     source="trl lora_without_regret.md (LoRA is less tolerant of large batches)",
 )
 def c18(ctx: AuditContext) -> list[Hit]:
+    """C18 (big_batch_lora): Large effective batch for LoRA."""
     c = ctx.config
     if not _lora(ctx):
         raise NotApplicable("full fine-tuning")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -18,16 +19,19 @@ from gradian.audit.registry import Hit, NotApplicable, check
 
 
 def ids(ctx: AuditContext, idxs) -> list[str]:
+    """The ids of the training rows at indices ``idxs`` (sorted, each once)."""
     ex = ctx.examples or []
     return [ex[i].id for i in sorted(set(idxs))]
 
 
 def eval_ids(ctx: AuditContext, idxs) -> list[str]:
+    """The ids of the eval rows at indices ``idxs`` (sorted, each once)."""
     ex = ctx.eval_examples or []
     return [ex[i].id for i in sorted(set(idxs))]
 
 
 def pct(k: int, n: int) -> str:
+    """``k of n rows (p%)``, for messages."""
     return f"{k} of {n} rows ({100.0 * k / max(n, 1):.1f}%)"
 
 
@@ -51,6 +55,7 @@ def _schema(ex) -> str:
     source="trl sft_trainer.py decides the dataset type from next(iter(train_dataset))",
 )
 def d01(ctx: AuditContext) -> list[Hit]:
+    """D01 (format_mixed): Rows mix dataset schemas."""
     schemas = [_schema(e) for e in ctx.examples]
     counts = Counter(schemas)
     if len(counts) < 2:
@@ -97,6 +102,7 @@ def d01(ctx: AuditContext) -> list[Hit]:
     stages=("sft", "pretraining"),
 )
 def d02(ctx: AuditContext) -> list[Hit]:
+    """D02 (text_field_missing): The trainer's text/messages field is missing from rows."""
     c = ctx.config
     if c.trainer == "trl":
         field = c.dataset_text_field or "text"
@@ -181,7 +187,8 @@ def d02(ctx: AuditContext) -> list[Hit]:
     source="axolotl utils/trainer.py drops 'samples with no trainable tokens'; trl PR #6320",
 )
 def d03(ctx: AuditContext) -> list[Hit]:
-    bad = [i for i, e in enumerate(ctx.examples) if not e.completion_text.strip()]
+    """D03 (empty_target): Empty or whitespace-only targets."""
+    bad = [i for i, c in enumerate(ctx.completion_texts) if not c.strip()]
     if not bad:
         return []
     return [
@@ -199,6 +206,9 @@ def d03(ctx: AuditContext) -> list[Hit]:
 KNOWN_ROLES = {"system", "user", "assistant", "tool", "function", "ipython", "developer"}
 
 
+_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
+
+
 def _raw_roles(raw: dict) -> list[str] | None:
     msgs = raw.get("messages", raw.get("conversations"))
     if not isinstance(msgs, list):
@@ -211,11 +221,12 @@ def _raw_roles(raw: dict) -> list[str] | None:
         if not isinstance(m, dict):
             return None
         r = m.get("role", m.get("from"))
-        roles.append({"human": "user", "gpt": "assistant"}.get(r, str(r)))
+        roles.append(_SHAREGPT_ROLES.get(r, str(r)))
     return roles
 
 
 def role_problems(roles: list[str]) -> list[str]:
+    """What is wrong with a conversation's role sequence (unknown roles, system not first, ...); empty when nothing."""
     probs = []
     unknown = sorted({r for r in roles if r not in KNOWN_ROLES})
     if unknown:
@@ -249,6 +260,7 @@ def role_problems(roles: list[str]) -> list[str]:
     source="templates that raise 'Conversation roles must alternate' (tf#34494); FastChat filter_sharegpt.py",
 )
 def d09(ctx: AuditContext) -> list[Hit]:
+    """D09 (role_order): Chat roles unknown or out of order."""
     bad: list[int] = []
     kinds: Counter = Counter()
     examples: dict[str, str] = {}
@@ -297,6 +309,7 @@ def d09(ctx: AuditContext) -> list[Hit]:
     source="axolotl dataset_exact_deduplication (sha256 of each prepared row); cleanlab Datalab near_duplicate",
 )
 def d11(ctx: AuditContext) -> list[Hit]:
+    """D11 (dup_exact): Exact duplicate rows."""
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(ctx.norm_row):
         groups[r].append(i)
@@ -355,6 +368,9 @@ def d11(ctx: AuditContext) -> list[Hit]:
 
 # ---------------------------------------------------------------------- D12
 def near_dup_pairs(ctx: AuditContext, threshold: float = 0.8) -> list[tuple[int, int, float]]:
+    """Training row pairs ``(i, j, jaccard)``, i < j, whose word 5-gram sets have Jaccard >= ``threshold`` (exact
+    copies excluded); MinHash/LSH candidates verified exactly, computed once per context (D12 and D15 share them).
+    """
     key = f"near_dup_pairs:{threshold}"
     if key not in ctx.memo:
         ctx.memo[key] = _near_dup_pairs(ctx, threshold)
@@ -415,6 +431,7 @@ def _clusters(pairs, n) -> list[list[int]]:
     source="NeMo Curator fuzzy deduplication (Jaccard 0.8)",
 )
 def d12(ctx: AuditContext) -> list[Hit]:
+    """D12 (dup_near): Near-duplicate rows."""
     pairs = near_dup_pairs(ctx)
     if not pairs:
         return []
@@ -455,6 +472,7 @@ def d12(ctx: AuditContext) -> list[Hit]:
     source="cleanlab label issues (analogue, heuristic)",
 )
 def d13(ctx: AuditContext) -> list[Hit]:
+    """D13 (conflicting_targets): One prompt, different targets."""
     by_prompt: dict[str, list[int]] = defaultdict(list)
     for i, (e, p) in enumerate(zip(ctx.examples, ctx.norm_prompt)):
         if e.format != "text" and p:
@@ -497,14 +515,15 @@ def d13(ctx: AuditContext) -> list[Hit]:
     source="lm-eval-harness docs/decontamination.md; saurabhav88/EnviousWispr#2547",
 )
 def d14(ctx: AuditContext) -> list[Hit]:
+    """D14 (contam_exact): Eval rows found verbatim in training."""
     train_rows: dict[str, list[int]] = defaultdict(list)
     train_prompts: dict[str, list[int]] = defaultdict(list)
     train_targets: dict[str, list[int]] = defaultdict(list)
     for i, (r, p, c) in enumerate(zip(ctx.norm_row, ctx.norm_prompt, ctx.norm_completion)):
         train_rows[r].append(i)
-        if len(p.split()) >= 3:
+        if len(p.split(None, 2)) >= 3:  # >= 3 words
             train_prompts[p].append(i)
-        if len(c.split()) >= 8:
+        if len(c.split(None, 7)) >= 8:  # >= 8 words
             train_targets[c].append(i)
     full, prompt_only, target_only = [], [], []
     tr_full, tr_prompt, tr_target = set(), set(), set()
@@ -591,16 +610,48 @@ def row_representatives(ctx: AuditContext) -> np.ndarray:
     return reps
 
 
-def _distinct_counts(keys_per_row: list[np.ndarray], reps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique keys and, for each, the number of distinct row groups holding it (one vectorised pass)."""
-    if not any(len(k) for k in keys_per_row):
-        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
-    allk = np.concatenate([k for k in keys_per_row if len(k)])
-    allr = np.concatenate([np.full(len(k), reps[i], dtype=np.uint64) for i, k in enumerate(keys_per_row) if len(k)])
-    with np.errstate(over="ignore"):  # (key, group) folded into one 64-bit key; collisions are negligible
-        pair = allk * np.uint64(0x9E3779B97F4A7C15) + allr * np.uint64(0xC2B2AE3D27D4EB4F) + (allr << np.uint64(17))
-    _, first = np.unique(pair, return_index=True)
-    return np.unique(allk[first], return_counts=True)
+def _key_table(
+    keys: np.ndarray, rows: np.ndarray, reps: np.ndarray, with_rows: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Sorted unique keys and, for each, the number of distinct row groups holding it (exact, vectorised).
+
+    Args:
+        keys: (N,) uint64 keys (word 3-grams or segment hashes) of all training rows, end to end.
+        rows: (N,) int64 the training row of each key.
+        reps: (n_rows,) int64 each row's group (:func:`row_representatives`).
+        with_rows: also return every key occurrence sorted by (key, row).
+
+    Returns:
+        ``(unique keys (U,), groups per key (U,), keys sorted (N,), rows in (key, row) order (N,))``; the last two
+        are None unless ``with_rows``. A (key run, row) pair is packed in one uint64 (run index << 32 | row), so
+        the per-key work is two plain sorts, not a lexicographic sort.
+    """
+    if not len(keys):
+        e = np.zeros(0, dtype=np.int64)
+        return (
+            np.zeros(0, dtype=np.uint64),
+            e,
+            (np.zeros(0, dtype=np.uint64) if with_rows else None),
+            (e if with_rows else None),
+        )
+    order = np.argsort(keys)
+    ks = keys[order]
+    rs = rows[order]
+    new = np.empty(len(ks), dtype=bool)
+    new[0] = True
+    np.not_equal(ks[1:], ks[:-1], out=new[1:])
+    run = (np.cumsum(new) - 1).astype(np.uint64) << np.uint64(32)
+    pair = run | reps[rs].astype(np.uint64)
+    pair.sort()
+    first = np.empty(len(pair), dtype=bool)
+    first[0] = True
+    np.not_equal(pair[1:], pair[:-1], out=first[1:])
+    df = np.bincount((pair[first] >> np.uint64(32)).astype(np.int64), minlength=int(new.sum()))
+    if not with_rows:
+        return ks[new], df, None, None
+    by_row = run | rs.astype(np.uint64)
+    by_row.sort()
+    return ks[new], df, ks, (by_row & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
 def _lookup(sorted_keys: np.ndarray, counts: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -611,35 +662,92 @@ def _lookup(sorted_keys: np.ndarray, counts: np.ndarray, q: np.ndarray) -> np.nd
     return np.where(sorted_keys[pos] == q, counts[pos], 0)
 
 
-def _grams(hash_rows: list[np.ndarray], n: int) -> list[np.ndarray]:
-    """Word n-grams per row; rows shorter than n have none (not one gram of the whole row)."""
-    return [g if len(h) >= n else np.zeros(0, dtype=np.uint64) for h, g in zip(hash_rows, T.ngrams_rows(hash_rows, n))]
+def _grams_flat(flat: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Word n-grams of rows given end to end; rows shorter than n have none (not one gram of the whole row).
+
+    Returns ``(grams (G,) uint64, gram offsets (n_rows+1,) int64)``.
+
+    Gram hashes are :func:`text.ngram_hashes`' (``sum_k h_{i+k} P^k``), from one rolling pass over ``flat``.
+    """
+    lens = np.diff(offsets)
+    counts = np.maximum(lens - (n - 1), 0)
+    goff = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(counts, out=goff[1:])
+    if not goff[-1]:
+        return np.zeros(0, dtype=np.uint64), goff
+    m = len(flat) - n + 1
+    roll = np.zeros(m, dtype=np.uint64)
+    mult = np.uint64(1)
+    with np.errstate(over="ignore"):
+        for k in range(n):
+            roll += flat[k : k + m] * mult
+            mult = mult * T._P
+    # the grams of row i start at offsets[i] .. offsets[i] + counts[i] - 1
+    starts = np.repeat(offsets[:-1] - goff[:-1], counts) + np.arange(goff[-1], dtype=np.int64)
+    return roll[starts], goff
 
 
 def _spread(starts: np.ndarray, n: int, length: int) -> np.ndarray:
     """Positions covered by n-grams starting at ``starts``."""
-    out = np.zeros(length, dtype=bool)
-    for k in starts.tolist():
-        out[k : k + n] = True
-    return out
+    out = np.zeros(length + n, dtype=bool)
+    for k in range(n):
+        out[starts + k] = True
+    return out[:length]
+
+
+def _segment_spans(
+    flat: np.ndarray, off: np.ndarray, seg_lens: list[list[int]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every row's segments as word spans, all rows at once (:func:`text.span_hashes` of each row).
+
+    Args:
+        flat, off: the rows' word hashes end to end and the row offsets (``AuditContext.row_word_flat``).
+        seg_lens: per row, the word count of each segment.
+
+    Returns:
+        ``(row, start, end, hash, span offsets)``: per non-empty segment its row, its start and end word in the
+        row (clipped to the row), the hash of its words; row i's spans are ``span_off[i]:span_off[i+1]``.
+    """
+    n = len(seg_lens)
+    n_seg = np.fromiter(map(len, seg_lens), dtype=np.int64, count=n)
+    seg_row = np.repeat(np.arange(n, dtype=np.int64), n_seg)
+    lens = np.fromiter(chain.from_iterable(seg_lens), dtype=np.int64, count=int(n_seg.sum()))
+    ends = np.cumsum(lens)
+    first_seg = np.cumsum(n_seg) - n_seg  # index of each row's first segment
+    before = (ends - lens)[np.minimum(first_seg, max(len(lens) - 1, 0))] if len(lens) else np.zeros(n, np.int64)
+    row_len = np.diff(off)[seg_row]
+    local_end = ends - np.repeat(before, n_seg)
+    keep = lens > 0  # empty segments skipped; spans clipped to the row
+    a0 = np.minimum(local_end - lens, row_len)[keep]
+    a1 = np.minimum(local_end, row_len)[keep]
+    rows = seg_row[keep]
+    base = off[:-1][rows]
+    span_off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n), out=span_off[1:])
+    return rows, a0, a1, T.span_hash_flat(flat, base + a0, base + a1), span_off
 
 
 def _shared_mask(
-    h: np.ndarray, grams: np.ndarray, seg_lengths: list[int], g_keys, g_df, seg_keys, seg_df
+    L: int,
+    grams: np.ndarray,
+    spans: tuple[np.ndarray, np.ndarray, np.ndarray],
+    g_keys,
+    g_df,
+    seg_keys,
+    seg_df,
+    df: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Positions of a row inside shared material: a word 3-gram or a segment found in >= SHARED_MIN_ROWS rows."""
-    L = len(h)
-    shared = (
-        _spread(np.nonzero(_lookup(g_keys, g_df, grams) >= SHARED_MIN_ROWS)[0], _N, L)
-        if len(grams)
-        else np.zeros(L, dtype=bool)
-    )
-    spans = T.span_hashes(h, seg_lengths)
-    if spans:
-        df = _lookup(seg_keys, seg_df, np.array([x[2] for x in spans], dtype=np.uint64))
-        for (a, b, _), d in zip(spans, df.tolist()):
-            if d >= SHARED_MIN_ROWS:
-                shared[a:b] = True
+    """Positions of a row (of ``L`` words) inside shared material: a word 3-gram or a segment (``spans``: the
+    row's segment starts, ends and hashes) found in >= SHARED_MIN_ROWS rows. ``df``: the grams' counts, when
+    already looked up.
+    """
+    if df is None:
+        df = _lookup(g_keys, g_df, grams)
+    shared = _spread(np.nonzero(df >= SHARED_MIN_ROWS)[0], _N, L) if len(grams) else np.zeros(L, dtype=bool)
+    a0, a1, hs = spans
+    if len(hs):
+        for a, b in zip(*(x[_lookup(seg_keys, seg_df, hs) >= SHARED_MIN_ROWS].tolist() for x in (a0, a1))):
+            shared[a:b] = True
     return shared
 
 
@@ -662,29 +770,21 @@ def _shared_mask(
     "shared-material filter **H**",
 )
 def d15(ctx: AuditContext) -> list[Hit]:
+    """D15 (contam_near): Eval rows nearly copied from training."""
     from difflib import SequenceMatcher
 
     exact_rows = set(ctx.norm_row)
-    exact_prompts = {p for p in ctx.norm_prompt if len(p.split()) >= 3}
+    exact_prompts = {p for p in ctx.norm_prompt if len(p.split(None, 2)) >= 3}  # >= 3 words
     reps = row_representatives(ctx)
+    n = ctx.n
+    flat, off = ctx.row_word_flat
     # training side: how many distinct rows hold each 3-gram and each segment; which rows hold each 3-gram
-    seg_keys, seg_df = _distinct_counts(
-        [
-            np.array([x[2] for x in T.span_hashes(h, lens)], dtype=np.uint64)
-            for h, lens in zip(ctx.row_word_hashes, ctx.row_segment_lengths)
-        ],
-        reps,
-    )
-    t3 = _grams(ctx.row_word_hashes, _N)
-    g_keys, g_df = _distinct_counts(t3, reps)
-    own_g = np.concatenate([g for g in t3 if len(g)]) if any(len(g) for g in t3) else np.zeros(0, dtype=np.uint64)
-    own_r = (
-        np.concatenate([np.full(len(g), i, dtype=np.int64) for i, g in enumerate(t3) if len(g)])
-        if len(own_g)
-        else np.zeros(0, dtype=np.int64)
-    )
-    order = np.argsort(own_g, kind="stable")
-    own_g, own_r = own_g[order], own_r[order]
+    seg_rows, s0, s1, s_hash, s_off = _segment_spans(flat, off, ctx.row_segment_lengths)
+    seg_keys, seg_df, _, _ = _key_table(s_hash, seg_rows, reps)
+    g_flat, g_off = _grams_flat(flat, off, _N)
+    t3 = [g_flat[g_off[i] : g_off[i + 1]] for i in range(n)]
+    g_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(g_off))
+    g_keys, g_df, own_g, own_r = _key_table(g_flat, g_rows, reps, with_rows=True)
     tables = (g_keys, g_df, seg_keys, seg_df)
     t_shared: dict[int, np.ndarray] = {}
     t3_sets: dict[int, set[int]] = {}
@@ -692,26 +792,44 @@ def d15(ctx: AuditContext) -> list[Hit]:
     flagged: list[int] = []
     tr: set[int] = set()
     pairs: list[list] = []
-    e3 = _grams(ctx.eval_row_word_hashes, _N)
+    # eval side, every row at once: its 3-grams' counts, which words are content (outside shared material), which
+    # grams touch content and are rare, and the training rows holding each such gram
+    ef, eo = ctx.eval_row_word_flat
+    eg, ego = _grams_flat(ef, eo, _N)
+    e_start = np.repeat(eo[:-1] - ego[:-1], np.diff(ego)) + np.arange(len(eg), dtype=np.int64)  # word of gram
+    e_df = _lookup(g_keys, g_df, eg)
+    shared = np.zeros(len(ef) + _N, dtype=np.int64)
+    for k in range(_N):
+        shared[e_start[e_df >= SHARED_MIN_ROWS] + k] = 1
+    e_rows, e0, e1, e_hash, _ = _segment_spans(ef, eo, ctx.eval_segment_lengths)
+    sh = _lookup(seg_keys, seg_df, e_hash) >= SHARED_MIN_ROWS
+    edge = np.zeros(len(ef) + 1, dtype=np.int64)  # +1 at a shared segment's start, -1 at its end
+    np.add.at(edge, eo[:-1][e_rows[sh]] + e0[sh], 1)
+    np.add.at(edge, eo[:-1][e_rows[sh]] + e1[sh], -1)
+    content_all = (shared[: len(ef)] == 0) & (np.cumsum(edge[:-1]) == 0)
+    n_content_all = np.concatenate(([0], np.cumsum(content_all)))
+    touch = np.zeros(len(eg), dtype=bool)  # gram k touches content when any of words k .. k+N-1 is content
+    for k in range(_N):
+        touch |= content_all[e_start + k]
+    voting = np.flatnonzero(touch & (e_df > 0) & (e_df < SHARED_MIN_ROWS))
+    v_cut = np.searchsorted(voting, ego).tolist()
+    v_lo = np.searchsorted(own_g, eg[voting]).tolist()
+    v_hi = np.searchsorted(own_g, eg[voting], side="right").tolist()
     for j, h in enumerate(ctx.eval_row_word_hashes):
         row = ctx.eval_norm_prompt[j] + "\x1f" + ctx.eval_norm_completion[j]
         if row in exact_rows or ctx.eval_norm_prompt[j] in exact_prompts:
             continue  # D14's
-        g, L = e3[j], len(h)
+        g, L = eg[ego[j] : ego[j + 1]], len(h)
         if len(g) == 0:
             continue
-        content = ~_shared_mask(h, g, ctx.eval_segment_lengths[j], *tables)
-        n_content = int(content.sum())
+        content = content_all[eo[j] : eo[j + 1]]
+        n_content = int(n_content_all[eo[j + 1]] - n_content_all[eo[j]])
         if n_content < MIN_COVERED_WORDS:
             continue
-        # candidates: the training rows holding the most rare 3-grams over the eval row's content
-        df = _lookup(g_keys, g_df, g)
-        # gram k touches content when any of words k .. k+N-1 is content (len(g) == L - N + 1 here)
-        touches = np.lib.stride_tricks.sliding_window_view(content, _N).any(axis=1)[: len(g)]
+        # candidates: the training rows holding the most rare 3-grams over the eval row's content; each gram's
+        # rows in row order (at most the first 50)
         votes: Counter = Counter()
-        for k in np.nonzero(touches & (df > 0) & (df < SHARED_MIN_ROWS))[0].tolist():
-            lo = np.searchsorted(own_g, g[k])
-            hi = np.searchsorted(own_g, g[k], side="right")
+        for lo, hi in zip(v_lo[v_cut[j] : v_cut[j + 1]], v_hi[v_cut[j] : v_cut[j + 1]]):
             votes.update(set(own_r[lo : min(hi, lo + 50)].tolist()))
         best = (0.0, 0)
         hl = h.tolist()
@@ -721,26 +839,25 @@ def d15(ctx: AuditContext) -> list[Hit]:
             if i not in t3_sets:
                 t3_sets[i] = set(t3[i].tolist())
             has = t3_sets[i]
-            in_row = np.fromiter((x in has for x in gl), dtype=bool, count=len(gl))  # np.isin(g, t3[i]), for short rows
+            in_row = np.fromiter(map(has.__contains__, gl), dtype=bool, count=len(gl))  # np.isin(g, t3[i])
             if int((_spread(np.nonzero(in_row)[0], _N, L) & content).sum()) < MIN_COVERED_WORDS:
                 continue
             if i not in t_shared:
-                t_shared[i] = _shared_mask(ctx.row_word_hashes[i], t3[i], ctx.row_segment_lengths[i], *tables)
+                sl = slice(s_off[i], s_off[i + 1])
+                t_shared[i] = _shared_mask(len(ctx.row_word_hashes[i]), t3[i], (s0[sl], s1[sl], s_hash[sl]), *tables)
             ts = t_shared[i]
             edits = 0
             ops = SequenceMatcher(None, hl, ctx.row_word_hashes[i].tolist(), autojunk=False).get_opcodes()
-
-            def aligned(k: int) -> bool:
-                return 0 <= k < len(ops) and ops[k][0] == "equal"
-
+            # aligned[k + 1]: op k is an "equal" run (with a False at each end, for k = -1 and k = len(ops))
+            aligned = [False, *(op[0] == "equal" for op in ops), False]
             cov = np.zeros(L, dtype=bool)
             for k, (tag, a0, a1, b0, b1) in enumerate(ops):
                 if tag == "equal" and a1 - a0 >= 2:
                     cov[a0:a1] = content[a0:a1]
                 elif (
                     tag in ("replace", "insert")
-                    and aligned(k - 1)
-                    and aligned(k + 1)
+                    and aligned[k]
+                    and aligned[k + 2]
                     and b1 - b0 <= 3
                     and a1 - a0 <= max(1, 2 * (b1 - b0))
                     and ts[b0:b1].all()
@@ -798,6 +915,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
     source="heuristic",
 )
 def d16(ctx: AuditContext) -> list[Hit]:
+    """D16 (answer_in_prompt): The target is already in its prompt."""
     bad = [i for i, (p, c) in enumerate(zip(ctx.norm_prompt, ctx.norm_completion)) if len(c) >= 20 and c in p]
     if not bad:
         return []
@@ -827,12 +945,13 @@ def d16(ctx: AuditContext) -> list[Hit]:
     source="FastChat split_long_conversation",
 )
 def d17(ctx: AuditContext) -> list[Hit]:
+    """D17 (length_outliers): Target length outliers."""
     if ctx.tokenizer is not None:
         unit = "tokens"
         lens = [(tr.tx.full_length - tr.tx.prompt_length) if tr.tx is not None else None for tr in ctx.token_rows]
     else:
         unit = "characters"
-        lens = [len(e.completion_text) for e in ctx.examples]
+        lens = [len(c) for c in ctx.completion_texts]
     pts = [(i, math.log1p(max(L, 0))) for i, L in enumerate(lens) if L is not None]
     if len(pts) < 20:
         raise NotApplicable(f"too few rows ({len(pts)}) for a robust length distribution (needs 20)")
@@ -878,17 +997,22 @@ def d17(ctx: AuditContext) -> list[Hit]:
     source="FastChat optional_clean --skip-lang; DialogStudio ShareGPT README",
 )
 def d18(ctx: AuditContext) -> list[Hit]:
+    """D18 (language_mix): Unexpected language mix."""
     langs, mism = [], []
-    for i, e in enumerate(ctx.examples):
-        p = T.language_of(e.prompt_text, ctx.prompt_words[i]) if ctx.prompt_words[i] else None
-        c = T.language_of(e.completion_text, ctx.completion_words[i])
-        both = (
-            c
-            if p is None
-            else p
-            if c is None or p == c
-            else T.language_of(e.prompt_text + "\n" + e.completion_text, ctx.row_words[i])
-        )
+    # only stopwords vote: each prompt's and completion's stopwords, in order, picked from the flat word table
+    wid, vocab = ctx.row_word_ids
+    _, off = ctx.row_word_flat
+    at = np.flatnonzero(T.is_stopword(vocab)[wid])
+    bounds = np.empty(2 * ctx.n + 1, dtype=np.int64)
+    bounds[0::2] = off
+    bounds[1::2] = off[:-1] + np.fromiter(map(len, ctx.prompt_words), dtype=np.int64, count=ctx.n)
+    cut = np.searchsorted(at, bounds).tolist()
+    sw = list(map(vocab.__getitem__, wid[at].tolist()))
+    for i, (pt, ct) in enumerate(zip(ctx.prompt_texts, ctx.completion_texts)):
+        sp, sc = sw[cut[2 * i] : cut[2 * i + 1]], sw[cut[2 * i + 1] : cut[2 * i + 2]]
+        p = T.language_of(pt, sp) if ctx.prompt_words[i] else None
+        c = T.language_of(ct, sc)
+        both = c if p is None else p if c is None or p == c else T.language_of(pt + "\n" + ct, sp + sc)
         langs.append(both)
         if p and c and p != c:
             mism.append(i)
@@ -938,16 +1062,18 @@ def d18(ctx: AuditContext) -> list[Hit]:
     source="FastChat clean_sharegpt; airoboros-style filter lists",
 )
 def d20(ctx: AuditContext) -> list[Hit]:
+    """D20 (boilerplate_noise): Refusal boilerplate, HTML or mojibake."""
     kinds: dict[str, list[int]] = defaultdict(list)
-    for i, e in enumerate(ctx.examples):
-        c = e.completion_text
-        if T.REFUSAL.search(c):
+    for i, (p, c) in enumerate(zip(ctx.prompt_texts, ctx.completion_texts)):
+        if T.refusal_in(c):
             kinds["refusal"].append(i)
-        both = e.prompt_text + "\n" + c
-        if ("<" in both or "&" in both) and T.HTML.search(both):
-            kinds["html"].append(i)
-        if not both.isascii() and T.MOJIBAKE.search(both):
-            kinds["mojibake"].append(i)
+        ascii_ = p.isascii() and c.isascii()
+        if not ascii_ or "<" in p or "&" in p or "<" in c or "&" in c:  # else neither pattern can match
+            both = p + "\n" + c
+            if ("<" in both or "&" in both) and T.HTML.search(both):
+                kinds["html"].append(i)
+            if not ascii_ and T.MOJIBAKE.search(both):
+                kinds["mojibake"].append(i)
     allrows = sorted({i for v in kinds.values() for i in v})
     if not allrows:
         return []
@@ -982,6 +1108,7 @@ def d20(ctx: AuditContext) -> list[Hit]:
     source="Unsloth fine-tuning guide (watch the eval loss)",
 )
 def d21(ctx: AuditContext) -> list[Hit]:
+    """D21 (no_eval_split): No held-out eval set."""
     if ctx.eval_examples is not None:
         return []
     c = ctx.config

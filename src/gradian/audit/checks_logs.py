@@ -45,6 +45,7 @@ def _warmup_end(ctx: AuditContext) -> int:
     source="google/gemma_pytorch#24; tf#27809",
 )
 def l01(ctx: AuditContext) -> list[Hit]:
+    """L01 (nan_inf): NaN or inf in the logs."""
     log = ctx.logs
     bad: dict[str, list[int]] = {}
     for key, src in (("loss", "train"), ("grad_norm", "train"), ("learning_rate", "train"), ("eval_loss", "eval")):
@@ -78,6 +79,7 @@ def l01(ctx: AuditContext) -> list[Hit]:
     source="shibing624/MedicalGPT#252; trl PR #550",
 )
 def l02(ctx: AuditContext) -> list[Hit]:
+    """L02 (zero_loss): Loss collapsed to zero."""
     hits = []
     for key, src in (("loss", "train"), ("eval_loss", "eval")):
         pts = ctx.logs.series(key, src)
@@ -117,6 +119,7 @@ def l02(ctx: AuditContext) -> list[Hit]:
     source="axolotl loss_watchdog_threshold (~2x start); group_by_length description",
 )
 def l03(ctx: AuditContext) -> list[Hit]:
+    """L03 (loss_spike): Loss spikes after warmup."""
     pts = _finite(ctx.logs.series("loss"))
     if len(pts) < 8:
         raise NotApplicable(f"only {len(pts)} finite train-loss logs (needs 8)")
@@ -168,6 +171,7 @@ def l03(ctx: AuditContext) -> list[Hit]:
     source="google/gemma_pytorch#24",
 )
 def l04(ctx: AuditContext) -> list[Hit]:
+    """L04 (grad_explosion): Gradient-norm explosions."""
     pts = _finite(ctx.logs.series("grad_norm"))
     if not pts:
         raise NotApplicable("no grad_norm logged")
@@ -205,6 +209,7 @@ def l04(ctx: AuditContext) -> list[Hit]:
     source="fast.ai/W&B 'Can LLMs learn from a single example?'; Unsloth guide",
 )
 def l05(ctx: AuditContext) -> list[Hit]:
+    """L05 (overfit): Eval loss rising while train loss falls."""
     ev = _finite(ctx.logs.series("eval_loss", "eval"))
     if len(ev) < 3:
         raise NotApplicable(f"only {len(ev)} eval_loss logs (needs 3)")
@@ -259,6 +264,7 @@ def l05(ctx: AuditContext) -> list[Hit]:
     source="fast.ai/W&B report; arXiv 2410.10056",
 )
 def l06(ctx: AuditContext) -> list[Hit]:
+    """L06 (epoch_staircase): Train loss drops in steps at epoch boundaries."""
     pts = [p for p in _finite(ctx.logs.series("loss")) if p.epoch is not None]
     if len(pts) < 8 or pts[-1].epoch < 1.02:
         raise NotApplicable("no epoch-tagged train logs beyond the first epoch")
@@ -304,6 +310,7 @@ def l06(ctx: AuditContext) -> list[Hit]:
     source="heuristic",
 )
 def l07(ctx: AuditContext) -> list[Hit]:
+    """L07 (memorised): Training set memorised."""
     tr = _finite(ctx.logs.series("loss"))
     if len(tr) < 3:
         raise NotApplicable("fewer than 3 finite train-loss logs")
@@ -351,6 +358,7 @@ def l07(ctx: AuditContext) -> list[Hit]:
     source="PEFT troubleshooting ('Training runs but the model does not improve')",
 )
 def l08(ctx: AuditContext) -> list[Hit]:
+    """L08 (no_learning): Loss does not go down."""
     tr = _finite(ctx.logs.series("loss"))
     if len(tr) < 10 or tr[-1].step - tr[0].step < 100:
         raise NotApplicable("fewer than 10 train logs or 100 steps")
@@ -384,6 +392,7 @@ def l08(ctx: AuditContext) -> list[Hit]:
     source="tf#37197, tf PR #35438, LF#7443",
 )
 def l09(ctx: AuditContext) -> list[Hit]:
+    """L09 (loss_scale): Loss on the wrong scale."""
     tr = _finite(ctx.logs.series("loss"))
     if not tr:
         raise NotApplicable("no finite train loss logged")
@@ -416,6 +425,7 @@ def l09(ctx: AuditContext) -> list[Hit]:
     source="shibing624/MedicalGPT#252 (lr stuck at 1.05e-07)",
 )
 def l10(ctx: AuditContext) -> list[Hit]:
+    """L10 (lr_schedule): Learning-rate schedule off."""
     lr = _finite(ctx.logs.series("learning_rate"))
     if len(lr) < 3:
         raise NotApplicable("fewer than 3 learning_rate logs")
@@ -476,6 +486,7 @@ def l10(ctx: AuditContext) -> list[Hit]:
     source="transformers TrainerState fields",
 )
 def l11(ctx: AuditContext) -> list[Hit]:
+    """L11 (incomplete): The run did not finish."""
     log = ctx.logs
     gs = log.global_step
     ms = log.state.get("max_steps") or (ctx.config.max_steps if ctx.config is not None else None)

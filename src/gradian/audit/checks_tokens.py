@@ -51,6 +51,7 @@ def _pctl(vals, q) -> int:
     source="trl sft_config.py truncation_mode keep_start cuts the completion and EOS; LF#3143",
 )
 def d04(ctx: AuditContext) -> list[Hit]:
+    """D04 (truncated): Rows longer than max_length."""
     L, src = _need_max_length(ctx)
     rows = _rendered(ctx)
     lens = [ctx.token_rows[i].tx.full_length for i in rows]
@@ -105,6 +106,7 @@ def d04(ctx: AuditContext) -> list[Hit]:
     source="tf#34494; trl PR #6320 (rows with no trainable tokens)",
 )
 def d05(ctx: AuditContext) -> list[Hit]:
+    """D05 (prompt_fills_window): The prompt fills the whole window."""
     L, src = _need_max_length(ctx)
     bad = [i for i in _rendered(ctx) if ctx.token_rows[i].last_sup >= 0 and ctx.token_rows[i].first_sup >= L]
     if not bad:
@@ -147,6 +149,7 @@ def end_of_turn(ctx: AuditContext) -> str | None:
 
 
 def stop_ids(ctx: AuditContext) -> set[int]:
+    """Token ids that end a generation: the generation EOS ids, the EOS token and the end-of-turn token."""
     tok = ctx.tokenizer
     out = set(ctx.tok_info.generation_eos_ids)
     if ctx.tok_info.eos_id is not None:
@@ -184,6 +187,7 @@ def _last_content_token(tx, last_sup: int) -> int | None:
     source="trl#1623, trl#931, trl PR #3091",
 )
 def d06(ctx: AuditContext) -> list[Hit]:
+    """D06 (no_eos): Targets do not end with EOS / end-of-turn."""
     stops = stop_ids(ctx)
     if not stops:
         raise NotApplicable("the tokenizer has no EOS token")
@@ -232,6 +236,7 @@ def d06(ctx: AuditContext) -> list[Hit]:
     source="OpenRLHF#393; deepseek-ai/DeepSeek-R1#151; alignment-handbook#127",
 )
 def d07(ctx: AuditContext) -> list[Hit]:
+    """D07 (double_bos): BOS token twice at the start."""
     bos = ctx.tok_info.bos_id
     if bos is None:
         raise NotApplicable("the tokenizer has no BOS token")
@@ -273,6 +278,7 @@ _PLAIN_MARKER_FAMILIES = ("alpaca", "vicuna")  # plain text, not control strings
     source="PrimeIntellect-ai/renderers PR #116; FranxYao/Long-Context-Data-Engineering#14",
 )
 def d08(ctx: AuditContext) -> list[Hit]:
+    """D08 (control_tokens_in_content): Special / template tokens inside message content."""
     specials = set()
     if ctx.tokenizer is not None:
         specials = {s for s in ctx.tok_info.special_strings if len(s) >= 3}
@@ -280,7 +286,6 @@ def d08(ctx: AuditContext) -> list[Hit]:
     markers -= specials
     eos = ctx.tok_info.eos_token if ctx.tokenizer is not None else None
     # A cheap prefilter: a special/marker string always contains one of these characters.
-    pre = re.compile(r"[<\[｜]")
     hit_special, hit_marker, found = [], [], Counter()
     for i, e in enumerate(ctx.examples):
         if e.format == "text":
@@ -294,7 +299,7 @@ def d08(ctx: AuditContext) -> list[Hit]:
         if parts and eos and isinstance(e.completion, str) and parts[-1].endswith(eos):
             parts[-1] = parts[-1][: -len(eos)]
         blob = "\n".join(parts)
-        if not pre.search(blob):
+        if "<" not in blob and "[" not in blob and "｜" not in blob:
             continue
         s_hits = [s for s in specials if s in blob]
         m_hits = [m for m in markers if m in blob]
@@ -346,6 +351,7 @@ def d08(ctx: AuditContext) -> list[Hit]:
     stages=("sft",),
 )
 def d10(ctx: AuditContext) -> list[Hit]:
+    """D10 (response_marker_missing): Response template not found in rows."""
     rt = ctx.config.response_template
     if not rt:
         raise NotApplicable("no response_template in the config (no DataCollatorForCompletionOnlyLM)")
@@ -410,9 +416,11 @@ def _contains(hay: list[int], needle: list[int]) -> bool:
     "starts at the common prefix; > 5% warns, any is info",
     fix="end prompts with the separator (space/newline) and start targets without it, so the boundary is a "
     "token boundary",
-    source="trl sft_trainer.py warning 'Mismatch between tokenized prompt and the start of tokenized prompt+completion'",
+    source="trl sft_trainer.py warning 'Mismatch between tokenized prompt and the start of tokenized "
+    "prompt+completion'",
 )
 def d19(ctx: AuditContext) -> list[Hit]:
+    """D19 (boundary_whitespace): Prompt/target boundary tokens merge."""
     plens = ctx.prompt_token_lengths
     bad, diffs = [], []
     for i, pl in enumerate(plens):
@@ -464,6 +472,7 @@ def d19(ctx: AuditContext) -> list[Hit]:
     source="LF#5952",
 )
 def c07(ctx: AuditContext) -> list[Hit]:
+    """C07 (max_len_over_model): max_length beyond the model's context."""
     ti = ctx.tok_info
     limit, lsrc = (
         (ti.max_position_embeddings, "config.json max_position_embeddings")
@@ -519,6 +528,7 @@ def c07(ctx: AuditContext) -> list[Hit]:
     stages=("sft",),
 )
 def c09(ctx: AuditContext) -> list[Hit]:
+    """C09 (assistant_mask_template): assistant_only_loss with a template that cannot mask."""
     c = ctx.config
     if not c.assistant_only_loss:
         raise NotApplicable("assistant_only_loss is off")
@@ -589,6 +599,7 @@ _PAD_MASKING = ("DataCollatorForLanguageModeling", "DataCollatorForCompletionOnl
     source="trl#1623, trl PR #3091, mlabonne/llm-course#33, open-r1 PR #494",
 )
 def c10(ctx: AuditContext) -> list[Hit]:
+    """C10 (pad_is_eos): Pad token is EOS and the collator masks pads."""
     ti = ctx.tok_info
     c = ctx.config
     pad_id = ti.pad_id
@@ -671,6 +682,7 @@ _EMBED_NAMES = (
     source="axolotl loaders/utils.py; trl sft_trainer.py warning; PEFT troubleshooting.md",
 )
 def c15(ctx: AuditContext) -> list[Hit]:
+    """C15 (new_tokens_untrained): New tokens with frozen embeddings."""
     c = ctx.config
     if not c.is_lora:
         raise NotApplicable(
@@ -726,6 +738,7 @@ def c15(ctx: AuditContext) -> list[Hit]:
     source="trl docs (conversational datasets need a chat template); LF#5213",
 )
 def t01(ctx: AuditContext) -> list[Hit]:
+    """T01 (chat_template_missing): Chat rows without a usable chat template."""
     chat = [i for i, e in enumerate(ctx.examples) if e.is_chat]
     if not chat:
         raise NotApplicable("no conversational rows")
@@ -792,6 +805,7 @@ _FOREIGN_STOPS = (
     source="trl sft_trainer.md (eos_token); meta-llama/llama3#104; vllm#4180; uns#5386",
 )
 def t02(ctx: AuditContext) -> list[Hit]:
+    """T02 (eos_vs_end_of_turn): EOS differs from the template's end-of-turn."""
     ti = ctx.tok_info
     hits = []
     eot = end_of_turn(ctx)
@@ -849,6 +863,7 @@ def t02(ctx: AuditContext) -> list[Hit]:
     source="uns#2160; LLaMA-Factory 'template' help text",
 )
 def t03(ctx: AuditContext) -> list[Hit]:
+    """T03 (template_mismatch): Training template differs from the model's template."""
     model_fam = T.template_family(ctx.tok_info.chat_template)
     hits = []
     c = ctx.config

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,7 @@ def load_tokenizer_folder(path: str | Path):
 
 
 def token_info(tok, folder: str | Path | None) -> TokenInfo:
+    """The :class:`TokenInfo` of a tokenizer, with hints from its folder's config.json / generation_config.json."""
     cfg: dict[str, Any] = {}
     gen: dict[str, Any] = {}
     if folder is not None and Path(folder).is_dir():
@@ -289,12 +291,22 @@ class AuditContext:
 
     # ------------------------------------------------------------------ text views
     @cached_property
+    def prompt_texts(self) -> list[str]:
+        """``Example.prompt_text`` of every training row (built once: for chat rows it joins the messages)."""
+        return [e.prompt_text for e in self.examples or []]
+
+    @cached_property
+    def completion_texts(self) -> list[str]:
+        """``Example.completion_text`` of every training row."""
+        return [e.completion_text for e in self.examples or []]
+
+    @cached_property
     def norm_prompt(self) -> list[str]:
-        return [T.normalise(e.prompt_text) for e in self.examples or []]
+        return [T.normalise(p) for p in self.prompt_texts]
 
     @cached_property
     def norm_completion(self) -> list[str]:
-        return [T.normalise(e.completion_text) for e in self.examples or []]
+        return [T.normalise(c) for c in self.completion_texts]
 
     @cached_property
     def norm_row(self) -> list[str]:
@@ -310,11 +322,11 @@ class AuditContext:
 
     @cached_property
     def prompt_words(self) -> list[list[str]]:
-        return [T._WORD.findall(p) for p in self.norm_prompt]
+        return [T.find_words(p) for p in self.norm_prompt]
 
     @cached_property
     def completion_words(self) -> list[list[str]]:
-        return [T._WORD.findall(c) for c in self.norm_completion]
+        return [T.find_words(c) for c in self.norm_completion]
 
     @cached_property
     def row_words(self) -> list[list[str]]:
@@ -322,33 +334,70 @@ class AuditContext:
 
     @cached_property
     def eval_row_words(self) -> list[list[str]]:
-        return [T._WORD.findall(p + " " + c) for p, c in zip(self.eval_norm_prompt, self.eval_norm_completion)]
+        return [T.find_words(p + " " + c) for p, c in zip(self.eval_norm_prompt, self.eval_norm_completion)]
+
+    @cached_property
+    def _row_word_table(self) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+        pw, cw = self.prompt_words, self.completion_words
+        flat = list(chain.from_iterable(chain.from_iterable(zip(pw, cw))))
+        offsets = np.zeros(len(pw) + 1, dtype=np.int64)
+        np.cumsum([len(p) + len(c) for p, c in zip(pw, cw)], out=offsets[1:])
+        hashes, ids, vocab = T.word_table(flat)
+        return hashes, ids, vocab, offsets
+
+    @cached_property
+    def row_word_flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """The word hashes of every training row end to end, ``(hashes (W,) uint64, offsets (n+1,) int64)``: row i's
+        words (:attr:`row_words`) are ``hashes[offsets[i]:offsets[i+1]]``.
+        """
+        hashes, _, _, offsets = self._row_word_table
+        return hashes, offsets
+
+    @cached_property
+    def row_word_ids(self) -> tuple[np.ndarray, list[str]]:
+        """``(ids (W,) int64, vocab)``: the words of :attr:`row_word_flat` as indices into the distinct words."""
+        _, ids, vocab, _ = self._row_word_table
+        return ids, vocab
 
     @cached_property
     def row_word_hashes(self) -> list[np.ndarray]:
-        return [T.word_hashes(ws) for ws in self.row_words]
+        """Per training row, its words' hashes (views into :attr:`row_word_flat`)."""
+        flat, off = self.row_word_flat
+        return np.split(flat, off[1:-1]) if len(off) > 1 else []
+
+    @cached_property
+    def eval_row_word_flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """:attr:`row_word_flat` for the eval rows (:attr:`eval_row_words`)."""
+        ws = self.eval_row_words
+        offsets = np.zeros(len(ws) + 1, dtype=np.int64)
+        np.cumsum([len(w) for w in ws], out=offsets[1:])
+        return T.word_hashes(list(chain.from_iterable(ws))), offsets
 
     @cached_property
     def eval_row_word_hashes(self) -> list[np.ndarray]:
-        return [T.word_hashes(ws) for ws in self.eval_row_words]
+        flat, off = self.eval_row_word_flat
+        return np.split(flat, off[1:-1]) if len(off) > 1 else []
 
     @cached_property
     def row_segment_lengths(self) -> list[list[int]]:
         """Per training row, the word count of each segment (sentence or line; :func:`text.segments`), in the
         order of :attr:`row_words`.
         """
-        return [
-            T.segment_word_counts(e.prompt_text, len(pw)) + T.segment_word_counts(e.completion_text, len(cw))
-            for e, pw, cw in zip(self.examples or [], self.prompt_words, self.completion_words)
-        ]
+        n = len(self.prompt_texts)
+        counts = T.segment_word_counts_many(
+            self.prompt_texts + self.completion_texts, [len(w) for w in self.prompt_words + self.completion_words]
+        )
+        return [p + c for p, c in zip(counts[:n], counts[n:])]
 
     @cached_property
     def eval_segment_lengths(self) -> list[list[int]]:
-        return [
-            T.segment_word_counts(e.prompt_text, len(T._WORD.findall(p)))
-            + T.segment_word_counts(e.completion_text, len(T._WORD.findall(c)))
-            for e, p, c in zip(self.eval_examples or [], self.eval_norm_prompt, self.eval_norm_completion)
-        ]
+        ev = self.eval_examples or []
+        n = len(ev)
+        counts = T.segment_word_counts_many(
+            [e.prompt_text for e in ev] + [e.completion_text for e in ev],
+            [len(T.find_words(x)) for x in self.eval_norm_prompt + self.eval_norm_completion],
+        )
+        return [p + c for p, c in zip(counts[:n], counts[n:])]
 
     @cached_property
     def shingles5(self) -> list[np.ndarray]:

@@ -250,4 +250,5 @@ def load_logs(path: str | Path) -> TrainLog:
 
 
 def is_finite(x: float) -> bool:
+    """Whether ``x`` is a finite number (not NaN or infinite)."""
     return not (math.isnan(x) or math.isinf(x))

@@ -88,6 +88,7 @@ def render_text(result: AuditResult, console: Console, verbose: bool = False) ->
 
 
 def render_markdown(result: AuditResult) -> str:
+    """The audit result as Markdown (the ``--format md`` report)."""
     c = result.counts
     out = [
         "# gradian diagnose",
@@ -125,6 +126,7 @@ def render_markdown(result: AuditResult) -> str:
 
 
 def render_json(result: AuditResult) -> str:
+    """The audit result as indented JSON (the ``--format json`` report)."""
     return json.dumps(result.to_dict(), indent=2, sort_keys=False, ensure_ascii=False) + "\n"
 
 
@@ -134,6 +136,7 @@ def _md_escape(s: str) -> str:
 
 # ---------------------------------------------------------------------- the check list
 def checks_table(console: Console, checks: list[CheckSpec] | None = None) -> None:
+    """Print the check list (all registered checks by default) as a table."""
     checks = checks or all_checks()
     t = FitTable(title=f"{len(checks)} checks", show_lines=False, heading_columns=2)
     for col in ("id", "name", "reads", "max severity"):
@@ -145,6 +148,7 @@ def checks_table(console: Console, checks: list[CheckSpec] | None = None) -> Non
 
 
 def checks_json(checks: list[CheckSpec] | None = None) -> str:
+    """The check list (all registered checks by default) as JSON."""
     checks = checks or all_checks()
     return json.dumps([_spec_dict(c) for c in checks], indent=2) + "\n"
 

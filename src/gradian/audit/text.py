@@ -22,15 +22,37 @@ from typing import Iterable, Sequence
 import numpy as np
 
 _WORD = re.compile(r"\w+", re.UNICODE)
+#: ``_WORD`` for ASCII text: on ASCII characters ``\w`` is ``[A-Za-z0-9_]`` either way; this matches twice as fast.
+_WORD_ASCII = re.compile(r"\w+", re.ASCII)
 _P = np.uint64(1099511628211)  # FNV prime as the polynomial base
 
 
+#: The ASCII whitespace other than the space (``str.split`` splits at these too).
+_ASCII_WS_NOT_SPACE = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
+
+
 def normalise(s: str) -> str:
-    return " ".join(unicodedata.normalize("NFC", s).casefold().split())
+    """NFC, casefold, whitespace runs collapsed to one space and stripped: ``" ".join(NFC(s).casefold().split())``."""
+    t = unicodedata.normalize("NFC", s).casefold()
+    if (
+        t.isascii()
+        and "  " not in t
+        and t[:1] != " "
+        and t[-1:] != " "
+        and not any(c in t for c in _ASCII_WS_NOT_SPACE)
+    ):
+        return t  # single spaces only: split and join would give it back
+    return " ".join(t.split())
 
 
 def words(s: str) -> list[str]:
-    return _WORD.findall(normalise(s))
+    """The words of ``s`` after :func:`normalise`."""
+    return find_words(normalise(s))
+
+
+def find_words(s: str) -> list[str]:
+    """``_WORD.findall(s)``: the words of ``s`` (its maximal runs of word characters)."""
+    return (_WORD_ASCII if s.isascii() else _WORD).findall(s)
 
 
 _WH: dict[str, int] = {}
@@ -43,10 +65,25 @@ def _word_hash(w: str) -> int:
     return h
 
 
+def word_table(ws: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """``(hashes, ids, vocab)``: (len(ws),) uint64 crc32 of each word, (len(ws),) int64 its index in ``vocab``
+    (the distinct words, first seen first).
+
+    Each distinct word is hashed once; the words are then mapped through that table at C speed.
+    """
+    index = dict.fromkeys(ws)
+    vocab = list(index)
+    get = _WH.get  # a cached hash of 0 is recomputed (as 0): same result
+    vh = np.fromiter((get(w) or _word_hash(w) for w in vocab), dtype=np.uint64, count=len(vocab))
+    for k, w in enumerate(vocab):
+        index[w] = k
+    ids = np.fromiter(map(index.__getitem__, ws), dtype=np.int64, count=len(ws))
+    return vh[ids], ids, vocab
+
+
 def word_hashes(ws: Sequence[str]) -> np.ndarray:
     """(len(ws),) uint64 crc32 of each word."""
-    get = _WH.get  # a cached hash of 0 is recomputed (as 0): same result, one lookup per word
-    return np.array([get(w) or _word_hash(w) for w in ws], dtype=np.uint64)
+    return word_table(ws)[0]
 
 
 def ngram_hashes(ws: Sequence[str] | np.ndarray, n: int) -> np.ndarray:
@@ -114,18 +151,54 @@ def segments(s: str) -> list[str]:
     return [x for x in _split_segments(s) if x and x.strip()]
 
 
-def span_hashes(h: np.ndarray | list[int], lengths: Sequence[int]) -> list[tuple[int, int, int]]:
-    """``(start, end, hash)`` of consecutive spans of a row's word hashes (one per segment, empty ones skipped);
-    equal word sequences hash equal (a tuple of ints hashes the same in every process).
-    """
-    hl = h.tolist() if isinstance(h, np.ndarray) else list(h)
-    out = []
-    pos = 0
-    for n in lengths:
-        if n:
-            out.append((pos, pos + n, hash(tuple(hl[pos : pos + n])) & 0xFFFFFFFFFFFFFFFF))
-        pos += n
+#: ``P^-1 mod 2^64`` (``_P`` is odd, so invertible): a span's polynomial hash is normalised to start at power 0.
+_P_INV = np.uint64(pow(int(_P), -1, 2**64))
+_LEN_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _powers(base: np.uint64, n: int) -> np.ndarray:
+    """(n,) uint64 ``base^k mod 2^64`` for k = 0..n-1."""
+    out = np.full(n, base, dtype=np.uint64)
+    if n:
+        out[0] = 1
+        np.cumprod(out, out=out)  # wraps mod 2^64 (array arithmetic: no overflow warning)
     return out
+
+
+def span_hash_flat(flat: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Hashes of the word spans ``flat[starts[s]:ends[s]]`` (uint64 word hashes), all at once.
+
+    ``hash = (sum_k flat[start + k] * P^k  mod 2^64)  xor  (length * 0x9E3779B97F4A7C15)``: equal word sequences
+    hash equal, in every process; computed from one prefix sum ``Q[i] = sum_{k<i} flat[k] P^k`` as
+    ``(Q[end] - Q[start]) * P^-start`` (mod 2^64).
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    if not len(starts):
+        return np.zeros(0, dtype=np.uint64)
+    T = len(flat)
+    q = np.zeros(T + 1, dtype=np.uint64)  # array arithmetic wraps mod 2^64 silently
+    np.cumsum(flat * _powers(_P, T), out=q[1:])
+    h = (q[ends] - q[starts]) * _powers(_P_INV, T + 1)[starts]
+    return h ^ ((ends - starts).astype(np.uint64) * _LEN_MIX)
+
+
+def span_bounds(lengths: Sequence[int], total: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of consecutive spans of ``lengths`` words (empty ones skipped), clipped to ``total`` words."""
+    lens = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lens)
+    starts = ends - lens
+    keep = lens > 0
+    return np.minimum(starts[keep], total), np.minimum(ends[keep], total)
+
+
+def span_hashes(h: np.ndarray | list[int], lengths: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(start, end, hash)`` of consecutive spans of a row's word hashes (one per segment, empty ones skipped,
+    clipped to the row); equal word sequences hash equal (:func:`span_hash_flat`).
+    """
+    flat = np.asarray(h, dtype=np.uint64)
+    a, b = span_bounds(lengths, len(flat))
+    return list(zip(a.tolist(), b.tolist(), span_hash_flat(flat, a, b).tolist()))
 
 
 def segment_word_counts(text: str, expected: int | None = None) -> list[int]:
@@ -135,14 +208,79 @@ def segment_word_counts(text: str, expected: int | None = None) -> list[int]:
     normalised word count ``expected`` (a combining mark that NFC merges, say), each segment is
     normalised and counted instead.
     """
-    parts = _split_segments(text)
+    if "\x01" in text:
+        parts = _split_segments(text)
+        counted = [len(_WORD.findall(x)) for x in parts]
+    else:
+        # Every word becomes one "\x01" (never whitespace nor .!?;:, so the segments split where they did), and a
+        # segment's words are its "\x01"s: no word strings are built.
+        parts = _split_segments((_WORD_ASCII if text.isascii() else _WORD).sub("\x01", text))
+        counted = [x.count("\x01") for x in parts]
     if len(parts) == 1:
         n = expected if expected is not None else len(words(text))
         return [n] if n else []
-    counts = [c for c in map(len, map(_WORD.findall, parts)) if c]
+    counts = [c for c in counted if c]
     if expected is not None and sum(counts) != expected:
         counts = [len(_WORD.findall(normalise(x))) for x in segments(text)]
     return counts
+
+
+def _ascii_table(chars: str) -> np.ndarray:
+    t = np.zeros(256, dtype=bool)
+    t[[ord(c) for c in chars]] = True
+    return t
+
+
+# On ASCII text: what the word and whitespace classes match (Unicode mode: \x1c-\x1f are whitespace too), and the
+# characters a segment may end with.
+_ASCII_WORD = _ascii_table("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
+_ASCII_SPACE = _ascii_table("\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f ")
+_ASCII_END = _ascii_table(".!?;:")
+
+
+def segment_word_counts_many(texts: Sequence[str], expected: Sequence[int]) -> list[list[int]]:
+    """``[segment_word_counts(t, e) for t, e in zip(texts, expected)]``, the ASCII texts all at once with numpy.
+
+    ``_SEGMENT.split`` cuts at a whitespace run that follows one of ``.!?;:`` or holds a newline (the regex can
+    match nowhere else), so on the ASCII texts joined by newlines (each join is such a run, and adds no word):
+    word starts (a word character after a non-word one), whitespace runs, the runs that cut, and the words
+    between consecutive cuts (by binary search in the word starts). A text whose counts do not add up to its
+    ``expected`` takes :func:`segment_word_counts` itself.
+    """
+    out: list[list[int] | None] = [None] * len(texts)
+    idx = [i for i, t in enumerate(texts) if t.isascii()]
+    for i in set(range(len(texts))) - set(idx):
+        out[i] = segment_word_counts(texts[i], expected[i])
+    if idx:
+        a = np.frombuffer("\n".join([texts[i] for i in idx]).encode("ascii"), dtype=np.uint8)
+        n = len(a)
+        isw = _ASCII_WORD[a]
+        iss = _ASCII_SPACE[a]
+        starts = isw.copy()
+        starts[1:] &= ~isw[:-1]
+        w_at = np.flatnonzero(starts)  # where each word starts
+        prev_s = np.zeros(n, dtype=bool)
+        prev_s[1:] = iss[:-1]
+        next_s = np.zeros(n, dtype=bool)
+        next_s[:-1] = iss[1:]
+        r0 = np.flatnonzero(iss & ~prev_s)  # whitespace runs [r0, r1)
+        r1 = np.flatnonzero(iss & ~next_s) + 1
+        nl = np.flatnonzero(a == 10)
+        cut = np.searchsorted(nl, r1) > np.searchsorted(nl, r0)  # the run holds a newline
+        cut[r0 > 0] |= _ASCII_END[a[r0[r0 > 0] - 1]]
+        seg_from = np.concatenate(([0], r1[cut]))
+        seg_to = np.concatenate((r0[cut], [n]))
+        cnt = np.searchsorted(w_at, seg_to) - np.searchsorted(w_at, seg_from)  # words starting in [from, to)
+        keep = cnt > 0
+        text_start = np.zeros(len(idx), dtype=np.int64)
+        np.cumsum([len(texts[i]) + 1 for i in idx[:-1]], out=text_start[1:])
+        seg_text = np.searchsorted(text_start, seg_from[keep], side="right") - 1
+        bounds = np.searchsorted(seg_text, np.arange(len(idx) + 1)).tolist()
+        cl = cnt[keep].tolist()
+        for k, i in enumerate(idx):
+            c = cl[bounds[k] : bounds[k + 1]]
+            out[i] = c if sum(c) == expected[i] else segment_word_counts(texts[i], expected[i])
+    return out  # type: ignore[return-value]
 
 
 class MinHasher:
@@ -163,10 +301,13 @@ class MinHasher:
             return sig
         flat = np.concatenate([shingles[i] for i in nonempty])
         offsets = np.cumsum([0] + [len(shingles[i]) for i in nonempty[:-1]])
+        v = np.empty_like(flat)
+        rows = np.asarray(nonempty, dtype=np.int64)
         with np.errstate(over="ignore"):
             for j in range(self.k):
-                v = flat * self.a[j] + self.b[j]
-                sig[nonempty, j] = np.minimum.reduceat(v, offsets)
+                np.multiply(flat, self.a[j], out=v)
+                np.add(v, self.b[j], out=v)
+                sig[rows, j] = np.minimum.reduceat(v, offsets)
         return sig
 
 
@@ -222,6 +363,7 @@ def lsh_candidates(
 
 
 def jaccard(a: set, b: set) -> float:
+    """``|a & b| / |a | b|`` (1.0 for two empty sets)."""
     if not a and not b:
         return 1.0
     return len(a & b) / len(a | b)
@@ -286,17 +428,22 @@ for _lang, _ws in _STOPWORDS.items():
         _SW_LOOKUP[_w].append(_lang)
 
 
+#: Each stopword's votes, ``(language, 1 / number of its languages)``.
+_SW_VOTES = {w: tuple((lang, 1.0 / len(langs)) for lang in langs) for w, langs in _SW_LOOKUP.items()}
+
+
 def latin_language(ws: Iterable[str], min_hits: int = 4) -> str | None:
     """A stopword vote among en/fr/de/es/it/pt/nl; None when fewer than ``min_hits`` stopwords or a tie."""
+    lookup = _SW_LOOKUP
+    sw = list(filter(lookup.__contains__, ws))  # only stopwords vote
+    hits = len(sw)
+    if hits < min_hits:
+        return None
     votes: dict[str, float] = defaultdict(float)
-    hits = 0
-    for w in ws:
-        langs = _SW_LOOKUP.get(w)
-        if langs:
-            hits += 1
-            for lang in langs:
-                votes[lang] += 1.0 / len(langs)
-    if hits < min_hits or not votes:
+    for w in sw:  # in word order, as the float sums always were
+        for lang, v in _SW_VOTES[w]:
+            votes[lang] += v
+    if not votes:
         return None
     ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))
     if len(ranked) > 1 and ranked[0][1] < 1.5 * ranked[1][1]:
@@ -304,8 +451,16 @@ def latin_language(ws: Iterable[str], min_hits: int = 4) -> str | None:
     return ranked[0][0]
 
 
+def is_stopword(vocab: Sequence[str]) -> np.ndarray:
+    """(len(vocab),) bool: which words vote in :func:`latin_language`."""
+    return np.fromiter(map(_SW_LOOKUP.__contains__, vocab), dtype=bool, count=len(vocab))
+
+
 def language_of(s: str, ws: list[str] | None = None) -> str | None:
-    """``en``/``fr``/... for Latin-script text (stopword vote), else the script name; None if unsure."""
+    """``en``/``fr``/... for Latin-script text (stopword vote), else the script name; None if unsure.
+
+    ``ws``: the words of ``s`` (:func:`words`), or only its stopwords in order (only they vote).
+    """
     script = dominant_script(s)
     if script != "Latin":
         return script
@@ -318,6 +473,20 @@ REFUSAL = re.compile(
     r"|i'm sorry, but i (?:can't|cannot)|openai|chatgpt|my knowledge cutoff)",
     re.IGNORECASE,
 )
+#: Every REFUSAL alternative holds one of these (lower case): a necessary condition, checked with ``str.lower`` and
+#: ``in`` on ASCII text (where ``lower`` is exactly the regex's case folding); see :func:`refusal_in`.
+_REFUSAL_WORDS = ("an ai", "language model", "cannot", "sorry", "openai", "chatgpt", "cutoff")
+
+
+def refusal_in(s: str) -> bool:
+    """``REFUSAL.search(s)`` is not None; ASCII text without any of the pattern's key words skips the regex."""
+    if s.isascii():
+        low = s.lower()
+        if not any(w in low for w in _REFUSAL_WORDS):
+            return False
+    return REFUSAL.search(s) is not None
+
+
 HTML = re.compile(
     r"</?(?:div|span|p|br|a|img|table|tr|td|script|style|html|body)\b[^>]*>|&(?:nbsp|amp|lt|gt|quot|#\d+);",
     re.IGNORECASE,

@@ -50,6 +50,7 @@ def parse_versions(items: Iterable[str] | str | dict | None) -> dict[str, str]:
 
 
 def vt(v: str | None) -> Version | None:
+    """``v`` parsed as a version, or None when absent or unparseable."""
     if v is None:
         return None
     try:

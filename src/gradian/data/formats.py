@@ -181,6 +181,9 @@ def _check_rows_nesting(rows: list[Any], p: Path) -> None:
             raise GradianUserError(problem, where=f"{p}[{i}]", fix="flatten the row's fields")
 
 
+_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant"}
+
+
 def _check_messages(msgs: Any, where: str, fieldname: str) -> list[dict[str, str]]:
     if not isinstance(msgs, list) or not msgs:
         raise GradianUserError(
@@ -193,8 +196,8 @@ def _check_messages(msgs: Any, where: str, fieldname: str) -> list[dict[str, str
         if not isinstance(m, dict):
             raise GradianUserError(f"{fieldname}[{j}] is not an object", where=where, fix="each message is a dict")
         # ShareGPT-style {"from", "value"} is accepted too.
-        role = m.get("role", m.get("from"))
-        content = m.get("content", m.get("value"))
+        role = m["role"] if "role" in m else m.get("from")  # m.get("role", m.get("from"))
+        content = m["content"] if "content" in m else m.get("value")
         if role is None:
             raise GradianUserError(f"{fieldname}[{j}] has no 'role'", where=where, fix="give every message a role")
         if not isinstance(role, str):
@@ -203,7 +206,7 @@ def _check_messages(msgs: Any, where: str, fieldname: str) -> list[dict[str, str
                 where=where,
                 fix='use a role name such as "user" or "assistant"',
             )
-        role = {"human": "user", "gpt": "assistant"}.get(role, role)
+        role = _SHAREGPT_ROLES.get(role, role)
         if content is None:
             raise GradianUserError(
                 f"{fieldname}[{j}] has no 'content'", where=where, fix="give every message a content string"
@@ -285,7 +288,8 @@ def load_examples(path: str | Path, *, allow_empty: bool = False) -> list[Exampl
     records = read_records(p)
     if not records and not allow_empty:
         raise GradianUserError("dataset is empty", where=str(p), fix="give a file with at least one row")
-    examples = [to_example(r, i, _where(p, i)) for i, r in enumerate(records)]
+    ps, jsonl = str(p), p.suffix.lower() == ".jsonl"  # _where(p, i), without a Path property per row
+    examples = [to_example(r, i, f"{ps}:{i + 1}" if jsonl else f"{ps}[{i}]") for i, r in enumerate(records)]
     seen: dict[str, int] = {}
     for ex in examples:
         if ex.id in seen:
