@@ -507,7 +507,7 @@ FIRE = {
 }
 
 
-# ---------------------------------------------------------------------- clean counterparts for checks the clean run skips
+# -------------------------------------------------------------------- clean counterparts for checks the clean run skips
 GEN_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}"

@@ -118,7 +118,7 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             if not isinstance(d, dict):
                 continue
 
-            def text(key: str) -> str | None:
+            def text(key: str, d: dict = d) -> str | None:
                 v = d.get(key)
                 return v if isinstance(v, str) else None
 

@@ -30,6 +30,24 @@ HF_ARGS: tuple[Row, ...] = (
     ("group_by_length", "group_by_length", "bool"),
 )
 
+#: ``TrainingArguments``' own defaults for the fields above (transformers 4.x/5.x): what an HF Trainer, and a
+#: trainer built on it, applies to a field the file leaves unset.
+HF_DEFAULTS: dict[str, object] = {
+    "learning_rate": 5e-5,
+    "num_epochs": 3.0,
+    "micro_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "lr_scheduler": "linear",
+    "warmup_steps": 0,
+    "warmup_ratio": 0.0,
+    "eval_strategy": "no",
+    "save_strategy": "steps",
+    "save_steps": 500,
+    "load_best_model_at_end": False,
+    "group_by_length": False,
+    "max_grad_norm": 1.0,
+}
+
 #: The LoRA and quantisation fields, in TRL ``ModelConfig`` names.
 LORA_ARGS: tuple[Row, ...] = (
     ("lora_r", "lora_r", "int"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gradian.audit.config.hf_args import read_hf_args
+from gradian.audit.config.hf_args import HF_DEFAULTS, read_hf_args
 from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import BY_GRADIAN_TRAIN, Format, Reader, Row, set_many, spellings
 
@@ -53,11 +53,10 @@ FIELDS: tuple[Row, ...] = (
     ("bnb_4bit_compute_dtype", "bnb_4bit_compute_dtype", "str"),
 )
 
+#: ``TrainingArguments``' defaults, with ``SFTConfig``'s learning rate and its own fields.
 DEFAULTS = {
+    **HF_DEFAULTS,
     "learning_rate": 2e-5,
-    "num_epochs": 3.0,
-    "micro_batch_size": 8,
-    "gradient_accumulation_steps": 1,
     "max_length": 1024,
     "truncation": "keep_start",
     "packing": False,
@@ -65,15 +64,6 @@ DEFAULTS = {
     "padding_free": False,
     "assistant_only_loss": False,
     "dataset_text_field": "text",
-    "lr_scheduler": "linear",
-    "warmup_steps": 0,
-    "warmup_ratio": 0.0,
-    "eval_strategy": "no",
-    "save_strategy": "steps",
-    "save_steps": 500,
-    "load_best_model_at_end": False,
-    "group_by_length": False,
-    "max_grad_norm": 1.0,
     "stage": "sft",
 }
 
