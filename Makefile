@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow demo bench bench-install clean
+.PHONY: install lint fmt test test-slow demo bench bench-install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -18,7 +18,16 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-test: $(STAMP)
+# ruff: the formatter's check and the lint rules in pyproject.toml ([tool.ruff]); `make fmt` fixes what it can.
+lint: $(STAMP)
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks
+
+fmt: $(STAMP)
+	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)
