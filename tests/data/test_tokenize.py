@@ -104,3 +104,35 @@ def test_collate_left_and_right(tok):
             assert b["labels"][i][m].tolist() == it.labels
             assert b["position_ids"][i][m].tolist() == list(range(len(it.input_ids)))
             assert (b["labels"][i][~m] == IGNORE_INDEX).all()
+
+
+def test_token_arrays_read_like_lists_and_stay_compact():
+    """TokenIds / TokenOffsets (issue 14: tokenised rows are held whole during a build) behave as the
+    tokenizer's lists do, and hold 4 bytes a number."""
+    import pickle
+
+    from gradian.data.tokenize import TokenIds, TokenOffsets
+
+    ids = TokenIds([5, 300, 70000, -100])
+    assert ids == [5, 300, 70000, -100] and [5, 300, 70000, -100] == ids and ids != [5, 300]
+    assert ids[1] == 300 and ids[-1] == -100 and ids[1:3] == [300, 70000] and isinstance(ids[1:3], TokenIds)
+    assert ids[::2] == [5, 70000] and list(ids) == [5, 300, 70000, -100] and ids.tolist() == [5, 300, 70000, -100]
+    assert pickle.loads(pickle.dumps(ids)) == ids and ids._a.itemsize == 4
+    off = TokenOffsets([(0, 3), (3, 7), (7, 7)])
+    assert off == [(0, 3), (3, 7), (7, 7)] and off == [[0, 3], [3, 7], [7, 7]] and off != [(0, 3)]
+    assert off[1] == (3, 7) and off[-1] == (7, 7) and off[:2] == [(0, 3), (3, 7)] and off[5:9] == []
+    s, e = off[0]
+    assert (s, e) == (0, 3) and isinstance(s, int) and pickle.loads(pickle.dumps(off)) == off
+    assert off._flat.itemsize == 4 and len(off._flat) == 2 * len(off)
+
+
+def test_collate_reads_token_arrays_and_lists_alike(tok):
+    """A row whose ids are TokenIds and the same row with plain lists collate to the same tensors."""
+    from dataclasses import replace
+
+    import torch
+
+    it = tokenize_example(to_example(ROWS[1], 0, "t"), tok, TokenizeSpec())
+    plain = replace(it, input_ids=list(it.input_ids), labels=list(it.labels))
+    a, b = collate([it], tok.pad_token_id), collate([plain], tok.pad_token_id)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from gradian.data.formats import Example
-from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample
+from gradian.data.tokenize import IGNORE_INDEX, TokenIds, TokenizedExample
 
 # A sentence ends at . ! or ? followed by whitespace or the end of the text, or at a newline;
 # "the domain is .uz." stays one sentence.
@@ -77,7 +77,7 @@ def sentence_units(examples: Sequence[Example], items: Sequence[TokenizedExample
             if not any(mask):
                 continue
             cut = max(k for k, m in enumerate(mask) if m) + 1  # exact: nothing after the sentence affects its loss
-            labels = [x if m else IGNORE_INDEX for x, m in zip(it.labels[:cut], mask[:cut])]
+            labels = TokenIds(x if m else IGNORE_INDEX for x, m in zip(it.labels[:cut], mask[:cut]))
             unit = replace(
                 it, id=f"{it.id}#{a}-{b}", input_ids=it.input_ids[:cut], labels=labels, offsets=it.offsets[:cut]
             )

@@ -251,7 +251,7 @@ def d07(ctx: AuditContext) -> list[Hit]:
             {
                 "value": len(bad),
                 "threshold": 0,
-                "first_ids": ctx.token_rows[bad[0]].tx.input_ids[:5],
+                "first_ids": list(ctx.token_rows[bad[0]].tx.input_ids[:5]),
                 "adds_bos": ctx.tok_info.adds_bos,
             },
             row_ids=ids(ctx, bad),
@@ -446,7 +446,7 @@ def d19(ctx: AuditContext) -> list[Hit]:
                 "tokens_merged": dict(Counter(diffs)),
                 "example": {
                     "id": ex.id,
-                    "boundary_ids": ex.input_ids[max(0, k - 2) : k + 2],
+                    "boundary_ids": list(ex.input_ids[max(0, k - 2) : k + 2]),
                     "boundary_text": ex.text[
                         ex.offsets[max(0, k - 1)][0] : ex.offsets[min(k + 1, len(ex.offsets) - 1)][1]
                     ],
