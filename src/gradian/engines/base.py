@@ -30,6 +30,29 @@ Blocks = dict[str, torch.Tensor]  # block name -> (m, d_l)
 NEEDS = ("index", "model")
 
 
+def check_damping_scale(value: Any, owner: str) -> None:
+    """Check a damped engine's ``damping_scale``: a positive number, at most 1e6 (``--damping-scale``)."""
+    from gradian.validate import check_float
+
+    check_float(
+        value,
+        owner,
+        "damping_scale",
+        flag="--damping-scale",
+        lo=0,
+        lo_open=True,
+        hi=1e6,
+        fix="use a positive scale such as --damping-scale 0.1",
+    )
+
+
+def positive_damping(lam: float) -> float:
+    """A block's damping ``λ_l`` as used: a block with no signal (λ_l = 0, every training gradient zero
+    there) gets 1e-12 instead, since it scores 0 whatever λ is and λ > 0 keeps the division defined.
+    """
+    return lam if lam > 0 else 1e-12
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """Base of every engine's own typed spec: the knobs that change its scores (they land in the run manifest).

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from gradian import distributed
-from gradian.engines.base import Blocks, Engine, EngineSpec, ModelPass
+from gradian.engines.base import Blocks, Engine, EngineSpec, ModelPass, check_damping_scale, positive_damping
 from gradian.engines.registry import register
 from gradian.index.store import GradientIndex
 
@@ -49,18 +49,7 @@ class DataInfSpec(EngineSpec):
     damping_scale: float = 0.1
 
     def __post_init__(self) -> None:
-        from gradian.validate import check_float
-
-        check_float(
-            self.damping_scale,
-            "DataInfSpec",
-            "damping_scale",
-            flag="--damping-scale",
-            lo=0,
-            lo_open=True,
-            hi=1e6,
-            fix="use a positive scale such as --damping-scale 0.1",
-        )
+        check_damping_scale(self.damping_scale, "DataInfSpec")
 
 
 @register
@@ -89,8 +78,7 @@ class DataInf(Engine):
         self.dims = {b["name"]: int(b["dim"]) for b in index.blocks}
         self.damping = {}
         for k, s in self.sqnorm.items():
-            lam = self.spec.damping_scale * float(s.mean()) / self.dims[k]
-            self.damping[k] = lam if lam > 0 else 1e-12  # an all-zero block: any λ leaves r_l = g_q/λ·0 scores
+            self.damping[k] = positive_damping(self.spec.damping_scale * float(s.mean()) / self.dims[k])
         self.n = index.n
         self.fitted = True
 

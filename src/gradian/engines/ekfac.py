@@ -63,7 +63,7 @@ from typing import Any
 
 import torch
 
-from gradian.engines.base import Blocks, Engine, EngineSpec, ModelPass
+from gradian.engines.base import Blocks, Engine, EngineSpec, ModelPass, check_damping_scale, positive_damping
 from gradian.engines.registry import register
 from gradian.errors import GradianWarning
 from gradian.index.store import GradientIndex
@@ -87,18 +87,9 @@ class EkfacSpec(EngineSpec):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from gradian.validate import check_choice, check_float, check_seed
+        from gradian.validate import check_choice, check_seed
 
-        check_float(
-            self.damping_scale,
-            "EkfacSpec",
-            "damping_scale",
-            flag="--damping-scale",
-            lo=0,
-            lo_open=True,
-            hi=1e6,
-            fix="use a positive scale such as --damping-scale 0.1",
-        )
+        check_damping_scale(self.damping_scale, "EkfacSpec")
         check_choice(self.fisher, FISHER, "EkfacSpec", "fisher", flag="--engine-option fisher=")
         check_seed(self.seed, "EkfacSpec", flag="--engine-option seed=")
 
@@ -364,8 +355,7 @@ class Ekfac(Engine):
         self.geom = _geometry(index, _projector(index))
         self.damping = {}
         for nm, f in factors.items():
-            lam = self.spec.damping_scale * float(f.lam.mean())
-            self.damping[nm] = lam if lam > 0 else 1e-12  # an all-zero block scores 0 whatever λ is
+            self.damping[nm] = positive_damping(self.spec.damping_scale * float(f.lam.mean()))
         self.fitted = True
 
     def precondition(self, index: GradientIndex, queries: Blocks) -> Blocks:
