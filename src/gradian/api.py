@@ -19,7 +19,7 @@ from gradian.data.formats import Example, load_examples
 from gradian.data.tokenize import TokenizedExample, tokenize_example
 from gradian.errors import GradianUserError
 from gradian.index.identity import adapter_identity, dataset_identity, file_hash, library_versions, model_identity
-from gradian.index.store import GradientIndex, GradSpec, build_index, default_index_root
+from gradian.index.store import GradientIndex, GradSpec, build_index, default_index_root, index_id
 from gradian.models.load import ModelSpec, load_adapter, load_base
 
 if TYPE_CHECKING:
@@ -98,6 +98,7 @@ def training_index(
     *,
     seed: int = 0,
     root: str | Path | None = None,
+    parent: str | Path | None = None,
     batch_size: int = 8,
     shard_size: int = 256,
     progress_factory: Callable[[int], Callable[[int], None]] | None = None,
@@ -116,6 +117,8 @@ def training_index(
         checkpoint: the trajectory point whose LoRA weights are loaded in ``ft.model`` now
             (default: the final adapter); it decides the index identity.
         items: the tokenised rows, when the caller has them already.
+        root: the index folder; default ``parent/<index id>``, or the cache's when ``parent`` is None too.
+        parent: a folder holding indexes by content id (``--out`` / ``--index-dir``).
 
     Returns:
         ``(index, examples, tokenized rows, reused)``; ``reused`` is True when no
@@ -148,7 +151,10 @@ def training_index(
         units = [u.item for u in sentence_units(examples, items)]
     elif spec.unit != "row":
         raise GradianUserError(f"unknown index unit {spec.unit!r}", where="--unit", fix="use row or sentence")
-    root = Path(root) if root is not None else default_index_root(identity)
+    if root is not None:
+        root = Path(root)
+    else:
+        root = Path(parent) / index_id(identity) if parent is not None else default_index_root(identity)
     from gradian import distributed
 
     complete = False

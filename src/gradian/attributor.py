@@ -317,20 +317,16 @@ class Attributor:
         """
         if self._index is not None:
             return self._index
-        from gradian.api import index_identity, training_index
-        from gradian.index.store import index_id
+        from gradian.api import training_index
 
         ft = self.finetune
         grad = replace(self.grad, unit="row")
-        root = None
-        if self.index_dir is not None:
-            root = self.index_dir / index_id(index_identity(ft, self.data, grad, self.specs.seed))
         idx, _, _, reused = training_index(
             ft,
             self.data,
             grad,
             seed=self.specs.seed,
-            root=root,
+            parent=self.index_dir,
             batch_size=self.specs.batch_size,
             shard_size=self.specs.shard_size,
             examples=self.examples,

@@ -39,7 +39,7 @@ from gradian.data.formats import Example
 from gradian.data.tokenize import TokenizedExample
 from gradian.engines.base import Blocks, EngineSpec, ModelPass, score_index
 from gradian.engines.registry import fit_engine
-from gradian.index.store import GradientIndex, GradSpec, index_id
+from gradian.index.store import GradientIndex, GradSpec
 
 Progress = Callable[[str, int, int], None]
 
@@ -144,7 +144,7 @@ def trajectory_scores(
         shard_size: rows per index shard.
     """
     from gradian import distributed
-    from gradian.api import index_identity, training_index
+    from gradian.api import training_index
 
     caps = list(queries)
     flat: list[Query] = [q for c in caps for q in queries[c]]
@@ -159,16 +159,13 @@ def trajectory_scores(
     final_index: GradientIndex | None = None
 
     def _index(spec: GradSpec, ck, label: str) -> GradientIndex:
-        root = None
-        if index_root is not None:
-            root = Path(index_root) / index_id(index_identity(ft, data, spec, seed, ck))
         pf = (lambda k_: lambda a: progress(label, a, k_)) if progress else None
         idx, _, _, reused = training_index(
             ft,
             data,
             spec,
             seed=seed,
-            root=root,
+            parent=index_root,
             batch_size=batch_size,
             shard_size=shard_size,
             progress_factory=pf,

@@ -46,12 +46,12 @@ def register(app: typer.Typer) -> None:
         work; the index folder must be on a filesystem every rank sees (docs/distributed.md).
         """
         from gradian import distributed
-        from gradian.api import index_identity, load_finetune, tokenize_training_set, training_index
+        from gradian.api import load_finetune, tokenize_training_set, training_index
         from gradian.attribute.trajectory import checkpoint_weights, resolve_trajectory
         from gradian.commands._common import grad_spec_from_options, input_identity, start_distributed
         from gradian.commands.attribute import checkpoint_selection
         from gradian.data.formats import load_examples
-        from gradian.index.store import check_build_args, index_id, select_blocks
+        from gradian.index.store import check_build_args, select_blocks
         from gradian.models.load import ModelSpec
 
         # every flag and the data are checked before the model is loaded
@@ -86,13 +86,12 @@ def register(app: typer.Typer) -> None:
             items = tokenize_training_set(examples, ft.tokenizer, spec, data)
             for ck in trajectory.checkpoints:
                 with checkpoint_weights(ft.model, ck), progress_bar() as pb:
-                    root = None if out is None else out / index_id(index_identity(ft, data, spec, seed, ck))
                     idx, examples, items, reused = training_index(
                         ft,
                         data,
                         spec,
                         seed=seed,
-                        root=root,
+                        parent=out,
                         batch_size=batch_size,
                         shard_size=shard_size,
                         examples=examples,
