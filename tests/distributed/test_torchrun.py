@@ -9,7 +9,9 @@ What is equal, and how (docs/distributed.md):
   same batches);
 * gradient-dot scores and the reference evidence (BM25, RepSim): identical;
 * DataInf's scores: equal to float64 rounding (the ranks' partial sums of its correction term are
-  added in another order), here within 1e-12 relative; the ranking is identical.
+  added in another order), here within 1e-12 relative; the ranking is identical;
+* EK-FAC (both Fishers): the ranks fit half the batches each and all-reduce the sums, so the
+  factors and scores are equal to float64 rounding (within 1e-9 relative), the ranking identical.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 TIMEOUT = 900
 
@@ -73,7 +76,7 @@ def world(tmp_path_factory, world_cache):
     return {"base": w.base, "adapter": adapter, "data": w.train, "eval": w.eval, "root": root}
 
 
-def _attribute_args(world, out: Path, index_dir: Path) -> list[str]:
+def _attribute_args(world, out: Path, index_dir: Path, checkpoints: str | None = None) -> list[str]:
     # one intermediate checkpoint and the final adapter: a trajectory, two row and two sentence indexes;
     # 16 rows per shard, so each index has several shards to divide
     return [
@@ -87,7 +90,7 @@ def _attribute_args(world, out: Path, index_dir: Path) -> list[str]:
         "--eval",
         str(world["eval"]),
         "--checkpoints",
-        str(world["adapter"] / "checkpoint-22"),
+        checkpoints or str(world["adapter"] / "checkpoint-22"),
         "--shard-size",
         "16",
         "--out",
@@ -245,3 +248,54 @@ def test_ranks_that_see_different_data_are_refused_at_start(world, tmp_path):
     ]
     assert "2" in codes and set(codes) <= {"2", "-15"}, codes
     assert not (tmp_path / "index").exists()
+
+
+def _ekfac_run(world, root: Path, fisher: str, nproc: int) -> tuple[dict, Path]:
+    args = [
+        *_attribute_args(world, root / "run", root / "index", checkpoints="final"),
+        "--engine",
+        "ekfac",
+        "--engine-option",
+        f"fisher={fisher}",
+        "--second-engine",
+        "graddot",
+    ]
+    res = _run(args, _env(root / "cache"), nproc=nproc)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run = json.loads((root / "run" / "run.json").read_text())
+    (ck,) = run["attribution"]["trajectory"]["checkpoints"]
+    eng = ck["engines"]["ekfac"]
+    assert eng["factors"]["reused"] is False
+    rows = eng["factors"]["rows_per_rank"]  # pass 1 was divided: every rank ran its own whole batches
+    assert len(rows) == nproc and sum(rows) == run["attribution"]["index"]["n"] and min(rows) > 0, rows
+    return run, Path(eng["factors"]["file"])
+
+
+@pytest.mark.parametrize("fisher", ["empirical", "true"])
+def test_two_processes_fit_the_ekfac_factors_of_one(world, fisher):
+    """EK-FAC under torchrun: each rank runs half the batches (or reads half the shards, for Λ from
+    the index), the covariances, token count and Λ are all-reduced and rank 0 writes the factors.
+    The true Fisher's labels are seeded per batch, so they are the same whatever rank draws them.
+    Equal to the single process's factors and scores up to the order of float64 additions."""
+    from safetensors.torch import load_file
+
+    one, f1 = _ekfac_run(world, world["root"] / f"ekfac-{fisher}-1", fisher, 1)
+    two, f2 = _ekfac_run(world, world["root"] / f"ekfac-{fisher}-2", fisher, 2)
+    assert two["distributed"]["world_size"] == 2
+    (ck,) = two["attribution"]["trajectory"]["checkpoints"]
+    assert ck["engines"]["ekfac"]["factors"]["lambda_source"] == ("index" if fisher == "empirical" else "model")
+    a, b = load_file(str(f1)), load_file(str(f2))
+    assert sorted(a) == sorted(b) and a
+    blocks = sorted({k.rsplit("::", 1)[0] for k in a})
+    for nm in blocks:
+        for Q, ev in (("QA", "eigA"), ("QS", "eigS")):  # the covariances (eigenvectors may turn within ties)
+            ca = a[f"{nm}::{Q}"] @ torch.diag(a[f"{nm}::{ev}"]) @ a[f"{nm}::{Q}"].T
+            cb = b[f"{nm}::{Q}"] @ torch.diag(b[f"{nm}::{ev}"]) @ b[f"{nm}::{Q}"].T
+            assert torch.allclose(ca, cb, rtol=0, atol=1e-12 * float(ca.abs().max())), (nm, Q)
+        la, lb = a[f"{nm}::lam"], b[f"{nm}::lam"]
+        assert torch.allclose(la.sum(), lb.sum(), rtol=1e-10), nm
+    ca, cb = _cap(one), _cap(two)
+    x, y = np.array(ca["scores"]), np.array(cb["scores"])
+    assert np.abs(x - y).max() <= 1e-9 * np.abs(x).max()
+    assert [r["id"] for r in ca["ranked"]] == [r["id"] for r in cb["ranked"]]
+    assert ca["second_scores"] == cb["second_scores"]

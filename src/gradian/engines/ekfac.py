@@ -50,6 +50,11 @@ write), ``key`` = sha256 over the index id and what changes the factors (``fishe
 so a re-query with the same index fits nothing; the damping is applied at query time and changing
 it reuses the factors. A damaged factors file is refitted, never trusted.
 
+**Under torchrun** (:mod:`gradian.distributed`) the fit is sharded: each rank runs its share of
+the batches (or reads its own shards for Λ), A, S, the token count and Λ are all-reduced, rank 0's
+eigenvectors are broadcast and rank 0 alone writes the factors file. The true Fisher's labels are
+seeded per batch, so the factors equal a single process's up to the order of float64 additions.
+
 Memory: per LoRA layer ``in² + out²`` float64 numbers unprojected (small blocks after projection).
 """
 
@@ -68,7 +73,7 @@ from gradian.engines.registry import register
 from gradian.errors import GradianWarning
 from gradian.index.store import GradientIndex
 
-FACTORS_FORMAT = 1
+FACTORS_FORMAT = 2  # 2: the true Fisher's labels are seeded per batch (world-size independent)
 FISHER = ("empirical", "true")
 
 
@@ -160,29 +165,67 @@ def _lambda_from_index(index: GradientIndex, spec: EkfacSpec) -> bool:
     )
 
 
-def _batches(mp: ModelPass, device):
-    """Length-sorted batches of the rows (less padding; sums do not depend on the order)."""
+def _batch_rows(mp: ModelPass) -> list[list[int]]:
+    """The rows of every batch, length-sorted (less padding; the sums do not depend on the order).
+
+    The batches are the same for every world size; under torchrun rank r fits batches
+    r, r + W, r + 2W, ... (:func:`_local_batches`), which balances the work (neighbouring batches
+    have similar lengths) and makes every rank's share a fixed set of whole batches.
+    """
+    order = sorted(range(len(mp.items)), key=lambda r: (len(mp.items[r].input_ids), r))
+    return [order[s : s + mp.batch_size] for s in range(0, len(order), mp.batch_size)]
+
+
+def _local_batches(mp: ModelPass, device, world: tuple[int, int]):
+    """Yields ``(batch_number, rows, batch)`` for this rank's batches (every batch in one process)."""
     from gradian.data.tokenize import collate
 
-    order = sorted(range(len(mp.items)), key=lambda r: (len(mp.items[r].input_ids), r))
-    for s in range(0, len(order), mp.batch_size):
-        rows = order[s : s + mp.batch_size]
-        batch = collate([mp.items[r] for r in rows], mp.pad_token_id)
-        yield len(rows), {k: v.to(device) for k, v in batch.items()}
+    rank, size = world
+    for i, rows in enumerate(_batch_rows(mp)):
+        if i % size == rank:
+            batch = collate([mp.items[r] for r in rows], mp.pad_token_id)
+            yield i, len(rows), {k: v.to(device) for k, v in batch.items()}
 
 
-def _loss(logits, batch, sample: bool, gen: torch.Generator | None):
+def _batch_generator(spec: EkfacSpec, fit_pass: int, batch: int) -> torch.Generator | None:
+    """The label-sampling generator of one batch (true Fisher only; None for the empirical Fisher).
+
+    Seeded from ``(seed, pass, batch number)``, not drawn from one running stream, so the labels a
+    batch gets do not depend on which rank fits it or on how many ranks there are.
+    """
+    if spec.fisher != "true":
+        return None
+    from gradian.util import sha256_json
+
+    return torch.Generator().manual_seed(int(sha256_json([spec.seed, fit_pass, batch])[:15], 16))
+
+
+def _loss(logits, batch, gen: torch.Generator | None):
     from gradian.gradients.hooks import sample_labels
     from gradian.gradients.loss import per_example_loss
 
-    labels = sample_labels(logits, batch["labels"], gen) if sample else batch["labels"]
+    labels = sample_labels(logits, batch["labels"], gen) if gen is not None else batch["labels"]
     return per_example_loss(logits, labels).sum()
+
+
+def _eigen(M: torch.Tensor, count: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenvalues and eigenvectors of the covariance ``M / count`` (float64, CPU, symmetrised)."""
+    M = M.cpu() / max(count, 1.0)
+    w, V = torch.linalg.eigh((M + M.T) / 2)
+    return w.contiguous(), V.contiguous()
 
 
 def _fit_factors(
     index: GradientIndex, mp: ModelPass, spec: EkfacSpec
 ) -> tuple[dict[str, BlockFactors], dict[str, Any]]:
-    """Pass 1 (covariances, eigenvectors) and pass 2 (Λ) over the model; Λ from the index when it can."""
+    """Pass 1 (covariances, eigenvectors) and pass 2 (Λ) over the model; Λ from the index when it can.
+
+    Collective under torchrun (:mod:`gradian.distributed`): each rank runs its own batches
+    (:func:`_local_batches`) or reads its own shards, the sums A, S, the token count and Λ are
+    all-reduced, and rank 0's eigenvectors are broadcast, so every rank returns the same factors.
+    They equal a single process's up to the order of float64 additions.
+    """
+    from gradian import distributed
     from gradian.gradients.hooks import LoraHooks, token_mask
     from gradian.index.store import GradSpec, select_blocks
 
@@ -196,8 +239,10 @@ def _fit_factors(
     geom = _geometry(index, proj)
     device = blocks[0].module.weight.device
     P = [tuple(None if p is None else p.to(device) for p in proj.mats[k]) for k in range(len(blocks))]
-    sample = spec.fisher == "true"
     n = len(mp.items)
+    d = distributed.current()
+    world = (d.rank, d.world_size)
+    mine = sum(len(rows) for i, rows in enumerate(_batch_rows(mp)) if i % d.world_size == d.rank)
     prog = mp.progress
 
     def project_tokens(k: int, X: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,12 +252,12 @@ def _fit_factors(
     # pass 1: A and S over the non-padding tokens
     A = [torch.zeros(geom[nm][1], geom[nm][1], dtype=torch.float64, device=device) for nm in names]
     S = [torch.zeros(geom[nm][0], geom[nm][0], dtype=torch.float64, device=device) for nm in names]
-    count = [0.0] * len(names)
-    gen = torch.Generator().manual_seed(spec.seed * 2 + 1) if sample else None
-    for b, batch in _batches(mp, device):
+    count = torch.zeros(len(names), dtype=torch.float64)
+    fitted = 0  # rows this rank ran through pass 1
+    for i, b, batch in _local_batches(mp, device, world):
         hooks = LoraHooks(blocks)
         logits = hooks.forward(mp.model, batch)
-        loss = _loss(logits, batch, sample, gen)
+        loss = _loss(logits, batch, _batch_generator(spec, 1, i))
         mask = token_mask(batch).unsqueeze(-1)
         for c in hooks.backward(loss):
             X, G = project_tokens(c.block, c.X.double() * mask, c.G.double() * mask)
@@ -220,35 +265,42 @@ def _fit_factors(
             A[c.block] += X.T @ X
             S[c.block] += G.T @ G
             count[c.block] += float(mask.sum())
+        fitted += b
         if prog:
-            prog("EK-FAC covariances", b, n)
-    QA, eigA, QS, eigS = {}, {}, {}, {}
-    for k, nm in enumerate(names):
-        for M, Q, ev, key in ((A[k], QA, eigA, nm), (S[k], QS, eigS, nm)):
-            M = M.cpu() / max(count[k], 1.0)
-            w, V = torch.linalg.eigh((M + M.T) / 2)
-            Q[key], ev[key] = V.contiguous(), w.contiguous()
+            prog("EK-FAC covariances", b, mine)
+    A = [distributed.all_reduce_sum(M) for M in A]
+    S = [distributed.all_reduce_sum(M) for M in S]
+    count = distributed.all_reduce_sum(count).tolist()
+    eig: dict[str, torch.Tensor] | None = None
+    if d.is_main:  # one eigendecomposition, broadcast: every rank rotates by the same vectors
+        eig = {}
+        for k, nm in enumerate(names):
+            eig[f"{nm}::eigA"], eig[f"{nm}::QA"] = _eigen(A[k], count[k])
+            eig[f"{nm}::eigS"], eig[f"{nm}::QS"] = _eigen(S[k], count[k])
     del A, S
+    eig = distributed.broadcast_tensors(eig)
+    QA, eigA = {nm: eig[f"{nm}::QA"] for nm in names}, {nm: eig[f"{nm}::eigA"] for nm in names}
+    QS, eigS = {nm: eig[f"{nm}::QS"] for nm in names}, {nm: eig[f"{nm}::eigS"] for nm in names}
 
     # pass 2: the eigenvalue correction Λ = mean_n (Q_Sᵀ G_n Q_A)²
-    lam = {nm: torch.zeros(geom[nm], dtype=torch.float64) for nm in names}
     from_index = _lambda_from_index(index, spec)
     if from_index:
-        for _, shard in index.iter_shards(torch.float64):
-            for nm, Gs in shard.items():
-                g = Gs.reshape(Gs.shape[0], *geom[nm])
-                lam[nm] += ((QS[nm].T @ g @ QA[nm]) ** 2).sum(0)
+        lam_d = [torch.zeros(geom[nm], dtype=torch.float64) for nm in names]
+        local = sum(index.manifest["shards"][k]["n"] for k in index.local_shards())
+        for _, shard in index.iter_shards(torch.float64, local=True):
+            for k, nm in enumerate(names):
+                g = shard[nm].reshape(shard[nm].shape[0], *geom[nm])
+                lam_d[k] += ((QS[nm].T @ g @ QA[nm]) ** 2).sum(0)
             if prog:
-                prog("EK-FAC eigenvalue correction", Gs.shape[0], n)
+                prog("EK-FAC eigenvalue correction", shard[names[0]].shape[0], local)
     else:
         QAd = [QA[nm].to(device) for nm in names]
         QSd = [QS[nm].to(device) for nm in names]
         lam_d = [torch.zeros(geom[nm], dtype=torch.float64, device=device) for nm in names]
-        gen = torch.Generator().manual_seed(spec.seed * 2 + 2) if sample else None
-        for b, batch in _batches(mp, device):
+        for i, b, batch in _local_batches(mp, device, world):
             hooks = LoraHooks(blocks)
             logits = hooks.forward(mp.model, batch)
-            loss = _loss(logits, batch, sample, gen)
+            loss = _loss(logits, batch, _batch_generator(spec, 2, i))
             per: dict[int, torch.Tensor] = {}
             for c in hooks.backward(loss):
                 X, G = project_tokens(c.block, c.X.double(), c.G.double())
@@ -257,14 +309,24 @@ def _fit_factors(
             for k, g in per.items():
                 lam_d[k] += ((QSd[k].T @ g @ QAd[k]) ** 2).sum(0)
             if prog:
-                prog("EK-FAC eigenvalue correction", b, n)
-        lam = {nm: lam_d[k].cpu() for k, nm in enumerate(names)}
+                prog("EK-FAC eigenvalue correction", b, mine)
+    lam = {nm: distributed.all_reduce_sum(lam_d[k]).cpu() for k, nm in enumerate(names)}
     factors = {nm: BlockFactors(QA[nm], eigA[nm], QS[nm], eigS[nm], lam[nm] / max(n, 1)) for nm in names}
-    info = {"rows": n, "tokens": count[0] if count else 0.0, "lambda_source": "index" if from_index else "model"}
+    info = {
+        "rows": n,
+        "tokens": count[0] if count else 0.0,
+        "lambda_source": "index" if from_index else "model",
+        "rows_per_rank": distributed.all_gather_objects(fitted),  # [n] in one process
+    }
     return factors, info
 
 
 _PARTS = ("QA", "eigA", "QS", "eigS", "lam")
+
+
+def _block_names(flat: dict[str, torch.Tensor]) -> list[str]:
+    """The block names of a ``{"<block>::<part>": tensor}`` dict, in first-seen order."""
+    return list(dict.fromkeys(k.rsplit("::", 1)[0] for k in flat))
 
 
 def save_factors(path: Path, factors: dict[str, BlockFactors], meta: dict[str, Any]) -> None:
@@ -332,11 +394,29 @@ class Ekfac(Engine):
     spec: EkfacSpec
 
     def fit(self, index: GradientIndex, model_pass: ModelPass | None = None) -> None:
+        """Load this index's stored factors, or fit them on ``model_pass`` and store them.
+
+        Collective under torchrun: rank 0 reads the factors file and decides; stored factors are
+        broadcast from it, a fit is shared by all ranks (:func:`_fit_factors`) and written by rank 0.
+        """
+        from gradian import distributed
+
+        d = distributed.current()
         key = factors_key(index, self.spec)
         self.path = factors_path(index, self.spec)
-        got = load_factors(self.path, index, key)
-        self.reused = got is not None
-        if got is None:
+        got = load_factors(self.path, index, key) if d.is_main else None
+        self.reused = bool(distributed.broadcast_object(got is not None))
+        if self.reused:
+            if d.enabled:
+                flat = (
+                    None if got is None else {f"{nm}::{p}": getattr(f, p) for nm, f in got[0].items() for p in _PARTS}
+                )
+                flat = distributed.broadcast_tensors(flat)
+                meta = distributed.broadcast_object(None if got is None else got[1])
+                factors = {nm: BlockFactors(**{p: flat[f"{nm}::{p}"] for p in _PARTS}) for nm in _block_names(flat)}
+            else:
+                factors, meta = got  # type: ignore[misc]
+        else:
             if model_pass is None:
                 raise ValueError("EK-FAC has no stored factors for this index and needs a model pass to fit them")
             factors, info = _fit_factors(index, model_pass, self.spec)
@@ -348,9 +428,8 @@ class Ekfac(Engine):
                 "seed": self.spec.seed,
                 **info,
             }
-            save_factors(self.path, factors, meta)
-        else:
-            factors, meta = got
+            if d.is_main:
+                save_factors(self.path, factors, meta)
         self.factors, self.meta = factors, meta
         self.geom = _geometry(index, _projector(index))
         self.damping = {}
@@ -379,5 +458,6 @@ class Ekfac(Engine):
                 "file": str(self.path),
                 "reused": self.reused,
                 "lambda_source": self.meta.get("lambda_source"),
+                "rows_per_rank": self.meta.get("rows_per_rank"),
             }
         return d
