@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from gradian.data.formats import Example, load_examples
-from gradian.data.tokenize import TokenizedExample, tokenize_example
+from gradian.data.tokenize import TokenizedExample, row_values, tokenize_example
 from gradian.errors import GradianUserError
 from gradian.index.identity import adapter_identity, dataset_identity, file_hash, library_versions, model_identity
 from gradian.index.store import GradientIndex, GradSpec, build_index, default_index_root, index_id
@@ -46,14 +46,25 @@ def load_finetune(model_spec: ModelSpec, adapter: str | Path) -> FineTune:
 
 
 def tokenize_training_set(
-    examples: list[Example], tokenizer, spec: GradSpec, path: str | Path
-) -> list[TokenizedExample]:
-    """Tokenise every row as the trainer did; errors name ``path`` and the row."""
-    out = []
-    for ex in examples:
+    examples: list[Example], tokenizer, spec: GradSpec, path: str | Path, *, lazy: bool = False
+) -> Sequence[TokenizedExample]:
+    """Tokenise every row as the trainer did; errors name ``path`` and the row.
+
+    Args:
+        lazy: return a :class:`gradian.data.tokenize.TokenizedRows`, which keeps a few numbers a row
+            and tokenises a row again when it is read (``gradian index``: the build's memory does
+            not grow with the rows' tokens); otherwise a list of every tokenised row.
+    """
+
+    def one(ex: Example) -> TokenizedExample:
         where = f"{path}:{ex.row + 1}" if str(path).endswith(".jsonl") else f"{path}[{ex.row}]"
-        out.append(tokenize_example(ex, tokenizer, spec.tokenize, where=where))
-    return out
+        return tokenize_example(ex, tokenizer, spec.tokenize, where=where)
+
+    if lazy:
+        from gradian.data.tokenize import TokenizedRows
+
+        return TokenizedRows(examples, one)
+    return [one(ex) for ex in examples]
 
 
 def index_identity(
@@ -104,9 +115,9 @@ def training_index(
     progress_factory: Callable[[int], Callable[[int], None]] | None = None,
     examples: list[Example] | None = None,
     checkpoint: Checkpoint | None = None,
-    items: list[TokenizedExample] | None = None,
+    items: Sequence[TokenizedExample] | None = None,
     announce: Callable[[str], None] | None = None,
-) -> tuple[GradientIndex, list[Example], list[TokenizedExample], bool]:
+) -> tuple[GradientIndex, list[Example], Sequence[TokenizedExample], bool]:
     """Open the training-gradient index for this fine-tune, building (or resuming) it if needed.
 
     Collective under torchrun (:mod:`gradian.distributed`): rank 0 decides whether a finished
@@ -127,7 +138,7 @@ def training_index(
     """
     examples = examples if examples is not None else load_examples(data)
     items = items if items is not None else tokenize_training_set(examples, ft.tokenizer, spec, data)
-    if all(it.n_supervised == 0 for it in items):
+    if not any(row_values(items, "n_supervised")):
         raise GradianUserError(
             "no row has a supervised token after masking and truncation",
             where=str(data),

@@ -136,3 +136,24 @@ def test_collate_reads_token_arrays_and_lists_alike(tok):
     plain = replace(it, input_ids=list(it.input_ids), labels=list(it.labels))
     a, b = collate([it], tok.pad_token_id), collate([plain], tok.pad_token_id)
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_lazily_tokenised_rows_read_like_the_list(tok):
+    """TokenizedRows keeps ids, lengths, supervised counts and truncation per row and tokenises a row
+    again when it is read: the same rows as tokenising them all, and the same per-row numbers."""
+    from gradian.data.tokenize import ROW_FIELDS, TokenizedRows, row_values
+
+    examples = [to_example(r, i, f"rows:{i}") for i, r in enumerate(ROWS)]
+    spec = TokenizeSpec(max_length=24)  # some rows truncated (full lengths 19 to 56)
+    eager = [tokenize_example(ex, tok, spec) for ex in examples]
+    lazy = TokenizedRows(examples, lambda ex: tokenize_example(ex, tok, spec))
+    assert len(lazy) == len(eager) and lazy.ids == [it.id for it in eager]
+    assert any(it.truncated for it in eager) and not all(it.truncated for it in eager)
+    for k, it in enumerate(eager):
+        assert lazy[k] == it
+    assert lazy[1:3] == eager[1:3]
+    for name in ROW_FIELDS:
+        assert list(row_values(lazy, name)) == list(row_values(eager, name)), name
+    assert list(row_values(eager, "length")) == [len(it.input_ids) for it in eager]
+    with pytest.raises(ValueError):
+        row_values(eager, "text")

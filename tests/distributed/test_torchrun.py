@@ -212,6 +212,47 @@ def test_a_dead_rank_leaves_its_shards_and_one_process_resumes(world, single):
     assert ca["ranked"] == cb["ranked"]
 
 
+def test_a_killed_single_process_build_resumes_with_two(world, single):
+    """The other direction: one process is SIGKILLed after its second shard; `torchrun
+    --nproc-per-node 2` keeps those shards, divides the rest and publishes the index a clean
+    single-process run built (same id, same shards, byte for byte)."""
+    root = world["root"] / "killed-1-to-2"
+    args = [
+        "index",
+        "--base",
+        str(world["base"]),
+        "--adapter",
+        str(world["adapter"]),
+        "--data",
+        str(world["data"]),
+        "--checkpoints",
+        "final",
+        "--shard-size",
+        "16",
+        "--out",
+        str(root / "index"),
+    ]
+    res = _run(args, _env(root / "cache", GRADIAN_TEST_KILL="0:shard:2"))
+    assert res.returncode == -9, res.stderr[-2000:]
+    (folder,) = [p for p in (root / "index").iterdir() if p.is_dir()]
+    assert not (folder / "manifest.json").exists()
+    kept = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in folder.glob("shard-*.safetensors")}
+    assert len(kept) == 2
+
+    res = _run(args, _env(root / "cache"), nproc=2)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "2 of " in res.stdout and "shards already built" in res.stdout and "over 2 processes" in res.stdout
+    for name, (mtime, data) in kept.items():  # kept, not recomputed
+        p = folder / name
+        assert p.stat().st_mtime_ns == mtime and p.read_bytes() == data
+    (ref,) = [Path(c["index"]["row"]["root"]) for c in single["attribution"]["trajectory"]["checkpoints"] if c["final"]]
+    got, want = (json.loads((r / "manifest.json").read_text()) for r in (folder, ref))
+    assert got["complete"] and got["index_id"] == want["index_id"] == folder.name
+    assert got["shards"] == want["shards"]
+    for s in want["shards"]:
+        assert (folder / s["file"]).read_bytes() == (ref / s["file"]).read_bytes()
+
+
 def test_ranks_that_see_different_data_are_refused_at_start(world, tmp_path):
     """One rank reads another training file: one error line, exit code 2 on every rank, nothing written."""
     rows = [json.loads(line) for line in world["data"].read_text().splitlines()]

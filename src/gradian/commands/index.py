@@ -51,6 +51,7 @@ def register(app: typer.Typer) -> None:
         from gradian.commands._common import grad_spec_from_options, input_identity, start_distributed
         from gradian.commands.attribute import checkpoint_selection
         from gradian.data.formats import load_examples
+        from gradian.data.tokenize import row_values
         from gradian.index.store import check_build_args, select_blocks
         from gradian.models.load import ModelSpec
 
@@ -83,7 +84,7 @@ def register(app: typer.Typer) -> None:
             for note in ft.notes:
                 console.print(f"[yellow]note:[/] {note}")
             trajectory = resolve_trajectory(adapter, checkpoint_selection(checkpoints))
-            items = tokenize_training_set(examples, ft.tokenizer, spec, data)
+            items = tokenize_training_set(examples, ft.tokenizer, spec, data, lazy=True)  # a few numbers a row
             for ck in trajectory.checkpoints:
                 with checkpoint_weights(ft.model, ck), progress_bar() as pb:
                     idx, examples, items, reused = training_index(
@@ -107,7 +108,7 @@ def register(app: typer.Typer) -> None:
                     f"{ck.label}: index [bold]{idx.id}[/] {state}: {idx.n} {spec.unit}s, {len(idx.blocks)} LoRA blocks "
                     f"→ {escape(str(idx.root))}"
                 )
-            trunc = sum(it.truncated for it in items)
+            trunc = sum(row_values(items, "truncated"))
             if trunc:
                 console.print(f"[yellow]{trunc} rows were truncated at {max_length} tokens[/]")
         finally:

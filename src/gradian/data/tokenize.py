@@ -30,7 +30,7 @@ character span of the completion text can become a token mask
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Literal, Sequence
@@ -370,6 +370,64 @@ def tokenize_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | No
 def tokenize_examples(examples: Sequence[Example], tokenizer, spec: TokenizeSpec) -> list[TokenizedExample]:
     """:func:`tokenize_example` over ``examples``, in order."""
     return [tokenize_example(ex, tokenizer, spec) for ex in examples]
+
+
+#: the per-row numbers :class:`TokenizedRows` keeps (and :func:`row_values` reads without re-tokenising)
+ROW_FIELDS = ("length", "n_supervised", "full_length", "truncated")
+
+
+class TokenizedRows(Sequence[TokenizedExample]):
+    """A training set's tokenised rows, tokenised again when a row is read: a few numbers a row stay in memory.
+
+    Construction tokenises every row once, so a row that cannot be tokenised fails here, with its
+    ``where``, before any model pass; it keeps per row its id, token count (``length``, after
+    truncation), ``n_supervised``, ``full_length`` and ``truncated``, 13 bytes and a reference. Reading
+    ``rows[k]`` tokenises row k again (tokenisation is deterministic: the same ids, labels and
+    offsets). A consumer that goes through the rows once per shard, like the index build, so holds
+    one shard's tokens at a time instead of the whole set's (about 2.4 kB a row of 94 tokens).
+
+    Args:
+        examples: the rows, in index order (held by reference: their text stays in memory).
+        tokenize: ``example -> TokenizedExample`` (e.g. :func:`tokenize_example` with the spec and
+            a ``where`` naming the file and row).
+    """
+
+    def __init__(self, examples: Sequence[Example], tokenize: Callable[[Example], TokenizedExample]) -> None:
+        self._examples = examples
+        self._tokenize = tokenize
+        self.ids: list[str] = []
+        self.length = array("i")
+        self.n_supervised = array("i")
+        self.full_length = array("i")
+        self.truncated = array("b")
+        for ex in examples:
+            it = tokenize(ex)
+            self.ids.append(it.id)
+            self.length.append(len(it.input_ids))
+            self.n_supervised.append(it.n_supervised)
+            self.full_length.append(int(it.full_length))
+            self.truncated.append(bool(it.truncated))
+
+    def __len__(self) -> int:
+        return len(self._examples)
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return [self._tokenize(ex) for ex in self._examples[k]]
+        return self._tokenize(self._examples[k])
+
+
+def row_values(items: Sequence[TokenizedExample], name: str) -> Sequence[int]:
+    """One per-row number of ``items`` (a field of :data:`ROW_FIELDS`), without tokenising a
+    :class:`TokenizedRows` again; read off the rows of a plain list.
+    """
+    if name not in ROW_FIELDS:
+        raise ValueError(f"{name!r} is not one of {ROW_FIELDS}")
+    if isinstance(items, TokenizedRows):
+        return getattr(items, name)
+    if name == "length":
+        return [len(it.input_ids) for it in items]
+    return [int(getattr(it, name)) for it in items]
 
 
 def collate(

@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from gradian.data.tokenize import TokenizedExample, TokenizeSpec, collate
+from gradian.data.tokenize import TokenizedExample, TokenizeSpec, collate, row_values
 from gradian.errors import GradianUserError, GradianWarning
 from gradian.gradients.lora import lora_blocks
 from gradian.gradients.per_example import per_example_grads
@@ -570,11 +570,11 @@ def _read_record(root: Path, k: int, layout: dict[str, Any]) -> dict[str, Any] |
     return rec["entry"]
 
 
-def _shard_costs(items: Sequence[TokenizedExample], n_shards: int, shard_size: int, batch_size: int) -> list[int]:
+def _shard_costs(lengths: Sequence[int], n_shards: int, shard_size: int, batch_size: int) -> list[int]:
     """Per shard, the padded tokens its length-sorted batches hold (what a backward pass costs)."""
     out = []
     for k in range(n_shards):
-        lens = sorted(len(items[r].input_ids) for r in range(k * shard_size, min(len(items), (k + 1) * shard_size)))
+        lens = sorted(lengths[r] for r in range(k * shard_size, min(len(lengths), (k + 1) * shard_size)))
         out.append(
             sum(
                 lens[min(s + batch_size, len(lens)) - 1] * len(lens[s : s + batch_size])
@@ -782,7 +782,8 @@ def build_index(
         if pending and manifest.get("complete"):
             manifest["complete"] = False  # shards are being rewritten: no reader may take it as finished
             _write_manifest(root, manifest)
-    costs = _shard_costs(items, n_shards, shard_size, batch_size)
+    lengths = row_values(items, "length")  # a TokenizedRows is not tokenised again to plan
+    costs = _shard_costs(lengths, n_shards, shard_size, batch_size)
     assigned = distributed.partition([costs[k] for k in pending], dist.world_size)[dist.rank]
     todo = [pending[j] for j in assigned]
     if stop_after_shards is not None:
@@ -814,7 +815,7 @@ def build_index(
         lo, hi = k * shard_size, min(len(items), (k + 1) * shard_size)
         # Batches are formed from length-sorted rows (less padding, same exact per-row
         # gradients); results are written back in index order.
-        order = sorted(range(lo, hi), key=lambda r: (len(items[r].input_ids), r))
+        order = sorted(range(lo, hi), key=lambda r: (lengths[r], r))
         # NaN until computed: a row no batch wrote can never pass the finiteness check below
         per_block = {
             b.name: torch.full((hi - lo, projector.out_dim(i, b.shape)), math.nan, dtype=storage)
@@ -822,9 +823,18 @@ def build_index(
         }
         filled = torch.zeros(hi - lo, dtype=torch.bool)
         losses_all = [0.0] * (hi - lo)
+        row_meta: list[dict[str, Any]] = [{}] * (hi - lo)  # each row is read once (a TokenizedRows tokenises it)
         for s in range(0, len(order), batch_size):
             rows = order[s : s + batch_size]
-            batch = collate([items[r] for r in rows], pad_token_id)
+            chunk = [items[r] for r in rows]
+            for r, it in zip(rows, chunk):
+                row_meta[r - lo] = {
+                    "id": it.id,
+                    "n_supervised": it.n_supervised,
+                    "truncated": bool(it.truncated),
+                    "full_length": int(it.full_length),
+                }
+            batch = collate(chunk, pad_token_id)
             grads, losses = per_example_grads(
                 model, batch, "hooks", list(spec.modules) if spec.modules else None, return_losses=True
             )
@@ -849,7 +859,7 @@ def build_index(
                 bad_blocks.append(name)
                 bad_rows.update(int(r) for r in nf.nonzero()[:, 0].tolist())
         if bad_rows:
-            ids = [items[lo + r].id for r in sorted(bad_rows)]
+            ids = [row_meta[r]["id"] for r in sorted(bad_rows)]
             shown = ", ".join(map(str, ids[:8])) + (f" (+{len(ids) - 8})" if len(ids) > 8 else "")
             raise GradianUserError(
                 f"the per-example gradients of {len(ids)} row(s) are not finite (NaN/inf, or beyond {GRAD_ABS_MAX:g}), "
@@ -859,13 +869,12 @@ def build_index(
                 fix="check the base and adapter weights for NaN/inf and train in float32 (float16 overflows); "
                 "--storage-dtype float16 cannot hold gradients above 65504 (use bfloat16)",
             )
-        chunk = items[lo:hi]
         meta: dict[str, list[Any]] = {
-            "id": [it.id for it in chunk],
+            "id": [m["id"] for m in row_meta],
             "loss": losses_all,
-            "n_supervised": [it.n_supervised for it in chunk],
-            "truncated": [bool(it.truncated) for it in chunk],
-            "full_length": [int(it.full_length) for it in chunk],
+            "n_supervised": [m["n_supervised"] for m in row_meta],
+            "truncated": [m["truncated"] for m in row_meta],
+            "full_length": [m["full_length"] for m in row_meta],
         }
         data = save({name: v.contiguous() for name, v in per_block.items()})
         del per_block
