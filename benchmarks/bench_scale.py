@@ -89,6 +89,30 @@ def worker_score(out_dir: Path, root: Path) -> None:
     _dump(out_dir, {"cmd_s": round(time.perf_counter() - t, 2)})
 
 
+def worker_ekfac(out_dir: Path, root: Path, base: Path, adapter: Path, data: Path) -> None:
+    """One rank of EK-FAC's fit over a finished index (``--ekfac``): pass 1 over the model (its share
+    of the batches), Λ from its share of the shards, the sums all-reduced; timed without the model load.
+    """
+    from gradian import distributed
+    from gradian.api import load_finetune, tokenize_training_set
+    from gradian.data.formats import load_examples
+    from gradian.engines.base import ModelPass
+    from gradian.engines.registry import engine_spec, fit_engine
+    from gradian.index.store import GradientIndex, GradSpec
+    from gradian.models.load import ModelSpec
+
+    distributed.init_from_env("cpu")
+    idx = GradientIndex(root)
+    ft = load_finetune(ModelSpec(str(base)), adapter)
+    spec = GradSpec.from_dict(idx.grad_spec)
+    items = tokenize_training_set(load_examples(data), ft.tokenizer, spec, data, lazy=True)
+    t = time.perf_counter()
+    eng = fit_engine(engine_spec("ekfac"), idx, ModelPass(ft.model, items, ft.tokenizer.pad_token_id, 8))
+    took = time.perf_counter() - t
+    distributed.shutdown()
+    _dump(out_dir, {"cmd_s": round(took, 2), "rows_per_rank": eng.meta["rows_per_rank"], "file": str(eng.path)})
+
+
 # --------------------------------------------------------------------------- setup
 
 
@@ -155,6 +179,13 @@ def launch(procs: int, args: list[str], env: dict) -> tuple[float, subprocess.Co
     return wall, res
 
 
+def _ekfac_lambda(path: Path) -> dict:
+    """The corrected eigenvalues Λ of a factors file, per block (compared with the 1-process fit)."""
+    from safetensors.torch import load_file
+
+    return {k: v for k, v in load_file(str(path)).items() if k.endswith("::lam")}
+
+
 def _ranks(d: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(d.glob("rank*.json"))]
 
@@ -166,13 +197,16 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/gradian-bench-scale"))
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    ap.add_argument("--worker", choices=("index", "score"), help=argparse.SUPPRESS)
+    ap.add_argument("--ekfac", action="store_true", help="also time EK-FAC's fit (a model pass) per row count and P")
+    ap.add_argument("--worker", choices=("index", "score", "ekfac"), help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "index":
         return worker_index(Path(args.rest[0]), args.rest[2:] if args.rest[1:2] == ["--"] else args.rest[1:])
     if args.worker == "score":
         return worker_score(Path(args.rest[0]), Path(args.rest[1]))
+    if args.worker == "ekfac":
+        return worker_ekfac(*(Path(a) for a in args.rest[:5]))
 
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
@@ -196,6 +230,7 @@ def main() -> None:
     )
     print("|---:|---:|---:|---:|---|---|---:|---|---:|:---:|---:|")
     ref_shards: dict[int, list[str]] = {}
+    ref_lam: dict[int, dict] = {}
     for n in [int(x) for x in args.rows.split(",")]:
         data = dataset(work, n)
         for p in [int(x) for x in args.procs.split(",")]:
@@ -240,6 +275,15 @@ def main() -> None:
             size = sum((root / s["file"]).stat().st_size for s in manifest["shards"])
             swall, _ = launch(p, ["--worker", "score", str(stats / "score"), str(root)], env)
             ix, sc = _ranks(stats / "index"), _ranks(stats / "score")
+            ek = None
+            if args.ekfac:
+                launch(
+                    p, ["--worker", "ekfac", str(stats / "ekfac"), str(root), str(base), str(adapter), str(data)], env
+                )
+                ek = _ranks(stats / "ekfac")
+                lam = _ekfac_lambda(Path(ek[0]["file"]))
+                ref_lam.setdefault(n, lam)
+                ek_diff = max(float((lam[k] - ref_lam[n][k]).abs().max() / ref_lam[n][k].abs().max()) for k in lam)
             load1 = os.getloadavg()[0]
             row = {
                 "rows": n,
@@ -258,13 +302,27 @@ def main() -> None:
                 "same_shards_as_1_proc": shards == ref_shards[n],
                 "load_avg": [round(load0, 2), round(load1, 2)],
             }
+            if ek is not None:
+                row.update(
+                    ekfac_fit_s=max(r["cmd_s"] for r in ek),
+                    ekfac_rss_mb=[r["peak_rss_mb"] for r in ek],
+                    ekfac_rows_per_rank=ek[0]["rows_per_rank"],
+                    ekfac_lambda_rel_diff_vs_1_proc=ek_diff,
+                )
             rows_out.append(row)
             print(
                 f"| {n:,} | {p} | {wall:.1f} | {row['index_cmd_s']:.1f} | "
                 f"{', '.join(f'{x:.0f}' for x in row['index_cpu_s'])} "
                 f"| {', '.join(f'{x:.0f}' for x in row['index_rss_mb'])} "
                 f"| {row['score_s']:.1f} | {', '.join(f'{x:.0f}' for x in row['score_rss_mb'])} | {size / 1e6:.0f} "
-                f"| {'yes' if row['same_shards_as_1_proc'] else 'NO'} | {load0:.1f}→{load1:.1f} |",
+                f"| {'yes' if row['same_shards_as_1_proc'] else 'NO'} | {load0:.1f}→{load1:.1f} |"
+                + (
+                    f" EK-FAC fit {row['ekfac_fit_s']:.1f} s,"
+                    f" RSS {', '.join(f'{x:.0f}' for x in row['ekfac_rss_mb'])} MB,"
+                    f" rows {row['ekfac_rows_per_rank']}, Λ vs 1 proc {row['ekfac_lambda_rel_diff_vs_1_proc']:.1e} |"
+                    if ek is not None
+                    else ""
+                ),
                 flush=True,
             )
             import shutil

@@ -537,32 +537,14 @@ def _progress_callback(on_event: Callable[[dict[str, Any]], None]):
 
 def _rich_progress():
     """A rich progress bar driven by trainer events; returns (callback, context manager)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from gradian.commands._common import console, rich_progress
 
-    from gradian.commands._common import console
-
-    prog = Progress(
-        TextColumn("[bold]training[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
-    )
+    prog = rich_progress(console, info=True)
     state: dict[str, Any] = {"task": None}
 
     def on_event(ev: dict[str, Any]) -> None:
         if ev["event"] == "begin":
-            state["task"] = prog.add_task("train", total=ev["max_steps"], info="")
+            state["task"] = prog.add_task("[bold]training[/]", total=ev["max_steps"], info="")
         elif ev["event"] == "step" and state["task"] is not None:
             prog.update(state["task"], completed=ev["step"])
         elif ev["event"] == "log" and state["task"] is not None:

@@ -75,34 +75,40 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def rich_progress(console, *, info: bool = False, disable: bool = False):
+    """Gradian's progress bar: description, bar, done/total, elapsed, remaining (one set of columns).
+
+    Args:
+        console: the rich console it draws on.
+        info: add a ``{task.fields[info]}`` column after the count (the trainer's loss).
+        disable: draw nothing (the ranks other than 0 under torchrun).
+    """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+    if info:
+        columns.append(TextColumn("{task.fields[info]}"))
+    columns += [TimeElapsedColumn(), TimeRemainingColumn()]
+    return Progress(*columns, console=console, transient=False, disable=disable)
+
+
 class _Progress:
     """A rich progress bar whose tasks are advanced through plain callbacks."""
 
     def __init__(self) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
         from gradian import distributed
 
         d = distributed.current()
         #: under torchrun only rank 0 draws, and its bars count its own share of the rows
         self._suffix = f" (rank 0 of {d.world_size})" if d.enabled else ""
-        self._p = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=err_console,
-            transient=False,
-            disable=not d.is_main,
-        )
+        self._p = rich_progress(err_console, disable=not d.is_main)
 
     def __enter__(self) -> _Progress:
         self._p.__enter__()

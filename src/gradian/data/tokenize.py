@@ -372,8 +372,8 @@ def tokenize_examples(examples: Sequence[Example], tokenizer, spec: TokenizeSpec
     return [tokenize_example(ex, tokenizer, spec) for ex in examples]
 
 
-#: the per-row numbers :class:`TokenizedRows` keeps (and :func:`row_values` reads without re-tokenising)
-ROW_FIELDS = ("length", "n_supervised", "full_length", "truncated")
+#: what :class:`TokenizedRows` keeps of each row (and :func:`row_values` reads without re-tokenising)
+ROW_FIELDS = ("id", "length", "n_supervised", "full_length", "truncated")
 
 
 class TokenizedRows(Sequence[TokenizedExample]):
@@ -417,14 +417,16 @@ class TokenizedRows(Sequence[TokenizedExample]):
         return self._tokenize(self._examples[k])
 
 
-def row_values(items: Sequence[TokenizedExample], name: str) -> Sequence[int]:
-    """One per-row number of ``items`` (a field of :data:`ROW_FIELDS`), without tokenising a
-    :class:`TokenizedRows` again; read off the rows of a plain list.
+def row_values(items: Sequence[TokenizedExample], name: str) -> Sequence[Any]:
+    """One per-row value of ``items`` (a field of :data:`ROW_FIELDS`: the id, or a number), without
+    tokenising a :class:`TokenizedRows` again; read off the rows of a plain list.
     """
     if name not in ROW_FIELDS:
         raise ValueError(f"{name!r} is not one of {ROW_FIELDS}")
     if isinstance(items, TokenizedRows):
-        return getattr(items, name)
+        return items.ids if name == "id" else getattr(items, name)
+    if name == "id":
+        return [getattr(it, "id", None) for it in items]
     if name == "length":
         return [len(it.input_ids) for it in items]
     return [int(getattr(it, name)) for it in items]

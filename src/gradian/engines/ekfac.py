@@ -172,7 +172,10 @@ def _batch_rows(mp: ModelPass) -> list[list[int]]:
     r, r + W, r + 2W, ... (:func:`_local_batches`), which balances the work (neighbouring batches
     have similar lengths) and makes every rank's share a fixed set of whole batches.
     """
-    order = sorted(range(len(mp.items)), key=lambda r: (len(mp.items[r].input_ids), r))
+    from gradian.data.tokenize import row_values
+
+    lengths = row_values(mp.items, "length")  # lazily tokenised rows are not tokenised to sort them
+    order = sorted(range(len(mp.items)), key=lambda r: (lengths[r], r))
     return [order[s : s + mp.batch_size] for s in range(0, len(order), mp.batch_size)]
 
 
@@ -226,10 +229,11 @@ def _fit_factors(
     They equal a single process's up to the order of float64 additions.
     """
     from gradian import distributed
+    from gradian.data.tokenize import row_values
     from gradian.gradients.hooks import LoraHooks, token_mask
     from gradian.index.store import GradSpec, select_blocks
 
-    if [getattr(it, "id", None) for it in mp.items] != index.ids:
+    if list(row_values(mp.items, "id")) != index.ids:
         raise ValueError(f"the model pass has {len(mp.items)} rows that are not the index's {index.n} rows (in order)")
     names = [b["name"] for b in index.blocks]
     blocks = select_blocks(mp.model, GradSpec(modules=tuple(index.modules) if index.modules else None))

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate
+from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate, row_values
 from gradian.gradients.loss import model_inputs
 
 
@@ -59,7 +59,8 @@ def pooled_states(
 
     Batches are length-sorted (less padding); results come back in item order.
     """
-    order = sorted(range(len(items)), key=lambda r: (len(items[r].input_ids), r))
+    lengths = row_values(items, "length")
+    order = sorted(range(len(items)), key=lambda r: (lengths[r], r))
     out: torch.Tensor | None = None
     device = next(model.parameters()).device
     for s in range(0, len(order), batch_size):
