@@ -88,8 +88,8 @@ class TokenIds(Sequence[int]):
     """(t,) token ids (or labels) of a tokenised text in one int32 array.
 
     Reads like the list a tokenizer returns (indexing, slicing, iteration, ``len``, ``==`` with a list),
-    in 4 bytes a token instead of about 36 for a list of Python ints: a tokenised training set is held
-    whole while its index is built (issue 14: peak memory flat in the row count). ``tolist()`` gives
+    in 4 bytes a token instead of about 36 for a list of Python ints: ``gradian attribute`` holds a tokenised
+    training set whole (issue 14: memory that barely grows with the rows). ``tolist()`` gives
     the plain list (for JSON).
     """
 
@@ -140,7 +140,7 @@ class TokenOffsets(Sequence[tuple[int, int]]):
 
     Reads like the list of tuples a tokenizer returns (indexing, slicing, iteration, ``len``, ``==``
     with a list of pairs), in 8 bytes a token instead of about 100 for a list of tuples: a tokenised
-    training set is held whole while its index is built (issue 14: peak memory flat in the row count).
+    training set is held whole by ``gradian attribute`` (issue 14: memory that barely grows with the rows).
     """
 
     __slots__ = ("_flat",)
