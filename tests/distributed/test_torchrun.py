@@ -76,28 +76,41 @@ def world(tmp_path_factory, world_cache):
     return {"base": w.base, "adapter": adapter, "data": w.train, "eval": w.eval, "root": root}
 
 
-def _attribute_args(world, out: Path, index_dir: Path, checkpoints: str | None = None) -> list[str]:
-    # one intermediate checkpoint and the final adapter: a trajectory, two row and two sentence indexes;
-    # 16 rows per shard, so each index has several shards to divide
+def _inputs(world, checkpoints: str) -> list[str]:
+    """The tiny world's base, adapter and data, the checkpoints, and 16 rows a shard (several shards to divide)."""
     return [
-        "attribute",
         "--base",
         str(world["base"]),
         "--adapter",
         str(world["adapter"]),
         "--data",
         str(world["data"]),
-        "--eval",
-        str(world["eval"]),
         "--checkpoints",
-        checkpoints or str(world["adapter"] / "checkpoint-22"),
+        checkpoints,
         "--shard-size",
         "16",
+    ]
+
+
+def _attribute_args(world, out: Path, index_dir: Path, checkpoints: str | None = None) -> list[str]:
+    """``gradian attribute``; by default one intermediate checkpoint and the final adapter: a trajectory,
+    two row and two sentence indexes."""
+    ckpts = checkpoints or str(world["adapter"] / "checkpoint-22")
+    return [
+        "attribute",
+        *_inputs(world, ckpts),
+        "--eval",
+        str(world["eval"]),
         "--out",
         str(out),
         "--index-dir",
         str(index_dir),
     ]
+
+
+def _index_args(world, out: Path, checkpoints: str) -> list[str]:
+    """``gradian index``."""
+    return ["index", *_inputs(world, checkpoints), "--out", str(out)]
 
 
 @pytest.fixture(scope="module")
@@ -171,21 +184,7 @@ def test_a_dead_rank_leaves_its_shards_and_one_process_resumes(world, single):
     """Rank 1 is SIGKILLed right after its first shard; torchrun stops rank 0. A single-process
     run then keeps every finished shard (not recomputed) and gives the scores of the clean run."""
     root = world["root"] / "killed"
-    index_args = [
-        "index",
-        "--base",
-        str(world["base"]),
-        "--adapter",
-        str(world["adapter"]),
-        "--data",
-        str(world["data"]),
-        "--checkpoints",
-        str(world["adapter"] / "checkpoint-22"),
-        "--shard-size",
-        "16",
-        "--out",
-        str(root / "index"),
-    ]
+    index_args = _index_args(world, root / "index", str(world["adapter"] / "checkpoint-22"))
     res = _run(index_args, _env(root / "cache", GRADIAN_TEST_KILL="1:shard:1"), nproc=2)
     assert res.returncode != 0
     assert "SIGKILL" in res.stderr or "Signal 9" in res.stderr, res.stderr[-2000:]
@@ -217,21 +216,7 @@ def test_a_killed_single_process_build_resumes_with_two(world, single):
     --nproc-per-node 2` keeps those shards, divides the rest and publishes the index a clean
     single-process run built (same id, same shards, byte for byte)."""
     root = world["root"] / "killed-1-to-2"
-    args = [
-        "index",
-        "--base",
-        str(world["base"]),
-        "--adapter",
-        str(world["adapter"]),
-        "--data",
-        str(world["data"]),
-        "--checkpoints",
-        "final",
-        "--shard-size",
-        "16",
-        "--out",
-        str(root / "index"),
-    ]
+    args = _index_args(world, root / "index", "final")
     res = _run(args, _env(root / "cache", GRADIAN_TEST_KILL="0:shard:2"))
     assert res.returncode == -9, res.stderr[-2000:]
     (folder,) = [p for p in (root / "index").iterdir() if p.is_dir()]
