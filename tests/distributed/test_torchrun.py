@@ -276,9 +276,9 @@ def test_ranks_that_see_different_data_are_refused_at_start(world, tmp_path):
     assert not (tmp_path / "index").exists()
 
 
-def _ekfac_run(world, root: Path, fisher: str, nproc: int) -> tuple[dict, Path]:
+def _ekfac_run(world, root: Path, fisher: str, nproc: int, out: str = "run", reused: bool = False) -> tuple[dict, Path]:
     args = [
-        *_attribute_args(world, root / "run", root / "index", checkpoints="final"),
+        *_attribute_args(world, root / out, root / "index", checkpoints="final"),
         "--engine",
         "ekfac",
         "--engine-option",
@@ -288,10 +288,10 @@ def _ekfac_run(world, root: Path, fisher: str, nproc: int) -> tuple[dict, Path]:
     ]
     res = _run(args, _env(root / "cache"), nproc=nproc)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    run = json.loads((root / "run" / "run.json").read_text())
+    run = json.loads((root / out / "run.json").read_text())
     (ck,) = run["attribution"]["trajectory"]["checkpoints"]
     eng = ck["engines"]["ekfac"]
-    assert eng["factors"]["reused"] is False
+    assert eng["factors"]["reused"] is reused
     rows = eng["factors"]["rows_per_rank"]  # pass 1 was divided: every rank ran its own whole batches
     assert len(rows) == nproc and sum(rows) == run["attribution"]["index"]["n"] and min(rows) > 0, rows
     return run, Path(eng["factors"]["file"])
@@ -325,3 +325,6 @@ def test_two_processes_fit_the_ekfac_factors_of_one(world, fisher):
     assert np.abs(x - y).max() <= 1e-9 * np.abs(x).max()
     assert [r["id"] for r in ca["ranked"]] == [r["id"] for r in cb["ranked"]]
     assert ca["second_scores"] == cb["second_scores"]
+    if fisher == "empirical":  # a re-query under torchrun: rank 0 reads the stored factors and broadcasts them
+        again, f3 = _ekfac_run(world, world["root"] / f"ekfac-{fisher}-2", fisher, 2, out="again", reused=True)
+        assert f3 == f2 and _cap(again)["scores"] == cb["scores"]
