@@ -157,9 +157,9 @@ def training_index(
         )
     units = items
     if spec.unit == "sentence":
-        from gradian.attribute.spans import sentence_units
+        from gradian.attribute.spans import SentenceItems, sentence_units
 
-        units = [u.item for u in sentence_units(examples, items)]
+        units = SentenceItems(sentence_units(examples, items), items)  # built shard by shard
     elif spec.unit != "row":
         raise GradianUserError(f"unknown index unit {spec.unit!r}", where="--unit", fix="use row or sentence")
     if root is not None:

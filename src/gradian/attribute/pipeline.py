@@ -388,7 +388,7 @@ def _unit_drill(
         out = []
         for k in ks:
             u = ev.units[k]  # type: ignore[index]
-            ntok = u.item.n_supervised
+            ntok = u.n_supervised
             out.append(
                 SentenceScore(
                     u.char_start,

@@ -372,19 +372,61 @@ def tokenize_examples(examples: Sequence[Example], tokenizer, spec: TokenizeSpec
     return [tokenize_example(ex, tokenizer, spec) for ex in examples]
 
 
-#: what :class:`TokenizedRows` keeps of each row (and :func:`row_values` reads without re-tokenising)
+#: what a :class:`LazyItems` keeps of each item (and :func:`row_values` reads without building it)
 ROW_FIELDS = ("id", "length", "n_supervised", "full_length", "truncated")
 
 
-class TokenizedRows(Sequence[TokenizedExample]):
-    """A training set's tokenised rows, tokenised again when a row is read: a few numbers a row stay in memory.
+class LazyItems(Sequence[TokenizedExample]):
+    """Tokenised items built when one is read; what stays in memory is :data:`ROW_FIELDS` per item.
+
+    A subclass records each item's fields once (:meth:`_record`) and builds the item on demand
+    (:meth:`_load`). A consumer that goes through the items once per shard, like the index build,
+    so holds one shard's tokens at a time instead of the whole set's (about 2.4 kB a row of 94
+    tokens). :func:`row_values` reads the recorded fields without building an item.
+
+    Attributes:
+        ids: (n,) item ids; length, n_supervised, full_length: (n,) int32; truncated: (n,) int8.
+    """
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.length = array("i")
+        self.n_supervised = array("i")
+        self.full_length = array("i")
+        self.truncated = array("b")
+
+    def _record(self, item_id: str, length: int, n_supervised: int, full_length: int, truncated: bool) -> None:
+        self.ids.append(item_id)
+        self.length.append(length)
+        self.n_supervised.append(n_supervised)
+        self.full_length.append(int(full_length))
+        self.truncated.append(bool(truncated))
+
+    def _record_item(self, it: TokenizedExample) -> None:
+        self._record(it.id, len(it.input_ids), it.n_supervised, it.full_length, it.truncated)
+
+    def _load(self, k: int) -> TokenizedExample:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return [self._load(i) for i in range(*k.indices(len(self)))]
+        if k < 0:
+            k += len(self)
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        return self._load(k)
+
+
+class TokenizedRows(LazyItems):
+    """A training set's tokenised rows, tokenised again when a row is read (:class:`LazyItems`).
 
     Construction tokenises every row once, so a row that cannot be tokenised fails here, with its
-    ``where``, before any model pass; it keeps per row its id, token count (``length``, after
-    truncation), ``n_supervised``, ``full_length`` and ``truncated``, 13 bytes and a reference. Reading
-    ``rows[k]`` tokenises row k again (tokenisation is deterministic: the same ids, labels and
-    offsets). A consumer that goes through the rows once per shard, like the index build, so holds
-    one shard's tokens at a time instead of the whole set's (about 2.4 kB a row of 94 tokens).
+    ``where``, before any model pass. Reading ``rows[k]`` tokenises row k again (tokenisation is
+    deterministic: the same ids, labels and offsets).
 
     Args:
         examples: the rows, in index order (held by reference: their text stays in memory).
@@ -393,37 +435,23 @@ class TokenizedRows(Sequence[TokenizedExample]):
     """
 
     def __init__(self, examples: Sequence[Example], tokenize: Callable[[Example], TokenizedExample]) -> None:
+        super().__init__()
         self._examples = examples
         self._tokenize = tokenize
-        self.ids: list[str] = []
-        self.length = array("i")
-        self.n_supervised = array("i")
-        self.full_length = array("i")
-        self.truncated = array("b")
         for ex in examples:
-            it = tokenize(ex)
-            self.ids.append(it.id)
-            self.length.append(len(it.input_ids))
-            self.n_supervised.append(it.n_supervised)
-            self.full_length.append(int(it.full_length))
-            self.truncated.append(bool(it.truncated))
+            self._record_item(tokenize(ex))
 
-    def __len__(self) -> int:
-        return len(self._examples)
-
-    def __getitem__(self, k):  # type: ignore[override]
-        if isinstance(k, slice):
-            return [self._tokenize(ex) for ex in self._examples[k]]
+    def _load(self, k: int) -> TokenizedExample:
         return self._tokenize(self._examples[k])
 
 
 def row_values(items: Sequence[TokenizedExample], name: str) -> Sequence[Any]:
     """One per-row value of ``items`` (a field of :data:`ROW_FIELDS`: the id, or a number), without
-    tokenising a :class:`TokenizedRows` again; read off the rows of a plain list.
+    building the items of a :class:`LazyItems`; read off the items of a plain list.
     """
     if name not in ROW_FIELDS:
         raise ValueError(f"{name!r} is not one of {ROW_FIELDS}")
-    if isinstance(items, TokenizedRows):
+    if isinstance(items, LazyItems):
         return items.ids if name == "id" else getattr(items, name)
     if name == "id":
         return [getattr(it, "id", None) for it in items]
