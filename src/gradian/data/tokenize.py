@@ -29,6 +29,7 @@ character span of the completion text can become a token mask
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -405,8 +406,9 @@ class LazyItems(Sequence[TokenizedExample]):
     def _record_item(self, it: TokenizedExample) -> None:
         self._record(it.id, len(it.input_ids), it.n_supervised, it.full_length, it.truncated)
 
+    @abstractmethod
     def _load(self, k: int) -> TokenizedExample:
-        raise NotImplementedError
+        """Item ``k``, built now (``0 <= k < len(self)``)."""
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -179,15 +179,13 @@ def _batch_rows(mp: ModelPass) -> list[list[int]]:
     return [order[s : s + mp.batch_size] for s in range(0, len(order), mp.batch_size)]
 
 
-def _local_batches(mp: ModelPass, device, world: tuple[int, int]):
-    """Yields ``(batch_number, rows, batch)`` for this rank's batches (every batch in one process)."""
+def _local_batches(mp: ModelPass, mine: dict[int, list[int]], device):
+    """Yields ``(batch_number, rows, batch)`` for this rank's batches ``{number: rows}``, collated."""
     from gradian.data.tokenize import collate
 
-    rank, size = world
-    for i, rows in enumerate(_batch_rows(mp)):
-        if i % size == rank:
-            batch = collate([mp.items[r] for r in rows], mp.pad_token_id)
-            yield i, len(rows), {k: v.to(device) for k, v in batch.items()}
+    for i, rows in mine.items():
+        batch = collate([mp.items[r] for r in rows], mp.pad_token_id)
+        yield i, len(rows), {k: v.to(device) for k, v in batch.items()}
 
 
 def _batch_generator(spec: EkfacSpec, fit_pass: int, batch: int) -> torch.Generator | None:
@@ -245,8 +243,9 @@ def _fit_factors(
     P = [tuple(None if p is None else p.to(device) for p in proj.mats[k]) for k in range(len(blocks))]
     n = len(mp.items)
     d = distributed.current()
-    world = (d.rank, d.world_size)
-    mine = sum(len(rows) for i, rows in enumerate(_batch_rows(mp)) if i % d.world_size == d.rank)
+    # this rank's batches, numbered as in one process (the true Fisher seeds its labels by that number)
+    mine = {i: rows for i, rows in enumerate(_batch_rows(mp)) if i % d.world_size == d.rank}
+    my_rows = sum(len(rows) for rows in mine.values())
     prog = mp.progress
 
     def project_tokens(k: int, X: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -257,8 +256,7 @@ def _fit_factors(
     A = [torch.zeros(geom[nm][1], geom[nm][1], dtype=torch.float64, device=device) for nm in names]
     S = [torch.zeros(geom[nm][0], geom[nm][0], dtype=torch.float64, device=device) for nm in names]
     count = torch.zeros(len(names), dtype=torch.float64)
-    fitted = 0  # rows this rank ran through pass 1
-    for i, b, batch in _local_batches(mp, device, world):
+    for i, b, batch in _local_batches(mp, mine, device):
         hooks = LoraHooks(blocks)
         logits = hooks.forward(mp.model, batch)
         loss = _loss(logits, batch, _batch_generator(spec, 1, i))
@@ -269,9 +267,8 @@ def _fit_factors(
             A[c.block] += X.T @ X
             S[c.block] += G.T @ G
             count[c.block] += float(mask.sum())
-        fitted += b
         if prog:
-            prog("EK-FAC covariances", b, mine)
+            prog("EK-FAC covariances", b, my_rows)
     A = [distributed.all_reduce_sum(M) for M in A]
     S = [distributed.all_reduce_sum(M) for M in S]
     count = distributed.all_reduce_sum(count).tolist()
@@ -301,7 +298,7 @@ def _fit_factors(
         QAd = [QA[nm].to(device) for nm in names]
         QSd = [QS[nm].to(device) for nm in names]
         lam_d = [torch.zeros(geom[nm], dtype=torch.float64, device=device) for nm in names]
-        for i, b, batch in _local_batches(mp, device, world):
+        for i, b, batch in _local_batches(mp, mine, device):
             hooks = LoraHooks(blocks)
             logits = hooks.forward(mp.model, batch)
             loss = _loss(logits, batch, _batch_generator(spec, 2, i))
@@ -313,14 +310,14 @@ def _fit_factors(
             for k, g in per.items():
                 lam_d[k] += ((QSd[k].T @ g @ QAd[k]) ** 2).sum(0)
             if prog:
-                prog("EK-FAC eigenvalue correction", b, mine)
+                prog("EK-FAC eigenvalue correction", b, my_rows)
     lam = {nm: distributed.all_reduce_sum(lam_d[k]).cpu() for k, nm in enumerate(names)}
     factors = {nm: BlockFactors(QA[nm], eigA[nm], QS[nm], eigS[nm], lam[nm] / max(n, 1)) for nm in names}
     info = {
         "rows": n,
         "tokens": count[0] if count else 0.0,
         "lambda_source": "index" if from_index else "model",
-        "rows_per_rank": distributed.all_gather_objects(fitted),  # [n] in one process
+        "rows_per_rank": distributed.all_gather_objects(my_rows),  # [n] in one process
     }
     return factors, info
 
@@ -328,9 +325,15 @@ def _fit_factors(
 _PARTS = ("QA", "eigA", "QS", "eigS", "lam")
 
 
-def _block_names(flat: dict[str, torch.Tensor]) -> list[str]:
-    """The block names of a ``{"<block>::<part>": tensor}`` dict, in first-seen order."""
-    return list(dict.fromkeys(k.rsplit("::", 1)[0] for k in flat))
+def _flat(factors: dict[str, BlockFactors]) -> dict[str, torch.Tensor]:
+    """``{"<block>::<part>": tensor}``: how the factors are stored and broadcast."""
+    return {f"{nm}::{p}": getattr(f, p).contiguous() for nm, f in factors.items() for p in _PARTS}
+
+
+def _unflat(flat: dict[str, torch.Tensor]) -> dict[str, BlockFactors]:
+    """The inverse of :func:`_flat` (blocks in their stored order)."""
+    names = dict.fromkeys(k.rsplit("::", 1)[0] for k in flat)
+    return {nm: BlockFactors(**{p: flat[f"{nm}::{p}"] for p in _PARTS}) for nm in names}
 
 
 def save_factors(path: Path, factors: dict[str, BlockFactors], meta: dict[str, Any]) -> None:
@@ -345,8 +348,7 @@ def save_factors(path: Path, factors: dict[str, BlockFactors], meta: dict[str, A
 
     from gradian.util import atomic_write_bytes
 
-    tensors = {f"{nm}::{p}": getattr(f, p).contiguous() for nm, f in factors.items() for p in _PARTS}
-    atomic_write_bytes(path, save(tensors, metadata={"gradian": json.dumps(meta, sort_keys=True)}))
+    atomic_write_bytes(path, save(_flat(factors), metadata={"gradian": json.dumps(meta, sort_keys=True)}))
 
 
 def load_factors(path: Path, index: GradientIndex, key: str) -> tuple[dict[str, BlockFactors], dict[str, Any]] | None:
@@ -412,12 +414,8 @@ class Ekfac(Engine):
         self.reused = bool(distributed.broadcast_object(got is not None))
         if self.reused:
             if d.enabled:
-                flat = (
-                    None if got is None else {f"{nm}::{p}": getattr(f, p) for nm, f in got[0].items() for p in _PARTS}
-                )
-                flat = distributed.broadcast_tensors(flat)
+                factors = _unflat(distributed.broadcast_tensors(None if got is None else _flat(got[0])))
                 meta = distributed.broadcast_object(None if got is None else got[1])
-                factors = {nm: BlockFactors(**{p: flat[f"{nm}::{p}"] for p in _PARTS}) for nm in _block_names(flat)}
             else:
                 factors, meta = got  # type: ignore[misc]
         else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gradian.audit.config.hf_args import read_hf_args
+from gradian.audit.config.hf_args import HF_DEFAULTS, read_hf_args
 from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, Row, set_many
 
@@ -55,15 +55,21 @@ DEFAULTS = {
     "truncation": "truncate",
     "train_on_inputs": False,
     "packing": False,
-    "learning_rate": 5e-5,
-    "num_epochs": 3.0,
-    "micro_batch_size": 8,
-    "gradient_accumulation_steps": 1,
-    "lr_scheduler": "linear",
-    "warmup_steps": 0,
-    "warmup_ratio": 0.0,
+    # its training arguments are HF TrainingArguments: their defaults, for the fields it reads
+    **{
+        k: HF_DEFAULTS[k]
+        for k in (
+            "learning_rate",
+            "num_epochs",
+            "micro_batch_size",
+            "gradient_accumulation_steps",
+            "lr_scheduler",
+            "warmup_steps",
+            "warmup_ratio",
+        )
+    },
     "val_set_size": 0.0,
-    "eval_strategy": "no",
+    "eval_strategy": HF_DEFAULTS["eval_strategy"],
     "stage": "sft",
 }
 
