@@ -221,18 +221,53 @@ class Attributor:
         return self.specs.model
 
     @classmethod
-    def from_run(cls, run_dir: str | Path) -> Attributor:
+    def from_run(
+        cls,
+        run_dir: str | Path,
+        *,
+        trust_remote_code: bool = False,
+        allow_changed_inputs: bool = False,
+        device: str | None = None,
+    ) -> Attributor:
         """The Attributor of an existing ``gradian attribute`` / ``gradian demo`` run folder.
 
         Its inputs and specs are read from the manifest of ``RUN_DIR/run.json`` (the paths as the run
         resolved them, the specs as it recorded them), its trajectory and index folder from the
         attribution; :attr:`run` is the run itself, so :meth:`report` works at once and
         :meth:`index` reuses the run's index.
-        """
-        from gradian.attribute.run import load_run
-        from gradian.evaluate import EvalSpec
 
-        d = load_run(run_dir)
+        A run folder is data, never code: run.json is checked against its schema
+        (:func:`gradian.attribute.run.check_run`) and its recorded input hashes against the files now
+        on disk (:func:`gradian.attribute.run.check_inputs`) before anything is used, and the base
+        model's own code runs only if this call asks for it, whatever run.json says.
+
+        Args:
+            trust_remote_code: let transformers run the base folder's code (never read from run.json).
+            allow_changed_inputs: accept inputs (data, eval set, adapter, base, configs, checkpoints)
+                whose content changed since the run; each change is a :class:`gradian.errors.GradianWarning`.
+            device: where to load the model (None: the device the run recorded).
+
+        Raises:
+            GradianUserError: run.json is not a valid run, an input is gone, or one changed (unless allowed).
+        """
+        import warnings
+
+        from gradian.attribute.run import check_inputs, load_run
+        from gradian.errors import GradianWarning
+        from gradian.evaluate import EvalSpec
+        from gradian.validate import check_bool
+
+        check_bool(trust_remote_code, "Attributor.from_run", "trust_remote_code")
+        check_bool(allow_changed_inputs, "Attributor.from_run", "allow_changed_inputs")
+        d = load_run(run_dir, inputs=True)
+        check_inputs(
+            d,
+            allow_changed_inputs=allow_changed_inputs,
+            flag="allow_changed_inputs=True",
+            say=lambda s: warnings.warn(s, GradianWarning, stacklevel=3),
+            checkpoints=True,
+            need_eval=False,
+        )
         run = Run.from_dict(d)
         if run.manifest is None or not run.manifest.paths:
             raise GradianUserError("the run has no manifest", where=str(run_dir), fix="re-run gradian attribute")
@@ -244,13 +279,18 @@ class Attributor:
             traj = (run.attribution.trajectory or {}).get("checkpoints") or []
             earlier = [c["path"] for c in traj if not c.get("final")]
             checkpoints = earlier if earlier else "final"
-            if run.attribution.index.get("root"):
-                index_dir = Path(run.attribution.index["root"]).parent
+            root = run.attribution.index.get("root")
+            if root and Path(root).is_dir():  # reuse the run's index folder; never create one where run.json says
+                index_dir = Path(root).parent
+        # what the model is loaded with comes from this call, never from the (shareable) run.json
+        model = {**specs["model"], "base": paths["base"], "trust_remote_code": trust_remote_code}
+        if device is not None:
+            model["device"] = device
         try:
             eval_spec = EvalSpec.from_dict(specs["eval"]) if specs.get("eval") else None
             extra = {"batch_size": eval_spec.batch_size} if eval_spec is not None else {}  # the CLI sets both alike
             att = cls(
-                ModelSpec(**specs["model"]),
+                ModelSpec(**model),
                 paths["adapter"],
                 paths["data"],
                 AttributeSpec.from_dict(specs["attribute"]),

@@ -7,6 +7,7 @@ convention: every property of an object is required (a field that may be absent 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 STRING: dict[str, Any] = {"type": "string"}
@@ -34,3 +35,108 @@ def obj(props: dict[str, Any], nullable: bool = False) -> dict[str, Any]:
         nullable: the object may also be null.
     """
     return {"type": ["object", "null"] if nullable else "object", "required": list(props), "properties": props}
+
+
+def finite(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (a number, or an array of numbers) whose numbers must also be finite (no NaN, no ±inf).
+
+    ``"finite": true`` is a keyword of this module's :func:`problem` (JSON Schema ignores unknown keywords;
+    strict JSON has no NaN, but Python's ``json`` reads one).
+    """
+    return {**schema, "finite": True}
+
+
+_KIND = {"string": "a string", "integer": "a whole number", "number": "a number", "boolean": "true or false"}
+_KIND.update({"object": "an object", "array": "a list", "null": "null"})
+_PLURAL = {"string": "strings", "integer": "whole numbers", "number": "numbers", "boolean": "booleans"}
+_PLURAL.update({"object": "objects", "array": "lists", "null": "nulls"})
+
+
+def _is(value: Any, t: str) -> bool:
+    if t == "string":
+        return isinstance(value, str)
+    if t == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t == "boolean":
+        return isinstance(value, bool)
+    if t == "object":
+        return isinstance(value, dict)
+    if t == "array":
+        return isinstance(value, list)
+    return value is None  # "null"
+
+
+def _shown(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= 40 else r[:39] + "…"
+
+
+def problem(value: Any, schema: dict[str, Any], path: str = "", *, partial: bool = False) -> str | None:
+    """The first place where ``value`` breaks ``schema`` (``"path: what is wrong"``), or None.
+
+    A strict validator for the subset of JSON Schema this package writes: ``type`` (one or a list),
+    ``const``, ``enum``, ``oneOf`` / ``anyOf``, ``properties``, ``required``, ``additionalProperties``
+    (false or a schema), ``items``, ``minimum`` / ``maximum``, plus ``finite`` (:func:`finite`).
+    ``path`` names the field the way a user finds it in the file: ``a.b[3].c``.
+
+    Args:
+        partial: do not require the ``required`` keys (check only what is there).
+    """
+    at = path or "(top level)"
+    if "const" in schema and value != schema["const"]:
+        return f"{at}: is {_shown(value)}, expected {schema['const']!r}"
+    if "enum" in schema and not any(value == e and type(value) is type(e) for e in schema["enum"]):
+        return f"{at}: is {_shown(value)}, expected one of {', '.join(map(repr, schema['enum']))}"
+    for key in ("oneOf", "anyOf"):
+        if key in schema:
+            found = [problem(value, s, path, partial=partial) for s in schema[key]]
+            if all(found):
+                return min(found, key=len)  # the closest alternative's complaint
+    types = schema.get("type")
+    if types is not None:
+        types = [types] if isinstance(types, str) else list(types)
+        if not any(_is(value, t) for t in types):
+            return f"{at}: is {_shown(value)}, expected {' or '.join(_KIND[t] for t in types)}"
+    if schema.get("finite") and isinstance(value, float) and not math.isfinite(value):
+        return f"{at}: is {value}, expected a finite number"
+    if _is(value, "number"):
+        if "minimum" in schema and value < schema["minimum"]:
+            return f"{at}: is {_shown(value)}, expected at least {schema['minimum']}"
+        if "maximum" in schema and value > schema["maximum"]:
+            return f"{at}: is {_shown(value)}, expected at most {schema['maximum']}"
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        if not partial:
+            for k in schema.get("required", ()):
+                if k not in value:
+                    return f"{path + '.' if path else ''}{k}: missing"
+        extra = schema.get("additionalProperties", True)
+        for k, v in value.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if k in props:
+                p = problem(v, props[k], sub, partial=partial)
+            elif extra is False:
+                p = f"{sub}: unknown field"
+            elif isinstance(extra, dict):
+                p = problem(v, extra, sub, partial=partial)
+            else:
+                p = None
+            if p:
+                return p
+    if isinstance(value, list) and "items" in schema:
+        items = schema["items"]
+        simple = set(items) <= {"type", "finite"} and isinstance(items.get("type"), str)
+        for i, v in enumerate(value):
+            p = problem(v, items, f"{path}[{i}]", partial=partial)
+            if p and simple:  # a list of plain values: name the list, then the bad item
+                kind = ("finite " if items.get("finite") else "") + _PLURAL[items["type"]]
+                return f"{at}: is not a list of {kind} ([{i}] {p.split(': ', 1)[1]})"
+            if p:
+                return p
+    if schema.get("finite") and isinstance(value, list):
+        for i, v in enumerate(value):
+            if isinstance(v, float) and not math.isfinite(v):
+                return f"{path}[{i}]: is {v}, expected a finite number"
+    return None

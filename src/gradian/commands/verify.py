@@ -77,6 +77,19 @@ def register(app: typer.Typer) -> None:
             help="Your own trainer: a command line with {data} (edited JSONL), {out} (adapter "
             "folder to write), {seed} and {base}.",
         ),
+        trust_remote_code: bool = typer.Option(
+            False,
+            "--trust-remote-code",
+            help="Run the base model folder's own code (off by default; never taken from run.json).",
+        ),
+        allow_changed_inputs: bool = typer.Option(
+            False,
+            "--allow-changed-inputs",
+            help="Retrain even if the training data, eval set, adapter, base or config changed since the run.",
+        ),
+        device: str | None = typer.Option(
+            None, "--device", help="cpu, cuda, mps or auto (default: the device the run recorded)."
+        ),
     ) -> None:
         """Retrain without the blamed rows (and random controls) and re-evaluate: does the capability come back?"""
         from gradian.report import render, report_for_run
@@ -91,6 +104,9 @@ def register(app: typer.Typer) -> None:
             spec,
             config=config,
             train_command=train_command,
+            trust_remote_code=trust_remote_code,
+            allow_changed_inputs=allow_changed_inputs,
+            device=device,
             say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}", highlight=False),
         )
         print_verification(record)

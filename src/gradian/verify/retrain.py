@@ -59,6 +59,7 @@ class GradianTrainer:
     spec: Any  # gradian.train.TrainSpec
     source: str
     unmapped: list[str] = field(default_factory=list)
+    trust_remote_code: bool = False  # only ever from the command line / API call, never from run.json
 
     def identity(self) -> dict[str, Any]:
         return {"trainer": "gradian train", "spec": self.spec.to_dict()}
@@ -66,7 +67,9 @@ class GradianTrainer:
     def train(self, data: Path, out: Path, seed: int) -> None:
         from gradian.train import train_lora
 
-        train_lora(self.base, data, out, self.spec.replace(seed=seed), overwrite=True)
+        train_lora(
+            self.base, data, out, self.spec.replace(seed=seed), overwrite=True, trust_remote_code=self.trust_remote_code
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -123,11 +126,23 @@ class CommandTrainer:
         return {"trainer": "command", "template": self.template}
 
 
-def trainer_for(run: dict[str, Any], config: str | Path | None, train_command: str | None):
-    """The trainer ``gradian verify`` retrains with (module docstring)."""
+def trainer_for(
+    run: dict[str, Any], config: str | Path | None, train_command: str | None, *, trust_remote_code: bool = False
+):
+    """The trainer ``gradian verify`` retrains with (module docstring).
+
+    ``train_command`` and ``trust_remote_code`` come from the caller only; run.json names no command.
+    """
+    import dataclasses
+
     base = run["manifest"]["paths"]["base"]
     if train_command:
         return CommandTrainer(train_command, base)
+    trainer = _trainer_from_config(run, config, base)
+    return dataclasses.replace(trainer, trust_remote_code=trust_remote_code)
+
+
+def _trainer_from_config(run: dict[str, Any], config: str | Path | None, base: str) -> GradianTrainer:
     from gradian.train import CONFIG_NAME, spec_from_config
 
     adapter = Path(run["manifest"]["paths"]["adapter"])

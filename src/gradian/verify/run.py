@@ -193,9 +193,22 @@ def verify_run(
     *,
     config: str | Path | None = None,
     train_command: str | None = None,
+    trust_remote_code: bool = False,
+    allow_changed_inputs: bool = False,
+    device: str | None = None,
     say: Say = print,
 ) -> dict[str, Any]:
     """Retrain, re-evaluate and compare (module docstring); add ``verification`` to ``RUN_DIR/run.json``.
+
+    A run folder is data, never code: run.json is checked against its schema first
+    (:func:`gradian.attribute.run.check_run`), its recorded input hashes against the files now on disk
+    (:func:`gradian.attribute.run.check_inputs`), and the base model's code runs only when the caller
+    asks for it here (``trust_remote_code``), whatever run.json says.
+
+    Args:
+        trust_remote_code: let transformers run the base folder's own code (``--trust-remote-code``).
+        allow_changed_inputs: retrain on inputs whose content changed since the run (``--allow-changed-inputs``).
+        device: where to load the model (None: the device the run recorded).
 
     Returns:
         the verification record (also written into run.json, atomically, with the rest unchanged).
@@ -213,17 +226,27 @@ def verify_run(
     from gradian.verify.retrain import retrain_cached, trainer_for
 
     run_dir = Path(run_dir)
-    run = load_run(run_dir)
+    from gradian.attribute.run import check_inputs
+    from gradian.validate import check_bool
+
+    check_bool(trust_remote_code, "verify_run", "trust_remote_code", flag="--trust-remote-code")
+    check_bool(allow_changed_inputs, "verify_run", "allow_changed_inputs", flag="--allow-changed-inputs")
+    run_dir = Path(run_dir)
+    run = load_run(run_dir, inputs=True)
     t0 = time.perf_counter()
     paths = run["manifest"]["paths"]
     specs = run["manifest"]["identity"]["specs"]
     data, eval_path = Path(paths["data"]), Path(paths["eval"])
-    for p, what in ((data, "training data"), (eval_path, "eval set"), (Path(paths["adapter"]), "adapter")):
-        if not p.exists():
-            raise GradianUserError(
-                f"the run's {what} is gone", where=str(p), fix="restore it, or re-run gradian attribute"
-            )
-    trainer = trainer_for(run, config, train_command)
+    # what the model is loaded with comes from this call, never from the (shareable) run.json
+    mspec = ModelSpec(
+        **{**specs["model"], "base": paths["base"], "trust_remote_code": trust_remote_code}
+        | ({"device": device} if device is not None else {})
+    )
+    if specs["model"]["trust_remote_code"] and not trust_remote_code:
+        say("note: the run was made with --trust-remote-code; verify runs the base folder's code only if you pass it")
+    check_inputs(run, allow_changed_inputs=allow_changed_inputs, say=say)
+    plan(run, spec, 0)  # the run's verdict must be verifiable before any trainer is set up
+    trainer = trainer_for(run, config, train_command, trust_remote_code=trust_remote_code)
     train_seed = int(getattr(getattr(trainer, "spec", None), "seed", 0) or 0)
     retrains = plan(run, spec, train_seed)
     ev = EvalResult.from_dict(run["evaluation"])
@@ -242,7 +265,6 @@ def verify_run(
     n = len(att["train_ids"])
     caps = {c["capability"]: c for c in att["capabilities"]}
     queries = {c: [Query(**q) for q in cap["queries"]] for c, cap in caps.items()}
-    mspec = ModelSpec(**specs["model"])
     say(
         f"verify: {len(retrains)} retrains ({', '.join(r.name for r in retrains)}) with {trainer.describe()['trainer']}"
     )
