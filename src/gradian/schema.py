@@ -132,7 +132,7 @@ def problem(value: Any, schema: dict[str, Any], path: str = "", *, partial: bool
             p = problem(v, items, f"{path}[{i}]", partial=partial)
             if p and simple:  # a list of plain values: name the list, then the bad item
                 kind = ("finite " if items.get("finite") else "") + _PLURAL[items["type"]]
-                return f"{at}: is not a list of {kind} ([{i}] {p.split(': ', 1)[1]})"
+                return f"{at} is not a list of {kind} ([{i}] {p.split(': ', 1)[1]})"
             if p:
                 return p
     if schema.get("finite") and isinstance(value, list):

@@ -682,6 +682,10 @@ def _cross_problem(run: dict[str, Any], inputs: bool) -> str | None:
             if p:
                 return p
     ev = run.get("evaluation") or {}
+    if isinstance(ev.get("spec"), dict):
+        p = _spec_problem("eval", ev["spec"], "evaluation.spec")
+        if p:
+            return p
     items = ev.get("items")
     item_ids = [it.get("id") for it in items or []]
     if len(set(item_ids)) != len(item_ids):
@@ -745,7 +749,7 @@ def _cross_problem(run: dict[str, Any], inputs: bool) -> str | None:
                 if r.get("id") not in known:
                     return f"{at}.per_item_top.{q}: {str(r.get('id'))[:40]!r} is not a row of attribution.train_ids"
         for j, q in enumerate(cap.get("queries") or []):
-            p = _record_problem(q, Query, f"{at}.queries[{j}]") if inputs else None
+            p = _record_problem(q, Query, f"{at}.queries[{j}]", missing=inputs)
             if p:
                 return p
         for j, f in enumerate(cap.get("failing_items") or []):

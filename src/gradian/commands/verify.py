@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
             trust_remote_code=trust_remote_code,
             allow_changed_inputs=allow_changed_inputs,
             device=device,
-            say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}", highlight=False),
+            say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}", highlight=False, soft_wrap=True),
         )
         print_verification(record)
         atomic_write_text(run_dir / "report.html", render(report_for_run(run_dir), "html"))

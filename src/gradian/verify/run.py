@@ -187,6 +187,99 @@ def _share_ci(ref: np.ndarray, tuned: np.ndarray, new: np.ndarray, resamples: in
     return share, float(lo), float(hi)
 
 
+@dataclass
+class Prepared:
+    """Everything ``gradian verify`` reads and checks before its first retrain (:func:`prepare_verify`)."""
+
+    run_dir: Path
+    run: dict[str, Any]
+    model: Any  # gradian.models.load.ModelSpec: what the tuned model is loaded with
+    adapter: str
+    trainer: Any  # GradianTrainer | CommandTrainer
+    retrains: list[Retrain]
+    eval_spec: Any  # gradian.evaluate.EvalSpec
+    items: list[Any]  # the eval set's items, as loaded now
+    by_id: dict[str, Any]  # the run's per-item results, by item id
+    records: list[dict]
+    examples: list[Any]
+    base_identity: Any
+    tokenize: Any  # gradian.data.tokenize.TokenizeSpec
+    n: int
+    queries: dict[str, list[Any]]
+
+
+def prepare_verify(
+    run_dir: str | Path,
+    spec: VerifySpec = VerifySpec(),
+    *,
+    config: str | Path | None = None,
+    train_command: str | None = None,
+    trust_remote_code: bool = False,
+    allow_changed_inputs: bool = False,
+    device: str | None = None,
+    say: Say = print,
+) -> Prepared:
+    """Read and check everything a verify needs, load no model and train nothing (:func:`verify_run`'s first half).
+
+    Raises:
+        GradianUserError: run.json is not a valid run (:func:`gradian.attribute.run.check_run`), an input is
+            gone or changed (:func:`gradian.attribute.run.check_inputs`), or the verdict cannot be verified.
+    """
+    from gradian.attribute.queries import Query
+    from gradian.attribute.run import check_inputs, load_run
+    from gradian.data.formats import load_examples, read_records
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.evaluate import EvalResult, load_eval_set
+    from gradian.models.load import ModelSpec
+    from gradian.validate import check_bool
+    from gradian.verify.retrain import trainer_for
+
+    check_bool(trust_remote_code, "verify_run", "trust_remote_code", flag="--trust-remote-code")
+    check_bool(allow_changed_inputs, "verify_run", "allow_changed_inputs", flag="--allow-changed-inputs")
+    run_dir = Path(run_dir)
+    run = load_run(run_dir, inputs=True)
+    paths = run["manifest"]["paths"]
+    specs = run["manifest"]["identity"]["specs"]
+    data, eval_path = Path(paths["data"]), Path(paths["eval"])
+    # what the model is loaded with comes from this call, never from the (shareable) run.json
+    model = {**specs["model"], "base": paths["base"], "trust_remote_code": trust_remote_code}
+    if device is not None:
+        model["device"] = device
+    mspec = ModelSpec(**model)
+    if specs["model"]["trust_remote_code"] and not trust_remote_code:
+        say("note: the run was made with --trust-remote-code; verify runs the base folder's code only if you pass it")
+    check_inputs(run, allow_changed_inputs=allow_changed_inputs, say=say)
+    plan(run, spec, 0)  # the run's verdict must be verifiable before any trainer is set up
+    trainer = trainer_for(run, config, train_command, trust_remote_code=trust_remote_code)
+    train_seed = int(getattr(getattr(trainer, "spec", None), "seed", 0) or 0)
+    retrains = plan(run, spec, train_seed)
+    ev = EvalResult.from_dict(run["evaluation"])
+    items = load_eval_set(eval_path)
+    if [it.id for it in items] != [it.id for it in ev.items]:
+        raise GradianUserError(
+            "the eval set changed since the run", where=str(eval_path), fix="re-run gradian attribute"
+        )
+    att = run["attribution"]
+    caps = {c["capability"]: c for c in att["capabilities"]}
+    return Prepared(
+        run_dir=run_dir,
+        run=run,
+        model=mspec,
+        adapter=paths["adapter"],
+        trainer=trainer,
+        retrains=retrains,
+        eval_spec=ev.spec,
+        items=items,
+        by_id={it.id: it for it in ev.items},
+        records=read_records(data),
+        examples=load_examples(data),
+        base_identity=run["manifest"]["identity"].get("base"),
+        tokenize=TokenizeSpec(**specs["grad"]["tokenize"]),
+        n=len(att["train_ids"]),
+        queries={c: [Query(**q) for q in cap["queries"]] for c, cap in caps.items()},
+    )
+
+
 def verify_run(
     run_dir: str | Path,
     spec: VerifySpec = VerifySpec(),
@@ -216,55 +309,24 @@ def verify_run(
     import torch
 
     from gradian.api import load_finetune
-    from gradian.attribute.queries import Query, query_losses
-    from gradian.attribute.run import load_run
-    from gradian.data.formats import load_examples, read_records
-    from gradian.data.tokenize import TokenizeSpec
-    from gradian.evaluate import EvalResult, load_eval_set
+    from gradian.attribute.queries import query_losses
     from gradian.evaluate.run import adapter_active, answer_items
-    from gradian.models.load import ModelSpec
-    from gradian.verify.retrain import retrain_cached, trainer_for
+    from gradian.verify.retrain import retrain_cached
 
-    run_dir = Path(run_dir)
-    from gradian.attribute.run import check_inputs
-    from gradian.validate import check_bool
-
-    check_bool(trust_remote_code, "verify_run", "trust_remote_code", flag="--trust-remote-code")
-    check_bool(allow_changed_inputs, "verify_run", "allow_changed_inputs", flag="--allow-changed-inputs")
-    run_dir = Path(run_dir)
-    run = load_run(run_dir, inputs=True)
     t0 = time.perf_counter()
-    paths = run["manifest"]["paths"]
-    specs = run["manifest"]["identity"]["specs"]
-    data, eval_path = Path(paths["data"]), Path(paths["eval"])
-    # what the model is loaded with comes from this call, never from the (shareable) run.json
-    mspec = ModelSpec(
-        **{**specs["model"], "base": paths["base"], "trust_remote_code": trust_remote_code}
-        | ({"device": device} if device is not None else {})
+    p = prepare_verify(
+        run_dir,
+        spec,
+        config=config,
+        train_command=train_command,
+        trust_remote_code=trust_remote_code,
+        allow_changed_inputs=allow_changed_inputs,
+        device=device,
+        say=say,
     )
-    if specs["model"]["trust_remote_code"] and not trust_remote_code:
-        say("note: the run was made with --trust-remote-code; verify runs the base folder's code only if you pass it")
-    check_inputs(run, allow_changed_inputs=allow_changed_inputs, say=say)
-    plan(run, spec, 0)  # the run's verdict must be verifiable before any trainer is set up
-    trainer = trainer_for(run, config, train_command, trust_remote_code=trust_remote_code)
-    train_seed = int(getattr(getattr(trainer, "spec", None), "seed", 0) or 0)
-    retrains = plan(run, spec, train_seed)
-    ev = EvalResult.from_dict(run["evaluation"])
-    eval_spec = ev.spec
-    items = load_eval_set(eval_path)
-    by_id = {it.id: it for it in ev.items}
-    if [it.id for it in items] != [it.id for it in ev.items]:
-        raise GradianUserError(
-            "the eval set changed since the run", where=str(eval_path), fix="re-run gradian attribute"
-        )
-    records = read_records(data)
-    examples = load_examples(data)
-    base_ident = run["manifest"]["identity"].get("base")
-    tokenize = TokenizeSpec(**specs["grad"]["tokenize"])
-    att = run["attribution"]
-    n = len(att["train_ids"])
-    caps = {c["capability"]: c for c in att["capabilities"]}
-    queries = {c: [Query(**q) for q in cap["queries"]] for c, cap in caps.items()}
+    run_dir, run, retrains, trainer, items, tokenize = p.run_dir, p.run, p.retrains, p.trainer, p.items, p.tokenize
+    records, examples, base_ident, queries, eval_spec = p.records, p.examples, p.base_identity, p.queries, p.eval_spec
+    by_id, n = p.by_id, p.n
     say(
         f"verify: {len(retrains)} retrains ({', '.join(r.name for r in retrains)}) with {trainer.describe()['trainer']}"
     )
@@ -277,7 +339,7 @@ def verify_run(
     ft = None
     try:
         # the original tuned adapter's query losses (the baseline every measured change is against)
-        ft = load_finetune(mspec, paths["adapter"])
+        ft = load_finetune(p.model, p.adapter)
         base_q = {c: query_losses(ft.model, ft.tokenizer, qs, tokenize).numpy() for c, qs in queries.items()}
         for r in retrains:
             t = time.perf_counter()
