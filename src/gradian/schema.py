@@ -73,7 +73,18 @@ def _shown(value: Any) -> str:
     return r if len(r) <= 40 else r[:39] + "…"
 
 
-def problem(value: Any, schema: dict[str, Any], path: str = "", *, partial: bool = False) -> str | None:
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` in which every object written with :func:`obj` (all properties required) takes no other key.
+
+    ``"closed": true`` is a keyword of :func:`problem`, inherited by the whole subtree: what a reader builds with
+    ``cls(**d)`` must not meet a key its class has no field for.
+    """
+    return {**schema, "closed": True}
+
+
+def problem(
+    value: Any, schema: dict[str, Any], path: str = "", *, partial: bool = False, shut: bool = False
+) -> str | None:
     """The first place where ``value`` breaks ``schema`` (``"path: what is wrong"``), or None.
 
     A strict validator for the subset of JSON Schema this package writes: ``type`` (one or a list),
@@ -83,15 +94,17 @@ def problem(value: Any, schema: dict[str, Any], path: str = "", *, partial: bool
 
     Args:
         partial: do not require the ``required`` keys (check only what is there).
+        shut: inside a :func:`closed` subtree (set by the recursion).
     """
     at = path or "(top level)"
+    shut = shut or bool(schema.get("closed"))
     if "const" in schema and value != schema["const"]:
         return f"{at}: is {_shown(value)}, expected {schema['const']!r}"
     if "enum" in schema and not any(value == e and type(value) is type(e) for e in schema["enum"]):
         return f"{at}: is {_shown(value)}, expected one of {', '.join(map(repr, schema['enum']))}"
     for key in ("oneOf", "anyOf"):
         if key in schema:
-            found = [problem(value, s, path, partial=partial) for s in schema[key]]
+            found = [problem(value, s, path, partial=partial, shut=shut) for s in schema[key]]
             if all(found):
                 return min(found, key=len)  # the closest alternative's complaint
     types = schema.get("type")
@@ -112,15 +125,16 @@ def problem(value: Any, schema: dict[str, Any], path: str = "", *, partial: bool
             for k in schema.get("required", ()):
                 if k not in value:
                     return f"{path + '.' if path else ''}{k}: missing"
-        extra = schema.get("additionalProperties", True)
+        all_required = bool(props) and list(schema.get("required", ())) == list(props)
+        extra = schema.get("additionalProperties", not (shut and all_required))
         for k, v in value.items():
             sub = f"{path}.{k}" if path else str(k)
             if k in props:
-                p = problem(v, props[k], sub, partial=partial)
+                p = problem(v, props[k], sub, partial=partial, shut=shut)
             elif extra is False:
                 p = f"{sub}: unknown field"
             elif isinstance(extra, dict):
-                p = problem(v, extra, sub, partial=partial)
+                p = problem(v, extra, sub, partial=partial, shut=shut)
             else:
                 p = None
             if p:
@@ -129,7 +143,7 @@ def problem(value: Any, schema: dict[str, Any], path: str = "", *, partial: bool
         items = schema["items"]
         simple = set(items) <= {"type", "finite"} and isinstance(items.get("type"), str)
         for i, v in enumerate(value):
-            p = problem(v, items, f"{path}[{i}]", partial=partial)
+            p = problem(v, items, f"{path}[{i}]", partial=partial, shut=shut)
             if p and simple:  # a list of plain values: name the list, then the bad item
                 kind = ("finite " if items.get("finite") else "") + _PLURAL[items["type"]]
                 return f"{at} is not a list of {kind} ([{i}] {p.split(': ', 1)[1]})"

@@ -380,7 +380,7 @@ def _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec):
 def _run_json_schema() -> dict[str, Any]:
     """:data:`RUN_JSON_SCHEMA`, built once (the evaluation's part is Evaluate's own schema)."""
     from gradian.evaluate.result import RESULT_JSON_SCHEMA
-    from gradian.schema import BOOLEAN, INTEGER, NUMBER, OBJECT, STRING, arr, finite, nullable, obj
+    from gradian.schema import BOOLEAN, INTEGER, NUMBER, OBJECT, STRING, arr, closed, finite, nullable, obj
 
     def some(props: dict[str, Any], *required: str, null: bool = False) -> dict[str, Any]:
         """An object with these properties, of which only ``required`` must be there (others may be)."""
@@ -489,7 +489,7 @@ def _run_json_schema() -> dict[str, Any]:
             ),
             "per_item_top": mapping(arr(row)),
             "row_sentences": {"type": ["array", "null"], "items": span},
-            "failing_items": RESULT_JSON_SCHEMA["properties"]["failing_items"],
+            "failing_items": closed(RESULT_JSON_SCHEMA["properties"]["failing_items"]),
         },
         "capability",
         "engine",
@@ -539,7 +539,7 @@ def _run_json_schema() -> dict[str, Any]:
         **some(
             {
                 "schema": {"const": RUN_SCHEMA},
-                "evaluation": RESULT_JSON_SCHEMA,
+                "evaluation": closed(RESULT_JSON_SCHEMA),  # EvalResult.from_dict builds each part with cls(**d)
                 "attribution": attribution,
                 "audit": audit,
                 "manifest": obj(
@@ -757,6 +757,18 @@ def _cross_problem(run: dict[str, Any], inputs: bool) -> str | None:
             if p:
                 return p
     return None
+
+
+def _whole_evaluation(ev: Any) -> Any:
+    """``ev`` if it is a whole ``gradian.evaluate/1`` result (what :class:`gradian.evaluate.EvalResult` reads)."""
+    from gradian.schema import problem
+
+    p = problem(ev, run_json_schema()["properties"]["evaluation"], "evaluation")
+    if p:
+        raise GradianUserError(
+            p, where="run.json", fix="restore the run.json `gradian attribute` wrote (or re-run gradian attribute)"
+        )
+    return ev
 
 
 def check_run(run: Any, where: str = "run.json", *, inputs: bool = False) -> None:
@@ -1087,7 +1099,7 @@ class Run:
             cls,
             d,
             {
-                "evaluation": EvalResult.from_dict,
+                "evaluation": lambda e: EvalResult.from_dict(_whole_evaluation(e)),
                 "attribution": Attribution.from_dict,
                 "audit": AuditSummary.from_dict,
                 "manifest": Manifest.from_dict,
