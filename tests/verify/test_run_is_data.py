@@ -270,3 +270,19 @@ def test_a_tampered_run_json_is_one_line_in_verify_report_and_from_run(real, tmp
     if name not in ("no-manifest", "data-path-int", "device-odd", "gguf-path", "eval-spec-unknown"):
         # the report needs less than verify, but what it reads must be sound too
         _one_error(*_cli(["report", run_dir, "--format", "md", "--out", tmp_path / "r.md"]), needle)
+
+
+def test_the_demos_real_runs_pass_the_check_whole(demo, cache):
+    """What the writer writes passes the strict check (else every tampering test above proves nothing)."""
+    from gradian.attribute.run import Run, check_run, load_run
+    from gradian.attributor import Attributor
+
+    for name in ("poisoned", "null"):
+        folder = demo[0] / "out" / name
+        d = load_run(folder, inputs=True)
+        check_run(d, inputs=True)
+        assert Run.from_dict(d).to_dict() == d
+        att = Attributor.from_run(folder)
+        assert att.run.run_id == d["manifest"]["run_id"] and att.model_spec.trust_remote_code is False
+    code, lines, out = _cli(["verify", demo[0] / "out" / "null", "--train-command", "false"])
+    _one_error(code, lines, out, "attributed nothing")

@@ -228,8 +228,8 @@ def prepare_verify(
     from gradian.attribute.queries import Query
     from gradian.attribute.run import check_inputs, load_run
     from gradian.data.formats import load_examples, read_records
-    from gradian.data.tokenize import TokenizeSpec
     from gradian.evaluate import EvalResult, load_eval_set
+    from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
     from gradian.validate import check_bool
     from gradian.verify.retrain import trainer_for
@@ -246,7 +246,7 @@ def prepare_verify(
     if device is not None:
         model["device"] = device
     mspec = ModelSpec(**model)
-    if specs["model"]["trust_remote_code"] and not trust_remote_code:
+    if specs["model"].get("trust_remote_code") is True and not trust_remote_code:
         say("note: the run was made with --trust-remote-code; verify runs the base folder's code only if you pass it")
     check_inputs(run, allow_changed_inputs=allow_changed_inputs, say=say)
     plan(run, spec, 0)  # the run's verdict must be verifiable before any trainer is set up
@@ -274,7 +274,7 @@ def prepare_verify(
         records=read_records(data),
         examples=load_examples(data),
         base_identity=run["manifest"]["identity"].get("base"),
-        tokenize=TokenizeSpec(**specs["grad"]["tokenize"]),
+        tokenize=GradSpec.from_dict(specs["grad"]).tokenize,  # its defaults for what the spec leaves out
         n=len(att["train_ids"]),
         queries={c: [Query(**q) for q in cap["queries"]] for c, cap in caps.items()},
     )
