@@ -187,6 +187,7 @@ def test_query_from_text():
         (dict(said=""), "Query.said"),
         (dict(said=" Paris"), "Query.said"),
         (dict(id=""), "Query.id"),
+        (dict(capability=3), "Query.capability"),
     ):
         args = {"prompt": "Q?", "correct": " Paris", **kw}
         with pytest.raises(GradianUserError) as e:

@@ -543,6 +543,12 @@ class Attributor:
                 )
         elif isinstance(queries, (Query, FailingItem)):
             queries = [queries]
+        elif isinstance(queries, (str, bytes, dict)) or not isinstance(queries, Iterable):
+            raise GradianUserError(
+                f"cannot score a {type(queries).__name__}",
+                where="Attributor.scores(queries)",
+                fix="pass a Query.from_text(...), a list of queries or failing items, or an EvalResult",
+            )
         out: list[Query] = []
         for q in queries:
             if isinstance(q, Query):

@@ -116,6 +116,12 @@ class Query:
         qid = id if id is not None else "q-" + sha256_json({"prompt": prompt, "correct": correct, "said": said})[:10]
         if not isinstance(qid, str) or not qid:
             raise GradianUserError("id must be a non-empty string", where="Query.id", fix="pass a string id or None")
+        if not isinstance(capability, str) or not capability.strip():
+            raise GradianUserError(
+                f"capability must be a non-empty string, got {type(capability).__name__}",
+                where="Query.capability",
+                fix='pass a label for the query\'s group, e.g. "geography" (default "query")',
+            )
         kind: QueryKind = "contrastive" if said is not None else "cross_entropy"
         return cls(qid, capability, prompt, correct, said, kind, "given")
 
