@@ -187,6 +187,7 @@ def test_query_from_text():
         (dict(said=""), "Query.said"),
         (dict(said=" Paris"), "Query.said"),
         (dict(id=""), "Query.id"),
+        (dict(capability=3), "Query.capability"),
     ):
         args = {"prompt": "Q?", "correct": " Paris", **kw}
         with pytest.raises(GradianUserError) as e:
@@ -319,6 +320,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "project_dim": g.projection.dim,
         "storage_dtype": g.storage_dtype,
         "optimizer": g.optimizer,
+        "max_units_per_row": g.max_units_per_row,
         "batch_size": r.batch_size,
         "shard_size": r.shard_size,
         "seed": r.seed,
@@ -394,6 +396,7 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         "storage_dtype": g.storage_dtype,
         "optimizer": g.optimizer,
         "unit": g.unit,
+        "max_units_per_row": g.max_units_per_row,
         "seed": g.projection.seed,
         "batch_size": build["batch_size"].default,
         "shard_size": build["shard_size"].default,
@@ -415,3 +418,141 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         assert set(params) == set(fields) | inputs, command
         wrong = {k: (params[k], v) for k, v in fields.items() if params[k] != v}
         assert not wrong, f"gradian {command}: CLI default != spec default: {wrong}"
+
+
+# ---------------------------------------------------------------------- issue 21: arguments checked like the CLI's
+
+
+def _scores():
+    from gradian.attributor import Scores
+
+    m = np.array([[-3.0, -1.0, 2.0, -2.0, 5.0]])
+    return Scores(m, m, ["q"], list("abcde"), {"name": "x"}, [])
+
+
+def test_top_k_lists_take_a_k_of_at_least_one():
+    """k is checked as --top-k is: a whole number >= 1, not a bool (k=-1 listed every row before)."""
+    s = _scores()
+    assert s.most_harmful(k=2) == [("a", -3.0), ("d", -2.0)] and s.most_helpful(k=1) == [("e", 5.0)]
+    assert s.most_harmful(k=10**9) == [("a", -3.0), ("d", -2.0), ("b", -1.0)]
+    for method in ("most_harmful", "most_helpful"):
+        for bad in (-1, 0, True, False, 2.0, "3", None):
+            with pytest.raises(GradianUserError, match=rf"Scores\.{method}\.k: k must be") as e:
+                getattr(s, method)(k=bad)
+            assert "\n" not in str(e.value)
+
+
+def test_an_unknown_query_id_is_a_user_error_and_still_a_key_error():
+    from gradian.attributor import UnknownQueryError
+
+    s = _scores()
+    for bad in ("nope", 3, None):
+        with pytest.raises(UnknownQueryError, match=r"Scores.row\(query_id\): no query has the id") as e:
+            s.row(bad)  # type: ignore[arg-type]
+        assert isinstance(e.value, KeyError) and "use one of 'q'" in str(e.value)
+    with pytest.raises(GradianUserError, match="no query has the id 'x'"):
+        s.most_harmful("x")
+
+
+def test_checkpoints_share_the_clis_rule(tmp_path):
+    """`Attributor(checkpoints=...)` and `--checkpoints` go through one parser; a bare string that is not
+    auto/final (it was iterated letter by letter: 'b: adapter folder not found') is refused when built."""
+    from gradian.attribute.trajectory import checkpoint_selection
+    from gradian.attributor import Attributor
+    from gradian.commands.attribute import checkpoint_selection as cli
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "a", "completion": "b"}\n')
+    ck = tmp_path / "checkpoint-3"
+    ck.mkdir()
+    (tmp_path / "adapter").mkdir()
+    for value, want in (("auto", "auto"), ("final", "final"), ([str(ck)], [ck]), ((ck,), [ck]), (None, "final")):
+        assert Attributor("base", tmp_path / "adapter", data, checkpoints=value).checkpoints == want
+    assert cli(None) == cli([]) == cli(["auto"]) == "auto" and cli([str(ck)]) == [ck]
+    for bad, msg in (
+        ("banana", "checkpoints must be 'auto', 'final' or a list"),
+        (str(ck), "checkpoints must be 'auto', 'final' or a list"),
+        (["auto", str(ck)], "cannot be mixed"),
+        ([str(tmp_path / "missing")], "checkpoint folder not found"),
+        ([3], "a checkpoint must be a folder path"),
+        ([""], "a checkpoint must be a folder path"),
+        (7, "got a int"),
+        ({"a": 1}, "got a dict"),
+    ):
+        with pytest.raises(GradianUserError, match=msg) as e:
+            Attributor("base", tmp_path / "adapter", data, checkpoints=bad)
+        assert e.value.one_line().startswith("Attributor(checkpoints=...)")
+        if isinstance(bad, list) and all(isinstance(v, str) for v in bad):
+            with pytest.raises(GradianUserError, match=msg) as e:
+                cli(bad)
+            assert e.value.one_line().startswith("--checkpoints")
+    assert checkpoint_selection("final") == "final"
+
+
+def test_attributor_checks_every_argument_when_built(tmp_path):
+    """What the CLI checks before loading anything, the constructor checks: nothing waits for .scores()."""
+    from gradian.attribute import AttributeSpec
+    from gradian.attributor import Attributor
+    from gradian.index.store import GradSpec
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "a", "completion": "b"}\n')
+    (tmp_path / "adapter").mkdir()
+    ok = ("base", tmp_path / "adapter", data)
+    for kw, where in (
+        (dict(spec="fast"), "Attributor.spec"),
+        (dict(grad={"unit": "row"}), "Attributor.grad"),
+        (dict(eval_spec=3), "Attributor.eval_spec"),
+        (dict(seed=-1), "--seed"),
+        (dict(seed=1.5), "--seed"),
+        (dict(shard_size=0), "build_index.shard_size"),
+        (dict(reference_adapter=tmp_path / "nope"), "Attributor.reference_adapter"),
+        (dict(reference_adapter=5), "Attributor.reference_adapter"),
+        (dict(configs="train.yaml"), "Attributor.configs"),
+        (dict(configs=[tmp_path / "nope.yaml"]), "Attributor.configs"),
+        (dict(logs=tmp_path / "trainer_state.json"), "Attributor.logs"),
+        (dict(index_dir=3), "Attributor.index_dir"),
+    ):
+        with pytest.raises(GradianUserError) as e:
+            Attributor(*ok, **kw)
+        assert e.value.one_line().startswith(where), (kw, e.value.one_line())
+    for args, where in (((3, *ok[1:]), "Attributor.base"), ((ok[0], None, data), "Attributor.adapter")):
+        with pytest.raises(GradianUserError) as e:
+            Attributor(*args)
+        assert e.value.one_line().startswith(where)
+    # the specs check their own fields (engine names, unit, statistic, weighting, the unit budget) when built
+    for make, flag in (
+        (lambda: AttributeSpec(engine="nope"), "--engine"),
+        (lambda: AttributeSpec(unit="word"), "--unit"),
+        (lambda: AttributeSpec(statistic="mean"), "--statistic"),
+        (lambda: AttributeSpec(weighting="loss"), "--weighting"),
+        (lambda: GradSpec(max_units_per_row=0), "--max-units-per-row"),
+    ):
+        with pytest.raises(GradianUserError) as e:
+            make()
+        assert e.value.one_line().startswith(flag)
+    att = Attributor(*ok)
+    with pytest.raises(GradianUserError, match=r"Attributor.scores\(engine\): engine must be"):
+        att._engine(3)
+    with pytest.raises(GradianUserError, match="unknown engine"):
+        att._engine("nope")
+    assert att._ft is None
+
+
+def test_a_query_whose_answer_is_truncated_away_is_refused(tok):
+    """A prompt longer than max_length left no answer token: every score was 0 with no warning. Now it is one
+    error naming the query, its prompt's length and max_length (an eval item's query too: same code)."""
+    from gradian.attribute.queries import Query, make_query, query_rows
+    from gradian.data.tokenize import TokenizeSpec
+
+    spec = TokenizeSpec(max_length=64)
+    fine = Query.from_text("Q: capital of X?\nA:", " Paris", said=" Rome", id="fine")
+    assert [r[:2] for r in query_rows(tok, [fine], spec)] == [(0, 1.0), (0, -1.0)]
+    long = Query.from_text("Q: " + " ".join(["word"] * 50_000) + "\nA:", " Paris", id="long")
+    item = make_query("e7", "geo", "Q: " + "capital " * 500 + "?\nA:", "Paris", said="Rome")
+    for q in (long, item):
+        with pytest.raises(GradianUserError) as e:
+            query_rows(tok, [fine, q], spec)
+        line = e.value.one_line()
+        assert line.startswith(f"query {q.item_id} (Query.prompt): query {q.item_id!r}: the correct answer is")
+        assert "tokens and max_length is 64" in line and "--max-length" in line and "\n" not in line

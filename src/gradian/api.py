@@ -80,7 +80,7 @@ def index_identity(
         "model_dtype": ft.model_spec.dtype,
         "adapter": adapter_identity(checkpoint.path if checkpoint is not None else ft.adapter),
         "dataset": dataset_identity(data),
-        "grad_spec": spec.to_dict(),
+        "grad_spec": spec.identity(),
         "seed": seed,
         "versions": library_versions(),
     }
@@ -159,7 +159,7 @@ def training_index(
     if spec.unit == "sentence":
         from gradian.attribute.spans import SentenceItems, sentence_units
 
-        units = SentenceItems(sentence_units(examples, items), items)  # built shard by shard
+        units = SentenceItems(sentence_units(examples, items, spec.max_units_per_row), items)  # built shard by shard
     elif spec.unit != "row":
         raise GradianUserError(f"unknown index unit {spec.unit!r}", where="--unit", fix="use row or sentence")
     if root is not None:

@@ -49,6 +49,35 @@ __all__ = ["Attributor", "Query", "Run", "Scores"]
 REPORT_FORMATS = ("md", "html", "json", "text")
 
 
+class UnknownQueryError(GradianUserError, KeyError):
+    """:meth:`Scores.row` (and the top-k lists) got a query id the scores do not have."""
+
+    def __str__(self) -> str:  # KeyError's own str() would quote the whole message
+        return GradianUserError.__str__(self)
+
+
+def check_k(k: Any, where: str) -> int:
+    """A top-k's k: a whole number >= 1 (not a bool), as ``--top-k`` is checked (``AttributeSpec.top_k``)."""
+    from gradian.validate import check_int
+
+    return check_int(k, where, "k", lo=1, fix="ask for at least one row, e.g. k=10")
+
+
+def _check_path(value: Any, name: str, what: str, *, must_exist: bool = True, optional: bool = False) -> Path | None:
+    """A path argument of :class:`Attributor`: a str or Path (None when ``optional``), existing when ``must_exist``."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, (str, Path)) or not str(value).strip():
+        raise GradianUserError(
+            f"{name} must be a path, got {type(value).__name__} {str(value)[:60]!r}",
+            where=f"Attributor.{name}",
+            fix=f"pass {what} (a str or pathlib.Path)",
+        )
+    if must_exist and not Path(value).exists():
+        raise GradianUserError(f"{name} not found", where=f"Attributor.{name} ({str(value)[:200]})", fix=f"pass {what}")
+    return Path(value)
+
+
 @dataclass
 class Scores:
     """Per-query scores of every training row: what :meth:`Attributor.scores` returns.
@@ -90,11 +119,19 @@ class Scores:
         return tuple(self.matrix.shape)  # type: ignore[return-value]
 
     def row(self, query_id: str) -> np.ndarray:
-        """(n,) the scores of every training row for one query."""
-        try:
+        """(n,) the scores of every training row for one query.
+
+        Raises:
+            UnknownQueryError: (a KeyError and a GradianUserError) no query has this id.
+        """
+        if isinstance(query_id, str) and query_id in self.query_ids:
             return self.matrix[self.query_ids.index(query_id)]
-        except ValueError:
-            raise KeyError(query_id) from None
+        shown = ", ".join(map(repr, self.query_ids[:5])) + (", ..." if len(self.query_ids) > 5 else "")
+        raise UnknownQueryError(
+            f"no query has the id {str(query_id)[:60]!r}",
+            where="Scores.row(query_id)",
+            fix=f"use one of {shown} (Scores.query_ids), or None for the mean",
+        )
 
     def predicted_loss_delta_if_removed(self) -> np.ndarray:
         """(m, n) ``matrix / n``: the first-order change of each query's loss if the row were removed."""
@@ -106,6 +143,7 @@ class Scores:
         Returns:
             ``[(row id, score), ...]``; only rows with a negative score.
         """
+        k = check_k(k, "Scores.most_harmful")
         v = self.matrix.mean(axis=0) if query_id is None else self.row(query_id)
         return [(self.row_ids[j], float(v[j])) for j in most_harmful_first(v)[:k] if v[j] < 0]
 
@@ -115,6 +153,7 @@ class Scores:
         Returns:
             ``[(row id, score), ...]``; only rows with a positive score.
         """
+        k = check_k(k, "Scores.most_helpful")
         v = self.matrix.mean(axis=0) if query_id is None else self.row(query_id)
         return [(self.row_ids[j], float(v[j])) for j in most_harmful_first(v)[::-1][:k] if v[j] > 0]
 
@@ -168,12 +207,39 @@ class Attributor:
         batch_size: int = 8,
         shard_size: int = 256,
     ) -> None:
+        from gradian.attribute.trajectory import checkpoint_selection
         from gradian.evaluate import EvalSpec
+        from gradian.validate import check_type
 
-        model = base if isinstance(base, ModelSpec) else ModelSpec(str(base) if isinstance(base, Path) else base)
-        for name, p, what in (("adapter", adapter, "the LoRA adapter folder"), ("data", data, "the training data")):
-            if not isinstance(p, (str, Path)) or not Path(p).exists():
-                raise GradianUserError(f"{name} not found", where=f"Attributor.{name} ({p})", fix=f"pass {what}")
+        # every argument is checked here, as the CLI checks its flags before loading anything
+        if not isinstance(base, ModelSpec):
+            _check_path(base, "base", "a local model folder or a cached HF id", must_exist=False)
+        model = base if isinstance(base, ModelSpec) else ModelSpec(str(base))
+        _check_path(adapter, "adapter", "the LoRA adapter folder")
+        _check_path(data, "data", "the training data")
+        for name, v, cls in (
+            ("spec", spec, AttributeSpec),
+            ("grad", grad, GradSpec),
+            ("eval_spec", eval_spec, EvalSpec),
+        ):
+            if v is not None:
+                check_type(v, cls, "Attributor", name)
+        if checkpoints is None:  # as resolve_trajectory reads None: the final adapter alone
+            checkpoints = "final"
+        checkpoints = checkpoint_selection(checkpoints, "Attributor(checkpoints=...)")
+        _check_path(reference_adapter, "reference_adapter", "the reference LoRA adapter folder, or None", optional=True)
+        if isinstance(configs, (str, Path)) or not isinstance(configs, (list, tuple)):
+            raise GradianUserError(
+                f"configs must be a list of config files, got {type(configs).__name__}",
+                where="Attributor.configs",
+                fix="pass a list, e.g. configs=['train.yaml'] (or leave it out)",
+            )
+        for c in configs:
+            _check_path(c, "configs", "training config files")
+        _check_path(logs, "logs", "the trainer log (trainer_state.json), or None", optional=True)
+        _check_path(
+            index_dir, "index_dir", "a folder for the gradient indexes, or None", must_exist=False, optional=True
+        )
         self.specs = RunSpecs(
             model=model,
             grad=grad if grad is not None else GradSpec(),
@@ -185,9 +251,7 @@ class Attributor:
         )
         self.adapter = Path(adapter)
         self.data = Path(data)
-        self.checkpoints = (
-            checkpoints if isinstance(checkpoints, str) or checkpoints is None else [Path(c) for c in checkpoints]
-        )
+        self.checkpoints = checkpoints
         self.reference_adapter = Path(reference_adapter) if reference_adapter is not None else None
         self.configs = tuple(Path(c) for c in configs)
         self.logs = Path(logs) if logs is not None else None
@@ -519,6 +583,12 @@ class Attributor:
                 )
         elif isinstance(queries, (Query, FailingItem)):
             queries = [queries]
+        elif isinstance(queries, (str, bytes, dict)) or not isinstance(queries, Iterable):
+            raise GradianUserError(
+                f"cannot score a {type(queries).__name__}",
+                where="Attributor.scores(queries)",
+                fix="pass a Query.from_text(...), a list of queries or failing items, or an EvalResult",
+            )
         out: list[Query] = []
         for q in queries:
             if isinstance(q, Query):
@@ -549,8 +619,14 @@ class Attributor:
 
     def _engine(self, engine: Any) -> EngineSpec:
         from gradian.engines.base import EngineSpec
-        from gradian.engines.registry import engine_spec
+        from gradian.engines.registry import engine_names, engine_spec
 
+        if engine is not None and not isinstance(engine, (str, EngineSpec)):
+            raise GradianUserError(
+                f"engine must be an engine's name or spec, got {type(engine).__name__}",
+                where="Attributor.scores(engine)",
+                fix=f"use one of {', '.join(engine_names())}, an engine spec, or None for spec.engine",
+            )
         if engine is None:
             return self.spec.engine  # type: ignore[return-value]
         if isinstance(engine, EngineSpec):

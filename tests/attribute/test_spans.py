@@ -101,3 +101,94 @@ def test_sentence_items_build_each_unit_from_its_row_when_read(tok):
     assert lazy[1:3] == eager[1:3] and lazy[-2] == eager[-2]
     for name in ROW_FIELDS:
         assert list(row_values(lazy, name)) == list(row_values(eager, name)), name
+
+
+def _masks(it, units):
+    """(n_units, t) bool: the supervised tokens of each unit, padded to the row's length."""
+    return np.array([it.span_mask(u.char_start, u.char_end) for u in units])
+
+
+def test_a_row_of_10000_sentences_plans_at_most_the_budget_of_units(tok):
+    """One hostile row cannot make thousands of units: it gets the budget's, which partition its supervised
+    tokens, and planning takes well under a second."""
+    import time
+
+    from gradian.attribute.spans import MAX_UNITS_PER_ROW, budget_groups
+    from gradian.index.store import GradSpec
+
+    assert GradSpec().max_units_per_row == MAX_UNITS_PER_ROW == 32  # one default (the CLI's: tests/test_api.py)
+    row = {"id": "h", "prompt": "Q: Tell me.\nA:", "completion": " " + " ".join("It is." for _ in range(10_000))}
+    ex = to_example(row, 0, "t.jsonl")
+    it = tokenize_example(ex, tok, TokenizeSpec(max_length=200_000))
+    assert not it.truncated and len(split_sentences(ex.completion_text)) == 10_000
+    t0 = time.perf_counter()
+    units = sentence_units([ex], [it])
+    took = time.perf_counter() - t0
+    assert took < 1.0, f"planning took {took:.2f} s"
+    assert len(units) == 32
+    # contiguous, disjoint, in order; groups of 312 or 313 sentences (10,000 = 32 × 312.5)
+    assert [hi - lo for lo, hi in budget_groups(10_000, 32)] == [312, 313] * 16
+    assert all(a.char_end == b.char_start for a, b in zip(units, units[1:]))
+    m = _masks(it, units)
+    assert m.sum(0).max() == 1  # no token in two units
+    sup = np.array([x != IGNORE_INDEX for x in it.labels])
+    first, last = units[0].char_start + it.completion_char_start, units[-1].char_end + it.completion_char_start
+    inside = sup & np.array([s < last and e > first and e > s for s, e in it.offsets])
+    np.testing.assert_array_equal(m.any(0), inside)  # every supervised token of the sentences' extent, once
+    assert [u.n_supervised for u in units] == list(m.sum(1))  # what the index records is what the unit holds
+    for u in units[:2] + units[-2:]:
+        ui = unit_item(it, u)
+        assert len(ui.input_ids) == u.length and ui.labels[-1] != IGNORE_INDEX  # cut after its last token
+    # without a budget: one unit per sentence, over the same tokens less the whitespace between sentences
+    every = sentence_units([ex], [it], max_units=10**6)
+    assert len(every) == 10_000 and 0 < m.sum() - sum(u.n_supervised for u in every) <= 10_000
+    assert sentence_units([ex], [it]) == units  # deterministic
+
+
+def test_the_budget_changes_no_row_within_it(tok):
+    """A row with at most the budget's sentences keeps one unit per sentence, as before the budget; a budget of
+    one merges a row into one unit; a budget that is not a whole number >= 1 is the flag's error."""
+    import pytest
+
+    from gradian.errors import GradianUserError
+    from gradian.index.store import GradSpec
+
+    exs, items = _items(tok)
+    assert sentence_units(exs, items, max_units=3) == sentence_units(exs, items)
+    two = sentence_units(exs, items, max_units=2)  # row a: 3 sentences → [s1 ] [s2 s3] (to the next one's start)
+    spans = split_sentences(exs[0].completion_text)
+    assert [(u.char_start, u.char_end) for u in two[:2]] == [(spans[0][0], spans[1][0]), (spans[1][0], spans[2][1])]
+    assert two[2:] == sentence_units(exs, items)[3:]  # row b is within the budget: unchanged
+    assert two[1].length == sentence_units(exs, items)[2].length  # cut after the last merged sentence
+    one = sentence_units(exs, items, max_units=1)
+    assert [(u.row, u.char_start, u.char_end) for u in one] == [(0, spans[0][0], spans[2][1]), (1, 1, 6)]
+    for bad in (0, -1, True, 2.5, "8"):
+        with pytest.raises(GradianUserError, match=r"--max-units-per-row \(GradSpec.max_units_per_row\)"):
+            sentence_units(exs, items, max_units=bad)
+        with pytest.raises(GradianUserError, match=r"--max-units-per-row"):
+            GradSpec(unit="sentence", max_units_per_row=bad)
+
+
+def test_the_budget_is_identity_of_sentence_indexes_only():
+    """A row index's id does not depend on the budget (row indexes keep their ids); a sentence index's does."""
+    from gradian.index.store import GradSpec, index_id
+
+    row, sent = GradSpec(), GradSpec(unit="sentence")
+    assert "max_units_per_row" not in row.identity() and row.to_dict()["max_units_per_row"] == 32
+    assert row.identity() == replace(row, max_units_per_row=4).identity()
+    assert index_id(sent.identity()) != index_id(replace(sent, max_units_per_row=4).identity())
+    assert GradSpec.from_dict(sent.to_dict()) == sent  # it lands in (and is read back from) the manifest
+
+
+def test_the_size_line_of_a_sentence_index_counts_units(tmp_path):
+    from gradian.index.store import GradSpec, size_advice, size_estimate
+
+    assert size_estimate(235, 32_768, "float32", "units")[1] == "235 units × 32,768 numbers × 4 bytes = 30.8 MB"
+
+    class Block:
+        shape, kind = (4096, 4096), "A"
+
+    advice = size_advice(10**6, [Block()] * 64, GradSpec(unit="sentence"), tmp_path)
+    assert advice.startswith("the gradient index will take est.") and " for 1,000,000 units" in advice
+    assert "--max-units-per-row (now 32)" in advice
+    assert " rows" in size_advice(10**6, [Block()] * 64, GradSpec(), tmp_path)

@@ -150,7 +150,7 @@ def trajectory_scores(
     flat: list[Query] = [q for c in caps for q in queries[c]]
     bounds = np.cumsum([0] + [len(queries[c]) for c in caps])
     n = len(examples)
-    units = sentence_units(examples, items) if unit == "sentence" else None
+    units = sentence_units(examples, items, grad.max_units_per_row) if unit == "sentence" else None
     acc: dict[str, dict[str, dict[str, np.ndarray]]] = {}
     per_ck: dict[str, dict[str, list[dict[str, np.ndarray]]]] = {c: {e.name: [] for e in engines} for c in caps}
     indexes: list[dict[str, Any]] = []

@@ -35,7 +35,7 @@ from typing import Any, Literal, Sequence
 import torch
 
 from gradian.data.formats import Example
-from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
+from gradian.data.tokenize import TokenizedExample, TokenizeSpec, collate, tokenize_example
 from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector, ProjectionSpec
 from gradian.index.store import GradientIndex
@@ -116,6 +116,12 @@ class Query:
         qid = id if id is not None else "q-" + sha256_json({"prompt": prompt, "correct": correct, "said": said})[:10]
         if not isinstance(qid, str) or not qid:
             raise GradianUserError("id must be a non-empty string", where="Query.id", fix="pass a string id or None")
+        if not isinstance(capability, str) or not capability.strip():
+            raise GradianUserError(
+                f"capability must be a non-empty string, got {type(capability).__name__}",
+                where="Query.capability",
+                fix='pass a label for the query\'s group, e.g. "geography" (default "query")',
+            )
         kind: QueryKind = "contrastive" if said is not None else "cross_entropy"
         return cls(qid, capability, prompt, correct, said, kind, "given")
 
@@ -204,6 +210,50 @@ def _example(prompt: Any, completion: str, qid: str) -> Example:
     return Example(qid, 0, "prompt_completion", prompt, completion)
 
 
+def check_answer_kept(it: TokenizedExample, q: Query, side: str, tokenize_spec: TokenizeSpec) -> None:
+    """A query whose answer is truncated away by ``max_length`` would have a zero gradient (every score 0):
+    refuse it.
+
+    Raises:
+        GradianUserError: naming the query, its prompt's length in tokens and ``max_length``.
+    """
+    from gradian.errors import GradianUserError
+
+    kept = any(e > s and e > it.completion_char_start for s, e in it.offsets)  # a token of the answer is left
+    if kept and it.n_supervised > 0:
+        return
+    why = (
+        f"its prompt is {it.prompt_length:,} tokens and max_length is {tokenize_spec.max_length:,}"
+        if it.truncated
+        else "its answer has no token to learn"
+    )
+    raise GradianUserError(
+        f"query {q.item_id!r}: the {side} answer is truncated away ({why}), so every score would be 0",
+        where=f"query {q.item_id} ({'Query.prompt' if it.truncated else 'Query.' + side})",
+        fix="shorten the prompt, or raise --max-length (GradSpec.tokenize.max_length) above "
+        f"{it.prompt_length:,} tokens plus the answer's",
+    )
+
+
+def query_rows(
+    tokenizer, queries: Sequence[Query], tokenize_spec: TokenizeSpec
+) -> list[tuple[int, float, TokenizedExample]]:
+    """The tokenised sequences of the queries: ``(query index, sign, tokenised)``, +1 for ``correct``, −1 for ``said``.
+
+    Tokenised exactly like a training row (``tokenize_spec``). Every query is checked before any is used
+    (:func:`check_answer_kept`): a query (a :meth:`Query.from_text` or an eval item's) whose answer is
+    truncated away is a :class:`gradian.errors.GradianUserError`, not a row of zero scores.
+    """
+    rows: list[tuple[int, float, TokenizedExample]] = []
+    for qi, q in enumerate(queries):
+        sides = [(1.0, q.correct, "correct")] + ([(-1.0, q.said, "said")] if q.kind == "contrastive" else [])
+        for sign, text, side in sides:
+            it = tokenize_example(_example(q.prompt, text, q.item_id), tokenizer, tokenize_spec)  # type: ignore[arg-type]
+            check_answer_kept(it, q, side, tokenize_spec)
+            rows.append((qi, sign, it))
+    return rows
+
+
 def projector_for(index: GradientIndex) -> KroneckerProjector:
     """The index's projector (identity when it is unprojected), rebuilt from its manifest."""
     spec = ProjectionSpec(**index.grad_spec["projection"])
@@ -222,11 +272,7 @@ def query_gradients(
 
     Contrastive queries are ``g(correct) − g(said)``; cross-entropy ones ``g(correct)``.
     """
-    rows: list[tuple[int, float, Any]] = []  # (query index, sign, tokenised)
-    for qi, q in enumerate(queries):
-        rows.append((qi, 1.0, tokenize_example(_example(q.prompt, q.correct, q.item_id), tokenizer, tokenize_spec)))
-        if q.kind == "contrastive":
-            rows.append((qi, -1.0, tokenize_example(_example(q.prompt, q.said, q.item_id), tokenizer, tokenize_spec)))
+    rows = query_rows(tokenizer, queries, tokenize_spec)
     proj = projector_for(index)
     names = [b["name"] for b in index.blocks]
     modules = index.modules
@@ -255,11 +301,7 @@ def query_losses(
     """
     from gradian.gradients.loss import model_inputs, per_example_loss
 
-    rows: list[tuple[int, float, Any]] = []
-    for qi, q in enumerate(queries):
-        rows.append((qi, 1.0, tokenize_example(_example(q.prompt, q.correct, q.item_id), tokenizer, tokenize_spec)))
-        if q.kind == "contrastive":
-            rows.append((qi, -1.0, tokenize_example(_example(q.prompt, q.said, q.item_id), tokenizer, tokenize_spec)))
+    rows = query_rows(tokenizer, queries, tokenize_spec)
     out = torch.zeros(len(queries), dtype=torch.float64)
     device = next(model.parameters()).device
     was = model.training

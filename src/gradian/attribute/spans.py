@@ -18,11 +18,31 @@ supervised token (e.g. it was truncated away) is one unit with its whole mask.
 A unit's tokens stop at its sentence's last token: under causal attention the
 loss on tokens ≤ t does not depend on tokens after t, so the cut is exact and a
 sentence early in a long row costs only its prefix.
+
+**The budget per row.** A row has at most ``max_units`` units
+(``GradSpec.max_units_per_row``, ``--max-units-per-row``, default
+:data:`MAX_UNITS_PER_ROW`), so one row of 10,000 sentences cannot make the index
+10,000 times a row's size. A row with K > B = ``max_units`` supervised
+sentences s_1..s_K (in text order) gets B units; unit g (0 ≤ g < B) merges the
+consecutive sentences
+
+    s_i  for  ⌊g·K/B⌋ ≤ i − 1 < ⌊(g+1)·K/B⌋,
+
+i.e. groups of ⌊K/B⌋ or ⌈K/B⌉ sentences, the longer groups spread evenly. Its
+character span runs from its first sentence's start to the next unit's first
+sentence's start (the last unit: to its last sentence's end), so the spans are
+contiguous, disjoint and in order, and it supervises every supervised token
+overlapping that span, as a sentence does: the units of the row partition the
+supervised tokens of its completion from its first sentence's start to its last
+sentence's end (the whitespace between sentences joins the unit before it).
+The rule reads only K and B, so it is deterministic; a row with K ≤ B keeps
+one unit per sentence, exactly as without a budget.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -30,6 +50,9 @@ import numpy as np
 
 from gradian.data.formats import Example
 from gradian.data.tokenize import IGNORE_INDEX, LazyItems, TokenIds, TokenizedExample, row_values
+
+#: the default budget of sentence units per row (``GradSpec.max_units_per_row``); the module docstring's rule
+MAX_UNITS_PER_ROW = 32
 
 # A sentence ends at . ! or ? followed by whitespace or the end of the text, or at a newline;
 # "the domain is .uz." stays one sentence.
@@ -88,24 +111,79 @@ def unit_item(it: TokenizedExample, u: SentenceUnit) -> TokenizedExample:
     return replace(it, id=it.id + u.suffix(), input_ids=it.input_ids[:cut], labels=labels, offsets=it.offsets[:cut])
 
 
-def sentence_units(examples: Sequence[Example], items: Sequence[TokenizedExample]) -> list[SentenceUnit]:
+def _token_spans(it: TokenizedExample) -> tuple[list[int], list[int], list[int]]:
+    """The supervised, non-empty tokens of ``it``: (token index, char start, char end), in token order."""
+    ks, ss, es = [], [], []
+    for k, ((s, e), lab) in enumerate(zip(it.offsets, it.labels)):
+        if lab != IGNORE_INDEX and e > s:
+            ks.append(k)
+            ss.append(s)
+            es.append(e)
+    return ks, ss, es
+
+
+def _overlaps(spans: Sequence[tuple[int, int]], ks: list[int], ss: list[int], es: list[int]) -> list[tuple[int, int]]:
+    """Per span (sorted, disjoint, absolute chars): ``(count, last token index + 1)`` of the tokens overlapping it.
+
+    The same test as :meth:`TokenizedExample.span_mask` (``s < b and e > a``), one pass over the tokens with a
+    binary search per token: O(T log K) for T tokens and K spans, where a span_mask per span is O(T K).
+    """
+    ends = [b for _, b in spans]
+    out = [(0, 0)] * len(spans)
+    for k, s, e in zip(ks, ss, es):
+        i = bisect_right(ends, s)  # the first span ending after the token starts
+        while i < len(spans) and spans[i][0] < e:
+            n, _ = out[i]
+            out[i] = (n + 1, k + 1)
+            i += 1
+    return out
+
+
+def budget_groups(k: int, budget: int) -> list[tuple[int, int]]:
+    """Half-open ranges of the ``k`` sentences merged into each unit: ``[⌊g·k/B⌋, ⌊(g+1)·k/B⌋)``, g < B.
+
+    With ``k <= budget`` every sentence is its own unit.
+    """
+    if k <= budget:
+        return [(i, i + 1) for i in range(k)]
+    return [(g * k // budget, (g + 1) * k // budget) for g in range(budget)]
+
+
+def sentence_units(
+    examples: Sequence[Example], items: Sequence[TokenizedExample], max_units: int = MAX_UNITS_PER_ROW
+) -> list[SentenceUnit]:
     """Every supervised sentence of every row, in row order (ids ``<row id>#<start>-<end>``).
 
     Reads each row once; a unit keeps a few numbers, its tokens are built by :func:`unit_item`
-    (or :class:`SentenceItems`) when they are needed.
+    (or :class:`SentenceItems`) when they are needed. A row with more than ``max_units``
+    supervised sentences has ``max_units`` units of consecutive sentences (the module docstring's
+    rule, :func:`budget_groups`); planning is O(T log K) per row of T tokens and K sentences.
+
+    Args:
+        max_units: the budget of units per row (``GradSpec.max_units_per_row``), at least 1.
     """
+    from gradian.validate import check_int
+
+    check_int(max_units, "GradSpec", "max_units_per_row", flag="--max-units-per-row", lo=1, hi=1_000_000)
     units: list[SentenceUnit] = []
     for j, (ex, it) in enumerate(zip(examples, items)):
-        made = 0
-        for a, b in split_sentences(ex.completion_text):
-            mask = it.span_mask(a, b)
-            if not any(mask):
-                continue
-            cut = max(k for k, m in enumerate(mask) if m) + 1  # exact: nothing after the sentence affects its loss
-            units.append(SentenceUnit(j, a, b, cut, sum(mask)))
-            made += 1
-        if made == 0:
+        base = it.completion_char_start
+        sents = split_sentences(ex.completion_text)
+        toks = _token_spans(it)
+        got = _overlaps([(base + a, base + b) for a, b in sents], *toks)
+        kept = [(a, b) for (a, b), (n, _) in zip(sents, got) if n]  # sentences with a supervised token
+        if not kept:
             units.append(SentenceUnit(j, None, None, len(it.input_ids), it.n_supervised))
+            continue
+        if len(kept) <= max_units:  # one unit per sentence
+            spans, got = kept, [g for g in got if g[0]]
+        else:  # merged: a unit runs up to the next unit's first sentence (the whitespace between them joins it)
+            groups = budget_groups(len(kept), max_units)
+            spans = [(kept[lo][0], kept[hi][0] if hi < len(kept) else kept[hi - 1][1]) for lo, hi in groups]
+            got = _overlaps([(base + a, base + b) for a, b in spans], *toks)
+        for (a, b), (n, cut) in zip(spans, got):
+            # cut is exact: nothing after the unit's last token affects its loss
+            units.append(SentenceUnit(j, a, b, cut, n))
     return units
 
 

@@ -255,6 +255,63 @@ def learning_rate_weights(steps: Sequence[int | None], history: list[dict[str, A
     return [e / total for e in eta], "lr (mean logged learning_rate since the previous checkpoint)"
 
 
+def checkpoint_selection(values: Any, where: str = "--checkpoints") -> str | list[Path]:
+    """The trajectory selection, one rule for ``--checkpoints`` and ``Attributor(checkpoints=...)``.
+
+    Args:
+        values: ``"auto"`` or ``"final"``, or a list/tuple of checkpoint folders (str or Path); the CLI
+            passes its repeated values (``["auto"]``, ``["final"]``, folders, or None/empty for auto).
+        where: the flag or argument named in an error.
+
+    Returns:
+        ``"auto"``, ``"final"`` or the list of folders (for :func:`resolve_trajectory`).
+
+    Raises:
+        GradianUserError: another string, a list mixing ``auto``/``final`` with folders, an entry that is
+            not a path, or a folder that does not exist.
+    """
+    if isinstance(values, str):
+        if values in ("auto", "final"):
+            return values
+        raise GradianUserError(
+            f"checkpoints must be 'auto', 'final' or a list of checkpoint folders, got {values[:60]!r}",
+            where=where,
+            fix=f"pass 'auto', 'final' or [{values[:40]!r}] (a list, even of one folder)",
+        )
+    if values is None:
+        return "auto"
+    if not isinstance(values, (list, tuple)):
+        raise GradianUserError(
+            f"checkpoints must be 'auto', 'final' or a list of checkpoint folders, got a {type(values).__name__}",
+            where=where,
+            fix="pass 'auto', 'final' or a list of checkpoint-*/ folders",
+        )
+    values = list(values)
+    for v in values:
+        if not isinstance(v, (str, Path)) or not str(v).strip():
+            raise GradianUserError(
+                f"a checkpoint must be a folder path, got {str(v)[:60]!r}",
+                where=where,
+                fix="pass checkpoint-*/ folders (str or Path)",
+            )
+    if not values or values == ["auto"]:
+        return "auto"
+    if values == ["final"]:
+        return "final"
+    if any(v in ("auto", "final") for v in values):
+        raise GradianUserError(
+            "'auto' and 'final' cannot be mixed with folders", where=where, fix="pass auto, final, or only folders"
+        )
+    for v in values:
+        if not Path(v).is_dir():
+            raise GradianUserError(
+                f"checkpoint folder not found: {str(v)[:200]}",
+                where=where,
+                fix="pass existing checkpoint-*/ folders (PEFT save_pretrained), or 'auto'",
+            )
+    return [Path(v) for v in values]
+
+
 def resolve_trajectory(
     adapter: str | Path, checkpoints: Sequence[str | Path] | str | None = "auto", weighting: str = "lr"
 ) -> Trajectory:

@@ -135,6 +135,7 @@ def grad_spec_from_options(
     seed: int,
     optimizer: str = "none",
     unit: str = "row",
+    max_units_per_row: int = 32,
 ):
     """CLI options into a :class:`gradian.index.store.GradSpec` (the specs validate every field:
     a bad value is a one-line error naming the flag).
@@ -157,6 +158,7 @@ def grad_spec_from_options(
         storage_dtype=storage_dtype,
         optimizer=optimizer,
         unit=unit,
+        max_units_per_row=max_units_per_row,
     )
 
 

@@ -47,6 +47,12 @@ SHARD_SIZE = typer.Option(
     help="Rows per index shard file (rounded up to a multiple of --batch-size): "
     "the unit of work per process and of memory (one shard at a time).",
 )
+MAX_UNITS_PER_ROW = typer.Option(
+    32,  # GradSpec.max_units_per_row (gradian.index.store imports torch; tests/test_api.py holds them equal)
+    "--max-units-per-row",
+    help="Sentence units: at most this many per row; a row with more sentences has this many units of "
+    "consecutive sentences (docs/how-it-works.md). Bounds what one long row adds to the index.",
+)
 OPTIMIZER = typer.Option(
     "none",
     "--optimizer",

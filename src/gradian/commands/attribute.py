@@ -100,18 +100,13 @@ def _names(value: str) -> tuple[str, ...]:
 
 
 def checkpoint_selection(values: list[str] | None):
-    """``--checkpoints`` values → ``"auto"``, ``"final"`` or a list of folders (for RunInputs / resolve_trajectory)."""
-    if not values or values == ["auto"]:
-        return "auto"
-    if values == ["final"]:
-        return "final"
-    if any(v in ("auto", "final") for v in values):
-        raise GradianUserError(
-            "'auto' and 'final' cannot be mixed with folders",
-            where="--checkpoints",
-            fix="pass auto, final, or only checkpoint folders",
-        )
-    return [Path(v) for v in values]
+    """``--checkpoints`` values → ``"auto"``, ``"final"`` or a list of folders (for RunInputs / resolve_trajectory).
+
+    The rule is :func:`gradian.attribute.trajectory.checkpoint_selection`, which ``Attributor`` also uses.
+    """
+    from gradian.attribute.trajectory import checkpoint_selection as select
+
+    return select(values, "--checkpoints")
 
 
 def engine_spec_from_options(name: str, damping_scale: float | None, options: list[str] | None):
@@ -235,6 +230,7 @@ def register(app: typer.Typer) -> None:
             "sentence", help="Rank rows by their most harmful sentence (sentence) or whole (row)."
         ),
         optimizer: str = O.OPTIMIZER,
+        max_units_per_row: int = O.MAX_UNITS_PER_ROW,
         references: str = typer.Option(
             "bm25,repsim",
             help="Reference engines run beside the gradient engines: comma-separated bm25, repsim, or none.",
@@ -260,7 +256,14 @@ def register(app: typer.Typer) -> None:
 
         # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
         grad = grad_spec_from_options(
-            max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer=optimizer
+            max_length,
+            loss_on,
+            modules,
+            project_dim,
+            storage_dtype,
+            seed,
+            optimizer=optimizer,
+            max_units_per_row=max_units_per_row,
         )
         check_build_args(batch_size, shard_size)
         specs = RunSpecs(

@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
             "row", help="row (one gradient per row) | sentence (one per sentence: span-aware ranking)."
         ),
         optimizer: str = O.OPTIMIZER,
+        max_units_per_row: int = O.MAX_UNITS_PER_ROW,
         seed: int = typer.Option(0, help="Seed (projection)."),
     ) -> None:
         """Build (or resume) the per-example LoRA gradient index of a training set.
@@ -56,7 +57,9 @@ def register(app: typer.Typer) -> None:
         from gradian.models.load import ModelSpec
 
         # every flag and the data are checked before the model is loaded
-        spec = grad_spec_from_options(max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer, unit)
+        spec = grad_spec_from_options(
+            max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer, unit, max_units_per_row
+        )
         check_build_args(batch_size, shard_size)
         mspec = ModelSpec(base, dtype, device, trust_remote_code)
         examples = load_examples(data)

@@ -84,6 +84,9 @@ class GradSpec:
         unit: ``"row"`` (one gradient per training row) or ``"sentence"`` (one per sentence of
             each row's completion, the loss mask restricted to that sentence;
             :func:`gradian.attribute.spans.sentence_units`).
+        max_units_per_row: a sentence index's budget of units per row (``--max-units-per-row``): a row
+            with more supervised sentences has this many units of consecutive sentences
+            (:mod:`gradian.attribute.spans`). Identity of sentence indexes only (:meth:`identity`).
     """
 
     tokenize: TokenizeSpec = field(default_factory=TokenizeSpec)
@@ -92,9 +95,10 @@ class GradSpec:
     storage_dtype: str = "float32"
     optimizer: str = "none"
     unit: str = "row"
+    max_units_per_row: int = 32  # gradian.attribute.spans.MAX_UNITS_PER_ROW (tests hold them equal)
 
     def __post_init__(self) -> None:
-        from gradian.validate import check_choice, check_type, where
+        from gradian.validate import check_choice, check_int, check_type, where
 
         check_type(self.tokenize, TokenizeSpec, "GradSpec", "tokenize")
         check_type(self.projection, ProjectionSpec, "GradSpec", "projection")
@@ -113,10 +117,30 @@ class GradSpec:
         check_choice(self.storage_dtype, tuple(STORAGE_DTYPES), "GradSpec", "storage_dtype", flag="--storage-dtype")
         check_choice(self.optimizer, ("none", "adam"), "GradSpec", "optimizer", flag="--optimizer")
         check_choice(self.unit, ("row", "sentence"), "GradSpec", "unit", flag="--unit")
+        check_int(
+            self.max_units_per_row,
+            "GradSpec",
+            "max_units_per_row",
+            flag="--max-units-per-row",
+            lo=1,
+            hi=1_000_000,
+            fix="use e.g. --max-units-per-row 32",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["modules"] = list(self.modules) if self.modules else None
+        return d
+
+    def identity(self) -> dict[str, Any]:
+        """What of the spec decides an index's numbers (hashed into its id).
+
+        :meth:`to_dict`, less the unit budget for a row index (it has no sentence units, so a row index's
+        id does not depend on it: row indexes built before the budget existed keep their ids).
+        """
+        d = self.to_dict()
+        if self.unit == "row":
+            del d["max_units_per_row"]
         return d
 
     @classmethod
@@ -493,17 +517,32 @@ def index_numbers(blocks: Sequence, projection: ProjectionSpec) -> int:
     return sum(projected_numbers(tuple(b.shape), b.kind, projection.dim) for b in blocks)
 
 
-def size_estimate(n_rows: int, numbers: int, storage_dtype: str) -> tuple[int, str]:
-    """``(bytes, "403 rows × 215,040 numbers × 2 bytes = 173 MB")`` for an index's shards."""
+def size_estimate(n_rows: int, numbers: int, storage_dtype: str, what: str = "rows") -> tuple[int, str]:
+    """``(bytes, "403 rows × 215,040 numbers × 2 bytes = 173 MB")`` for an index's shards.
+
+    Args:
+        n_rows: the gradients stored: rows, or sentence units for a sentence index.
+        what: what they are called in the line (``"rows"`` or ``"units"``, :func:`index_unit_name`).
+    """
     width = torch.empty(0, dtype=STORAGE_DTYPES[storage_dtype]).element_size()
     total = n_rows * numbers * width
-    return total, f"{n_rows:,} rows × {numbers:,} numbers × {width} bytes = {human_bytes(total)}"
+    return total, f"{n_rows:,} {what} × {numbers:,} numbers × {width} bytes = {human_bytes(total)}"
+
+
+def index_unit_name(spec: GradSpec) -> str:
+    """What one stored gradient is, in the size line: ``"units"`` (sentence units) or ``"rows"``."""
+    return "units" if spec.unit == "sentence" else "rows"
 
 
 def size_advice(n_rows: int, blocks: Sequence, spec: GradSpec, root: Path) -> str | None:
-    """Why the index is too large, with the ``--project-dim`` that fits, or None."""
+    """Why the index is too large, with the ``--project-dim`` that fits, or None.
+
+    Args:
+        n_rows: the gradients stored (sentence units for a sentence index, whose budget is also named).
+    """
     import shutil
 
+    what = index_unit_name(spec)
     total, _ = size_estimate(n_rows, index_numbers(blocks, spec.projection), spec.storage_dtype)
     try:
         free = shutil.disk_usage(root).free
@@ -533,7 +572,9 @@ def size_advice(n_rows: int, blocks: Sequence, spec: GradSpec, root: Path) -> st
             )
     if spec.storage_dtype in ("float32", "float64"):
         advice.append("--storage-dtype bfloat16 halves it")
-    return f"the gradient index will take est. {human_bytes(total)} for {n_rows:,} rows{where}; " + "; ".join(
+    if spec.unit == "sentence":
+        advice.append(f"a lower --max-units-per-row (now {spec.max_units_per_row}) or --unit row stores fewer units")
+    return f"the gradient index will take est. {human_bytes(total)} for {n_rows:,} {what}{where}; " + "; ".join(
         advice or ["use --project-dim or --modules to store fewer numbers per row"]
     )
 
@@ -791,7 +832,9 @@ def build_index(
     distributed.barrier()  # every rank has its plan before any shard is (re)written
 
     if pending and announce is not None and dist.is_main:
-        _, line = size_estimate(len(items), sum(int(b["dim"]) for b in block_meta), spec.storage_dtype)
+        _, line = size_estimate(
+            len(items), sum(int(b["dim"]) for b in block_meta), spec.storage_dtype, index_unit_name(spec)
+        )
         done = n_shards - len(pending)
         extra = f"; {done} of {n_shards} shards already built" if done else ""
         split = f"; {len(pending)} shards over {dist.world_size} processes" if dist.enabled else ""
