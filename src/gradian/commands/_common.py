@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import sys
 import warnings
+from pathlib import Path
 from typing import Callable, TypeVar
 
 import typer
@@ -153,6 +154,21 @@ def user_errors(fn: F) -> F:
                 err_console.print(
                     f"[bold red]error:[/] {prefix}{escape(e.one_line())}", soft_wrap=True, highlight=False
                 )
+            raise typer.Exit(EXIT_USER_ERROR) from None
+        except OSError as e:
+            # a full disk in a writer that is not Gradian's (a library's save): one line, not a traceback
+            from gradian.util import is_disk_full
+
+            if not is_disk_full(e):
+                raise
+            where = str(Path(e.filename).parent) if e.filename else "the output folder"
+            err_console.print(
+                f"[bold red]error:[/] {escape(where)}: the disk is full ({escape(e.strerror or str(e))}; the bytes "
+                "needed are unknown: a library's write) (fix: free space there or write to another disk, then run "
+                "the same command again)",
+                soft_wrap=True,
+                highlight=False,
+            )
             raise typer.Exit(EXIT_USER_ERROR) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
