@@ -1,7 +1,13 @@
-"""Small shared utilities: atomic writes, hashing, JSON."""
+"""Small shared utilities: atomic writes, hashing, JSON.
+
+A full disk (``ENOSPC``) or an exhausted quota (``EDQUOT``) while an atomic writer writes is a
+:class:`DiskFullError`: one line naming the folder, the bytes it tried to write and the bytes free
+there; the temp file is removed, so the target is either the old file or absent, never half written.
+"""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -9,23 +15,103 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gradian.errors import GradianUserError
+
+#: the errnos that mean "no room": a full file system, an exhausted quota
+DISK_FULL_ERRNOS = frozenset(e for e in (getattr(errno, "ENOSPC", None), getattr(errno, "EDQUOT", None)) if e)
+
+
+def human_bytes(n: float) -> str:
+    """Decimal units, as disks are sold: 173,322,240 → ``173 MB``."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" or abs(n) >= 100 else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is an :class:`OSError` for a full disk or an exhausted quota."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
+
+def free_bytes(folder: str | Path) -> int | None:
+    """Free bytes at ``folder`` (its nearest existing parent), or None when the OS cannot tell."""
+    import shutil
+
+    p = Path(folder)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+class DiskFullError(GradianUserError):
+    """No room left in ``folder`` for ``needed`` bytes (a full disk or quota).
+
+    One line: ``FOLDER: the disk is full: no room for WHAT (N bytes = 1.2 MB needed, F bytes free; ENOSPC);
+    TAIL (fix: ...)``.
+
+    Args:
+        folder: where the write was going.
+        needed: the bytes the write (or the rest of the job, when the caller knows it) needs.
+        what: what was being written, e.g. ``"report.html"``.
+        exc: the :class:`OSError`, for its errno name.
+        tail: what state it left, by default ``"nothing was half written"``.
+        fix: the fix, by default: free space or write elsewhere.
+        free: the free bytes the caller measured (by default measured here; None: unknown).
+    """
+
+    def __init__(
+        self,
+        folder: str | Path,
+        needed: int,
+        what: str | None = None,
+        exc: OSError | None = None,
+        tail: str = "nothing was half written",
+        fix: str | None = None,
+        free: int | None = -1,
+    ):
+        self.folder, self.needed, self.os_error = str(folder), int(needed), exc
+        free = free_bytes(folder) if free == -1 else free
+        code = f"; {errno.errorcode.get(exc.errno, exc.errno)}" if exc is not None and exc.errno else ""
+        free_s = "free space unknown" if free is None else f"{free:,} bytes free"
+        super().__init__(
+            f"the disk is full: no room for {what or 'the file'} ({self.needed:,} bytes = {human_bytes(self.needed)} "
+            f"needed, {free_s}{code}); {tail}",
+            where=self.folder,
+            fix=fix or "free space there or write to another disk, then run the same command again",
+        )
+
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, rename: readers never see half a file."""
+    """Write to a temp file in the same folder, fsync, rename: readers never see half a file.
+
+    A full disk raises :class:`DiskFullError` (folder, bytes) after removing the temp file.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    except OSError as e:
+        if is_disk_full(e):
+            raise DiskFullError(path.parent, len(data), path.name, e) from None
+        raise
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if is_disk_full(e):
+            raise DiskFullError(path.parent, len(data), path.name, e) from None  # type: ignore[arg-type]
         raise
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 from report_hostile import HOSTILE, HOSTILE_CAP, hostile_run
@@ -259,3 +260,102 @@ def test_helpers():
     )
     assert md_text("1. x") == "1\\. x" and md_text("- x") == "\\- x" and md_text("# x") == "\\# x"
     assert md_text("a\nb", 100) == "a ⏎ b" and len(md_text("x" * 50, 10)) == 10
+
+
+def test_visible_shows_what_clean_removes():
+    from gradian.report.safe import has_unsafe, visible
+
+    s = "a\x1b[2J\x9b\u202eb\r\nc\rd\u2028\x00e\tf"
+    assert visible(s) == "a\\u001b[2J\\u009b\\u202eb\nc\\u000dd\\u2028\\u0000e\tf"
+    assert visible(s, keep_cr=True) == "a\\u001b[2J\\u009b\\u202eb\nc\rd\\u2028\\u0000e\tf"
+    assert not has_unsafe(visible(s)) and has_unsafe(s) and visible(visible(s)) == visible(s)
+    assert json.loads('"' + visible("\x1b\u202e\x9b") + '"') == "\x1b\u202e\x9b"  # the escape means the same in JSON
+
+
+# ---------------------------------------------------------------------- the CLI on a hostile world
+# ids, capability names and row text holding a screen clear, an OSC 8 link, a C1 CSI, bidi overrides, rich markup
+H = "\x1b[2J\x1b]8;;http://evil.example\x1b\\link\x1b]8;;\x1b\\\x9b31m\u202eevil\u2066x\u2069[bold]B[/]"
+H_SHOWN = "\\u001b[2J\\u001b]8;;http://evil.example\\u001b\\link"  # how the CLI shows it (visible)
+_RAW = __import__("re").compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+@pytest.fixture(scope="module")
+def hostile_cli(tmp_path_factory):
+    """The report world's base and adapter with hostile training ids and text, eval ids and capability names."""
+    w = real_run()["world"]
+    root = tmp_path_factory.mktemp("hostile-cli")
+    rows = [json.loads(ln) for ln in Path(w["data"]).read_text().splitlines()]
+    for i, r in enumerate(rows):
+        r["id"] += H
+        if r["id"].startswith("sym-") and i % 2:
+            r["messages"][0]["content"] += " " + H
+    (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ev = [json.loads(ln) for ln in Path(w["eval"]).read_text().splitlines()]
+    for r in ev:
+        r["id"] += H
+        r["capability"] += "<script>x</script>" + H
+    (root / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ev))
+    return {**w, "data": root / "train.jsonl", "eval": root / "eval.jsonl", "root": root}
+
+
+def _run_cli(args, monkeypatch):
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    monkeypatch.setenv("NO_COLOR", "1")
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    for name, text in (("stdout", res.stdout), ("stderr", res.stderr)):
+        bad = [ln for ln in text.splitlines() if _RAW.search(ln)]
+        assert not bad, f"{len(bad)} {name} line(s) with a raw control/bidi character, e.g. {bad[0]!r}"
+    return res
+
+
+def test_cli_evaluate_attribute_report_show_data_escaped(hostile_cli, tmp_path, monkeypatch):
+    w = hostile_cli
+    monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
+    common = ["--base", w["base"], "--adapter", w["adapter"]]
+    ev = _run_cli(["evaluate", *common, "--eval", w["eval"], "--max-new-tokens", "12"], monkeypatch)
+    assert ev.exit_code == 0, ev.output
+    assert f"capitals<script>x</script>{H_SHOWN}" in ev.stdout and "[bold]B[/]" in ev.stdout  # no markup from data
+
+    run = tmp_path / "run"
+    args = ["attribute", *common, "--data", w["data"], "--eval", w["eval"], "--out", run, "--max-length", "40"]
+    at = _run_cli([*args, "--config", w["config"], "--logs", w["logs"], "--project-dim", "0"], monkeypatch)
+    assert at.exit_code == 0, at.output
+    assert "most harmful training rows for" in at.stdout and "checkpoint(s) [step 30 ×" in at.stdout, at.stdout
+    ids = [ln for ln in at.stdout.splitlines() if ("long-" in ln or "short-" in ln or "profile-" in ln)]
+    assert ids and any(H_SHOWN[:20] in ln for ln in ids), at.stdout  # a training row id, escaped and visible
+
+    for extra in ([], ["--format", "text"], ["--format", "json"], ["--format", "md"]):
+        rep = _run_cli(["report", run, *extra], monkeypatch)
+        assert rep.exit_code == 0 and rep.stdout.strip(), rep.output
+    data = json.loads(_run_cli(["report", run, "--format", "json"], monkeypatch).stdout)
+    assert any(c["name"].startswith("capitals<script>x</script>\x1b[2J") for c in data["capabilities"])  # verbatim
+
+
+def test_cli_diagnose_and_index_show_data_escaped(hostile_cli, tmp_path, monkeypatch):
+    w = hostile_cli
+    monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
+    for fmt in ("text", "json", "md"):
+        dg = _run_cli(
+            ["diagnose", "--data", w["data"], "--config", w["config"], "--logs", w["logs"], "--format", fmt, "-v"],
+            monkeypatch,
+        )
+        assert dg.exit_code in (0, 1), dg.output
+        if fmt == "json":
+            json.loads(dg.stdout)  # still valid JSON after escaping
+        elif fmt == "text":
+            assert "\\u001b[2J" in dg.stdout, dg.stdout  # the hostile ids in the findings, escaped
+    ix = _run_cli(
+        ["index", "--base", w["base"], "--adapter", w["adapter"], "--data", w["data"], "--max-length", "40"]
+        + ["--project-dim", "0", "--out", tmp_path / "idx"],
+        monkeypatch,
+    )
+    assert ix.exit_code == 0, ix.output
+    # a user error naming a hostile row: one line, escaped
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "r" + H, "prompt": "p"}) + "\n")
+    er = _run_cli(["diagnose", "--data", bad], monkeypatch)
+    assert er.exit_code in (0, 1, 2), er.output

@@ -78,7 +78,7 @@ def render_text(result: AuditResult, console: Console, verbose: bool = False) ->
             for s in result.skipped:
                 by_reason.setdefault(s.reason, []).append(s.id)
             for reason, ids in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
-                console.print(f"  [dim]{escape(reason)}: {', '.join(ids)}[/]")
+                console.print(f"  [dim]{escape(reason)}: {escape(', '.join(ids))}[/]")
     for n in result.notes:
         console.print(f"[dim]note: {escape(n)}[/]")
     console.print(
@@ -131,7 +131,10 @@ def render_json(result: AuditResult) -> str:
 
 
 def _md_escape(s: str) -> str:
-    return str(s).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    """Table-safe Markdown text, without control or bidi characters (:func:`gradian.report.safe.clean`)."""
+    from gradian.report.safe import clean
+
+    return clean(s).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 # ---------------------------------------------------------------------- the check list

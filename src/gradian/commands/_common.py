@@ -1,10 +1,30 @@
-"""Helpers shared by the CLI commands: one-line user errors, consoles."""
+r"""Helpers shared by the CLI commands: one-line user errors, consoles.
+
+Nothing from the data reaches the terminal raw. Training row ids, capability names, prompts,
+completions and audit evidence can hold terminal escape sequences (``ESC [2J`` clears the screen,
+``ESC ]8;;`` plants a link), C1 controls and bidi overrides. Two layers, both here, so a command
+cannot forget them:
+
+* :class:`SafeConsole` (``console`` and ``err_console``): every string it renders goes through
+  :func:`gradian.report.safe.visible` before rich parses it as markup (so table layout counts the
+  escaped form), and every text segment it writes is passed through it again just before output
+  (a :class:`rich.text.Text` built directly, a progress-bar description). Rich's own styling and
+  cursor movement are rich's control segments and styles, added after, so colours still work.
+* :func:`user_errors` runs each command with ``sys.stdout``/``sys.stderr`` behind
+  :class:`CleanStream`, which escapes the same characters in whatever is written with
+  ``typer.echo``/``print``/``warnings`` (a lone ``\r`` is kept there, for other libraries'
+  progress bars); :class:`SafeConsole` writes past it to the real stream.
+
+Data placed in markup strings is still passed through :func:`rich.markup.escape` by the commands
+(``[bold]`` in a row id must not style); escaping controls does not replace that.
+"""
 
 from __future__ import annotations
 
 import functools
 import sys
 import warnings
+from pathlib import Path
 from typing import Callable, TypeVar
 
 import typer
@@ -12,11 +32,73 @@ from rich.console import Console
 from rich.markup import escape
 
 from gradian.errors import EXIT_USER_ERROR, GradianUserError, GradianWarning
+from gradian.report.safe import visible
 
 F = TypeVar("F", bound=Callable)
 
-console = Console()
-err_console = Console(stderr=True)
+
+class CleanStream:
+    """A text stream that writes :func:`~gradian.report.safe.visible` text to ``inner``.
+
+    It has no ``buffer`` (click would write bytes past it); a bytes write is decoded as UTF-8.
+    """
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def write(self, s) -> int:
+        r"""Write ``s`` with its control and bidi characters shown as ``\uXXXX``."""
+        if isinstance(s, (bytes, bytearray)):
+            s = bytes(s).decode("utf-8", "replace")
+        self.inner.write(visible(s, keep_cr=True))
+        return len(s)
+
+    def writelines(self, lines) -> None:
+        """Write each line with :meth:`write`."""
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        """Flush the inner stream."""
+        self.inner.flush()
+
+    def isatty(self) -> bool:
+        """Whether the inner stream is a terminal."""
+        return bool(getattr(self.inner, "isatty", lambda: False)())
+
+    def __getattr__(self, name: str):
+        if name == "buffer":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class SafeConsole(Console):
+    """A rich console that never writes a control or bidi character from its text (see the module docstring)."""
+
+    @property
+    def file(self):
+        """The stream written to: past a :class:`CleanStream` (this console escapes its own text)."""
+        f = super().file
+        return f.inner if isinstance(f, CleanStream) else f
+
+    @file.setter
+    def file(self, new_file) -> None:
+        self._file = new_file
+
+    def render_str(self, text: str, **kwargs):
+        """Escape controls before rich parses markup, so widths are those of the escaped text."""
+        return super().render_str(visible(text), **kwargs)
+
+    def _render_buffer(self, buffer):
+        # last line of defence: text segments (never rich's own control segments) are escaped again
+        from rich.segment import Segment
+
+        safe = (seg if seg.control else Segment(visible(seg.text), seg.style) for seg in buffer)
+        return super()._render_buffer(safe)
+
+
+console = SafeConsole()
+err_console = SafeConsole(stderr=True)
 
 
 def _rank() -> int:
@@ -53,7 +135,12 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        out, err = sys.stdout, sys.stderr
         try:
+            if not isinstance(out, CleanStream):
+                sys.stdout = CleanStream(out)
+            if not isinstance(err, CleanStream):
+                sys.stderr = CleanStream(err)
             with warnings.catch_warnings():
                 warnings.simplefilter("always", GradianWarning)
                 warnings.showwarning = _show_warning
@@ -68,9 +155,26 @@ def user_errors(fn: F) -> F:
                     f"[bold red]error:[/] {prefix}{escape(e.one_line())}", soft_wrap=True, highlight=False
                 )
             raise typer.Exit(EXIT_USER_ERROR) from None
+        except OSError as e:
+            # a full disk in a writer that is not Gradian's (a library's save): one line, not a traceback
+            from gradian.util import is_disk_full
+
+            if not is_disk_full(e):
+                raise
+            where = str(Path(e.filename).parent) if e.filename else "the output folder"
+            err_console.print(
+                f"[bold red]error:[/] {escape(where)}: the disk is full ({escape(e.strerror or str(e))}; the bytes "
+                "needed are unknown: a library's write) (fix: free space there or write to another disk, then run "
+                "the same command again)",
+                soft_wrap=True,
+                highlight=False,
+            )
+            raise typer.Exit(EXIT_USER_ERROR) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
             sys.exit(130)
+        finally:
+            sys.stdout, sys.stderr = out, err
 
     return wrapper  # type: ignore[return-value]
 

@@ -29,7 +29,8 @@ def print_attribution(run: dict) -> None:
             f"{'final' if c['final'] else 'step ' + str(c['step'])} ×{c['weight']:.2f}" for c in tr["checkpoints"]
         )
         console.print(
-            f"trajectory: {len(tr['checkpoints'])} checkpoint(s) [{pts}]; weights: {escape(tr['weight_rule'])}"
+            f"trajectory: {len(tr['checkpoints'])} checkpoint(s) {escape('[' + pts + ']')}; weights: "
+            f"{escape(tr['weight_rule'])}"
         )
     for cap in att["capabilities"]:
         ag = cap.get("agreement")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from gradian.commands._common import console, err_console, user_errors
 from gradian.errors import GradianUserError
@@ -101,7 +102,9 @@ def register(app: typer.Typer) -> None:
             _emit(text, out)
             if out is not None:
                 c = result.counts
-                err_console.print(f"{c['error']} errors, {c['warning']} warnings, {c['info']} info -> {out}")
+                err_console.print(
+                    f"{c['error']} errors, {c['warning']} warnings, {c['info']} info -> {escape(str(out))}"
+                )
         if fail_on != "never" and result.at_or_above(fail_on):
             raise typer.Exit(1)
 

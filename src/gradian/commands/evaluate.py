@@ -74,7 +74,7 @@ def failing_table(result, capability: str, limit: int = 10) -> FitTable:
     """The lost items of one capability: what the tuned model says instead, and the base margin."""
     fails = result.failing_items(capability)
     t = FitTable(
-        title=f"{capability}: items lost ({len(fails)}; showing {min(limit, len(fails))})", title_justify="left"
+        title=f"{escape(capability)}: items lost ({len(fails)}; showing {min(limit, len(fails))})", title_justify="left"
     )
     t.add_column("id")
     t.add_column("prompt", overflow="fold", max_width=48)

@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
             ft = load_finetune(mspec, adapter)
             select_blocks(ft.model, spec)  # --modules must select a layer (checked before the progress bar starts)
             for note in ft.notes:
-                console.print(f"[yellow]note:[/] {note}")
+                console.print(f"[yellow]note:[/] {escape(note)}")
             trajectory = resolve_trajectory(adapter, checkpoint_selection(checkpoints))
             items = tokenize_training_set(examples, ft.tokenizer, spec, data, lazy=True)  # a few numbers a row
             for ck in trajectory.checkpoints:

@@ -31,7 +31,7 @@ def print_verification(record: dict) -> None:
             t.add_column(col)
         for rname, r in cap["retrains"].items():
             t.add_row(
-                rname,
+                escape(rname),
                 str(r["removed"]),
                 f"{r['score']:.2f}",
                 f"{r['delta']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]",

@@ -55,7 +55,16 @@ from gradian.gradients.lora import lora_blocks
 from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector, ProjectionSpec
 from gradian.paths import cache_dir
-from gradian.util import atomic_write_bytes, atomic_write_json, release_free_memory, sha256_bytes, sha256_json
+from gradian.util import (  # noqa: F401  (human_bytes: also this module's name for it)
+    DiskFullError,
+    atomic_write_bytes,
+    atomic_write_json,
+    free_bytes,
+    human_bytes,
+    release_free_memory,
+    sha256_bytes,
+    sha256_json,
+)
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -501,15 +510,6 @@ class IndexSizeWarning(GradianWarning):
 LARGE_INDEX_BYTES = 20 * 10**9
 
 
-def human_bytes(n: float) -> str:
-    """Decimal units, as disks are sold: 173,322,240 → ``173 MB``."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" or abs(n) >= 100 else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
-
-
 def index_numbers(blocks: Sequence, projection: ProjectionSpec) -> int:
     """Numbers stored per row: Σ_l d_l after the projection."""
     from gradian.gradients.projection import projected_numbers
@@ -839,6 +839,29 @@ def build_index(
         extra = f"; {done} of {n_shards} shards already built" if done else ""
         split = f"; {len(pending)} shards over {dist.world_size} processes" if dist.enabled else ""
         announce(f"index {iid}: {line}{extra}{split}")
+    numbers = sum(int(b["dim"]) for b in block_meta)
+    row_bytes = size_estimate(1, numbers, spec.storage_dtype)[0]
+
+    def rows_of(ks) -> int:
+        return sum(min(len(items), (k + 1) * shard_size) - k * shard_size for k in ks)
+
+    if pending:
+        # the shards still to write must fit in the free space (rank 0 decides, every rank raises alike)
+        need = rows_of(pending) * row_bytes
+        free = free_bytes(root) if dist.is_main else None
+        free = distributed.all_gather_objects(free)[0]
+        if free is not None and need > free:
+            err = DiskFullError(
+                root,
+                need,
+                f"the gradient index's {len(pending)} remaining shard(s) (estimated before the build)",
+                tail="nothing was written",
+                fix=(size_advice(len(items), blocks, spec, root) or "store fewer numbers per row")
+                + "; or free space there, or build the index on another disk (--out)",
+                free=free,
+            )
+            err.every_rank = True
+            raise err
     if pending and dist.is_main:
         advice = size_advice(len(items), blocks, spec, root)
         if advice:
@@ -922,11 +945,23 @@ def build_index(
         data = save({name: v.contiguous() for name, v in per_block.items()})
         del per_block
         fname = _shard_file(k)
-        atomic_write_bytes(root / fname, data)
         entry = {"file": fname, "sha256": sha256_bytes(data), "start": lo, "n": hi - lo, "examples": meta}
+        try:
+            atomic_write_bytes(root / fname, data)
+            # the shard's own record, right after the shard: a build that dies later keeps this shard
+            atomic_write_json(root / _record_file(k), {"layout": layout, "entry": entry})
+        except DiskFullError as e:
+            # the shards written so far stay valid (each has its record) and are reused by the next build;
+            # the error names what the rest of this build still needs
+            rest = todo[todo.index(k) :]
+            raise DiskFullError(
+                root,
+                len(data) + rows_of(rest[1:]) * row_bytes,
+                f"{fname} and the {len(rest) - 1} shard(s) after it",
+                e.os_error,
+                tail=f"{len(written)} shard(s) this build wrote are kept (valid, reused next time), no temp file left",
+            ) from e
         del data
-        # the shard's own record, right after the shard: a build that dies later keeps this shard
-        atomic_write_json(root / _record_file(k), {"layout": layout, "entry": entry})
         written[k] = entry
         release_free_memory()
         distributed.fault_point("shard", len(written))

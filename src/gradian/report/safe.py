@@ -10,6 +10,14 @@ shows them only through this module:
   no backspace tricks), Unicode bidirectional overrides and isolates (the
   "Trojan Source" characters), and turns the Unicode line/paragraph separators
   into ``\n``.
+* :func:`visible` is the same set shown instead of removed, for a debugger's terminal: each
+  character :func:`clean` would remove or turn into ``\n`` (``\r`` alone, U+2028/U+2029, NEL
+  included) becomes its ``\uXXXX`` escape, so ``\x1b[2J`` prints as the six characters
+  ``\u001b`` then ``[2J``. The ``\uXXXX`` form (not ``\x1b``) is chosen because it means
+  the same character in JSON and in Python, so an escaped id can be pasted into a ``jq`` or
+  Python filter over run.json, and a JSON document printed to a terminal stays valid JSON.
+  The CLI's consoles and streams apply it to everything they print
+  (:mod:`gradian.commands._common`).
 * :func:`clean_tree` applies :func:`clean` to every string (and key) of a JSON-like value.
 * :func:`shorten` cuts a string to at most ``limit`` characters with an ellipsis
   (very long lines stay readable in terminals and Markdown tables).
@@ -31,8 +39,14 @@ from typing import Any
 
 # bidi embeddings/overrides/isolates and marks: they reorder how text is displayed
 _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f" + _BIDI + "]")
-_LINESEP = re.compile("[\r\u2028\u2029\x85]")
+_C0C1 = "\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # every C0/C1 control but \t \n \r
+_SEPARATORS = "\r\u2028\u2029\x85"
+_CONTROL = re.compile("[" + _C0C1 + _BIDI + "]")
+_LINESEP = re.compile("[" + _SEPARATORS + "]")
+#: what :func:`visible` escapes: exactly what :func:`clean` removes or turns into a newline
+_UNSAFE = re.compile("[" + _C0C1 + _BIDI + _SEPARATORS + "]")
+#: the same without ``\r`` (:func:`visible` with ``keep_cr``)
+_UNSAFE_NO_CR = re.compile("[" + _C0C1 + _BIDI + _SEPARATORS[1:] + "]")
 
 
 def clean(s: Any) -> str:
@@ -46,6 +60,30 @@ def clean(s: Any) -> str:
     s = s.replace("\r\n", "\n")
     s = _LINESEP.sub("\n", s)
     return _CONTROL.sub("", s)
+
+
+def _u_escape(m: re.Match) -> str:
+    return f"\\u{ord(m.group(0)):04x}"
+
+
+def visible(s: Any, keep_cr: bool = False) -> str:
+    r"""``str(s)`` with every character :func:`clean` would remove or replace shown as ``\uXXXX``.
+
+    ``\r\n`` becomes ``\n`` first; ``\n`` and ``\t`` are kept. ``keep_cr`` keeps a lone ``\r`` too (for
+    a stream that carries other programs' progress bars, which redraw with ``\r``); :func:`clean` is
+    the definition of what is unsafe, this only shows it.
+    """
+    if s is None:
+        return ""
+    s = str(s)
+    if "\r\n" in s:
+        s = s.replace("\r\n", "\n")
+    return (_UNSAFE_NO_CR if keep_cr else _UNSAFE).sub(_u_escape, s)
+
+
+def has_unsafe(s: str) -> bool:
+    r"""True when ``s`` holds a character :func:`visible` would escape (a lone ``\r`` included)."""
+    return bool(_UNSAFE.search(s.replace("\r\n", "\n")))
 
 
 def clean_tree(obj: Any) -> Any:
