@@ -95,15 +95,15 @@ def test_profile_and_drilldown(real, report):
             if s["sentence"] is not None:
                 assert s["text"] == d.sentences[s["sentence"]]["text"]
         assert d.sentences[0]["score"] == min(x["score"] for x in d.sentences)
-    # a profile row is drilled (span-aware ranking puts it among the harmful rows); its view is the row's own
-    # text with every sentence scored. Which sentence wins on this 2-layer model is not asserted: localisation
-    # quality is measured on the planted worlds (scorecard) and in tests/attribute.
-    prof = next(d for d in dd if d.id.startswith("profile-"))
-    assert (
-        prof.text_source == "row"
-        and any("Its capital is" in s["text"] for s in prof.sentences)
-        and len(prof.sentences) >= 2
-    )
+    # the drilled rows are the multi-sentence planted rows (long-* and profile-* carry a wrong capital among
+    # true sentences); each view is the row's own text with every sentence scored. Which planted rows win the
+    # drill-down slots, and which sentence wins inside them, is left to float rounding on this 2-layer model
+    # (it moved between CPUs' BLAS kernels): localisation quality is measured on the planted worlds (scorecard)
+    # and in tests/attribute.
+    for d in dd:
+        assert d.id.startswith(("long-", "profile-")), d.id
+        assert d.text_source == "row" and len(d.sentences) >= 2
+        assert sum(x["score"] is not None for x in d.sentences) == len(d.sentences)
 
 
 def test_json_round_trip_and_purity(real, report):
