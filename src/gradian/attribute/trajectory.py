@@ -35,6 +35,7 @@ Cost is linear in the number of checkpoints: one gradient index per checkpoint
 
 from __future__ import annotations
 
+import math
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -314,17 +315,21 @@ def learning_rate_weights(steps: Sequence[int | None], history: list[dict[str, A
     for s in steps:
         inside = [lr for st, lr in lr_log if prev < st <= s]  # type: ignore[operator]
         if inside:
-            eta.append(sum(lr / len(inside) for lr in inside))  # a mean that cannot overflow
+            total = sum(inside)  # the mean; taken term by term where the sum overflows
+            eta.append(total / len(inside) if math.isfinite(total) else sum(lr / len(inside) for lr in inside))
         else:
             before = [lr for st, lr in lr_log if st <= s]  # type: ignore[operator]
             eta.append(before[-1] if before else lr_log[0][1])
         prev = s  # type: ignore[assignment]
-    top = max(eta)
-    if not top > 0:
+    rule = "lr (mean logged learning_rate since the previous checkpoint)"
+    if not max(eta) > 0:
         return [1.0 / n] * n, "equal (logged learning rates sum to 0)"
-    scaled = [e / top for e in eta]  # in [0, 1]: the sum below is finite whatever the rates' size
-    total = sum(scaled)
-    return [e / total for e in scaled], "lr (mean logged learning_rate since the previous checkpoint)"
+    total = sum(eta)
+    if not math.isfinite(total):  # rates near the float limit: scale them into [0, 1] first, so the sum is finite
+        top = max(eta)
+        eta = [e / top for e in eta]
+        total = sum(eta)
+    return [e / total for e in eta], rule
 
 
 def resolve_trajectory(
