@@ -603,3 +603,305 @@ def test_report_run_loader(mutations, whole):
     if rep is not None:
         for fmt in ("md", "json", "text"):
             render(rep, fmt)
+
+
+# ---------------------------------------------------------------------- a training run's own files
+# trainer_state.json in every checkpoint, optimizer.pt, adapter_model.bin: the numbers in them weigh the
+# checkpoints and precondition the gradients, so each must be checked before use (issue 21).
+torch = pytest.importorskip("torch")
+
+_LORA_SHAPES = {"q_proj": (3, 4), "v_proj": (4, 4)}  # (out, in) of the tiny base's targeted layers
+_R = 2
+
+
+class _TinyBase(torch.nn.Module):
+    """Two Linear layers PEFT can target: a base small enough to build for every example."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        for name, (o, i) in _LORA_SHAPES.items():
+            setattr(self, name, torch.nn.Linear(i, o, bias=False))
+
+    def forward(self, x):  # pragma: no cover - never run
+        return self.v_proj(x)
+
+
+def _lora_tensors(seed: int) -> dict:
+    """The adapter's tensors under PEFT's saved names: lora_A (r, in), lora_B (out, r)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, (o, i) in _LORA_SHAPES.items():
+        out[f"base_model.model.{name}.lora_A.weight"] = torch.randn(_R, i, generator=g)
+        out[f"base_model.model.{name}.lora_B.weight"] = torch.randn(o, _R, generator=g)
+    return out
+
+
+_ADAPTER_CFG = {"peft_type": "LORA", "r": _R, "lora_alpha": 4, "target_modules": sorted(_LORA_SHAPES)}
+
+
+def _write_adapter(folder: Path, seed: int) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(_ADAPTER_CFG))
+    save_file(_lora_tensors(seed), str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+_RUN = Path(_TMP) / "run" / "adapter"  # the final adapter, with checkpoint-10 and checkpoint-20 inside
+_RUN_FOLDERS = {"final": _write_adapter(_RUN, 3)}
+for _s in (10, 20):
+    _RUN_FOLDERS[f"checkpoint-{_s}"] = _write_adapter(_RUN / f"checkpoint-{_s}", _s)
+
+state_numbers = (
+    st.integers(0, 40)
+    | st.floats(0, 1e-2)
+    | numbers
+    | st.sampled_from([0, 0.0, -0.0, 1e-300, 1.7e308, -1e-4, 10**400, True, "nan", "1e-4", None])
+)
+state_entries = st.one_of(
+    st.fixed_dictionaries(
+        {"step": st.integers(0, 40), "learning_rate": st.floats(0, 1e-2), "loss": st.floats(0, 5)},
+        optional={"epoch": st.floats(0, 3)},
+    ),
+    st.fixed_dictionaries(
+        {"step": state_numbers, "learning_rate": state_numbers, "loss": numbers},
+        optional={"epoch": state_numbers, "eval_loss": numbers},
+    ),
+    st.dictionaries(st.sampled_from(["step", "learning_rate", "epoch", "loss", "eval_loss"]), log_values, max_size=4),
+    json_values,
+)
+trainer_states = st.one_of(
+    st.none(),  # no trainer_state.json in this folder
+    st.fixed_dictionaries(
+        {"log_history": st.lists(state_entries, max_size=12)},
+        optional={"global_step": state_numbers, "epoch": state_numbers, "max_steps": state_numbers},
+    ),
+    st.fixed_dictionaries({"log_history": st.lists(state_entries.filter(lambda e: isinstance(e, dict)), max_size=12)}),
+    json_values,
+)
+_DEEP_STATE = '{"log_history": ' + _deep(100_000) + "}"
+
+
+@FUZZ
+@given(
+    states=st.fixed_dictionaries({k: trainer_states for k in _RUN_FOLDERS}),
+    weighting=st.sampled_from(["lr", "lr", "equal"]),
+    deep=st.sampled_from([None, None, None, None, "final", "checkpoint-10"]),
+)
+@example(
+    states={
+        "final": {"log_history": [{"step": 15, "learning_rate": math.inf}, {"step": 25, "learning_rate": 1e-3}]},
+        "checkpoint-10": None,
+        "checkpoint-20": None,
+    },
+    weighting="lr",
+    deep=None,
+)
+@example(
+    states={
+        "final": {"log_history": [{"step": 5, "learning_rate": 1e-3}, {"step": 25, "learning_rate": -1e-4}]},
+        "checkpoint-10": None,
+        "checkpoint-20": None,
+    },
+    weighting="lr",
+    deep=None,
+)
+@example(states={"final": [1, 2], "checkpoint-10": None, "checkpoint-20": [3]}, weighting="lr", deep=None)
+@example(states={"final": None, "checkpoint-10": None, "checkpoint-20": None}, weighting="lr", deep="checkpoint-10")
+def test_checkpoint_trainer_states(states, weighting, deep):
+    """Every checkpoint's trainer_state.json through the trajectory reader (the checkpoint weights) and Audit's."""
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.audit import diagnose, load_logs
+
+    for name, folder in _RUN_FOLDERS.items():
+        p = folder / "trainer_state.json"
+        p.unlink(missing_ok=True)
+        if name == deep:
+            p.write_text(_DEEP_STATE)
+        elif states[name] is not None:
+            p.write_text(_dump_line(states[name]))
+    traj = _only_user_errors(resolve_trajectory, _RUN, "auto", weighting=weighting)
+    if traj is not None:
+        w = traj.weights
+        assert all(isinstance(x, float) and math.isfinite(x) and x >= 0 for x in w), w
+        assert abs(sum(w) - 1) < 1e-9, w
+    for folder in _RUN_FOLDERS.values():
+        if (folder / "trainer_state.json").exists():
+            log = _only_user_errors(load_logs, folder)
+            if log is not None:
+                _only_user_errors(diagnose, logs=log)
+
+
+def _peft_model():
+    from peft import LoraConfig, get_peft_model
+
+    from gradian.models.load import prepare_lora_for_gradients
+
+    pm = get_peft_model(_TinyBase(), LoraConfig(r=_R, lora_alpha=4, target_modules=sorted(_LORA_SHAPES)))
+    prepare_lora_for_gradients(pm)
+    return pm
+
+
+_MODEL = _peft_model()
+_BLOCK_SHAPES = [(_R, 4), (3, _R), (_R, 4), (4, _R)]  # q_proj A, B, v_proj A, B: named_parameters order
+
+dtypes = st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.bool])
+shapes = st.sampled_from(_BLOCK_SHAPES + [(), (1,), (2, 2), (0, 4), (_R, 4, 1)])
+fills = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, 1.0, -1.0, 1e-300, 1e300])
+
+
+def _tensor(shape, dtype, fill, noise):
+    t = torch.full(shape, fill, dtype=torch.float64)
+    if noise:
+        t = t + torch.randn(shape, generator=torch.Generator().manual_seed(noise), dtype=torch.float64)
+    return t.to(dtype)
+
+
+tensors = st.builds(_tensor, shapes, dtypes, fills, st.integers(0, 3))
+#: tensors that fit a LoRA matrix, mostly sound (float, finite), some not: the values a real file could hold
+fitting_tensors = st.builds(
+    _tensor,
+    st.sampled_from(_BLOCK_SHAPES),
+    st.sampled_from([torch.float32, torch.float32, torch.float64, torch.bfloat16, torch.int64]),
+    st.sampled_from([0.0, 0.0, 1e-3, 1.0, -1.0, 1e-300, 1e300, math.nan, math.inf]),
+    st.integers(0, 3),
+)
+torch_values = st.one_of(
+    tensors,
+    scalars,
+    st.lists(scalars, max_size=3),
+    st.tuples(scalars, scalars),
+    st.builds(torch.tensor, st.floats(allow_nan=True, allow_infinity=True)),
+    st.dictionaries(st.sampled_from(["exp_avg", "exp_avg_sq", "step", "params"]), tensors | scalars, max_size=3),
+)
+
+
+def _valid_adam(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    state = {
+        i: {"step": torch.tensor(7.0), "exp_avg": torch.randn(s, generator=g), "exp_avg_sq": torch.rand(s, generator=g)}
+        for i, s in enumerate(_BLOCK_SHAPES)
+    }
+    groups = [
+        {"params": [0, 1, 2, 3], "lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0},
+        {"params": [], "lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0},
+    ]
+    return {"state": state, "param_groups": groups}
+
+
+ADAM_LEAVES = [("state", i, k) for i in range(4) for k in ("exp_avg", "exp_avg_sq", "step")]
+ADAM_PATHS = [
+    *ADAM_LEAVES,
+    *[("state", i) for i in range(4)],
+    *[("param_groups", 0, k) for k in ("betas", "eps", "params")],
+    ("param_groups", 0, "params", 0),
+    ("param_groups", 0, "betas", 0),
+    ("param_groups", 0, "betas", 1),
+    ("param_groups", 1, "params"),
+    ("param_groups", 0),
+    ("state",),
+    ("param_groups",),
+]
+
+
+def _mutate(obj, path, value):
+    parent = obj
+    for k in path[:-1]:
+        parent = parent[k]
+    if not isinstance(parent, (dict, list)):  # a tuple (betas), or an earlier mutation put a scalar/tensor here
+        return
+    parent[path[-1]] = value
+
+
+@FUZZ
+@given(
+    mutations=st.lists(
+        st.tuples(st.sampled_from(ADAM_LEAVES), fitting_tensors | state_numbers)
+        | st.tuples(st.sampled_from(ADAM_LEAVES), fitting_tensors)
+        | st.tuples(st.sampled_from(ADAM_PATHS), torch_values),
+        max_size=3,
+    ),
+    betas=st.none()
+    | st.none()
+    | st.tuples(state_numbers, state_numbers)
+    | st.tuples(st.floats(0, 1), st.floats(0, 1))
+    | st.tuples(st.floats(0, 1).map(torch.tensor), st.floats(0.9, 1)),
+    whole=st.tuples(st.booleans(), st.booleans(), torch_values).map(lambda t: t[2] if t[0] and t[1] else None),
+    seed=st.integers(0, 3),
+)
+@example(mutations=[(("state", 0, "exp_avg"), 1.0)], betas=None, whole=None, seed=0)
+@example(mutations=[(("param_groups", 0, "params", 0), "a")], betas=None, whole=None, seed=0)
+@example(mutations=[], betas=("x", "y"), whole=None, seed=0)
+@example(mutations=[], betas=(1, 1), whole=None, seed=0)
+@example(mutations=[(("state", 0, "step"), -1)], betas=None, whole=None, seed=0)
+@example(mutations=[(("param_groups", 0, "eps"), math.nan)], betas=None, whole=None, seed=0)
+@example(
+    mutations=[(("param_groups", 0, "eps"), 1e-300), (("state", 0, "exp_avg_sq"), 0.0)], betas=None, whole=None, seed=0
+)
+def test_optimizer_pt(mutations, betas, whole, seed):
+    """Random optimizer state dicts (torch.save) through the Adam preconditioner's loader (weights_only) and its
+    update: a finite preconditioned gradient, or one line naming optimizer.pt."""
+    from gradian.gradients.adam import read_adam_state
+
+    sd = _valid_adam(seed)
+    if betas is not None:
+        sd["param_groups"][0]["betas"] = betas
+    for path, value in mutations:
+        try:
+            _mutate(sd, path, copy.deepcopy(value))
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier mutation replaced this path
+    p = _write(".pt", b"")
+    torch.save(whole if whole is not None else sd, p)
+    states = _only_user_errors(read_adam_state, p, _MODEL)
+    if states is None:
+        return
+    gen = torch.Generator().manual_seed(seed)
+    for s in states.values():
+        assert torch.isfinite(s.exp_avg).all() and torch.isfinite(s.exp_avg_sq).all() and (s.exp_avg_sq >= 0).all()
+        assert 0 <= s.beta1 < 1 and 0 <= s.beta2 < 1 and s.eps > 0 and math.isfinite(s.eps) and s.step >= 0
+        g = torch.randn(2, *s.exp_avg.shape, generator=gen, dtype=torch.float64)
+        u = _only_user_errors(s.update, g)
+        assert u is None or bool(torch.isfinite(u).all())
+
+
+adapter_objects = st.one_of(
+    st.builds(lambda s: _lora_tensors(s), st.integers(0, 3)),
+    st.builds(
+        lambda s, k, v: {**_lora_tensors(s), k: v},
+        st.integers(0, 3),
+        st.sampled_from(sorted(_lora_tensors(0))),
+        fitting_tensors,
+    ),
+    st.builds(
+        lambda s, k, v: {**_lora_tensors(s), k: v},
+        st.integers(0, 3),
+        st.sampled_from(sorted(_lora_tensors(0))) | st.text(max_size=8),
+        torch_values,
+    ),
+    st.builds(lambda s, k: {**_lora_tensors(s), k: torch.zeros(1)}, st.integers(0, 3), st.integers() | st.none()),
+    torch_values,
+    st.lists(tensors, max_size=3),
+)
+
+
+@FUZZ
+@given(obj=adapter_objects)
+@example(obj=[1, 2, 3])
+@example(obj={"base_model.model.q_proj.lora_A.weight": torch.tensor(1.0)})
+@example(obj={**_lora_tensors(0), "base_model.model.q_proj.lora_A.weight": torch.full((_R, 4), math.nan)})
+def test_adapter_model_bin(obj):
+    """Random torch-saved objects as adapter_model.bin through the adapter loader (weights_only), its checks
+    against the base, and PEFT's load: a loaded adapter or one line."""
+    from gradian.models.load import load_adapter, read_adapter_weights
+
+    d = Path(tempfile.mkdtemp(dir=_TMP))
+    (d / "adapter_config.json").write_text(json.dumps(_ADAPTER_CFG))
+    torch.save(obj, d / "adapter_model.bin")
+    w = _only_user_errors(read_adapter_weights, d)
+    if w is not None:
+        assert isinstance(w, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in w.items())
+        assert all(torch.isfinite(v).all() for v in w.values())
+    _only_user_errors(load_adapter, _TinyBase(), d)

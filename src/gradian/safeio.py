@@ -375,6 +375,63 @@ def load_yaml_file(
     return parse_yaml(read_text(path, what), str(path), fix=fix)
 
 
+# ---------------------------------------------------------------------- numbers read from files
+def file_number(
+    value: Any,
+    where: str,
+    key: str,
+    what: str,
+    *,
+    lo: float | None = None,
+    lo_open: bool = False,
+    hi: float | None = None,
+    hi_open: bool = False,
+    whole: bool = False,
+    fix: str,
+) -> float:
+    """A number read from a user's file, checked before anything computes with it.
+
+    ``value`` must be a real number (not a boolean, not a string), finite, within the bounds
+    (``lo``/``hi``; ``*_open`` excludes the bound) and, with ``whole``, a whole number. Returns it as a
+    float (an ``int`` when ``whole``).
+
+    Raises:
+        GradianUserError: ``"<where>: <key> = <value>: not a <what>"`` with the reason and ``fix``, e.g.
+            ``out/checkpoint-20/trainer_state.json: log_history[3].learning_rate = inf: not a finite
+            learning rate (fix: ...)``.
+    """
+    a_what = f"{'an' if what[:1] in 'aeiou' else 'a'} {what}"
+
+    def bad(why: str) -> GradianUserError:
+        return GradianUserError(f"{key} = {short_repr(value, 40)}: {why}", where=where, fix=fix)
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad("not a number")
+    if isinstance(value, int):
+        try:
+            if whole and abs(value) > 2**63:  # beyond any count a trainer writes
+                raise OverflowError
+            x: float = int(value) if whole else float(value)
+        except OverflowError:  # an integer beyond float range
+            raise bad(f"too large for {a_what}") from None
+    else:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise bad(f"not a finite {what}")
+        if whole:
+            if abs(value) > 2**63:
+                raise bad(f"too large for {a_what}")
+            if value != int(value):
+                raise bad(f"not a whole number, so not {a_what}")
+            x = int(value)
+        else:
+            x = float(value)
+    if lo is not None and (x <= lo if lo_open else x < lo):
+        raise bad(f"{a_what} must be {'>' if lo_open else '>='} {lo:g}")
+    if hi is not None and (x >= hi if hi_open else x > hi):
+        raise bad(f"{a_what} must be {'<' if hi_open else '<='} {hi:g}")
+    return x
+
+
 def short_repr(v: Any, limit: int = 80) -> str:
     """``repr(v)`` cut to ``limit`` characters, for error messages about user values."""
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -82,6 +83,110 @@ def test_learning_rate_weights_fallbacks():
     assert w == pytest.approx([2 / 3, 1 / 3])
 
 
+def test_learning_rate_weights_stay_finite_and_refuse_impossible_rates():
+    # rates near the float limit: their sum overflows, the weights must not
+    huge = [{"step": 5, "learning_rate": 1.7e308}, {"step": 15, "learning_rate": 1.7e308}]
+    w, _ = learning_rate_weights([10, 20], huge)
+    assert w == pytest.approx([0.5, 0.5])
+    w, _ = learning_rate_weights(
+        [10, 20], [{"step": 5, "learning_rate": 1.7e308}, {"step": 15, "learning_rate": 1e-300}]
+    )
+    assert w == pytest.approx([1.0, 0.0]) and all(x >= 0 for x in w)
+    for bad in (math.inf, math.nan, -1e-4, True, "1e-4"):
+        with pytest.raises(GradianUserError, match="log_history\\[1\\].learning_rate"):
+            learning_rate_weights([10, 20], [{"step": 5, "learning_rate": 1.0}, {"step": 15, "learning_rate": bad}])
+    with pytest.raises(GradianUserError, match="log_history\\[0\\].step"):
+        learning_rate_weights([10, 20], [{"step": math.inf, "learning_rate": 1.0}])
+
+
+def _edit_state(path: Path, fn) -> None:
+    state = json.loads(path.read_text())
+    fn(state)
+    path.write_text(json.dumps(state, allow_nan=True))
+
+
+def _set_first(key: str, value, where: str = "learning_rate"):
+    """Set ``key`` of the first log entry that logs ``where`` (steps 1..3 of the tiny run)."""
+
+    def fn(st):
+        next(e for e in st["log_history"] if where in e)[key] = value
+
+    return fn
+
+
+# (file to break, how, what the one line must name); "final" is the adapter's own trainer_state.json
+STATE_CASES = {
+    "lr-inf": ("final", _set_first("learning_rate", math.inf), "learning_rate = inf: not a finite learning rate"),
+    "lr-nan": ("checkpoint-3", _set_first("learning_rate", math.nan), "learning_rate = nan: not a finite"),
+    "lr-negative": (
+        "final",
+        _set_first("learning_rate", -1e-4),
+        "learning_rate = -0.0001: a learning rate must be >= 0",
+    ),
+    "lr-string": ("checkpoint-6", _set_first("learning_rate", "fast"), "learning_rate = 'fast': not a number"),
+    "lr-bool": ("checkpoint-6", _set_first("learning_rate", True), "learning_rate = True: not a number"),
+    "lr-huge-int": ("final", _set_first("learning_rate", 10**400), "too large for a learning rate"),
+    "step-inf": ("final", _set_first("step", math.inf), "step = inf: not a finite step"),
+    "step-negative": ("checkpoint-3", _set_first("step", -1), "step = -1: a step must be >= 0"),
+    "step-fraction": ("checkpoint-3", _set_first("step", 2.5), "step = 2.5: not a whole number"),
+    "epoch-nan": ("final", _set_first("epoch", math.nan), "epoch = nan: not a finite epoch"),
+    "global-step": ("final", lambda st: st.update(global_step=-3), "global_step = -3"),
+    "history-dict": ("checkpoint-3", lambda st: st.update(log_history={"a": 1}), "log_history is a JSON dict"),
+    "entry-list": ("checkpoint-6", lambda st: st["log_history"].insert(0, [1]), "log_history[0] is a JSON list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STATE_CASES))
+def test_every_trainer_state_number_is_checked(run, tmp_path, case):
+    """A number the checkpoint weights are computed from that is not finite or not possible is one line naming
+    the file and the key, never a NaN (or negative) weight; every checkpoint's file is checked, not only the longest.
+    """
+    ad = tmp_path / "adapter"
+    shutil.copytree(run, ad)
+    folder, fn, needle = STATE_CASES[case]
+    p = (ad if folder == "final" else ad / folder) / "trainer_state.json"
+    _edit_state(p, fn)
+    with pytest.raises(GradianUserError) as e:
+        resolve_trajectory(ad)
+    line = e.value.one_line()
+    assert line.startswith(f"{p}: ") and needle in line and "(fix: " in line and "\n" not in line, line
+    if folder != "final":  # with equal weights a checkpoint's log is not used, so not read
+        assert len(resolve_trajectory(ad, weighting="equal").checkpoints) == 3
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("[1, 2]", "top level is a JSON list, not an object"),
+        ("[" * 100_000 + "]" * 100_000, "nested"),
+        ('{"log_history": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested"),
+        ("{", "malformed JSON"),
+    ],
+    ids=["list", "deep", "deep-history", "malformed"],
+)
+@pytest.mark.parametrize("folder", ["checkpoint-3", "final"])
+def test_unreadable_trainer_state_is_one_line(run, tmp_path, text, needle, folder):
+    ad = tmp_path / "adapter"
+    shutil.copytree(run, ad)
+    p = (ad if folder == "final" else ad / folder) / "trainer_state.json"
+    p.write_text(text)
+    with pytest.raises(GradianUserError, match=needle) as e:
+        resolve_trajectory(ad)
+    assert str(p) in e.value.one_line()
+
+
+def test_sound_trainer_states_still_weigh_by_lr(run, tmp_path):
+    """The checks refuse nothing a Trainer writes: zero learning rates (warmup start) and a missing log are fine."""
+    ad = tmp_path / "adapter"
+    shutil.copytree(run, ad)
+    _edit_state(ad / "trainer_state.json", _set_first("learning_rate", 0.0))
+    traj = resolve_trajectory(ad)
+    assert traj.weight_rule.startswith("lr") and all(math.isfinite(w) and w >= 0 for w in traj.weights)
+    for p in ad.rglob("trainer_state.json"):
+        p.unlink()
+    assert resolve_trajectory(ad).weight_rule.startswith("equal")
+
+
 def _clone(src: Path, dst: Path, **cfg_changes) -> Path:
     shutil.copytree(src, dst)
     p = dst / "adapter_config.json"
@@ -154,6 +259,92 @@ def test_adam_state_is_read_safely_and_checked(run, saved_finetune, tmp_path):
     torch.save(sd, tmp_path / "count.pt")
     with pytest.raises(GradianUserError, match="LoRA matrices"):
         read_adam_state(tmp_path / "count.pt", ft.model)
+
+
+def _first_state(sd):
+    return sd["state"][sd["param_groups"][0]["params"][0]]
+
+
+# optimizer.pt edits, and what the one line must name (the key and why)
+ADAM_CASES = {
+    "moment-float": (lambda sd: _first_state(sd).update(exp_avg=1.0), "state[0].exp_avg is 1.0, not a tensor"),
+    "moment-int": (
+        lambda sd: _first_state(sd).update(exp_avg=_first_state(sd)["exp_avg"].long()),
+        "state[0].exp_avg is a torch.int64 strided tensor",
+    ),
+    "moment-nan": (lambda sd: _first_state(sd)["exp_avg"].fill_(math.nan), "state[0].exp_avg holds NaN or inf"),
+    "second-moment-negative": (
+        lambda sd: _first_state(sd)["exp_avg_sq"].fill_(-1.0),
+        "state[0].exp_avg_sq holds negative values",
+    ),
+    "state-missing": (lambda sd: sd["state"].pop(0), "state[0] has no Adam moments"),
+    "param-string": (
+        lambda sd: sd["param_groups"][0]["params"].__setitem__(0, "a"),
+        "param_groups[0].params[0] = 'a': not a number",
+    ),
+    "param-twice": (
+        lambda sd: sd["param_groups"][0]["params"].__setitem__(1, 0),
+        "param_groups[0].params[1] = 0: the parameter is in two groups",
+    ),
+    "betas-string": (lambda sd: sd["param_groups"][0].update(betas=("x", "y")), "betas[0] = 'x': not a number"),
+    "betas-one": (lambda sd: sd["param_groups"][0].update(betas=(1, 1)), "betas[0] = 1: a beta must be < 1"),
+    "betas-negative": (lambda sd: sd["param_groups"][0].update(betas=(0.9, -0.1)), "betas[1] = -0.1"),
+    "betas-single": (lambda sd: sd["param_groups"][0].update(betas=0.9), "betas = 0.9: not a pair"),
+    "betas-tensor-nan": (
+        lambda sd: sd["param_groups"][0].update(betas=(torch.tensor(math.nan), 0.999)),
+        "betas[0] = nan: not a finite beta",
+    ),
+    "eps-nan": (lambda sd: sd["param_groups"][0].update(eps=math.nan), "eps = nan: not a finite eps"),
+    "eps-zero": (lambda sd: sd["param_groups"][0].update(eps=0.0), "eps = 0.0: an eps must be > 0"),
+    "step-negative": (lambda sd: _first_state(sd).update(step=torch.tensor(-1.0)), "state[0].step = -1.0"),
+    "step-inf": (lambda sd: _first_state(sd).update(step=math.inf), "state[0].step = inf: not a finite step"),
+    "step-string": (lambda sd: _first_state(sd).update(step="3"), "state[0].step = '3': not a number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADAM_CASES))
+def test_every_adam_state_value_is_checked(run, saved_finetune, tmp_path, case):
+    """optimizer.pt values that are not tensors/numbers, not finite or not possible are one line naming
+    optimizer.pt and the key, before any gradient is preconditioned (not "check the base and adapter weights").
+    """
+    from gradian.api import load_finetune
+    from gradian.gradients.adam import read_adam_state
+    from gradian.models.load import ModelSpec
+
+    ft = load_finetune(ModelSpec(str(saved_finetune["base"])), run)
+    sd = torch.load(run / "checkpoint-3" / "optimizer.pt", weights_only=True)
+    edit, needle = ADAM_CASES[case]
+    edit(sd)
+    p = tmp_path / "optimizer.pt"
+    torch.save(sd, p)
+    with pytest.raises(GradianUserError) as e:
+        read_adam_state(p, ft.model)
+    line = e.value.one_line()
+    assert line.startswith(f"{p}: ") and needle in line and "(fix: " in line, line
+
+
+def test_adam_update_that_overflows_blames_optimizer_pt():
+    """A finite but extreme state (a tiny eps over a zero second moment) whose update leaves the float range names
+    optimizer.pt; a non-finite gradient passes through for the index's own check (which blames the weights).
+    """
+    from gradian.gradients.adam import AdamState
+
+    st = AdamState(
+        torch.full((2, 3), 1e300, dtype=torch.float64),
+        torch.zeros(2, 3, dtype=torch.float64),
+        0.0,
+        0.9,
+        0.999,
+        1e-300,
+        source="out/checkpoint-3/optimizer.pt: state[0] (a.lora_A)",
+    )
+    g = torch.full((1, 2, 3), 1e-3, dtype=torch.float64)
+    with pytest.raises(GradianUserError, match="out/checkpoint-3/optimizer.pt: state\\[0\\].*not finite"):
+        st.update(g)
+    sound = AdamState(torch.zeros(2, 3), torch.zeros(2, 3), 0.0, 0.9, 0.999, 1e-8)
+    u = sound.update(g)
+    assert torch.isfinite(u).all() and u.shape == g.shape
+    assert not torch.isfinite(sound.update(torch.full((1, 2, 3), math.nan))).any()
 
 
 class _Evil:
@@ -262,7 +453,9 @@ def _cli(args):
     return res.exit_code, lines, res.output
 
 
-@pytest.mark.parametrize("case", ["truncated-optimizer", "foreign-checkpoint", "not-an-adapter"])
+@pytest.mark.parametrize(
+    "case", ["truncated-optimizer", "foreign-checkpoint", "not-an-adapter", "inf-learning-rate", "betas-one"]
+)
 def test_bad_trajectory_inputs_exit_2_with_one_line(run, saved_finetune, tmp_path, case):
     """gradian index over the trajectory: a corrupted optimizer.pt or a checkpoint of another run is a user error."""
     adapter = tmp_path / "adapter"
@@ -277,6 +470,16 @@ def test_bad_trajectory_inputs_exit_2_with_one_line(run, saved_finetune, tmp_pat
         _clone(run / "checkpoint-3", tmp_path / "foreign", r=16)
         extra = ["--checkpoints", tmp_path / "foreign"]
         needle = "r=16"
+    elif case == "inf-learning-rate":  # issue 21: was every score NaN, exit 0
+        _edit_state(adapter / "trainer_state.json", _set_first("learning_rate", math.inf))
+        needle = "learning_rate = inf: not a finite learning rate"
+    elif case == "betas-one":  # issue 21: was "per-example gradients are not finite ... check the base and adapter"
+        p = adapter / "checkpoint-3" / "optimizer.pt"
+        sd = torch.load(p, weights_only=True)
+        sd["param_groups"][0]["betas"] = (1.0, 1.0)
+        torch.save(sd, p)
+        extra = ["--optimizer", "adam"]
+        needle = "checkpoint-3/optimizer.pt: param_groups[0].betas[0] = 1.0: a beta must be < 1"
     else:
         (tmp_path / "empty").mkdir()
         extra = ["--checkpoints", tmp_path / "empty"]
@@ -299,3 +502,23 @@ def test_bad_trajectory_inputs_exit_2_with_one_line(run, saved_finetune, tmp_pat
     )
     assert code == 2, out
     assert len(lines) == 1 and needle in lines[0] and "fix:" in lines[0] and "Traceback" not in out
+
+
+@pytest.mark.parametrize("where", ["raw", "cosine", "reference"])
+def test_a_non_finite_score_never_becomes_a_verdict(where):
+    """The one guard before a verdict: a NaN/inf score (whatever produced it) is a one-line error, not a ranking."""
+    import numpy as np
+
+    from gradian.attribute.evidence import EngineScores
+    from gradian.attribute.pipeline import AttributeSpec, CapabilityEvidence, verdict
+    from gradian.attribute.queries import Query
+
+    raw, cos = np.full((2, 5), -0.5), np.full((2, 5), -0.1)
+    refs = {"bm25": np.zeros((2, 5))}
+    {"raw": raw, "cosine": cos, "reference": refs["bm25"]}[where][1, 3] = np.nan
+    ev = CapabilityEvidence({"datainf": EngineScores("datainf", raw, cos)}, refs)
+    q = Query("q1", "capitals", "Capital of Peru?", "Lima", "Caracas", "contrastive")
+    with pytest.raises(GradianUserError) as e:
+        verdict(ev, None, [], [], [q, q], AttributeSpec(), None)  # refused before anything else is read
+    line = e.value.one_line()
+    assert "capitals" in line and "1 of 5 training rows are not finite" in line and "trainer_state.json" in line

@@ -424,6 +424,36 @@ def _blamed_sentences(
     return best
 
 
+NON_FINITE_FIX = (
+    "check the numbers these scores are computed from: the learning rates in each checkpoint's "
+    "trainer_state.json (they weigh the checkpoints), optimizer.pt with --optimizer adam, and the adapter and "
+    "base weights; or attribute the final adapter alone (--checkpoints final) to narrow it down"
+)
+
+
+def refuse_non_finite(capability: str, what: str, scores: Any, of: str = "training rows") -> None:
+    """The one guard between computed scores and a written verdict: every score must be finite.
+
+    Args:
+        capability: the capability being attributed; ``what``: which scores (e.g. ``"datainf influence"``).
+        scores: an array of any shape whose last axis is the training rows (``of``: what that axis counts).
+
+    Raises:
+        GradianUserError: naming how many rows are NaN/inf and the inputs that are the likely cause, instead
+            of a verdict ranked on NaN.
+    """
+    a = np.asarray(scores, dtype=np.float64)
+    bad = ~np.isfinite(a)
+    if bool(bad.any()):
+        a2 = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+        raise GradianUserError(
+            f"the {what} scores of {int(bad.reshape(a2.shape).any(axis=0).sum())} of {a2.shape[1]} {of} are not "
+            "finite (NaN/inf); no verdict is written",
+            where=f"attribution of capability {capability!r}",
+            fix=NON_FINITE_FIX,
+        )
+
+
 def verdict(
     ev: CapabilityEvidence,
     tokenizer,
@@ -445,6 +475,14 @@ def verdict(
     names = list(ev.engines)
     primary = ev.engines[names[0]]
     n = primary.raw.shape[1]
+    cap = queries[0].capability
+    for e, es in ev.engines.items():
+        for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
+            if getattr(es, kind) is not None:
+                of = "sentence units" if kind.startswith("unit") else "training rows"
+                refuse_non_finite(cap, f"{e} {kind.replace('unit_', '')}", getattr(es, kind), of)
+    for r, m in ev.references.items():
+        refuse_non_finite(cap, r, m)
     stats = {e: rank_statistic(es, spec, ev.units, n) for e, es in ev.engines.items()}
     main = stats[names[0]]
     influence = primary.raw.mean(axis=0)
@@ -529,6 +567,9 @@ def verdict(
         for j in harmful_rows(rank_scores)[: spec.drilldown_rows]:
             qi = int(np.argmin(main.per_item[:, j]))
             sents = drill(int(j), qi)
+            refuse_non_finite(
+                cap, "drill-down", [s.score for s in sents] or [0.0], f"sentences of row {examples[j].id}"
+            )
             if sents:
                 drills.append(
                     {

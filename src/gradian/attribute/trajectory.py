@@ -35,7 +35,7 @@ Cost is linear in the number of checkpoints: one gradient index per checkpoint
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +46,7 @@ import torch
 
 from gradian.errors import GradianUserError
 from gradian.index.identity import adapter_identity
+from gradian.safeio import file_number, load_json_file
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 # LoRA settings that must agree between the final adapter and every checkpoint.
@@ -118,18 +119,84 @@ class Trajectory:
         return {"weight_rule": self.weight_rule, "checkpoints": [c.to_dict() for c in self.checkpoints]}
 
 
+_STATE_FIX = (
+    "pass the trainer_state.json the Trainer wrote, unedited; or remove it (or pass --weighting equal) "
+    "to weigh the checkpoints equally"
+)
+#: numbers of a ``log_history`` entry the trajectory computes with: (key, what it is, bounds)
+_ENTRY_NUMBERS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("step", "step", {"lo": 0, "whole": True}),
+    ("learning_rate", "learning rate", {"lo": 0}),
+    ("epoch", "epoch", {"lo": 0}),
+)
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """The numbers of one ``trainer_state.json`` that weigh the trajectory, each checked on reading.
+
+    Attributes:
+        path: the file.
+        global_step: its ``global_step`` (a whole number >= 0), or None when absent.
+        history: its ``log_history`` entries, each reduced to the checked ``step`` (int >= 0),
+            ``learning_rate`` (finite, >= 0) and ``epoch`` (finite, >= 0) it holds.
+    """
+
+    path: Path
+    global_step: int | None
+    history: list[dict[str, float]]
+
+
+def read_trainer_state(folder: Path) -> TrainerState | None:
+    """``folder/trainer_state.json`` with every number the trajectory uses checked; None when absent.
+
+    Raises:
+        GradianUserError: the file is unreadable or not an object, ``log_history`` is not a list of
+            objects, or a step, learning rate or epoch is not a finite, possible value (one line naming
+            the file and key, e.g. ``log_history[3].learning_rate = inf: not a finite learning rate``).
+    """
+    p = Path(folder) / "trainer_state.json"
+    if not p.exists():
+        return None
+    obj = load_json_file(p, "trainer state", fix="re-save it, or remove it (the checkpoints are then weighted equally)")
+    where = str(p)
+    if not isinstance(obj, dict):
+        raise GradianUserError(
+            f"top level is a JSON {type(obj).__name__}, not an object (the Trainer writes an object with log_history)",
+            where=where,
+            fix=_STATE_FIX,
+        )
+    gs = obj.get("global_step")
+    step = None if gs is None else int(file_number(gs, where, "global_step", "step", lo=0, whole=True, fix=_STATE_FIX))
+    if obj.get("epoch") is not None:
+        file_number(obj["epoch"], where, "epoch", "epoch", lo=0, fix=_STATE_FIX)
+    hist = obj.get("log_history")
+    if hist is None:
+        hist = []
+    if not isinstance(hist, list):
+        raise GradianUserError(f"log_history is a JSON {type(hist).__name__}, not a list", where=where, fix=_STATE_FIX)
+    out: list[dict[str, float]] = []
+    for i, e in enumerate(hist):
+        if not isinstance(e, dict):
+            raise GradianUserError(
+                f"log_history[{i}] is a JSON {type(e).__name__}, not an object", where=where, fix=_STATE_FIX
+            )
+        out.append(
+            {
+                k: file_number(e[k], where, f"log_history[{i}].{k}", what, fix=_STATE_FIX, **kw)
+                for k, what, kw in _ENTRY_NUMBERS
+                if e.get(k) is not None
+            }
+        )
+    return TrainerState(p, step, out)
+
+
 def _step_of(folder: Path) -> int | None:
     m = _CKPT.match(folder.name)
     if m:
         return int(m.group(1))
-    st = folder / "trainer_state.json"
-    if st.is_file():
-        try:
-            gs = json.loads(st.read_text()).get("global_step")
-            return int(gs) if isinstance(gs, (int, float)) else None
-        except (json.JSONDecodeError, OSError, ValueError):
-            return None
-    return None
+    st = read_trainer_state(folder)
+    return st.global_step if st is not None else None
 
 
 def _ckpt_folders(parent: Path) -> list[Path]:
@@ -205,21 +272,16 @@ def check_compatible(final: Path, ckpt: Path) -> None:
         )
 
 
-def _log_history(folders: Sequence[Path]) -> list[dict[str, Any]]:
-    """The longest ``log_history`` among the folders' ``trainer_state.json`` files (the final one usually)."""
-    best: list[dict[str, Any]] = []
+def _log_history(folders: Sequence[Path]) -> list[dict[str, float]]:
+    """The longest ``log_history`` among the folders' ``trainer_state.json`` files (the final one usually).
+
+    Every folder's file is read and checked (:func:`read_trainer_state`), not only the longest.
+    """
+    best: list[dict[str, float]] = []
     for f in folders:
-        p = f / "trainer_state.json"
-        if not p.is_file():
-            continue
-        try:
-            hist = json.loads(p.read_text()).get("log_history")
-        except (json.JSONDecodeError, OSError):
-            raise GradianUserError(
-                "malformed trainer_state.json", where=str(p), fix="re-save it or remove it"
-            ) from None
-        if isinstance(hist, list) and len(hist) > len(best):
-            best = [e for e in hist if isinstance(e, dict)]
+        st = read_trainer_state(f)
+        if st is not None and len(st.history) > len(best):
+            best = st.history
     return best
 
 
@@ -228,14 +290,23 @@ def learning_rate_weights(steps: Sequence[int | None], history: list[dict[str, A
 
     Falls back to the last logged rate at or before the step when none was
     logged inside the interval, and to equal weights when there is no log or a
-    step is unknown. Returns ``(normalised weights, rule)``.
+    step is unknown. Returns ``(normalised weights, rule)``: every weight finite, >= 0, summing to 1.
+
+    Raises:
+        GradianUserError: a logged step or learning rate is not finite, or negative (the readers
+            check them first; this guards direct callers).
     """
     n = len(steps)
-    lr_log = sorted(
-        (int(e["step"]), float(e["learning_rate"]))
-        for e in history
-        if isinstance(e.get("step"), (int, float)) and isinstance(e.get("learning_rate"), (int, float))
-    )
+    lr_log = []
+    for i, e in enumerate(history):
+        s, lr = e.get("step"), e.get("learning_rate")
+        if s is None or lr is None:
+            continue
+        at = f"log_history[{i}]"
+        s = file_number(s, "trainer_state.json", f"{at}.step", "step", lo=0, whole=True, fix=_STATE_FIX)
+        lr = file_number(lr, "trainer_state.json", f"{at}.learning_rate", "learning rate", lo=0, fix=_STATE_FIX)
+        lr_log.append((int(s), lr))
+    lr_log.sort()
     if not lr_log or any(s is None for s in steps):
         why = "no learning_rate in trainer_state.json" if not lr_log else "a checkpoint's step is unknown"
         return [1.0 / n] * n, f"equal ({why})"
@@ -244,15 +315,21 @@ def learning_rate_weights(steps: Sequence[int | None], history: list[dict[str, A
     for s in steps:
         inside = [lr for st, lr in lr_log if prev < st <= s]  # type: ignore[operator]
         if inside:
-            eta.append(sum(inside) / len(inside))
+            total = sum(inside)  # the mean; taken term by term where the sum overflows
+            eta.append(total / len(inside) if math.isfinite(total) else sum(lr / len(inside) for lr in inside))
         else:
             before = [lr for st, lr in lr_log if st <= s]  # type: ignore[operator]
             eta.append(before[-1] if before else lr_log[0][1])
         prev = s  # type: ignore[assignment]
-    total = sum(eta)
-    if not total > 0:
+    rule = "lr (mean logged learning_rate since the previous checkpoint)"
+    if not max(eta) > 0:
         return [1.0 / n] * n, "equal (logged learning rates sum to 0)"
-    return [e / total for e in eta], "lr (mean logged learning_rate since the previous checkpoint)"
+    total = sum(eta)
+    if not math.isfinite(total):  # rates near the float limit: scale them into [0, 1] first, so the sum is finite
+        top = max(eta)
+        eta = [e / top for e in eta]
+        total = sum(eta)
+    return [e / total for e in eta], rule
 
 
 def checkpoint_selection(values: Any, where: str = "--checkpoints") -> str | list[Path]:
@@ -360,7 +437,7 @@ def resolve_trajectory(
     if fstep is None and entries and entries[-1][1] is not None:
         # the final adapter comes after every checkpoint; without its own step it stands for the rest of the run
         hist = _log_history([final] + [e[0] for e in entries])
-        logged = [int(e["step"]) for e in hist if isinstance(e.get("step"), (int, float))]
+        logged = [int(e["step"]) for e in hist if "step" in e]
         last = max(e[1] for e in entries if e[1] is not None)
         fstep = max(logged) if logged and max(logged) > last else None  # else unknown: equal weights
     entries.append((final, fstep, True, final_sha))

@@ -5,8 +5,10 @@ Both become a :class:`TrainLog`: train entries (``loss``, ``grad_norm``,
 (``eval_loss``), the final summary (``train_runtime``, ``train_loss``), and the
 state fields of ``trainer_state.json`` (``global_step``, ``max_steps``,
 ``num_train_epochs``, ...). Keys logged by W&B-style loggers (``train/loss``,
-``eval/loss``, ``train/global_step``) are accepted too. NaN and inf survive as
-floats (``NaN``/``Infinity`` in JSON, or the strings ``"nan"``/``"inf"``).
+``eval/loss``, ``train/global_step``) are accepted too. NaN and inf in logged values survive as
+floats (``NaN``/``Infinity`` in JSON, or the strings ``"nan"``/``"inf"``): the NaN/inf check
+reports them. Positions are checked on reading: a ``step`` is a whole number >= 0, an ``epoch``
+a finite number in [0, :data:`MAX_EPOCH`]; anything else is a one-line user error naming the entry.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gradian.errors import GradianUserError
-from gradian.safeio import iter_lines, load_json_file, parse_json
+from gradian.safeio import file_number, iter_lines, load_json_file, parse_json
 
 _ALIASES = {
     "train/loss": "loss",
@@ -42,6 +44,8 @@ _STATE_NUMBERS = (
     "save_steps",
     "train_batch_size",
 )
+#: the largest ``epoch`` a log entry may give (the epoch checks walk the epochs one by one)
+MAX_EPOCH = 100_000
 _NUMERIC = (
     "loss",
     "grad_norm",
@@ -159,6 +163,16 @@ def _normalise(entries: list[Any], path: Path, kind: str) -> TrainLog:
                 f"step is {out['step']!r}, not a step number", where=where, fix="log step as a whole number >= 0"
             )
         out["step"] = int(out["step"])
+        if "epoch" in out:  # a position, not a measurement: NaN/inf (or a count no run reaches) is not an epoch
+            file_number(
+                out["epoch"],
+                where,
+                "epoch",
+                "epoch",
+                lo=0,
+                hi=MAX_EPOCH,
+                fix=f"log epoch as the passes over the data so far (0 to {MAX_EPOCH:,})",
+            )
         if "eval_loss" in out:
             evals.append({k: out[k] for k in ("step", "epoch", "eval_loss") if k in out})
         elif "loss" in out:

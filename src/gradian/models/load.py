@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from gradian.errors import GradianUserError
-from gradian.safeio import check_regular_file, check_size, load_json_file
+from gradian.safeio import check_regular_file, check_size, load_json_file, short_repr
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -232,8 +232,41 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
     return cfg
 
 
+def _checked_weights(obj: Any, where: str) -> dict[str, torch.Tensor]:
+    """``obj`` (what the weights file held) as ``{name: tensor}``: a dict of dense, finite, floating-point tensors.
+
+    Raises:
+        GradianUserError: naming the file and, for a bad value, its key.
+    """
+    fix = "re-save the adapter with PEFT's save_pretrained (safetensors)"
+    if not isinstance(obj, dict):
+        raise GradianUserError(
+            f"the file holds {short_repr(obj, 40)}, not a dict of tensors (name -> tensor)", where=where, fix=fix
+        )
+    for k, t in obj.items():
+        if not isinstance(k, str):
+            raise GradianUserError(f"key {short_repr(k, 40)} is not a tensor name", where=where, fix=fix)
+        if not isinstance(t, torch.Tensor):
+            raise GradianUserError(f"{k} is {short_repr(t, 40)}, not a tensor", where=where, fix=fix)
+        if t.layout != torch.strided or not t.dtype.is_floating_point:
+            raise GradianUserError(
+                f"{k} is a {t.dtype} {str(t.layout).replace('torch.', '')} tensor, not a dense floating-point one",
+                where=where,
+                fix=fix,
+            )
+        if not bool(torch.isfinite(t).all()):
+            raise GradianUserError(
+                f"{k} holds NaN or inf", where=where, fix=fix + " from a run whose loss stayed finite"
+            )
+    return obj
+
+
 def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
-    """The adapter's tensors. safetensors preferred; ``.bin`` only with ``weights_only=True``."""
+    """The adapter's tensors. safetensors preferred; ``.bin`` only with ``weights_only=True``.
+
+    Either way the content is checked (:func:`_checked_weights`): a dict of names to dense, finite,
+    floating-point tensors.
+    """
     d = Path(adapter_dir)
     st = d / "adapter_model.safetensors"
     if st.exists():
@@ -241,22 +274,24 @@ def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
 
         check_size(st, check_regular_file(st, "adapter weights").st_size, "adapter weights")
         try:
-            return load_file(str(st))
+            obj = load_file(str(st))
         except Exception as e:
             raise GradianUserError(
                 f"unreadable safetensors ({type(e).__name__})", where=str(st), fix="re-save the adapter"
             ) from None
+        return _checked_weights(obj, str(st))
     binf = d / "adapter_model.bin"
     if binf.exists():
         check_size(binf, check_regular_file(binf, "adapter weights").st_size, "adapter weights")
         try:
-            return torch.load(str(binf), map_location="cpu", weights_only=True)
+            obj = torch.load(str(binf), map_location="cpu", weights_only=True)
         except Exception as e:
             raise GradianUserError(
                 f"cannot read adapter_model.bin safely ({type(e).__name__}); Gradian never unpickles arbitrary objects",
                 where=str(binf),
                 fix="re-save the adapter with safe_serialization=True (safetensors)",
             ) from None
+        return _checked_weights(obj, str(binf))
     raise GradianUserError(
         "no adapter_model.safetensors in the adapter folder",
         where=str(d),
@@ -366,6 +401,12 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
         fin, fout = io
         if cfg.get("fan_in_fan_out") and type(target).__name__ != "Conv1D":
             fin, fout = fout, fin
+        if t.dim() != 2:
+            raise GradianUserError(
+                f"{key} has shape {tuple(t.shape)}; a LoRA matrix has 2 dimensions",
+                where=str(d),
+                fix="re-save the adapter with PEFT's save_pretrained",
+            )
         r = t.shape[0] if tag == "lora_A" else t.shape[1]
         if r_cfg is not None and not cfg.get("rank_pattern") and r != r_cfg:
             raise GradianUserError(
