@@ -113,13 +113,16 @@ def samples_files(path: Path) -> list[Path]:
 def _first_is_sample(path: Path) -> bool:
     if path.suffix.lower() != ".jsonl":
         return False
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    return is_lm_eval_record(json.loads(line))
-                except json.JSONDecodeError:
-                    return False
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.strip():
+                    try:
+                        return is_lm_eval_record(json.loads(line))
+                    except json.JSONDecodeError:
+                        return False
+    except OSError:
+        return False  # the ordinary reader reports an unreadable file
     return False
 
 
