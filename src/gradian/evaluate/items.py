@@ -16,6 +16,13 @@ field           meaning                                                   requir
 ``id``          a unique id (stringified); default: the 0-based row        no
 ==============  ========================================================  =========
 
+The file may instead be lm-evaluation-harness ``--log_samples`` output: a
+``samples_<task>_<date>.jsonl`` file, or the folder lm-eval wrote (every
+``samples_*.jsonl`` in it, one capability each); see :mod:`gradian.evaluate.lm_eval`.
+It is recognised by its name or by its lines' fields (``doc_id``, ``target``,
+``arguments``, ``resps``, ``filtered_resps`` and no ``prompt``/``messages``), so a
+Gradian eval file is read as before.
+
 Every item of one capability must use the same metric (a capability's score
 is the mean item score, which only means something for one metric). Errors are
 one line naming ``file:line`` (JSONL) or ``file[row]`` and the field.
@@ -49,6 +56,8 @@ class EvalItem:
         answer: the correct answer.
         aliases: other accepted answers.
         where: ``file:line`` for messages about this item.
+        raw: the string prompt is already rendered (an lm-eval sample's prompt): it is
+            tokenised as-is, never wrapped in the chat template.
     """
 
     id: str
@@ -59,6 +68,7 @@ class EvalItem:
     answer: str
     aliases: list[str] = field(default_factory=list)
     where: str = ""
+    raw: bool = False
 
     @property
     def accepted(self) -> list[str]:
@@ -228,11 +238,25 @@ def check_items(items: list[EvalItem], source: str = "eval set") -> None:
 def load_eval_set(path: str | Path) -> list[EvalItem]:
     """Read and validate an eval set file (see the module docstring for the format).
 
+    ``path`` may also be lm-eval ``--log_samples`` output (a samples file or its folder).
+
     Raises:
         GradianUserError: one line naming the file and row for a missing field,
             an unknown metric, an empty set, a duplicate id, or mixed metrics.
     """
     p = Path(path)
+    from gradian.evaluate.lm_eval import read_lm_eval, samples_files
+
+    lm_files = samples_files(p)
+    if lm_files:
+        items = []
+        for row, (rec, where) in enumerate(read_lm_eval(lm_files)):
+            raw = bool(rec.pop("_raw"))
+            it = parse_item(rec, row, where)
+            it.raw = raw and isinstance(it.prompt, str)
+            items.append(it)
+        check_items(items, str(p))
+        return items
     records = read_records(p)
     if not records:
         raise GradianUserError("eval set is empty", where=str(p), fix="give a file with at least one item")

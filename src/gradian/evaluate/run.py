@@ -231,7 +231,7 @@ def evaluate(
                 where=it.where or f"eval item {it.id}",
                 fix="give an answer with letters or digits, or use the loglik metric",
             )
-    prompts = [model_prompt(it.prompt, tokenizer, spec.use_chat_template) for it in items]
+    prompts = [model_prompt(it.prompt, tokenizer, spec.use_chat_template and not it.raw) for it in items]
     torch.manual_seed(spec.seed)
     t_start = time.perf_counter()
     snap = _snapshot(model)
@@ -337,7 +337,7 @@ def answer_items(
     spec = spec or EvalSpec()
     items = list(eval_items)
     check_items(items)
-    prompts = [model_prompt(it.prompt, tokenizer, spec.use_chat_template) for it in items]
+    prompts = [model_prompt(it.prompt, tokenizer, spec.use_chat_template and not it.raw) for it in items]
     snap = _snapshot(model)
     try:
         model.eval()
