@@ -168,7 +168,7 @@ def test_index_that_cannot_fit_is_refused_before_the_build(saved_finetune, tmp_p
     assert code == 2 and "Traceback" not in res.output, res.output
     (line,) = [ln for ln in lines if ln.startswith("error:")]
     assert "the disk is full" in line and "remaining shard(s)" in line and "1,000 bytes free" in line, line
-    assert "nothing was written" in line and str(out) in line
+    assert "no shard was written" in line and str(out) in line
     assert not list(out.rglob("shard-*")) and _temps(out) == []
 
 

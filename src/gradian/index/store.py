@@ -855,8 +855,8 @@ def build_index(
                 root,
                 need,
                 f"the gradient index's {len(pending)} remaining shard(s) (estimated before the build)",
-                tail="nothing was written",
-                fix=(size_advice(len(items), blocks, spec, root) or "store fewer numbers per row")
+                tail="no shard was written",
+                fix=(size_advice(len(items), blocks, spec, root) or "; store fewer numbers per row").partition("; ")[2]
                 + "; or free space there, or build the index on another disk (--out)",
                 free=free,
             )
