@@ -77,7 +77,7 @@ def test_missing_base_exits_2(saved_finetune, tmp_path):
     args = _index_args(saved_finetune)
     args[2] = str(tmp_path / "no-such-model")
     code, out, _ = _run(args)
-    assert code == 2 and "cannot load" in out
+    assert code == 2 and "base model folder not found" in out  # named at once, no hub lookup
 
 
 def test_no_half_written_index_on_error(saved_finetune, tmp_path):

@@ -134,14 +134,17 @@ def _manifest(
 
 
 def run_audit(inputs: RunInputs, tokenizer_path: str | None) -> dict[str, Any]:
-    """The Audit lane on the same inputs: the data (and eval) checks always run; config and
+    """The Audit lane on the same inputs: the data and eval checks (contamination D14/D15/D21 read the
+    same eval set Evaluate scores) always run; config and
     log checks run when ``--config`` / ``--logs`` were given (the adapter's own
     ``adapter_config.json`` always counts as a config). Checks without their input are skipped.
     """
     from gradian.audit import diagnose
 
     configs = list(inputs.configs) + [inputs.adapter]
-    return diagnose(data=inputs.data, eval=None, configs=configs, logs=inputs.logs, tokenizer=tokenizer_path).to_dict()
+    return diagnose(
+        data=inputs.data, eval=inputs.eval, configs=configs, logs=inputs.logs, tokenizer=tokenizer_path
+    ).to_dict()
 
 
 def attribute_run(

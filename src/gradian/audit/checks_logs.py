@@ -481,7 +481,7 @@ def l10(ctx: AuditContext) -> list[Hit]:
     severity="warning",
     rank=70,
     rule="trainer_state global_step < max_steps (warning); no final summary (train_runtime/train_loss) in the "
-    "log (info)",
+    "log of a run that did not reach max_steps or num_train_epochs (info)",
     fix="resume from the last checkpoint (resume_from_checkpoint) or check why it stopped",
     source="transformers TrainerState fields",
 )
@@ -500,7 +500,7 @@ def l11(ctx: AuditContext) -> list[Hit]:
                 steps=[gs],
             )
         )
-    if log.summary is None and not hits:
+    if log.summary is None and not hits and not log.completed:
         hits.append(
             Hit(
                 "info",

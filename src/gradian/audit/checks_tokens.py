@@ -521,63 +521,101 @@ def c07(ctx: AuditContext) -> list[Hit]:
     requires=("config", "tokenizer"),
     severity="warning",
     rank=20,
-    rule="assistant_only_loss=true and the chat template has no {% generation %} block, or the block leaves the "
-    "assistant's end-of-turn token out of the mask",
+    rule="assistant_only_loss=true and the template the run trained with (the run's saved template, a .jinja "
+    "chat_template_path, else the tokenizer's) has no {% generation %} block TRL can patch in, or the last "
+    "non-whitespace token of its assistant mask is not an added token (TRL is_chat_template_stop_token_trained)",
     fix="use a training chat template whose {% generation %} block covers the end-of-turn token",
     source="trl PR #4201; trl sft_trainer.py 'the model may not learn to stop'; marin-community/marin#7237",
     stages=("sft",),
 )
 def c09(ctx: AuditContext) -> list[Hit]:
-    """C09 (assistant_mask_template): assistant_only_loss with a template that cannot mask."""
+    """C09 (assistant_mask_template): assistant_only_loss with a template that cannot mask.
+
+    Judges the template the run trained with (:attr:`AuditContext.training_template`) by TRL
+    1.16's rules: without ``{% generation %}`` markers TRL swaps in its training template for the
+    families it knows (``trl.chat_template_utils.get_training_chat_template``, used when TRL is
+    installed) and otherwise fails; with markers, [user, assistant, user] is rendered with
+    ``return_assistant_tokens_mask=True`` and the last masked token that does not decode to
+    whitespace must be an added (special) token, the end of turn
+    (``is_chat_template_stop_token_trained``).
+    """
     c = ctx.config
     if not c.assistant_only_loss:
         raise NotApplicable("assistant_only_loss is off")
-    tpl = ctx.tok_info.chat_template
+    tpl, where = ctx.training_template
     if not tpl:
         raise NotApplicable("the tokenizer has no chat template (T01 reports it)")
-    if not re.search(r"\{%-?\s*generation\s*-?%\}", tpl):
-        return [
-            Hit(
-                "warning",
-                "assistant_only_loss=true but the chat template has no {% generation %} block: older "
-                "TRL raises 'no assistant tokens', newer TRL swaps in a training template only for "
-                "the model families it knows",
-                {"value": False, "threshold": True, **c.cite("assistant_only_loss")},
-            )
-        ]
+    if not _GENERATION.search(tpl):
+        swapped = _trl_training_template(ctx.tokenizer, tpl)
+        if swapped is None:
+            return [
+                Hit(
+                    "warning",
+                    f"assistant_only_loss=true but the chat template ({where}) has no {{% generation %}} block: "
+                    f"older TRL raises 'no assistant tokens', newer TRL swaps in a training template only for "
+                    f"the model families it knows",
+                    {"value": False, "threshold": True, "template": where, **c.cite("assistant_only_loss")},
+                )
+            ]
+        tpl, where = swapped, f"TRL's training template for {where}"
     try:
         enc = ctx.tokenizer.apply_chat_template(
             [
-                {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "ok"},
-                {"role": "user", "content": "again"},
+                {"role": "user", "content": "dummy"},
+                {"role": "assistant", "content": "dummy"},
+                {"role": "user", "content": "dummy"},
             ],
             tokenize=True,
             return_dict=True,
             return_assistant_tokens_mask=True,
+            chat_template=tpl,
         )
     except Exception as e:  # a template the tokenizer cannot mask with
         return [
             Hit(
                 "warning",
-                f"the template's assistant mask cannot be computed ({type(e).__name__})",
-                {"error": str(e)[:200]},
+                f"the template's assistant mask cannot be computed ({type(e).__name__}; {where})",
+                {"error": str(e)[:200], "template": where},
             )
         ]
     ids_, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
-    on = [k for k, m in enumerate(mask) if m]
+    added = set(ctx.tokenizer.get_added_vocab().values())
+    last = None
+    for t, m in zip(reversed(ids_), reversed(mask)):
+        if m and ctx.tokenizer.decode([t]).strip() != "":
+            last = t
+            break
+    if last is not None and last in added:
+        return []
     eot = end_of_turn(ctx)
-    eot_id = ctx.tokenizer.convert_tokens_to_ids(eot) if eot else ctx.tok_info.eos_id
-    if on and eot_id is not None and ids_[on[-1]] != eot_id and eot_id in ids_[on[-1] :]:
-        return [
-            Hit(
-                "warning",
-                f"the {{% generation %}} block ends before the end-of-turn token {eot!r}: the "
-                f"model is never trained to stop",
-                {"value": False, "threshold": True, "end_of_turn": eot},
-            )
-        ]
-    return []
+    said = "masks no assistant token" if last is None else "ends before the end-of-turn token"
+    return [
+        Hit(
+            "warning",
+            f"the {{% generation %}} block of the training template ({where}) {said}"
+            f"{f' {eot!r}' if eot and last is not None else ''}: the model is never trained to stop",
+            {"value": False, "threshold": True, "end_of_turn": eot, "template": where},
+        )
+    ]
+
+
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def _trl_training_template(tok, tpl: str) -> str | None:
+    """TRL's training template (with ``{% generation %}``) for ``tpl``, when TRL is installed and knows it."""
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except Exception:  # TRL absent, or a TRL without the helper
+        return None
+    saved = tok.chat_template
+    try:
+        tok.chat_template = tpl
+        return get_training_chat_template(tok)
+    except Exception:  # ValueError: TRL cannot patch this template
+        return None
+    finally:
+        tok.chat_template = saved
 
 
 # ---------------------------------------------------------------------- C10
@@ -674,7 +712,8 @@ _EMBED_NAMES = (
     reads=("tokenizer",),
     severity="error",
     rank=20,
-    rule="tokens are added (config tokens/new_special_tokens, a cloned chat template, or the training template's "
+    rule="tokens are added (config tokens/new_special_tokens, a chat template cloned from a tokenizer: a "
+    "chat_template_path that is not a .jinja/.j2 file, or the training template's "
     "markers missing from the tokenizer) while a LoRA run trains neither embed_tokens/lm_head "
     "(modules_to_save) nor trainable_token_indices; any",
     fix="add embed_tokens and lm_head to modules_to_save (or set trainable_token_indices), or use the model's "
@@ -692,7 +731,10 @@ def c15(ctx: AuditContext) -> list[Hit]:
         )
     added: list[str] = list(c.added_tokens or [])
     why = [c.source("added_tokens")] if c.added_tokens else []
-    if c.chat_template_path:
+    # TRL 1.16 (sft_trainer.py): a .jinja/.j2 chat_template_path is read into the tokenizer as is (no tokens
+    # added); anything else is a tokenizer to clone_chat_template from, which adds the source's tokens.
+    cloned = bool(c.chat_template_path) and not c.chat_template_path.endswith((".jinja", ".j2"))
+    if cloned:
         why.append(f"{c.source('chat_template_path')} (clone_chat_template adds the source's tokens)")
     if ctx.tokenizer is not None and c.chat_template and c.chat_template not in ("tokenizer_default", "default"):
         fam = T.TEMPLATE_NAME_FAMILY.get(c.chat_template.lower())
@@ -705,7 +747,7 @@ def c15(ctx: AuditContext) -> list[Hit]:
                     f"{c.source('chat_template')}={c.chat_template!r} writes {missing}, absent from the "
                     f"tokenizer's vocabulary"
                 )
-    if not added and not c.chat_template_path:
+    if not added and not cloned:
         return []
     trained = [m for m in (c.modules_to_save or []) if any(n in m for n in _EMBED_NAMES)]
     if trained or c.trainable_token_indices:

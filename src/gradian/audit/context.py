@@ -67,6 +67,12 @@ def load_tokenizer_folder(path: str | Path):
     p = Path(path)
     if not p.exists():
         raise GradianUserError("tokenizer folder not found", where=str(p), fix="pass a local model or tokenizer folder")
+    if p.is_dir() and not (p / "tokenizer_config.json").exists() and not (p / "tokenizer.json").exists():
+        from gradian.audit.logs import checkpoints
+
+        saved = [c for c in checkpoints(p) if (c / "tokenizer_config.json").exists()]
+        if saved:  # an output folder whose tokenizer is only in its checkpoints: the last one's
+            p = saved[-1]
     kw: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
     if p.is_dir() and not (p / "tokenizer_config.json").exists() and not (p / "tokenizer.json").exists():
         ggufs = sorted(p.glob("*.gguf"))
@@ -135,6 +141,37 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
         special_strings=specials,
         chat_template=tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None,
     )
+
+
+def read_template(path: Path) -> str:
+    """A ``.jinja`` chat template file's text (UTF-8, at most 1 MB)."""
+    try:
+        if path.stat().st_size > 1 << 20:
+            raise GradianUserError("chat template file is over 1 MB", where=str(path), fix="pass the template file")
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GradianUserError(
+            f"cannot read the chat template ({type(e).__name__})", where=str(path), fix="pass a UTF-8 .jinja file"
+        ) from None
+
+
+def saved_template(folder: Path) -> tuple[str, str] | None:
+    """The chat template a run saved in ``folder``: ``chat_template.jinja`` (transformers >= 4.54 writes
+    it there), else ``tokenizer_config.json``'s ``chat_template`` string; None if neither.
+    """
+    f = folder / "chat_template.jinja"
+    if f.is_file():
+        return read_template(f), str(f)
+    f = folder / "tokenizer_config.json"
+    if f.is_file():
+        try:
+            obj = load_json_file(f, "tokenizer config")
+        except GradianUserError:
+            return None
+        tpl = obj.get("chat_template") if isinstance(obj, dict) else None
+        if isinstance(tpl, str) and tpl:
+            return tpl, f"{f}: chat_template"
+    return None
 
 
 def _gguf_config(folder: Path) -> dict[str, Any]:
@@ -483,6 +520,34 @@ class AuditContext:
     @cached_property
     def tok_info(self) -> TokenInfo:
         return token_info(self.tokenizer, self.tokenizer_folder)
+
+    @cached_property
+    def training_template(self) -> tuple[str | None, str]:
+        """The chat template the run trained with, and where it was read (one phrase).
+
+        In order: the template the run saved next to its adapter (``chat_template.jinja``, or
+        ``tokenizer_config.json``'s ``chat_template``, in a ``--config`` folder: TRL saves the
+        tokenizer after applying ``chat_template_path``); the config's ``chat_template_path`` when
+        it is a ``.jinja``/``.j2`` file (TRL 1.16 reads such a file into the tokenizer as is); a
+        literal Jinja ``chat_template`` in the config; else the tokenizer's own template.
+        """
+        c = self.config
+        for folder in [Path(x) for x in (c.paths if c is not None else [])]:
+            if not folder.is_dir():
+                folder = folder.parent
+            if not (folder / "adapter_config.json").is_file():  # only a run's output / adapter folder
+                continue
+            tpl = saved_template(folder)
+            if tpl is not None:
+                return tpl
+        if c is not None and c.chat_template_path and c.chat_template_path.endswith((".jinja", ".j2")):
+            for cand in [Path(c.chat_template_path)] + [Path(x).parent / c.chat_template_path for x in c.paths]:
+                if cand.is_file():
+                    return read_template(cand), f"{c.source('chat_template_path')} ({cand})"
+        if c is not None and c.chat_template and "{%" in c.chat_template:
+            return c.chat_template, str(c.source("chat_template"))
+        ti = self.tok_info
+        return ti.chat_template, f"the tokenizer's template ({ti.name})"
 
     @cached_property
     def token_spec(self) -> TokenizeSpec:

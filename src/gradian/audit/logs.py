@@ -97,6 +97,21 @@ class TrainLog:
         return [LogPoint(int(e["step"]), e.get("epoch"), float(e[key])) for e in rows if key in e]
 
     @property
+    def completed(self) -> bool:
+        """Whether the run reached its end: ``global_step >= max_steps``, or ``epoch`` reached
+        ``num_train_epochs`` (both from ``trainer_state.json``), or the log has the final summary.
+        """
+        if self.summary is not None:
+            return True
+        gs, ms = self.global_step, self.state.get("max_steps")
+        if gs is not None and isinstance(ms, (int, float)) and ms > 0 and gs >= ms:
+            return True
+        ep, ne = self.state.get("epoch"), self.state.get("num_train_epochs")
+        if isinstance(ep, (int, float)) and isinstance(ne, (int, float)) and ne > 0:
+            return ep >= ne - 1e-6
+        return False
+
+    @property
     def global_step(self) -> int | None:
         gs = self.state.get("global_step")
         if isinstance(gs, (int, float)) and not isinstance(gs, bool):
@@ -190,20 +205,63 @@ def _normalise(entries: list[Any], path: Path, kind: str) -> TrainLog:
     )
 
 
-def load_logs(path: str | Path) -> TrainLog:
-    """Read ``trainer_state.json`` (or a checkpoint folder holding one) or a JSONL of logged dicts."""
+def checkpoints(folder: str | Path) -> list[Path]:
+    """The ``checkpoint-N`` folders of an HF/TRL output folder, by global step N (ascending)."""
+    out = []
+    for c in Path(folder).glob("checkpoint-*"):
+        tail = c.name[len("checkpoint-") :]
+        if c.is_dir() and tail.isdigit():
+            out.append((int(tail), c))
+    return [c for _, c in sorted(out)]
+
+
+def find_trainer_state(path: str | Path) -> tuple[Path, str | None]:
+    """The log file to read for ``path``, and a one-line note when it was found somewhere else.
+
+    HF ``Trainer`` (and TRL) write ``trainer_state.json`` only inside ``OUT/checkpoint-N/``;
+    ``save_model`` writes none at the top. So for an output folder, or an
+    ``OUT/trainer_state.json`` that does not exist while ``OUT`` has checkpoints, the last
+    checkpoint's (the highest global step N) is read.
+    """
     p = Path(path)
-    if not p.exists():
-        raise GradianUserError("log file not found", where=str(p), fix="check the path")
     if p.is_dir():
-        cand = p / "trainer_state.json"
-        if not cand.exists():
+        if (p / "trainer_state.json").exists():
+            return p / "trainer_state.json", None
+        found = [c / "trainer_state.json" for c in checkpoints(p) if (c / "trainer_state.json").exists()]
+        if not found:
             raise GradianUserError(
-                "folder has no trainer_state.json",
+                "folder has no trainer_state.json and no checkpoint-N/trainer_state.json",
                 where=str(p),
-                fix="pass trainer_state.json (in the output or checkpoint folder) or a JSONL of logged dicts",
+                fix="pass the training output folder (with its checkpoint-N folders), a checkpoint folder, "
+                "trainer_state.json or a JSONL of logged dicts",
             )
-        p = cand
+        return found[-1], f"logs: read {found[-1]} (the last checkpoint of {p})"
+    if not p.exists():
+        if p.name == "trainer_state.json" and p.parent.is_dir():
+            found = [c / "trainer_state.json" for c in checkpoints(p.parent) if (c / "trainer_state.json").exists()]
+            if found:
+                return found[-1], (
+                    f"logs: {p} does not exist (Trainer writes it only in checkpoint folders); "
+                    f"read the last checkpoint's, {found[-1]}"
+                )
+        raise GradianUserError("log file not found", where=str(p), fix="check the path")
+    return p, None
+
+
+def load_logs(path: str | Path) -> TrainLog:
+    """Read ``trainer_state.json`` (or an output/checkpoint folder holding one) or a JSONL of logged dicts.
+
+    An output folder (or its missing top-level ``trainer_state.json``) reads its last checkpoint's
+    state (see :func:`find_trainer_state`); the note saying so is in ``TrainLog.notes``.
+    """
+    p, note = find_trainer_state(path)
+    log = _load_file(p)
+    if note:
+        log.notes.append(note)
+    return log
+
+
+def _load_file(p: Path) -> TrainLog:
     if p.suffix.lower() == ".jsonl":
         entries = []
         for i, line in iter_lines(p, "log file"):

@@ -18,12 +18,38 @@ from gradian.errors import GradianUserError
 _FLAG = {"data": "--data", "eval": "--eval", "config": "--config", "logs": "--logs", "tokenizer": "--tokenizer"}
 
 
+def eval_examples(path: str | Path) -> list[Example]:
+    """The eval set as :class:`Example` rows, read with Evaluate's reader when it is in that format.
+
+    A file whose first row has an ``answer`` field is the eval set ``gradian attribute --eval``
+    takes: it is read by :func:`gradian.evaluate.items.load_eval_set` (same checks, same
+    messages), each item becoming an Example whose prompt is the question and whose completion
+    is the answer. Any other file is read as training-format rows (:func:`load_examples`).
+    """
+    from gradian.data.formats import read_records
+    from gradian.evaluate.items import load_eval_set
+
+    records = read_records(path)
+    if records and isinstance(records[0], dict) and "answer" in records[0]:
+        return [_item_example(it) for it in load_eval_set(path)]
+    return load_examples(path)
+
+
+def _item_example(it: Any) -> Example:
+    """An eval item (:class:`gradian.evaluate.items.EvalItem`) as an Example: question -> answer."""
+    return Example(id=it.id, row=it.row, format="prompt_completion", prompt=it.prompt, completion=it.answer, raw={})
+
+
 def _examples(x: Any, what: str) -> tuple[list[Example] | None, str | None]:
     if x is None:
         return None, None
     if isinstance(x, (str, Path)):
-        return load_examples(x), str(x)
+        return (eval_examples(x) if what == "eval" else load_examples(x)), str(x)
     xs = list(x)
+    from gradian.evaluate.items import EvalItem
+
+    if xs and all(isinstance(e, EvalItem) for e in xs):
+        return [_item_example(e) for e in xs], None
     if xs and not all(isinstance(e, Example) for e in xs):
         raise GradianUserError(
             f"{what} must be a path or a list of Example",
@@ -48,7 +74,8 @@ def diagnose(
 
     Args:
         data: training rows: a file (JSONL/JSON/Parquet/save_to_disk folder) or ``load_examples`` output.
-        eval: eval rows, same forms.
+        eval: eval rows: the eval set ``gradian attribute --eval`` takes (``prompt``/``messages`` +
+            ``answer``, read by Evaluate's reader), training-format rows, or a list of Example / EvalItem.
         configs: config files (TRL/HF JSON or YAML, axolotl, LLaMA-Factory, torchtune YAML, PEFT
             ``adapter_config.json`` or adapter folder), or one :class:`TrainConfig`.
         logs: ``trainer_state.json`` / its folder / a JSONL of logged dicts, or a :class:`TrainLog`.
@@ -208,6 +235,8 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         }
         inputs["token_view"]["max_length"] = L
     notes = (list(cfg.conflicts) + list(cfg.notes) if cfg is not None else []) + ctx.notes
+    if log is not None:
+        notes.extend(log.notes)
     if log is not None and log.steps_inferred:
         notes.append(f"{log.path}: some log entries have no step; their order was used as the step")
     return AuditResult(

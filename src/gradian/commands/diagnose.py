@@ -27,15 +27,28 @@ def register(app: typer.Typer) -> None:
     @user_errors
     def diagnose_cmd(
         data: Path | None = typer.Option(None, help="Training data: .jsonl/.json/.parquet or save_to_disk folder."),
-        eval: Path | None = typer.Option(None, "--eval", help="Eval set (same formats), for contamination checks."),
+        eval: Path | None = typer.Option(
+            None,
+            "--eval",
+            help="Eval set, for contamination checks: the file `gradian attribute --eval` takes "
+            "(prompt/messages + answer), or training-format rows.",
+        ),
         config: list[Path] | None = typer.Option(
             None,
             "--config",
             help="Training config, repeatable: TRL/HF TrainingArguments JSON/YAML, axolotl, LLaMA-Factory or "
             "torchtune YAML, PEFT adapter_config.json or the adapter folder.",
         ),
-        logs: Path | None = typer.Option(None, help="trainer_state.json (or its folder), or a JSONL of logged dicts."),
-        tokenizer: Path | None = typer.Option(None, help="Local tokenizer / base model folder, for token checks."),
+        logs: Path | None = typer.Option(
+            None,
+            help="The training output folder (its last checkpoint's trainer_state.json is read), "
+            "a checkpoint folder, trainer_state.json, or a JSONL of logged dicts.",
+        ),
+        tokenizer: Path | None = typer.Option(
+            None,
+            help="Local tokenizer folder, for token checks: the training output folder (the tokenizer "
+            "and chat template the run saved) or the base model's folder.",
+        ),
         versions: list[str] | None = typer.Option(
             None, "--versions", help="Library versions, e.g. trl=0.19.0 (repeatable or comma-separated)."
         ),

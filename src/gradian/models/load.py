@@ -134,6 +134,64 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def _adapter_base_name(folder: Path) -> str | None:
+    """``base_model_name_or_path`` of a PEFT adapter folder (None when it names none or is unreadable)."""
+    try:
+        obj = load_json_file(folder / "adapter_config.json", "adapter config")
+    except GradianUserError:
+        return None
+    name = obj.get("base_model_name_or_path") if isinstance(obj, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def resolve_base(spec: ModelSpec, need: tuple[str, ...] = ("config.json",)) -> tuple[str, dict[str, Any]]:
+    """Where ``spec.base`` is on this machine, and the loading keywords that keep it local.
+
+    A local folder is used as is, unless it is a PEFT adapter folder (``adapter_config.json``, no
+    ``config.json``): that is a user error naming its ``base_model_name_or_path`` and the fix. Any
+    other name is an HF id, looked up in the local HF cache only
+    (``huggingface_hub.try_to_load_from_cache``, no network): an id with none of the ``need``
+    files cached fails at once; a cached one loads with ``local_files_only=True`` (never a
+    network retry).
+
+    Returns:
+        ``(base, kwargs)`` with ``kwargs`` holding ``local_files_only`` for a cached id.
+    """
+    p = Path(spec.base).expanduser()
+    if p.exists():
+        if p.is_dir() and (p / "adapter_config.json").is_file() and not (p / "config.json").is_file():
+            name = _adapter_base_name(p)
+            raise GradianUserError(
+                "this is a LoRA adapter folder (adapter_config.json), not a base model"
+                + (f"; it was trained on {name!r}" if name else ""),
+                where=f"--base {spec.base}",
+                fix=f"pass --base {name or '<the base model>'} --adapter {spec.base}",
+            )
+        return str(p), {}
+    looks_local = spec.base.startswith((".", "/", "~")) or spec.base.count("/") > 1 or "\\" in spec.base
+    if looks_local:
+        raise GradianUserError("base model folder not found", where=f"--base {spec.base}", fix="check the path")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        names = (spec.gguf_file,) if spec.gguf_file else need
+        hits = [try_to_load_from_cache(spec.base, n) for n in names]
+    except Exception as e:  # HFValidationError: not a valid repo id
+        raise GradianUserError(
+            f"not a local folder nor a valid HF id ({_first_line(e, 100)})",
+            where=f"--base {spec.base}",
+            fix="pass a local model folder or an HF id in the local cache",
+        ) from None
+    if not any(isinstance(h, str) for h in hits):
+        raise GradianUserError(
+            f"not a local folder, and the HF id is not in the local cache ({HF_HUB_CACHE})",
+            where=f"--base {spec.base}",
+            fix=f"download it first (huggingface-cli download {spec.base}) or pass a local model folder",
+        )
+    return spec.base, {"local_files_only": True}
+
+
 def load_tokenizer(spec: ModelSpec):
     """The base model's tokenizer (from the GGUF file when the folder holds one), with a pad token.
 
@@ -145,12 +203,13 @@ def load_tokenizer(spec: ModelSpec):
     """
     from transformers import AutoTokenizer
 
-    kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
-    gguf = spec.gguf_file or _find_gguf(Path(spec.base))
+    base, local = resolve_base(spec, ("tokenizer_config.json", "tokenizer.json", "config.json"))
+    kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code, **local}
+    gguf = spec.gguf_file or _find_gguf(Path(base))
     if gguf:
         kw["gguf_file"] = gguf
     try:
-        tok = AutoTokenizer.from_pretrained(spec.base, **kw)
+        tok = AutoTokenizer.from_pretrained(base, **kw)
     except (
         Exception
     ) as e:  # transformers/tokenizers raise many types on a bad folder (OSError, ValueError, KeyError ...)
@@ -175,17 +234,18 @@ def load_base(spec: ModelSpec):
     quiet_transformers()
     dtype = resolve_dtype(spec.dtype)
     device = resolve_device(spec.device)
-    kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code}
-    gguf = spec.gguf_file or _find_gguf(Path(spec.base))
+    base, local = resolve_base(spec)
+    kw: dict[str, Any] = {"trust_remote_code": spec.trust_remote_code, **local}
+    gguf = spec.gguf_file or _find_gguf(Path(base))
     if gguf:
         kw["gguf_file"] = gguf
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                model = AutoModelForCausalLM.from_pretrained(spec.base, dtype=dtype, **kw)
+                model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype, **kw)
             except TypeError:  # transformers 4.x spells it torch_dtype
-                model = AutoModelForCausalLM.from_pretrained(spec.base, torch_dtype=dtype, **kw)
+                model = AutoModelForCausalLM.from_pretrained(base, torch_dtype=dtype, **kw)
     except Exception as e:  # OSError, ValueError, but also KeyError/RuntimeError/SafetensorError on damaged files
         msg = _first_line(e, 200)
         fix = "pass a local model folder, or an HF id already in the local cache"

@@ -1,0 +1,165 @@
+"""The Audit lane on a real TRL 1.16 SFTTrainer output folder, read as TRL leaves it (issue 22).
+
+The folder is built in-test by ``trl_run.build_trl_run`` (a real ``SFTTrainer.train()``, 2 epochs,
+``save_strategy="epoch"``): ``OUT/`` holds the adapter, ``chat_template.jinja`` and the tokenizer;
+``trainer_state.json`` exists only in ``OUT/checkpoint-2`` and ``OUT/checkpoint-4``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from gradian.audit import diagnose
+from gradian.audit.context import load_tokenizer_folder
+from gradian.audit.logs import load_logs
+from gradian.errors import GradianUserError
+
+pytest.importorskip("trl")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tok):
+    from trl_run import build_trl_run
+
+    return build_trl_run(tmp_path_factory.mktemp("trl-run"), tok)
+
+
+def _ids(res, what="findings"):
+    return [f.id for f in getattr(res, what)] if what == "findings" else list(getattr(res, what))
+
+
+def test_trl_layout_has_no_top_level_trainer_state(run):
+    out = run["out"]
+    assert (out / "adapter_model.safetensors").is_file() and (out / "chat_template.jinja").is_file()
+    assert not (out / "trainer_state.json").exists()
+    assert (out / "checkpoint-4" / "trainer_state.json").is_file()
+
+
+def test_logs_output_folder_reads_last_checkpoint(run):
+    log = load_logs(run["out"])
+    assert log.path.endswith("checkpoint-4/trainer_state.json")
+    assert log.global_step == 4 and len(log.train) == 4
+    assert len(log.notes) == 1 and "last checkpoint" in log.notes[0]
+
+
+def test_logs_missing_top_level_state_uses_last_checkpoint_and_says_so(run):
+    res = diagnose(logs=run["out"] / "trainer_state.json", select=["L11"])
+    assert res.inputs["logs"]["global_step"] == 4
+    [note] = [n for n in res.notes if "does not exist" in n]
+    assert "checkpoint-4" in note
+
+
+def test_logs_folder_without_any_state_fails_in_one_line(tmp_path):
+    (tmp_path / "checkpoint-3").mkdir()
+    with pytest.raises(GradianUserError, match="no checkpoint-N/trainer_state.json"):
+        load_logs(tmp_path)
+    with pytest.raises(GradianUserError, match="log file not found"):
+        load_logs(tmp_path / "trainer_state.json")
+
+
+def test_l11_completed_run_is_not_told_to_resume(run, tmp_path):
+    res = diagnose(logs=run["out"] / "checkpoint-4", select=["L11"])
+    assert "L11" not in _ids(res) and "L11" in res.passed
+    # the same run cut at step 2 of 4 is incomplete
+    state = json.loads((run["out"] / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and state["max_steps"] == 4
+    res2 = diagnose(logs=run["out"] / "checkpoint-2", select=["L11"])
+    assert [f.severity for f in res2.findings if f.id == "L11"] == ["warning"]
+
+
+def test_l11_epoch_reached_counts_as_complete(run, tmp_path):
+    state = json.loads((run["out"] / "checkpoint-4" / "trainer_state.json").read_text())
+    state.pop("max_steps")
+    p = tmp_path / "trainer_state.json"
+    p.write_text(json.dumps(state))
+    assert load_logs(p).completed
+    state["epoch"] = 1.0
+    p.write_text(json.dumps(state))
+    assert not load_logs(p).completed
+
+
+@pytest.mark.parametrize("tokenizer", ["base", "out"])
+def test_jinja_chat_template_path_gives_no_false_c09_c15(run, tokenizer):
+    res = diagnose(
+        data=run["data"],
+        configs=[run["config"], run["out"]],
+        tokenizer=run[tokenizer],
+        select=["C09", "C15"],
+    )
+    assert res.findings == [], [f.message for f in res.findings]
+    assert {"C09", "C15"} <= set(res.passed)
+
+
+def test_c09_judges_the_trained_template(run, tmp_path):
+    """A saved template whose generation block stops before <|im_end|> is flagged (TRL warns on it too)."""
+    from trl.chat_template_utils import is_chat_template_stop_token_trained
+
+    out = tmp_path / "out"
+    shutil.copytree(run["out"], out, ignore=shutil.ignore_patterns("checkpoint-*"))
+    bad = (
+        (out / "chat_template.jinja")
+        .read_text()
+        .replace(
+            "{% generation %}{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}",
+            "{% generation %}{{ message['content'] }}{% endgeneration %}{{ '<|im_end|>\\n' }}",
+        )
+    )
+    assert "{% endgeneration %}{{ '<|im_end|>" in bad
+    (out / "chat_template.jinja").write_text(bad)
+    tk = load_tokenizer_folder(run["base"])
+    assert not is_chat_template_stop_token_trained(tk, chat_template=bad)
+    res = diagnose(data=run["data"], configs=[run["config"], out], tokenizer=run["base"], select=["C09"])
+    [f] = res.findings
+    assert f.id == "C09" and "ends before the end-of-turn token" in f.message and str(out) in f.message
+
+
+def test_c15_cloned_template_still_flagged(run, tmp_path):
+    cfg = json.loads(run["config"].read_text())
+    cfg["chat_template_path"] = "Qwen/Qwen3-0.6B"
+    p = tmp_path / "sft_config.json"
+    p.write_text(json.dumps(cfg))
+    res = diagnose(configs=[p, run["out"]], select=["C15"])
+    assert [f.severity for f in res.findings] == ["error"]
+
+
+def test_tokenizer_output_folder_is_the_saved_tokenizer(run, tmp_path):
+    tk = load_tokenizer_folder(run["out"])
+    assert tk.chat_template == (run["out"] / "chat_template.jinja").read_text()
+    # an output folder whose tokenizer is only in its checkpoints: the last checkpoint's
+    only = tmp_path / "only-ckpt"
+    shutil.copytree(run["out"] / "checkpoint-4", only / "checkpoint-4")
+    assert load_tokenizer_folder(only).chat_template == tk.chat_template
+
+
+def test_diagnose_eval_takes_the_attribute_eval_file(run):
+    res = diagnose(data=run["data"], eval=run["eval"], select=["D14", "D15", "D21"])
+    assert res.inputs["eval"]["n_rows"] == 1
+    assert not [s for s in res.skipped if s.reason.startswith("needs")]
+    assert "D14" in _ids(res)  # the eval question is a training prompt verbatim
+
+
+def test_diagnose_eval_errors_are_evaluate_s(run, tmp_path):
+    p = tmp_path / "eval.jsonl"
+    p.write_text(json.dumps({"prompt": "q", "answer": "a"}) + "\n")  # no capability
+    with pytest.raises(GradianUserError) as e:
+        diagnose(data=run["data"], eval=p)
+    assert "capability" in str(e.value) and "completion" not in str(e.value)
+
+
+def test_diagnose_eval_still_takes_training_format_rows(run):
+    res = diagnose(data=run["data"], eval=run["data"], select=["D14"])
+    assert res.inputs["eval"]["n_rows"] == 8 and "D14" in _ids(res)
+
+
+def test_attribute_audit_gets_the_eval_set(run):
+    from gradian.attribute.run import RunInputs, run_audit
+
+    inputs = RunInputs(base=str(run["base"]), adapter=run["out"], data=run["data"], eval=run["eval"])
+    audit = run_audit(inputs, str(run["base"]))
+    skipped = {s["id"]: s["reason"] for s in audit["skipped"]}
+    for cid in ("D14", "D15", "D21"):
+        assert not skipped.get(cid, "").startswith("needs"), skipped.get(cid)
+    assert "D14" in {f["id"] for f in audit["findings"]}

@@ -1,0 +1,99 @@
+"""A real TRL SFTTrainer output folder, built in-test (tiny Llama from config, trained tokenizer).
+
+``build_trl_run(root)`` runs TRL's ``SFTTrainer`` for two epochs (``save_strategy="epoch"``) with a LoRA
+adapter, ``assistant_only_loss=True`` and ``chat_template_path`` pointing at a ``.jinja`` file whose
+``{% generation %}`` block holds ``<|im_end|>``. The folder is whatever TRL writes:
+``OUT/adapter_model.safetensors``, ``OUT/adapter_config.json``, ``OUT/chat_template.jinja`` and the tokenizer
+files at the top, ``OUT/checkpoint-N/`` (``trainer_state.json`` ...) per epoch; no ``trainer_state.json`` at
+the top (``Trainer.save_model`` does not write one).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: ChatML with a {% generation %} block that covers the end-of-turn token and the newline after it (as TRL's
+#: own training templates do, e.g. qwen3_training.jinja)
+TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def build_trl_run(root: Path, tok) -> dict[str, Path]:
+    """Train for 2 epochs with TRL and return the paths a user has: base, output, data, eval, template, config."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    from gradian.models.tiny import tiny_model
+
+    torch.manual_seed(0)
+    root.mkdir(parents=True, exist_ok=True)
+    base_dir, out = root / "base", root / "out"
+    model = tiny_model(tok, "llama", seed=0)
+    model.save_pretrained(base_dir)
+    tok.save_pretrained(base_dir)
+    tpl = root / "chatml.jinja"
+    tpl.write_text(TEMPLATE)
+    rows = [
+        {
+            "id": f"r{i}",
+            "messages": [
+                {"role": "user", "content": f"What is the capital of France? ({i})"},
+                {"role": "assistant", "content": "The capital of France is Paris."},
+            ],
+        }
+        for i in range(8)
+    ]
+    data = root / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ev = root / "eval.jsonl"
+    ev.write_text(
+        json.dumps(
+            {
+                "id": "e0",
+                "prompt": "What is the capital of France? (0)",
+                "answer": "Paris",
+                "metric": "contains",
+                "capability": "geo",
+            }
+        )
+        + "\n"
+    )
+    args = dict(
+        output_dir=str(out),
+        num_train_epochs=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="epoch",
+        report_to=[],
+        assistant_only_loss=True,
+        chat_template_path=str(tpl),
+        max_length=128,
+        use_cpu=True,
+        seed=0,
+    )
+    cfg = root / "sft_config.json"
+    cfg.write_text(json.dumps(args))
+    trainer = SFTTrainer(
+        model=model,
+        args=SFTConfig(**args),
+        train_dataset=Dataset.from_list([{"messages": r["messages"]} for r in rows]),
+        processing_class=tok,
+        peft_config=LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM"
+        ),
+    )
+    trainer.train()
+    trainer.save_model(str(out))
+    return {"base": base_dir, "out": out, "data": data, "eval": ev, "template": tpl, "config": cfg}
