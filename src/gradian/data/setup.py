@@ -104,6 +104,31 @@ class TrainingSetup:
         return out
 
 
+def row_format(path: str | Path) -> tuple[str, bool]:
+    """``(the most common row format, any row is a chat)`` of a training file (:func:`load_examples`)."""
+    from collections import Counter
+
+    from gradian.data.formats import load_examples
+
+    examples = load_examples(path)
+    fmt = Counter(ex.format for ex in examples).most_common(1)[0][0]
+    return fmt, any(ex.is_chat for ex in examples)
+
+
+def setup_from_files(
+    config_paths: list[str | Path] | tuple, data: str | Path, flags: Mapping[str, Any] | None = None
+) -> TrainingSetup:
+    """:func:`resolve_setup` for ``gradian attribute --config ... --data ...``: the merged config and the rows' format.
+
+    Raises:
+        GradianUserError: an unreadable config or data file (named).
+    """
+    from gradian.audit.config import load_config
+
+    fmt, chat = row_format(data)
+    return resolve_setup(load_config(list(config_paths)), fmt, chat=chat, flags=flags)
+
+
 def _mask_history(paths: list[str]) -> tuple[bool | None, str | None]:
     """LLaMA-Factory's ``mask_history`` (the config model does not keep it): read with the audit config reader."""
     from gradian.audit.config import Reader, read_mapping
