@@ -131,3 +131,34 @@ def test_bad_flag_value_names_the_flag(tmp_path):
 
     with pytest.raises(GradianUserError, match="loss_on"):
         resolve_setup(None, "messages", flags={"loss_on": "everything"})
+
+
+def test_index_config_sets_the_tokenisation_and_a_contradicting_flag_warns(saved_finetune, tmp_path, monkeypatch):
+    """`gradian index --config sft.yaml`: the index's grad spec has the config's max_length and TRL's loss rule for
+    the rows; --max-length on the command line wins, with one warning line naming flag and config."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("model_name_or_path: base\nmax_length: 48\npacking: false\n")
+    args = ["index", "--base", str(saved_finetune["base"]), "--adapter", str(saved_finetune["adapter"])]
+    args += ["--data", str(saved_finetune["data"]), "--config", str(cfg), "--checkpoints", "final"]
+
+    def grad_spec(out):
+        (manifest,) = list(out.rglob("manifest.json"))
+        return json.loads(manifest.read_text())["grad_spec"]["tokenize"]
+
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert "training setup: max_length 48 (sft.yaml: max_length)" in res.output
+    assert "warning" not in res.output
+    assert grad_spec(tmp_path / "a")["max_length"] == 48
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b"), "--max-length", "64"])
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.output.splitlines() if "--max-length 64 overrides sft.yaml: max_length" in ln]
+    assert len(lines) == 1, res.output
+    assert grad_spec(tmp_path / "b")["max_length"] == 64

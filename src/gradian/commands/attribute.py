@@ -175,7 +175,7 @@ def _engine_help() -> str:
 _ENGINE_HELP = _engine_help()
 
 
-def _training_setup(ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str):
+def apply_training_setup(ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str):
     """``(max_length, loss_on)`` of the resolved training setup (:func:`gradian.data.setup.setup_from_files`).
 
     A flag given on the command line beats the config; one that contradicts it is one ``warning:`` line.
@@ -183,13 +183,12 @@ def _training_setup(ctx: typer.Context, config: list[Path], data: Path, max_leng
     """
     import warnings
 
-    from click.core import ParameterSource
-
     from gradian.data.setup import setup_from_files
     from gradian.errors import GradianWarning
 
     given = {"max_length": max_length, "loss_on": loss_on}
-    flags = {k: v for k, v in given.items() if ctx.get_parameter_source(k) == ParameterSource.COMMANDLINE}
+    # by name: typer may ship its own copy of click, whose ParameterSource is another enum class
+    flags = {k: v for k, v in given.items() if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"}
     setup = setup_from_files(config, data, flags)
     for w in setup.warnings:
         warnings.warn(w, GradianWarning, stacklevel=2)
@@ -293,7 +292,7 @@ def register(app: typer.Typer) -> None:
         from gradian.models.load import ModelSpec
 
         if config:  # the run's own tokenisation: --config sets max_length and the loss mask (flags still win)
-            max_length, loss_on = _training_setup(ctx, config, data, max_length, loss_on)
+            max_length, loss_on = apply_training_setup(ctx, config, data, max_length, loss_on)
         # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
         grad = grad_spec_from_options(
             max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer=optimizer
