@@ -207,3 +207,40 @@ SETTINGS = [
         dict(max_length=20, loss_on="all"),
     ),
 ]
+
+
+def main(mode: str) -> None:
+    """Print the parity table: ``before`` (``TokenizeSpec()``, main's defaults), ``flags`` (the best main's flags
+    can do: max_length and loss_on completion/all), ``after`` (the spec of each setting).
+
+    Run: ``PYTHONPATH=src:tests:tests/data python tests/data/trl_parity.py after`` (``before`` with main's src).
+    """
+    import logging
+    import pathlib
+    import tempfile
+
+    import datasets
+
+    from gradian.models.tiny import train_tokenizer
+    from gradian_testlib import CORPUS
+
+    logging.disable(logging.WARNING)
+    datasets.disable_progress_bars()
+    tok = train_tokenizer(CORPUS, vocab_size=320)
+    for name, rows_fn, template, cfg, kw in SETTINGS:
+        if mode == "after":
+            spec = TokenizeSpec(**kw)
+        elif mode == "flags":
+            spec = TokenizeSpec(**{k: v for k, v in kw.items() if v != "assistant"})
+        else:
+            spec = TokenizeSpec()
+        rows = rows_fn()
+        t = with_template(tok, template)
+        n, _ = matching(trl_rows(rows, t, pathlib.Path(tempfile.mkdtemp()), **cfg), gradian_rows(rows, t, spec))
+        print(f"| {name} | {n}/{len(rows)} | {spec} |")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1] if len(sys.argv) > 1 else "after")
