@@ -6,9 +6,14 @@ reproduced. Trainer rules are cited from their docs / code:
   ``train_on_eos`` (default ``"turn"``); "Config reference": ``train_on_inputs`` (default false),
   ``sequence_len``, ``excess_length_strategy`` (default ``drop``).
 * LLaMA-Factory ``src/llamafactory/hparams/data_args.py``: ``train_on_prompt`` (false), ``mask_history`` (false:
-  every turn's response is trained; true: the last turn only), ``cutoff_len`` (2048).
+  every turn's response is trained; true: the last turn only), ``cutoff_len`` (2048); checked in the llamafactory
+  0.9.5 wheel (``pip download --no-deps``), ``llamafactory/data/processor/supervised.py``: each turn's
+  ``target_ids`` are labels unless ``mask_history and turn_idx != 0`` (turns reversed: the last first), the
+  source is masked unless ``train_on_prompt``; each pair is cut by ``infer_seqlen`` (not keep-start).
 * torchtune docs, "Instruct / Chat datasets": ``train_on_input`` (false: only assistant messages are trained),
-  ``tokenizer.max_seq_len``.
+  ``tokenizer.max_seq_len``; checked in the torchtune 0.6.1 wheel: ``torchtune/data/_messages.py`` masks a
+  message when ``role != "assistant" and not train_on_input``; ``torchtune/data/_utils.py:truncate`` keeps the
+  start and writes EOS over the last token.
 """
 
 from __future__ import annotations
@@ -121,6 +126,8 @@ def test_torchtune_rules(tmp_path):
     )
     s = resolve_setup(_cfg(tmp_path, "tt.yaml", text), "messages")
     assert (s.trainer, s.max_length, s.loss_on) == ("torchtune", 400, "assistant")
+    # torchtune 0.6.1 (torchtune/data/_utils.py, truncate): keep the start, EOS written over the last token
+    assert "truncation" in s.unreproduced and any("EOS over its last token" in n for n in s.notes)
     text2 = text.replace("chat_dataset", "alpaca_dataset")
     s2 = resolve_setup(_cfg(tmp_path, "tt2.yaml", text2), "alpaca")
     assert s2.loss_on == "all"  # alpaca_dataset trains on the prompt unless train_on_input: false

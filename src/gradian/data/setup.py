@@ -268,6 +268,8 @@ def resolve_setup(
                 "keep_end": "keeps the end of a long row",
                 "truncate": "shortens a long row by its own rule",
             }.get(tr, f"truncates by {tr!r}")
+            if name == "torchtune" and tr == "truncate":  # torchtune 0.6.1 torchtune/data/_utils.py: truncate()
+                rule = "keeps the start of a long row and writes EOS over its last token"
             notes.append(
                 f"truncation: {name} {rule} ({sources['truncation']}); Gradian keeps the start "
                 "(rows within max_length are unaffected)"
