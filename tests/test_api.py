@@ -411,7 +411,7 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         **model,
     }
     for command, fields, inputs in (
-        ("index", index, {"base", "adapter", "data", "out", "checkpoints"}),
+        ("index", index, {"base", "adapter", "data", "config", "out", "checkpoints"}),
         ("evaluate", evaluate, {"base", "adapter", "eval_path", "reference_adapter", "out"}),
     ):
         params = _params(command)

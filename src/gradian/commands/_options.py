@@ -30,7 +30,12 @@ CHECKPOINTS = typer.Option(
 MAX_LENGTH = typer.Option(
     TokenizeSpec.max_length, "--max-length", help="Truncate rendered rows to this many tokens (as in training)."
 )
-LOSS_ON = typer.Option(TokenizeSpec.loss_on, "--loss-on", help="'completion' (completion-only loss) or 'all'.")
+LOSS_ON = typer.Option(
+    TokenizeSpec.loss_on,
+    "--loss-on",
+    help="'completion' (completion-only loss; a chat row's final assistant turn), 'all' or 'assistant' (every "
+    "assistant turn).",
+)
 MODULES = typer.Option(
     None, "--modules", help="Comma-separated LoRA layer-name filters, e.g. q_proj,v_proj (default: every layer)."
 )

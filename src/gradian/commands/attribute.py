@@ -171,18 +171,51 @@ def _engine_help() -> str:
 _ENGINE_HELP = _engine_help()
 
 
+def apply_training_setup(ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str):
+    """``(max_length, loss_on)`` of the resolved training setup (:func:`gradian.data.setup.setup_from_files`).
+
+    A flag given on the command line beats the config; one that contradicts it is one ``warning:`` line.
+    Prints the setup, one line, and what it cannot reproduce.
+    """
+    import warnings
+
+    from gradian.data.setup import setup_from_files
+    from gradian.errors import GradianWarning
+
+    given = {"max_length": max_length, "loss_on": loss_on}
+    # by name: typer may ship its own copy of click, whose ParameterSource is another enum class
+    flags = {k: v for k, v in given.items() if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"}
+    setup = setup_from_files(config, data, flags)
+    for w in setup.warnings:
+        warnings.warn(w, GradianWarning, stacklevel=2)
+    spec = setup.tokenize_spec()
+    console.print(
+        f"training setup: max_length {setup.max_length} ({escape(setup.sources['max_length'])}), "
+        f"loss_on {setup.loss_on} ({escape(setup.sources['loss_on'])})",
+        highlight=False,
+        soft_wrap=True,
+    )
+    for n in setup.notes:
+        console.print(f"[yellow]not reproduced:[/] {escape(n)}", highlight=False, soft_wrap=True)
+    return spec.max_length, spec.loss_on
+
+
 def register(app: typer.Typer) -> None:
     """Add ``gradian attribute`` (Evaluate → Attribute → Audit, one run folder) to ``app``."""
 
     @app.command("attribute")
     @user_errors
     def attribute_cmd(
+        ctx: typer.Context,
         base: str = O.BASE,
         adapter: Path = O.ADAPTER,
         data: Path = O.DATA,
         eval_path: Path = typer.Option(..., "--eval", help="Eval set (see docs/evaluate.md)."),
         config: list[Path] | None = typer.Option(
-            None, "--config", help="Training config(s) for the Audit lane (repeatable)."
+            None,
+            "--config",
+            help="Training config(s): the Audit lane, and the tokenisation (max length, loss mask) the gradients "
+            "use (repeatable).",
         ),
         logs: Path | None = typer.Option(None, help="trainer_state.json (or JSONL logs) for the Audit lane."),
         reference_adapter: Path | None = typer.Option(None, help="Compare against this adapter instead of the base."),
@@ -255,6 +288,8 @@ def register(app: typer.Typer) -> None:
         from gradian.index.store import check_build_args
         from gradian.models.load import ModelSpec
 
+        if config:  # the run's own tokenisation: --config sets max_length and the loss mask (flags still win)
+            max_length, loss_on = apply_training_setup(ctx, config, data, max_length, loss_on)
         # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
         grad = grad_spec_from_options(
             max_length,

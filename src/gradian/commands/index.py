@@ -17,9 +17,13 @@ def register(app: typer.Typer) -> None:
     @app.command("index")
     @user_errors
     def index_cmd(
+        ctx: typer.Context,
         base: str = O.BASE,
         adapter: Path = O.ADAPTER,
         data: Path = O.DATA,
+        config: list[Path] | None = typer.Option(
+            None, "--config", help="Training config(s): the tokenisation (max length, loss mask) of the run."
+        ),
         max_length: int = O.MAX_LENGTH,
         loss_on: str = O.LOSS_ON,
         modules: str | None = O.MODULES,
@@ -56,6 +60,10 @@ def register(app: typer.Typer) -> None:
         from gradian.index.store import check_build_args, select_blocks
         from gradian.models.load import ModelSpec
 
+        if config:  # the run's own tokenisation (flags given on the command line still win)
+            from gradian.commands.attribute import apply_training_setup
+
+            max_length, loss_on = apply_training_setup(ctx, config, data, max_length, loss_on)
         # every flag and the data are checked before the model is loaded
         spec = grad_spec_from_options(
             max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer, unit, max_units_per_row

@@ -15,7 +15,19 @@ Rules (the same as TRL's ``SFTTrainer`` with ``completion_only_loss``):
   turn, and the completion is that turn.
 * **text**: EOS appended as TRL does; every token is supervised.
 * ``loss_on="all"`` supervises prompt and completion (TRL's
-  ``completion_only_loss=False``).
+  ``completion_only_loss=False``, and TRL's default for ``messages`` rows: a
+  conversational language-modelling row has no completion mask, so every token
+  of the whole conversation is a target).
+* ``loss_on="assistant"`` supervises every assistant turn of a chat row (TRL's
+  ``assistant_only_loss``; axolotl ``roles_to_train: [assistant]``; LLaMA-Factory
+  ``mask_history: false``; torchtune ``train_on_input: false``). When the chat template
+  has ``{% generation %}`` markers, the supervised tokens are the template's own
+  assistant mask (``apply_chat_template(return_assistant_tokens_mask=True)``, what TRL
+  reads); without markers, assistant turn *i* covers the tokens from where
+  ``render(turns[:i], add_generation_prompt=True)`` stops agreeing with the full
+  conversation to the end of ``render(turns[:i+1])`` (the template's end-of-turn
+  included). ``loss_on="completion"`` on a ``messages`` row is the final assistant
+  turn only (LLaMA-Factory ``mask_history: true``; Gradian's default).
 * Truncation keeps the start (TRL's default ``keep_start``), at ``max_length``;
   each example records whether it was truncated and its untruncated length.
 
@@ -29,6 +41,7 @@ character span of the completion text can become a token mask
 
 from __future__ import annotations
 
+import re
 from abc import abstractmethod
 from array import array
 from collections.abc import Callable, Iterable, Iterator
@@ -43,6 +56,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 IGNORE_INDEX = -100
+#: the values of :attr:`TokenizeSpec.loss_on`
+LOSS_ON = ("completion", "all", "assistant")
 
 
 @dataclass(frozen=True)
@@ -51,12 +66,14 @@ class TokenizeSpec:
 
     Attributes:
         max_length: truncate rendered sequences to this many tokens (keep the start).
-        loss_on: ``"completion"`` (completion-only loss, the default) or ``"all"``.
+        loss_on: ``"completion"`` (completion-only loss, the default; the final assistant turn of a
+            ``messages`` row), ``"all"`` (every token) or ``"assistant"`` (every assistant turn of a chat row;
+            plain rows: the completion).
         add_eos: append the EOS string to plain (non-chat) completions and text, as TRL does.
     """
 
     max_length: int = 1024
-    loss_on: Literal["completion", "all"] = "completion"
+    loss_on: Literal["completion", "all", "assistant"] = "completion"
     add_eos: bool = True
 
     def __post_init__(self) -> None:
@@ -73,15 +90,16 @@ class TokenizeSpec:
         )
         check_choice(
             self.loss_on,
-            ("completion", "all"),
+            LOSS_ON,
             "TokenizeSpec",
             "loss_on",
             flag="--loss-on",
-            fix="use 'completion' or 'all'",
+            fix="use 'completion', 'all' or 'assistant'",
         )
         check_bool(self.add_eos, "TokenizeSpec", "add_eos")
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON view for the manifest (the default spec's dict is unchanged, so existing index ids do not move)."""
         return asdict(self)
 
 
@@ -287,12 +305,75 @@ class Rendered:
             token is supervised (``text`` rows, an empty prompt).
         completion_char_start: where the completion's text starts in ``text``.
         add_special_tokens: False for chat rows (the template writes BOS/specials itself).
+        supervised_spans: ``loss_on="assistant"`` on a chat row: the half-open character spans of
+            ``text`` that are supervised (one per assistant turn); a token overlapping a span is
+            supervised. None: the prompt rule above decides.
     """
 
     text: str
     prompt_text: str | None
     completion_char_start: int
     add_special_tokens: bool
+    supervised_spans: tuple[tuple[int, int], ...] | None = None
+
+
+_GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def has_generation_markers(template: str | None) -> bool:
+    """True when a chat template marks the assistant's tokens with ``{% generation %}`` (what TRL's
+    ``assistant_only_loss`` reads through ``return_assistant_tokens_mask``).
+    """
+    return bool(template) and _GENERATION_RE.search(template) is not None
+
+
+def assistant_spans(tokenizer, messages: list[dict[str, str]], text: str, where: str) -> tuple[tuple[int, int], ...]:
+    """Character spans of ``text`` (``messages`` rendered in full) that are assistant turns.
+
+    With ``{% generation %}`` markers in the template: the spans the template marks (transformers'
+    ``render_jinja_template(return_assistant_tokens_mask=True)``, the spans ``apply_chat_template`` turns into
+    ``assistant_masks`` for TRL). Without: assistant turn *i* spans from the end of
+    ``render(messages[:i], add_generation_prompt=True)`` (or where it stops agreeing with ``text``) to the end
+    of ``render(messages[:i+1])`` — the turn's content and the template's end-of-turn.
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    if has_generation_markers(template):
+        try:
+            from transformers.utils.chat_template_utils import render_jinja_template
+        except ImportError:  # transformers < 4.51
+            raise GradianUserError(
+                "reading the template's {% generation %} spans needs transformers >= 4.51",
+                where=where,
+                fix="upgrade transformers, or remove the {% generation %} markers to use turn-by-turn rendering",
+            ) from None
+        try:
+            rendered, indices = render_jinja_template(
+                conversations=[messages],
+                chat_template=template,
+                return_assistant_tokens_mask=True,
+                **tokenizer.special_tokens_map,
+            )
+        except Exception as e:  # jinja TemplateError
+            raise GradianUserError(
+                f"chat template rejected the conversation: {e}", where=where, fix="fix the roles or the template"
+            ) from None
+        if rendered[0] != text:
+            raise GradianUserError(
+                "the chat template renders the conversation differently with its generation spans",
+                where=where,
+                fix="check the template's {% generation %} blocks",
+            )
+        return tuple((int(a), int(b)) for a, b in indices[0])
+    spans = []
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        head = render_chat(tokenizer, messages[:i], True, where) if i else ""
+        end = len(render_chat(tokenizer, messages[: i + 1], False, where))
+        start = len(head) if text.startswith(head) else _common_prefix(head, text)
+        if end > start:
+            spans.append((start, end))
+    return tuple(spans)
 
 
 def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> Rendered:
@@ -308,13 +389,34 @@ def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None
         content = ex.completion_text
         found = text.rfind(content) if content else -1
         start = found if found >= 0 else len(prompt_text)
-        return Rendered(text, prompt_text or None, start, False)
+        spans = (
+            assistant_spans(tokenizer, prompt_msgs + compl_msgs, text, where) if spec.loss_on == "assistant" else None
+        )
+        return Rendered(text, prompt_text or None, start, False, spans)
     completion = ex.completion
     eos = tokenizer.eos_token
     if spec.add_eos and eos and not completion.endswith(eos):
         completion = completion + eos
     masked_prompt = None if (ex.format == "text" or not ex.prompt) else ex.prompt
     return Rendered(ex.prompt + completion, masked_prompt, len(ex.prompt), True)
+
+
+def _span_labels(ids: Sequence[int], offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[int]:
+    """``ids`` where a token overlaps one of ``spans`` (half-open character spans, in order), -100 elsewhere.
+
+    The rule of transformers' ``assistant_masks``: token ``[s, e)`` is supervised when ``e > a`` and ``s < b``
+    for the next span ``[a, b)`` not yet behind it.
+    """
+    out = [IGNORE_INDEX] * len(ids)
+    k = 0
+    for t, (s, e) in enumerate(offsets):
+        while k < len(spans) and s >= spans[k][1]:
+            k += 1
+        if k == len(spans):
+            break
+        if e > spans[k][0]:
+            out[t] = ids[t]
+    return out
 
 
 def build_tokenized(
@@ -329,6 +431,7 @@ def build_tokenized(
 
     The supervised tokens start where the prompt's and the full text's ids stop
     agreeing (TRL's common-prefix rule); ``loss_on="all"`` supervises everything;
+    ``r.supervised_spans`` (``loss_on="assistant"``) supervises the tokens overlapping them;
     the first token is never a target; truncation keeps the start.
     """
     if prompt_ids is None:
@@ -337,7 +440,12 @@ def build_tokenized(
         prompt_len = len(prompt_ids)
     else:
         prompt_len = _common_prefix(prompt_ids, ids)
-    labels = list(ids) if spec.loss_on == "all" else [IGNORE_INDEX] * prompt_len + list(ids[prompt_len:])
+    if spec.loss_on == "all":
+        labels = list(ids)
+    elif r.supervised_spans is not None:
+        labels = _span_labels(ids, offsets, r.supervised_spans)
+    else:
+        labels = [IGNORE_INDEX] * prompt_len + list(ids[prompt_len:])
     if labels:
         # The first token has no context, so it is never a target (the causal
         # shift drops it). Masking it explicitly keeps a left-padded batch from

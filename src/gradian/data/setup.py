@@ -1,0 +1,334 @@
+"""One resolved training setup: how the user's trainer turned rows into tokens and a loss mask.
+
+:func:`resolve_setup` reads a :class:`~gradian.audit.config.TrainConfig` (the config reader Audit uses:
+TRL, axolotl, LLaMA-Factory, torchtune, ``gradian train``), the training rows' format and the explicit
+flags, and gives a :class:`TrainingSetup`: each tokenisation field with the source it came from
+(``"flag --max-length"``, ``"sft.yaml: max_length"``, ``"default (TRL SFTConfig)"``,
+``"TRL 1.16 rule: ..."``). :meth:`TrainingSetup.tokenize_spec` is the :class:`TokenizeSpec` every lane
+tokenises with. What Gradian cannot reproduce (packing, a trainer's own truncation or EOS rule, a named
+template) is listed in :attr:`TrainingSetup.unreproduced`, never approximated silently.
+
+The loss rule per trainer (``loss_on``, see :mod:`gradian.data.tokenize`):
+
+=================  ==========================================================================================
+trainer            rule
+=================  ==========================================================================================
+TRL (SFTTrainer)   ``assistant_only_loss: true`` -> ``assistant``; a ``messages`` row (conversational language
+                   modelling: no completion mask) -> ``all``; prompt/completion: ``completion_only_loss``
+                   unset or true -> ``completion``, false -> ``all``; ``text`` -> ``all``
+gradian train      a ``messages`` row trains its final assistant turn (``completion``); ``completion_only_loss``
+                   false -> ``all``
+axolotl            ``train_on_inputs: true`` -> ``all``; chat rows -> ``assistant`` (``roles_to_train``
+                   defaults to ``[assistant]``); other ``roles_to_train`` or ``train_on_eos`` than the default
+                   are listed as unreproduced
+LLaMA-Factory      ``train_on_prompt: true`` -> ``all``; chat rows: ``mask_history: true`` -> ``completion``
+                   (last turn), else ``assistant`` (every turn)
+torchtune          ``train_on_input: true`` -> ``all``; chat rows -> ``assistant``; instruct rows ->
+                   ``completion``
+=================  ==========================================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from gradian.data.tokenize import TokenizeSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gradian.audit.config import TrainConfig
+
+#: the command-line flag of each setup field a user can set
+FLAGS = {"max_length": "--max-length", "loss_on": "--loss-on", "add_eos": "--add-eos"}
+#: row formats that are chat conversations (a ``prompt_completion`` row may be one too: ``chat=True``)
+CHAT_FORMATS = ("messages",)
+_NO_CONFIG = "Gradian default (no --config)"
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """The tokenisation a training run used, each field with its source. Serialised into the manifest.
+
+    Attributes:
+        trainer: ``"trl"``, ``"gradian"``, ``"axolotl"``, ``"llamafactory"``, ``"torchtune"``, or None (no config).
+        max_length: truncation length in tokens; None: the trainer does not truncate.
+        truncation: ``"keep_start"`` (the only rule Gradian applies), or the trainer's other rule (then listed in
+            ``unreproduced``), or ``"none"``.
+        loss_on: the supervised tokens (:class:`~gradian.data.tokenize.TokenizeSpec` ``loss_on``).
+        add_eos: EOS appended to plain completions and text rows.
+        chat_template: the template the config names (None: the tokenizer's own).
+        packing: the trainer packed rows into shared sequences.
+        unreproduced: settings of the run that Gradian does not reproduce (e.g. ``"packing"``).
+        sources: ``{field: where its value came from}``.
+        warnings: one line per flag that contradicts the config (both named).
+        notes: why each unreproduced entry is there.
+    """
+
+    trainer: str | None
+    max_length: int | None
+    truncation: str
+    loss_on: str
+    add_eos: bool
+    chat_template: str | None = None
+    packing: bool = False
+    unreproduced: tuple[str, ...] = ()
+    sources: dict[str, str] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def tokenize_spec(self) -> TokenizeSpec:
+        """The :class:`TokenizeSpec` every lane tokenises with (no truncation: the longest length Gradian takes)."""
+        from gradian.validate import LENGTH_MAX
+
+        return TokenizeSpec(
+            max_length=self.max_length if self.max_length is not None else LENGTH_MAX,
+            loss_on=self.loss_on,  # type: ignore[arg-type]
+            add_eos=self.add_eos,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON view: ``{"values": {name: {"value", "from"}}, "unreproduced", "warnings", "notes"}``."""
+        names = ("trainer", "max_length", "truncation", "loss_on", "add_eos", "chat_template", "packing")
+        return {
+            "values": {n: {"value": getattr(self, n), "from": self.sources.get(n)} for n in names},
+            "unreproduced": list(self.unreproduced),
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
+        }
+
+    def lines(self) -> list[str]:
+        """Human lines: ``name = value  (source)`` per field, then what is not reproduced."""
+        out = [f"{n} = {v['value']!r}  ({v['from']})" for n, v in self.to_dict()["values"].items()]
+        out += [f"not reproduced: {n}" for n in self.notes]
+        return out
+
+
+def row_format(path: str | Path) -> tuple[str, bool]:
+    """``(the most common row format, any row is a chat)`` of a training file (:func:`load_examples`)."""
+    from collections import Counter
+
+    from gradian.data.formats import load_examples
+
+    examples = load_examples(path)
+    fmt = Counter(ex.format for ex in examples).most_common(1)[0][0]
+    return fmt, any(ex.is_chat for ex in examples)
+
+
+def setup_from_files(
+    config_paths: list[str | Path] | tuple, data: str | Path, flags: Mapping[str, Any] | None = None
+) -> TrainingSetup:
+    """:func:`resolve_setup` for ``gradian attribute --config ... --data ...``: the merged config and the rows' format.
+
+    Raises:
+        GradianUserError: an unreadable config or data file (named).
+    """
+    from gradian.audit.config import load_config
+
+    fmt, chat = row_format(data)
+    return resolve_setup(load_config(list(config_paths)), fmt, chat=chat, flags=flags)
+
+
+def _mask_history(paths: list[str]) -> tuple[bool | None, str | None]:
+    """LLaMA-Factory's ``mask_history`` (the config model does not keep it): read with the audit config reader."""
+    from gradian.audit.config import Reader, read_mapping
+
+    for p in paths:
+        path = Path(p)
+        if path.is_file() and path.suffix.lower() in (".yaml", ".yml", ".json"):
+            raw, _ = read_mapping(path)
+            r = Reader(raw, str(path))
+            if r.has("mask_history"):
+                return r.bool_("mask_history"), r.where("mask_history")
+    return None, None
+
+
+def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str, list[str]]:
+    """``(loss_on, source, notes of what is not reproduced)`` for the config's trainer and the rows' format."""
+    src = cfg.source
+    t = cfg.trainer
+    notes: list[str] = []
+    if data_format == "text":
+        return "all", f"{t} rule: a text row trains on every token", notes
+    if t == "trl" and "gradian" in cfg.formats:
+        if cfg.completion_only_loss is False:
+            return "all", src("completion_only_loss") or "?", notes
+        if data_format == "messages":
+            return "completion", src("messages_loss") or "gradian train: final assistant turn", notes
+        return "completion", src("completion_only_loss") or "gradian train default", notes
+    if t == "trl":
+        if cfg.assistant_only_loss and chat:
+            if data_format != "messages" and cfg.completion_only_loss is not False:
+                notes.append(
+                    "assistant_only_loss with prompt/completion chat rows: TRL keeps the assistant tokens inside the "
+                    "completion only; Gradian supervises every assistant span"
+                )
+            return "assistant", src("assistant_only_loss") or "?", notes
+        if data_format == "messages":
+            return (
+                "all",
+                "TRL 1.16 rule: a 'messages' row has no completion mask, so SFTTrainer trains every token"
+                + (f" ({src('completion_only_loss')} does not apply)" if cfg.completion_only_loss else ""),
+                notes,
+            )
+        if cfg.completion_only_loss is False:
+            return "all", src("completion_only_loss") or "?", notes
+        return (
+            "completion",
+            src("completion_only_loss") or "TRL 1.16 rule: completion_only_loss unset -> on for prompt/completion rows",
+            notes,
+        )
+    if cfg.train_on_inputs:
+        return "all", src("train_on_inputs") or "?", notes
+    if t == "axolotl":
+        if chat:
+            for d in cfg.datasets or []:
+                roles = d.get("roles_to_train")
+                if roles is not None and sorted(roles) != ["assistant"]:
+                    notes.append(f"axolotl datasets[{d['index']}].roles_to_train={roles}: Gradian trains assistant")
+                eos = d.get("train_on_eos")
+                if eos not in (None, "turn"):
+                    notes.append(f"axolotl datasets[{d['index']}].train_on_eos={eos!r}: Gradian trains each turn's end")
+            return "assistant", "axolotl rule: roles_to_train defaults to [assistant] (every assistant turn)", notes
+        return "completion", src("train_on_inputs") or "default (axolotl)", notes
+    if t == "llamafactory":
+        if chat:
+            mh, where = _mask_history(cfg.paths)
+            if mh:
+                return "completion", f"{where} (the last assistant turn only)", notes
+            return (
+                "assistant",
+                (where or "default (LLaMA-Factory: mask_history false)") + " (every assistant turn)",
+                notes,
+            )
+        return "completion", src("train_on_inputs") or "default (LLaMA-Factory)", notes
+    if t == "torchtune":
+        if chat:
+            return "assistant", f"{src('train_on_inputs') or 'default (torchtune)'} (every assistant message)", notes
+        return "completion", src("train_on_inputs") or "default (torchtune)", notes
+    return "completion", f"Gradian default (trainer {t!r}: no rule known)", notes
+
+
+def resolve_setup(
+    config: TrainConfig | None,
+    data_format: str = "prompt_completion",
+    *,
+    chat: bool | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> TrainingSetup:
+    """The run's training setup from its config, its rows' format and the explicit flags.
+
+    Args:
+        config: the merged config (:func:`gradian.audit.config.load_config`), or None (today's defaults:
+            ``TokenizeSpec()``).
+        data_format: the training rows' format (:data:`gradian.data.formats.FORMATS`; the most common one).
+        chat: the rows are chat conversations (default: ``data_format == "messages"``).
+        flags: the flags the user gave explicitly, by field (``{"max_length": 512}``); each beats the config and
+            is named as the source, and a flag that contradicts an explicit config value adds one warning line.
+
+    Returns:
+        the :class:`TrainingSetup`.
+    """
+    flags = dict(flags or {})
+    chat = data_format in CHAT_FORMATS if chat is None else chat
+    d = TokenizeSpec()
+    sources: dict[str, str] = {}
+    notes: list[str] = []
+    unrep: list[str] = []
+    if config is None:
+        values: dict[str, Any] = {
+            "trainer": None,
+            "max_length": d.max_length,
+            "truncation": "keep_start",
+            "loss_on": d.loss_on,
+            "add_eos": d.add_eos,
+            "chat_template": None,
+            "packing": False,
+        }
+        sources = {k: _NO_CONFIG for k in values}
+        cfg_explicit: dict[str, str] = {}
+    else:
+        c = config
+        name = "gradian" if "gradian" in c.formats else c.trainer
+        values = {"trainer": name}
+        sources["trainer"] = c.source("trainer") or (", ".join(c.paths) or "config")
+        if c.truncation == "none" or c.max_length is None:
+            values["max_length"], values["truncation"] = None, "none"
+            sources["max_length"] = c.source("truncation") or c.source("max_length") or "config: no max_length"
+        else:
+            values["max_length"] = c.max_length
+            sources["max_length"] = c.source("max_length") or "?"
+            values["truncation"] = c.truncation or "keep_start"
+        sources["truncation"] = c.source("truncation") or sources["max_length"]
+        tr = values["truncation"]
+        if tr not in ("keep_start", "none"):
+            unrep.append("truncation")
+            rule = {
+                "drop": "drops rows longer than max_length",
+                "keep_end": "keeps the end of a long row",
+                "truncate": "shortens a long row by its own rule",
+            }.get(tr, f"truncates by {tr!r}")
+            if name == "torchtune" and tr == "truncate":  # torchtune 0.6.1 torchtune/data/_utils.py: truncate()
+                rule = "keeps the start of a long row and writes EOS over its last token"
+            notes.append(
+                f"truncation: {name} {rule} ({sources['truncation']}); Gradian keeps the start "
+                "(rows within max_length are unaffected)"
+            )
+        loss, lsrc, lnotes = _loss_rule(c, data_format, chat)
+        values["loss_on"], sources["loss_on"] = loss, lsrc
+        if lnotes:
+            unrep.append("loss_mask")
+            notes += lnotes
+        values["add_eos"] = d.add_eos
+        if name in ("trl", "gradian"):
+            sources["add_eos"] = "TRL 1.16 rule: EOS appended to non-conversational completions and text"
+        else:
+            sources["add_eos"] = f"Gradian default (TRL's EOS rule; {name}'s own EOS rule is not read)"
+        tmpl = c.chat_template or c.chat_template_path
+        values["chat_template"] = tmpl
+        sources["chat_template"] = (
+            c.source("chat_template") or c.source("chat_template_path") or "the tokenizer's own chat template"
+        )
+        if tmpl and tmpl != "tokenizer_default":
+            unrep.append("chat_template")
+            notes.append(
+                f"chat_template: the config names {tmpl!r} ({sources['chat_template']}); Gradian renders chat rows "
+                "with the tokenizer's chat template (pass a tokenizer that carries that template)"
+            )
+        values["packing"] = bool(c.packing)
+        sources["packing"] = c.source("packing") or "not said (assumed off)"
+        if c.packing:
+            unrep.append("packing")
+            notes.append(
+                f"packing ({sources['packing']}): rows shared sequences in training; Gradian scores each row alone"
+            )
+        cfg_explicit = {k: v for k, v in sources.items() if not v.startswith(("default", "TRL 1.16", "Gradian"))}
+    warnings: list[str] = []
+    for k, v in flags.items():
+        if k not in FLAGS:
+            raise ValueError(f"{k!r} is not a setup flag ({', '.join(FLAGS)})")
+        if k in cfg_explicit and values.get(k) != v:
+            warnings.append(
+                f"{FLAGS[k]} {v} overrides {cfg_explicit[k]} = {values.get(k)!r}: the gradients use {v!r}, "
+                "not what the run trained with"
+            )
+        values[k] = v
+        sources[k] = f"flag {FLAGS[k]}"
+    if values["max_length"] is not None and values["truncation"] == "none":
+        values["truncation"] = "keep_start"
+        sources["truncation"] = sources["max_length"]
+    setup = TrainingSetup(
+        trainer=values["trainer"],
+        max_length=values["max_length"],
+        truncation=values["truncation"],
+        loss_on=values["loss_on"],
+        add_eos=values["add_eos"],
+        chat_template=values["chat_template"],
+        packing=values["packing"],
+        unreproduced=tuple(dict.fromkeys(unrep)),
+        sources=sources,
+        warnings=tuple(warnings),
+        notes=tuple(notes),
+    )
+    setup.tokenize_spec()  # a flag's bad value fails here, naming the flag
+    return setup

@@ -1,0 +1,171 @@
+"""The resolved training setup: each field from the config (with its source), flags over config, what is not
+reproduced. Trainer rules are cited from their docs / code:
+
+* TRL 1.16.0 ``trl/trainer/sft_trainer.py`` ``_prepare_dataset`` (read in the venv).
+* axolotl docs, "Dataset Formats > Conversation > chat_template": ``roles_to_train`` (default ``["assistant"]``),
+  ``train_on_eos`` (default ``"turn"``); "Config reference": ``train_on_inputs`` (default false),
+  ``sequence_len``, ``excess_length_strategy`` (default ``drop``).
+* LLaMA-Factory ``src/llamafactory/hparams/data_args.py``: ``train_on_prompt`` (false), ``mask_history`` (false:
+  every turn's response is trained; true: the last turn only), ``cutoff_len`` (2048); checked in the llamafactory
+  0.9.5 wheel (``pip download --no-deps``), ``llamafactory/data/processor/supervised.py``: each turn's
+  ``target_ids`` are labels unless ``mask_history and turn_idx != 0`` (turns reversed: the last first), the
+  source is masked unless ``train_on_prompt``; each pair is cut by ``infer_seqlen`` (not keep-start).
+* torchtune docs, "Instruct / Chat datasets": ``train_on_input`` (false: only assistant messages are trained),
+  ``tokenizer.max_seq_len``; checked in the torchtune 0.6.1 wheel: ``torchtune/data/_messages.py`` masks a
+  message when ``role != "assistant" and not train_on_input``; ``torchtune/data/_utils.py:truncate`` keeps the
+  start and writes EOS over the last token.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gradian.audit.config import load_config
+from gradian.data.setup import resolve_setup
+from gradian.data.tokenize import TokenizeSpec
+
+
+def _cfg(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return load_config(p)
+
+
+def test_no_config_is_todays_default():
+    s = resolve_setup(None, "messages")
+    assert s.tokenize_spec() == TokenizeSpec()
+    assert s.sources["max_length"].startswith("Gradian default")
+
+
+def test_trl_messages_every_token_and_max_length_from_config(tmp_path):
+    cfg = _cfg(tmp_path, "sft.yaml", "model_name_or_path: x\nmax_length: 128\nlearning_rate: 2.0e-4\n")
+    s = resolve_setup(cfg, "messages")
+    assert (s.trainer, s.max_length, s.loss_on) == ("trl", 128, "all")
+    assert s.sources["max_length"] == "sft.yaml: max_length"
+    assert s.sources["loss_on"].startswith("TRL 1.16 rule")
+    assert s.tokenize_spec() == TokenizeSpec(max_length=128, loss_on="all")
+    assert s.unreproduced == ()
+
+
+def test_trl_prompt_completion_and_assistant_only(tmp_path):
+    cfg = _cfg(tmp_path, "sft.yaml", "max_length: 512\npacking: false\n")
+    assert resolve_setup(cfg, "prompt_completion").loss_on == "completion"
+    cfg = _cfg(tmp_path, "sft2.yaml", "max_length: 512\ncompletion_only_loss: false\n")
+    s = resolve_setup(cfg, "prompt_completion")
+    assert (s.loss_on, s.sources["loss_on"]) == ("all", "sft2.yaml: completion_only_loss")
+    cfg = _cfg(tmp_path, "sft3.yaml", "max_length: 512\nassistant_only_loss: true\n")
+    s = resolve_setup(cfg, "messages")
+    assert (s.loss_on, s.sources["loss_on"]) == ("assistant", "sft3.yaml: assistant_only_loss")
+
+
+def test_trl_default_max_length_and_no_truncation(tmp_path):
+    s = resolve_setup(_cfg(tmp_path, "a.yaml", "packing: false\nmax_length: null\n"), "prompt_completion")
+    assert (s.max_length, s.truncation) == (None, "none")
+    assert s.tokenize_spec().max_length == 10**9
+    s = resolve_setup(_cfg(tmp_path, "b.yaml", "packing: false\ncompletion_only_loss: true\n"), "prompt_completion")
+    assert (s.max_length, s.sources["max_length"]) == (1024, "default (TRL SFTConfig)")
+
+
+def test_flag_overrides_config_with_one_warning(tmp_path):
+    cfg = _cfg(tmp_path, "sft.yaml", "max_length: 128\npacking: false\n")
+    s = resolve_setup(cfg, "prompt_completion", flags={"max_length": 512})
+    assert s.max_length == 512 and s.sources["max_length"] == "flag --max-length"
+    assert len(s.warnings) == 1 and "--max-length 512" in s.warnings[0] and "sft.yaml: max_length" in s.warnings[0]
+    # a flag that agrees with the config, or that sets what the config left at a default, warns nothing
+    assert resolve_setup(cfg, "prompt_completion", flags={"max_length": 128}).warnings == ()
+    assert resolve_setup(cfg, "prompt_completion", flags={"loss_on": "all"}).warnings == ()
+
+
+def test_packing_is_stated_not_approximated(tmp_path):
+    s = resolve_setup(_cfg(tmp_path, "sft.yaml", "max_length: 256\npacking: true\n"), "prompt_completion")
+    assert "packing" in s.unreproduced and s.to_dict()["unreproduced"] == ["packing"]
+    assert any("packing" in n and "sft.yaml: packing" in n for n in s.notes)
+
+
+def test_gradian_train_config(tmp_path):
+    from gradian.train import TrainSpec, write_train_config
+
+    p = tmp_path / "training_config.yaml"
+    write_train_config(TrainSpec(max_length=256), p, base="base")
+    s = resolve_setup(load_config(p), "messages")
+    assert (s.trainer, s.max_length, s.loss_on) == ("gradian", 256, "completion")
+
+
+def test_axolotl_rules(tmp_path):
+    text = (
+        "base_model: x\nsequence_len: 300\nadapter: lora\nexcess_length_strategy: truncate\n"
+        "datasets:\n  - path: d.jsonl\n    type: chat_template\n"
+    )
+    s = resolve_setup(_cfg(tmp_path, "ax.yaml", text), "messages")
+    assert (s.trainer, s.max_length, s.loss_on) == ("axolotl", 300, "assistant")
+    assert s.sources["max_length"] == "ax.yaml: sequence_len"
+    text2 = text + "    roles_to_train: [assistant, user]\n    train_on_eos: all\ntrain_on_inputs: false\n"
+    s2 = resolve_setup(_cfg(tmp_path, "ax2.yaml", text2), "messages")
+    assert "loss_mask" in s2.unreproduced and any("roles_to_train" in n for n in s2.notes)
+    s3 = resolve_setup(_cfg(tmp_path, "ax3.yaml", "base_model: x\ntrain_on_inputs: true\n"), "prompt_completion")
+    assert (s3.loss_on, s3.sources["loss_on"]) == ("all", "ax3.yaml: train_on_inputs")
+    assert "truncation" in s3.unreproduced  # axolotl's default drops long rows
+
+
+def test_llamafactory_mask_history(tmp_path):
+    base = "stage: sft\nfinetuning_type: lora\ncutoff_len: 512\ntemplate: qwen\n"
+    s = resolve_setup(_cfg(tmp_path, "lf.yaml", base), "messages")
+    assert (s.trainer, s.max_length, s.loss_on) == ("llamafactory", 512, "assistant")
+    assert "chat_template" in s.unreproduced  # a named LLaMA-Factory template
+    s2 = resolve_setup(_cfg(tmp_path, "lf2.yaml", base + "mask_history: true\n"), "messages")
+    assert s2.loss_on == "completion" and "lf2.yaml: mask_history" in s2.sources["loss_on"]
+    s3 = resolve_setup(_cfg(tmp_path, "lf3.yaml", base + "train_on_prompt: true\n"), "messages")
+    assert s3.loss_on == "all"
+
+
+def test_torchtune_rules(tmp_path):
+    text = (
+        "model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n"
+        "tokenizer:\n  _component_: torchtune.models.llama3.llama3_tokenizer\n  max_seq_len: 400\n"
+        "dataset:\n  _component_: torchtune.datasets.chat_dataset\n"
+    )
+    s = resolve_setup(_cfg(tmp_path, "tt.yaml", text), "messages")
+    assert (s.trainer, s.max_length, s.loss_on) == ("torchtune", 400, "assistant")
+    # torchtune 0.6.1 (torchtune/data/_utils.py, truncate): keep the start, EOS written over the last token
+    assert "truncation" in s.unreproduced and any("EOS over its last token" in n for n in s.notes)
+    text2 = text.replace("chat_dataset", "alpaca_dataset")
+    s2 = resolve_setup(_cfg(tmp_path, "tt2.yaml", text2), "alpaca")
+    assert s2.loss_on == "all"  # alpaca_dataset trains on the prompt unless train_on_input: false
+
+
+def test_bad_flag_value_names_the_flag(tmp_path):
+    from gradian.errors import GradianUserError
+
+    with pytest.raises(GradianUserError, match="loss_on"):
+        resolve_setup(None, "messages", flags={"loss_on": "everything"})
+
+
+def test_index_config_sets_the_tokenisation_and_a_contradicting_flag_warns(saved_finetune, tmp_path, monkeypatch):
+    """`gradian index --config sft.yaml`: the index's grad spec has the config's max_length and TRL's loss rule for
+    the rows; --max-length on the command line wins, with one warning line naming flag and config."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("model_name_or_path: base\nmax_length: 48\npacking: false\n")
+    args = ["index", "--base", str(saved_finetune["base"]), "--adapter", str(saved_finetune["adapter"])]
+    args += ["--data", str(saved_finetune["data"]), "--config", str(cfg), "--checkpoints", "final"]
+
+    def grad_spec(out):
+        (manifest,) = list(out.rglob("manifest.json"))
+        return json.loads(manifest.read_text())["grad_spec"]["tokenize"]
+
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert "training setup: max_length 48 (sft.yaml: max_length)" in res.output
+    assert "warning" not in res.output
+    assert grad_spec(tmp_path / "a")["max_length"] == 48
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b"), "--max-length", "64"])
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.output.splitlines() if "--max-length 64 overrides sft.yaml: max_length" in ln]
+    assert len(lines) == 1, res.output
+    assert grad_spec(tmp_path / "b")["max_length"] == 64
