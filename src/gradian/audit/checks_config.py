@@ -458,6 +458,8 @@ def c06(ctx: AuditContext) -> list[Hit]:
 # ---------------------------------------------------------------------- C08
 _RESPONSE_MARKERS = (
     "### Response:",
+    "### Answer:",  # "### Question: ... ### Answer:" (trl sft docs' completion-only example)
+    "### Assistant:",
     "<|im_start|>assistant",
     "[/INST]",
     "<|start_header_id|>assistant",
@@ -478,7 +480,8 @@ _RESPONSE_MARKERS = (
     rank=20,
     rule="train_on_inputs / train_on_prompt / train_on_input true, completion_only_loss false, TRL on "
     "'messages' rows without assistant_only_loss (every turn is trained), or 'text' rows that hold a "
-    "flattened prompt and response ('### Response:', '<|im_start|>assistant', '[/INST]' ...)",
+    "flattened prompt and response ('### Response:', '### Answer:', '<|im_start|>assistant', '[/INST]' ...) "
+    "unless the config's DataCollatorForCompletionOnlyLM response_template is in the row",
     fix="train on completions only: prompt/completion rows with completion_only_loss, assistant_only_loss for "
     "conversations, or train_on_inputs: false",
     source="trl sft_config.py (completion_only_loss); axolotl training.py (train_on_inputs default false)",
@@ -531,10 +534,15 @@ def c08(ctx: AuditContext) -> list[Hit]:
                     )
                 )
     if ctx.examples is not None:
+        rt = c.response_template if c is not None else None
         flat = [
             i
             for i, e in enumerate(ctx.examples)
-            if e.format == "text" and any(m in e.completion_text for m in _RESPONSE_MARKERS)
+            if e.format == "text"
+            and any(m in e.completion_text for m in _RESPONSE_MARKERS)
+            # DataCollatorForCompletionOnlyLM masks everything up to its response_template: a row holding the
+            # template is trained on the response only (a row without it is C14's)
+            and not (rt and rt.strip() and rt.strip() in e.completion_text)
         ]
         if flat:
             hits.append(
