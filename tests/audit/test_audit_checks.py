@@ -325,6 +325,26 @@ def f_c19(w):
     )
 
 
+def f_c20(w):
+    # written after alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml, with beta and lr pushed out
+    yml = w.write_text(
+        "dpo.yaml",
+        "model_name_or_path: alignment-handbook/zephyr-7b-sft-qlora\nuse_peft: true\nload_in_4bit: true\n"
+        "lora_r: 128\nlora_alpha: 128\nbeta: 2.0\nlearning_rate: 5.0e-4\nmax_length: 1024\n"
+        "max_prompt_length: 512\nnum_train_epochs: 1\nper_device_train_batch_size: 4\n",
+    )
+    return dict(configs=[yml])
+
+
+def f_c20_prompt(w):
+    yml = w.write_text(
+        "dpo.yaml",
+        "use_peft: true\nlora_r: 16\nlora_alpha: 32\nbeta: 0.1\nlearning_rate: 5.0e-6\nmax_length: 512\n"
+        "max_prompt_length: 512\nper_device_train_batch_size: 4\n",
+    )
+    return dict(configs=[yml])
+
+
 def f_c19_inf(w):
     yml = w.write_text(
         "sft.yaml",
@@ -490,6 +510,7 @@ FIRE = {
     "C17": [(f_c17, "error")],
     "C18": [(f_c18, "warning")],
     "C19": [(f_c19, "error"), (f_c19_inf, "error")],
+    "C20": [(f_c20, "warning"), (f_c20_prompt, "error")],
     "T01": [(f_t01, "error")],
     "T02": [(f_t02, "warning")],
     "T03": [(f_t03, "warning"), (f_t03_rows, "warning")],
@@ -553,7 +574,27 @@ def n_l08(w):
     return dict(logs=w.write_json("trainer_state.json", clean_trainer_state(n_rows=2000)))
 
 
-NO_FIRE = {"D09": n_d09, "D10": n_d10, "C09": n_c09, "C11": n_c11, "C12": n_c12, "T01": n_t01, "L08": n_l08}
+def n_c20(w):
+    # alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml's DPO settings, as published
+    yml = w.write_text(
+        "dpo.yaml",
+        "model_name_or_path: alignment-handbook/zephyr-7b-sft-qlora\nuse_peft: true\nload_in_4bit: true\n"
+        "lora_r: 128\nlora_alpha: 128\nbeta: 0.01\nlearning_rate: 5.0e-6\nmax_length: 1024\n"
+        "max_prompt_length: 512\nnum_train_epochs: 1\nper_device_train_batch_size: 4\n",
+    )
+    return dict(configs=[yml])
+
+
+NO_FIRE = {
+    "C20": n_c20,
+    "D09": n_d09,
+    "D10": n_d10,
+    "C09": n_c09,
+    "C11": n_c11,
+    "C12": n_c12,
+    "T01": n_t01,
+    "L08": n_l08,
+}
 
 SEV = {"error": 0, "warning": 1, "info": 2}
 

@@ -72,3 +72,83 @@ def test_c08_collator_with_response_rows(tmp_path):
     cfg = TRL_COMPLETION_ONLY.replace("### Answer:", "### Response:")
     assert "C08" in diagnose(**_write(tmp_path, rows, cfg)).passed
     assert diagnose(**_write(tmp_path, rows, None)).by_id("C08")  # without the collator, it is a finding
+
+
+# ---------------------------------------------------------------------- stage-aware preference configs
+# Written after alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml (DPO, QLoRA, lr 5e-6, beta 0.01)
+# and recipes/zephyr-141b-A35b/orpo/config_full.yaml (ORPO, full, no learning_rate in the file's trainer block here).
+ZEPHYR_DPO_QLORA = """\
+model_name_or_path: alignment-handbook/zephyr-7b-sft-qlora
+torch_dtype: bfloat16
+use_peft: true
+load_in_4bit: true
+lora_r: 128
+lora_alpha: 128
+lora_dropout: 0.05
+lora_target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]
+dataset_mixer:
+  HuggingFaceH4/ultrafeedback_binarized: 1.0
+dataset_splits:
+- train_prefs
+- test_prefs
+bf16: true
+beta: 0.01
+gradient_accumulation_steps: 4
+learning_rate: 5.0e-6
+lr_scheduler_type: cosine
+max_length: 1024
+max_prompt_length: 512
+num_train_epochs: 1
+optim: paged_adamw_32bit
+per_device_train_batch_size: 4
+warmup_ratio: 0.1
+"""
+
+ZEPHYR_ORPO_FULL = """\
+model_name_or_path: mistral-community/Mixtral-8x22B-v0.1
+torch_dtype: bfloat16
+dataset_mixer:
+  argilla/distilabel-capybara-dpo-7k-binarized: 1.0
+dataset_splits:
+- train
+beta: 0.05
+bf16: true
+gradient_accumulation_steps: 1
+lr_scheduler_type: inverse_sqrt
+max_length: 2048
+max_prompt_length: 1792
+num_train_epochs: 3
+per_device_train_batch_size: 1
+warmup_steps: 100
+"""
+
+
+def test_trl_dpo_recipe_is_read_as_dpo(tmp_path):
+    """main: stage sft (default) and "C01 learning_rate=5e-06 on a LoRA run is below 5e-05"."""
+    (tmp_path / "config_qlora.yaml").write_text(ZEPHYR_DPO_QLORA)
+    res = diagnose(configs=[tmp_path / "config_qlora.yaml"])
+    c = res.config
+    assert (c["values"]["stage"]["value"], c["values"]["beta"]["value"]) == ("dpo", 0.01)
+    assert c["values"]["max_prompt_length"]["value"] == 512
+    assert not res.by_id("C01") and not res.by_id("C20")
+    assert "C01" not in res.passed  # not applied to a preference run
+
+
+def test_trl_orpo_recipe_gets_orpoconfig_default_lr(tmp_path):
+    """main: learning_rate 2e-5 from SFTConfig; ORPOConfig's default is 1e-6 (TRL 1.16 experimental/orpo)."""
+    d = tmp_path / "recipes" / "zephyr-141b-A35b" / "orpo"
+    d.mkdir(parents=True)
+    (d / "config_full.yaml").write_text(ZEPHYR_ORPO_FULL)
+    res = diagnose(configs=[d / "config_full.yaml"])
+    v = res.config["values"]
+    assert v["stage"]["value"] == "orpo" and "path" in v["stage"]["from"]
+    assert (v["learning_rate"]["value"], v["learning_rate"]["from"]) == (1e-6, "default (TRL ORPOConfig)")
+
+
+def test_preference_settings_out_of_range(tmp_path):
+    bad = ZEPHYR_DPO_QLORA.replace("beta: 0.01", "beta: 0").replace("max_prompt_length: 512", "max_prompt_length: 2048")
+    (tmp_path / "dpo.yaml").write_text(bad.replace("learning_rate: 5.0e-6", "learning_rate: 3.0e-4"))
+    res = diagnose(configs=[tmp_path / "dpo.yaml"], select=["C20"])
+    msgs = sorted((f.severity, f.message.split(":")[0]) for f in res.by_id("C20"))
+    assert [s for s, _ in msgs] == ["error", "error", "warning"], msgs
+    assert any("beta=0" in m for _, m in msgs) and any("learning_rate=0.0003" in m for _, m in msgs)

@@ -959,3 +959,78 @@ def c18(ctx: AuditContext) -> list[Hit]:
             },
         )
     ]
+
+
+# ---------------------------------------------------------------------- C20
+#: Preference tuning (DPO/ORPO/KTO/CPO) moves far less than SFT: alignment-handbook's full DPO recipes use 5e-7,
+#: its QLoRA DPO recipe 5e-6, its full ORPO recipe 5e-6; TRL's DPOConfig/KTOConfig/ORPOConfig default 1e-6.
+PREF_LR_HIGH_FULL = 1e-5
+PREF_LR_HIGH_LORA = 1e-4
+#: DPO/KTO/ORPO beta: TRL default 0.1; recipes use 0.01 to 0.5 (SimPO's beta is on another scale, 2 to 10).
+PREF_BETA_HIGH = 1.0
+
+
+@check(
+    "C20",
+    "preference_settings",
+    "Preference-tuning settings out of range",
+    requires=("config",),
+    severity="warning",
+    rank=50,
+    rule=f"a DPO/ORPO/KTO/CPO run (TRL's preference fields, axolotl rl:, LLaMA-Factory stage): learning_rate > "
+    f"{PREF_LR_HIGH_FULL:g} on a full fine-tune or > {PREF_LR_HIGH_LORA:g} on LoRA warns (each trainer's own "
+    f"default learning rate when unset: DPO/KTO/ORPO/CPO 1e-6, reward 1e-4); beta <= 0 is an error, beta > "
+    f"{PREF_BETA_HIGH:g} warns (not for SimPO); max_prompt_length >= max_length leaves no room for the response: "
+    "an error (**H** ranges)",
+    fix="use the recipe ranges: full DPO ~5e-7, LoRA DPO ~5e-6 to 5e-5; beta 0.01 to 0.5; max_prompt_length below "
+    "max_length",
+    source="trl trainer/dpo_config.py, kto_config.py, experimental/orpo/orpo_config.py (defaults); "
+    "alignment-handbook recipes (zephyr-7b-beta dpo, zephyr-141b orpo)",
+    stages=("preference",),
+)
+def c20(ctx: AuditContext) -> list[Hit]:
+    """C20 (preference_settings): Preference-tuning settings out of range."""
+    c = ctx.config
+    hits = []
+    lr = c.learning_rate
+    if lr is not None and c.is_lora is not None and c.stage not in ("rm", "reward"):
+        hi = PREF_LR_HIGH_LORA if c.is_lora else PREF_LR_HIGH_FULL
+        if lr > hi:
+            kind = "LoRA" if c.is_lora else "full"
+            hits.append(
+                Hit(
+                    "warning",
+                    f"learning_rate={lr:g} on a {kind} {c.stage.upper()} run is above {hi:g}: preference tuning "
+                    f"moves the policy away from its reference quickly, and high rates collapse it",
+                    {"value": lr, "threshold": hi, **c.cite("learning_rate", "stage", "finetuning")},
+                )
+            )
+    if c.beta is not None:
+        simpo = c.stage == "simpo" or "simpo" in (c.loss_type or "")
+        if c.beta <= 0:
+            hits.append(
+                Hit(
+                    "error",
+                    f"beta={c.beta:g} ({c.source('beta')}): the preference loss needs beta > 0",
+                    {"value": c.beta, "threshold": 0, **c.cite("beta")},
+                )
+            )
+        elif c.beta > PREF_BETA_HIGH and not simpo:
+            hits.append(
+                Hit(
+                    "warning",
+                    f"beta={c.beta:g} ({c.source('beta')}) is above {PREF_BETA_HIGH:g}: the policy is held so close "
+                    f"to its reference that it barely learns the preferences (recipes use 0.01 to 0.5)",
+                    {"value": c.beta, "threshold": PREF_BETA_HIGH, **c.cite("beta")},
+                )
+            )
+    if c.max_prompt_length is not None and c.max_length is not None and c.max_prompt_length >= c.max_length:
+        hits.append(
+            Hit(
+                "error",
+                f"max_prompt_length={c.max_prompt_length} >= max_length={c.max_length}: a prompt that long leaves no "
+                f"room for the chosen/rejected response, which is truncated away",
+                {"value": c.max_prompt_length, "threshold": c.max_length, **c.cite("max_prompt_length", "max_length")},
+            )
+        )
+    return hits

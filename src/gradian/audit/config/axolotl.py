@@ -85,6 +85,10 @@ def read(cfg: TrainConfig, r: Reader) -> None:
     rl = r.get("rl")
     if rl is not None and rl is not False:
         cfg.set("stage", "dpo" if rl is True else str(rl).lower().replace("rltype.", ""), r.where("rl"))
+        for k in ("rl_beta", "dpo_beta", "orpo_alpha"):  # axolotl's beta spellings (orpo_alpha: ORPO's lambda)
+            if r.has(k):
+                cfg.set("beta", r.num(k), r.where(k))
+                break
     elif r.has("pretraining_dataset"):
         cfg.set("stage", "pt", r.where("pretraining_dataset"))
     if r.has("dataset_exact_deduplication"):

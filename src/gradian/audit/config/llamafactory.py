@@ -92,6 +92,8 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             cfg.set("stage", pref, r.where("pref_loss"))
         else:
             cfg.set("stage", stage, r.where("stage"))
+        if stage in ("dpo", "kto") and r.has("pref_beta"):
+            cfg.set("beta", r.num("pref_beta"), r.where("pref_beta"))
     if stage == "pt" and not r.has("packing") and not r.bool_("neat_packing"):
         cfg.set("packing", True, f"{r.where('stage')} (LLaMA-Factory turns packing on for stage pt)")
     ft = r.str_("finetuning_type")

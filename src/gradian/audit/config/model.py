@@ -101,6 +101,10 @@ class TrainConfig:
     added_tokens: list[str] | None = None
     datasets: list[dict[str, Any]] | None = None
     stage: str | None = None
+    beta: float | None = None
+    loss_type: str | None = None
+    max_prompt_length: int | None = None
+    ref_model: str | None = None
     dedup_exact: bool | None = None
     messages_loss: str | None = None
 
