@@ -345,6 +345,15 @@ def f_c20_prompt(w):
     return dict(configs=[yml])
 
 
+def f_c21(w):
+    yml = w.write_text(
+        "sft.yaml",
+        "use_peft: true\nlora_r: 16\nlora_alpha: 32\nlearning_rate: 2.0e-4\nper_device_train_batch_size: 8\n"
+        "dataset_name: HuggingFaceH4/ultrachat_200k\ndataset_train_split: test_sft\n",
+    )
+    return dict(configs=[yml])
+
+
 def f_c19_inf(w):
     yml = w.write_text(
         "sft.yaml",
@@ -511,6 +520,7 @@ FIRE = {
     "C18": [(f_c18, "warning")],
     "C19": [(f_c19, "error"), (f_c19_inf, "error")],
     "C20": [(f_c20, "warning"), (f_c20_prompt, "error")],
+    "C21": [(f_c21, "warning")],
     "T01": [(f_t01, "error")],
     "T02": [(f_t02, "warning")],
     "T03": [(f_t03, "warning"), (f_t03_rows, "warning")],
@@ -585,7 +595,17 @@ def n_c20(w):
     return dict(configs=[yml])
 
 
+def n_c21(w):
+    yml = w.write_text(
+        "sft.yaml",
+        "use_peft: true\nlora_r: 16\nlora_alpha: 32\nlearning_rate: 2.0e-4\nper_device_train_batch_size: 8\n"
+        "dataset_name: HuggingFaceH4/ultrachat_200k\ndataset_train_split: train_sft\n",
+    )
+    return dict(configs=[yml])
+
+
 NO_FIRE = {
+    "C21": n_c21,
     "C20": n_c20,
     "D09": n_d09,
     "D10": n_d10,

@@ -152,3 +152,85 @@ def test_preference_settings_out_of_range(tmp_path):
     msgs = sorted((f.severity, f.message.split(":")[0]) for f in res.by_id("C20"))
     assert [s for s, _ in msgs] == ["error", "error", "warning"], msgs
     assert any("beta=0" in m for _, m in msgs) and any("learning_rate=0.0003" in m for _, m in msgs)
+
+
+# ---------------------------------------------------------------------- LLaMA-Factory freeze tuning
+# Written after LLaMA-Factory examples/train_freeze/llama3_freeze_sft.yaml (from memory of the published example).
+LF_FREEZE = """\
+model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
+stage: sft
+do_train: true
+finetuning_type: freeze
+freeze_trainable_layers: 2
+freeze_trainable_modules: all
+dataset: identity,alpaca_en_demo
+template: llama3
+cutoff_len: 2048
+max_samples: 1000
+output_dir: saves/llama3-8b/freeze/sft
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+"""
+
+
+def test_llamafactory_freeze_is_not_a_full_finetune(tmp_path):
+    """main: finetuning=full and "C02 learning_rate=0.0001 is above 5e-05 for full fine-tuning"."""
+    (tmp_path / "llama3_freeze_sft.yaml").write_text(LF_FREEZE)
+    res = diagnose(configs=[tmp_path / "llama3_freeze_sft.yaml"], select=["C01", "C02"])
+    assert res.config["values"]["finetuning"]["value"] == "freeze"
+    assert "C02" in res.passed, [f.message for f in res.by_id("C02")]
+    (tmp_path / "hot.yaml").write_text(LF_FREEZE.replace("learning_rate: 1.0e-4", "learning_rate: 3.0e-3"))
+    (f,) = diagnose(configs=[tmp_path / "hot.yaml"], select=["C02"]).by_id("C02")
+    assert "freeze tuning" in f.message and f.severity == "error"
+
+
+# ---------------------------------------------------------------------- test splits used for training
+# alignment-handbook's newer recipe layout (dataset_mixture with per-dataset splits); the split is set to test_sft
+# here as the issue reports for some public recipes.
+HANDBOOK_MIXTURE = """\
+model_name_or_path: Qwen/Qwen2.5-0.5B
+use_peft: true
+lora_r: 16
+lora_alpha: 32
+learning_rate: 2.0e-4
+dataset_mixture:
+  datasets:
+    - id: HuggingFaceH4/ultrachat_200k
+      config: default
+      split: test_sft
+      columns: [messages]
+      weight: 1.0
+    - id: HuggingFaceH4/no_robots
+      split: train
+max_length: 2048
+"""
+
+AXOLOTL_TEST_SPLIT = """\
+base_model: Qwen/Qwen2.5-0.5B
+adapter: lora
+lora_r: 16
+lora_alpha: 32
+learning_rate: 2.0e-4
+datasets:
+  - path: tatsu-lab/alpaca
+    type: alpaca
+    split: test
+"""
+
+
+def test_test_split_used_for_training(tmp_path):
+    """main: no finding on either config."""
+    (tmp_path / "mix.yaml").write_text(HANDBOOK_MIXTURE)
+    (f,) = diagnose(configs=[tmp_path / "mix.yaml"], select=["C21"]).by_id("C21")
+    assert "'test_sft' split of HuggingFaceH4/ultrachat_200k" in f.message
+    assert f.evidence["from"] == "mix.yaml: dataset_mixture.datasets[0].split"
+    (tmp_path / "ax.yaml").write_text(AXOLOTL_TEST_SPLIT)
+    (f,) = diagnose(configs=[tmp_path / "ax.yaml"], select=["C21"]).by_id("C21")
+    assert "'test' split of tatsu-lab/alpaca" in f.message
+    (tmp_path / "ok.yaml").write_text(AXOLOTL_TEST_SPLIT.replace("split: test", "split: train"))
+    assert "C21" in diagnose(configs=[tmp_path / "ok.yaml"], select=["C21"]).passed

@@ -234,7 +234,8 @@ def c01(ctx: AuditContext) -> list[Hit]:
     requires=("config",),
     severity="error",
     rank=50,
-    rule=f"LoRA lr > {LORA_LR_HIGH:g} (> {LORA_LR_HIGH_BIG:g} for models >= 13B) warns, > 4x that errors; full "
+    rule=f"LoRA (and LLaMA-Factory freeze tuning) lr > {LORA_LR_HIGH:g} (> {LORA_LR_HIGH_BIG:g} for models >= 13B) "
+    f"warns, > 4x that errors; full "
     f"fine-tuning lr > {FULL_LR_HIGH:g} warns, > 4x errors",
     fix="lower the learning rate (LoRA 1e-4 to 2e-4; full fine-tuning 1e-5 to 2e-5)",
     source="artidoro/qlora README; Unsloth guide",
@@ -248,11 +249,12 @@ def c02(ctx: AuditContext) -> list[Hit]:
     _require_possible(ctx, "learning_rate")
     lora = _lora(ctx)
     size = _model_billions(c.base_model)
-    thr = (LORA_LR_HIGH_BIG if (size and size >= 13) else LORA_LR_HIGH) if lora else FULL_LR_HIGH
+    freeze = c.finetuning == "freeze"  # a few layers trained, like an adapter: LoRA's range, not full FT's
+    thr = (LORA_LR_HIGH_BIG if (size and size >= 13) else LORA_LR_HIGH) if (lora or freeze) else FULL_LR_HIGH
     if lr <= thr:
         return []
     sev = "error" if lr > 4 * thr else "warning"
-    kind = "LoRA" if lora else "full fine-tuning"
+    kind = "LoRA" if lora else "freeze tuning" if freeze else "full fine-tuning"
     sz = f" on a {size:g}B model" if size else ""
     return [
         Hit(
@@ -1034,3 +1036,34 @@ def c20(ctx: AuditContext) -> list[Hit]:
             )
         )
     return hits
+
+
+# ---------------------------------------------------------------------- C21
+@check(
+    "C21",
+    "trains_on_test_split",
+    "A published test split is used for training",
+    requires=("config",),
+    severity="warning",
+    rank=30,
+    rule="a training dataset split named test* (test, test_sft, test_prefs ...) in TRL dataset_train_split, "
+    "alignment-handbook dataset_mixture.datasets[].split or axolotl datasets[].split: any warns",
+    fix="train on the train split (train_sft, train_prefs ...); if you evaluate on that benchmark, the test rows "
+    "you trained on contaminate it",
+    source="HuggingFaceH4/ultrachat_200k and ultrafeedback_binarized split names (train_*/test_*); heuristic",
+)
+def c21(ctx: AuditContext) -> list[Hit]:
+    """C21 (trains_on_test_split): A published test split is used for training."""
+    c = ctx.config
+    if not c.train_splits:
+        raise NotApplicable("the config names no training split")
+    bad = [d for d in c.train_splits if str(d["split"]).strip().lower().startswith("test")]
+    return [
+        Hit(
+            "warning",
+            f"the run trains on the {d['split']!r} split of {d['dataset']} ({d['from']}): a test split is held "
+            f"out for evaluation, and evaluating on it after training on it is contaminated",
+            {"value": d["split"], "threshold": "train*", "dataset": d["dataset"], "from": d["from"]},
+        )
+        for d in bad
+    ]

@@ -143,6 +143,17 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             if text("chat_template") and not r.has("chat_template"):
                 cfg.set("chat_template", str(d["chat_template"]), r.where(f"datasets[{i}].chat_template"))
         cfg.set("datasets", norm, r.where("datasets"))
+        splits = [
+            {
+                "dataset": str(d.get("path") or f"datasets[{i}]"),
+                "split": d["split"],
+                "from": r.where(f"datasets[{i}].split"),
+            }
+            for i, d in enumerate(ds)
+            if isinstance(d, dict) and isinstance(d.get("split"), str)
+        ]
+        if splits:
+            cfg.set("train_splits", splits, r.where("datasets"))
 
 
 FORMAT = Format(name="axolotl", title="axolotl", read=read, order=11, votes=KEYS, trainer="axolotl", defaults=DEFAULTS)

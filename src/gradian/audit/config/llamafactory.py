@@ -100,7 +100,8 @@ def read(cfg: TrainConfig, r: Reader) -> None:
     if ft:
         ft = ft.lower()
         q = r.int_("quantization_bit")
-        cfg.set("finetuning", ("qlora" if q else "lora") if ft == "lora" else "full", r.where("finetuning_type"))
+        kind = ("qlora" if q else "lora") if ft == "lora" else "freeze" if ft == "freeze" else "full"
+        cfg.set("finetuning", kind, r.where("finetuning_type"))
     qb = r.int_("quantization_bit")
     if qb == 4:
         cfg.set("load_in_4bit", True, r.where("quantization_bit"))

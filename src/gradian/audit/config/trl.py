@@ -182,6 +182,25 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             f"default (TRL ModelConfig: use_peft is false; a CLI config, {r.where(key)})",
             default=True,
         )
+    splits = []
+    if r.str_("dataset_train_split"):
+        splits.append(
+            {
+                "dataset": r.str_("dataset_name") or "(dataset_name)",
+                "split": r.str_("dataset_train_split"),
+                "from": r.where("dataset_train_split"),
+            }
+        )
+    mix = r.get("dataset_mixture")
+    if isinstance(mix, dict) and isinstance(mix.get("datasets"), list):
+        for i, d in enumerate(mix["datasets"]):
+            if isinstance(d, dict) and isinstance(d.get("split"), str):
+                name = d.get("id") or d.get("path") or d.get("name") or f"datasets[{i}]"
+                splits.append(
+                    {"dataset": str(name), "split": d["split"], "from": r.where(f"dataset_mixture.datasets[{i}].split")}
+                )
+    if splits:
+        cfg.set("train_splits", splits, splits[0]["from"])
     stage = _stage(r)
     if stage:
         cfg.set("stage", stage[0], stage[1])
