@@ -234,3 +234,38 @@ def test_test_split_used_for_training(tmp_path):
     assert "'test' split of tatsu-lab/alpaca" in f.message
     (tmp_path / "ok.yaml").write_text(AXOLOTL_TEST_SPLIT.replace("split: test", "split: train"))
     assert "C21" in diagnose(configs=[tmp_path / "ok.yaml"], select=["C21"]).passed
+
+
+# ---------------------------------------------------------------------- the config's own version pins
+PACKED_ASSISTANT_ONLY = """\
+# Requirements: pip install "trl==0.19.1" peft
+model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct
+dataset_name: trl-lib/Capybara
+use_peft: true
+lora_r: 16
+lora_alpha: 32
+learning_rate: 2.0e-4
+packing: true
+packing_strategy: bfd
+assistant_only_loss: true
+max_length: 1024
+"""
+
+
+def test_pinned_trl_makes_packing_bug_an_error(tmp_path):
+    """main: "packing with completion-only loss is correct only on TRL >= 0.20 ... pass --versions trl=X"."""
+    (tmp_path / "sft.yaml").write_text(PACKED_ASSISTANT_ONLY)
+    res = diagnose(configs=[tmp_path / "sft.yaml"], select=["C11"])
+    (f,) = res.by_id("C11")
+    assert f.severity == "error" and "TRL 0.19.1" in f.message and "trl==0.19.1" in f.evidence["trl_from"]
+    # a requirements.txt beside an unpinned config says the same
+    (tmp_path / "sft.yaml").write_text(PACKED_ASSISTANT_ONLY.split("\n", 1)[1])  # without the pin comment
+    (tmp_path / "requirements.txt").write_text("peft==0.15.2\ntrl==0.19.0\n")
+    (f,) = diagnose(configs=[tmp_path / "sft.yaml"], select=["C11"]).by_id("C11")
+    assert f.severity == "error" and "TRL 0.19.0" in f.message
+    # a pin on 0.21 clears it; a range (>=) is not a pin
+    (tmp_path / "requirements.txt").write_text("trl==0.21.0\n")
+    assert "C11" in diagnose(configs=[tmp_path / "sft.yaml"], select=["C11"]).passed
+    (tmp_path / "requirements.txt").write_text("trl>=0.19\n")
+    (f,) = diagnose(configs=[tmp_path / "sft.yaml"], select=["C11"]).by_id("C11")
+    assert f.severity == "warning"

@@ -606,9 +606,10 @@ def c11(ctx: AuditContext) -> list[Hit]:
         hits.append(
             Hit(
                 "error",
-                f"packing with completion-only/assistant-only loss on TRL {v}: the masks are dropped "
+                f"packing with completion-only/assistant-only loss on TRL {v} "
+                f"({ctx.version_sources.get('trl') or 'versions'}): the masks are dropped "
                 f"when sequences are packed, so prompts are trained",
-                {"value": v, "threshold": ">=0.20", **cite},
+                {"value": v, "threshold": ">=0.20", "trl_from": ctx.version_sources.get("trl"), **cite},
             )
         )
     elif v is None:
