@@ -8,6 +8,7 @@ apply to the clean run, the builder in NO_FIRE (the check runs and passes).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from audit_world import clean_trainer_state
@@ -662,3 +663,28 @@ def test_impossible_values_skip_the_checks_that_compute_with_them(world):
     reasons = {s.id: s.reason for s in res.skipped}
     for cid in ("C01", "C02", "C03", "C04", "C13", "C18", "D04", "D05", "C07"):
         assert cid not in res.passed and "impossible" in reasons[cid], (cid, reasons.get(cid))
+
+
+# a training template with a {% generation %} block that covers the end of turn (the shape of TRL's
+# chat_templates/qwen2_5_training.jinja), installed by the config itself (alignment-handbook recipes carry a
+# chat_template: key; TRL's chat_template_path may name a .jinja file)
+_GEN_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n{% generation %}"
+    "{{ m['content'] }}<|im_end|>{% endgeneration %}\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endif %}{% endfor %}"
+)
+
+
+def test_c09_reads_the_configs_own_chat_template(world):
+    """main: "C09 assistant_only_loss=true but the chat template has no {% generation %} block" although the
+    config installs a template that has one."""
+    res = diagnose(configs=[world.config_with(assistant_only_loss=True)], tokenizer=world.tok, select=["C09"])
+    assert res.by_id("C09")  # the tokenizer's own template has no block
+    cfg = world.config_with(assistant_only_loss=True, chat_template=_GEN_TEMPLATE)
+    res = diagnose(configs=[cfg], tokenizer=world.tok, select=["C09"])
+    assert "C09" in res.passed, [f.message for f in res.by_id("C09")]
+    jinja = world.write_text("train.jinja", _GEN_TEMPLATE)
+    cfg = world.config_with(assistant_only_loss=True, chat_template_path=Path(jinja).name)
+    assert Path(cfg).parent == Path(jinja).parent
+    res = diagnose(configs=[cfg], tokenizer=world.tok, select=["C09"])
+    assert "C09" in res.passed, [f.message for f in res.by_id("C09")]

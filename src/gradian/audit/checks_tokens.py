@@ -532,14 +532,16 @@ def c09(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     if not c.assistant_only_loss:
         raise NotApplicable("assistant_only_loss is off")
-    tpl = ctx.tok_info.chat_template
+    own = c.chat_template if c.chat_template and "{%" in c.chat_template else None  # the config installs its own
+    tpl = own or ctx.tok_info.chat_template
     if not tpl:
         raise NotApplicable("the tokenizer has no chat template (T01 reports it)")
     if not re.search(r"\{%-?\s*generation\s*-?%\}", tpl):
+        where = f" ({c.source('chat_template')})" if own else ""
         return [
             Hit(
                 "warning",
-                "assistant_only_loss=true but the chat template has no {% generation %} block: older "
+                f"assistant_only_loss=true but the chat template{where} has no {{% generation %}} block: older "
                 "TRL raises 'no assistant tokens', newer TRL swaps in a training template only for "
                 "the model families it knows",
                 {"value": False, "threshold": True, **c.cite("assistant_only_loss")},
@@ -555,6 +557,7 @@ def c09(ctx: AuditContext) -> list[Hit]:
             tokenize=True,
             return_dict=True,
             return_assistant_tokens_mask=True,
+            **({"chat_template": own} if own else {}),
         )
     except Exception as e:  # a template the tokenizer cannot mask with
         return [

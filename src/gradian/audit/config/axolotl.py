@@ -115,6 +115,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("eos_token", str(st["eos_token"]), r.where("special_tokens.eos_token"))
     if isinstance(st, dict) and st.get("pad_token"):
         cfg.set("pad_token", str(st["pad_token"]), r.where("special_tokens.pad_token"))
+    if (r.str_("chat_template") or "").lower() == "jinja" and r.str_("chat_template_jinja"):
+        cfg.chat_template = None  # axolotl's `chat_template: jinja` names the template given in chat_template_jinja
+        cfg.set("chat_template", r.str_("chat_template_jinja"), r.where("chat_template_jinja"))
     ds = r.get("datasets")
     if isinstance(ds, list):
         norm = []

@@ -11,6 +11,7 @@ from pathlib import Path
 from gradian.audit.config.hf_args import HF_DEFAULTS, read_hf_args
 from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import BY_GRADIAN_TRAIN, Format, Reader, Row, set_many, spellings
+from gradian.safeio import read_text
 
 #: Keys only a TRL config has (detection).
 KEYS = frozenset(
@@ -48,6 +49,7 @@ FIELDS: tuple[Row, ...] = (
     ("eos_token", "eos_token", "str"),
     ("pad_token", "pad_token", "str"),
     ("chat_template_path", "chat_template_path", "str"),
+    ("chat_template", "chat_template", "str"),  # alignment-handbook recipes put the Jinja template in the YAML
     ("attn_implementation", "attn_implementation", "str"),
     ("attn_implementation", "model_init_kwargs.attn_implementation", "str"),
     ("bnb_4bit_compute_dtype", "bnb_4bit_compute_dtype", "str"),
@@ -182,6 +184,11 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             f"default (TRL ModelConfig: use_peft is false; a CLI config, {r.where(key)})",
             default=True,
         )
+    ctp = r.str_("chat_template_path")
+    if ctp and ctp.endswith((".jinja", ".j2")) and not r.has("chat_template"):
+        f = Path(r.path).parent / ctp
+        if f.is_file():  # TRL's chat_template_path may name a Jinja file: its text is the template trained with
+            cfg.set("chat_template", read_text(f, "chat template"), r.where("chat_template_path"))
     splits = []
     if r.str_("dataset_train_split"):
         splits.append(
