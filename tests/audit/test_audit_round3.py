@@ -269,3 +269,49 @@ def test_pinned_trl_makes_packing_bug_an_error(tmp_path):
     (tmp_path / "requirements.txt").write_text("trl>=0.19\n")
     (f,) = diagnose(configs=[tmp_path / "sft.yaml"], select=["C11"]).by_id("C11")
     assert f.severity == "warning"
+
+
+# ---------------------------------------------------------------------- axolotl custom type: field mappings
+# axolotl docs (dataset formats, "custom user-defined format"): a `type:` mapping with field_* names and a format
+AXOLOTL_CUSTOM = """\
+base_model: Qwen/Qwen2.5-0.5B
+adapter: lora
+lora_r: 16
+lora_alpha: 32
+learning_rate: 2.0e-4
+datasets:
+  - path: train.jsonl
+    type:
+      field_instruction: question
+      field_input: context
+      field_output: answer
+      format: "[INST] {instruction} {input} [/INST]"
+      no_input_format: "[INST] {instruction} [/INST]"
+"""
+
+
+def test_axolotl_custom_mapping_is_read(tmp_path):
+    """main: "unknown row format (fields: answer, context, question)" (refused)."""
+    rows = [
+        {"question": f"What is {k} squared?", "context": "" if k % 2 else "Maths.", "answer": str(k * k)}
+        for k in range(12)
+    ]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "ax.yml").write_text(AXOLOTL_CUSTOM)
+    res = diagnose(data=tmp_path / "train.jsonl", configs=[tmp_path / "ax.yml"], select=["D01", "C08"])
+    assert "D01" in res.passed or res.by_id("D01")  # the data was read and checked
+    assert not res.by_id("C08")
+    from gradian.audit.config.axolotl import apply_mapping, custom_mapping
+    from gradian.audit.config.reader import load_config
+
+    mapping, where = custom_mapping(load_config([tmp_path / "ax.yml"]), str(tmp_path / "train.jsonl"))
+    assert where == "ax.yml: datasets[0].type"
+    mapped = apply_mapping(rows[:2], mapping)
+    assert mapped[0] == {"prompt": "[INST] What is 0 squared? Maths. [/INST]", "completion": "0"}
+    assert mapped[1] == {"prompt": "[INST] What is 1 squared? [/INST]", "completion": "1"}
+    import pytest
+
+    from gradian.errors import GradianUserError
+
+    with pytest.raises(GradianUserError, match="unknown row format"):
+        diagnose(data=tmp_path / "train.jsonl", select=["D01"])  # without the config: still refused

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gradian.audit.config.hf_args import read_hf_args
 from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, Row, set_many
@@ -141,6 +143,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
                     else None,
                     "train_on_eos": text("train_on_eos"),
                     "chat_template": text("chat_template"),
+                    "type_mapping": {str(k): v for k, v in d["type"].items() if isinstance(v, str)}
+                    if isinstance(d.get("type"), dict)
+                    else None,
                 }
             )
             if text("chat_template") and not r.has("chat_template"):
@@ -160,3 +165,52 @@ def read(cfg: TrainConfig, r: Reader) -> None:
 
 
 FORMAT = Format(name="axolotl", title="axolotl", read=read, order=11, votes=KEYS, trainer="axolotl", defaults=DEFAULTS)
+
+
+_MAPPED = ("field_instruction", "field_input", "field_output", "field_system", "format", "no_input_format")
+
+
+def custom_mapping(cfg: TrainConfig, data_path: str | None) -> tuple[dict[str, str], str] | None:
+    """The axolotl ``datasets[i].type`` field mapping (``field_instruction``, ``field_output``, ``format`` ...) that
+    applies to ``data_path``: the only entry, or the one whose ``path`` names the file; ``(mapping, where)``.
+    """
+    if cfg.trainer != "axolotl" or not cfg.datasets:
+        return None
+    entries = [d for d in cfg.datasets if d.get("type_mapping") and set(d["type_mapping"]) & set(_MAPPED)]
+    if not entries:
+        return None
+    if len(cfg.datasets) > 1 and data_path:
+        name = Path(data_path).name
+        entries = [d for d in entries if d.get("path") and Path(str(d["path"])).name == name]
+    if len(entries) != 1:
+        return None
+    d = entries[0]
+    return d["type_mapping"], f"{Path(cfg.paths[0]).name}: datasets[{d['index']}].type"
+
+
+def apply_mapping(records: list[dict], mapping: dict[str, str]) -> list[dict]:
+    """Rows under an axolotl custom mapping, as prompt/completion records (what axolotl trains on).
+
+    The prompt is ``format`` (``no_input_format`` when the row's input is empty) with ``{instruction}`` and
+    ``{input}`` filled, else the instruction and input joined by a blank line; ``system_prompt``/``field_system``
+    go first when given. The completion is ``field_output``'s value. Records keep their other fields (an ``id``).
+    """
+    fi, fo = mapping.get("field_instruction", "instruction"), mapping.get("field_output", "output")
+    fin, fs = mapping.get("field_input", "input"), mapping.get("field_system")
+    out = []
+    for r in records:
+        if not isinstance(r, dict) or fi not in r or fo not in r:
+            out.append(r)  # left as is: the row reader names what is missing
+            continue
+        ins, inp = str(r.get(fi) or ""), str(r.get(fin) or "")
+        fmt = mapping.get("no_input_format") if not inp and mapping.get("no_input_format") else mapping.get("format")
+        if fmt:
+            prompt = fmt.replace("{instruction}", ins).replace("{input}", inp)
+        else:
+            prompt = ins + (f"\n\n{inp}" if inp else "")
+        system = str(r.get(fs) or "") if fs else mapping.get("system_prompt", "")
+        if system:
+            prompt = f"{system}\n\n{prompt}"
+        keep = {k: v for k, v in r.items() if k in ("id",)}
+        out.append({**keep, "prompt": prompt, "completion": str(r[fo])})
+    return out
