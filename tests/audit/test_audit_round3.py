@@ -298,17 +298,17 @@ def test_axolotl_custom_mapping_is_read(tmp_path):
     ]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "ax.yml").write_text(AXOLOTL_CUSTOM)
-    res = diagnose(data=tmp_path / "train.jsonl", configs=[tmp_path / "ax.yml"], select=["D01", "C08"])
+    res = diagnose(data=tmp_path / "train.jsonl", configs=[tmp_path / "ax.yml"], select=["D01", "C08", "D08"])
     assert "D01" in res.passed or res.by_id("D01")  # the data was read and checked
-    assert not res.by_id("C08")
+    assert not res.by_id("C08") and not res.by_id("D08")  # the format's [INST] markers are template, not content
     from gradian.audit.config.axolotl import apply_mapping, custom_mapping
     from gradian.audit.config.reader import load_config
 
     mapping, where = custom_mapping(load_config([tmp_path / "ax.yml"]), str(tmp_path / "train.jsonl"))
     assert where == "ax.yml: datasets[0].type"
     mapped = apply_mapping(rows[:2], mapping)
-    assert mapped[0] == {"prompt": "[INST] What is 0 squared? Maths. [/INST]", "completion": "0"}
-    assert mapped[1] == {"prompt": "[INST] What is 1 squared? [/INST]", "completion": "1"}
+    assert mapped[0] == {"prompt": "What is 0 squared?\n\nMaths.", "completion": "0"}
+    assert mapped[1] == {"prompt": "What is 1 squared?", "completion": "1"}
     import pytest
 
     from gradian.errors import GradianUserError

@@ -189,11 +189,12 @@ def custom_mapping(cfg: TrainConfig, data_path: str | None) -> tuple[dict[str, s
 
 
 def apply_mapping(records: list[dict], mapping: dict[str, str]) -> list[dict]:
-    """Rows under an axolotl custom mapping, as prompt/completion records (what axolotl trains on).
+    """Rows under an axolotl custom mapping, as prompt/completion records (their content, as the checks read it).
 
-    The prompt is ``format`` (``no_input_format`` when the row's input is empty) with ``{instruction}`` and
-    ``{input}`` filled, else the instruction and input joined by a blank line; ``system_prompt``/``field_system``
-    go first when given. The completion is ``field_output``'s value. Records keep their other fields (an ``id``).
+    The prompt is the instruction and input joined by a blank line (``system_prompt``/``field_system`` first when
+    given); the completion is ``field_output``'s value. The mapping's ``format`` string is the prompt *template*
+    (``"[INST] {instruction} [/INST]"``): it is not put into the text, so its markers are not read as content
+    (D08). Records keep their ``id``.
     """
     fi, fo = mapping.get("field_instruction", "instruction"), mapping.get("field_output", "output")
     fin, fs = mapping.get("field_input", "input"), mapping.get("field_system")
@@ -203,11 +204,7 @@ def apply_mapping(records: list[dict], mapping: dict[str, str]) -> list[dict]:
             out.append(r)  # left as is: the row reader names what is missing
             continue
         ins, inp = str(r.get(fi) or ""), str(r.get(fin) or "")
-        fmt = mapping.get("no_input_format") if not inp and mapping.get("no_input_format") else mapping.get("format")
-        if fmt:
-            prompt = fmt.replace("{instruction}", ins).replace("{input}", inp)
-        else:
-            prompt = ins + (f"\n\n{inp}" if inp else "")
+        prompt = ins + (f"\n\n{inp}" if inp else "")
         system = str(r.get(fs) or "") if fs else mapping.get("system_prompt", "")
         if system:
             prompt = f"{system}\n\n{prompt}"
