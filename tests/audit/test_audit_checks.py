@@ -8,6 +8,7 @@ apply to the clean run, the builder in NO_FIRE (the check runs and passes).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from audit_world import clean_trainer_state
@@ -325,6 +326,35 @@ def f_c19(w):
     )
 
 
+def f_c20(w):
+    # written after alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml, with beta and lr pushed out
+    yml = w.write_text(
+        "dpo.yaml",
+        "model_name_or_path: alignment-handbook/zephyr-7b-sft-qlora\nuse_peft: true\nload_in_4bit: true\n"
+        "lora_r: 128\nlora_alpha: 128\nbeta: 2.0\nlearning_rate: 5.0e-4\nmax_length: 1024\n"
+        "max_prompt_length: 512\nnum_train_epochs: 1\nper_device_train_batch_size: 4\n",
+    )
+    return dict(configs=[yml])
+
+
+def f_c20_prompt(w):
+    yml = w.write_text(
+        "dpo.yaml",
+        "use_peft: true\nlora_r: 16\nlora_alpha: 32\nbeta: 0.1\nlearning_rate: 5.0e-6\nmax_length: 512\n"
+        "max_prompt_length: 512\nper_device_train_batch_size: 4\n",
+    )
+    return dict(configs=[yml])
+
+
+def f_c21(w):
+    yml = w.write_text(
+        "sft.yaml",
+        "use_peft: true\nlora_r: 16\nlora_alpha: 32\nlearning_rate: 2.0e-4\nper_device_train_batch_size: 8\n"
+        "dataset_name: HuggingFaceH4/ultrachat_200k\ndataset_train_split: test_sft\n",
+    )
+    return dict(configs=[yml])
+
+
 def f_c19_inf(w):
     yml = w.write_text(
         "sft.yaml",
@@ -490,6 +520,8 @@ FIRE = {
     "C17": [(f_c17, "error")],
     "C18": [(f_c18, "warning")],
     "C19": [(f_c19, "error"), (f_c19_inf, "error")],
+    "C20": [(f_c20, "warning"), (f_c20_prompt, "error")],
+    "C21": [(f_c21, "warning")],
     "T01": [(f_t01, "error")],
     "T02": [(f_t02, "warning")],
     "T03": [(f_t03, "warning"), (f_t03_rows, "warning")],
@@ -553,7 +585,37 @@ def n_l08(w):
     return dict(logs=w.write_json("trainer_state.json", clean_trainer_state(n_rows=2000)))
 
 
-NO_FIRE = {"D09": n_d09, "D10": n_d10, "C09": n_c09, "C11": n_c11, "C12": n_c12, "T01": n_t01, "L08": n_l08}
+def n_c20(w):
+    # alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml's DPO settings, as published
+    yml = w.write_text(
+        "dpo.yaml",
+        "model_name_or_path: alignment-handbook/zephyr-7b-sft-qlora\nuse_peft: true\nload_in_4bit: true\n"
+        "lora_r: 128\nlora_alpha: 128\nbeta: 0.01\nlearning_rate: 5.0e-6\nmax_length: 1024\n"
+        "max_prompt_length: 512\nnum_train_epochs: 1\nper_device_train_batch_size: 4\n",
+    )
+    return dict(configs=[yml])
+
+
+def n_c21(w):
+    yml = w.write_text(
+        "sft.yaml",
+        "use_peft: true\nlora_r: 16\nlora_alpha: 32\nlearning_rate: 2.0e-4\nper_device_train_batch_size: 8\n"
+        "dataset_name: HuggingFaceH4/ultrachat_200k\ndataset_train_split: train_sft\n",
+    )
+    return dict(configs=[yml])
+
+
+NO_FIRE = {
+    "C21": n_c21,
+    "C20": n_c20,
+    "D09": n_d09,
+    "D10": n_d10,
+    "C09": n_c09,
+    "C11": n_c11,
+    "C12": n_c12,
+    "T01": n_t01,
+    "L08": n_l08,
+}
 
 SEV = {"error": 0, "warning": 1, "info": 2}
 
@@ -601,3 +663,28 @@ def test_impossible_values_skip_the_checks_that_compute_with_them(world):
     reasons = {s.id: s.reason for s in res.skipped}
     for cid in ("C01", "C02", "C03", "C04", "C13", "C18", "D04", "D05", "C07"):
         assert cid not in res.passed and "impossible" in reasons[cid], (cid, reasons.get(cid))
+
+
+# a training template with a {% generation %} block that covers the end of turn (the shape of TRL's
+# chat_templates/qwen2_5_training.jinja), installed by the config itself (alignment-handbook recipes carry a
+# chat_template: key; TRL's chat_template_path may name a .jinja file)
+_GEN_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n{% generation %}"
+    "{{ m['content'] }}<|im_end|>{% endgeneration %}\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endif %}{% endfor %}"
+)
+
+
+def test_c09_reads_the_configs_own_chat_template(world):
+    """main: "C09 assistant_only_loss=true but the chat template has no {% generation %} block" although the
+    config installs a template that has one."""
+    res = diagnose(configs=[world.config_with(assistant_only_loss=True)], tokenizer=world.tok, select=["C09"])
+    assert res.by_id("C09")  # the tokenizer's own template has no block
+    cfg = world.config_with(assistant_only_loss=True, chat_template=_GEN_TEMPLATE)
+    res = diagnose(configs=[cfg], tokenizer=world.tok, select=["C09"])
+    assert "C09" in res.passed, [f.message for f in res.by_id("C09")]
+    jinja = world.write_text("train.jinja", _GEN_TEMPLATE)
+    cfg = world.config_with(assistant_only_loss=True, chat_template_path=Path(jinja).name)
+    assert Path(cfg).parent == Path(jinja).parent
+    res = diagnose(configs=[cfg], tokenizer=world.tok, select=["C09"])
+    assert "C09" in res.passed, [f.message for f in res.by_id("C09")]

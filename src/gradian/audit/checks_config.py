@@ -234,7 +234,8 @@ def c01(ctx: AuditContext) -> list[Hit]:
     requires=("config",),
     severity="error",
     rank=50,
-    rule=f"LoRA lr > {LORA_LR_HIGH:g} (> {LORA_LR_HIGH_BIG:g} for models >= 13B) warns, > 4x that errors; full "
+    rule=f"LoRA (and LLaMA-Factory freeze tuning) lr > {LORA_LR_HIGH:g} (> {LORA_LR_HIGH_BIG:g} for models >= 13B) "
+    f"warns, > 4x that errors; full "
     f"fine-tuning lr > {FULL_LR_HIGH:g} warns, > 4x errors",
     fix="lower the learning rate (LoRA 1e-4 to 2e-4; full fine-tuning 1e-5 to 2e-5)",
     source="artidoro/qlora README; Unsloth guide",
@@ -248,11 +249,12 @@ def c02(ctx: AuditContext) -> list[Hit]:
     _require_possible(ctx, "learning_rate")
     lora = _lora(ctx)
     size = _model_billions(c.base_model)
-    thr = (LORA_LR_HIGH_BIG if (size and size >= 13) else LORA_LR_HIGH) if lora else FULL_LR_HIGH
+    freeze = c.finetuning == "freeze"  # a few layers trained, like an adapter: LoRA's range, not full FT's
+    thr = (LORA_LR_HIGH_BIG if (size and size >= 13) else LORA_LR_HIGH) if (lora or freeze) else FULL_LR_HIGH
     if lr <= thr:
         return []
     sev = "error" if lr > 4 * thr else "warning"
-    kind = "LoRA" if lora else "full fine-tuning"
+    kind = "LoRA" if lora else "freeze tuning" if freeze else "full fine-tuning"
     sz = f" on a {size:g}B model" if size else ""
     return [
         Hit(
@@ -458,6 +460,8 @@ def c06(ctx: AuditContext) -> list[Hit]:
 # ---------------------------------------------------------------------- C08
 _RESPONSE_MARKERS = (
     "### Response:",
+    "### Answer:",  # "### Question: ... ### Answer:" (trl sft docs' completion-only example)
+    "### Assistant:",
     "<|im_start|>assistant",
     "[/INST]",
     "<|start_header_id|>assistant",
@@ -478,7 +482,8 @@ _RESPONSE_MARKERS = (
     rank=20,
     rule="train_on_inputs / train_on_prompt / train_on_input true, completion_only_loss false, TRL on "
     "'messages' rows without assistant_only_loss (every turn is trained), or 'text' rows that hold a "
-    "flattened prompt and response ('### Response:', '<|im_start|>assistant', '[/INST]' ...)",
+    "flattened prompt and response ('### Response:', '### Answer:', '<|im_start|>assistant', '[/INST]' ...) "
+    "unless the config's DataCollatorForCompletionOnlyLM response_template is in the row",
     fix="train on completions only: prompt/completion rows with completion_only_loss, assistant_only_loss for "
     "conversations, or train_on_inputs: false",
     source="trl sft_config.py (completion_only_loss); axolotl training.py (train_on_inputs default false)",
@@ -531,10 +536,15 @@ def c08(ctx: AuditContext) -> list[Hit]:
                     )
                 )
     if ctx.examples is not None:
+        rt = c.response_template if c is not None else None
         flat = [
             i
             for i, e in enumerate(ctx.examples)
-            if e.format == "text" and any(m in e.completion_text for m in _RESPONSE_MARKERS)
+            if e.format == "text"
+            and any(m in e.completion_text for m in _RESPONSE_MARKERS)
+            # DataCollatorForCompletionOnlyLM masks everything up to its response_template: a row holding the
+            # template is trained on the response only (a row without it is C14's)
+            and not (rt and rt.strip() and rt.strip() in e.completion_text)
         ]
         if flat:
             hits.append(
@@ -596,9 +606,10 @@ def c11(ctx: AuditContext) -> list[Hit]:
         hits.append(
             Hit(
                 "error",
-                f"packing with completion-only/assistant-only loss on TRL {v}: the masks are dropped "
+                f"packing with completion-only/assistant-only loss on TRL {v} "
+                f"({ctx.version_sources.get('trl') or 'versions'}): the masks are dropped "
                 f"when sequences are packed, so prompts are trained",
-                {"value": v, "threshold": ">=0.20", **cite},
+                {"value": v, "threshold": ">=0.20", "trl_from": ctx.version_sources.get("trl"), **cite},
             )
         )
     elif v is None:
@@ -950,4 +961,110 @@ def c18(ctx: AuditContext) -> list[Hit]:
                 **c.cite("micro_batch_size", "gradient_accumulation_steps", "total_batch_size"),
             },
         )
+    ]
+
+
+# ---------------------------------------------------------------------- C20
+#: Preference tuning (DPO/ORPO/KTO/CPO) moves far less than SFT: alignment-handbook's full DPO recipes use 5e-7,
+#: its QLoRA DPO recipe 5e-6, its full ORPO recipe 5e-6; TRL's DPOConfig/KTOConfig/ORPOConfig default 1e-6.
+PREF_LR_HIGH_FULL = 1e-5
+PREF_LR_HIGH_LORA = 1e-4
+#: DPO/KTO/ORPO beta: TRL default 0.1; recipes use 0.01 to 0.5 (SimPO's beta is on another scale, 2 to 10).
+PREF_BETA_HIGH = 1.0
+
+
+@check(
+    "C20",
+    "preference_settings",
+    "Preference-tuning settings out of range",
+    requires=("config",),
+    severity="warning",
+    rank=50,
+    rule=f"a DPO/ORPO/KTO/CPO run (TRL's preference fields, axolotl rl:, LLaMA-Factory stage): learning_rate > "
+    f"{PREF_LR_HIGH_FULL:g} on a full fine-tune or > {PREF_LR_HIGH_LORA:g} on LoRA warns (each trainer's own "
+    f"default learning rate when unset: DPO/KTO/ORPO/CPO 1e-6, reward 1e-4); beta <= 0 is an error, beta > "
+    f"{PREF_BETA_HIGH:g} warns (not for SimPO); max_prompt_length >= max_length leaves no room for the response: "
+    "an error (**H** ranges)",
+    fix="use the recipe ranges: full DPO ~5e-7, LoRA DPO ~5e-6 to 5e-5; beta 0.01 to 0.5; max_prompt_length below "
+    "max_length",
+    source="trl trainer/dpo_config.py, kto_config.py, experimental/orpo/orpo_config.py (defaults); "
+    "alignment-handbook recipes (zephyr-7b-beta dpo, zephyr-141b orpo)",
+    stages=("preference",),
+)
+def c20(ctx: AuditContext) -> list[Hit]:
+    """C20 (preference_settings): Preference-tuning settings out of range."""
+    c = ctx.config
+    hits = []
+    lr = c.learning_rate
+    if lr is not None and c.is_lora is not None and c.stage not in ("rm", "reward"):
+        hi = PREF_LR_HIGH_LORA if c.is_lora else PREF_LR_HIGH_FULL
+        if lr > hi:
+            kind = "LoRA" if c.is_lora else "full"
+            hits.append(
+                Hit(
+                    "warning",
+                    f"learning_rate={lr:g} on a {kind} {c.stage.upper()} run is above {hi:g}: preference tuning "
+                    f"moves the policy away from its reference quickly, and high rates collapse it",
+                    {"value": lr, "threshold": hi, **c.cite("learning_rate", "stage", "finetuning")},
+                )
+            )
+    if c.beta is not None:
+        simpo = c.stage == "simpo" or "simpo" in (c.loss_type or "")
+        if c.beta <= 0:
+            hits.append(
+                Hit(
+                    "error",
+                    f"beta={c.beta:g} ({c.source('beta')}): the preference loss needs beta > 0",
+                    {"value": c.beta, "threshold": 0, **c.cite("beta")},
+                )
+            )
+        elif c.beta > PREF_BETA_HIGH and not simpo:
+            hits.append(
+                Hit(
+                    "warning",
+                    f"beta={c.beta:g} ({c.source('beta')}) is above {PREF_BETA_HIGH:g}: the policy is held so close "
+                    f"to its reference that it barely learns the preferences (recipes use 0.01 to 0.5)",
+                    {"value": c.beta, "threshold": PREF_BETA_HIGH, **c.cite("beta")},
+                )
+            )
+    if c.max_prompt_length is not None and c.max_length is not None and c.max_prompt_length >= c.max_length:
+        hits.append(
+            Hit(
+                "error",
+                f"max_prompt_length={c.max_prompt_length} >= max_length={c.max_length}: a prompt that long leaves no "
+                f"room for the chosen/rejected response, which is truncated away",
+                {"value": c.max_prompt_length, "threshold": c.max_length, **c.cite("max_prompt_length", "max_length")},
+            )
+        )
+    return hits
+
+
+# ---------------------------------------------------------------------- C21
+@check(
+    "C21",
+    "trains_on_test_split",
+    "A published test split is used for training",
+    requires=("config",),
+    severity="warning",
+    rank=30,
+    rule="a training dataset split named test* (test, test_sft, test_prefs ...) in TRL dataset_train_split, "
+    "alignment-handbook dataset_mixture.datasets[].split or axolotl datasets[].split: any warns",
+    fix="train on the train split (train_sft, train_prefs ...); if you evaluate on that benchmark, the test rows "
+    "you trained on contaminate it",
+    source="HuggingFaceH4/ultrachat_200k and ultrafeedback_binarized split names (train_*/test_*); heuristic",
+)
+def c21(ctx: AuditContext) -> list[Hit]:
+    """C21 (trains_on_test_split): A published test split is used for training."""
+    c = ctx.config
+    if not c.train_splits:
+        raise NotApplicable("the config names no training split")
+    bad = [d for d in c.train_splits if str(d["split"]).strip().lower().startswith("test")]
+    return [
+        Hit(
+            "warning",
+            f"the run trains on the {d['split']!r} split of {d['dataset']} ({d['from']}): a test split is held "
+            f"out for evaluation, and evaluating on it after training on it is contaminated",
+            {"value": d["split"], "threshold": "train*", "dataset": d["dataset"], "from": d["from"]},
+        )
+        for d in bad
     ]

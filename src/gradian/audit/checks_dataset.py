@@ -579,6 +579,11 @@ SHARED_MIN_ROWS = 3
 NEAR_COPY_COVERAGE = 0.65
 #: ... and the covered content is at least this many words (fewer is not evidence of a copy).
 MIN_COVERED_WORDS = 3
+#: ... and at least this many distinct covered words are specific to few training rows (a word in < SHARED_MIN_ROWS
+#: distinct rows). The share itself weighs each content word by its rarity in training (idf, below), so a template
+#: refilled with common names and numbers ("Yuki reads 20 pages ... in 39 days: 780" against "Yuki reads 40 pages
+#: ... in 39 days: 1560") is not one row's content: its new, rare words weigh most, and they are not covered.
+MIN_SPECIFIC_WORDS = 1
 _N = 3
 
 
@@ -758,8 +763,9 @@ def _shared_mask(
     requires=("data", "eval"),
     severity="warning",
     rank=30,
-    rule=f"an eval row (not already an exact match, D14) whose content is mostly (>= {NEAR_COPY_COVERAGE:.0%}, and "
-    f">= {MIN_COVERED_WORDS} words) one training row's. Content: the words outside shared material, i.e. "
+    rule=f"an eval row (not already an exact match, D14) whose content is mostly (>= {NEAR_COPY_COVERAGE:.0%} of its "
+    f"content weighed by idf over training rows, >= {MIN_COVERED_WORDS} words, >= {MIN_SPECIFIC_WORDS} of them in < "
+    f"{SHARED_MIN_ROWS} training rows) one training row's. Content: the words outside shared material, i.e. "
     f"outside every word {_N}-gram and every sentence/line found in >= {SHARED_MIN_ROWS} distinct training rows "
     f"(template sentences, recombined macros, system prompts, entity names with their prompt template; exact "
     f"and near-duplicate copies counted once). The eval row is aligned word by word with each candidate row "
@@ -785,6 +791,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
     t3 = [g_flat[g_off[i] : g_off[i + 1]] for i in range(n)]
     g_rows = np.repeat(np.arange(n, dtype=np.int64), np.diff(g_off))
     g_keys, g_df, own_g, own_r = _key_table(g_flat, g_rows, reps, with_rows=True)
+    w_keys, w_df, _, _ = _key_table(flat, np.repeat(np.arange(n, dtype=np.int64), np.diff(off)), reps)
     tables = (g_keys, g_df, seg_keys, seg_df)
     t_shared: dict[int, np.ndarray] = {}
     t3_sets: dict[int, set[int]] = {}
@@ -807,6 +814,12 @@ def d15(ctx: AuditContext) -> list[Hit]:
     np.add.at(edge, eo[:-1][e_rows[sh]] + e0[sh], 1)
     np.add.at(edge, eo[:-1][e_rows[sh]] + e1[sh], -1)
     content_all = (shared[: len(ef)] == 0) & (np.cumsum(edge[:-1]) == 0)
+    e_wdf = _lookup(w_keys, w_df, ef)
+    specific_all = e_wdf < SHARED_MIN_ROWS  # words in few distinct training rows
+    n_groups = len(np.unique(reps))
+    # rarity weight of each eval word; a word absent from training weighs as one in a single row (a swapped-in
+    # synonym or an added filler word is not more content than the row's own names)
+    idf_all = np.log((n_groups + 1) / (np.maximum(e_wdf, 1) + 1)) + 1.0
     n_content_all = np.concatenate(([0], np.cumsum(content_all)))
     touch = np.zeros(len(eg), dtype=bool)  # gram k touches content when any of words k .. k+N-1 is content
     for k in range(_N):
@@ -823,6 +836,9 @@ def d15(ctx: AuditContext) -> list[Hit]:
         if len(g) == 0:
             continue
         content = content_all[eo[j] : eo[j + 1]]
+        specific = specific_all[eo[j] : eo[j + 1]]
+        idf = idf_all[eo[j] : eo[j + 1]]
+        w_content = float(idf[content].sum())
         n_content = int(n_content_all[eo[j + 1]] - n_content_all[eo[j]])
         if n_content < MIN_COVERED_WORDS:
             continue
@@ -846,7 +862,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
                 sl = slice(s_off[i], s_off[i + 1])
                 t_shared[i] = _shared_mask(len(ctx.row_word_hashes[i]), t3[i], (s0[sl], s1[sl], s_hash[sl]), *tables)
             ts = t_shared[i]
-            edits = 0
+            edits = 0.0
             ops = SequenceMatcher(None, hl, ctx.row_word_hashes[i].tolist(), autojunk=False).get_opcodes()
             # aligned[k + 1]: op k is an "equal" run (with a False at each end, for k = -1 and k = len(ops))
             aligned = [False, *(op[0] == "equal" for op in ops), False]
@@ -864,13 +880,15 @@ def d15(ctx: AuditContext) -> list[Hit]:
                 ):
                     # a word or short phrase swapped or added, between aligned words, where row i has shared
                     # material: a light edit of row i, not new content
-                    edits += int(content[a0:a1].sum())
+                    edits += float(idf[a0:a1][content[a0:a1]].sum())
             covered = int(cov.sum())
             # one short shared phrase is a coincidence; a copy shares content in several places (or a long run)
             places = int(cov[0]) + int((cov[1:] & ~cov[:-1]).sum())
             if covered < MIN_COVERED_WORDS or (places < 2 and covered < 2 * MIN_COVERED_WORDS):
                 continue
-            best = max(best, (covered / max(1, n_content - edits), -i))
+            if len(set(h[cov & specific].tolist())) < MIN_SPECIFIC_WORDS:
+                continue  # only words many training rows have: a template refilled, not this row's content
+            best = max(best, (float(idf[cov].sum()) / max(1e-9, w_content - edits), -i))
         share, i = best[0], -best[1]
         if share >= NEAR_COPY_COVERAGE:
             flagged.append(j)

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from gradian.audit.config import TrainConfig, load_config
+from gradian.audit.config.axolotl import apply_mapping, custom_mapping
 from gradian.audit.context import AuditContext, load_tokenizer_folder
 from gradian.audit.logs import TrainLog, load_logs
 from gradian.audit.model import SEVERITY_RANK, AuditResult, Finding, SkippedCheck
 from gradian.audit.registry import NotApplicable, _id_key, all_checks, stage_words
 from gradian.audit.versions import parse_versions
-from gradian.data.formats import Example, load_examples
+from gradian.data.formats import Example, load_examples, read_records, to_example
 from gradian.errors import GradianUserError
 
 _FLAG = {"data": "--data", "eval": "--eval", "config": "--config", "logs": "--logs", "tokenizer": "--tokenizer"}
@@ -101,8 +102,6 @@ def diagnose(
 
 
 def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) -> AuditResult:
-    examples, data_path = _examples(data, "data")
-    eval_examples, eval_path = _examples(eval, "eval")
     if isinstance(configs, (str, Path)):
         configs = [configs]
     if isinstance(configs, TrainConfig):
@@ -110,6 +109,14 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
     else:
         paths = list(configs or [])
         cfg = load_config(paths) if paths else None
+    mapping = custom_mapping(cfg, str(data)) if cfg is not None and isinstance(data, (str, Path)) else None
+    if mapping is not None:  # axolotl datasets[].type: {field_instruction, field_output, format ...}
+        ps = str(data)
+        rows = apply_mapping(read_records(data), mapping[0])
+        examples, data_path = [to_example(r, i, f"{ps}:{i + 1}") for i, r in enumerate(rows)], ps
+    else:
+        examples, data_path = _examples(data, "data")
+    eval_examples, eval_path = _examples(eval, "eval")
     log = logs if isinstance(logs, TrainLog) or logs is None else load_logs(logs)
     tok, tok_folder = None, None
     if tokenizer is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gradian.audit.config.hf_args import read_hf_args
 from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, Row, set_many
@@ -85,6 +87,10 @@ def read(cfg: TrainConfig, r: Reader) -> None:
     rl = r.get("rl")
     if rl is not None and rl is not False:
         cfg.set("stage", "dpo" if rl is True else str(rl).lower().replace("rltype.", ""), r.where("rl"))
+        for k in ("rl_beta", "dpo_beta", "orpo_alpha"):  # axolotl's beta spellings (orpo_alpha: ORPO's lambda)
+            if r.has(k):
+                cfg.set("beta", r.num(k), r.where(k))
+                break
     elif r.has("pretraining_dataset"):
         cfg.set("stage", "pt", r.where("pretraining_dataset"))
     if r.has("dataset_exact_deduplication"):
@@ -111,6 +117,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("eos_token", str(st["eos_token"]), r.where("special_tokens.eos_token"))
     if isinstance(st, dict) and st.get("pad_token"):
         cfg.set("pad_token", str(st["pad_token"]), r.where("special_tokens.pad_token"))
+    if (r.str_("chat_template") or "").lower() == "jinja" and r.str_("chat_template_jinja"):
+        cfg.chat_template = None  # axolotl's `chat_template: jinja` names the template given in chat_template_jinja
+        cfg.set("chat_template", r.str_("chat_template_jinja"), r.where("chat_template_jinja"))
     ds = r.get("datasets")
     if isinstance(ds, list):
         norm = []
@@ -134,11 +143,71 @@ def read(cfg: TrainConfig, r: Reader) -> None:
                     else None,
                     "train_on_eos": text("train_on_eos"),
                     "chat_template": text("chat_template"),
+                    "type_mapping": {str(k): v for k, v in d["type"].items() if isinstance(v, str)}
+                    if isinstance(d.get("type"), dict)
+                    else None,
                 }
             )
             if text("chat_template") and not r.has("chat_template"):
                 cfg.set("chat_template", str(d["chat_template"]), r.where(f"datasets[{i}].chat_template"))
         cfg.set("datasets", norm, r.where("datasets"))
+        splits = [
+            {
+                "dataset": str(d.get("path") or f"datasets[{i}]"),
+                "split": d["split"],
+                "from": r.where(f"datasets[{i}].split"),
+            }
+            for i, d in enumerate(ds)
+            if isinstance(d, dict) and isinstance(d.get("split"), str)
+        ]
+        if splits:
+            cfg.set("train_splits", splits, r.where("datasets"))
 
 
 FORMAT = Format(name="axolotl", title="axolotl", read=read, order=11, votes=KEYS, trainer="axolotl", defaults=DEFAULTS)
+
+
+_MAPPED = ("field_instruction", "field_input", "field_output", "field_system", "format", "no_input_format")
+
+
+def custom_mapping(cfg: TrainConfig, data_path: str | None) -> tuple[dict[str, str], str] | None:
+    """The axolotl ``datasets[i].type`` field mapping (``field_instruction``, ``field_output``, ``format`` ...) that
+    applies to ``data_path``: the only entry, or the one whose ``path`` names the file; ``(mapping, where)``.
+    """
+    if cfg.trainer != "axolotl" or not cfg.datasets:
+        return None
+    entries = [d for d in cfg.datasets if d.get("type_mapping") and set(d["type_mapping"]) & set(_MAPPED)]
+    if not entries:
+        return None
+    if len(cfg.datasets) > 1 and data_path:
+        name = Path(data_path).name
+        entries = [d for d in entries if d.get("path") and Path(str(d["path"])).name == name]
+    if len(entries) != 1:
+        return None
+    d = entries[0]
+    return d["type_mapping"], f"{Path(cfg.paths[0]).name}: datasets[{d['index']}].type"
+
+
+def apply_mapping(records: list[dict], mapping: dict[str, str]) -> list[dict]:
+    """Rows under an axolotl custom mapping, as prompt/completion records (their content, as the checks read it).
+
+    The prompt is the instruction and input joined by a blank line (``system_prompt``/``field_system`` first when
+    given); the completion is ``field_output``'s value. The mapping's ``format`` string is the prompt *template*
+    (``"[INST] {instruction} [/INST]"``): it is not put into the text, so its markers are not read as content
+    (D08). Records keep their ``id``.
+    """
+    fi, fo = mapping.get("field_instruction", "instruction"), mapping.get("field_output", "output")
+    fin, fs = mapping.get("field_input", "input"), mapping.get("field_system")
+    out = []
+    for r in records:
+        if not isinstance(r, dict) or fi not in r or fo not in r:
+            out.append(r)  # left as is: the row reader names what is missing
+            continue
+        ins, inp = str(r.get(fi) or ""), str(r.get(fin) or "")
+        prompt = ins + (f"\n\n{inp}" if inp else "")
+        system = str(r.get(fs) or "") if fs else mapping.get("system_prompt", "")
+        if system:
+            prompt = f"{system}\n\n{prompt}"
+        keep = {k: v for k, v in r.items() if k in ("id",)}
+        out.append({**keep, "prompt": prompt, "completion": str(r[fo])})
+    return out

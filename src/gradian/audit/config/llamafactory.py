@@ -92,13 +92,16 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             cfg.set("stage", pref, r.where("pref_loss"))
         else:
             cfg.set("stage", stage, r.where("stage"))
+        if stage in ("dpo", "kto") and r.has("pref_beta"):
+            cfg.set("beta", r.num("pref_beta"), r.where("pref_beta"))
     if stage == "pt" and not r.has("packing") and not r.bool_("neat_packing"):
         cfg.set("packing", True, f"{r.where('stage')} (LLaMA-Factory turns packing on for stage pt)")
     ft = r.str_("finetuning_type")
     if ft:
         ft = ft.lower()
         q = r.int_("quantization_bit")
-        cfg.set("finetuning", ("qlora" if q else "lora") if ft == "lora" else "full", r.where("finetuning_type"))
+        kind = ("qlora" if q else "lora") if ft == "lora" else "freeze" if ft == "freeze" else "full"
+        cfg.set("finetuning", kind, r.where("finetuning_type"))
     qb = r.int_("quantization_bit")
     if qb == 4:
         cfg.set("load_in_4bit", True, r.where("quantization_bit"))

@@ -96,7 +96,7 @@ def read(cfg: TrainConfig, r: Reader) -> None:
                 ],
             )
         elif name:
-            cfg.set("finetuning", "full" if name in ("freeze", "full") else name, r.where("peft_config.name"))
+            cfg.set("finetuning", "full" if name == "full" else name, r.where("peft_config.name"))
     mc = (r.str_("model_class") or "").lower()
     if mc == "cls":
         cfg.set("stage", "rm", f"{r.where('model_class')} (a classification head: reward modelling)")

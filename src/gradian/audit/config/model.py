@@ -36,7 +36,8 @@ class TrainConfig:
     """One view of a training run's settings, whatever file format they came from.
 
     Unknown values are ``None``. :meth:`source` gives the field each value came from.
-    ``finetuning`` is ``"lora"``, ``"qlora"`` or ``"full"``.
+    ``finetuning`` is ``"lora"``, ``"qlora"``, ``"full"`` or ``"freeze"`` (LLaMA-Factory's freeze tuning: the last
+    few layers trained in full, the rest frozen; not LoRA, not a full fine-tune either).
     ``train_on_inputs`` True means the loss covers the prompt (axolotl ``train_on_inputs``,
     LLaMA-Factory ``train_on_prompt``, torchtune ``train_on_input``, TRL ``completion_only_loss=false``).
     ``max_length`` None with a known trainer means the trainer does not truncate.
@@ -101,6 +102,13 @@ class TrainConfig:
     added_tokens: list[str] | None = None
     datasets: list[dict[str, Any]] | None = None
     stage: str | None = None
+    #: the dataset splits the run trains on, each ``{"dataset", "split", "from"}`` (TRL ``dataset_train_split``,
+    #: alignment-handbook ``dataset_mixture.datasets[].split``, axolotl ``datasets[].split``)
+    train_splits: list[dict[str, Any]] | None = None
+    beta: float | None = None
+    loss_type: str | None = None
+    max_prompt_length: int | None = None
+    ref_model: str | None = None
     dedup_exact: bool | None = None
     messages_loss: str | None = None
 

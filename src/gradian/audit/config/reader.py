@@ -340,7 +340,41 @@ def read_config(path: str | Path) -> TrainConfig:
         cfg.set("trainer", fmt.trainer, f"{p.name} ({fmt.trainer_note})")
     for k in cfg.versions:
         cfg.version_sources[k] = str(p.parent / "README.md") if p.name == "adapter_config.json" else str(p)
+    # the config's own pins ("# pip install trl==0.19.1", a trl_version field), then a requirements.txt beside it
+    for k, (v, where) in pinned_versions(text, p).items():
+        if k not in cfg.versions:
+            cfg.versions[k] = v
+            cfg.version_sources[k] = where
     return cfg
+
+
+_PIN_LIBS = ("trl", "transformers", "peft", "axolotl", "llamafactory", "torchtune", "datasets", "accelerate")
+_PIN_RE = re.compile(r"(?<![\w.-])(" + "|".join(_PIN_LIBS) + r")\s*(?:\[[^\]]*\])?\s*===?\s*v?([0-9][0-9a-zA-Z.+-]*)")
+_PIN_KEY_RE = re.compile(r"^\s*(" + "|".join(_PIN_LIBS) + r")_version\s*:\s*[\"']?v?([0-9][0-9a-zA-Z.+-]*)", re.M)
+
+
+def pinned_versions(text: str, path: Path) -> dict[str, tuple[str, str]]:
+    """Exact framework pins a config declares: ``{lib: (version, where)}``.
+
+    Read from the config's text (``trl==0.19.1`` anywhere, a comment included, or a ``trl_version: 0.19.1`` field),
+    then from a ``requirements.txt`` in the config's folder (``name==version`` lines). Only ``==`` pins count: a
+    range (``trl>=0.19``) does not say which version ran.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    for rx in (_PIN_KEY_RE, _PIN_RE):
+        for m in rx.finditer(text):
+            out.setdefault(m.group(1).lower(), (m.group(2).rstrip(".,"), f"{path}: {m.group(0).strip()}"))
+    req = path.parent / "requirements.txt"
+    if req.is_file():
+        try:
+            rtext = read_text(req, "requirements file")
+        except GradianUserError:  # an unreadable requirements file only costs the version hints
+            rtext = ""
+        for line in rtext.splitlines():
+            m = _PIN_RE.match(line.split("#", 1)[0].strip())
+            if m:
+                out.setdefault(m.group(1).lower(), (m.group(2).rstrip(".,"), f"{req}: {m.group(0).strip()}"))
+    return out
 
 
 def load_config(paths: str | Path | list[str | Path] | tuple) -> TrainConfig:

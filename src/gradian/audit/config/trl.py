@@ -11,6 +11,7 @@ from pathlib import Path
 from gradian.audit.config.hf_args import HF_DEFAULTS, read_hf_args
 from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import BY_GRADIAN_TRAIN, Format, Reader, Row, set_many, spellings
+from gradian.safeio import read_text
 
 #: Keys only a TRL config has (detection).
 KEYS = frozenset(
@@ -48,6 +49,7 @@ FIELDS: tuple[Row, ...] = (
     ("eos_token", "eos_token", "str"),
     ("pad_token", "pad_token", "str"),
     ("chat_template_path", "chat_template_path", "str"),
+    ("chat_template", "chat_template", "str"),  # alignment-handbook recipes put the Jinja template in the YAML
     ("attn_implementation", "attn_implementation", "str"),
     ("attn_implementation", "model_init_kwargs.attn_implementation", "str"),
     ("bnb_4bit_compute_dtype", "bnb_4bit_compute_dtype", "str"),
@@ -90,13 +92,60 @@ _STAGE_KEYS = (
 )
 
 
+#: Fields every TRL preference config has (DPOConfig, ORPOConfig, KTOConfig, CPOConfig) and SFTConfig has not.
+_PREF_KEYS = ("beta", "loss_type", "max_prompt_length", "generate_during_eval", "label_pad_token_id")
+#: RewardConfig's own field.
+_RM_KEYS = ("center_rewards_coefficient",)
+#: A folder or file name that says the trainer, for a preference config whose fields are shared by several
+#: (alignment-handbook keeps recipes as recipes/<model>/<dpo|orpo|kto>/config_*.yaml).
+_STAGE_WORDS = ("orpo", "kto", "cpo", "simpo", "dpo", "ipo")
+#: Each TRL trainer's own default learning rate (TRL 1.16.0: trainer/dpo_config.py, kto_config.py,
+#: reward_config.py; experimental/orpo/orpo_config.py, experimental/cpo/cpo_config.py), replacing SFTConfig's 2e-5.
+STAGE_LR = {
+    "dpo": (1e-6, "DPOConfig"),
+    "ipo": (1e-6, "DPOConfig"),
+    "kto": (1e-6, "KTOConfig"),
+    "orpo": (1e-6, "ORPOConfig"),
+    "cpo": (1e-6, "CPOConfig"),
+    "simpo": (1e-6, "CPOConfig"),
+    "rm": (1e-4, "RewardConfig"),
+}
+
+
 def _stage(r: Reader) -> tuple[str, str] | None:
-    """A TRL config's trainer, from fields only that trainer has: ``(stage, field)``."""
+    """A TRL config's trainer, from fields only that trainer has: ``(stage, where)``; a preference field shared by
+    several trainers (``beta``, ``loss_type``, ``max_prompt_length``) is DPO unless the file's path or its
+    ``loss_type`` names another (``recipes/.../orpo/config_full.yaml``, ``loss_type: simpo``).
+    """
     for stage, keys in _STAGE_KEYS:
         for k in keys:
             if k in r.raw:
-                return stage, k
+                return stage, r.where(k)
+    for k in _RM_KEYS:
+        if k in r.raw:
+            return "rm", r.where(k)
+    for k in _PREF_KEYS:
+        if k in r.raw:
+            lt = r.raw.get("loss_type")
+            lt = (lt[0] if isinstance(lt, list) and lt else lt) if lt is not None else None
+            if isinstance(lt, str) and lt.lower() in ("kto", "apo_zero_unpaired"):
+                return "kto", r.where("loss_type")
+            if isinstance(lt, str) and lt.lower() == "simpo":
+                return "simpo", r.where("loss_type")
+            parts = [x.lower() for x in Path(r.path).parts[-3:]]
+            for w in _STAGE_WORDS:
+                if any(w in x.replace("-", "_").split("_") or x.startswith(w) for x in parts):
+                    return w, f"{r.where(k)} (a preference field; {w} from the file's path)"
+            return "dpo", r.where(k)
     return None
+
+
+def after_defaults(cfg: TrainConfig) -> None:
+    """A preference trainer's own default learning rate replaces SFTConfig's (DPO/KTO/ORPO 1e-6, reward 1e-4)."""
+    if cfg.stage in STAGE_LR and cfg.is_default("learning_rate"):
+        lr, title = STAGE_LR[cfg.stage]
+        cfg.learning_rate = lr
+        cfg.sources["learning_rate"] = f"default (TRL {title})"
 
 
 def read(cfg: TrainConfig, r: Reader) -> None:
@@ -135,9 +184,44 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             f"default (TRL ModelConfig: use_peft is false; a CLI config, {r.where(key)})",
             default=True,
         )
+    ctp = r.str_("chat_template_path")
+    if ctp and ctp.endswith((".jinja", ".j2")) and not r.has("chat_template"):
+        f = Path(r.path).parent / ctp
+        if f.is_file():  # TRL's chat_template_path may name a Jinja file: its text is the template trained with
+            cfg.set("chat_template", read_text(f, "chat template"), r.where("chat_template_path"))
+    splits = []
+    if r.str_("dataset_train_split"):
+        splits.append(
+            {
+                "dataset": r.str_("dataset_name") or "(dataset_name)",
+                "split": r.str_("dataset_train_split"),
+                "from": r.where("dataset_train_split"),
+            }
+        )
+    mix = r.get("dataset_mixture")
+    if isinstance(mix, dict) and isinstance(mix.get("datasets"), list):
+        for i, d in enumerate(mix["datasets"]):
+            if isinstance(d, dict) and isinstance(d.get("split"), str):
+                name = d.get("id") or d.get("path") or d.get("name") or f"datasets[{i}]"
+                splits.append(
+                    {"dataset": str(name), "split": d["split"], "from": r.where(f"dataset_mixture.datasets[{i}].split")}
+                )
+    if splits:
+        cfg.set("train_splits", splits, splits[0]["from"])
     stage = _stage(r)
     if stage:
-        cfg.set("stage", stage[0], r.where(stage[1]))
+        cfg.set("stage", stage[0], stage[1])
+        if r.has("beta"):
+            cfg.set("beta", r.num("beta"), r.where("beta"))
+        if r.has("max_prompt_length"):
+            cfg.set("max_prompt_length", r.int_("max_prompt_length"), r.where("max_prompt_length"))
+        lt = r.raw.get("loss_type")
+        if lt is not None:
+            cfg.set("loss_type", ",".join(map(str, lt)) if isinstance(lt, list) else str(lt), r.where("loss_type"))
+        for k in ("ref_model", "ref_model_name_or_path", "ref_adapter_name"):
+            if r.str_(k):
+                cfg.set("ref_model", r.str_(k), r.where(k))
+                break
     if r.has("messages_loss"):
         ml = r.str_("messages_loss")
         if ml != "final_assistant_turn":
@@ -156,4 +240,13 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("has_eval_dataset", True, r.where("dataset_test_split"))
 
 
-FORMAT = Format(name="trl", title="TRL SFTConfig", read=read, order=10, votes=KEYS, trainer="trl", defaults=DEFAULTS)
+FORMAT = Format(
+    name="trl",
+    title="TRL SFTConfig",
+    read=read,
+    order=10,
+    votes=KEYS,
+    trainer="trl",
+    defaults=DEFAULTS,
+    after_defaults=after_defaults,
+)
