@@ -486,7 +486,25 @@ def _run_json_schema() -> dict[str, Any]:
             ),
             "drilldown": arr(
                 some(
-                    {"id": STRING, "sentences": arr(obj({"char_start": INTEGER, "char_end": INTEGER, "text": STRING}))},
+                    {
+                        "id": STRING,
+                        "sentences": arr(
+                            some(
+                                {
+                                    "char_start": INTEGER,
+                                    "char_end": INTEGER,
+                                    "text": STRING,
+                                    "score": finite(NUMBER),
+                                    "share": finite(NUMBER),
+                                    "n_tokens": INTEGER,
+                                },
+                                "char_start",
+                                "char_end",
+                                "text",
+                                "score",
+                            )
+                        ),
+                    },
                     "id",
                 )
             ),
