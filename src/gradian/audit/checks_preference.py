@@ -188,8 +188,12 @@ def _n_tokens(tok, prompt, response) -> tuple[int, int]:
         p = prompt if isinstance(prompt, list) else ([{"role": "user", "content": prompt}] if prompt else [])
         r = response if isinstance(response, list) else [{"role": "assistant", "content": str(response)}]
         if getattr(tok, "chat_template", None):
-            n_p = len(tok.apply_chat_template(p, tokenize=True, add_generation_prompt=True)) if p else 0
-            return n_p, len(tok.apply_chat_template(p + r, tokenize=True))
+
+            def count(text: str) -> int:
+                return len(tok(text, add_special_tokens=False)["input_ids"])
+
+            n_p = count(tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)) if p else 0
+            return n_p, count(tok.apply_chat_template(p + r, tokenize=False))
         ptext = "\n".join(m["content"] for m in p)
         rtext = "".join(m["content"] for m in r)
     else:
