@@ -205,9 +205,10 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         try:
             hits = spec.fn(ctx) or []
         except NotApplicable as e:
+            why = str(e)
             if pref is not None and "data" in spec.reads and not spec.preference:  # it looked for SFT rows
-                e = NotApplicable(f"the training rows are preference rows ({pref[0].kind}); the rule is for SFT rows")
-            outcome[spec.id] = ("skipped", f"not applicable: {e}")
+                why = f"the training rows are preference rows ({pref[0].kind}); the rule is for SFT rows"
+            outcome[spec.id] = ("skipped", f"not applicable: {why}")
             continue
         outcome[spec.id] = ("hits", hits) if hits else ("passed", None)
     ctx.finish_prefetch()  # never leave the thread running
