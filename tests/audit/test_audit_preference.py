@@ -137,6 +137,7 @@ def test_preference_checks_not_applicable_on_sft_rows(world):
             "Green.",
         ),
         ({"prompt": "Sky?", "chosen": " Blue.", "rejected": " Green."}, "trl", "Sky?", " Blue.", " Green."),
+        ({"chosen": "Sky? It is blue.", "rejected": "Sky? It is green."}, "trl", "Sky? It is", " blue.", " green."),
         (
             {"system": "S", "instruction": "Sky?", "chosen_response": "Blue.", "rejected_response": "Green."},
             "axolotl_argilla",

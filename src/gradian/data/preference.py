@@ -169,18 +169,20 @@ def _with_system(rec: dict[str, Any], prompt: str) -> str:
 
 
 def _split_implicit(chosen: Any, rejected: Any) -> tuple[Any, Any, Any]:
-    """TRL ``extract_prompt``: the longest common prefix of turns (or characters, for strings) is the prompt."""
-    if isinstance(chosen, list) and isinstance(rejected, list):
-        k = 0
-        while k < min(len(chosen), len(rejected)) - 1 and chosen[k] == rejected[k]:
-            k += 1
-        return chosen[:k], chosen[k:], rejected[k:]
-    if isinstance(chosen, str) and isinstance(rejected, str):
-        k = 0
-        while k < min(len(chosen), len(rejected)) and chosen[k] == rejected[k]:
-            k += 1
-        return chosen[:k], chosen[k:], rejected[k:]
-    return "", chosen, rejected
+    """TRL ``extract_prompt`` (trl 1.16.0 data_utils.py): the prompt is the common prefix of turns (strings:
+    characters) up to the first difference, a space before it going with the responses.
+    """
+    if not (isinstance(chosen, list) and isinstance(rejected, list)) and not (
+        isinstance(chosen, str) and isinstance(rejected, str)
+    ):
+        return "", chosen, rejected
+    idx = 0
+    for idx in range(min(len(chosen), len(rejected))):
+        if chosen[idx] != rejected[idx]:
+            if idx > 0 and chosen[idx - 1] == " ":
+                idx -= 1
+            break
+    return chosen[:idx], chosen[idx:], rejected[idx:]
 
 
 def to_preference(rec: dict[str, Any], row: int, where: str) -> PreferenceExample:
