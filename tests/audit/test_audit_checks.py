@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from audit_world import clean_trainer_state
+from pref_world import trl_kto_rows, trl_rows
 
 from gradian.audit import all_checks, diagnose
 
@@ -479,6 +480,48 @@ def f_l11(w):
     return dict(logs=w.state_with(m))
 
 
+# ---------------------------------------------------------------- preference rows (pref_world.py)
+def f_d22(w):
+    rows = trl_rows()
+    rows[2]["rejected"] = rows[2]["chosen"]
+    return dict(data=w.data_with(rows, "pref.jsonl"))
+
+
+def f_d23(w):
+    rows = trl_rows()
+    return dict(data=w.data_with(rows + [dict(rows[1])], "pref.jsonl"))
+
+
+def f_d24(w):
+    ev = [{"id": "e1", "prompt": "What is the capital city of Japan?", "answer": "Tokyo.", "capability": "capitals"}]
+    return dict(data=w.data_with(trl_rows(), "pref.jsonl"), eval=w.data_with(ev, "ev.jsonl"))
+
+
+def f_d25(w):
+    return dict(data=w.data_with(trl_rows(), "pref.jsonl"), tokenizer=w.tok_dir, configs=[w.config_with(max_length=12)])
+
+
+def f_d26(w):
+    return dict(data=w.data_with(trl_rows(biased=True), "pref.jsonl"))
+
+
+def f_d27(w):
+    return dict(data=w.data_with(trl_kto_rows(20, 4), "kto.jsonl"))
+
+
+def f_d27_one_label(w):
+    return dict(data=w.data_with(trl_kto_rows(24, 0), "kto.jsonl"))
+
+
+def n_pref(w):
+    ev = [{"id": "e1", "prompt": "What is the capital city of Atlantis?", "answer": "None.", "capability": "x"}]
+    return dict(data=w.data_with(trl_rows(), "pref.jsonl"), eval=w.data_with(ev, "ev.jsonl"), tokenizer=w.tok_dir)
+
+
+def n_kto(w):
+    return dict(data=w.data_with(trl_kto_rows(), "kto.jsonl"))
+
+
 FIRE = {
     "D01": [(f_d01, "warning"), (f_d01_first_row, "error")],
     "D02": [(f_d02, "error")],
@@ -501,6 +544,12 @@ FIRE = {
     "D19": [(f_d19, "warning")],
     "D20": [(f_d20, "warning")],
     "D21": [(f_d21, "warning")],
+    "D22": [(f_d22, "error")],
+    "D23": [(f_d23, "warning")],
+    "D24": [(f_d24, "error")],
+    "D25": [(f_d25, "warning")],
+    "D26": [(f_d26, "warning")],
+    "D27": [(f_d27, "warning"), (f_d27_one_label, "error")],
     "C01": [(f_c01, "warning")],
     "C02": [(f_c02, "error")],
     "C03": [(f_c03, "error")],
@@ -606,6 +655,12 @@ def n_c21(w):
 
 
 NO_FIRE = {
+    "D22": n_pref,
+    "D23": n_pref,
+    "D24": n_pref,
+    "D25": n_pref,
+    "D26": n_pref,
+    "D27": n_kto,
     "C21": n_c21,
     "C20": n_c20,
     "D09": n_d09,

@@ -16,7 +16,13 @@ Public API::
 Importing this package imports the check modules, so :data:`REGISTRY` holds every check as soon as it is imported.
 """
 
-from gradian.audit import checks_config, checks_dataset, checks_logs, checks_tokens  # noqa: F401  (fill REGISTRY)
+from gradian.audit import (  # noqa: F401  (fill REGISTRY)
+    checks_config,
+    checks_dataset,
+    checks_logs,
+    checks_preference,
+    checks_tokens,
+)
 from gradian.audit.config import TrainConfig, load_config
 from gradian.audit.logs import TrainLog, load_logs
 from gradian.audit.model import JSON_SCHEMA, AuditResult, Finding, SkippedCheck

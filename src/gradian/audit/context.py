@@ -29,6 +29,7 @@ from gradian.audit.config import TrainConfig
 from gradian.audit.logs import TrainLog
 from gradian.audit.versions import before
 from gradian.data.formats import Example
+from gradian.data.preference import PreferenceExample
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example
 from gradian.errors import GradianUserError
 from gradian.safeio import load_json_file
@@ -294,8 +295,11 @@ class AuditContext:
         version_sources: dict[str, str],
         data_path: str | None = None,
         eval_path: str | None = None,
+        preference: list[PreferenceExample] | None = None,
     ):
         self.examples = examples
+        #: the training rows when they are preference rows (then ``examples`` is None)
+        self.preference = preference
         self.eval_examples = eval_examples
         self.config = config
         self.logs = logs

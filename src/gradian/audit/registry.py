@@ -94,6 +94,8 @@ class CheckSpec:
         rank: fix-first rank (see module docstring).
         fn: ``fn(ctx) -> list[Hit]``.
         stages: the training-stage kinds the rule holds for (default: all).
+        preference: the check reads preference rows (:mod:`gradian.data.preference`); a check that requires
+            ``data`` and is not marked is skipped as not applicable when the training rows are preference rows.
     """
 
     id: str
@@ -109,6 +111,7 @@ class CheckSpec:
     fn: Callable[[AuditContext], list[Hit]] = field(repr=False, compare=False)
     module: str = ""
     stages: tuple[str, ...] = STAGE_KINDS
+    preference: bool = False
 
     @property
     def group(self) -> str:
@@ -131,6 +134,7 @@ def check(
     source: str,
     rank: int,
     stages: tuple[str, ...] = STAGE_KINDS,
+    preference: bool = False,
 ):
     """Register a check function (see module docstring)."""
 
@@ -159,6 +163,7 @@ def check(
             fn=fn,
             module=fn.__module__.rsplit(".", 1)[-1],
             stages=tuple(k for k in STAGE_KINDS if k in stages),
+            preference=preference,
         )
         return fn
 

@@ -13,7 +13,8 @@ from gradian.audit.logs import TrainLog, load_logs
 from gradian.audit.model import SEVERITY_RANK, AuditResult, Finding, SkippedCheck
 from gradian.audit.registry import NotApplicable, _id_key, all_checks, stage_words
 from gradian.audit.versions import parse_versions
-from gradian.data.formats import Example, load_examples, read_records, to_example
+from gradian.data.formats import Example, examples_from_records, load_examples, read_records, to_example
+from gradian.data.preference import PreferenceExample, preference_rows
 from gradian.errors import GradianUserError
 
 _FLAG = {"data": "--data", "eval": "--eval", "config": "--config", "logs": "--logs", "tokenizer": "--tokenizer"}
@@ -33,12 +34,30 @@ def eval_examples(path: str | Path) -> list[Example]:
     records = read_records(path)
     if records and isinstance(records[0], dict) and "answer" in records[0]:
         return [_item_example(it) for it in load_eval_set(path)]
-    return load_examples(path)
+    pref = preference_rows(records, path)
+    if pref is not None:  # preference eval rows: the prompt and the chosen response
+        return [Example(e.id, e.row, "prompt_completion", e.prompt, e.chosen, e.raw) for e in pref]
+    return examples_from_records(records, path)
 
 
 def _item_example(it: Any) -> Example:
     """An eval item (:class:`gradian.evaluate.items.EvalItem`) as an Example: question -> answer."""
     return Example(id=it.id, row=it.row, format="prompt_completion", prompt=it.prompt, completion=it.answer, raw={})
+
+
+def _training_rows(x: Any) -> tuple[list[Example] | None, list[PreferenceExample] | None, str | None]:
+    """The training rows: SFT rows (:class:`Example`) or preference rows (:class:`PreferenceExample`)."""
+    if isinstance(x, (str, Path)):
+        records = read_records(x)
+        pref = preference_rows(records, x)
+        return (None, pref, str(x)) if pref is not None else (examples_from_records(records, x), None, str(x))
+    if x is not None:
+        xs = list(x)
+        if xs and all(isinstance(e, PreferenceExample) for e in xs):
+            return None, xs, None
+        x = xs
+    examples, path = _examples(x, "data")
+    return examples, None, path
 
 
 def _examples(x: Any, what: str) -> tuple[list[Example] | None, str | None]:
@@ -110,12 +129,13 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         paths = list(configs or [])
         cfg = load_config(paths) if paths else None
     mapping = custom_mapping(cfg, str(data)) if cfg is not None and isinstance(data, (str, Path)) else None
+    pref: list[PreferenceExample] | None = None
     if mapping is not None:  # axolotl datasets[].type: {field_instruction, field_output, format ...}
         ps = str(data)
         rows = apply_mapping(read_records(data), mapping[0])
         examples, data_path = [to_example(r, i, f"{ps}:{i + 1}") for i, r in enumerate(rows)], ps
     else:
-        examples, data_path = _examples(data, "data")
+        examples, pref, data_path = _training_rows(data)
     eval_examples, eval_path = _examples(eval, "eval")
     log = logs if isinstance(logs, TrainLog) or logs is None else load_logs(logs)
     tok, tok_folder = None, None
@@ -134,7 +154,7 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         vers[k] = v
         vsrc[k] = "--versions"
 
-    ctx = AuditContext(examples, eval_examples, cfg, log, tok, tok_folder, vers, vsrc, data_path, eval_path)
+    ctx = AuditContext(examples, eval_examples, cfg, log, tok, tok_folder, vers, vsrc, data_path, eval_path, pref)
     wanted = {s.upper() for s in select} if select is not None else None
     if wanted:
         unknown = sorted(wanted - {c.id for c in all_checks()})
@@ -164,9 +184,15 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         if wanted is not None and spec.id not in wanted:
             outcome[spec.id] = ("skipped", "not selected")
             continue
-        missing = [i for i in spec.requires if not ctx.has(i)]
+        missing = [i for i in spec.requires if not ctx.has(i) and not (i == "data" and pref is not None)]
         if missing:
             outcome[spec.id] = ("skipped", "needs " + " and ".join(_FLAG[i] for i in missing))
+            continue
+        if pref is not None and "data" in spec.requires and not spec.preference:
+            outcome[spec.id] = (
+                "skipped",
+                f"not applicable: the training rows are preference rows ({pref[0].kind}); the rule is for SFT rows",
+            )
             continue
         kind = cfg.stage_kind if cfg is not None else "sft"
         if kind not in spec.stages:
@@ -179,7 +205,10 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         try:
             hits = spec.fn(ctx) or []
         except NotApplicable as e:
-            outcome[spec.id] = ("skipped", f"not applicable: {e}")
+            why = str(e)
+            if pref is not None and "data" in spec.reads and not spec.preference:  # it looked for SFT rows
+                why = f"the training rows are preference rows ({pref[0].kind}); the rule is for SFT rows"
+            outcome[spec.id] = ("skipped", f"not applicable: {why}")
             continue
         outcome[spec.id] = ("hits", hits) if hits else ("passed", None)
     ctx.finish_prefetch()  # never leave the thread running
@@ -191,7 +220,8 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
             passed.append(spec.id)
         else:
             for h in val:
-                frac = round(len(h.row_ids) / ctx.n, 4) if h.row_ids and ctx.n else None
+                n_rows = ctx.n or len(pref or [])
+                frac = round(len(h.row_ids) / n_rows, 4) if h.row_ids and n_rows else None
                 findings.append(
                     Finding(
                         id=spec.id,
@@ -217,6 +247,8 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
             "n_rows": len(examples),
             "formats": dict(Counter(e.format for e in examples)),
         }
+    if pref is not None:
+        inputs["data"] = {"path": data_path, "n_rows": len(pref), "formats": dict(Counter(e.kind for e in pref))}
     if eval_examples is not None:
         inputs["eval"] = {"path": eval_path, "n_rows": len(eval_examples)}
     if cfg is not None:

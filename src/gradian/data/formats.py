@@ -16,6 +16,9 @@ format               fields                                            supervise
 ``text``              ``text``                                          every token
 ===================  ================================================  =========================
 
+Preference rows (``chosen``/``rejected``, KTO ``label``) are a row kind of their own
+(:mod:`gradian.data.preference`); :func:`to_example` refuses them.
+
 Example ids are stable: the row's ``id`` field when present (stringified),
 else its 0-based row number.
 """
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradian.data.preference import preference_kind, refusal
 from gradian.errors import GradianUserError
 from gradian.safeio import (
     check_regular_file,
@@ -229,7 +233,14 @@ def detect_format(rec: dict[str, Any]) -> str | None:
 
 
 def to_example(rec: dict[str, Any], row: int, where: str) -> Example:
-    """Normalise one raw record into an :class:`Example` (``where`` is used in errors)."""
+    """Normalise one raw record into an :class:`Example` (``where`` is used in errors).
+
+    Preference rows (:mod:`gradian.data.preference`: chosen/rejected, KTO labels) are not SFT rows: they raise
+    :class:`gradian.data.preference.PreferenceRowsError` (Audit reads them with that module instead).
+    """
+    kind = preference_kind(rec)
+    if kind is not None:
+        raise refusal(rec, kind, where)
     fmt = detect_format(rec)
     ex_id = str(rec["id"]) if rec.get("id") is not None else str(row)
     if fmt is None:
@@ -284,8 +295,14 @@ def load_examples(path: str | Path, *, allow_empty: bool = False) -> list[Exampl
     Returns:
         list of :class:`Example`, in file order.
     """
+    return examples_from_records(read_records(path), path, allow_empty=allow_empty)
+
+
+def examples_from_records(
+    records: list[dict[str, Any]], path: str | Path, *, allow_empty: bool = False
+) -> list[Example]:
+    """:func:`load_examples` on records already read from ``path`` (:func:`read_records`)."""
     p = Path(path)
-    records = read_records(p)
     if not records and not allow_empty:
         raise GradianUserError("dataset is empty", where=str(p), fix="give a file with at least one row")
     ps, jsonl = str(p), p.suffix.lower() == ".jsonl"  # _where(p, i), without a Path property per row
