@@ -93,6 +93,7 @@ def _manifest(
     index_identity: dict | None,
     index_id: str | None,
     trajectory: dict | None = None,
+    setup=None,
 ) -> dict[str, Any]:
     ident = {
         "base": (index_identity or {}).get("base"),
@@ -130,7 +131,41 @@ def _manifest(
             "logs": str(Path(inputs.logs).resolve()) if inputs.logs else None,
         },
         "sign_convention": SIGN_CONVENTION,
+        # how the trainer turned rows into tokens, each field with its source (not identity: what changes the
+        # gradients is already in specs.grad); gradian.data.setup.TrainingSetup.to_dict()
+        "training_setup": setup.to_dict() if setup is not None else None,
     }
+
+
+def resolve_run_setup(inputs: RunInputs, specs: RunSpecs, examples) -> Any:
+    """The run's :class:`~gradian.data.setup.TrainingSetup` when the caller did not resolve one (the Python API).
+
+    Resolved as ``gradian attribute --config`` does: from ``inputs.configs`` (none: Gradian's defaults) and the
+    rows' most common format. A ``specs.grad.tokenize`` field that differs from :class:`TokenizeSpec`'s default
+    counts as given explicitly (it beats the config and is named as the source); the others take the config's
+    value. ``specs.grad`` is then set to the setup's tokenisation, so the gradients follow the setup.
+    """
+    import dataclasses
+    from collections import Counter
+
+    from gradian.data.setup import resolve_setup
+    from gradian.data.tokenize import TokenizeSpec
+
+    tok, default = specs.grad.tokenize, TokenizeSpec()
+    flags = {k: getattr(tok, k) for k in ("max_length", "loss_on", "add_eos") if getattr(tok, k) != getattr(default, k)}
+    fmt = Counter(ex.format for ex in examples).most_common(1)[0][0] if examples else "prompt_completion"
+    chat = any(ex.is_chat for ex in examples)
+    config = None
+    if inputs.configs:
+        from gradian.audit.config import load_config
+
+        config = load_config([str(c) for c in inputs.configs])
+    setup = resolve_setup(config, fmt, chat=chat, flags=flags)
+    sources = {k: (f"given: GradSpec.tokenize.{k}" if k in flags else v) for k, v in setup.sources.items()}
+    setup = dataclasses.replace(setup, sources=sources)
+    if setup.tokenize_spec() != tok:
+        specs.grad = dataclasses.replace(specs.grad, tokenize=setup.tokenize_spec())
+    return setup
 
 
 def run_audit(inputs: RunInputs, tokenizer_path: str | None) -> dict[str, Any]:
@@ -156,6 +191,7 @@ def attribute_run(
     index_root: str | Path | None = None,
     ft=None,
     say: Callable[[str], None] | None = None,
+    setup=None,
 ) -> dict[str, Any] | None:
     """Run the lanes and write ``out_dir/run.json``. Returns the run dict.
 
@@ -167,6 +203,9 @@ def attribute_run(
     Args:
         ft: an already loaded :class:`gradian.api.FineTune` (else it is loaded here).
         say: called with one line per index build (its size estimate), before it starts.
+        setup: the resolved :class:`gradian.data.setup.TrainingSetup` (the CLI's, flags included), written into
+            the manifest; None: resolved here (:func:`resolve_run_setup`, which may set ``specs.grad``'s
+            tokenisation from ``inputs.configs``).
     """
     from gradian import distributed
     from gradian.api import load_finetune
@@ -181,6 +220,8 @@ def attribute_run(
     # cheap validation first: bad data or eval files fail before a model is loaded
     examples = load_examples(inputs.data)
     eval_items = load_eval_set(inputs.eval)
+    if setup is None:
+        setup = resolve_run_setup(inputs, specs, examples)
     audit = run_audit(inputs, inputs.base if Path(inputs.base).is_dir() else None) if main else None
     timing["audit"] = time.perf_counter() - t0
 
@@ -343,7 +384,7 @@ def attribute_run(
             ],
         }
     )
-    run["manifest"] = _manifest(ft, inputs, specs, index_ident, index_id, traj_ident)
+    run["manifest"] = _manifest(ft, inputs, specs, index_ident, index_id, traj_ident, setup)
     run["manifest"]["notes"] = list(ft.notes)
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -546,6 +587,16 @@ def _run_json_schema() -> dict[str, Any]:
         },
         null=True,
     )
+    setup_value = {"type": ["string", "integer", "boolean", "null"]}
+    training_setup = obj(
+        {
+            "values": mapping(obj({"value": setup_value, "from": nullable(STRING)})),
+            "unreproduced": arr(STRING),
+            "warnings": arr(STRING),
+            "notes": arr(STRING),
+        },
+        nullable=True,
+    )
     verification = some(
         {
             "capabilities": mapping(some({"verified": BOOLEAN, "line": STRING, "retrains": OBJECT})),
@@ -563,14 +614,20 @@ def _run_json_schema() -> dict[str, Any]:
                 "evaluation": closed(RESULT_JSON_SCHEMA),  # EvalResult.from_dict builds each part with cls(**d)
                 "attribution": attribution,
                 "audit": audit,
-                "manifest": obj(
+                "manifest": some(
                     {
                         "run_id": STRING,
                         "identity": identity,
                         "paths": paths,
                         "sign_convention": STRING,
                         "notes": arr(STRING),
-                    }
+                        "training_setup": training_setup,  # absent in runs written before it was recorded
+                    },
+                    "run_id",
+                    "identity",
+                    "paths",
+                    "sign_convention",
+                    "notes",
                 ),
                 "timing": mapping(NUMBER),
                 "stopped": nullable(STRING),

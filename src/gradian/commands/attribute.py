@@ -171,8 +171,29 @@ def _engine_help() -> str:
 _ENGINE_HELP = _engine_help()
 
 
+def _setup_flags(ctx: typer.Context, max_length: int, loss_on: str) -> dict:
+    """The setup flags given on the command line (not left at their defaults)."""
+    given = {"max_length": max_length, "loss_on": loss_on}
+    # by name: typer may ship its own copy of click, whose ParameterSource is another enum class
+    return {k: v for k, v in given.items() if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"}
+
+
+def default_training_setup(ctx: typer.Context, data: Path, max_length: int, loss_on: str):
+    """The setup of a run without ``--config``: Gradian's defaults, the explicit flags named (for the manifest)."""
+    from gradian.data.setup import resolve_setup, row_format
+
+    fmt, chat = row_format(data)
+    return resolve_setup(None, fmt, chat=chat, flags=_setup_flags(ctx, max_length, loss_on))
+
+
 def apply_training_setup(ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str):
-    """``(max_length, loss_on)`` of the resolved training setup (:func:`gradian.data.setup.setup_from_files`).
+    """``(max_length, loss_on)`` of the resolved training setup (:func:`training_setup`)."""
+    spec = training_setup(ctx, config, data, max_length, loss_on).tokenize_spec()
+    return spec.max_length, spec.loss_on
+
+
+def training_setup(ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str):
+    """The resolved :class:`~gradian.data.setup.TrainingSetup` (:func:`gradian.data.setup.setup_from_files`).
 
     A flag given on the command line beats the config; one that contradicts it is one ``warning:`` line.
     Prints the setup, one line, and what it cannot reproduce.
@@ -182,13 +203,10 @@ def apply_training_setup(ctx: typer.Context, config: list[Path], data: Path, max
     from gradian.data.setup import setup_from_files
     from gradian.errors import GradianWarning
 
-    given = {"max_length": max_length, "loss_on": loss_on}
-    # by name: typer may ship its own copy of click, whose ParameterSource is another enum class
-    flags = {k: v for k, v in given.items() if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"}
+    flags = _setup_flags(ctx, max_length, loss_on)
     setup = setup_from_files(config, data, flags)
     for w in setup.warnings:
         warnings.warn(w, GradianWarning, stacklevel=2)
-    spec = setup.tokenize_spec()
     console.print(
         f"training setup: max_length {setup.max_length} ({escape(setup.sources['max_length'])}), "
         f"loss_on {setup.loss_on} ({escape(setup.sources['loss_on'])})",
@@ -197,7 +215,24 @@ def apply_training_setup(ctx: typer.Context, config: list[Path], data: Path, max
     )
     for n in setup.notes:
         console.print(f"[yellow]not reproduced:[/] {escape(n)}", highlight=False, soft_wrap=True)
-    return spec.max_length, spec.loss_on
+    return setup
+
+
+def print_audit_errors(audit: dict) -> None:
+    """The audit's counts, then one line per error-level finding (id and title), escaped."""
+    from gradian.report.safe import one_line
+
+    c = audit.get("counts") or {}
+    console.print(
+        f"audit: {c.get('error', 0)} errors, {c.get('warning', 0)} warnings, {c.get('info', 0)} info (details "
+        "in run.json and report.html)"
+    )
+    for f in audit.get("findings") or []:
+        if f.get("severity") == "error":
+            n = len(f.get("row_ids") or [])
+            rows = f" ({n} row{'s' if n != 1 else ''})" if n else ""
+            line = f"{f.get('id', '?')} {f.get('title') or f.get('name') or ''}{rows}"
+            console.print(f"  [red]error[/] {escape(one_line(line, 200))}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -288,8 +323,10 @@ def register(app: typer.Typer) -> None:
         from gradian.index.store import check_build_args
         from gradian.models.load import ModelSpec
 
+        setup = None
         if config:  # the run's own tokenisation: --config sets max_length and the loss mask (flags still win)
-            max_length, loss_on = apply_training_setup(ctx, config, data, max_length, loss_on)
+            setup = training_setup(ctx, config, data, max_length, loss_on)
+            max_length, loss_on = setup.tokenize_spec().max_length, setup.tokenize_spec().loss_on
         # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
         grad = grad_spec_from_options(
             max_length,
@@ -302,6 +339,8 @@ def register(app: typer.Typer) -> None:
             max_units_per_row=max_units_per_row,
         )
         check_build_args(batch_size, shard_size)
+        if setup is None:  # recorded in the manifest: Gradian's defaults and the flags given
+            setup = default_training_setup(ctx, data, max_length, loss_on)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),
             grad=grad,
@@ -375,6 +414,7 @@ def register(app: typer.Typer) -> None:
                     progress=progress,
                     index_root=index_dir,
                     say=lambda line: console.print(escape(line), highlight=False, soft_wrap=True),
+                    setup=setup,
                 )
         finally:
             distributed.shutdown()
@@ -385,11 +425,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"[bold yellow]stopped after Evaluate:[/] {run['stopped']}")
         print_attribution(run)
         if run.get("audit"):
-            c = run["audit"]["counts"]
-            console.print(
-                f"audit: {c.get('error', 0)} errors, {c.get('warning', 0)} warnings, {c.get('info', 0)} info (details "
-                "in run.json)"
-            )
+            print_audit_errors(run["audit"])
         from gradian.report import render, report_for_run
         from gradian.util import atomic_write_text
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from gradian.report import join
 from gradian.report.join import explain_cluster, row_flags
 from gradian.report.views import (
     EVIDENCE_KINDS,
@@ -418,7 +419,25 @@ def _fmt_score(x: float, unit: str) -> str:
     return f"{x:.2f}" if unit == "accuracy" else f"{x:.3f} nats"
 
 
-def _headline(caps: list[CapabilityView], audit: AuditView | None, stopped: str | None) -> list[str]:
+def _setup_qualifier(errors: list[dict[str, Any]]) -> Qualifier:
+    """The confidence qualifier of a verdict whose run Audit flagged (:func:`gradian.report.join.setup_errors`)."""
+    ids = ", ".join(e["id"] for e in errors)
+    return Qualifier(
+        "audit_setup",
+        "warning",
+        f"lowered by the audit: error-level setup finding{'s' if len(errors) != 1 else ''} {ids} can explain the "
+        "regression without the data, so the ranking is a lead, not a cause",
+    )
+
+
+def _headline(
+    caps: list[CapabilityView],
+    audit: AuditView | None,
+    stopped: str | None,
+    setup: dict[str, list[dict[str, Any]]] | None = None,
+) -> list[str]:
+    """The summary's sentences. ``setup``: per attributed capability, Audit's error-level setup findings."""
+    setup = {k: v for k, v in (setup or {}).items() if v}
     out: list[str] = []
     order = sorted(caps, key=lambda c: {"regressed": 0, "improved": 2}.get(c.verdict, 1))
     for c in order:
@@ -434,6 +453,13 @@ def _headline(caps: list[CapabilityView], audit: AuditView | None, stopped: str 
             out.append(f"{c.name}: Δ {c.delta:+.2f}, {why}: within noise, not diagnosed.")
     if stopped:
         out.append(f"Nothing was attributed: {stopped}.")
+    for c in order:  # before any data verdict: the setup itself may have caused the regression
+        if c.name in setup:
+            errs = setup[c.name]
+            out.append(
+                f"The {c.name} regression may be mechanical: Audit found error-level setup problems "
+                f"({join.setup_error_names(errs)}); fix and retrain before trusting the data verdict below."
+            )
     for c in order:
         a = c.attribution
         if a is None:
@@ -471,6 +497,14 @@ def _headline(caps: list[CapabilityView], audit: AuditView | None, stopped: str 
             out.append(f"{desc} is a mechanical problem: {audit_ex[0]['text']}.{fix}")
         elif top.explanations:
             out.append(f"{desc}: {top.explanations[0]['text']}.")
+        elif c.name in setup:  # no row-level explanation, but the setup may explain the whole regression
+            words = ", ".join(w["word"] for w in (top.common.get("distinctive_words") or [])[:4])
+            ids = ", ".join(e["id"] for e in setup[c.name])
+            out.append(
+                f"{desc} has no row-level explanation in the audit: its content is the likely cause only if the "
+                f"setup findings ({ids}) did not cause the regression"
+                + (f" (shared words: {words})." if words else ".")
+            )
         else:
             words = ", ".join(w["word"] for w in (top.common.get("distinctive_words") or [])[:4])
             out.append(
@@ -509,9 +543,17 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
     att_by_cap = {c["capability"]: c for c in (att or {}).get("capabilities") or []}
     train_ids = list((att or {}).get("train_ids") or [])
     caps: list[CapabilityView] = []
+    setup: dict[str, list[dict[str, Any]]] = {}
     for c in ev.get("capabilities") or []:
         a = att_by_cap.get(c["name"])
         av = _attribution(a, train_ids, findings, checks_ran) if a else None
+        quals = _qualifiers(c, a, (a or {}).get("failing_items") or [])
+        if a is not None:  # Audit's setup errors (D04 only when it truncates rows this verdict blames)
+            blamed = {r.get("id") for r in a.get("ranked") or []}
+            blamed |= {r for cl in a.get("clusters") or [] for r in cl.get("row_ids") or []}
+            setup[c["name"]] = join.setup_errors(findings, blamed)
+            if setup[c["name"]]:
+                quals.append(_setup_qualifier(setup[c["name"]]))
         caps.append(
             CapabilityView(
                 name=c["name"],
@@ -533,7 +575,7 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
                 n_gained=int(c.get("n_gained", 0)),
                 n_both_fail=int(c.get("n_both_fail", 0)),
                 base_bounds=dict(c.get("base_bounds") or {}),
-                qualifiers=_qualifiers(c, a, (a or {}).get("failing_items") or []),
+                qualifiers=quals,
                 attribution=av,
             )
         )
@@ -547,7 +589,7 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
         status = "not_attributed"
     notes = list((run.get("manifest") or {}).get("notes") or []) + list(ev.get("notes") or [])
     verification = run.get("verification") or None
-    headline = _headline(caps, audit_view, stopped)
+    headline = _headline(caps, audit_view, stopped, setup)
     if verification:  # what retraining without the blamed rows showed: right after the verdicts
         headline = headline + [f"{name}: {v['line']}." for name, v in (verification.get("capabilities") or {}).items()]
     return Report(

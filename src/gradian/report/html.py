@@ -433,7 +433,7 @@ def _log_section(r: Report) -> Markup:
 
 
 def _manifest(r: Report) -> Markup:
-    from gradian.report.views import flatten
+    from gradian.report.views import flatten, training_setup_rows
 
     m = r.manifest
     rows, spec_rows = [], []
@@ -452,12 +452,24 @@ def _manifest(r: Report) -> Markup:
         for k, v in paths.items()
     ]
     timing = ", ".join(f"{k} {v:.1f} s" for k, v in r.timing.items() if isinstance(v, (int, float)))
+    setup_rows, setup_notes = training_setup_rows(m)
+    setup = (
+        M("<h4>Training setup (how the trainer tokenised the rows; the gradients use it)</h4>{}{}").format(
+            _table(
+                ["field", "value", "from"],
+                [[M("<code>{}</code>").format(a), b, shorten(c, 300)] for a, b, c in setup_rows],
+            ),
+            _join(M('<p class="legend">{}</p>').format(n) for n in setup_notes),
+        )
+        if setup_rows
+        else M("")
+    )
     return M(
         '<h2 id="manifest">Manifest</h2><p>This report was rendered from run <code>{}</code> ({}). '
         "Every number above comes from it; if a number differs between two runs, a changed field here is the "
         "explanation.</p>"
         "<h4>Identity (hashed into the run id)</h4>{}<details><summary>every spec ({} fields)</summary>{}</details>"
-        "<h4>Paths</h4>{}<p><b>Sign convention:</b> {}</p>"
+        "{}<h4>Paths</h4>{}<p><b>Sign convention:</b> {}</p>"
         "<p><b>Timing:</b> {}</p><details><summary>the manifest as JSON</summary><pre>{}</pre></details>"
     ).format(
         r.run_id,
@@ -465,6 +477,7 @@ def _manifest(r: Report) -> Markup:
         _table(["field", "value"], rows),
         len(spec_rows),
         _table(["field", "value"], spec_rows),
+        setup,
         _table(["input", "path"], prow),
         m.get("sign_convention", ""),
         timing or "n/a",

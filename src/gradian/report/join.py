@@ -205,3 +205,47 @@ def row_flags(findings: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
             if f.get("id") not in lst:
                 lst.append(f.get("id"))
     return flags
+
+
+#: Config checks whose error means the training setup itself can explain a regression: learning rate
+#: (C01, C02), epochs (C03), the loss mask (C08, C09). D04 (truncation) counts when it hits blamed rows.
+SETUP_CHECKS = ("C01", "C02", "C03", "C08", "C09")
+
+
+def setup_errors(findings: Iterable[dict[str, Any]], blamed_rows: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The error-level audit findings that make a regression possibly mechanical (a setup problem, not the data).
+
+    A finding counts when its severity is ``error`` and its id is in :data:`SETUP_CHECKS`, or it is D04 (rows
+    truncated at max_length) and at least one of its rows is among ``blamed_rows`` (the rows the verdict ranks or
+    clusters; None: any D04 error counts).
+
+    Returns:
+        ``[{"id", "title", "severity", "rows"}]`` in finding order; ``rows`` is the overlap with the blamed
+        rows for D04, else None.
+    """
+    blamed = None if blamed_rows is None else set(blamed_rows)
+    out: list[dict[str, Any]] = []
+    for f in findings:
+        if f.get("severity") != "error":
+            continue
+        cid = str(f.get("id") or "")
+        rows = None
+        if cid == "D04":
+            hit = set(f.get("row_ids") or [])
+            if blamed is not None:
+                hit &= blamed
+            if not hit:
+                continue
+            rows = len(hit)
+        elif cid not in SETUP_CHECKS:
+            continue
+        title = str(f.get("title") or f.get("name") or cid).rstrip(".")
+        out.append({"id": cid, "title": title, "severity": "error", "rows": rows})
+    return out
+
+
+def setup_error_names(errors: list[dict[str, Any]]) -> str:
+    """``"C02: Learning rate far too high; D04: Rows longer than max_length, 5 of the blamed rows"``."""
+    return "; ".join(
+        f"{e['id']}: {e['title']}" + (f", {e['rows']} of the blamed rows" if e.get("rows") else "") for e in errors
+    )

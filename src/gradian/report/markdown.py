@@ -16,7 +16,15 @@ from typing import Any
 
 from gradian.report.safe import md_text
 from gradian.report.svg import fmt_num, fmt_score
-from gradian.report.views import HARMFUL_ROW_COLUMNS, SUMMARY_CLUSTERS, VERIFY_COLUMNS, Report, flatten, support_marks
+from gradian.report.views import (
+    HARMFUL_ROW_COLUMNS,
+    SUMMARY_CLUSTERS,
+    VERIFY_COLUMNS,
+    Report,
+    flatten,
+    support_marks,
+    training_setup_rows,
+)
 
 _MARK = {"ok": "✓", "caution": "!", "warning": "⚠"}
 
@@ -287,6 +295,13 @@ def render_markdown(report: Report) -> str:
         val = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
         rows.append([md_text(k, 120), md_text(val, 300)])
     out += _table(["identity field", "value"], rows)
+    setup_rows, setup_notes = training_setup_rows(m)
+    if setup_rows:
+        out += ["Training setup (how the trainer tokenised the rows; the gradients use it):", ""]
+        out += _table(
+            ["field", "value", "from"], [[md_text(a, 60), md_text(b, 200), md_text(c, 300)] for a, b, c in setup_rows]
+        )
+        out += [f"- {md_text(n, 500)}" for n in setup_notes] + ([""] if setup_notes else [])
     out += [f"Sign convention: {md_text(m.get('sign_convention', ''), 500)}", ""]
     tm = ", ".join(f"{k} {v:.1f} s" for k, v in r.timing.items() if isinstance(v, (int, float)))
     if tm:

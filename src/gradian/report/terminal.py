@@ -18,7 +18,7 @@ from rich.text import Text
 
 from gradian.report.safe import clean, one_line
 from gradian.report.svg import fmt_num, fmt_score
-from gradian.report.views import SUMMARY_CLUSTERS, Report
+from gradian.report.views import SUMMARY_CLUSTERS, Report, training_setup_rows
 from gradian.tables import FitTable
 
 _LEVEL = {"ok": ("✓", "green"), "caution": ("!", "yellow"), "warning": ("⚠", "bold red")}
@@ -131,6 +131,14 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
             ", ".join(f"{k} {v}" for k, v in vers.items()) if isinstance(vers, dict) else "",
         )
     )
+    setup_rows, setup_notes = training_setup_rows(m)
+    if setup_rows:
+        shown = [
+            f"{k} {v} ({one_line(src, 120)})" for k, v, src in setup_rows if k in ("max_length", "loss_on", "trainer")
+        ]
+        console.print(_t(("training setup", "bold"), ": ", one_line(", ".join(shown), 600)))
+        for n in setup_notes:
+            console.print(_t(("  not reproduced / warning: ", "yellow"), one_line(n, 300)))
     if m.get("sign_convention"):
         console.print(_t(("sign: ", "dim"), (m["sign_convention"], "dim")))
 

@@ -65,7 +65,8 @@ class Qualifier:
 
     Attributes:
         kind: ``noise_band`` | ``few_items`` | ``base_fails`` | ``low_base`` | ``thin_margin`` |
-            ``margins`` | ``loglik_query`` | ``engine_agreement`` | ``single_engine`` | ``evidence`` | ``base_bound``.
+            ``margins`` | ``loglik_query`` | ``engine_agreement`` | ``single_engine`` | ``evidence`` | ``base_bound`` |
+            ``audit_setup`` (Audit found an error-level setup problem: :func:`gradian.report.join.setup_errors`).
         level: ``ok`` (supports the verdict), ``caution``, or ``warning`` (weakens it).
         text: one sentence.
     """
@@ -325,6 +326,24 @@ def support_marks(row: dict[str, Any]) -> str:
     """``"gradient, lexical"``: the kinds of evidence that put this row in their own top 10%."""
     sup = row.get("support") or {}
     return ", ".join(k for k in EVIDENCE_KINDS if (sup.get(k) or {}).get("supports")) or "—"
+
+
+def training_setup_rows(manifest: dict[str, Any]) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """``([(field, value, where it came from)], [what is not reproduced])`` of ``manifest["training_setup"]``.
+
+    Both lists are empty for a run written before the setup was recorded (or a damaged entry).
+    """
+    ts = manifest.get("training_setup")
+    if not isinstance(ts, dict) or not isinstance(ts.get("values"), dict):
+        return [], []
+    rows = []
+    for k, v in ts["values"].items():
+        if isinstance(v, dict):
+            val = v.get("value")
+            rows.append((str(k), "none" if val is None else str(val), str(v.get("from") or "?")))
+    notes = [str(n) for n in ts.get("notes") or [] if isinstance(n, str)]
+    notes += [str(w) for w in ts.get("warnings") or [] if isinstance(w, str)]
+    return rows, notes
 
 
 def flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:

@@ -280,6 +280,39 @@ def prepare_verify(
     )
 
 
+def flagged_setup(run: dict[str, Any], config: str | Path | None = None) -> dict[str, Any] | None:
+    """Audit's error-level setup findings on the run (:func:`gradian.report.join.setup_errors`), or None.
+
+    The retrains inherit the run's training setup (unless ``config`` replaces it), so a setup problem Audit
+    flagged (learning rate, epochs, loss mask, truncation of the blamed rows) is in every retrain too.
+
+    Returns:
+        ``{"findings": [{"id", "title", "severity", "rows"}], "config": the verify config or None, "line": str}``.
+    """
+    from gradian.report.join import setup_error_names, setup_errors
+
+    att = run.get("attribution") or {}
+    blamed = {r.get("id") for c in att.get("capabilities") or [] for r in c.get("ranked") or []}
+    blamed |= {
+        r for c in att.get("capabilities") or [] for cl in c.get("clusters") or [] for r in cl.get("row_ids") or []
+    }
+    errors = setup_errors((run.get("audit") or {}).get("findings") or [], blamed)
+    if not errors:
+        return None
+    names = setup_error_names(errors)
+    if config is None:
+        line = (
+            f"warning: retraining with the setup Audit flagged ({names}): every retrain inherits it, so a capability "
+            "that does not come back may be the setup, not the data"
+        )
+    else:
+        line = (
+            f"warning: Audit flagged the run's setup ({names}); these retrains use {Path(config).name}, "
+            "which Audit did not check"
+        )
+    return {"findings": errors, "config": str(config) if config is not None else None, "line": line}
+
+
 def verify_run(
     run_dir: str | Path,
     spec: VerifySpec = VerifySpec(),
@@ -330,6 +363,9 @@ def verify_run(
     say(
         f"verify: {len(retrains)} retrains ({', '.join(r.name for r in retrains)}) with {trainer.describe()['trainer']}"
     )
+    flagged = flagged_setup(run, config)
+    if flagged:  # before the first retrain: the retrains inherit what Audit flagged
+        say(flagged["line"])
 
     import shutil
 
@@ -363,7 +399,12 @@ def verify_run(
         shutil.rmtree(work, ignore_errors=True)  # the edited data files; nothing half-written stays
     record = summarise(run, results, retrains, by_id, base_q, eval_spec, spec, n)
     record.update(
-        {"spec": spec.to_dict(), "trainer": trainer.describe(), "seconds": round(time.perf_counter() - t0, 1)}
+        {
+            "spec": spec.to_dict(),
+            "trainer": trainer.describe(),
+            "audit_setup": flagged,  # None: Audit found no error-level setup problem
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
     )
     run["verification"] = record
     atomic_write_json(run_dir / "run.json", run)
