@@ -163,3 +163,27 @@ def test_attribute_audit_gets_the_eval_set(run):
     for cid in ("D14", "D15", "D21"):
         assert not skipped.get(cid, "").startswith("needs"), skipped.get(cid)
     assert "D14" in {f["id"] for f in audit["findings"]}
+
+
+def test_attribute_takes_its_setup_from_the_trl_run(run, tmp_path):
+    """`gradian attribute --adapter OUT --config sft_config.json`, no setup flags, on the real TRL output folder:
+    the gradients' tokenisation is the trainer's (max_length 128 from the config, every assistant turn under
+    assistant_only_loss), each field names its source in run.json, and the Audit and trajectory read the folder
+    as TRL left it (checkpoint-2, checkpoint-4)."""
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    out = tmp_path / "run"
+    args = ["attribute", "--base", str(run["base"]), "--adapter", str(run["out"]), "--data", str(run["data"])]
+    args += ["--eval", str(run["eval"]), "--config", str(run["config"]), "--out", str(out), "--project-dim", "0"]
+    res = CliRunner().invoke(app, args, env={"GRADIAN_CACHE": str(tmp_path / "cache")})
+    assert res.exit_code == 0, res.output
+    assert "training setup: max_length 128 (sft_config.json: max_length)" in " ".join(res.output.split())
+    manifest = json.loads((out / "run.json").read_text())["manifest"]
+    values = manifest["training_setup"]["values"]
+    assert values["max_length"] == {"value": 128, "from": "sft_config.json: max_length"}
+    assert values["loss_on"]["value"] == "assistant" and "assistant_only_loss" in values["loss_on"]["from"]
+    assert values["trainer"]["value"] == "trl"
+    tokenize = manifest["identity"]["specs"]["grad"]["tokenize"]
+    assert tokenize["max_length"] == 128 and tokenize["loss_on"] == "assistant"
