@@ -339,8 +339,6 @@ def register(app: typer.Typer) -> None:
             max_units_per_row=max_units_per_row,
         )
         check_build_args(batch_size, shard_size)
-        if setup is None:  # recorded in the manifest: Gradian's defaults and the flags given
-            setup = default_training_setup(ctx, data, max_length, loss_on)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),
             grad=grad,
@@ -370,6 +368,8 @@ def register(app: typer.Typer) -> None:
             reference_adapter,
             checkpoints=checkpoint_selection(checkpoints),
         )
+        if setup is None:  # recorded in the manifest: Gradian's defaults and the flags given (read after every
+            setup = default_training_setup(ctx, data, max_length, loss_on)  # flag is checked: a flag error first)
         from gradian import distributed
         from gradian.commands._common import input_identity, start_distributed
         from gradian.index.identity import dataset_identity
