@@ -209,6 +209,7 @@ def attribute_run(
     regressed = [c.name for c in ev.regressed]
     index_ident = None
     index_id = None
+    data_check = None
     if not regressed:
         run["stopped"] = (
             "no capability regressed outside the noise band: nothing to attribute "
@@ -224,6 +225,11 @@ def attribute_run(
         spec = specs.attribute
         trajectory = resolve_trajectory(inputs.adapter, inputs.checkpoints, weighting=spec.weighting)
         items = tokenize_training_set(examples, ft.tokenizer, specs.grad, inputs.data)
+        from gradian.attribute.datacheck import check_data_matches_adapter
+
+        tc = time.perf_counter()  # is this the adapter's training data? (a warning, before the long build)
+        data_check = check_data_matches_adapter(ft, inputs.data, items, batch_size=specs.batch_size)
+        timing["data_check"] = time.perf_counter() - tc
         queries = {}
         failing_by_cap = {}
         for cap in regressed:
@@ -345,6 +351,8 @@ def attribute_run(
     )
     run["manifest"] = _manifest(ft, inputs, specs, index_ident, index_id, traj_ident)
     run["manifest"]["notes"] = list(ft.notes)
+    if data_check is not None:
+        run["manifest"]["data_check"] = data_check.to_dict()
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "run.json", run)
@@ -536,6 +544,28 @@ def _run_json_schema() -> dict[str, Any]:
         },
         null=True,
     )
+    manifest = obj(
+        {
+            "run_id": STRING,
+            "identity": identity,
+            "paths": paths,
+            "sign_convention": STRING,
+            "notes": arr(STRING),
+        }
+    )
+    # gradian.attribute.datacheck.DataCheck: optional (absent when nothing was attributed)
+    manifest["properties"]["data_check"] = obj(
+        {
+            "rows": INTEGER,
+            "adapter_loss": finite(NUMBER),
+            "base_loss": finite(NUMBER),
+            "relative_drop": finite(NUMBER),
+            "uniform_loss": finite(NUMBER),
+            "threshold": NUMBER,
+            "warned": BOOLEAN,
+            "seconds": NUMBER,
+        }
+    )
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": RUN_SCHEMA,
@@ -545,15 +575,7 @@ def _run_json_schema() -> dict[str, Any]:
                 "evaluation": closed(RESULT_JSON_SCHEMA),  # EvalResult.from_dict builds each part with cls(**d)
                 "attribution": attribution,
                 "audit": audit,
-                "manifest": obj(
-                    {
-                        "run_id": STRING,
-                        "identity": identity,
-                        "paths": paths,
-                        "sign_convention": STRING,
-                        "notes": arr(STRING),
-                    }
-                ),
+                "manifest": manifest,
                 "timing": mapping(NUMBER),
                 "stopped": nullable(STRING),
                 "verification": verification,
