@@ -38,6 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gradian.errors import GradianWarning
+from gradian.schema import BOOLEAN, INTEGER, NUMBER, finite, obj
 
 #: At most this many training rows are scored (twice: with the adapter and without).
 SAMPLE_ROWS = 32
@@ -50,6 +51,21 @@ MIN_RELATIVE_DROP = 0.15
 #: Warn when the adapter's mean loss is at least this fraction of ``ln V`` (a uniform guess). Tiny world:
 #: training rows 0.23, held-out rows 0.37, unrelated router-support text 0.96 (its base loss is 1.5 ln V).
 MAX_UNIFORM_FRACTION = 0.5
+
+
+#: ``run.json`` ``manifest.data_check`` (:class:`DataCheck`); the manifest may lack it (nothing attributed).
+DATA_CHECK_SCHEMA = obj(
+    {
+        "rows": INTEGER,
+        "adapter_loss": finite(NUMBER),
+        "base_loss": finite(NUMBER),
+        "relative_drop": finite(NUMBER),
+        "uniform_loss": finite(NUMBER),
+        "threshold": NUMBER,
+        "warned": BOOLEAN,
+        "seconds": NUMBER,
+    }
+)
 
 
 @dataclass

@@ -544,28 +544,6 @@ def _run_json_schema() -> dict[str, Any]:
         },
         null=True,
     )
-    manifest = obj(
-        {
-            "run_id": STRING,
-            "identity": identity,
-            "paths": paths,
-            "sign_convention": STRING,
-            "notes": arr(STRING),
-        }
-    )
-    # gradian.attribute.datacheck.DataCheck: optional (absent when nothing was attributed)
-    manifest["properties"]["data_check"] = obj(
-        {
-            "rows": INTEGER,
-            "adapter_loss": finite(NUMBER),
-            "base_loss": finite(NUMBER),
-            "relative_drop": finite(NUMBER),
-            "uniform_loss": finite(NUMBER),
-            "threshold": NUMBER,
-            "warned": BOOLEAN,
-            "seconds": NUMBER,
-        }
-    )
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": RUN_SCHEMA,
@@ -575,7 +553,15 @@ def _run_json_schema() -> dict[str, Any]:
                 "evaluation": closed(RESULT_JSON_SCHEMA),  # EvalResult.from_dict builds each part with cls(**d)
                 "attribution": attribution,
                 "audit": audit,
-                "manifest": manifest,
+                "manifest": obj(
+                    {
+                        "run_id": STRING,
+                        "identity": identity,
+                        "paths": paths,
+                        "sign_convention": STRING,
+                        "notes": arr(STRING),
+                    }
+                ),
                 "timing": mapping(NUMBER),
                 "stopped": nullable(STRING),
                 "verification": verification,
@@ -599,7 +585,11 @@ def run_json_schema() -> dict[str, Any]:
     a spec (a spec is checked against its dataclass). Score lists must hold finite numbers.
     """
     if not _SCHEMA_CACHE:
-        _SCHEMA_CACHE["run"] = _run_json_schema()
+        from gradian.attribute.datacheck import DATA_CHECK_SCHEMA
+
+        schema = _run_json_schema()
+        schema["properties"]["manifest"]["properties"]["data_check"] = DATA_CHECK_SCHEMA  # optional: not required
+        _SCHEMA_CACHE["run"] = schema
     return _SCHEMA_CACHE["run"]
 
 
