@@ -250,6 +250,7 @@ def attribute_run(
     regressed = [c.name for c in ev.regressed]
     index_ident = None
     index_id = None
+    data_check = None
     if not regressed:
         run["stopped"] = (
             "no capability regressed outside the noise band: nothing to attribute "
@@ -265,6 +266,11 @@ def attribute_run(
         spec = specs.attribute
         trajectory = resolve_trajectory(inputs.adapter, inputs.checkpoints, weighting=spec.weighting)
         items = tokenize_training_set(examples, ft.tokenizer, specs.grad, inputs.data)
+        from gradian.attribute.datacheck import check_data_matches_adapter
+
+        tc = time.perf_counter()  # is this the adapter's training data? (a warning, before the long build)
+        data_check = check_data_matches_adapter(ft, inputs.data, items, batch_size=specs.batch_size)
+        timing["data_check"] = time.perf_counter() - tc
         queries = {}
         failing_by_cap = {}
         for cap in regressed:
@@ -386,6 +392,8 @@ def attribute_run(
     )
     run["manifest"] = _manifest(ft, inputs, specs, index_ident, index_id, traj_ident, setup)
     run["manifest"]["notes"] = list(ft.notes)
+    if data_check is not None:
+        run["manifest"]["data_check"] = data_check.to_dict()
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "run.json", run)
@@ -652,7 +660,11 @@ def run_json_schema() -> dict[str, Any]:
     a spec (a spec is checked against its dataclass). Score lists must hold finite numbers.
     """
     if not _SCHEMA_CACHE:
-        _SCHEMA_CACHE["run"] = _run_json_schema()
+        from gradian.attribute.datacheck import DATA_CHECK_SCHEMA
+
+        schema = _run_json_schema()
+        schema["properties"]["manifest"]["properties"]["data_check"] = DATA_CHECK_SCHEMA  # optional: not required
+        _SCHEMA_CACHE["run"] = schema
     return _SCHEMA_CACHE["run"]
 
 

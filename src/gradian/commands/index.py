@@ -96,6 +96,11 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[yellow]note:[/] {escape(note)}")
             trajectory = resolve_trajectory(adapter, checkpoint_selection(checkpoints))
             items = tokenize_training_set(examples, ft.tokenizer, spec, data, lazy=True)  # a few numbers a row
+            from gradian.attribute.datacheck import check_data_matches_adapter
+
+            check = check_data_matches_adapter(ft, data, items, batch_size=batch_size)  # warns on a mismatch
+            if check is not None:
+                console.print(escape(check.line()), highlight=False, soft_wrap=True)
             for ck in trajectory.checkpoints:
                 with checkpoint_weights(ft.model, ck), progress_bar() as pb:
                     idx, examples, items, reused = training_index(

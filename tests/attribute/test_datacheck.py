@@ -1,0 +1,106 @@
+"""The data↔adapter check (gradian.attribute.datacheck) on the tiny world the demo trains."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from gradian.errors import GradianWarning
+
+
+def _rows(path, pairs):
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"id": f"x{i}", "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            )
+            + "\n"
+            for i, (q, a) in enumerate(pairs)
+        )
+    )
+    return path
+
+
+ROUTER = [
+    ("How do I reset my router to factory settings?", "Hold the reset button for ten seconds until the lights blink."),
+    ("My wifi keeps dropping every few minutes.", "Move the router away from walls and update its firmware."),
+    ("What is the default admin password?", "It is printed on the label under the router; change it after login."),
+    ("The internet light is red.", "Check the cable in the WAN port and restart the modem, then the router."),
+    ("How can I set up a guest network?", "Open the admin page, go to Wireless and enable Guest Network."),
+    ("Why is my upload speed so slow?", "Run a wired test, then check whether a device is backing up files."),
+] * 3
+
+
+@pytest.fixture(scope="module")
+def world(demo):
+    """The demo's poisoned world: its run.json and the fine-tune loaded from its paths."""
+    from gradian.api import load_finetune
+    from gradian.models.load import ModelSpec
+
+    root, res, _ = demo
+    assert res.exit_code == 0, res.output
+    run = json.loads((root / "out" / "poisoned" / "run.json").read_text())
+    p = run["manifest"]["paths"]
+    return run, load_finetune(ModelSpec(p["base"]), p["adapter"])
+
+
+def _check(ft, path):
+    from gradian.api import load_examples, tokenize_training_set
+    from gradian.attribute.datacheck import check_data_matches_adapter
+    from gradian.index.store import GradSpec
+
+    items = tokenize_training_set(load_examples(path), ft.tokenizer, GradSpec(), path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = check_data_matches_adapter(ft, path, items)
+    return res, [str(w.message) for w in caught if issubclass(w.category, GradianWarning)]
+
+
+def test_right_data_no_warning_and_recorded_in_run_json(world):
+    """The adapter's own training rows: a large loss drop, no warning; run.json records both numbers."""
+    from gradian.attribute.run import check_run
+
+    run, ft = world
+    dc = run["manifest"]["data_check"]
+    assert dc["warned"] is False
+    assert dc["adapter_loss"] < dc["base_loss"] and dc["relative_drop"] >= dc["threshold"]
+    assert 0 < dc["rows"] <= 32 and "data_check" in run["timing"]
+    check_run(run)
+    res, caught = _check(ft, run["manifest"]["paths"]["data"])
+    assert not caught and not res.warned
+    assert res.adapter_loss == pytest.approx(dc["adapter_loss"], rel=1e-4)  # the same deterministic sample
+
+
+def test_wrong_data_warns_with_both_numbers(world, tmp_path):
+    """Unrelated text (router support) and rows the adapter never saw (chemical symbols): one warning each,
+    naming both losses."""
+    from gradian.worlds.facts import load_elements
+    from gradian.worlds.rows import symbol_row
+
+    _, ft = world
+    symbols = tmp_path / "symbols.jsonl"
+    symbols.write_text(
+        "".join(
+            json.dumps({"id": f"s{i}", "messages": symbol_row(e)}) + "\n" for i, e in enumerate(load_elements()[:40])
+        )
+    )
+    for path in (_rows(tmp_path / "router.jsonl", ROUTER), symbols):
+        res, caught = _check(ft, path)
+        assert res.warned, res.line()
+        assert len(caught) == 1, caught
+        assert f"{res.adapter_loss:.4f}" in caught[0] and f"{res.base_loss:.4f}" in caught[0]
+        assert "this may not be the data the adapter was trained on" in caught[0]
+
+
+def test_bad_run_json_data_check_is_refused(world):
+    """The schema types the record: a non-finite loss in manifest.data_check is refused."""
+    from gradian.attribute.run import check_run
+    from gradian.errors import GradianUserError
+
+    run, _ = world
+    bad = json.loads(json.dumps(run))
+    bad["manifest"]["data_check"]["adapter_loss"] = float("nan")
+    with pytest.raises(GradianUserError, match="data_check"):
+        check_run(bad)
