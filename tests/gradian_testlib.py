@@ -105,3 +105,25 @@ def q_capital(c: str) -> str:
 
 def q_symbol(e: str) -> str:
     return f"What is the symbol of {e}?"
+
+
+def fuzz_settings(default_examples: int, *suppress: str):
+    """The fuzz tests' hypothesis settings: ``GRADIAN_FUZZ_EXAMPLES`` examples (else ``default_examples``),
+    derandomized, no deadline, no example database, and the size/speed health checks off (plus ``suppress``,
+    names of further :class:`hypothesis.HealthCheck` members). Returns ``(n, settings)``.
+    """
+    import os
+
+    from hypothesis import HealthCheck, settings
+
+    n = int(os.environ.get("GRADIAN_FUZZ_EXAMPLES", str(default_examples)))
+    checks = [HealthCheck.too_slow, HealthCheck.data_too_large] + [getattr(HealthCheck, s) for s in suppress]
+    return n, settings(
+        max_examples=n, derandomize=True, deadline=None, database=None, print_blob=True, suppress_health_check=checks
+    )
+
+
+def without_data_check(lines: list[str]) -> list[str]:
+    """CLI output lines less the data↔adapter check's (``data check on …`` and its warning): the test fixtures'
+    adapters are random LoRA weights never trained on their rows, so the check rightly warns on them."""
+    return [ln for ln in lines if not ln.startswith("data check on") and "not be the data the adapter" not in ln]

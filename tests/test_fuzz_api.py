@@ -11,28 +11,20 @@ as ``tests/test_fuzz_readers.py``.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, event, example, given, settings  # noqa: E402
+from hypothesis import event, example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from gradian.errors import GradianUserError  # noqa: E402
+from gradian_testlib import fuzz_settings  # noqa: E402
 
 #: examples per property (the budget keeps the module at a few seconds)
-N = int(os.environ.get("GRADIAN_FUZZ_EXAMPLES", "120"))
-FUZZ = settings(
-    max_examples=N,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
-)
+N, FUZZ = fuzz_settings(120, "function_scoped_fixture")
 
 SCALARS = st.one_of(
     st.none(),

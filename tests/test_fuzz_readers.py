@@ -19,21 +19,14 @@ from pathlib import Path
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from gradian.errors import GradianUserError  # noqa: E402
+from gradian_testlib import fuzz_settings  # noqa: E402
 
 #: examples per reader (the budget keeps the whole module at about 20 s on a busy 2-core machine)
-N = int(os.environ.get("GRADIAN_FUZZ_EXAMPLES", "120"))
-FUZZ = settings(
-    max_examples=N,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
-)
+N, FUZZ = fuzz_settings(120, "large_base_example")
 
 # ---------------------------------------------------------------------- values
 KEYS = [

@@ -162,7 +162,9 @@ def test_index_config_sets_the_tokenisation_and_a_contradicting_flag_warns(saved
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "a")])
     assert res.exit_code == 0, res.output
     assert "training setup: max_length 48 (sft.yaml: max_length)" in res.output
-    assert "warning" not in res.output
+    from gradian_testlib import without_data_check
+
+    assert not any("warning" in ln for ln in without_data_check(res.output.splitlines()))
     assert grad_spec(tmp_path / "a")["max_length"] == 48
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b"), "--max-length", "64"])
     assert res.exit_code == 0, res.output
