@@ -146,15 +146,13 @@ def resolve_run_setup(inputs: RunInputs, specs: RunSpecs, examples) -> Any:
     value. ``specs.grad`` is then set to the setup's tokenisation, so the gradients follow the setup.
     """
     import dataclasses
-    from collections import Counter
 
-    from gradian.data.setup import resolve_setup
+    from gradian.data.setup import examples_format, resolve_setup
     from gradian.data.tokenize import TokenizeSpec
 
     tok, default = specs.grad.tokenize, TokenizeSpec()
     flags = {k: getattr(tok, k) for k in ("max_length", "loss_on", "add_eos") if getattr(tok, k) != getattr(default, k)}
-    fmt = Counter(ex.format for ex in examples).most_common(1)[0][0] if examples else "prompt_completion"
-    chat = any(ex.is_chat for ex in examples)
+    fmt, chat = examples_format(examples)
     config = None
     if inputs.configs:
         from gradian.audit.config import load_config

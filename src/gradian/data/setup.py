@@ -104,15 +104,19 @@ class TrainingSetup:
         return out
 
 
-def row_format(path: str | Path) -> tuple[str, bool]:
-    """``(the most common row format, any row is a chat)`` of a training file (:func:`load_examples`)."""
+def examples_format(examples) -> tuple[str, bool]:
+    """``(the most common row format, any row is a chat)`` of loaded examples (``prompt_completion`` if none)."""
     from collections import Counter
 
+    fmt = Counter(ex.format for ex in examples).most_common(1)[0][0] if examples else "prompt_completion"
+    return fmt, any(ex.is_chat for ex in examples)
+
+
+def row_format(path: str | Path) -> tuple[str, bool]:
+    """:func:`examples_format` of a training file (:func:`load_examples`)."""
     from gradian.data.formats import load_examples
 
-    examples = load_examples(path)
-    fmt = Counter(ex.format for ex in examples).most_common(1)[0][0]
-    return fmt, any(ex.is_chat for ex in examples)
+    return examples_format(load_examples(path))
 
 
 def setup_from_files(
