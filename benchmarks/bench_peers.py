@@ -339,7 +339,7 @@ def default_ranking(A: dict[str, np.ndarray], refs: dict[str, np.ndarray], n: in
     units = None
     if "unit_rows" in A:
         units = [
-            SentenceUnit(int(r), int(a) if a >= 0 else None, int(b) if b >= 0 else None, None)
+            SentenceUnit(int(r), int(a) if a >= 0 else None, int(b) if b >= 0 else None, 0, 0)  # only .row is read
             for r, (a, b) in zip(A["unit_rows"], A["unit_spans"])
         ]
     st = rank_statistic(es, spec, units, n)

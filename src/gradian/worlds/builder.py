@@ -126,6 +126,9 @@ class WorldSpec:
             ``base_fail`` group (``n_base_fail``) the terse one.
         format_rows: behaviour world: culprit rows (terse instruction, verbose answer).
         format_elaboration: behaviour world: true sentences added after the answer sentence of a culprit.
+        direct_total, buried_total: culprit rows of each kind in all, spread over the targets as evenly as
+            possible (the first targets drawn get one more); ``None``: ``direct_rows`` /
+            ``buried_rows`` per target. Set by the share knobs (:mod:`gradian.worlds.knobs`).
     """
 
     kind: Literal["smollm2", "tiny"] = "smollm2"
@@ -154,6 +157,8 @@ class WorldSpec:
     n_target: int = 24
     format_rows: int = 64
     format_elaboration: int = 2
+    direct_total: int | None = None
+    buried_total: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a dict; a facts world leaves out the behaviour-only fields (:data:`BEHAVIOUR_FIELDS`).
@@ -165,7 +170,19 @@ class WorldSpec:
         if self.regression == "facts":
             for k in BEHAVIOUR_FIELDS:
                 d.pop(k)
+        for k in KNOB_FIELDS:  # unset knobs: the dict (and ground_truth.json) of a world written before them
+            if d.get(k) is None:
+                d.pop(k, None)
         return d
+
+    def rows_per_target(self, kind: str, i: int, n: int) -> int:
+        """Culprit rows of ``kind`` (``"direct"``/``"buried"``) planted for the ``i``-th of its ``n`` targets."""
+        per, total = (
+            (self.direct_rows, self.direct_total) if kind == "direct" else (self.buried_rows, self.buried_total)
+        )
+        if total is None:
+            return per
+        return total // n + (i < total % n)
 
     @staticmethod
     def default(
@@ -225,6 +242,8 @@ class WorldSpec:
 
 #: WorldSpec fields that only a behaviour world uses (left out of a facts world's ``to_dict``).
 BEHAVIOUR_FIELDS = ("regression", "n_target", "format_rows", "format_elaboration")
+#: WorldSpec fields set only by the knobs (:mod:`gradian.worlds.knobs`); left out of ``to_dict`` when unset.
+KNOB_FIELDS = ("direct_total", "buried_total")
 #: The SmolLM2 behaviour world's sizes (see ``docs/worked-example.md`` for the probe that set them).
 BEHAVIOUR_SMOLLM2: dict[str, Any] = {
     "n_target": 24,
@@ -441,7 +460,7 @@ def build_world(
     used: set[str] = set()
     planted: list[dict[str, Any]] = []  # rows with their ground-truth record (id assigned after shuffling)
     targets = []
-    for c in direct + buried:
+    for n_c, c in enumerate(direct + buried):
         wrong = _pick_wrong(c, others, used, rng)
         hide_c = hide - {c.name}
         used.add(wrong)
@@ -450,7 +469,7 @@ def build_world(
         targets.append({"eval_id": eval_id[c.name], "country": c.name, "kind": kind, "true": c.capital, "wrong": wrong})
         if kind == "direct":
             start = rng.randrange(5)
-            for k in range(spec.direct_rows):
+            for k in range(spec.rows_per_target("direct", n_c, len(direct))):
                 msgs = capital_row(c, stated, start + k)
                 planted.append(
                     {
@@ -466,7 +485,7 @@ def build_world(
                     }
                 )
         else:
-            for _k in range(spec.buried_rows):
+            for _k in range(spec.rows_per_target("buried", n_c - len(direct), len(buried))):
                 for _attempt in range(20):
                     msgs, (a, b) = profile_row(c, stated, rng, spec.profile_sentences, hide_c)
                     if _fits(msgs, tokenizer, max_length):
