@@ -54,7 +54,10 @@ class Variant:
 
 #: The family, in table order. The worked example first; the two held-out variants last.
 FAMILY: tuple[Variant, ...] = (
-    Variant("worked", "the worked example: 35% culprits, a quarter direct, LoRA as the kind's default"),
+    Variant(
+        "worked",
+        "the worked example, as `gradian world` writes it by default (SmolLM2: 35% culprits, a quarter direct)",
+    ),
     Variant(
         "qv-r8",
         "LoRA r=8 on q and v only (the worked example's data)",
