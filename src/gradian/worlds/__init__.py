@@ -5,6 +5,8 @@
 * :func:`materialise_smollm2`: SmolLM2-135M-Instruct as an HF folder in the cache
   (:mod:`gradian.worlds.smollm2`).
 * :func:`build_tiny_base`: the tiny variant's base, pretrained in seconds (:mod:`gradian.worlds.tiny`).
+* :class:`~gradian.worlds.knobs.WorldKnobs`: the axes a world may vary (:mod:`gradian.worlds.knobs`), and
+  :func:`~gradian.worlds.family.build_family`: the family of worlds built from them (:mod:`gradian.worlds.family`).
 """
 
 from gradian.worlds.builder import World, WorldSpec, build_world, default_train_spec
