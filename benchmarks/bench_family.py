@@ -170,7 +170,7 @@ def tables(report: dict[str, Any]) -> str:
         name = v["name"] + (" (held out)" if v["held_out"] else "")
         head = f"| {name} | {sz['train']} | {sz['culprits']} ({sz['direct_rows']}/{sz['buried_rows']}) | "
         if not s.get("regressed"):
-            lines.append(head + "0 | nothing regressed |" + " |" * 14)
+            lines.append(head + "— | nothing regressed |" + " |" * 12)
             continue
         loc = s["localisation"]
         locs = f"{loc['hits']}/{loc['buried_rows_drilled']}" if loc["buried_rows_drilled"] else "—"
