@@ -13,14 +13,9 @@ from gradian.worlds import WorldSpec, default_train_spec
 from gradian.worlds.knobs import WorldKnobs, apply_knobs, apply_train_knobs, benign_total, culprit_total
 
 FILES = ("train.jsonl", "valid.jsonl", "eval.jsonl", "ground_truth.json", "train.yaml")
-#: sha256 of the default worlds (seed 0, poisoned) as main's code wrote them before the knobs existed.
-MAIN_TINY = {
-    "train.jsonl": "dc0ec40c512a74069bf9424ca54c3286ad7b932a67bc9331041fc3b9addea879",
-    "valid.jsonl": "241594ccd44a384116a7a314e00dbfd2428df7ed91920d9b51f97ff99a61bcd4",
-    "eval.jsonl": "216d8776faa8be5ede99dff23e4af7d5d9cee764b1889655428dbd5371eab7f0",
-    "ground_truth.json": "89ebc866ecf8f44958be20e0b9a174003ee948a4f460cb5aa60dd2059d622c44",
-    "train.yaml": "38c6bc7a07eddc86ceab4269b67c671844da9850be2765efc4d5124b736868d6",
-}
+#: sha256 of the default SmolLM2 world (seed 0, poisoned) as main's code wrote it before the knobs existed.
+#: (The tiny world's bytes depend on a base trained in-process, whose greedy answers select the eval items, so
+#: they may differ between CPUs; its tests compare the knob-free path with the default world built in-session.)
 MAIN_SMOLLM2 = {
     "train.jsonl": "4a75b91deaf6cfc059107bc770e3c4e7b1366ecbe71f5885004a10a436f9ff82",
     "valid.jsonl": "377cd95cf412003d41142fc464ef1f5db2b7bff5560723bc38c74aa3370eb28d",
@@ -123,12 +118,12 @@ def test_cli_knob_errors_are_one_line_exit_2(tmp_path):
 # --------------------------------------------------------------------------- worlds (tiny base, cached per session)
 
 
-def test_default_tiny_world_is_mains_byte_for_byte(tiny_worlds, world_cache, tmp_path, monkeypatch):
-    assert _hashes(tiny_worlds["poisoned"].out) == MAIN_TINY
+def test_default_tiny_world_is_the_knob_free_world_byte_for_byte(tiny_worlds, world_cache, tmp_path, monkeypatch):
+    main_tiny = _hashes(tiny_worlds["poisoned"].out)  # build_world(WorldSpec.default("tiny")): no knob applied
     monkeypatch.setenv("GRADIAN_CACHE", str(world_cache))
     res = _cli(["world", "--kind", "tiny", "--out", str(tmp_path / "cli")])
     assert res.exit_code == 0, res.output
-    assert _hashes(tmp_path / "cli") == MAIN_TINY
+    assert _hashes(tmp_path / "cli") == main_tiny
 
 
 def test_knobbed_tiny_world_has_the_asked_rows(world_cache, tmp_path):
@@ -181,7 +176,7 @@ def test_family_cli_tiny(world_cache, tiny_worlds, tmp_path, monkeypatch):
         vj = json.loads((tmp_path / "fam" / v["name"] / "variant.json").read_text())
         assert vj == v
         assert (tmp_path / "fam" / v["name"] / "train.jsonl").exists()
-    assert _hashes(tmp_path / "fam" / "worked") == MAIN_TINY
+    assert _hashes(tmp_path / "fam" / "worked") == _hashes(tiny_worlds["poisoned"].out)
     sizes = {v["name"]: v["sizes"] for v in fam["variants"]}
     assert sizes["share5"]["culprits"] < sizes["share15"]["culprits"] < sizes["worked"]["culprits"]
     res = _cli(["world", "--kind", "tiny", "--family", str(tmp_path / "again")])
