@@ -29,6 +29,7 @@ from gradian.report.views import (
     VERDICT_SCORE_LABEL,
     VERIFY_COLUMNS,
     Report,
+    recovery_text,
     support_marks,
     verification_legend,
     verify_word,
@@ -565,7 +566,7 @@ def _verification(r: Report) -> Markup:
                     M("{} [{}, {}]").format(
                         svg.fmt_num(x.get("delta")), svg.fmt_num(x.get("ci_low")), svg.fmt_num(x.get("ci_high"))
                     ),
-                    M("{} [{}, {}]").format(_pct(x.get("recovery")), _pct(ci[0]), _pct(ci[1])),
+                    M("{}").format(recovery_text(x.get("recovery"), ci)),
                     M("{}").format(svg.fmt_num(x.get("predicted_query_loss_change"))),
                     M("{}").format(svg.fmt_num(x.get("measured_query_loss_change"))),
                 ]

@@ -22,6 +22,7 @@ from gradian.report.views import (
     VERIFY_COLUMNS,
     Report,
     flatten,
+    recovery_text,
     support_marks,
     training_setup_rows,
     verification_legend,
@@ -359,7 +360,7 @@ def verification_markdown(r: Report) -> list[str]:
                     str(x.get("removed")),
                     fmt_num(x.get("score")),
                     f"{fmt_num(x.get('delta'))} [{fmt_num(x.get('ci_low'))}, {fmt_num(x.get('ci_high'))}]",
-                    f"{_pct(x.get('recovery'))} [{_pct(ci[0])}, {_pct(ci[1])}]",
+                    recovery_text(x.get("recovery"), ci),
                     fmt_num(x.get("predicted_query_loss_change")),
                     fmt_num(x.get("measured_query_loss_change")),
                 ]

@@ -408,3 +408,22 @@ def verify_word(cap: dict[str, Any]) -> str:
     if cap.get("seed_retrains") == 0 or str(cap.get("line", "")).startswith("verified without a seed band"):
         return "verified without a seed band"
     return "verified"
+
+
+def recovery_text(recovery: Any, ci: Any) -> str:
+    """A recovery share and its CI as every verify table shows it: ``80% [50%, 100%]*``.
+
+    The CI's ends are clipped to [0%, 100%] (what removing rows can bring back); ``*`` marks a CI the
+    bootstrap drew outside that range (the verify line gives the raw range).
+    """
+    import math
+
+    def pct(x: Any) -> str:
+        return f"{x:.0%}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+
+    lo, hi = (list(ci) + [float("nan")] * 2)[:2] if isinstance(ci, (list, tuple)) else (float("nan"),) * 2
+    ok = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi))
+    if not ok:
+        return f"{pct(recovery)} [n/a]"
+    clo, chi = min(max(lo, 0.0), 1.0), min(max(hi, 0.0), 1.0)
+    return f"{pct(recovery)} [{pct(clo)}, {pct(chi)}]" + ("*" if (clo, chi) != (lo, hi) else "")
