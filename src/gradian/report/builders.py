@@ -216,13 +216,13 @@ def excerpt(completion: Any, sentence: dict[str, Any] | None, width: int = 240) 
         after = text[b:]
     n = SENTENCE_CONTEXT_SHOWN
     cut_before = len(before) > n or (isinstance(a, int) and a > len(before))
-    if len(before) > n:
-        before = before[-n:]
+    before = before[-n:]
+    if cut_before:  # start at a word: drop the partial one when a space is near
         sp = before.find(" ")
         before = before[sp + 1 :] if 0 <= sp < n // 2 else before
     cut_after = len(after) > n or (isinstance(b, int) and b + len(after) < len(text))
-    if len(after) > n:
-        after = after[:n]
+    after = after[:n]
+    if cut_after:
         sp = after.rfind(" ")
         after = after[:sp] if sp > n // 2 else after
     return {
@@ -538,7 +538,7 @@ def _top_rows_sentence(name: str, a: AttributionView, n: int = 3) -> str:
     return (
         f"The most harmful rows for {name}: "
         + "; ".join(tops)
-        + f". The {k} blamed row{'s' if k != 1 else ''} (what `gradian verify` removes) hold {share:.0%} of the "
+        + f". The {k} blamed row{'s' if k != 1 else ''} (what gradian verify removes) hold {share:.0%} of the "
         "harmful score."
     )
 

@@ -253,8 +253,8 @@ def _sentence_view(d: Any) -> Markup:
         for k, s in enumerate(sents)
     ]
     return M(
-        '<h4>row <code>{}</code> score {} <span class="legend">against failing item <code>{}</code>; row cosine '
-        "for that item {}{}</span></h4>"
+        '<h4>row <code>{}</code> score {} <span class="legend">against failing item <code>{}</code>; the row&#39;s '
+        "rank statistic for that item {}{}</span></h4>"
         '<div class="sentences txt">{}</div>'
         '<p class="legend">Red: the sentence degraded the capability (darker = more); the outlined one is the most '
         "harmful. "

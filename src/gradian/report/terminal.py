@@ -111,7 +111,7 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
                 console.print(
                     _t(
                         f"   blamed: {len(a.blamed)} row{'s' if len(a.blamed) != 1 else ''} "
-                        f"({_pct(a.profile.tail_mass)} of the harmful score), what `gradian verify` removes"
+                        f"({_pct(a.profile.tail_mass)} of the harmful score), what gradian verify removes"
                     )
                 )
         console.print(_t(("Top harmful clusters: ", "bold"), (c.name, "bold")))
