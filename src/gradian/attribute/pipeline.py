@@ -416,8 +416,9 @@ def _blamed_sentences(ev: CapabilityEvidence, spec: AttributeSpec, n: int) -> li
 
     The item and the sentence are chosen with the same statistic, the single item's own query (not the
     mean over items, which dilutes a sentence that hurts one item). Measured on the tiny world
-    (docs/benchmarks.md): 7 of 15 buried culprits localised this way, 3 with the item chosen by cosine,
-    5 with the mean raw query, 1 with the mean cosine.
+    (``gradian demo --kind tiny --project-dim 0``, seed 0): 7 of 15 buried culprits localised this way,
+    3 with the item chosen by cosine, 5 with the mean raw query, 1 with the mean cosine (the SmolLM2
+    worlds not re-measured).
     """
     U = ev.engines[spec.engine.name].unit_raw
     best: list[tuple[int, int] | None] = [None] * n
