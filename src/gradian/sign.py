@@ -162,3 +162,65 @@ def harmful_tail(scores: np.ndarray, share: float, max_rows: int, min_rows: int 
     cum = np.cumsum(-s[neg]) / harmful_mass(s[neg])
     k = int(np.searchsorted(cum, share) + 1)
     return neg[: max(min(min_rows, len(neg)), min(k, max_rows, len(neg)))]
+
+
+# ----------------------------------------------------------------------------- the verdict score (one scale)
+
+#: What a verdict score is, as every renderer and ``run.json`` label it.
+VERDICT_SCORE_UNIT = "% of the harmful total"
+
+VERDICT_SCORE_DOC = (
+    "verdict score: the row's rank score as a signed share of the harmful total, in percent "
+    "(negative = harmful; the harmful rows' scores add up to -100%; a cluster's share is the sum of its rows')"
+)
+
+
+def verdict_scores(rank_scores: np.ndarray) -> np.ndarray:
+    """The one number that orders the verdict, on a scale a person can read: a signed share of the harmful total.
+
+        v_j = 100 · r_j / H,      H = Σ_{i : r_i < 0} −r_i      (:func:`harmful_mass` of the rank scores)
+
+    in percent, with ``r`` the verdict's rank scores (whatever formed them: cosine, raw influence, or the
+    fused standard scores). Why this scale and not a z-score: it is a positive multiple of ``r``, so it
+    orders rows exactly as ``r`` does **and keeps its sign** (negative = harmful, the sign convention),
+    while a z-score is centred on the median row and would call half of all rows "harmful"; and it is
+    the scale the clusters are already reported on — the harmful rows' scores add up to −100 %, and a
+    cluster's share of the harmful score is minus the sum of its rows' verdict scores. A row with
+    ``v_j = −12`` holds 12 % of all the harm the ranking sees.
+
+    When no rank score is negative (``H = 0``) nothing is harmful: ``v_j = 100 · r_j / Σ_i |r_i|``
+    (all ≥ 0), or 0 when every score is 0. NaN stays NaN.
+
+    Args:
+        rank_scores: (n,) the verdict's rank scores.
+
+    Returns:
+        (n,) float64 verdict scores in percent.
+    """
+    r = np.asarray(rank_scores, dtype=np.float64)
+    total = harmful_mass(r)
+    if not total > 0:
+        total = float(np.nansum(np.abs(r)))
+    if not total > 0:
+        return np.zeros_like(r)
+    return 100.0 * r / total
+
+
+def scale_verdict(x: float | np.ndarray, rank_scores: np.ndarray) -> float | np.ndarray:
+    """A number in the rank score's units (e.g. one sentence's) on the verdict scale: ``100 · x / H``.
+
+    The same positive factor :func:`verdict_scores` applies to the rows, so a sentence scored with the
+    rows' statistic reads on the same scale as the rows.
+    """
+    r = np.asarray(rank_scores, dtype=np.float64)
+    total = harmful_mass(r)
+    if not total > 0:
+        total = float(np.nansum(np.abs(r)))
+    if not total > 0:
+        return np.zeros_like(np.asarray(x, dtype=np.float64)) if np.ndim(x) else 0.0
+    out = 100.0 * np.asarray(x, dtype=np.float64) / total
+    return out if np.ndim(x) else float(out)
+
+
+#: Characters of a listed row shown on each side of its harmful sentence (every renderer).
+SENTENCE_CONTEXT_SHOWN = 80

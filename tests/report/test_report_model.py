@@ -13,6 +13,7 @@ from report_world import real_run
 from gradian.report import Report, build_report, read_training_log, report_json
 from gradian.report.join import explain_cluster, row_flags
 from gradian.report.views import REPORT_SCHEMA
+from gradian.sign import verdict_scores
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,13 @@ def test_real_run_report_summary_first(real, report):
     assert "within noise, not diagnosed" in report.headline[1]
     conf = [h for h in report.headline if h.startswith("Confidence in the data verdict for capitals")]
     assert conf and "engine agreement" in conf[0]
-    assert any(h.startswith("The most harmful cluster for capitals") for h in report.headline)
+    # then the top of the ranking (on the verdict scale), then the cluster that holds the top row
+    lead = [i for i, h in enumerate(report.headline) if h.startswith("The most harmful rows for capitals: ")]
+    cl = [i for i, h in enumerate(report.headline) if h.startswith("Cluster #1 for capitals (")]
+    assert lead and cl and lead[0] + 1 == cl[0], report.headline
+    a = caps["capitals"].attribution
+    assert report.headline[lead[0]].split(": ", 1)[1].startswith(f"{a.ranked[0]['id']} (")
+    assert "from rank 1," in report.headline[cl[0]] and a.ranked[0]["id"] in a.clusters[0].row_ids
     # qualifiers: the noise band first, the engine agreement stated
     q = caps["capitals"].qualifiers
     assert q[0].kind == "noise_band" and q[0].level == "ok" and "excludes zero" in q[0].text
@@ -75,7 +82,10 @@ def test_truncated_cluster_is_explained_by_d04(real, report):
 def test_profile_and_drilldown(real, report):
     cap = next(c for c in real["run"]["attribution"]["capabilities"] if c["capability"] == "capitals")
     p = report.capability("capitals").attribution.profile
-    rs = cap["rank_scores"]  # the profile shows what orders the verdict
+    # the profile shows what orders the verdict, on the verdict's one scale (% of the harmful total)
+    rs = cap["verdict_scores"]
+    assert rs == pytest.approx(list(verdict_scores(cap["rank_scores"])))
+    assert sum(s for s in rs if s < 0) == pytest.approx(-100.0)
     assert p.n == len(rs) == len(cap["scores"]) == len(p.points)  # n ≤ PROFILE_POINTS: every row
     ys = [pt[1] for pt in p.points]
     assert ys == sorted(ys) and p.min == min(rs) and p.max == max(rs)
@@ -95,6 +105,9 @@ def test_profile_and_drilldown(real, report):
             if s["sentence"] is not None:
                 assert s["text"] == d.sentences[s["sentence"]]["text"]
         assert d.sentences[0]["score"] == min(x["score"] for x in d.sentences)
+        # the sentences read on the verdict scale: the top one carries its row's verdict score
+        j = real["run"]["attribution"]["train_ids"].index(d.id)
+        assert d.verdict_score == pytest.approx(rs[j]) == pytest.approx(d.sentences[0]["verdict_score"])
     # the drilled rows are the multi-sentence planted rows (long-* and profile-* carry a wrong capital among
     # true sentences); each view is the row's own text with every sentence scored. Which planted rows win the
     # drill-down slots, and which sentence wins inside them, is left to float rounding on this 2-layer model
@@ -356,3 +369,37 @@ def test_profile_subsamples_large_runs():
     assert math.isclose(p.tail_mass, -sum(scores[j] for j in tail) / -sum(s for s in scores if s < 0))
     svg = str(profile_plot(p, "cap"))
     assert svg.count("<path") == 3 and "harmful tail: 37 rows" in svg  # area drawing for large n
+
+
+def test_listed_rows_are_harmful_in_rank_order_with_their_sentence(real, report):
+    """Issue 26: one scale in rank order, nothing non-harmful listed, the harmful sentence of every listed
+    multi-sentence row (whole, with context), and a drill-down over the listed multi-sentence rows."""
+    from gradian.report.html import render_html
+    from gradian.report.markdown import render_markdown
+    from gradian.report.terminal import render_text
+
+    cap = next(c for c in real["run"]["attribution"]["capabilities"] if c["capability"] == "capitals")
+    a = report.capability("capitals").attribution
+    v = [r["verdict_score"] for r in a.ranked]
+    assert a.ranked and all(x < 0 for x in v) and v == sorted(v)
+    assert [r["rank"] for r in a.ranked] == list(range(1, len(a.ranked) + 1))
+    multi = [r for r in cap["ranked"] if r["id"].startswith(("long-", "profile-"))]
+    assert multi, [r["id"] for r in cap["ranked"]]
+    for r in multi:
+        s = r["sentence"]
+        assert s["n_sentences"] >= 2 and s["verdict_score"] == pytest.approx(r["verdict_score"])
+        assert r["completion"][s["char_start"] : s["char_end"]].startswith(s["text"][:50])
+        x = next(y for y in a.ranked if y["id"] == r["id"])["excerpt"]
+        assert x["sentence"] == s["text"]  # the whole sentence, never cut away
+    drilled = [d["id"] for d in cap["drilldown"]]
+    want = [r["id"] for r in multi][: len(drilled)]
+    assert drilled == want and len(drilled) == min(len(multi), 6)  # drilldown_rows=6 in report_world
+    # every renderer shows the verdict score of the top row and marks its harmful sentence
+    top = a.ranked[0]
+    from gradian.report.svg import fmt_verdict
+
+    html, md, text = render_html(report), render_markdown(report), render_text(report, width=80)
+    for out in (html, md, text):
+        assert fmt_verdict(top["verdict_score"]) in out
+    r0 = next(y for y in a.ranked if y.get("excerpt", {}).get("sentence"))
+    assert '<mark class="top">' in html and f"**{r0['excerpt']['sentence'][:20]}" in md.replace("\\", "")

@@ -3,13 +3,29 @@
 The harmful tail is the most negative rows, taken in order until they hold
 ``tail_share`` of the total negative score (at most ``max_rows``, at least 2):
 :func:`gradian.sign.harmful_tail`.
-Rows are clustered by the direction of their training gradient: average-linkage
-agglomerative clustering on cosine distance (``scipy.cluster.hierarchy``), cut
-where the mean cosine similarity inside a merge would drop below
-``min_cosine``. Each cluster reports its size, its share of the total harmful
+Rows are clustered by what they teach: the direction of their training gradient
+and their content. The similarity of rows i and j is
+
+    sim_ij = (1 − w) · cos(g_i, g_j) + w · cos(t_i, t_j)
+
+with g the rows' training gradients, t their tf-idf word vectors (prompt and
+completion; idf over the whole dataset, so words every row has, such as a
+template's, count for little) and ``w = content_weight``. Average-linkage
+agglomerative clustering on ``1 − sim`` (``scipy.cluster.hierarchy``) is cut where
+the mean similarity inside a merge would drop below ``min_cosine``. The content
+term keeps a culprit out of a group of benign rows whose gradients happen to
+point its way (the benign rows say something else), and keeps copies of one wrong
+fact together. Each cluster reports its size, its share of the total harmful
 score, its exemplars (most negative first) and what its rows have in common:
 row format, length, truncation, missing EOS, and words that are frequent in the
 cluster but rare in the rest of the dataset.
+
+Clusters are numbered **in ranking order**: cluster 1 holds the most harmful row,
+cluster 2 the most harmful row not in cluster 1, and so on (``best_rank``: the
+1-based rank of a cluster's first row). Numbering them by their summed score let a
+large cluster of mildly harmful rows (benign rows sharing words with the failing
+answers) outrank the few culprits at the top of the ranking; in ranking order a
+cluster can lead only with the row that leads the ranking.
 """
 
 from __future__ import annotations
@@ -35,14 +51,17 @@ class ClusterSpec:
     Attributes:
         tail_share: the tail holds this share of the total negative score, in (0, 1].
         max_rows: at most this many rows in the tail.
-        min_cosine: a merge whose mean cosine similarity would drop below this is not made, in [-1, 1].
+        min_cosine: a merge whose mean similarity would drop below this is not made, in [-1, 1].
         exemplars: rows shown per cluster.
+        content_weight: ``w``, the weight of the rows' content (tf-idf cosine) beside their gradient
+            direction in the similarity (module docstring), in [0, 1]; 0: gradient directions alone.
     """
 
     tail_share: float = 0.8
     max_rows: int = 100
     min_cosine: float = 0.3
     exemplars: int = 3
+    content_weight: float = 0.5
 
     def __post_init__(self) -> None:
         from gradian.validate import check_float, check_int
@@ -51,6 +70,7 @@ class ClusterSpec:
         check_int(self.max_rows, "ClusterSpec", "max_rows", lo=2, hi=1_000_000, fix="use e.g. 100")
         check_float(self.min_cosine, "ClusterSpec", "min_cosine", lo=-1.0, hi=1.0, fix="use e.g. 0.3")
         check_int(self.exemplars, "ClusterSpec", "exemplars", lo=1, hi=1_000, fix="use e.g. 3")
+        check_float(self.content_weight, "ClusterSpec", "content_weight", lo=0.0, hi=1.0, fix="use e.g. 0.5")
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -58,7 +78,10 @@ class ClusterSpec:
 
 @dataclass
 class Cluster:
-    """One cluster of the harmful tail: its rows (most harmful first), share of harmful mass, exemplars."""
+    """One cluster of the harmful tail: its rows (most harmful first), share of harmful mass, exemplars.
+
+    ``best_rank``: the 1-based rank (in the verdict's ranking) of the cluster's most harmful row.
+    """
 
     label: int
     row_ids: list[str]
@@ -67,6 +90,7 @@ class Cluster:
     score: float
     exemplars: list[dict[str, Any]]
     common: dict[str, Any] = field(default_factory=dict)
+    best_rank: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -88,6 +112,25 @@ def gather_gradients(index: GradientIndex, rows: Sequence[int]) -> torch.Tensor:
 
 def _words(text: str) -> set[str]:
     return {w for w in re.findall(r"[A-Za-z][A-Za-z'-]{2,}", text.casefold())}
+
+
+def content_cosine(rows: Sequence[int], examples: Sequence[Example], doc_freq: Counter) -> np.ndarray:
+    """(k, k) cosine similarity of the rows' tf-idf word vectors (binary tf, ``idf = ln(n / df)``).
+
+    Words of the prompt and the completion (:func:`_words`); ``doc_freq`` counts, per word, the rows of the
+    whole dataset (n of them) that have it. A row with no weighted word is similar to no other row (0).
+    """
+    n = max(1, len(examples))
+    words = [_words(examples[r].completion_text + " " + examples[r].prompt_text) for r in rows]
+    vocab = sorted(set().union(*words)) if words else []
+    col = {w: i for i, w in enumerate(vocab)}
+    X = np.zeros((len(rows), len(vocab)))
+    for i, ws in enumerate(words):
+        for w in ws:
+            X[i, col[w]] = np.log(n / max(1, doc_freq[w]))
+    norm = np.linalg.norm(X, axis=1, keepdims=True)
+    X = np.divide(X, norm, out=np.zeros_like(X), where=norm > 0)
+    return X @ X.T
 
 
 def lacks_eos(it: TokenizedExample, eos_ids: set[int], whitespace_ids: set[int]) -> bool:
@@ -173,9 +216,13 @@ def cluster_tail(
         G = gather_gradients(index, tail)
         G = G / G.norm(dim=1, keepdim=True).clamp(min=1e-30)
         cos = (G @ G.T).clamp(-1, 1).numpy()
+        w = spec.content_weight
+        if w > 0:
+            cos = (1.0 - w) * cos + w * content_cosine([int(r) for r in tail], examples, doc_freq)
         dist = 1.0 - cos[np.triu_indices(len(tail), 1)]
         Z = linkage(np.clip(dist, 0, 2), method="average")
         labels = fcluster(Z, t=1.0 - spec.min_cosine, criterion="distance")
+    rank_of = {int(r): i + 1 for i, r in enumerate(tail)}  # the tail is in ranking order
     clusters = []
     for lab in sorted(set(labels.tolist())):
         rows = sort_most_harmful_first((int(r) for r, lb in zip(tail, labels) if lb == lab), lambda r: scores[r])
@@ -196,9 +243,10 @@ def cluster_tail(
                     for r in rows[: spec.exemplars]
                 ],
                 common=describe_rows(rows, examples, items, no_eos, doc_freq),
+                best_rank=min(rank_of[r] for r in rows),
             )
         )
-    clusters = sort_most_harmful_first(clusters, lambda c: c.score)
+    clusters.sort(key=lambda c: c.best_rank)  # ranking order (module docstring), never summed score
     for i, c in enumerate(clusters, start=1):
         c.label = i
     return clusters

@@ -498,6 +498,7 @@ def _run_json_schema() -> dict[str, Any]:
             "n_train": {"type": "integer", "minimum": 0},
             "scores": scores,
             "rank_scores": scores,
+            "verdict_scores": {**scores, "type": ["array", "null"]},
             "second_scores": {**scores, "type": ["array", "null"]},
             "queries": arr(  # and each against Query's fields (_record_problem)
                 some(
@@ -813,7 +814,7 @@ def _cross_problem(run: dict[str, Any], inputs: bool) -> str | None:
             return f"{at}.capability: {str(name)[:40]!r} is not a capability of evaluation.capabilities"
         if "n_train" in cap and cap["n_train"] != n:
             return f"{at}.n_train: is {cap['n_train']}, but attribution.train_ids has {n} rows"
-        lists = [(k, cap.get(k)) for k in ("scores", "rank_scores", "second_scores", "row_sentences")]
+        lists = [(k, cap.get(k)) for k in ("scores", "rank_scores", "verdict_scores", "second_scores", "row_sentences")]
         lists += [(f"evidence.{k}.scores", (v or {}).get("scores")) for k, v in (cap.get("evidence") or {}).items()]
         for k, v in lists:
             if v is not None and len(v) != n and not (k == "rank_scores" and not v):
@@ -995,6 +996,8 @@ class CapabilityRun:
         n_train: n, the training rows.
         scores: (n,) the primary engine's influence per row (``predicted_loss_delta_if_removed = score / n``).
         rank_scores: (n,) the verdict's rank score per row (what orders ``ranked``).
+        verdict_scores: (n,) the rank scores on the verdict's one scale (:func:`gradian.sign.verdict_scores`),
+            or None (a run written before it was recorded).
         second_scores: (n,) the second engine's rank score, or None.
         queries: the queries, one per failing item (:class:`gradian.attribute.queries.Query` as dicts).
         ranked: the top-k most harmful rows, most harmful first.
@@ -1013,6 +1016,7 @@ class CapabilityRun:
     n_train: int = 0
     scores: list[float] = field(default_factory=list)
     rank_scores: list[float] = field(default_factory=list)
+    verdict_scores: list[float] | None = None
     second_scores: list[float] | None = None
     queries: list[dict[str, Any]] = field(default_factory=list)
     ranked: list[dict[str, Any]] = field(default_factory=list)

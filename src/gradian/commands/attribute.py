@@ -10,6 +10,7 @@ from rich.markup import escape
 from gradian.commands import _options as O
 from gradian.commands._common import console, grad_spec_from_options, progress_bar, user_errors
 from gradian.errors import GradianUserError
+from gradian.report.svg import fmt_verdict
 from gradian.tables import FitTable
 
 
@@ -54,14 +55,14 @@ def print_attribution(run: dict) -> None:
         t = FitTable(
             title=f"most harmful training rows for {escape(cap['capability'])}", show_lines=False, heading_columns=2
         )
-        for col in ("rank", "id", "rank score", "Δloss if removed", "support", "tokens", "completion"):
+        for col in ("rank", "id", "score (% of harm)", "Δloss if removed", "support", "tokens", "completion"):
             t.add_column(col, overflow="fold")
         for r in cap["ranked"][:10]:
             sup = "".join(k[0].upper() for k, v in (r.get("support") or {}).items() if v["supports"]) or "-"
             t.add_row(
                 str(r["rank"]),
                 escape(r["id"]),
-                f"{r.get('rank_score', r['score']):.4g}",
+                fmt_verdict(r["verdict_score"]) if "verdict_score" in r else f"{r.get('rank_score', r['score']):.4g}",
                 f"{r['predicted_loss_delta_if_removed']:.3g}",
                 sup,
                 str(r["tokens"]) + (" (truncated)" if r["truncated"] else ""),

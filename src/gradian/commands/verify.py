@@ -12,7 +12,7 @@ from gradian.commands._common import console, user_errors
 
 def print_verification(record: dict) -> None:
     """Terminal summary of a verification record."""
-    from gradian.report.views import VERIFY_COLUMNS
+    from gradian.report.views import VERIFY_COLUMNS, recovery_text
     from gradian.tables import FitTable
 
     tr = record.get("trainer", {})
@@ -35,7 +35,7 @@ def print_verification(record: dict) -> None:
                 str(r["removed"]),
                 f"{r['score']:.2f}",
                 f"{r['delta']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]",
-                f"{r['recovery']:.0%} [{r['recovery_ci'][0]:.0%}, {r['recovery_ci'][1]:.0%}]",
+                recovery_text(r["recovery"], r["recovery_ci"]),
                 f"{r['predicted_query_loss_change']:+.3g}",
                 f"{r['measured_query_loss_change']:+.3g}",
             )

@@ -45,7 +45,14 @@ from gradian.report.views import (
     ScoreProfile,
     TrainingLogView,
 )
-from gradian.sign import harmful_mass, harmful_rows, harmful_share, most_harmful_first
+from gradian.sign import (
+    SENTENCE_CONTEXT_SHOWN,
+    harmful_mass,
+    harmful_rows,
+    harmful_share,
+    most_harmful_first,
+    verdict_scores,
+)
 
 #: At most this many row ids / steps per finding in the report (the run.json keeps all).
 ID_CAP = 200
@@ -178,8 +185,61 @@ def _profile(scores: list[float], tail: set[int]) -> ScoreProfile:
     )
 
 
-def _drilldown(d: dict[str, Any], stored_text: str | None) -> DrilldownView:
-    sents = list(d.get("sentences") or [])
+def excerpt(completion: Any, sentence: dict[str, Any] | None, width: int = 240) -> dict[str, Any]:
+    """What a renderer shows of a listed row's completion: its harmful sentence whole, with context around it.
+
+    Returns:
+        ``{"before", "sentence", "after", "cut_before", "cut_after"}``: ``sentence`` is the blamed
+        sentence's text (None for a row with one sentence or none blamed: then ``before`` is the
+        completion cut at ``width`` characters); ``before`` / ``after`` the context on each side, at most
+        :data:`gradian.sign.SENTENCE_CONTEXT_SHOWN` characters each, cut at a word where possible;
+        ``cut_*``: whether text was left out there (a renderer shows "…"). The sentence is never cut
+        below 300 characters, so a long row never loses it to "…".
+    """
+    text = "" if completion is None else str(completion)
+    if not sentence or not isinstance(sentence.get("text"), str):
+        cut = len(text) > width
+        return {
+            "before": text[: width - 1] if cut else text,
+            "sentence": None,
+            "after": "",
+            "cut_before": False,
+            "cut_after": cut,
+        }
+    before = str(sentence.get("context_before", ""))
+    after = str(sentence.get("context_after", ""))
+    a = sentence.get("char_start")
+    if not before and isinstance(a, int) and 0 < a <= len(text):
+        before = text[:a]  # an older run: the stored completion gives the context
+    b = sentence.get("char_end")
+    if not after and isinstance(b, int) and b < len(text):
+        after = text[b:]
+    n = SENTENCE_CONTEXT_SHOWN
+    cut_before = len(before) > n or (isinstance(a, int) and a > len(before))
+    before = before[-n:]
+    if cut_before:  # start at a word: drop the partial one when a space is near
+        sp = before.find(" ")
+        before = before[sp + 1 :] if 0 <= sp < n // 2 else before
+    cut_after = len(after) > n or (isinstance(b, int) and b + len(after) < len(text))
+    after = after[:n]
+    if cut_after:
+        sp = after.rfind(" ")
+        after = after[:sp] if sp > n // 2 else after
+    return {
+        "before": before,
+        "sentence": sentence["text"],
+        "after": after,
+        "cut_before": cut_before,
+        "cut_after": cut_after,
+    }
+
+
+def _drilldown(d: dict[str, Any], stored_text: str | None, row_verdict: float | None = None) -> DrilldownView:
+    sents = [dict(x) for x in d.get("sentences") or []]
+    top = min((_f(x.get("score")) for x in sents), default=float("nan"))
+    for x in sents:  # an older run: the row's verdict score apportioned by the sentence scores (as Attribute does)
+        if "verdict_score" not in x and row_verdict is not None:
+            x["verdict_score"] = row_verdict * _f(x.get("score")) / top if top < 0 else 0.0
     spans = sorted(range(len(sents)), key=lambda i: sents[i]["char_start"])
     ok = stored_text is not None and all(
         sents[i]["char_end"] <= len(stored_text)
@@ -220,6 +280,7 @@ def _drilldown(d: dict[str, Any], stored_text: str | None) -> DrilldownView:
         id=d["id"],
         item_id=d.get("item_id", ""),
         row_score_for_item=_f(d.get("row_score_for_item")),
+        verdict_score=_f(d.get("verdict_score", row_verdict)),
         text=text,
         text_source=source,
         segments=segments,
@@ -231,7 +292,10 @@ def _attribution(
     cap: dict[str, Any], train_ids: list[str], audit_findings: list[dict[str, Any]], checks_ran: set[str] | None
 ) -> AttributionView:
     # the profile shows what orders the verdict (older runs: the influence itself)
-    scores = [float(s) for s in (cap.get("rank_scores") or cap["scores"])]
+    rank_scores = [float(s) for s in (cap.get("rank_scores") or cap["scores"])]
+    # every score the report shows is on the verdict's one scale (an older run: computed here, the same rule)
+    vs = cap.get("verdict_scores")
+    scores = [float(x) for x in vs] if vs and len(vs) == len(rank_scores) else verdict_scores(rank_scores).tolist()
     pos = {rid: j for j, rid in enumerate(train_ids)}
     n_train = int(cap.get("n_train") or len(scores))
     clusters = []
@@ -248,6 +312,8 @@ def _attribution(
                 exemplars=list(c.get("exemplars") or []),
                 common=dict(c.get("common") or {}),
                 explanations=explain_cluster(c, audit_findings, n_train, checks_ran),
+                best_rank=int(c.get("best_rank") or 0),
+                verdict_score=sum(scores[pos[r]] for r in c["row_ids"] if r in pos),
             )
         )
     by_check: dict[str, set[str]] = {}
@@ -266,9 +332,31 @@ def _attribution(
                 cl.mechanics[key] = {"share": float(v) if isinstance(v, (int, float)) else None, "source": "attribute"}
     label_of = {r: c.label for c in clusters for r in c.row_ids}
     flags = row_flags(audit_findings)
-    ranked = [
-        dict(r, cluster=label_of.get(r["id"]), flags=list(flags.get(r["id"], []))) for r in cap.get("ranked") or []
-    ]
+    ranked = []
+    for r in sorted(cap.get("ranked") or [], key=lambda r: int(r.get("rank") or 0)):
+        j = pos.get(r["id"])
+        v = _f(r["verdict_score"]) if "verdict_score" in r else (scores[j] if j is not None else float("nan"))
+        if not v < 0:
+            continue  # "most harmful" never lists a row whose verdict score is not harmful
+        ranked.append(
+            dict(
+                r,
+                verdict_score=v,
+                cluster=label_of.get(r["id"]),
+                flags=list(flags.get(r["id"], [])),
+                excerpt=excerpt(r.get("completion"), r.get("sentence")),
+            )
+        )
+    for cl in clusters:
+        for e in cl.exemplars:
+            if e.get("id") in pos:
+                e["verdict_score"] = scores[pos[e["id"]]]
+    rank_of = {int(j): i + 1 for i, j in enumerate(most_harmful_first(np.asarray(scores)))}
+    for cl in clusters:  # an older run: the rank of the cluster's most harmful row, from the scores
+        if not cl.best_rank:
+            cl.best_rank = min((rank_of[pos[r]] for r in cl.row_ids if r in pos), default=0)
+    # in ranking order: the cluster that holds the top row leads (gradian.attribute.clusters)
+    clusters.sort(key=lambda c: (c.best_rank or 10**9, c.label))
     completion = {r["id"]: r.get("completion") for r in cap.get("ranked") or []}
     for c in cap.get("clusters") or []:
         for e in c.get("exemplars") or []:
@@ -286,6 +374,9 @@ def _attribution(
             if isinstance(e, dict)
         }
         evidence["fused"] = dict((cap.get("ranking") or {}).get("fuse_weights") or {})
+    from gradian.attribute.selection import select_capability  # the rule verify and the export use
+
+    blamed = select_capability(cap, train_ids, "blamed") if cap.get("clusters") else []
     return AttributionView(
         engine=cap.get("engine", "?"),
         engines=list(ag["engines"]) if ag else [cap.get("engine", "?")],
@@ -297,7 +388,10 @@ def _attribution(
         clusters=clusters,
         explained_share=sum(c.harmful_share for c in clusters if c.explained),
         ranked=ranked,
-        drilldown=[_drilldown(d, completion.get(d["id"])) for d in cap.get("drilldown") or []],
+        drilldown=[
+            _drilldown(d, completion.get(d["id"]), scores[pos[d["id"]]] if d["id"] in pos else None)
+            for d in cap.get("drilldown") or []
+        ],
         failing_items=[
             {
                 k: f.get(k)
@@ -316,6 +410,7 @@ def _attribution(
             for f in cap.get("failing_items") or []
         ],
         evidence=evidence,
+        blamed=blamed,
     )
 
 
@@ -430,6 +525,30 @@ def _setup_qualifier(errors: list[dict[str, Any]]) -> Qualifier:
     )
 
 
+def _top_rows_sentence(name: str, a: AttributionView, n: int = 3) -> str:
+    """The summary's lead: the rows at the top of the ranking, on the verdict scale, and what is blamed."""
+    tops = []
+    for r in a.ranked[:n]:
+        sent = (r.get("excerpt") or {}).get("sentence")
+        tops.append(
+            f"{r.get('id')} ({_fmt_verdict(r.get('verdict_score'))}" + (f', "{_cut(sent, 90)}"' if sent else "") + ")"
+        )
+    share = a.profile.tail_mass
+    k = len(a.blamed)
+    return (
+        f"The most harmful rows for {name}: "
+        + "; ".join(tops)
+        + f". The {k} blamed row{'s' if k != 1 else ''} (what gradian verify removes) hold {share:.0%} of the "
+        "harmful score."
+    )
+
+
+def _fmt_verdict(x: Any) -> str:
+    from gradian.report.svg import fmt_verdict
+
+    return fmt_verdict(x)
+
+
 def _headline(
     caps: list[CapabilityView],
     audit: AuditView | None,
@@ -482,10 +601,11 @@ def _headline(
         if not a.clusters:
             out.append(f"No training row degraded {c.name} (no negative scores): the data does not explain it.")
             continue
+        out.append(_top_rows_sentence(c.name, a))
         top = a.clusters[0]
         desc = (
-            f"The most harmful cluster for {c.name} (#{top.label}: {top.size} row{'s' if top.size != 1 else ''}, "
-            f"{top.harmful_share:.0%} of the harmful score)"
+            f"Cluster #{top.label} for {c.name} ({top.size} row{'s' if top.size != 1 else ''} from rank "
+            f"{top.best_rank}, {top.harmful_share:.0%} of the harmful score)"
         )
         audit_ex = [e for e in top.explanations if e["source"] == "audit"]
         if audit_ex:

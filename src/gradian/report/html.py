@@ -23,7 +23,18 @@ from markupsafe import Markup
 
 from gradian.report import svg
 from gradian.report.safe import clean, clean_tree, shorten
-from gradian.report.views import HARMFUL_ROW_COLUMNS, SUMMARY_CLUSTERS, VERIFY_COLUMNS, Report, support_marks
+from gradian.report.views import (
+    HARMFUL_ROW_COLUMNS,
+    SUMMARY_CLUSTERS,
+    VERDICT_SCORE_LABEL,
+    VERIFY_COLUMNS,
+    Report,
+    recovery_text,
+    support_marks,
+    verification_legend,
+    verify_word,
+)
+from gradian.sign import VERDICT_SCORE_DOC, VERDICT_SCORE_UNIT
 
 M = Markup
 
@@ -122,9 +133,47 @@ def _explanations(cl: Any, fixes: dict[int, str]) -> Markup:
 
 def _exemplar(e: dict[str, Any]) -> Markup:
     return M(
-        '<div class="card"><div class="legend">{} · score {}</div><div><b>prompt</b> {}</div><div><b>completion</b> '
-        "{}</div></div>"
-    ).format(e.get("id"), svg.fmt_num(e.get("score")), _txt(e.get("prompt"), 400), _txt(e.get("completion"), 600))
+        '<div class="card"><div class="legend">{} · score {} (raw influence {})</div><div><b>prompt</b> {}</div>'
+        "<div><b>completion</b> {}</div></div>"
+    ).format(
+        e.get("id"),
+        svg.fmt_verdict(e.get("verdict_score")),
+        svg.fmt_num(e.get("score")),
+        _txt(e.get("prompt"), 400),
+        _txt(e.get("completion"), 600),
+    )
+
+
+def excerpt_html(x: dict[str, Any] | None) -> Markup:
+    """A listed row's completion: its harmful sentence marked, whole, with context (builders.excerpt)."""
+    x = x or {}
+    if x.get("sentence") is None:
+        return M("{}{}").format(x.get("before", ""), "…" if x.get("cut_after") else "")
+    return M('{}{}<mark class="top">{}</mark>{}{}').format(
+        "…" if x.get("cut_before") else "",
+        x.get("before", ""),
+        x.get("sentence", ""),
+        x.get("after", ""),
+        "…" if x.get("cut_after") else "",
+    )
+
+
+def top_rows_html(a: Any, n: int = 5) -> Markup:
+    """The top of the ranking, for the summary: rank, row, verdict score, its harmful sentence."""
+    if not a.ranked:
+        return M("")
+    items = [
+        M('<li><code>{}</code> <b>{}</b>{} <span class="txt">{}</span></li>').format(
+            r.get("id"),
+            svg.fmt_verdict(r.get("verdict_score")),
+            M(" · cluster #{}").format(r["cluster"]) if r.get("cluster") is not None else "",
+            excerpt_html(r.get("excerpt")),
+        )
+        for r in a.ranked[:n]
+    ]
+    return M(
+        '<div class="card"><b>Top of the ranking</b> <span class="legend">score = {}</span><ol>{}</ol></div>'
+    ).format(VERDICT_SCORE_UNIT, _join(items))
 
 
 def _cluster_summary(cap: Any, fixes: dict[int, str]) -> Markup:
@@ -133,14 +182,15 @@ def _cluster_summary(cap: Any, fixes: dict[int, str]) -> Markup:
         return M(
             '<p class="none">No training row has a negative score for {}: the data does not explain it.</p>'
         ).format(cap.name)
-    out = []
+    out = [top_rows_html(a)]
     for cl in a.clusters[:SUMMARY_CLUSTERS]:
         ex = cl.exemplars[0] if cl.exemplars else None
         out.append(
-            M('<div class="card"><b>Cluster #{}</b>: {} row{}, {} of the harmful score{}{}</div>').format(
+            M('<div class="card"><b>Cluster #{}</b>: {} row{} from rank {}, {} of the harmful score{}{}</div>').format(
                 cl.label,
                 cl.size,
                 "" if cl.size == 1 else "s",
+                cl.best_rank,
                 _pct(cl.harmful_share),
                 _explanations(cl, fixes),
                 M('<div class="legend">e.g. <code>{}</code>: {}</div>').format(
@@ -185,8 +235,8 @@ def _sentence_view(d: Any) -> Markup:
             M('<mark class="{}" style="background:{}" title="{}">{}</mark>').format(
                 "top" if i == 0 else "s",
                 colour,
-                f"sentence score {svg.fmt_num(sc)}; share of the row score {svg.fmt_num(s.get('share'))}; "
-                f"{s.get('n_tokens')} tokens",
+                f"score {svg.fmt_verdict(s.get('verdict_score'))} (raw sentence score {svg.fmt_num(sc)}; "
+                f"share of the row's influence {svg.fmt_num(s.get('share'))}); {s.get('n_tokens')} tokens",
                 seg["text"],
             )
         )
@@ -195,6 +245,7 @@ def _sentence_view(d: Any) -> Markup:
         [
             M("{}").format(k + 1),
             _txt(s["text"], 200),
+            M("{}").format(svg.fmt_verdict(s.get("verdict_score"))),
             M("{}").format(svg.fmt_num(s["score"])),
             M("{}").format(svg.fmt_num(s.get("share"))),
             M("{}").format(s.get("n_tokens")),
@@ -202,8 +253,8 @@ def _sentence_view(d: Any) -> Markup:
         for k, s in enumerate(sents)
     ]
     return M(
-        '<h4>row <code>{}</code> <span class="legend">against failing item <code>{}</code>; row score for that item '
-        "{}{}</span></h4>"
+        '<h4>row <code>{}</code> score {} <span class="legend">against failing item <code>{}</code>; the row&#39;s '
+        "rank statistic for that item {}{}</span></h4>"
         '<div class="sentences txt">{}</div>'
         '<p class="legend">Red: the sentence degraded the capability (darker = more); the outlined one is the most '
         "harmful. "
@@ -211,11 +262,16 @@ def _sentence_view(d: Any) -> Markup:
         "sentences).</p><details><summary>sentence scores</summary>{}</details>"
     ).format(
         d.id,
+        svg.fmt_verdict(d.verdict_score),
         d.item_id,
         svg.fmt_num(d.row_score_for_item),
         note,
         _join(parts),
-        _table(["#", "sentence", "score", "share of row score", "tokens"], rows, (2, 3, 4)),
+        _table(
+            ["#", "sentence", VERDICT_SCORE_LABEL, "raw sentence score", "share of row influence", "tokens"],
+            rows,
+            (2, 3, 4, 5),
+        ),
     )
 
 
@@ -238,12 +294,13 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
     p = a.profile
     out.append(
         M(
-            '<p class="legend">min {} · median {} · max {} · {} of {} rows degraded the capability; the harmful tail '
-            "({} rows) holds {} of the harmful score.</p>"
+            '<p class="legend">scores ({}): min {} · median {} · max {} · {} of {} rows degraded the capability; the '
+            "harmful tail ({} rows) holds {} of the harmful score.</p>"
         ).format(
-            svg.fmt_num(p.min),
-            svg.fmt_num(p.median),
-            svg.fmt_num(p.max),
+            VERDICT_SCORE_UNIT,
+            svg.fmt_verdict(p.min),
+            svg.fmt_verdict(p.median),
+            svg.fmt_verdict(p.max),
             p.n_negative,
             p.n,
             p.tail_n,
@@ -309,23 +366,29 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
             [
                 M("{}").format(r.get("rank")),
                 M("<code>{}</code>").format(r.get("id")),
+                M("<b>{}</b>").format(svg.fmt_verdict(r.get("verdict_score"))),
                 M("{}").format(svg.fmt_num(r.get("score"))),
                 M("{}").format(svg.fmt_num(r.get("predicted_loss_delta_if_removed"))),
                 M("{}{}").format(r.get("tokens"), " (truncated)" if r.get("truncated") else ""),
                 M("{}").format(f"#{r['cluster']}" if r.get("cluster") is not None else ""),
                 M("{}").format(", ".join(r.get("flags") or [])),
                 M("{}").format(support_marks(r)),
-                _txt(r.get("completion"), 240),
+                M('<span class="txt">{}</span>').format(excerpt_html(r.get("excerpt"))),
             ]
             for r in a.ranked
         ]
         out.append(
-            M("<h4>Most harmful training rows</h4>{}").format(
+            M("<h4>Most harmful training rows</h4>{}{}").format(
                 _table(
                     list(HARMFUL_ROW_COLUMNS),
                     rows,
-                    (0, 2, 3, 4),
-                )
+                    (0, 2, 3, 4, 5),
+                ),
+                M(
+                    '<p class="legend">{}: {}. Raw influence: the primary engine&#39;s mean inner product over '
+                    "the failing items; Δ query loss if removed = raw influence / n. The marked text is the "
+                    "sentence the verdict blames.</p>"
+                ).format(VERDICT_SCORE_LABEL, VERDICT_SCORE_DOC),
             )
         )
     if a.drilldown:
@@ -503,7 +566,7 @@ def _verification(r: Report) -> Markup:
                     M("{} [{}, {}]").format(
                         svg.fmt_num(x.get("delta")), svg.fmt_num(x.get("ci_low")), svg.fmt_num(x.get("ci_high"))
                     ),
-                    M("{} [{}, {}]").format(_pct(x.get("recovery")), _pct(ci[0]), _pct(ci[1])),
+                    M("{}").format(recovery_text(x.get("recovery"), ci)),
                     M("{}").format(svg.fmt_num(x.get("predicted_query_loss_change"))),
                     M("{}").format(svg.fmt_num(x.get("measured_query_loss_change"))),
                 ]
@@ -513,7 +576,7 @@ def _verification(r: Report) -> Markup:
             M('<div class="card"><b>{}</b> <span class="badge {}">{}</span> {}</div>{}').format(
                 name,
                 badge,
-                "verified" if cap.get("verified") else "not verified",
+                verify_word(cap),
                 cap.get("line", ""),
                 _table(
                     list(VERIFY_COLUMNS),
@@ -522,12 +585,9 @@ def _verification(r: Report) -> Markup:
                 ),
             )
         )
-    tr = v.get("trainer") or {}
-    return M(
-        '<section id="verification"><h2>Verification</h2><p class="legend">Retrained with {} without the blamed rows, '
-        "without as many random rows (controls), and on the unchanged data with another seed; each compared with the "
-        "tuned adapter on the same eval items (paired bootstrap).</p>{}</section>"
-    ).format(tr.get("trainer", "?"), _join(parts))
+    return M('<section id="verification"><h2>Verification</h2><p class="legend">{}</p>{}</section>').format(
+        verification_legend(v), _join(parts)
+    )
 
 
 def render_html(report: Report) -> str:

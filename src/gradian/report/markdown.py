@@ -15,16 +15,19 @@ import math
 from typing import Any
 
 from gradian.report.safe import md_text
-from gradian.report.svg import fmt_num, fmt_score
+from gradian.report.svg import fmt_num, fmt_score, fmt_verdict
 from gradian.report.views import (
     HARMFUL_ROW_COLUMNS,
     SUMMARY_CLUSTERS,
     VERIFY_COLUMNS,
     Report,
     flatten,
+    recovery_text,
     support_marks,
     training_setup_rows,
+    verification_legend,
 )
+from gradian.sign import VERDICT_SCORE_DOC, VERDICT_SCORE_UNIT
 
 _MARK = {"ok": "✓", "caution": "!", "warning": "⚠"}
 
@@ -105,6 +108,15 @@ def render_markdown(report: Report) -> str:
         a = c.attribution
         if a is None:
             continue
+        if a.ranked:
+            out += [f"### Top of the ranking: {md_text(c.name, 80)}", ""]
+            for x in a.ranked[:5]:
+                cl_txt = f", cluster \\#{x['cluster']}" if x.get("cluster") is not None else ""
+                out.append(
+                    f"{x.get('rank')}. {md_text(x.get('id'), 60)}: **{fmt_verdict(x.get('verdict_score'))}**{cl_txt}: "
+                    + excerpt_markdown(x.get("excerpt"))
+                )
+            out += ["", f"Scores: {md_text(VERDICT_SCORE_DOC, 400)}.", ""]
         out += [f"### Top harmful clusters: {md_text(c.name, 80)}", ""]
         if not a.clusters:
             out += [
@@ -113,7 +125,7 @@ def render_markdown(report: Report) -> str:
             ]
         for cl in a.clusters[:SUMMARY_CLUSTERS]:
             out.append(
-                f"- **Cluster \\#{cl.label}**: {cl.size} row{'s' if cl.size != 1 else ''}, "
+                f"- **Cluster \\#{cl.label}**: {cl.size} row{'s' if cl.size != 1 else ''} from rank {cl.best_rank}, "
                 f"{_pct(cl.harmful_share)} of the harmful score"
             )
             if cl.explanations:
@@ -148,8 +160,8 @@ def render_markdown(report: Report) -> str:
             + (f" (agreement checked against {md_text(a.engines[1], 40)})" if len(a.engines) > 1 else "")
             + ". "
             f"{p.n_negative} of {p.n} rows degraded the capability; the harmful tail ({p.tail_n} rows) holds "
-            f"{_pct(p.tail_mass)} of the harmful score (scores: min {fmt_num(p.min)}, median {fmt_num(p.median)}, "
-            f"max {fmt_num(p.max)}).",
+            f"{_pct(p.tail_mass)} of the harmful score (scores, {VERDICT_SCORE_UNIT}: min {fmt_verdict(p.min)}, "
+            f"median {fmt_verdict(p.median)}, max {fmt_verdict(p.max)}).",
             "",
         ]
         if a.clusters:
@@ -182,13 +194,14 @@ def render_markdown(report: Report) -> str:
                 [
                     str(x.get("rank")),
                     f"{md_text(x.get('id'), 60)}",
+                    f"**{fmt_verdict(x.get('verdict_score'))}**",
                     fmt_num(x.get("score")),
                     fmt_num(x.get("predicted_loss_delta_if_removed")),
                     f"{x.get('tokens')}{' (truncated)' if x.get('truncated') else ''}",
                     f"\\#{x['cluster']}" if x.get("cluster") is not None else "",
                     md_text(", ".join(x.get("flags") or [])),
                     support_marks(x),
-                    md_text(x.get("completion"), 140),
+                    excerpt_markdown(x.get("excerpt")),
                 ]
                 for x in a.ranked
             ]
@@ -208,8 +221,9 @@ def render_markdown(report: Report) -> str:
                     parts.append(f"**{t}**" if seg["sentence"] == 0 else t)
                 s0 = d.sentences[0] if d.sentences else {}
                 out.append(
-                    f"- {md_text(d.id, 60)} (against item {md_text(d.item_id, 60)}): most harmful sentence, "
-                    f"score {fmt_num(s0.get('score'))}, in bold: " + " ".join(parts)
+                    f"- {md_text(d.id, 60)} (score {fmt_verdict(d.verdict_score)}, against item "
+                    f"{md_text(d.item_id, 60)}): most harmful sentence, score {fmt_verdict(s0.get('verdict_score'))} "
+                    f"(raw {fmt_num(s0.get('score'))}), in bold: " + " ".join(parts)
                 )
             out.append("")
         if a.failing_items:
@@ -309,18 +323,30 @@ def render_markdown(report: Report) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def excerpt_markdown(x: dict[str, Any] | None) -> str:
+    """A listed row's completion (builders.excerpt): its harmful sentence in bold, whole, with context."""
+    x = x or {}
+    if x.get("sentence") is None:
+        return md_text(x.get("before", ""), 400) + ("…" if x.get("cut_after") else "")
+    parts = [
+        "…" if x.get("cut_before") else "",
+        md_text(x.get("before", ""), 200),
+        f"**{md_text(x.get('sentence', ''), 400)}**",
+        md_text(x.get("after", ""), 200),
+        "…" if x.get("cut_after") else "",
+    ]
+    return " ".join(p for p in parts if p).replace("… ", "…").replace(" …", "…")
+
+
 def verification_markdown(r: Report) -> list[str]:
     """The ``gradian verify`` panel: per capability, each retrain against the tuned adapter."""
     v = r.verification
     if not v:
         return []
-    tr = v.get("trainer") or {}
     out = [
         "## Verification",
         "",
-        f"`gradian verify` retrained the adapter ({md_text(tr.get('trainer'), 40)}) without the blamed rows, without "
-        "as many random rows (controls) and on the unchanged data with another seed, and re-evaluated each against "
-        "the tuned adapter on the same items.",
+        f"`gradian verify`: {md_text(verification_legend(v), 600)}",
         "",
     ]
     for name, cap in (v.get("capabilities") or {}).items():
@@ -334,7 +360,7 @@ def verification_markdown(r: Report) -> list[str]:
                     str(x.get("removed")),
                     fmt_num(x.get("score")),
                     f"{fmt_num(x.get('delta'))} [{fmt_num(x.get('ci_low'))}, {fmt_num(x.get('ci_high'))}]",
-                    f"{_pct(x.get('recovery'))} [{_pct(ci[0])}, {_pct(ci[1])}]",
+                    recovery_text(x.get("recovery"), ci),
                     fmt_num(x.get("predicted_query_loss_change")),
                     fmt_num(x.get("measured_query_loss_change")),
                 ]

@@ -60,6 +60,8 @@ _CLUSTER = obj(
         "common": _O,
         "explanations": arr(_EXPLANATION),
         "mechanics": _O,
+        "best_rank": _I,
+        "verdict_score": _N,
     }
 )
 _DRILL = obj(
@@ -71,6 +73,7 @@ _DRILL = obj(
         "text_source": {"enum": ["row", "sentences"]},
         "segments": arr(obj({"text": _S, "sentence": {"type": ["integer", "null"]}})),
         "sentences": arr(_O),
+        "verdict_score": _N,
     }
 )
 _ATTRIBUTION = obj(
@@ -88,6 +91,7 @@ _ATTRIBUTION = obj(
         "drilldown": arr(_DRILL),
         "failing_items": arr(_O),
         "evidence": _NO,
+        "blamed": arr(_S),
     },
     nullable=True,
 )

@@ -201,7 +201,7 @@ def ci_plot(caps: Sequence[Any], unit: str = "accuracy") -> Markup:
 
 
 def profile_plot(profile: Any, capability: str) -> Markup:
-    """Sorted scores (``ScoreProfile``), most harmful first; the harmful tail in red."""
+    """Sorted verdict scores (``ScoreProfile``, % of the harmful total), most harmful first; the harmful tail in red."""
     pts = [p for p in profile.points if p[1] is not None and math.isfinite(p[1])]
     if not pts:
         return Markup("")
@@ -213,7 +213,7 @@ def profile_plot(profile: Any, capability: str) -> Markup:
     ticks = nice_ticks(lo - pad, hi + pad, 5)
     sy = _Scale(min([lo - pad] + ticks), max([hi + pad] + ticks), height - bottom, top)
     sx = _Scale(0, max(1, n), left, width - right)
-    body: list[Markup] = list(_y_axis(sy, left, width - right, ticks))
+    body: list[Markup] = list(_y_axis(sy, left, width - right, ticks, lambda v: f"{fmt_tick(v)}%"))
     y0 = sy(0.0)
     if n <= 120:
         w = max(1.0, (width - left - right) / n - 1)
@@ -265,7 +265,7 @@ def profile_plot(profile: Any, capability: str) -> Markup:
     body.append(
         Markup(
             '<text transform="translate(14,{:.1f}) rotate(-90)" text-anchor="middle" fill="#616161" '
-            'font-size="11">score (negative = degraded)</text>'
+            'font-size="11">score, % of the harmful total (negative = harmful)</text>'
         ).format((top + height - bottom) / 2)
     )
     return _svg(width, height, f"Score of every training row for {capability}, most harmful first", body, "profile")
@@ -402,3 +402,15 @@ def loss_plot(log: Any) -> Markup:
         body.append(_text(lx + 28, ly + 4, label, "start", "#616161", 11))
         lx += 40 + 7 * len(label)
     return _svg(width, height, "Training loss with the log anomalies Audit flagged", body, "loss")
+
+
+def fmt_verdict(x: Any) -> str:
+    """A verdict score (:func:`gradian.sign.verdict_scores`, percent of the harmful total): ``-7.9%``, ``-0.04%``."""
+    if x is None or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return "n/a"
+    ax = abs(x)
+    if ax >= 10:
+        return f"{x:+.0f}%"
+    if ax >= 0.1 or ax == 0:
+        return f"{x:+.1f}%"
+    return f"{x:+.2g}%"

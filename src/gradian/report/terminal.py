@@ -17,8 +17,9 @@ from rich.table import Table
 from rich.text import Text
 
 from gradian.report.safe import clean, one_line
-from gradian.report.svg import fmt_num, fmt_score
-from gradian.report.views import SUMMARY_CLUSTERS, Report, training_setup_rows
+from gradian.report.svg import fmt_num, fmt_score, fmt_verdict
+from gradian.report.views import SUMMARY_CLUSTERS, VERDICT_SCORE_LABEL, Report, training_setup_rows
+from gradian.sign import VERDICT_SCORE_UNIT
 from gradian.tables import FitTable
 
 _LEVEL = {"ok": ("✓", "green"), "caution": ("!", "yellow"), "warning": ("⚠", "bold red")}
@@ -44,6 +45,20 @@ def _hang(console: Console, prefix: Text, body: Text) -> None:
     grid.add_column(ratio=1, overflow="fold")
     grid.add_row(prefix, body)
     console.print(grid)
+
+
+def excerpt_text(x: dict[str, Any] | None) -> Text:
+    """A listed row's completion (builders.excerpt): its harmful sentence whole, in bold red, with context."""
+    x = x or {}
+    if x.get("sentence") is None:
+        return _t(one_line(x.get("before", ""), 400) + ("…" if x.get("cut_after") else ""))
+    return _t(
+        ("…" if x.get("cut_before") else "", "dim"),
+        (one_line(x.get("before", ""), 200), "dim"),
+        (one_line(x.get("sentence", ""), 400), "bold red"),
+        (one_line(x.get("after", ""), 200), "dim"),
+        ("…" if x.get("cut_after") else "", "dim"),
+    )
 
 
 def _pct(x: Any) -> str:
@@ -76,6 +91,29 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
         if a is None:
             continue
         console.print()
+        if a.ranked:
+            console.print(
+                _t(("Most harmful rows: ", "bold"), (c.name, "bold"), (f"  (score: {VERDICT_SCORE_UNIT})", "dim"))
+            )
+            for x in a.ranked[:5]:
+                _hang(
+                    console,
+                    _t(
+                        f"  {x.get('rank'):>2}. ",
+                        (one_line(x.get("id"), 40), "cyan"),
+                        " ",
+                        (fmt_verdict(x.get("verdict_score")), "bold"),
+                        " ",
+                    ),
+                    excerpt_text(x.get("excerpt")),
+                )
+            if a.blamed:
+                console.print(
+                    _t(
+                        f"   blamed: {len(a.blamed)} row{'s' if len(a.blamed) != 1 else ''} "
+                        f"({_pct(a.profile.tail_mass)} of the harmful score), what gradian verify removes"
+                    )
+                )
         console.print(_t(("Top harmful clusters: ", "bold"), (c.name, "bold")))
         if not a.clusters:
             console.print(_t("   no training row has a negative score: the data does not explain it"))
@@ -83,7 +121,8 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
             console.print(
                 _t(
                     ("   #" + str(cl.label), "bold"),
-                    f" {cl.size} row{'s' if cl.size != 1 else ''}, {_pct(cl.harmful_share)} of the harmful score",
+                    f" {cl.size} row{'s' if cl.size != 1 else ''} from rank {cl.best_rank}, "
+                    f"{_pct(cl.harmful_share)} of the harmful score",
                 )
             )
             for e in cl.explanations:
@@ -111,7 +150,11 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
                 _hang(
                     console,
                     _t("      e.g. "),
-                    _t((one_line(e.get("id"), 60), "cyan"), ": ", (one_line(e.get("completion"), 100), "dim")),
+                    _t(
+                        (one_line(e.get("id"), 60), "cyan"),
+                        f" {fmt_verdict(e.get('verdict_score'))}: ",
+                        (one_line(e.get("completion"), 100), "dim"),
+                    ),
                 )
         more = len(a.clusters) - SUMMARY_CLUSTERS
         if more > 0:
@@ -154,24 +197,26 @@ def _details(r: Report, console: Console) -> None:
         console.print(
             _t(
                 f"   {p.n_negative} of {p.n} rows degraded it; the harmful tail ({p.tail_n} rows) holds "
-                f"{_pct(p.tail_mass)} of the harmful score; scores min {fmt_num(p.min)}, median "
-                f"{fmt_num(p.median)}, max {fmt_num(p.max)}"
+                f"{_pct(p.tail_mass)} of the harmful score; scores ({VERDICT_SCORE_UNIT}) min {fmt_verdict(p.min)}, "
+                f"median {fmt_verdict(p.median)}, max {fmt_verdict(p.max)}"
             )
         )
         if a.ranked:
             t = FitTable(title=_t(f"most harmful training rows for {c.name}"), show_lines=False, heading_columns=2)
-            for col in ("rank", "row", "score", "Δloss if removed", "tokens", "cluster", "audit", "completion"):
+            cols = ("rank", "row", VERDICT_SCORE_LABEL, "raw influence", "Δloss if removed", "tokens", "cluster")
+            for col in (*cols, "audit", "completion (harmful sentence in bold)"):
                 t.add_column(col, overflow="fold")
             for x in a.ranked[:10]:
                 t.add_row(
                     str(x.get("rank")),
                     _t(one_line(x.get("id"), 40)),
+                    fmt_verdict(x.get("verdict_score")),
                     fmt_num(x.get("score")),
                     fmt_num(x.get("predicted_loss_delta_if_removed")),
                     f"{x.get('tokens')}{' (trunc.)' if x.get('truncated') else ''}",
                     f"#{x['cluster']}" if x.get("cluster") is not None else "",
                     _t(", ".join(x.get("flags") or [])),
-                    _t(one_line(x.get("completion"), 48)),
+                    excerpt_text(x.get("excerpt")),
                 )
             console.print(t)
         for d in a.drilldown[:5]:
@@ -180,9 +225,10 @@ def _details(r: Report, console: Console) -> None:
                 _t(
                     "   row ",
                     (one_line(d.id, 40), "cyan"),
-                    ": most harmful sentence ",
+                    f" {fmt_verdict(d.verdict_score)}: most harmful sentence ",
                     (f"“{one_line(s0.get('text'), 120)}”", "bold red"),
-                    f" (score {fmt_num(s0.get('score'))})",
+                    f" (score {fmt_verdict(s0.get('verdict_score'))}; raw {fmt_num(s0.get('score'))}) of "
+                    f"{len(d.sentences)}",
                 )
             )
         for f in a.failing_items[:10]:

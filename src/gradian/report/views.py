@@ -19,17 +19,22 @@ REPORT_SCHEMA = "gradian.report/1"
 #: Clusters listed in the summary per capability.
 SUMMARY_CLUSTERS = 3
 
-#: Column headings of the most-harmful-rows table, the same in every renderer.
+#: How every renderer labels the verdict score (:func:`gradian.sign.verdict_scores`).
+VERDICT_SCORE_LABEL = "score (% of harm)"
+
+#: Column headings of the most-harmful-rows table, the same in every renderer: the verdict score orders it;
+#: the raw influence and the predicted change of the query loss stay beside it, labelled as such.
 HARMFUL_ROW_COLUMNS = (
     "rank",
     "row",
-    "score",
+    VERDICT_SCORE_LABEL,
+    "raw influence",
     "Δ query loss if removed",
     "tokens",
     "cluster",
     "audit",
     "supported by",
-    "completion",
+    "completion (harmful sentence marked)",
 )
 
 #: Column headings of the verification table (``gradian verify``), the same in every renderer and the CLI.
@@ -78,7 +83,10 @@ class Qualifier:
 
 @dataclass
 class ScoreProfile:
-    """The distribution of one capability's scores over all training rows.
+    """The distribution of one capability's verdict scores over all training rows.
+
+    The scores are the verdict's one scale (:func:`gradian.sign.verdict_scores`: a signed share of the
+    harmful total, in percent; the harmful rows add up to −100).
 
     Attributes:
         n, n_negative, n_positive: rows; rows with score < 0 (degraded), > 0 (reinforced).
@@ -112,6 +120,9 @@ class ClusterView:
             cluster's rows that are truncated / lack EOS. ``source`` is the Audit check (``"D04"``,
             ``"D06"``) when Audit ran it (its row ids decide), else ``"attribute"`` (the cluster's
             own ``common`` statistics).
+        best_rank: the 1-based rank of the cluster's most harmful row (clusters are listed in this order).
+        verdict_score: the sum of its rows' verdict scores (:func:`gradian.sign.verdict_scores`; = −100 ×
+            its harmful share when all its rows are harmful).
     """
 
     label: int
@@ -123,6 +134,8 @@ class ClusterView:
     common: dict[str, Any]
     explanations: list[dict[str, Any]]
     mechanics: dict[str, Any] = field(default_factory=dict)
+    best_rank: int = 0
+    verdict_score: float = float("nan")
 
     @property
     def explained(self) -> bool:
@@ -149,6 +162,8 @@ class DrilldownView:
     text_source: str
     segments: list[dict[str, Any]]
     sentences: list[dict[str, Any]]
+    #: the row's verdict score; each sentence's ``verdict_score`` is it apportioned by the sentence scores
+    verdict_score: float = float("nan")
 
 
 @dataclass
@@ -170,6 +185,9 @@ class AttributionView:
     #: per kind of evidence (gradient, lexical, representation): its engine and how it agrees with the
     #: verdict (Spearman, top-k overlap); ``"fused"``: the weights of the references folded into the ranking
     evidence: dict[str, Any] | None = None
+    #: the rows the summary blames, most harmful first (:func:`gradian.attribute.selection.select`,
+    #: ``"blamed"``): what ``gradian verify`` removes by default and the export drops
+    blamed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -354,3 +372,58 @@ def flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
     for k, v in d.items():
         out += flatten(v, f"{prefix}.{k}" if prefix else str(k))
     return out
+
+
+def verification_legend(v: dict[str, Any]) -> str:
+    """What ``gradian verify`` retrained, naming only the retrains that ran (``v``: run.json's ``verification``)."""
+    kinds: dict[str, int] = {}
+    for r in (v.get("retrains") or {}).values():
+        k = str(((r or {}).get("retrain") or {}).get("kind", "?"))
+        kinds[k] = kinds.get(k, 0) + 1
+    trainer = str((v.get("trainer") or {}).get("trainer", "?"))
+    parts = ["without the blamed rows"]
+    n_ctrl, n_seed, n_lds = kinds.get("control", 0), kinds.get("seed", 0), kinds.get("lds", 0)
+    if n_ctrl:
+        parts.append(f"without as many random rows ({n_ctrl} control{'s' if n_ctrl != 1 else ''})")
+    if n_seed:
+        parts.append(f"on the unchanged data with {n_seed} other seed{'s' if n_seed != 1 else ''}")
+    if n_lds:
+        parts.append(f"on {n_lds} random half-subsets (LDS)")
+    text = f"Retrained with {trainer} " + ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+    text += "; each compared with the tuned adapter on the same eval items (paired bootstrap)."
+    missing = []
+    if not n_seed:
+        missing.append("no seed retrain ran (--seed-band 0): the noise of retraining itself is not measured")
+    if not n_ctrl:
+        missing.append("no control retrain ran (--controls 0)")
+    if missing:
+        text += " Not run: " + "; ".join(missing) + "."
+    return text
+
+
+def verify_word(cap: dict[str, Any]) -> str:
+    """``verified`` / ``verified without a seed band`` / ``not verified`` for one capability's verify record."""
+    if not cap.get("verified"):
+        return "not verified"
+    if cap.get("seed_retrains") == 0 or str(cap.get("line", "")).startswith("verified without a seed band"):
+        return "verified without a seed band"
+    return "verified"
+
+
+def recovery_text(recovery: Any, ci: Any) -> str:
+    """A recovery share and its CI as every verify table shows it: ``80% [50%, 100%]*``.
+
+    The CI's ends are clipped to [0%, 100%] (what removing rows can bring back); ``*`` marks a CI the
+    bootstrap drew outside that range (the verify line gives the raw range).
+    """
+    import math
+
+    def pct(x: Any) -> str:
+        return f"{x:.0%}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+
+    lo, hi = (list(ci) + [float("nan")] * 2)[:2] if isinstance(ci, (list, tuple)) else (float("nan"),) * 2
+    ok = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (lo, hi))
+    if not ok:
+        return f"{pct(recovery)} [n/a]"
+    clo, chi = min(max(lo, 0.0), 1.0), min(max(hi, 0.0), 1.0)
+    return f"{pct(recovery)} [{pct(clo)}, {pct(chi)}]" + ("*" if (clo, chi) != (lo, hi) else "")

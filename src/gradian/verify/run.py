@@ -95,27 +95,25 @@ class Retrain:
 
 
 def blamed_rows(cap: dict[str, Any], spec: VerifySpec) -> list[str]:
-    """The rows a capability's verdict blames, most harmful first (module docstring)."""
-    from gradian.sign import most_harmful_first
+    """The rows a capability's verdict blames, most harmful first: :func:`gradian.attribute.selection.select`'s rule.
 
-    ids_in_clusters = [c for c in cap.get("clusters") or []]
+    ``--remove K``: ``"top K"``; ``--remove-cluster N``: ``"cluster N"``; neither: ``"blamed"`` (the rows
+    of the report's clusters, the ones its summary blames).
+    """
+    from gradian.attribute.selection import select_capability
+
     if spec.remove_cluster is not None:
-        hit = [c for c in ids_in_clusters if int(c["label"]) == spec.remove_cluster]
-        if not hit:
-            raise GradianUserError(
-                f"capability {cap['capability']!r} has no cluster {spec.remove_cluster}",
-                where="--remove-cluster",
-                fix=f"use 1..{len(ids_in_clusters)}",
-            )
-        return list(hit[0]["row_ids"])
-    scores = np.asarray(cap.get("rank_scores") or cap["scores"], dtype=float)
-    order = most_harmful_first(scores)
-    k = spec.remove if spec.remove is not None else sum(len(c["row_ids"]) for c in ids_in_clusters)
-    if k < 1:
+        drop, where = f"cluster {spec.remove_cluster}", "--remove-cluster"
+    elif spec.remove is not None:
+        drop, where = f"top {spec.remove}", "--remove"
+    else:
+        drop, where = "blamed", "--remove"
+    rows = select_capability(cap, _ids_of(cap), drop, where)
+    if not rows:
         raise GradianUserError(
-            f"capability {cap['capability']!r} has no harmful tail to remove", where="run.json", fix="pass --remove K"
+            f"capability {cap['capability']!r} has no harmful row to remove", where="run.json", fix="nothing to verify"
         )
-    return [_ids_of(cap)[j] for j in order[:k]]
+    return rows
 
 
 def _ids_of(cap: dict[str, Any]) -> list[str]:
@@ -459,22 +457,13 @@ def summarise(
         band = max((abs(v["delta"]) for v in seeds), default=0.0)
         beats = all(fix["delta"] > c["delta"] + band for c in controls)
         ok = bool(np.isfinite(fix["recovery_ci"][0]) and fix["recovery_ci"][0] > 0 and beats)
-        k = fix["removed"]
-        ctrl = (
-            (f"; removing {k} random rows recovers " + ", ".join(f"{c['recovery']:.0%}" for c in controls))
-            if controls
-            else ""
-        )
-        seed_txt = f"; retraining with another seed moves it by up to {band:+.2f}" if seeds else ""
-        line = (
-            f"{'verified' if ok else 'not verified'}: "
-            f"removing the {k} blamed rows recovers {fix['recovery']:.0%} of the "
-            f"lost {name} score [{fix['recovery_ci'][0]:.0%}, {fix['recovery_ci'][1]:.0%}] "
-            f"({cap_score(ref)} → {tuned.mean():.2f} → {fix['score']:.2f}){ctrl}{seed_txt}"
-        )
+        entry_line = verdict_line(name, fix, controls, seeds, band, ok, ref, tuned)
+        line = entry_line
         entry: dict[str, Any] = {
             "verified": ok,
             "line": line,
+            "seed_retrains": len(seeds),
+            "controls": len(controls),
             "reference": float(ref.mean()),
             "tuned": float(tuned.mean()),
             "seed_band": band,
@@ -488,6 +477,56 @@ def summarise(
             entry["lds"] = {"subsets": len(lds), "spearman": float(rho)}
         out["capabilities"][name] = entry
     return out
+
+
+def _pct_range(lo: float, hi: float) -> tuple[str, str]:
+    """A recovery CI as shown: each end clipped to [0%, 100%] (what removing rows can bring back), with a note
+    when the bootstrap reached outside (a resample whose retrain gained more than its tuned model lost, or lost
+    more).
+    """
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return "[n/a]", ""
+    clo, chi = min(max(lo, 0.0), 1.0), min(max(hi, 0.0), 1.0)
+    note = ""
+    if (clo, chi) != (lo, hi):
+        note = f" (bootstrap range {lo:.0%}..{hi:.0%}, clipped: recovery runs from 0% to 100%)"
+    return f"[{clo:.0%}, {chi:.0%}]", note
+
+
+def verdict_line(name: str, fix: dict, controls: list, seeds: list, band: float, ok: bool, ref, tuned) -> str:
+    """The one-line result of a capability's verify (module docstring), honest about what ran.
+
+    No seed retrain (``--seed-band 0``): the line says the retrain noise was not measured, and "verified"
+    becomes "verified without a seed band". No control: it says so too. The recovery share is shown as
+    measured, its CI clipped to [0%, 100%] with the raw bootstrap range beside it when it was clipped.
+    """
+    k = fix["removed"]
+    ci, ci_note = _pct_range(*fix["recovery_ci"])
+    caveats = []
+    if not seeds:
+        caveats.append("no seed retrain ran (--seed-band 0), so the noise of retraining is not measured")
+    if not controls:
+        caveats.append("no control retrain ran (--controls 0), so random removals were not compared")
+    word = "verified" if ok else "not verified"
+    if ok and not seeds:
+        word = "verified without a seed band"
+    ctrl = (
+        (f"; removing {k} random rows recovers " + ", ".join(f"{c['recovery']:.0%}" for c in controls))
+        if controls
+        else ""
+    )
+    seed_txt = (
+        f"; retraining with another seed ({len(seeds)} retrain{'s' if len(seeds) != 1 else ''}) moves it by up to "
+        f"{band:+.2f}"
+        if seeds
+        else ""
+    )
+    rec = f"{fix['recovery']:.0%}" if np.isfinite(fix["recovery"]) else "n/a"
+    return (
+        f"{word}: removing the {k} blamed rows recovers {rec} of the lost {name} score {ci}{ci_note} "
+        f"({cap_score(ref)} → {tuned.mean():.2f} → {fix['score']:.2f}){ctrl}{seed_txt}"
+        + "".join(f"; {c}" for c in caveats)
+    )
 
 
 def cap_score(ref: np.ndarray) -> str:
