@@ -101,9 +101,8 @@ def _manifest(
         "dataset": dataset_identity(inputs.data),
         "eval": {
             "name": Path(inputs.eval).name,
-            "sha256": file_hash(inputs.eval)
-            if Path(inputs.eval).is_file()
-            else dataset_identity(inputs.eval)["sha256"],
+            # a file's sha256; a folder's (or an lm-eval samples file's) over its files, lm-eval's samples included
+            "sha256": dataset_identity(inputs.eval)["sha256"],
         },
         "configs": {Path(c).name: (file_hash(c) if Path(c).is_file() else None) for c in inputs.configs},
         "logs": file_hash(inputs.logs) if inputs.logs and Path(inputs.logs).is_file() else None,
@@ -1246,7 +1245,7 @@ class Run:
 
 
 def _eval_sha(path: Path) -> str:
-    return file_hash(path) if path.is_file() else dataset_identity(path)["sha256"]
+    return dataset_identity(path)["sha256"]  # the hash the run recorded (lm-eval's samples files included)
 
 
 def changed_inputs(run: dict[str, Any], *, checkpoints: bool = False, need_eval: bool = True) -> list[tuple[str, str]]:
