@@ -114,7 +114,8 @@ def lm_eval_files(path: Path) -> list[Path]:
     """Every file of an lm-eval run that decides the eval set ``path`` names: the samples files
     (:func:`samples_files`) and the ``results_<date>.json`` beside each (its task configs, metric lists and chat
     template). [] when ``path`` is not lm-eval output. For the run's content identity (never raises for a missing
-    results file: reading the eval set reports that)."""
+    results file: reading the eval set reports that).
+    """
     found: dict[Path, None] = {}
     for sp in samples_files(path):
         found[sp] = None
