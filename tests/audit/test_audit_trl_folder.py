@@ -165,7 +165,7 @@ def test_attribute_audit_gets_the_eval_set(run):
     assert "D14" in {f["id"] for f in audit["findings"]}
 
 
-def test_attribute_takes_its_setup_from_the_trl_run(run, tmp_path):
+def test_attribute_takes_its_setup_from_the_trl_run(run, tmp_path, monkeypatch):
     """`gradian attribute --adapter OUT --config sft_config.json`, no setup flags, on the real TRL output folder:
     the gradients' tokenisation is the trainer's (max_length 128 from the config, every assistant turn under
     assistant_only_loss), each field names its source in run.json, and the Audit and trajectory read the folder
@@ -177,9 +177,16 @@ def test_attribute_takes_its_setup_from_the_trl_run(run, tmp_path):
     out = tmp_path / "run"
     args = ["attribute", "--base", str(run["base"]), "--adapter", str(run["out"]), "--data", str(run["data"])]
     args += ["--eval", str(run["eval"]), "--config", str(run["config"]), "--out", str(out), "--project-dim", "0"]
+    import gradian.data.formats as formats
+
+    reads = []
+    load = formats.load_examples
+    monkeypatch.setattr(formats, "load_examples", lambda path, *a, **k: reads.append(str(path)) or load(path, *a, **k))
     res = CliRunner().invoke(app, args, env={"GRADIAN_CACHE": str(tmp_path / "cache")})
     assert res.exit_code == 0, res.output
     assert "training setup: max_length 128 (sft_config.json: max_length)" in " ".join(res.output.split())
+    # --data is read once for the setup's row format and the run (the Audit lane reads it on its own)
+    assert reads.count(str(run["data"])) == 1, reads
     manifest = json.loads((out / "run.json").read_text())["manifest"]
     values = manifest["training_setup"]["values"]
     assert values["max_length"] == {"value": 128, "from": "sft_config.json: max_length"}
