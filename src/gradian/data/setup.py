@@ -195,6 +195,18 @@ def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str
             src("completion_only_loss") or "TRL 1.16 rule: completion_only_loss unset -> on for prompt/completion rows",
             notes,
         )
+    if chat and t == "axolotl":  # axolotl 0.19.0 prompt_strategies/chat_template.py, _tokenize_single_prompt
+        notes.append(
+            "axolotl trains a turn's content tokens and the EOS token after them (train_on_eos: turn), not the "
+            "template's text around them (the role header, ChatML's newline after <|im_end|>); Gradian supervises "
+            "whole spans of the rendered turns (tests/data/framework_parity.py)"
+        )
+    if chat and t == "torchtune":  # torchtune 0.6.1 models/qwen2/_tokenizer.py, Qwen2Tokenizer.tokenize_messages
+        notes.append(
+            "torchtune renders messages with its own model tokenizer, not a chat template: an assistant message's "
+            "header is trained with it and the last one ends in EOS instead of its end-of-turn; Gradian renders "
+            "with the chat template (tests/data/framework_parity.py)"
+        )
     if cfg.train_on_inputs:
         return "all", src("train_on_inputs") or "?", notes
     if t == "axolotl":
