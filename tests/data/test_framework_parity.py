@@ -2,7 +2,8 @@
 row by row against the framework's own rule (tests/data/framework_parity.py, written from the frameworks' source at
 axolotl 0.19.0, LLaMA-Factory 0.9.5, torchtune 0.6.1; none installs here).
 
-Where Gradian reproduces the rule every row is equal. Where it does not, no row is, and the setup must say so
+Where Gradian reproduces the rule (axolotl's content + EOS mask through ``TokenizeSpec.train_roles``, LLaMA-Factory's
+three mask settings) every row is equal. Where it does not, no row is, and the setup must say so
 (``unreproduced`` with a note naming the framework's rule): the gradients are never a silent approximation.
 """
 
@@ -29,33 +30,33 @@ TT = (
 #: (setting, framework rule, its keyword arguments, the framework's config, rows equal, the unreproduced entry and
 #: a phrase of its note that must be stated when rows differ)
 SETTINGS = [
-    ("axolotl roles_to_train [assistant], train_on_eos turn (defaults)", axolotl_rows, {}, AX, 0, "loss_mask", "EOS"),
+    ("axolotl roles_to_train [assistant], train_on_eos turn (defaults)", axolotl_rows, {}, AX, 4, None, None),
     (
         "axolotl train_on_inputs true",
         axolotl_rows,
         {"train_on_inputs": True},
         AX + "train_on_inputs: true\n",
-        0,
-        "loss_mask",
-        "content tokens",
+        4,
+        None,
+        None,
     ),
     (
         "axolotl train_on_eos none",
         axolotl_rows,
         {"train_on_eos": "none"},
         AX + "    train_on_eos: none\n",
-        0,
-        "loss_mask",
-        "train_on_eos='none'",
+        4,
+        None,
+        None,
     ),
     (
         "axolotl roles_to_train [assistant, user]",
         axolotl_rows,
         {"roles_to_train": ("assistant", "user")},
         AX + "    roles_to_train: [assistant, user]\n",
-        0,
-        "loss_mask",
-        "roles_to_train",
+        4,
+        None,
+        None,
     ),
     (
         "LLaMA-Factory train_on_prompt false, mask_history false (defaults)",
@@ -120,6 +121,24 @@ SETTINGS = [
         "truncation",
         "EOS over its last token",
     ),
+    (
+        "axolotl train_on_eos last",
+        axolotl_rows,
+        {"train_on_eos": "last"},
+        AX + "    train_on_eos: last\n",
+        4,
+        None,
+        None,
+    ),
+    (
+        "axolotl train_on_eos all",
+        axolotl_rows,
+        {"train_on_eos": "all"},
+        AX + "    train_on_eos: all\n",
+        4,
+        None,
+        None,
+    ),
 ]
 
 
@@ -158,6 +177,20 @@ def test_rows_match_the_framework_or_the_setup_says_why(setting, tok, tmp_path):
         assert any(phrase in note for note in setup.notes), setup.notes
 
 
+def test_axolotl_settings_give_different_masks(tok, tmp_path):
+    """The axolotl settings are not all one mask: each changes the labels, and Gradian follows each."""
+    rs = rows(2)
+    masks = set()
+    for extra in ("", "train_on_inputs: true\n", "    train_on_eos: none\n", "    train_on_eos: last\n"):
+        p = tmp_path / "ax.yaml"
+        p.write_text(AX + extra)
+        setup = resolve_setup(load_config(p), "messages")
+        assert setup.train_roles is not None and "train_roles" in setup.to_dict()["values"]
+        ours = gradian_rows(rs, tok, setup.tokenize_spec())
+        masks.add(tuple(x != IGNORE_INDEX for x in ours["r0"][1][1:]))
+    assert len(masks) == 4
+
+
 def test_llamafactory_rules_read_from_the_config(tok, tmp_path):
     """The three LLaMA-Factory settings give three different masks, and Gradian follows each."""
     rs = rows(2)
@@ -168,3 +201,22 @@ def test_llamafactory_rules_read_from_the_config(tok, tmp_path):
         ours = gradian_rows(rs, tok, resolve_setup(load_config(p), "messages").tokenize_spec())
         masks.add(tuple(x != IGNORE_INDEX for x in ours["r0"][1][1:]))
     assert len(masks) == 3
+
+
+def test_train_roles_in_the_index_identity_only_when_set():
+    import json
+
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.errors import GradianUserError
+    from gradian.index.store import GradSpec, index_id
+
+    ax = GradSpec(tokenize=TokenizeSpec(loss_on="assistant", train_roles=("assistant",)))
+    plain = GradSpec(tokenize=TokenizeSpec(loss_on="assistant"))
+    assert "train_roles" not in plain.to_dict()["tokenize"] and "train_on_eos" not in plain.to_dict()["tokenize"]
+    assert index_id({"g": ax.identity()}) != index_id({"g": plain.identity()})
+    back = GradSpec.from_dict(json.loads(json.dumps(ax.to_dict())))
+    assert back == ax and back.tokenize.train_roles == ("assistant",)
+    with pytest.raises(GradianUserError, match="train_roles"):
+        TokenizeSpec(train_roles=("",))
+    with pytest.raises(GradianUserError, match="train_on_eos"):
+        TokenizeSpec(train_on_eos="sometimes")

@@ -61,6 +61,7 @@ class TrainingSetup:
             renders every lane's chat rows; a template *name* Gradian cannot render is kept here and listed in
             ``unreproduced``; None: the tokenizer's own.
         packing: the trainer packed rows into shared sequences.
+        train_roles, train_on_eos: axolotl's chat mask (:attr:`TokenizeSpec.train_roles`); None: ``loss_on`` decides.
         unreproduced: settings of the run that Gradian does not reproduce (e.g. ``"packing"``).
         sources: ``{field: where its value came from}``.
         warnings: one line per flag that contradicts the config (both named).
@@ -74,6 +75,8 @@ class TrainingSetup:
     add_eos: bool
     chat_template: str | None = None
     packing: bool = False
+    train_roles: tuple[str, ...] | None = None
+    train_on_eos: str = "turn"
     unreproduced: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -88,11 +91,15 @@ class TrainingSetup:
             loss_on=self.loss_on,  # type: ignore[arg-type]
             add_eos=self.add_eos,
             chat_template=self.chat_template if "chat_template" not in self.unreproduced else None,
+            train_roles=self.train_roles,
+            train_on_eos=self.train_on_eos,  # type: ignore[arg-type]
         )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON view: ``{"values": {name: {"value", "from"}}, "unreproduced", "warnings", "notes"}``."""
         names = ("trainer", "max_length", "truncation", "loss_on", "add_eos", "chat_template", "packing")
+        if self.train_roles is not None:
+            names += ("train_roles", "train_on_eos")
         return {
             "values": {n: {"value": getattr(self, n), "from": self.sources.get(n)} for n in names},
             "unreproduced": list(self.unreproduced),
@@ -160,6 +167,32 @@ def _mask_history(paths: list[str]) -> tuple[bool | None, str | None]:
     return None, None
 
 
+def _axolotl_mask(cfg: TrainConfig) -> tuple[tuple[str, ...], str, str, list[str]]:
+    """``(train_roles, train_on_eos, source, notes)`` of an axolotl run's chat mask (axolotl 0.19.0
+    ``prompt_strategies/chat_template.py`` ``load``: ``roles_to_train`` defaults to ``["assistant"]``,
+    ``train_on_eos`` to ``"turn"``; ``train_on_inputs: true`` trains every turn). Settings that differ between
+    datasets: the first dataset's, and a note.
+    """
+    ds = list(cfg.datasets or [])
+    first = ds[0] if ds else {}
+    roles = tuple(first.get("roles_to_train") or ("assistant",))
+    eos = first.get("train_on_eos") or "turn"
+    where = f"datasets[{first['index']}]" if ds else "default"
+    notes = []
+    for d in ds[1:]:
+        if tuple(d.get("roles_to_train") or ("assistant",)) != roles or (d.get("train_on_eos") or "turn") != eos:
+            notes.append(
+                f"axolotl datasets[{d['index']}] trains other roles or EOS than datasets[0]; Gradian uses datasets[0]'s"
+            )
+    if cfg.train_on_inputs:
+        roles = ("*",)
+    src = (
+        f"axolotl 0.19.0 rule: the content of roles {list(roles)} and EOS train_on_eos={eos!r} "
+        f"({where}{', train_on_inputs' if cfg.train_on_inputs else ''})"
+    )
+    return roles, eos, src, notes
+
+
 def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str, list[str]]:
     """``(loss_on, source, notes of what is not reproduced)`` for the config's trainer and the rows' format."""
     src = cfg.source
@@ -195,12 +228,6 @@ def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str
             src("completion_only_loss") or "TRL 1.16 rule: completion_only_loss unset -> on for prompt/completion rows",
             notes,
         )
-    if chat and t == "axolotl":  # axolotl 0.19.0 prompt_strategies/chat_template.py, _tokenize_single_prompt
-        notes.append(
-            "axolotl trains a turn's content tokens and the EOS token after them (train_on_eos: turn), not the "
-            "template's text around them (the role header, ChatML's newline after <|im_end|>); Gradian supervises "
-            "whole spans of the rendered turns (tests/data/framework_parity.py)"
-        )
     if chat and t == "torchtune":  # torchtune 0.6.1 models/qwen2/_tokenizer.py, Qwen2Tokenizer.tokenize_messages
         notes.append(
             "torchtune renders messages with its own model tokenizer, not a chat template: an assistant message's "
@@ -211,13 +238,6 @@ def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str
         return "all", src("train_on_inputs") or "?", notes
     if t == "axolotl":
         if chat:
-            for d in cfg.datasets or []:
-                roles = d.get("roles_to_train")
-                if roles is not None and sorted(roles) != ["assistant"]:
-                    notes.append(f"axolotl datasets[{d['index']}].roles_to_train={roles}: Gradian trains assistant")
-                eos = d.get("train_on_eos")
-                if eos not in (None, "turn"):
-                    notes.append(f"axolotl datasets[{d['index']}].train_on_eos={eos!r}: Gradian trains each turn's end")
             return "assistant", "axolotl rule: roles_to_train defaults to [assistant] (every assistant turn)", notes
         return "completion", src("train_on_inputs") or "default (axolotl)", notes
     if t == "llamafactory":
@@ -362,6 +382,12 @@ def resolve_setup(
             )
         loss, lsrc, lnotes = _loss_rule(c, data_format, chat)
         values["loss_on"], sources["loss_on"] = loss, lsrc
+        values["train_roles"], values["train_on_eos"] = None, "turn"
+        if chat and c.trainer == "axolotl" and data_format != "text":
+            roles, eos, msrc, mnotes = _axolotl_mask(c)
+            values["train_roles"], values["train_on_eos"] = roles, eos
+            sources["train_roles"] = sources["train_on_eos"] = msrc
+            lnotes = lnotes + mnotes
         if lnotes:
             unrep.append("loss_mask")
             notes += lnotes
@@ -394,6 +420,9 @@ def resolve_setup(
             )
         values[k] = v
         sources[k] = f"flag {FLAGS[k]}"
+        if k == "loss_on" and values.get("train_roles") is not None:  # the flag's rule, not axolotl's content mask
+            values["train_roles"], values["train_on_eos"] = None, "turn"
+            sources["train_roles"] = sources["train_on_eos"] = f"flag {FLAGS[k]}"
     if values["max_length"] is not None and values["truncation"] == "none":
         values["truncation"] = "keep_start"
         sources["truncation"] = sources["max_length"]
@@ -405,6 +434,8 @@ def resolve_setup(
         add_eos=values["add_eos"],
         chat_template=values["chat_template"],
         packing=values["packing"],
+        train_roles=values.get("train_roles"),
+        train_on_eos=values.get("train_on_eos", "turn"),
         unreproduced=tuple(dict.fromkeys(unrep)),
         sources=sources,
         warnings=tuple(warnings),

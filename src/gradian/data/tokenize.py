@@ -75,12 +75,20 @@ class TokenizeSpec:
             tokenizer's own (``apply_chat_template(chat_template=...)``); None: the tokenizer's template. Part of
             the index's content identity when set (left out of :meth:`to_dict` when None, so the ids of indexes
             built without one do not move).
+        train_roles: axolotl's chat mask (``prompt_strategies/chat_template.py`` at 0.19.0): a chat row's supervised
+            tokens are the *content* tokens of each message whose role is listed (``"*"``: every role), plus the EOS
+            token found within 3 tokens after a message's content, per ``train_on_eos`` (``"turn"``: after a
+            trained message; ``"all"``: after every message; ``"last"``: the last one only; ``"none"``). None:
+            ``loss_on`` decides. Plain rows always follow ``loss_on``. Left out of :meth:`to_dict` when None.
+        train_on_eos: see ``train_roles``.
     """
 
     max_length: int = 1024
     loss_on: Literal["completion", "all", "assistant"] = "completion"
     add_eos: bool = True
     chat_template: str | None = None
+    train_roles: tuple[str, ...] | None = None
+    train_on_eos: Literal["turn", "all", "none", "last"] = "turn"
 
     def __post_init__(self) -> None:
         from gradian.validate import LENGTH_MAX, check_bool, check_choice, check_int
@@ -103,6 +111,17 @@ class TokenizeSpec:
             fix="use 'completion', 'all' or 'assistant'",
         )
         check_bool(self.add_eos, "TokenizeSpec", "add_eos")
+        check_choice(self.train_on_eos, ("turn", "all", "none", "last"), "TokenizeSpec", "train_on_eos")
+        if self.train_roles is not None:
+            if isinstance(self.train_roles, list):
+                object.__setattr__(self, "train_roles", tuple(self.train_roles))  # from a JSON manifest
+            roles = self.train_roles
+            if not isinstance(roles, tuple) or not roles or not all(isinstance(r, str) and r for r in roles):
+                raise GradianUserError(
+                    "train_roles must be a list of role names",
+                    where="TokenizeSpec.train_roles",
+                    fix="e.g. ['assistant'], or None for the loss_on rule",
+                )
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
             raise GradianUserError(
                 f"chat_template must be a non-empty Jinja template string, not {type(self.chat_template).__name__}",
@@ -111,12 +130,16 @@ class TokenizeSpec:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON view for the manifest. ``chat_template`` appears only when set: a spec without one gives the dict
-        (and so the index ids) it gave before the field existed.
+        """JSON view for the manifest. ``chat_template`` and ``train_roles`` (with ``train_on_eos``) appear only when
+        set: a spec without them gives the dict (and so the index ids) it gave before the fields existed.
         """
         d = asdict(self)
         if d["chat_template"] is None:
             del d["chat_template"]
+        if d["train_roles"] is None:
+            del d["train_roles"], d["train_on_eos"]
+        else:
+            d["train_roles"] = list(d["train_roles"])
         return d
 
     def for_tokenizer(self, tokenizer) -> TokenizeSpec:
@@ -365,6 +388,8 @@ class Rendered:
         supervised_spans: ``loss_on="assistant"`` on a chat row: the half-open character spans of
             ``text`` that are supervised (one per assistant turn); a token overlapping a span is
             supervised. None: the prompt rule above decides.
+        content_spans: :attr:`TokenizeSpec.train_roles` on a chat row: the ``(start, end, trained)`` character span
+            of each message's content in ``text``, in order (axolotl's rule; ``eos_id``: the tokenizer's EOS id).
     """
 
     text: str
@@ -372,6 +397,8 @@ class Rendered:
     completion_char_start: int
     add_special_tokens: bool
     supervised_spans: tuple[tuple[int, int], ...] | None = None
+    content_spans: tuple[tuple[int, int, bool], ...] | None = None
+    eos_id: int | None = None
 
 
 _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -437,6 +464,52 @@ def assistant_spans(
     return tuple(spans)
 
 
+def content_spans(messages: list[dict[str, str]], text: str, roles: Sequence[str]) -> tuple[tuple[int, int, bool], ...]:
+    """``(start, end, trained)`` of each message's content in ``text`` (the rendered conversation), in order.
+
+    A message is trained when its role is in ``roles`` (``"*"``: every role). A content the template does not
+    write verbatim is skipped (axolotl's ``find_turn`` does not find it either).
+    """
+    out = []
+    pos = 0
+    for m in messages:
+        c = m.get("content")
+        if not isinstance(c, str) or not c:
+            continue
+        a = text.find(c, pos)
+        if a < 0:
+            continue
+        pos = a + len(c)
+        out.append((a, pos, "*" in roles or m.get("role") in roles))
+    return tuple(out)
+
+
+def _content_labels(ids: Sequence[int], offsets: Sequence[tuple[int, int]], r: Rendered, rule: str) -> list[int]:
+    """The labels axolotl 0.19.0 writes (``ChatTemplateStrategy._tokenize_single_prompt``).
+
+    The content tokens of each trained message, and the first EOS within 3 tokens after each message's content per
+    ``rule`` (``train_on_eos``).
+    """
+    out = [IGNORE_INDEX] * len(ids)
+    last_eos = -1
+    for a, b, trained in r.content_spans or ():
+        toks = [t for t, (s, e) in enumerate(offsets) if s < b and e > a]
+        if not toks:
+            continue
+        if trained:
+            for t in toks:
+                out[t] = ids[t]
+        end = toks[-1] + 1
+        eos = next((t for t in range(end, min(len(ids), end + 4)) if ids[t] == r.eos_id), -1)
+        if eos != -1:
+            last_eos = eos
+            if rule == "all" or (rule == "turn" and trained):
+                out[eos] = ids[eos]
+    if rule == "last" and last_eos != -1:
+        out[last_eos] = ids[last_eos]
+    return out
+
+
 def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> Rendered:
     """The string a trainer would tokenise for ``ex`` (see module docstring for the rules)."""
     where = where or f"example {ex.id}"
@@ -451,6 +524,9 @@ def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None
         content = ex.completion_text
         found = text.rfind(content) if content else -1
         start = found if found >= 0 else len(prompt_text)
+        if spec.train_roles is not None:
+            cs = content_spans(prompt_msgs + compl_msgs, text, spec.train_roles)
+            return Rendered(text, prompt_text or None, start, False, None, cs, tokenizer.eos_token_id)
         spans = (
             assistant_spans(tokenizer, prompt_msgs + compl_msgs, text, where, tpl)
             if spec.loss_on == "assistant"
@@ -504,7 +580,9 @@ def build_tokenized(
         prompt_len = len(prompt_ids)
     else:
         prompt_len = _common_prefix(prompt_ids, ids)
-    if spec.loss_on == "all":
+    if r.content_spans is not None:
+        labels = _content_labels(ids, offsets, r, spec.train_on_eos)
+    elif spec.loss_on == "all":
         labels = list(ids)
     elif r.supervised_spans is not None:
         labels = _span_labels(ids, offsets, r.supervised_spans)
