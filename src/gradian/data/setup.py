@@ -18,9 +18,9 @@ TRL (SFTTrainer)   ``assistant_only_loss: true`` -> ``assistant``; a ``messages`
                    unset or true -> ``completion``, false -> ``all``; ``text`` -> ``all``
 gradian train      a ``messages`` row trains its final assistant turn (``completion``); ``completion_only_loss``
                    false -> ``all``
-axolotl            ``train_on_inputs: true`` -> ``all``; chat rows -> ``assistant`` (``roles_to_train``
-                   defaults to ``[assistant]``); other ``roles_to_train`` or ``train_on_eos`` than the default
-                   are listed as unreproduced
+axolotl            ``train_on_inputs: true`` -> ``all``; chat rows: axolotl's own mask (``train_roles``: the
+                   content of ``roles_to_train``, default ``[assistant]``, every role under ``train_on_inputs``,
+                   and the EOS after it per ``train_on_eos``, default ``turn``)
 LLaMA-Factory      ``train_on_prompt: true`` -> ``all``; chat rows: ``mask_history: true`` -> ``completion``
                    (last turn), else ``assistant`` (every turn)
 torchtune          ``train_on_input: true`` -> ``all``; chat rows -> ``assistant``; instruct rows ->
