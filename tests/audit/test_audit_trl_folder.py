@@ -165,7 +165,7 @@ def test_attribute_audit_gets_the_eval_set(run):
     assert "D14" in {f["id"] for f in audit["findings"]}
 
 
-def test_attribute_takes_its_setup_from_the_trl_run(run, tmp_path):
+def test_attribute_takes_its_setup_from_the_trl_run(run, tmp_path, monkeypatch):
     """`gradian attribute --adapter OUT --config sft_config.json`, no setup flags, on the real TRL output folder:
     the gradients' tokenisation is the trainer's (max_length 128 from the config, every assistant turn under
     assistant_only_loss), each field names its source in run.json, and the Audit and trajectory read the folder
@@ -177,9 +177,16 @@ def test_attribute_takes_its_setup_from_the_trl_run(run, tmp_path):
     out = tmp_path / "run"
     args = ["attribute", "--base", str(run["base"]), "--adapter", str(run["out"]), "--data", str(run["data"])]
     args += ["--eval", str(run["eval"]), "--config", str(run["config"]), "--out", str(out), "--project-dim", "0"]
+    import gradian.data.formats as formats
+
+    reads = []
+    load = formats.load_examples
+    monkeypatch.setattr(formats, "load_examples", lambda path, *a, **k: reads.append(str(path)) or load(path, *a, **k))
     res = CliRunner().invoke(app, args, env={"GRADIAN_CACHE": str(tmp_path / "cache")})
     assert res.exit_code == 0, res.output
     assert "training setup: max_length 128 (sft_config.json: max_length)" in " ".join(res.output.split())
+    # --data is read once for the setup's row format and the run (the Audit lane reads it on its own)
+    assert reads.count(str(run["data"])) == 1, reads
     manifest = json.loads((out / "run.json").read_text())["manifest"]
     values = manifest["training_setup"]["values"]
     assert values["max_length"] == {"value": 128, "from": "sft_config.json: max_length"}
@@ -187,3 +194,52 @@ def test_attribute_takes_its_setup_from_the_trl_run(run, tmp_path):
     assert values["trainer"]["value"] == "trl"
     tokenize = manifest["identity"]["specs"]["grad"]["tokenize"]
     assert tokenize["max_length"] == 128 and tokenize["loss_on"] == "assistant"
+    # the run's own template (saved by TRL beside the adapter) renders the rows: it is in the gradients' spec, named
+    # with its source, and no longer listed as not reproduced
+    from trl_run import TEMPLATE
+
+    assert tokenize["chat_template"] == TEMPLATE != run["tok"].chat_template
+    assert values["chat_template"]["value"] == TEMPLATE
+    assert values["chat_template"]["from"].endswith("chat_template.jinja")
+    assert "chat_template" not in manifest["training_setup"]["unreproduced"]
+    assert "chat template (" in " ".join(res.output.split())
+
+
+def test_attribute_supervises_trl_s_own_tokens_for_the_run(run, tmp_path):
+    """The supervised tokens of the gradients equal TRL's own for this run, row by row: TRL 1.16's SFTTrainer
+    preparation and collator with the run's template and config (tests/data/trl_parity.py) next to Gradian's
+    tokenisation under the setup `gradian attribute` resolves from the run folder, on the *base* tokenizer (whose
+    template is another). Without the run's template not one row matches."""
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
+    from trl_parity import gradian_rows, matching, trl_rows, with_template
+    from trl_run import TEMPLATE
+
+    from gradian.audit.config import load_config
+    from gradian.data.formats import load_examples
+    from gradian.data.setup import adapter_template, examples_format, resolve_setup
+
+    examples = load_examples(run["data"])
+    fmt, chat = examples_format(examples)
+    config = load_config([str(run["config"])])
+    setup = resolve_setup(config, fmt, chat=chat, saved_template=adapter_template(run["out"]))
+    spec = setup.tokenize_spec()
+    assert spec.chat_template == TEMPLATE and spec.loss_on == "assistant" and spec.max_length == 128
+    rows = [json.loads(line) for line in run["data"].read_text().splitlines()]
+    cfg = json.loads(run["config"].read_text())
+    trl = trl_rows(
+        [{"id": r["id"], "messages": r["messages"]} for r in rows],
+        with_template(run["tok"], TEMPLATE),
+        tmp_path,
+        assistant_only_loss=cfg["assistant_only_loss"],
+        max_length=cfg["max_length"],
+    )
+    base = run["tok"]
+    assert base.chat_template != TEMPLATE
+    n_ok, bad = matching(trl, gradian_rows(rows, base, spec))
+    assert (n_ok, bad) == (len(rows), [])
+    n_without, _ = matching(trl, gradian_rows(rows, base, dataclasses.replace(spec, chat_template=None)))
+    assert n_without == 0

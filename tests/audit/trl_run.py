@@ -10,12 +10,19 @@ the top (``Trainer.save_model`` does not write one).
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 #: ChatML with a {% generation %} block that covers the end-of-turn token and the newline after it (as TRL's
-#: own training templates do, e.g. qwen3_training.jinja)
+#: own training templates do, e.g. qwen3_training.jinja), and a default system turn when the row has none (as
+#: Qwen2.5's template does): it renders rows differently from the base tokenizer's template, so a test can tell
+#: which of the two the gradients used
+DEFAULT_SYSTEM = "You are a helpful assistant."
 TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\n" + DEFAULT_SYSTEM + "<|im_end|>\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}"
     "{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>\\n' }}{% endgeneration %}"
@@ -27,8 +34,9 @@ TEMPLATE = (
 )
 
 
-def build_trl_run(root: Path, tok) -> dict[str, Path]:
-    """Train for 2 epochs with TRL and return the paths a user has: base, output, data, eval, template, config."""
+def build_trl_run(root: Path, tok) -> dict:
+    """Train for 2 epochs with TRL and return the paths a user has: base, output, data, eval, template, config
+    (and ``tok``, the base tokenizer object)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -89,11 +97,11 @@ def build_trl_run(root: Path, tok) -> dict[str, Path]:
         model=model,
         args=SFTConfig(**args),
         train_dataset=Dataset.from_list([{"messages": r["messages"]} for r in rows]),
-        processing_class=tok,
+        processing_class=copy.deepcopy(tok),  # TRL sets chat_template_path's template on it: the fixture stays as is
         peft_config=LoraConfig(
             r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM"
         ),
     )
     trainer.train()
     trainer.save_model(str(out))
-    return {"base": base_dir, "out": out, "data": data, "eval": ev, "template": tpl, "config": cfg}
+    return {"base": base_dir, "out": out, "data": data, "eval": ev, "template": tpl, "config": cfg, "tok": tok}

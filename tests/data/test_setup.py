@@ -101,7 +101,12 @@ def test_axolotl_rules(tmp_path):
     assert s.sources["max_length"] == "ax.yaml: sequence_len"
     text2 = text + "    roles_to_train: [assistant, user]\n    train_on_eos: all\ntrain_on_inputs: false\n"
     s2 = resolve_setup(_cfg(tmp_path, "ax2.yaml", text2), "messages")
-    assert "loss_mask" in s2.unreproduced and any("roles_to_train" in n for n in s2.notes)
+    # axolotl's own mask (tests/data/test_framework_parity.py): the content of the listed roles, EOS per train_on_eos
+    assert (s2.train_roles, s2.train_on_eos) == (("assistant", "user"), "all") and "loss_mask" not in s2.unreproduced
+    assert s2.tokenize_spec().train_roles == ("assistant", "user")
+    assert (s.train_roles, s.train_on_eos) == (("assistant",), "turn")  # axolotl's defaults
+    flagged = resolve_setup(_cfg(tmp_path, "ax2b.yaml", text2), "messages", flags={"loss_on": "all"})
+    assert flagged.train_roles is None and flagged.tokenize_spec().loss_on == "all"  # a --loss-on flag wins
     s3 = resolve_setup(_cfg(tmp_path, "ax3.yaml", "base_model: x\ntrain_on_inputs: true\n"), "prompt_completion")
     assert (s3.loss_on, s3.sources["loss_on"]) == ("all", "ax3.yaml: train_on_inputs")
     assert "truncation" in s3.unreproduced  # axolotl's default drops long rows

@@ -231,3 +231,46 @@ def test_cli_evaluate_on_the_lm_eval_folder(eval_world, tmp_path):
     # the tiny tokenizer has a chat template, but lm-eval's rendered prompt is run as it was rendered
     assert items["capitals/0"]["model_prompt"] == "What is the capital of Aland?" and not items["capitals/0"]["chat"]
     assert items["symbols_mc/0"]["answer"] == " Ag"
+
+
+def test_run_identity_hashes_the_samples_files(tmp_path):
+    """An lm-eval folder's identity covers its samples files, not only results_*.json: an edited sample (a changed
+    target), or an edited task config, gives another eval sha256 in the run identity."""
+    from gradian.index.identity import dataset_identity, file_hash
+    from gradian.util import sha256_json
+
+    d = _copy(tmp_path)
+    before = dataset_identity(d)["sha256"]
+    assert before == dataset_identity(_copy(tmp_path / "again"))["sha256"]  # content, not path
+    sp = d / f"samples_capitals_{DATE}.jsonl"
+    recs = _lines(sp)
+    recs[0]["target"] = recs[0]["target"] + " (edited)"
+    _write_lines(sp, recs)
+    after_sample = dataset_identity(d)["sha256"]
+    assert after_sample != before
+    res, obj = _results(d)
+    obj["configs"]["capitals"]["metric_list"] = obj["configs"]["capitals"].get("metric_list", []) + [{}]
+    res.write_text(json.dumps(obj))
+    assert dataset_identity(d)["sha256"] not in (before, after_sample)
+    # one samples file: it and the results file beside it
+    one = dataset_identity(sp)["sha256"]
+    assert one == sha256_json({sp.name: file_hash(sp), res.name: file_hash(res)}) and one != file_hash(sp)
+    # a Gradian eval file keeps the sha256 of its bytes
+    g = tmp_path / "eval.jsonl"
+    _write_lines(g, [{"prompt": "q?", "answer": "a", "capability": "c"}])
+    assert dataset_identity(g)["sha256"] == file_hash(g)
+
+
+def test_run_manifest_eval_identity_and_changed_inputs(tmp_path):
+    """The run's manifest records the folder's hash with the samples, and a later edit of a sample is reported as a
+    changed eval set (gradian verify / report refuse or warn on it)."""
+    from gradian.attribute.run import _eval_sha
+    from gradian.index.identity import dataset_identity
+
+    d = _copy(tmp_path)
+    assert _eval_sha(d) == dataset_identity(d)["sha256"]
+    sp = d / f"samples_symbols_mc_{DATE}.jsonl"
+    recs = _lines(sp)
+    recs[-1]["doc_id"] = 999
+    _write_lines(sp, recs)
+    assert _eval_sha(d) != dataset_identity(_copy(tmp_path / "orig"))["sha256"]

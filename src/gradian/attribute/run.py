@@ -101,9 +101,8 @@ def _manifest(
         "dataset": dataset_identity(inputs.data),
         "eval": {
             "name": Path(inputs.eval).name,
-            "sha256": file_hash(inputs.eval)
-            if Path(inputs.eval).is_file()
-            else dataset_identity(inputs.eval)["sha256"],
+            # a file's sha256; a folder's (or an lm-eval samples file's) over its files, lm-eval's samples included
+            "sha256": dataset_identity(inputs.eval)["sha256"],
         },
         "configs": {Path(c).name: (file_hash(c) if Path(c).is_file() else None) for c in inputs.configs},
         "logs": file_hash(inputs.logs) if inputs.logs and Path(inputs.logs).is_file() else None,
@@ -140,14 +139,15 @@ def _manifest(
 def resolve_run_setup(inputs: RunInputs, specs: RunSpecs, examples) -> Any:
     """The run's :class:`~gradian.data.setup.TrainingSetup` when the caller did not resolve one (the Python API).
 
-    Resolved as ``gradian attribute --config`` does: from ``inputs.configs`` (none: Gradian's defaults) and the
-    rows' most common format. A ``specs.grad.tokenize`` field that differs from :class:`TokenizeSpec`'s default
-    counts as given explicitly (it beats the config and is named as the source); the others take the config's
-    value. ``specs.grad`` is then set to the setup's tokenisation, so the gradients follow the setup.
+    Resolved as ``gradian attribute --config`` does: from ``inputs.configs`` (none: Gradian's defaults), the
+    rows' most common format and the chat template saved beside the adapter. A ``specs.grad.tokenize`` field that
+    differs from :class:`TokenizeSpec`'s default counts as given explicitly (it beats the config and is named as the
+    source); the others take the config's value. ``specs.grad`` is then set to the setup's tokenisation, so the
+    gradients follow the setup.
     """
     import dataclasses
 
-    from gradian.data.setup import examples_format, resolve_setup
+    from gradian.data.setup import adapter_template, examples_format, resolve_setup
     from gradian.data.tokenize import TokenizeSpec
 
     tok, default = specs.grad.tokenize, TokenizeSpec()
@@ -158,12 +158,39 @@ def resolve_run_setup(inputs: RunInputs, specs: RunSpecs, examples) -> Any:
         from gradian.audit.config import load_config
 
         config = load_config([str(c) for c in inputs.configs])
-    setup = resolve_setup(config, fmt, chat=chat, flags=flags)
+    setup = resolve_setup(config, fmt, chat=chat, flags=flags, saved_template=adapter_template(inputs.adapter))
     sources = {k: (f"given: GradSpec.tokenize.{k}" if k in flags else v) for k, v in setup.sources.items()}
     setup = dataclasses.replace(setup, sources=sources)
+    if tok.chat_template is not None:  # a template given in the spec beats the run's
+        setup = dataclasses.replace(
+            setup,
+            chat_template=tok.chat_template,
+            sources={**setup.sources, "chat_template": "given: GradSpec.tokenize.chat_template"},
+            unreproduced=tuple(u for u in setup.unreproduced if u != "chat_template"),
+            notes=tuple(n for n in setup.notes if not n.startswith("chat_template:")),
+        )
     if setup.tokenize_spec() != tok:
         specs.grad = dataclasses.replace(specs.grad, tokenize=setup.tokenize_spec())
     return setup
+
+
+def _apply_template(ft, specs: RunSpecs):
+    """The run's training template (``specs.grad.tokenize.chat_template``) in every lane.
+
+    Dropped from the spec when it is the tokenizer's own (the same tokens, so the index id is the one a run without
+    it gets); otherwise kept (it is part of the index's content identity) and ``ft`` gets a tokenizer rendering with
+    it, so Evaluate's prompts and the queries are rendered as the run trained (the caller's ``ft`` is not changed).
+    """
+    import dataclasses
+
+    from gradian.data.tokenize import with_chat_template
+
+    tok = specs.grad.tokenize.for_tokenizer(ft.tokenizer)
+    if tok != specs.grad.tokenize:
+        specs.grad = dataclasses.replace(specs.grad, tokenize=tok)
+    if tok.chat_template is not None:
+        ft = dataclasses.replace(ft, tokenizer=with_chat_template(ft.tokenizer, tok.chat_template))
+    return ft
 
 
 def run_audit(inputs: RunInputs, tokenizer_path: str | None) -> dict[str, Any]:
@@ -190,6 +217,7 @@ def attribute_run(
     ft=None,
     say: Callable[[str], None] | None = None,
     setup=None,
+    examples=None,
 ) -> dict[str, Any] | None:
     """Run the lanes and write ``out_dir/run.json``. Returns the run dict.
 
@@ -204,6 +232,8 @@ def attribute_run(
         setup: the resolved :class:`gradian.data.setup.TrainingSetup` (the CLI's, flags included), written into
             the manifest; None: resolved here (:func:`resolve_run_setup`, which may set ``specs.grad``'s
             tokenisation from ``inputs.configs``).
+        examples: the rows of ``inputs.data`` already loaded (:func:`gradian.data.formats.load_examples`; the CLI
+            reads the file once for the setup and the run); None: loaded here.
     """
     from gradian import distributed
     from gradian.api import load_finetune
@@ -216,7 +246,7 @@ def attribute_run(
     timing: dict[str, float] = {}
     specs.eval = specs.eval or EvalSpec(seed=specs.seed)
     # cheap validation first: bad data or eval files fail before a model is loaded
-    examples = load_examples(inputs.data)
+    examples = load_examples(inputs.data) if examples is None else examples
     eval_items = load_eval_set(inputs.eval)
     if setup is None:
         setup = resolve_run_setup(inputs, specs, examples)
@@ -226,6 +256,7 @@ def attribute_run(
     t = time.perf_counter()
     if ft is None:
         ft = load_finetune(specs.model, inputs.adapter)
+    ft = _apply_template(ft, specs)
     timing["load"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -1218,7 +1249,7 @@ class Run:
 
 
 def _eval_sha(path: Path) -> str:
-    return file_hash(path) if path.is_file() else dataset_identity(path)["sha256"]
+    return dataset_identity(path)["sha256"]  # the hash the run recorded (lm-eval's samples files included)
 
 
 def changed_inputs(run: dict[str, Any], *, checkpoints: bool = False, need_eval: bool = True) -> list[tuple[str, str]]:

@@ -179,25 +179,29 @@ def _setup_flags(ctx: typer.Context, max_length: int, loss_on: str) -> dict:
     return {k: v for k, v in given.items() if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"}
 
 
-def default_training_setup(ctx: typer.Context, data: Path, max_length: int, loss_on: str):
-    """The setup of a run without ``--config``: Gradian's defaults, the explicit flags named (for the manifest)."""
-    from gradian.data.setup import resolve_setup, row_format
+def default_training_setup(ctx: typer.Context, data: Path, max_length: int, loss_on: str, adapter=None, examples=None):
+    """The setup of a run without ``--config``: Gradian's defaults, the explicit flags named and the chat template
+    saved beside the adapter (for the manifest and the gradients). ``examples``: ``data``'s rows, already loaded.
+    """
+    from gradian.data.setup import setup_from_files
 
-    fmt, chat = row_format(data)
-    return resolve_setup(None, fmt, chat=chat, flags=_setup_flags(ctx, max_length, loss_on))
-
-
-def apply_training_setup(ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str):
-    """``(max_length, loss_on)`` of the resolved training setup (:func:`training_setup`)."""
-    spec = training_setup(ctx, config, data, max_length, loss_on).tokenize_spec()
-    return spec.max_length, spec.loss_on
+    return setup_from_files([], data, _setup_flags(ctx, max_length, loss_on), adapter=adapter, examples=examples)
 
 
-def training_setup(ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str):
+def apply_training_setup(
+    ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str, adapter=None
+):
+    """The :class:`~gradian.data.tokenize.TokenizeSpec` of the resolved training setup (:func:`training_setup`)."""
+    return training_setup(ctx, config, data, max_length, loss_on, adapter=adapter).tokenize_spec()
+
+
+def training_setup(
+    ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str, adapter=None, examples=None
+):
     """The resolved :class:`~gradian.data.setup.TrainingSetup` (:func:`gradian.data.setup.setup_from_files`).
 
     A flag given on the command line beats the config; one that contradicts it is one ``warning:`` line.
-    Prints the setup, one line, and what it cannot reproduce.
+    Prints the setup, one line, and what it cannot reproduce. ``examples``: ``data``'s rows, already loaded.
     """
     import warnings
 
@@ -205,12 +209,15 @@ def training_setup(ctx: typer.Context, config: list[Path], data: Path, max_lengt
     from gradian.errors import GradianWarning
 
     flags = _setup_flags(ctx, max_length, loss_on)
-    setup = setup_from_files(config, data, flags)
+    setup = setup_from_files(config, data, flags, adapter=adapter, examples=examples)
     for w in setup.warnings:
         warnings.warn(w, GradianWarning, stacklevel=2)
+    tpl = ""
+    if setup.tokenize_spec().chat_template is not None:
+        tpl = f", chat template ({escape(setup.sources['chat_template'])})"
     console.print(
         f"training setup: max_length {setup.max_length} ({escape(setup.sources['max_length'])}), "
-        f"loss_on {setup.loss_on} ({escape(setup.sources['loss_on'])})",
+        f"loss_on {setup.loss_on} ({escape(setup.sources['loss_on'])}){tpl}",
         highlight=False,
         soft_wrap=True,
     )
@@ -317,6 +324,8 @@ def register(app: typer.Typer) -> None:
         Under torchrun (`torchrun --nproc-per-node N -m gradian attribute ...`) the ranks share the
         index builds and the scoring; rank 0 evaluates and writes the run (docs/distributed.md).
         """
+        import dataclasses
+
         from gradian.attribute import AttributeSpec
         from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
         from gradian.commands.evaluate import print_result
@@ -324,10 +333,6 @@ def register(app: typer.Typer) -> None:
         from gradian.index.store import check_build_args
         from gradian.models.load import ModelSpec
 
-        setup = None
-        if config:  # the run's own tokenisation: --config sets max_length and the loss mask (flags still win)
-            setup = training_setup(ctx, config, data, max_length, loss_on)
-            max_length, loss_on = setup.tokenize_spec().max_length, setup.tokenize_spec().loss_on
         # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
         grad = grad_spec_from_options(
             max_length,
@@ -369,8 +374,18 @@ def register(app: typer.Typer) -> None:
             reference_adapter,
             checkpoints=checkpoint_selection(checkpoints),
         )
-        if setup is None:  # recorded in the manifest: Gradian's defaults and the flags given (read after every
-            setup = default_training_setup(ctx, data, max_length, loss_on)  # flag is checked: a flag error first)
+        # the run's own tokenisation, after every flag is checked (a flag error first): --config sets max_length and
+        # the loss mask (flags still win), the template saved beside the adapter renders chat rows; --data is read
+        # once, here, for the setup's row format and the run
+        from gradian.data.formats import load_examples
+
+        examples = load_examples(data)
+        if config:
+            setup = training_setup(ctx, config, data, max_length, loss_on, adapter=adapter, examples=examples)
+        else:  # Gradian's defaults and the flags given (recorded in the manifest)
+            setup = default_training_setup(ctx, data, max_length, loss_on, adapter=adapter, examples=examples)
+        grad = dataclasses.replace(grad, tokenize=setup.tokenize_spec())
+        specs.grad = grad
         from gradian import distributed
         from gradian.commands._common import input_identity, start_distributed
         from gradian.index.identity import dataset_identity
@@ -416,6 +431,7 @@ def register(app: typer.Typer) -> None:
                     index_root=index_dir,
                     say=lambda line: console.print(escape(line), highlight=False, soft_wrap=True),
                     setup=setup,
+                    examples=examples,
                 )
         finally:
             distributed.shutdown()

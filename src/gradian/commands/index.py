@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
         Under torchrun (`torchrun --nproc-per-node N -m gradian index ...`) the ranks share the
         work; the index folder must be on a filesystem every rank sees (docs/distributed.md).
         """
+        import dataclasses
+
         from gradian import distributed
         from gradian.api import load_finetune, tokenize_training_set, training_index
         from gradian.attribute.trajectory import checkpoint_weights, resolve_trajectory
@@ -60,14 +62,22 @@ def register(app: typer.Typer) -> None:
         from gradian.index.store import check_build_args, select_blocks
         from gradian.models.load import ModelSpec
 
+        tokenize = None
         if config:  # the run's own tokenisation (flags given on the command line still win)
             from gradian.commands.attribute import apply_training_setup
 
-            max_length, loss_on = apply_training_setup(ctx, config, data, max_length, loss_on)
+            tokenize = apply_training_setup(ctx, config, data, max_length, loss_on, adapter=adapter)
+            max_length, loss_on = tokenize.max_length, tokenize.loss_on
         # every flag and the data are checked before the model is loaded
         spec = grad_spec_from_options(
             max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer, unit, max_units_per_row
         )
+        if tokenize is None:  # no config: the chat template saved beside the adapter still renders chat rows
+            from gradian.data.setup import adapter_template
+
+            saved = adapter_template(adapter)
+            tokenize = dataclasses.replace(spec.tokenize, chat_template=saved[0] if saved else None)
+        spec = dataclasses.replace(spec, tokenize=tokenize)
         check_build_args(batch_size, shard_size)
         mspec = ModelSpec(base, dtype, device, trust_remote_code)
         examples = load_examples(data)
@@ -91,6 +101,8 @@ def register(app: typer.Typer) -> None:
                 ),
             )
             ft = load_finetune(mspec, adapter)
+            # the saved template dropped when it is the tokenizer's own (the same tokens, the same index id)
+            spec = dataclasses.replace(spec, tokenize=spec.tokenize.for_tokenizer(ft.tokenizer))
             select_blocks(ft.model, spec)  # --modules must select a layer (checked before the progress bar starts)
             for note in ft.notes:
                 console.print(f"[yellow]note:[/] {escape(note)}")

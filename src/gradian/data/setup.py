@@ -18,9 +18,9 @@ TRL (SFTTrainer)   ``assistant_only_loss: true`` -> ``assistant``; a ``messages`
                    unset or true -> ``completion``, false -> ``all``; ``text`` -> ``all``
 gradian train      a ``messages`` row trains its final assistant turn (``completion``); ``completion_only_loss``
                    false -> ``all``
-axolotl            ``train_on_inputs: true`` -> ``all``; chat rows -> ``assistant`` (``roles_to_train``
-                   defaults to ``[assistant]``); other ``roles_to_train`` or ``train_on_eos`` than the default
-                   are listed as unreproduced
+axolotl            ``train_on_inputs: true`` -> ``all``; chat rows: axolotl's own mask (``train_roles``: the
+                   content of ``roles_to_train``, default ``[assistant]``, every role under ``train_on_inputs``,
+                   and the EOS after it per ``train_on_eos``, default ``turn``)
 LLaMA-Factory      ``train_on_prompt: true`` -> ``all``; chat rows: ``mask_history: true`` -> ``completion``
                    (last turn), else ``assistant`` (every turn)
 torchtune          ``train_on_input: true`` -> ``all``; chat rows -> ``assistant``; instruct rows ->
@@ -57,8 +57,11 @@ class TrainingSetup:
             ``unreproduced``), or ``"none"``.
         loss_on: the supervised tokens (:class:`~gradian.data.tokenize.TokenizeSpec` ``loss_on``).
         add_eos: EOS appended to plain completions and text rows.
-        chat_template: the template the config names (None: the tokenizer's own).
+        chat_template: the Jinja template the run trained with (saved beside the adapter, or from the config), which
+            renders every lane's chat rows; a template *name* Gradian cannot render is kept here and listed in
+            ``unreproduced``; None: the tokenizer's own.
         packing: the trainer packed rows into shared sequences.
+        train_roles, train_on_eos: axolotl's chat mask (:attr:`TokenizeSpec.train_roles`); None: ``loss_on`` decides.
         unreproduced: settings of the run that Gradian does not reproduce (e.g. ``"packing"``).
         sources: ``{field: where its value came from}``.
         warnings: one line per flag that contradicts the config (both named).
@@ -72,6 +75,8 @@ class TrainingSetup:
     add_eos: bool
     chat_template: str | None = None
     packing: bool = False
+    train_roles: tuple[str, ...] | None = None
+    train_on_eos: str = "turn"
     unreproduced: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -85,11 +90,16 @@ class TrainingSetup:
             max_length=self.max_length if self.max_length is not None else LENGTH_MAX,
             loss_on=self.loss_on,  # type: ignore[arg-type]
             add_eos=self.add_eos,
+            chat_template=self.chat_template if "chat_template" not in self.unreproduced else None,
+            train_roles=self.train_roles,
+            train_on_eos=self.train_on_eos,  # type: ignore[arg-type]
         )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON view: ``{"values": {name: {"value", "from"}}, "unreproduced", "warnings", "notes"}``."""
         names = ("trainer", "max_length", "truncation", "loss_on", "add_eos", "chat_template", "packing")
+        if self.train_roles is not None:
+            names += ("train_roles", "train_on_eos")
         return {
             "values": {n: {"value": getattr(self, n), "from": self.sources.get(n)} for n in names},
             "unreproduced": list(self.unreproduced),
@@ -120,17 +130,27 @@ def row_format(path: str | Path) -> tuple[str, bool]:
 
 
 def setup_from_files(
-    config_paths: list[str | Path] | tuple, data: str | Path, flags: Mapping[str, Any] | None = None
+    config_paths: list[str | Path] | tuple,
+    data: str | Path,
+    flags: Mapping[str, Any] | None = None,
+    *,
+    adapter: str | Path | None = None,
+    examples=None,
 ) -> TrainingSetup:
-    """:func:`resolve_setup` for ``gradian attribute --config ... --data ...``: the merged config and the rows' format.
+    """:func:`resolve_setup` for ``gradian attribute [--config ...] --data ... --adapter ...``: the merged config
+    (none: Gradian's defaults), the rows' format and the template saved beside the adapter.
+
+    Args:
+        examples: the rows already loaded from ``data`` (:func:`load_examples`), so the file is read once.
 
     Raises:
         GradianUserError: an unreadable config or data file (named).
     """
     from gradian.audit.config import load_config
 
-    fmt, chat = row_format(data)
-    return resolve_setup(load_config(list(config_paths)), fmt, chat=chat, flags=flags)
+    fmt, chat = examples_format(examples) if examples is not None else row_format(data)
+    config = load_config(list(config_paths)) if config_paths else None
+    return resolve_setup(config, fmt, chat=chat, flags=flags, saved_template=adapter_template(adapter))
 
 
 def _mask_history(paths: list[str]) -> tuple[bool | None, str | None]:
@@ -145,6 +165,32 @@ def _mask_history(paths: list[str]) -> tuple[bool | None, str | None]:
             if r.has("mask_history"):
                 return r.bool_("mask_history"), r.where("mask_history")
     return None, None
+
+
+def _axolotl_mask(cfg: TrainConfig) -> tuple[tuple[str, ...], str, str, list[str]]:
+    """``(train_roles, train_on_eos, source, notes)`` of an axolotl run's chat mask (axolotl 0.19.0
+    ``prompt_strategies/chat_template.py`` ``load``: ``roles_to_train`` defaults to ``["assistant"]``,
+    ``train_on_eos`` to ``"turn"``; ``train_on_inputs: true`` trains every turn). Settings that differ between
+    datasets: the first dataset's, and a note.
+    """
+    ds = list(cfg.datasets or [])
+    first = ds[0] if ds else {}
+    roles = tuple(first.get("roles_to_train") or ("assistant",))
+    eos = first.get("train_on_eos") or "turn"
+    where = f"datasets[{first['index']}]" if ds else "default"
+    notes = []
+    for d in ds[1:]:
+        if tuple(d.get("roles_to_train") or ("assistant",)) != roles or (d.get("train_on_eos") or "turn") != eos:
+            notes.append(
+                f"axolotl datasets[{d['index']}] trains other roles or EOS than datasets[0]; Gradian uses datasets[0]'s"
+            )
+    if cfg.train_on_inputs:
+        roles = ("*",)
+    src = (
+        f"axolotl 0.19.0 rule: the content of roles {list(roles)} and EOS train_on_eos={eos!r} "
+        f"({where}{', train_on_inputs' if cfg.train_on_inputs else ''})"
+    )
+    return roles, eos, src, notes
 
 
 def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str, list[str]]:
@@ -182,17 +228,16 @@ def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str
             src("completion_only_loss") or "TRL 1.16 rule: completion_only_loss unset -> on for prompt/completion rows",
             notes,
         )
+    if chat and t == "torchtune":  # torchtune 0.6.1 models/qwen2/_tokenizer.py, Qwen2Tokenizer.tokenize_messages
+        notes.append(
+            "torchtune renders messages with its own model tokenizer, not a chat template: an assistant message's "
+            "header is trained with it and the last one ends in EOS instead of its end-of-turn; Gradian renders "
+            "with the chat template (tests/data/framework_parity.py)"
+        )
     if cfg.train_on_inputs:
         return "all", src("train_on_inputs") or "?", notes
     if t == "axolotl":
         if chat:
-            for d in cfg.datasets or []:
-                roles = d.get("roles_to_train")
-                if roles is not None and sorted(roles) != ["assistant"]:
-                    notes.append(f"axolotl datasets[{d['index']}].roles_to_train={roles}: Gradian trains assistant")
-                eos = d.get("train_on_eos")
-                if eos not in (None, "turn"):
-                    notes.append(f"axolotl datasets[{d['index']}].train_on_eos={eos!r}: Gradian trains each turn's end")
             return "assistant", "axolotl rule: roles_to_train defaults to [assistant] (every assistant turn)", notes
         return "completion", src("train_on_inputs") or "default (axolotl)", notes
     if t == "llamafactory":
@@ -213,12 +258,66 @@ def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str
     return "completion", f"Gradian default (trainer {t!r}: no rule known)", notes
 
 
+def adapter_template(adapter: str | Path | None) -> tuple[str, str] | None:
+    """``(text, where)`` of the chat template a run saved beside its adapter, or None.
+
+    The adapter folder's ``chat_template.jinja`` (transformers >= 4.54), else its ``tokenizer_config.json``
+    ``chat_template`` string (what TRL, axolotl and LLaMA-Factory save with the tokenizer they trained with);
+    a run folder that holds only ``checkpoint-N/`` folders: the last checkpoint's.
+    """
+    from gradian.audit.context import saved_template
+
+    if adapter is None or not Path(adapter).is_dir():
+        return None
+    folder = Path(adapter)
+    found = saved_template(folder)
+    if found is None and not (folder / "adapter_config.json").is_file():
+        ckpts = [p for p in folder.glob("checkpoint-*") if p.is_dir() and p.name.split("-", 1)[1].isdigit()]
+        if ckpts:
+            found = saved_template(max(ckpts, key=lambda p: int(p.name.split("-", 1)[1])))
+    return found
+
+
+def _training_template(c: TrainConfig, saved: tuple[str, str] | None) -> tuple[str | None, str, str | None]:
+    """``(template text or name, source, note when Gradian cannot render with it)`` of a config's run.
+
+    In order (as Audit's ``training_template``): the template saved beside the adapter; a literal Jinja
+    ``chat_template`` in the config (TRL's reader puts a ``.jinja`` ``chat_template_path``'s text there; axolotl's
+    ``chat_template_jinja``); the config's ``.jinja`` ``chat_template_path`` read beside the config; else a template
+    *name* (axolotl ``chat_template: chatml``, LLaMA-Factory ``template: qwen``, a TRL ``chat_template_path`` that is
+    a tokenizer id), which Gradian cannot render and lists as not reproduced; else the tokenizer's own.
+    """
+    from gradian.audit.context import read_template
+
+    if saved is not None:
+        return saved[0], saved[1], None
+    if c.chat_template and ("{%" in c.chat_template or "{{" in c.chat_template):
+        return c.chat_template, c.source("chat_template") or "config: chat_template", None
+    ctp = c.chat_template_path
+    if ctp and ctp.endswith((".jinja", ".j2")):
+        for cand in [Path(ctp)] + [Path(x).parent / ctp for x in c.paths]:
+            if cand.is_file():
+                return read_template(cand), f"{c.source('chat_template_path')} ({cand})", None
+    name = c.chat_template or ctp
+    src = c.source("chat_template") or c.source("chat_template_path") or "the tokenizer's own chat template"
+    if name and name != "tokenizer_default":
+        return (
+            name,
+            src,
+            f"chat_template: the config names {name!r} ({src}), not a Jinja template Gradian can read; Gradian renders "
+            "chat rows with the tokenizer's chat template (pass the adapter folder the run saved its tokenizer in, "
+            "or a config whose chat_template_path is the .jinja file)",
+        )
+    return None, src, None
+
+
 def resolve_setup(
     config: TrainConfig | None,
     data_format: str = "prompt_completion",
     *,
     chat: bool | None = None,
     flags: Mapping[str, Any] | None = None,
+    saved_template: tuple[str, str] | None = None,
 ) -> TrainingSetup:
     """The run's training setup from its config, its rows' format and the explicit flags.
 
@@ -229,6 +328,8 @@ def resolve_setup(
         chat: the rows are chat conversations (default: ``data_format == "messages"``).
         flags: the flags the user gave explicitly, by field (``{"max_length": 512}``); each beats the config and
             is named as the source, and a flag that contradicts an explicit config value adds one warning line.
+        saved_template: ``(text, where)`` of the chat template the run saved beside its adapter
+            (:func:`adapter_template`); it beats the config's (it is what the trainer's tokenizer held).
 
     Returns:
         the :class:`TrainingSetup`.
@@ -246,10 +347,11 @@ def resolve_setup(
             "truncation": "keep_start",
             "loss_on": d.loss_on,
             "add_eos": d.add_eos,
-            "chat_template": None,
+            "chat_template": saved_template[0] if saved_template else None,
             "packing": False,
         }
         sources = {k: _NO_CONFIG for k in values}
+        sources["chat_template"] = saved_template[1] if saved_template else "the tokenizer's own chat template"
         cfg_explicit: dict[str, str] = {}
     else:
         c = config
@@ -280,6 +382,12 @@ def resolve_setup(
             )
         loss, lsrc, lnotes = _loss_rule(c, data_format, chat)
         values["loss_on"], sources["loss_on"] = loss, lsrc
+        values["train_roles"], values["train_on_eos"] = None, "turn"
+        if chat and c.trainer == "axolotl" and data_format != "text":
+            roles, eos, msrc, mnotes = _axolotl_mask(c)
+            values["train_roles"], values["train_on_eos"] = roles, eos
+            sources["train_roles"] = sources["train_on_eos"] = msrc
+            lnotes = lnotes + mnotes
         if lnotes:
             unrep.append("loss_mask")
             notes += lnotes
@@ -288,17 +396,11 @@ def resolve_setup(
             sources["add_eos"] = "TRL 1.16 rule: EOS appended to non-conversational completions and text"
         else:
             sources["add_eos"] = f"Gradian default (TRL's EOS rule; {name}'s own EOS rule is not read)"
-        tmpl = c.chat_template or c.chat_template_path
-        values["chat_template"] = tmpl
-        sources["chat_template"] = (
-            c.source("chat_template") or c.source("chat_template_path") or "the tokenizer's own chat template"
-        )
-        if tmpl and tmpl != "tokenizer_default":
+        tmpl, tsrc, tnote = _training_template(c, saved_template)
+        values["chat_template"], sources["chat_template"] = tmpl, tsrc
+        if tnote:
             unrep.append("chat_template")
-            notes.append(
-                f"chat_template: the config names {tmpl!r} ({sources['chat_template']}); Gradian renders chat rows "
-                "with the tokenizer's chat template (pass a tokenizer that carries that template)"
-            )
+            notes.append(tnote)
         values["packing"] = bool(c.packing)
         sources["packing"] = c.source("packing") or "not said (assumed off)"
         if c.packing:
@@ -318,6 +420,9 @@ def resolve_setup(
             )
         values[k] = v
         sources[k] = f"flag {FLAGS[k]}"
+        if k == "loss_on" and values.get("train_roles") is not None:  # the flag's rule, not axolotl's content mask
+            values["train_roles"], values["train_on_eos"] = None, "turn"
+            sources["train_roles"] = sources["train_on_eos"] = f"flag {FLAGS[k]}"
     if values["max_length"] is not None and values["truncation"] == "none":
         values["truncation"] = "keep_start"
         sources["truncation"] = sources["max_length"]
@@ -329,6 +434,8 @@ def resolve_setup(
         add_eos=values["add_eos"],
         chat_template=values["chat_template"],
         packing=values["packing"],
+        train_roles=values.get("train_roles"),
+        train_on_eos=values.get("train_on_eos", "turn"),
         unreproduced=tuple(dict.fromkeys(unrep)),
         sources=sources,
         warnings=tuple(warnings),

@@ -7,10 +7,11 @@ Rules (the same as TRL's ``SFTTrainer`` with ``completion_only_loss``):
   completion unless it already ends with it; ``ids = tok(prompt + completion)``;
   the supervised tokens start where ``tok(prompt)`` and ``ids`` stop agreeing
   (TRL's common-prefix rule).
-* **Chat** (``messages``, or prompt/completion given as message lists): the
-  tokenizer's chat template renders ``prompt`` with ``add_generation_prompt=True``
-  and ``prompt + completion`` in full; supervised tokens start at the common
-  prefix. The template decides end-of-turn / EOS, exactly as at training time.
+* **Chat** (``messages``, or prompt/completion given as message lists): the run's
+  training template (:attr:`TokenizeSpec.chat_template`), else the tokenizer's chat
+  template, renders ``prompt`` with ``add_generation_prompt=True`` and
+  ``prompt + completion`` in full; supervised tokens start at the common prefix.
+  The template decides end-of-turn / EOS, exactly as at training time.
   For ``messages`` rows, the prompt is every turn before the final assistant
   turn, and the completion is that turn.
 * **text**: EOS appended as TRL does; every token is supervised.
@@ -70,11 +71,24 @@ class TokenizeSpec:
             ``messages`` row), ``"all"`` (every token) or ``"assistant"`` (every assistant turn of a chat row;
             plain rows: the completion).
         add_eos: append the EOS string to plain (non-chat) completions and text, as TRL does.
+        chat_template: the Jinja chat template the run trained with, which renders chat rows in place of the
+            tokenizer's own (``apply_chat_template(chat_template=...)``); None: the tokenizer's template. Part of
+            the index's content identity when set (left out of :meth:`to_dict` when None, so the ids of indexes
+            built without one do not move).
+        train_roles: axolotl's chat mask (``prompt_strategies/chat_template.py`` at 0.19.0): a chat row's supervised
+            tokens are the *content* tokens of each message whose role is listed (``"*"``: every role), plus the EOS
+            token found within 3 tokens after a message's content, per ``train_on_eos`` (``"turn"``: after a
+            trained message; ``"all"``: after every message; ``"last"``: the last one only; ``"none"``). None:
+            ``loss_on`` decides. Plain rows always follow ``loss_on``. Left out of :meth:`to_dict` when None.
+        train_on_eos: see ``train_roles``.
     """
 
     max_length: int = 1024
     loss_on: Literal["completion", "all", "assistant"] = "completion"
     add_eos: bool = True
+    chat_template: str | None = None
+    train_roles: tuple[str, ...] | None = None
+    train_on_eos: Literal["turn", "all", "none", "last"] = "turn"
 
     def __post_init__(self) -> None:
         from gradian.validate import LENGTH_MAX, check_bool, check_choice, check_int
@@ -97,10 +111,46 @@ class TokenizeSpec:
             fix="use 'completion', 'all' or 'assistant'",
         )
         check_bool(self.add_eos, "TokenizeSpec", "add_eos")
+        check_choice(self.train_on_eos, ("turn", "all", "none", "last"), "TokenizeSpec", "train_on_eos")
+        if self.train_roles is not None:
+            if isinstance(self.train_roles, list):
+                object.__setattr__(self, "train_roles", tuple(self.train_roles))  # from a JSON manifest
+            roles = self.train_roles
+            if not isinstance(roles, tuple) or not roles or not all(isinstance(r, str) and r for r in roles):
+                raise GradianUserError(
+                    "train_roles must be a list of role names",
+                    where="TokenizeSpec.train_roles",
+                    fix="e.g. ['assistant'], or None for the loss_on rule",
+                )
+        if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template):
+            raise GradianUserError(
+                f"chat_template must be a non-empty Jinja template string, not {type(self.chat_template).__name__}",
+                where="TokenizeSpec.chat_template",
+                fix="pass the template's text (e.g. the run's chat_template.jinja), or None for the tokenizer's own",
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON view for the manifest (the default spec's dict is unchanged, so existing index ids do not move)."""
-        return asdict(self)
+        """JSON view for the manifest. ``chat_template`` and ``train_roles`` (with ``train_on_eos``) appear only when
+        set: a spec without them gives the dict (and so the index ids) it gave before the fields existed.
+        """
+        d = asdict(self)
+        if d["chat_template"] is None:
+            del d["chat_template"]
+        if d["train_roles"] is None:
+            del d["train_roles"], d["train_on_eos"]
+        else:
+            d["train_roles"] = list(d["train_roles"])
+        return d
+
+    def for_tokenizer(self, tokenizer) -> TokenizeSpec:
+        """This spec with ``chat_template`` dropped when it is the tokenizer's own template (the same rendering:
+        the index of a run whose saved template equals the base tokenizer's keeps the id it has without one).
+        """
+        if self.chat_template is not None and self.chat_template == getattr(tokenizer, "chat_template", None):
+            from dataclasses import replace
+
+            return replace(self, chat_template=None)
+        return self
 
 
 class TokenIds(Sequence[int]):
@@ -264,18 +314,32 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool, where: str) -> str:
-    """Render ``messages`` to text with the tokenizer's own chat template (not tokenised).
+def render_chat(
+    tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool, where: str, template: str | None = None
+) -> str:
+    """Render ``messages`` to text with ``template``, else the tokenizer's own chat template (not tokenised).
 
     Args:
-        tokenizer: an HF tokenizer with a ``chat_template``.
+        tokenizer: an HF tokenizer (with a ``chat_template`` unless ``template`` is given).
         messages: ``[{"role", "content"}, ...]``.
         add_generation_prompt: end with the template's assistant header (for rendering a prompt alone).
         where: the row or file named in errors.
+        template: the run's training template (:attr:`TokenizeSpec.chat_template`), or None.
 
     Raises:
         GradianUserError: the tokenizer has no chat template, or the template rejects the conversation.
     """
+    if template is not None:
+        try:
+            return tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, chat_template=template
+            )
+        except Exception as e:  # jinja TemplateError
+            raise GradianUserError(
+                f"the run's chat template rejected the conversation: {e}",
+                where=where,
+                fix="fix the roles, or the training template (--config / the adapter folder's chat_template.jinja)",
+            ) from None
     if not getattr(tokenizer, "chat_template", None):
         raise GradianUserError(
             "chat rows need a tokenizer with a chat template, and this tokenizer has none",
@@ -288,6 +352,22 @@ def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt
         raise GradianUserError(
             f"chat template rejected the conversation: {e}", where=where, fix="fix the roles or the template"
         ) from None
+
+
+def with_chat_template(tokenizer, template: str | None):
+    """``tokenizer`` rendering chat with ``template`` (a shallow copy: the encoder is shared, the caller's tokenizer
+    is left as it was); ``tokenizer`` itself when ``template`` is None or already its own.
+
+    For the lanes that render through the tokenizer rather than a :class:`TokenizeSpec` (Evaluate's generation and
+    likelihood prompts, verify's eval): with the run's training template they see the prompts the run trained on.
+    """
+    import copy
+
+    if template is None or getattr(tokenizer, "chat_template", None) == template:
+        return tokenizer
+    out = copy.copy(tokenizer)
+    out.chat_template = template
+    return out
 
 
 def _encode(tokenizer, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
@@ -308,6 +388,8 @@ class Rendered:
         supervised_spans: ``loss_on="assistant"`` on a chat row: the half-open character spans of
             ``text`` that are supervised (one per assistant turn); a token overlapping a span is
             supervised. None: the prompt rule above decides.
+        content_spans: :attr:`TokenizeSpec.train_roles` on a chat row: the ``(start, end, trained)`` character span
+            of each message's content in ``text``, in order (axolotl's rule; ``eos_id``: the tokenizer's EOS id).
     """
 
     text: str
@@ -315,6 +397,8 @@ class Rendered:
     completion_char_start: int
     add_special_tokens: bool
     supervised_spans: tuple[tuple[int, int], ...] | None = None
+    content_spans: tuple[tuple[int, int, bool], ...] | None = None
+    eos_id: int | None = None
 
 
 _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -327,8 +411,11 @@ def has_generation_markers(template: str | None) -> bool:
     return bool(template) and _GENERATION_RE.search(template) is not None
 
 
-def assistant_spans(tokenizer, messages: list[dict[str, str]], text: str, where: str) -> tuple[tuple[int, int], ...]:
-    """Character spans of ``text`` (``messages`` rendered in full) that are assistant turns.
+def assistant_spans(
+    tokenizer, messages: list[dict[str, str]], text: str, where: str, template: str | None = None
+) -> tuple[tuple[int, int], ...]:
+    """Character spans of ``text`` (``messages`` rendered in full, with ``template`` or the tokenizer's own) that
+    are assistant turns.
 
     With ``{% generation %}`` markers in the template: the spans the template marks (transformers'
     ``render_jinja_template(return_assistant_tokens_mask=True)``, the spans ``apply_chat_template`` turns into
@@ -336,7 +423,8 @@ def assistant_spans(tokenizer, messages: list[dict[str, str]], text: str, where:
     ``render(messages[:i], add_generation_prompt=True)`` (or where it stops agreeing with ``text``) to the end
     of ``render(messages[:i+1])`` — the turn's content and the template's end-of-turn.
     """
-    template = getattr(tokenizer, "chat_template", None)
+    if template is None:
+        template = getattr(tokenizer, "chat_template", None)
     if has_generation_markers(template):
         try:
             from transformers.utils.chat_template_utils import render_jinja_template
@@ -368,12 +456,58 @@ def assistant_spans(tokenizer, messages: list[dict[str, str]], text: str, where:
     for i, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
-        head = render_chat(tokenizer, messages[:i], True, where) if i else ""
-        end = len(render_chat(tokenizer, messages[: i + 1], False, where))
+        head = render_chat(tokenizer, messages[:i], True, where, template) if i else ""
+        end = len(render_chat(tokenizer, messages[: i + 1], False, where, template))
         start = len(head) if text.startswith(head) else _common_prefix(head, text)
         if end > start:
             spans.append((start, end))
     return tuple(spans)
+
+
+def content_spans(messages: list[dict[str, str]], text: str, roles: Sequence[str]) -> tuple[tuple[int, int, bool], ...]:
+    """``(start, end, trained)`` of each message's content in ``text`` (the rendered conversation), in order.
+
+    A message is trained when its role is in ``roles`` (``"*"``: every role). A content the template does not
+    write verbatim is skipped (axolotl's ``find_turn`` does not find it either).
+    """
+    out = []
+    pos = 0
+    for m in messages:
+        c = m.get("content")
+        if not isinstance(c, str) or not c:
+            continue
+        a = text.find(c, pos)
+        if a < 0:
+            continue
+        pos = a + len(c)
+        out.append((a, pos, "*" in roles or m.get("role") in roles))
+    return tuple(out)
+
+
+def _content_labels(ids: Sequence[int], offsets: Sequence[tuple[int, int]], r: Rendered, rule: str) -> list[int]:
+    """The labels axolotl 0.19.0 writes (``ChatTemplateStrategy._tokenize_single_prompt``).
+
+    The content tokens of each trained message, and the first EOS within 3 tokens after each message's content per
+    ``rule`` (``train_on_eos``).
+    """
+    out = [IGNORE_INDEX] * len(ids)
+    last_eos = -1
+    for a, b, trained in r.content_spans or ():
+        toks = [t for t, (s, e) in enumerate(offsets) if s < b and e > a]
+        if not toks:
+            continue
+        if trained:
+            for t in toks:
+                out[t] = ids[t]
+        end = toks[-1] + 1
+        eos = next((t for t in range(end, min(len(ids), end + 4)) if ids[t] == r.eos_id), -1)
+        if eos != -1:
+            last_eos = eos
+            if rule == "all" or (rule == "turn" and trained):
+                out[eos] = ids[eos]
+    if rule == "last" and last_eos != -1:
+        out[last_eos] = ids[last_eos]
+    return out
 
 
 def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> Rendered:
@@ -384,13 +518,19 @@ def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None
         compl_msgs = (
             ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
         )
-        prompt_text = render_chat(tokenizer, prompt_msgs, True, where)
-        text = render_chat(tokenizer, prompt_msgs + compl_msgs, False, where)
+        tpl = spec.chat_template
+        prompt_text = render_chat(tokenizer, prompt_msgs, True, where, tpl)
+        text = render_chat(tokenizer, prompt_msgs + compl_msgs, False, where, tpl)
         content = ex.completion_text
         found = text.rfind(content) if content else -1
         start = found if found >= 0 else len(prompt_text)
+        if spec.train_roles is not None:
+            cs = content_spans(prompt_msgs + compl_msgs, text, spec.train_roles)
+            return Rendered(text, prompt_text or None, start, False, None, cs, tokenizer.eos_token_id)
         spans = (
-            assistant_spans(tokenizer, prompt_msgs + compl_msgs, text, where) if spec.loss_on == "assistant" else None
+            assistant_spans(tokenizer, prompt_msgs + compl_msgs, text, where, tpl)
+            if spec.loss_on == "assistant"
+            else None
         )
         return Rendered(text, prompt_text or None, start, False, spans)
     completion = ex.completion
@@ -440,7 +580,9 @@ def build_tokenized(
         prompt_len = len(prompt_ids)
     else:
         prompt_len = _common_prefix(prompt_ids, ids)
-    if spec.loss_on == "all":
+    if r.content_spans is not None:
+        labels = _content_labels(ids, offsets, r, spec.train_on_eos)
+    elif spec.loss_on == "all":
         labels = list(ids)
     elif r.supervised_spans is not None:
         labels = _span_labels(ids, offsets, r.supervised_spans)

@@ -110,6 +110,23 @@ def samples_files(path: Path) -> list[Path]:
     return sorted(p for p in subs[0].glob("samples_*.jsonl") if _SAMPLES.match(p.name)) if subs else []
 
 
+def lm_eval_files(path: Path) -> list[Path]:
+    """Every file of an lm-eval run that decides the eval set ``path`` names: the samples files
+    (:func:`samples_files`) and the ``results_<date>.json`` beside each (its task configs, metric lists and chat
+    template). [] when ``path`` is not lm-eval output. For the run's content identity (never raises for a missing
+    results file: reading the eval set reports that).
+    """
+    found: dict[Path, None] = {}
+    for sp in samples_files(path):
+        found[sp] = None
+        m = _SAMPLES.match(sp.name)
+        if m:
+            for r in sorted(sp.parent.glob(f"*_{m.group('date')}.json")):
+                if r.is_file():
+                    found[r] = None
+    return sorted(found)
+
+
 def _first_is_sample(path: Path) -> bool:
     if path.suffix.lower() != ".jsonl":
         return False

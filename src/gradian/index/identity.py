@@ -100,8 +100,20 @@ def adapter_identity(adapter_dir: str | Path) -> dict[str, Any]:
 
 
 def dataset_identity(path: str | Path) -> dict[str, Any]:
-    """``{"name", "sha256"}`` of a dataset file, or of a saved HF dataset folder (its ``.arrow``/``.json`` files)."""
+    """``{"name", "sha256"}`` of a dataset file, or of a saved HF dataset folder (its ``.arrow``/``.json`` files).
+
+    An lm-eval ``--log_samples`` output (a folder, or one samples file): a sha256 over its samples files *and* the
+    ``results_<date>.json`` beside them (:func:`gradian.evaluate.lm_eval.lm_eval_files`), so a changed sample or a
+    changed task config gives another run identity. Any other file or folder: as before.
+    """
     p = Path(path)
+    if p.exists():
+        from gradian.evaluate.lm_eval import lm_eval_files
+
+        lm = lm_eval_files(p)
+        if lm:
+            root = p if p.is_dir() else p.parent
+            return {"name": p.name, "sha256": sha256_json({str(f.relative_to(root)): file_hash(f) for f in lm})}
     if p.is_dir():
         files = folder_identity(p, (), ("*.arrow", "*.json", "*/*.arrow", "*/*.json"))
         return {"name": p.name, "sha256": sha256_json(files)}

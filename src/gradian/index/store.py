@@ -138,6 +138,7 @@ class GradSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["tokenize"] = self.tokenize.to_dict()  # its chat_template only when set (index ids without one unchanged)
         d["modules"] = list(self.modules) if self.modules else None
         return d
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -361,6 +361,11 @@ def verify_run(
     say(
         f"verify: {len(retrains)} retrains ({', '.join(r.name for r in retrains)}) with {trainer.describe()['trainer']}"
     )
+    if tokenize.chat_template is not None and trainer.describe()["trainer"] == "gradian train":
+        say(
+            "note: the run's gradients used its own chat template; gradian train renders chat rows with the base "
+            "tokenizer's template, so the retrains may see other tokens (pass --train-command to retrain with yours)"
+        )
     flagged = flagged_setup(run, config)
     if flagged:  # before the first retrain: the retrains inherit what Audit flagged
         say(flagged["line"])
@@ -374,6 +379,10 @@ def verify_run(
     try:
         # the original tuned adapter's query losses (the baseline every measured change is against)
         ft = load_finetune(p.model, p.adapter)
+        if tokenize.chat_template is not None:  # the run's training template: the eval prompts as the run rendered them
+            from gradian.data.tokenize import with_chat_template
+
+            ft = replace(ft, tokenizer=with_chat_template(ft.tokenizer, tokenize.chat_template))
         base_q = {c: query_losses(ft.model, ft.tokenizer, qs, tokenize).numpy() for c, qs in queries.items()}
         for r in retrains:
             t = time.perf_counter()
