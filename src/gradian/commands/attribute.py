@@ -94,6 +94,39 @@ def print_attribution(run: dict) -> None:
             )
 
 
+def print_next_steps(run: dict, out: Path) -> None:
+    """The commands to run next, filled in: ``gradian verify RUN`` and ``gradian export RUN --drop blamed``.
+
+    Printed only when the run blames rows (a run that stopped after Evaluate has nothing to verify).
+    """
+    import shlex
+
+    from gradian.attribute.selection import select
+
+    if not (run.get("attribution") or {}).get("capabilities"):
+        return
+    try:
+        blamed = select(run, "blamed")
+    except GradianUserError:  # e.g. an empty harmful tail: nothing to act on
+        return
+    q = shlex.quote(str(out))
+    clean = shlex.quote(str(out / "clean.jsonl"))
+    shown = ", ".join(blamed[:5]) + (f", … (+{len(blamed) - 5})" if len(blamed) > 5 else "")
+    console.print(f"blamed: {len(blamed)} row(s): {escape(shown)}", highlight=False, soft_wrap=True)
+    console.print("next:", highlight=False)
+    console.print(
+        f"  gradian verify {escape(q)}    [dim]# retrain without them: does the capability come back?[/]",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(
+        f"  gradian export {escape(q)} --drop blamed --out {escape(clean)}    [dim]# the training set without "
+        "them, and their ids[/]",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 def _names(value: str) -> tuple[str, ...]:
     """``"bm25,repsim"`` → ("bm25", "repsim"); ``"none"`` or empty → ()."""
     parts = tuple(p.strip() for p in value.split(",") if p.strip())
@@ -435,3 +468,4 @@ def register(app: typer.Typer) -> None:
             f"[dim]run {run['manifest']['run_id']} in {tm['total']:.1f} s → {escape(str(out / 'run.json'))}, "
             f"{escape(str(out / 'report.html'))}[/]"
         )
+        print_next_steps(run, out)

@@ -94,32 +94,24 @@ class Retrain:
     seed: int
 
 
-def blamed_rows(cap: dict[str, Any], spec: VerifySpec) -> list[str]:
-    """The rows a capability's verdict blames, most harmful first (module docstring)."""
-    from gradian.sign import most_harmful_first
-
-    ids_in_clusters = [c for c in cap.get("clusters") or []]
+def drop_of(spec: VerifySpec) -> tuple[str, str]:
+    """The spec's removal as a :func:`gradian.attribute.selection.select` selection, and the flag it came from."""
     if spec.remove_cluster is not None:
-        hit = [c for c in ids_in_clusters if int(c["label"]) == spec.remove_cluster]
-        if not hit:
-            raise GradianUserError(
-                f"capability {cap['capability']!r} has no cluster {spec.remove_cluster}",
-                where="--remove-cluster",
-                fix=f"use 1..{len(ids_in_clusters)}",
-            )
-        return list(hit[0]["row_ids"])
-    scores = np.asarray(cap.get("rank_scores") or cap["scores"], dtype=float)
-    order = most_harmful_first(scores)
-    k = spec.remove if spec.remove is not None else sum(len(c["row_ids"]) for c in ids_in_clusters)
-    if k < 1:
-        raise GradianUserError(
-            f"capability {cap['capability']!r} has no harmful tail to remove", where="run.json", fix="pass --remove K"
-        )
-    return [_ids_of(cap)[j] for j in order[:k]]
+        return f"cluster {spec.remove_cluster}", "--remove-cluster"
+    if spec.remove is not None:
+        return f"top {spec.remove}", "--remove"
+    return "blamed", "--remove"
 
 
-def _ids_of(cap: dict[str, Any]) -> list[str]:
-    return cap["_train_ids"]
+def blamed_rows(cap: dict[str, Any], spec: VerifySpec) -> list[str]:
+    """The rows a capability's verdict blames, most harmful first (:mod:`gradian.attribute.selection`).
+
+    ``cap`` carries the run's ``train_ids`` as ``_train_ids``.
+    """
+    from gradian.attribute.selection import capability_selection
+
+    drop, where = drop_of(spec)
+    return capability_selection(cap, cap["_train_ids"], drop, where)
 
 
 def plan(run: dict[str, Any], spec: VerifySpec, train_seed: int) -> list[Retrain]:
@@ -131,12 +123,11 @@ def plan(run: dict[str, Any], spec: VerifySpec, train_seed: int) -> list[Retrain
             where="run.json",
             fix="verify a run whose report ranks training rows",
         )
+    from gradian.attribute.selection import select
+
     ids = att["train_ids"]
-    removed: list[str] = []
-    for cap in att["capabilities"]:
-        for r in blamed_rows({**cap, "_train_ids": ids}, spec):
-            if r not in removed:
-                removed.append(r)
+    drop, where = drop_of(spec)
+    removed = select(run, drop, where=where)  # the rows `gradian export --drop` drops: one selection
     k = len(removed)
     if k >= len(ids):
         raise GradianUserError(f"the fix would remove all {len(ids)} rows", where="--remove", fix="remove fewer rows")
