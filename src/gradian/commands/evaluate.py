@@ -8,7 +8,6 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gradian.commands import _options as O
 from gradian.commands._common import console, user_errors
@@ -181,13 +180,9 @@ def evaluate_cmd(
         console.print(f"[yellow]note:[/] {escape(n)}")
     t_loaded = time.perf_counter()
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as bar:
+    from gradian.commands._common import rich_progress
+
+    with rich_progress(console) as bar:  # a bar on a terminal, a line per step in a log
         tasks: dict[str, int] = {}
 
         def progress(task: str, advance: int, total: int) -> None:
