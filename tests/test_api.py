@@ -381,6 +381,7 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
     import inspect
 
     from gradian.api import training_index
+    from gradian.attribute import AttributeSpec
     from gradian.evaluate import EvalSpec
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
@@ -395,7 +396,8 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         "project_dim": g.projection.dim,
         "storage_dtype": g.storage_dtype,
         "optimizer": g.optimizer,
-        "unit": g.unit,
+        # one concept, one default: `index --unit` builds what `attribute --unit` (AttributeSpec.unit) reads
+        "unit": AttributeSpec().unit,
         "max_units_per_row": g.max_units_per_row,
         "seed": g.projection.seed,
         "batch_size": build["batch_size"].default,

@@ -120,6 +120,8 @@ def _index_args(sf, out):
         "64",
         "--shard-size",
         "8",
+        "--unit",
+        "row",  # one index (the default, sentence, builds the sentence-unit index too)
         "--out",
         out,
     ]

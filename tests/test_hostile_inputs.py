@@ -354,6 +354,8 @@ def test_cli_reports_a_rebuilt_shard_by_name(saved_finetune, tmp_path):
         saved_finetune["data"],
         "--max-length",
         "64",
+        "--unit",
+        "row",  # one index (the default, sentence, builds the sentence-unit index too)
         "--out",
         out,
     ]

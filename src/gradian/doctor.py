@@ -54,7 +54,8 @@ OPTIONAL_WHY = {
     "countryinfo": "real country facts for the worked example's world",
     "mendeleev": "real element facts for the worked example's world",
     "accelerate": "device placement for the worked example",
-    "trl": "the SFT mask parity test and `gradian train --trainer trl`",
+    "trl": "the test that holds gradian's loss mask to TRL's SFTTrainer (tests/data/test_trl_parity.py); TRL configs "
+    "and runs are read without it",
 }
 
 

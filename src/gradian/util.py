@@ -3,6 +3,11 @@
 A full disk (``ENOSPC``) or an exhausted quota (``EDQUOT``) while an atomic writer writes is a
 :class:`DiskFullError`: one line naming the folder, the bytes it tried to write and the bytes free
 there; the temp file is removed, so the target is either the old file or absent, never half written.
+
+File modes: what the atomic writers and :func:`publish_folder` leave is what ``open()``/``mkdir`` would
+have made, ``0666 & ~umask`` for a file and ``0777 & ~umask`` for a folder (0644 and 0755 under the usual
+umask 022), so a report or a run folder can be shared on a team machine. (``tempfile.mkstemp`` and
+``mkdtemp`` create 0600/0700; the mode is set before the rename, so the target never appears private.)
 """
 
 from __future__ import annotations
@@ -86,9 +91,38 @@ class DiskFullError(GradianUserError):
         )
 
 
+def current_umask() -> int:
+    """The process's umask (e.g. ``0o022``), read without changing it where the OS allows.
+
+    Linux: the ``Umask:`` line of ``/proc/self/status``. Elsewhere ``os.umask`` is set and restored at once
+    (it has no read-only form).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def file_mode() -> int:
+    """The mode a new file gets from ``open()``: ``0o666 & ~umask`` (``0o644`` under umask 022)."""
+    return 0o666 & ~current_umask()
+
+
+def folder_mode() -> int:
+    """The mode a new folder gets from ``mkdir``: ``0o777 & ~umask`` (``0o755`` under umask 022)."""
+    return 0o777 & ~current_umask()
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write to a temp file in the same folder, fsync, rename: readers never see half a file.
 
+    The file's mode is :func:`file_mode` (as ``open()`` would make it; ``mkstemp``'s 0600 is not kept).
     A full disk raises :class:`DiskFullError` (folder, bytes) after removing the temp file.
     """
     path = Path(path)
@@ -103,6 +137,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), file_mode())
+            else:  # Windows: only the read-only bit exists
+                os.chmod(tmp, file_mode())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
@@ -164,7 +202,8 @@ def publish_folder(tmp: str | Path, target: str | Path, keep_if: str | None = No
             finished first), ``tmp`` is discarded and ``target`` kept.
 
     Returns:
-        ``target``. A half-written ``target`` from an interrupted run is replaced.
+        ``target``, with the mode :func:`folder_mode` (``mkdtemp`` makes 0700). A half-written ``target``
+        from an interrupted run is replaced.
     """
     import shutil
 
@@ -172,6 +211,7 @@ def publish_folder(tmp: str | Path, target: str | Path, keep_if: str | None = No
     if keep_if and (target / keep_if).exists():
         shutil.rmtree(tmp, ignore_errors=True)
         return target
+    os.chmod(tmp, folder_mode())
     if target.exists():
         shutil.rmtree(target)
     os.replace(tmp, target)

@@ -77,8 +77,17 @@ def test_formats_to_file(run_dir, fmt, marker):
 
 
 def test_markdown_to_stdout(run_dir):
-    res = runner.invoke(app, ["report", str(run_dir), "--format", "md"])
+    res = runner.invoke(app, ["report", str(run_dir), "--format", "md", "--out", "-"])
     assert res.exit_code == 0 and res.stdout.startswith("# Gradian report")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.json"]  # nothing written
+
+
+def test_markdown_writes_report_md_like_html(run_dir):
+    """`--format md` writes RUN_DIR/report.md (as html writes report.html); stdout names the file."""
+    res = runner.invoke(app, ["report", str(run_dir), "--format", "md"])
+    assert res.exit_code == 0, res.output
+    assert (run_dir / "report.md").read_text().startswith("# Gradian report")
+    assert "report.md" in res.stdout and "# Gradian report" not in res.stdout
 
 
 @pytest.mark.parametrize(

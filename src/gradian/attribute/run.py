@@ -426,6 +426,9 @@ def attribute_run(
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "run.json", run)
+    from gradian.cache import record_index_use
+
+    record_index_use(run, out_dir)  # `gradian cache` lists each index's source run
     return run
 
 

@@ -179,14 +179,116 @@ def user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _clock(seconds: float) -> str:
+    s = max(0, int(round(seconds)))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class LineProgress:
+    """Progress for a log (output not a terminal: CI, ``| tee``): plain lines instead of a redrawn bar.
+
+    Each task prints a line when it starts, then at most one line every ``every`` seconds while it runs
+    (``GRADIAN_PROGRESS_EVERY``, default 30), and one when it completes; a running line reads
+    ``description: done/total (percent) · rate/s · elapsed m:ss · ETA m:ss`` (rate and ETA from the
+    elapsed time since the task started). The same calls as :class:`rich.progress.Progress`
+    (``add_task``, ``advance``, ``update``), so callers do not know which one they draw on.
+    """
+
+    def __init__(self, console, *, every: float | None = None, disable: bool = False) -> None:
+        import os
+
+        self.console, self.disable = console, disable
+        if every is None:
+            try:
+                every = float(os.environ.get("GRADIAN_PROGRESS_EVERY", "30"))
+            except ValueError:
+                every = 30.0
+        self.every = max(0.0, every)
+        self._tasks: dict[int, dict] = {}
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def add_task(self, description: str, total: float | None = None, **fields) -> int:
+        """Start a task; prints its first line."""
+        import time
+
+        tid = len(self._tasks)
+        now = time.monotonic()
+        self._tasks[tid] = {"d": description, "total": total, "done": 0.0, "t0": now, "last": now, "end": False}
+        self._tasks[tid].update(fields)
+        self._say(tid, start=True)
+        return tid
+
+    def advance(self, task_id: int, advance: float = 1) -> None:
+        """Add ``advance`` to the task's count."""
+        self.update(task_id, advance=advance)
+
+    def update(self, task_id: int, *, advance: float | None = None, completed: float | None = None, **fields) -> None:
+        """Move the task on (``advance`` or ``completed``); ``total``, ``description`` and fields as rich's."""
+        import time
+
+        t = self._tasks[task_id]
+        if "total" in fields:
+            t["total"] = fields.pop("total")
+        if "description" in fields:
+            t["d"] = fields.pop("description")
+        t.update(fields)
+        if completed is not None:
+            t["done"] = float(completed)
+        if advance:
+            t["done"] += float(advance)
+        now = time.monotonic()
+        finished = t["total"] is not None and t["done"] >= t["total"]
+        if finished and not t["end"]:
+            t["end"] = True
+            self._say(task_id)
+        elif not finished and now - t["last"] >= self.every:
+            self._say(task_id)
+
+    def _say(self, tid: int, start: bool = False) -> None:
+        import time
+
+        t = self._tasks[tid]
+        t["last"] = now = time.monotonic()
+        if self.disable:
+            return
+        total, done, el = t["total"], t["done"], now - t["t0"]
+        count = f"{done:g}/{total:g}" if total is not None else f"{done:g}"
+        line = f"{t['d']}: {count}"
+        if total:
+            line += f" ({done / total:.0%})"
+        if start:
+            line += " started"
+        elif t["end"]:
+            line += f" · done in {_clock(el)}" + (f" · {done / el:.3g}/s" if el > 0 and done else "")
+        else:
+            rate = done / el if el > 0 else 0.0
+            line += f" · {rate:.3g}/s · elapsed {_clock(el)}"
+            if rate > 0 and total:
+                line += f" · ETA {_clock((total - done) / rate)}"
+        info = t.get("info")
+        if info:
+            line += f" · {info}"
+        self.console.print(line, highlight=False, soft_wrap=True)
+
+
 def rich_progress(console, *, info: bool = False, disable: bool = False):
     """Gradian's progress bar: description, bar, done/total, elapsed, remaining (one set of columns).
+
+    When the console is not a terminal (a log file, CI, ``| tee``) it is a :class:`LineProgress`
+    instead: a line per task start, per ``GRADIAN_PROGRESS_EVERY`` seconds (rate, ETA) and per end.
 
     Args:
         console: the rich console it draws on.
         info: add a ``{task.fields[info]}`` column after the count (the trainer's loss).
         disable: draw nothing (the ranks other than 0 under torchrun).
     """
+    if not console.is_terminal:
+        return LineProgress(console, disable=disable)
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,

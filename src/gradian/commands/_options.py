@@ -13,60 +13,104 @@ import typer
 
 from gradian.data.tokenize import TokenizeSpec
 
+# -- the help panels (`--help` groups each command's options under these headings)
+INPUTS = "Inputs"
+SETUP = "Training setup"
+VERDICT = "Verdict"
+ENGINES = "Engines"
+STORAGE = "Output, index and storage"
+DEVICES = "Devices"
+
 # -- the four inputs
-BASE = typer.Option(..., "--base", help="Base model: a local folder (HF or GGUF) or a cached HF id.")
-ADAPTER = typer.Option(..., "--adapter", help="The tuned LoRA adapter folder (PEFT save_pretrained).")
+BASE = typer.Option(
+    ..., "--base", help="Base model: a local folder (HF or GGUF) or a cached HF id.", rich_help_panel=INPUTS
+)
+ADAPTER = typer.Option(
+    ..., "--adapter", help="The tuned LoRA adapter folder (PEFT save_pretrained).", rich_help_panel=INPUTS
+)
 DATA = typer.Option(
-    ..., "--data", help="Training data the adapter was trained on: .jsonl/.json/.parquet or a save_to_disk folder."
+    ...,
+    "--data",
+    help="Training data the adapter was trained on: .jsonl/.json/.parquet or a save_to_disk folder.",
+    rich_help_panel=INPUTS,
 )
 CHECKPOINTS = typer.Option(
     None,
     "--checkpoints",
     help="Training trajectory: 'auto' (default: checkpoint-*/ children or siblings of --adapter), 'final' "
     "(the adapter only), or checkpoint folders (repeatable; a subset). Cost is linear in their number.",
+    rich_help_panel=INPUTS,
 )
 
 # -- how rows become tokens (TokenizeSpec) and gradients (GradSpec)
 MAX_LENGTH = typer.Option(
-    TokenizeSpec.max_length, "--max-length", help="Truncate rendered rows to this many tokens (as in training)."
+    TokenizeSpec.max_length,
+    "--max-length",
+    help="Truncate rendered rows to this many tokens (as in training).",
+    rich_help_panel=SETUP,
 )
 LOSS_ON = typer.Option(
     TokenizeSpec.loss_on,
     "--loss-on",
     help="'completion' (completion-only loss; a chat row's final assistant turn), 'all' or 'assistant' (every "
     "assistant turn).",
+    rich_help_panel=SETUP,
 )
 MODULES = typer.Option(
-    None, "--modules", help="Comma-separated LoRA layer-name filters, e.g. q_proj,v_proj (default: every layer)."
+    None,
+    "--modules",
+    help="Comma-separated LoRA layer-name filters, e.g. q_proj,v_proj (default: every layer).",
+    rich_help_panel=ENGINES,
 )
-PROJECT_DIM = typer.Option(0, "--project-dim", help="JL projection: numbers kept per LoRA block (0 = exact).")
+PROJECT_DIM = typer.Option(
+    0, "--project-dim", help="JL projection: numbers kept per LoRA block (0 = exact).", rich_help_panel=ENGINES
+)
 STORAGE_DTYPE = typer.Option(
     "float32",
     "--storage-dtype",
     help="Gradient index storage: float32 | bfloat16 | float16 | float64 "
     "(2-byte types halve the index; ranking cost in docs/benchmarks.md).",
+    rich_help_panel=STORAGE,
 )
 SHARD_SIZE = typer.Option(
     256,
     "--shard-size",
     help="Rows per index shard file (rounded up to a multiple of --batch-size): "
     "the unit of work per process and of memory (one shard at a time).",
+    rich_help_panel=STORAGE,
 )
 MAX_UNITS_PER_ROW = typer.Option(
     32,  # GradSpec.max_units_per_row (gradian.index.store imports torch; tests/test_api.py holds them equal)
     "--max-units-per-row",
     help="Sentence units: at most this many per row; a row with more sentences has this many units of "
     "consecutive sentences (docs/how-it-works.md). Bounds what one long row adds to the index.",
+    rich_help_panel=STORAGE,
 )
 OPTIMIZER = typer.Option(
     "none",
     "--optimizer",
     help="Precondition training gradients with the checkpoint's Adam state (adam, LESS; needs optimizer.pt) | none.",
+    rich_help_panel=SETUP,
+)
+
+UNIT = typer.Option(
+    "sentence",  # AttributeSpec.unit (tests/test_api.py holds them equal)
+    "--unit",
+    help="sentence: rank a row by its most harmful sentence (builds the row index and the sentence-unit index) | "
+    "row: whole rows (the row index only).",
+    rich_help_panel=VERDICT,
 )
 
 # -- the model (ModelSpec)
-DTYPE = typer.Option("float32", "--dtype", help="Model dtype: float32, bfloat16, float16 or float64.")
-DEVICE = typer.Option("cpu", "--device", help="cpu, cuda, mps or auto.")
+DTYPE = typer.Option(
+    "float32", "--dtype", help="Model dtype: float32, bfloat16, float16 or float64.", rich_help_panel=DEVICES
+)
+DEVICE = typer.Option(
+    "auto",
+    "--device",
+    help="auto (default: cuda if available, else mps, else cpu), cpu, cuda, cuda:N or mps.",
+    rich_help_panel=DEVICES,
+)
 TRUST_REMOTE_CODE = typer.Option(
-    False, "--trust-remote-code", help="Run the model repository's own code (off by default)."
+    False, "--trust-remote-code", help="Run the model repository's own code (off by default).", rich_help_panel=DEVICES
 )

@@ -95,10 +95,55 @@ def print_attribution(run: dict) -> None:
             )
 
 
+def print_next_steps(run: dict, out: Path) -> None:
+    """The commands to run next, filled in: ``gradian verify RUN`` and ``gradian export RUN --drop blamed``.
+
+    Printed only when the run blames rows (a run that stopped after Evaluate has nothing to verify).
+    """
+    import shlex
+
+    from gradian.attribute.selection import select
+
+    if not (run.get("attribution") or {}).get("capabilities"):
+        return
+    try:
+        blamed = select(run, "blamed")
+    except GradianUserError:  # e.g. an empty harmful tail: nothing to act on
+        return
+    q = shlex.quote(str(out))
+    clean = shlex.quote(str(out / "clean.jsonl"))
+    shown = ", ".join(blamed[:5]) + (f", … (+{len(blamed) - 5})" if len(blamed) > 5 else "")
+    console.print(f"blamed: {len(blamed)} row(s): {escape(shown)}", highlight=False, soft_wrap=True)
+    console.print("next:", highlight=False)
+    console.print(
+        f"  gradian verify {escape(q)}    [dim]# retrain without them: does the capability come back?[/]",
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(
+        f"  gradian export {escape(q)} --drop blamed --out {escape(clean)}    [dim]# the training set without "
+        "them, and their ids[/]",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 def _names(value: str) -> tuple[str, ...]:
     """``"bm25,repsim"`` → ("bm25", "repsim"); ``"none"`` or empty → ()."""
     parts = tuple(p.strip() for p in value.split(",") if p.strip())
     return () if parts in ((), ("none",)) else parts
+
+
+def implied_fuse(ctx: typer.Context, references: str, fuse: str) -> tuple[str, ...]:
+    """``--fuse`` as names; left at its default, only the references that run (``--references none``: no fusion).
+
+    An explicit ``--fuse`` naming a reference that does not run stays an error (the spec names it).
+    """
+    names = _names(fuse)
+    if getattr(ctx.get_parameter_source("fuse"), "name", None) == "COMMANDLINE":
+        return names
+    run = set(_names(references))
+    return tuple(n for n in names if n in run)
 
 
 def checkpoint_selection(values: list[str] | None):
@@ -253,71 +298,94 @@ def register(app: typer.Typer) -> None:
         base: str = O.BASE,
         adapter: Path = O.ADAPTER,
         data: Path = O.DATA,
-        eval_path: Path = typer.Option(..., "--eval", help="Eval set (see docs/evaluate.md)."),
+        eval_path: Path = typer.Option(
+            ..., "--eval", help="Eval set (see docs/evaluate.md).", rich_help_panel=O.INPUTS
+        ),
         config: list[Path] | None = typer.Option(
             None,
             "--config",
             help="Training config(s): the Audit lane, and the tokenisation (max length, loss mask) the gradients "
             "use (repeatable).",
+            rich_help_panel=O.SETUP,
         ),
-        logs: Path | None = typer.Option(None, help="trainer_state.json (or JSONL logs) for the Audit lane."),
-        reference_adapter: Path | None = typer.Option(None, help="Compare against this adapter instead of the base."),
-        out: Path = typer.Option(Path("gradian-run"), help="Run folder: run.json (and reports) are written here."),
-        engine: str = typer.Option("datainf", help=f"Primary engine: {_ENGINE_HELP}."),
+        logs: Path | None = typer.Option(
+            None, help="trainer_state.json (or JSONL logs) for the Audit lane.", rich_help_panel=O.SETUP
+        ),
+        reference_adapter: Path | None = typer.Option(
+            None, help="Compare against this adapter instead of the base.", rich_help_panel=O.INPUTS
+        ),
+        out: Path = typer.Option(
+            Path("gradian-run"), help="Run folder: run.json (and reports) are written here.", rich_help_panel=O.STORAGE
+        ),
+        engine: str = typer.Option("datainf", help=f"Primary engine: {_ENGINE_HELP}.", rich_help_panel=O.ENGINES),
         second_engine: str = typer.Option(
             "graddot",
             help="Second engine for the agreement check (any of the engines, with its own defaults), or 'none'.",
+            rich_help_panel=O.ENGINES,
         ),
-        query: str = typer.Option("contrastive", help="contrastive (default) | cross_entropy."),
+        query: str = typer.Option(
+            "contrastive", help="contrastive (default) | cross_entropy.", rich_help_panel=O.VERDICT
+        ),
         damping_scale: float | None = typer.Option(
             None,
             help="The primary engine's damping scale (default: its own, 0.1). datainf: λ_l = scale · mean‖g_l‖² / "
             "d_l; ekfac: λ_l = scale · mean Λ_l.",
+            rich_help_panel=O.ENGINES,
         ),
         engine_option: list[str] | None = typer.Option(
             None,
             "--engine-option",
             help="KEY=VALUE for the primary engine's spec (repeatable), e.g. fisher=true for ekfac.",
+            rich_help_panel=O.ENGINES,
         ),
-        top_k: int = typer.Option(20, help="Rows listed per capability (and the k of the top-k overlap)."),
+        top_k: int = typer.Option(
+            20, help="Rows listed per capability (and the k of the top-k overlap).", rich_help_panel=O.VERDICT
+        ),
         max_length: int = O.MAX_LENGTH,
         loss_on: str = O.LOSS_ON,
         modules: str | None = O.MODULES,
         project_dim: int = O.PROJECT_DIM,
-        batch_size: int = typer.Option(8, help="Rows per backward pass / prompts per generation batch."),
+        batch_size: int = typer.Option(
+            8, help="Rows per backward pass / prompts per generation batch.", rich_help_panel=O.DEVICES
+        ),
         storage_dtype: str = O.STORAGE_DTYPE,
         shard_size: int = O.SHARD_SIZE,
-        max_new_tokens: int = typer.Option(32, help="Greedy generation limit for Evaluate."),
+        max_new_tokens: int = typer.Option(32, help="Greedy generation limit for Evaluate.", rich_help_panel=O.VERDICT),
         dtype: str = O.DTYPE,
         device: str = O.DEVICE,
         trust_remote_code: bool = O.TRUST_REMOTE_CODE,
         index_dir: Path | None = typer.Option(
-            None, help="Parent folder of the gradient indexes, one per checkpoint by content id (default: the cache)."
+            None,
+            help="Parent folder of the gradient indexes, one per checkpoint by content id (default: the cache).",
+            rich_help_panel=O.STORAGE,
         ),
         checkpoints: list[str] | None = O.CHECKPOINTS,
         weighting: str = typer.Option(
             "lr",
             help="Checkpoint weights: lr (mean learning rate since the previous "
             "checkpoint, from trainer_state.json) | equal.",
+            rich_help_panel=O.SETUP,
         ),
         statistic: str = typer.Option(
-            "cosine", help="Rank score of the gradient engines: cosine (direction only) | raw."
+            "cosine",
+            help="Rank score of the gradient engines: cosine (direction only) | raw.",
+            rich_help_panel=O.ENGINES,
         ),
-        unit: str = typer.Option(
-            "sentence", help="Rank rows by their most harmful sentence (sentence) or whole (row)."
-        ),
+        unit: str = O.UNIT,
         optimizer: str = O.OPTIMIZER,
         max_units_per_row: int = O.MAX_UNITS_PER_ROW,
         references: str = typer.Option(
             "bm25,repsim",
             help="Reference engines run beside the gradient engines: comma-separated bm25, repsim, or none.",
+            rich_help_panel=O.ENGINES,
         ),
         fuse: str = typer.Option(
             "bm25",
             help="References folded into the ranking, each weighted by its agreement "
             "with the gradient ranking (comma-separated), or none.",
+            rich_help_panel=O.ENGINES,
         ),
-        seed: int = typer.Option(0, help="Seed (bootstrap, projection)."),
+        seed: int = typer.Option(0, help="Seed (bootstrap, projection).", rich_help_panel=O.VERDICT),
     ) -> None:
         """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit).
 
@@ -357,7 +425,7 @@ def register(app: typer.Typer) -> None:
                 statistic=statistic,
                 unit=unit,
                 references=_names(references),
-                fuse=_names(fuse),
+                fuse=implied_fuse(ctx, references, fuse),
             ),
             eval=EvalSpec(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed),
             seed=seed,
@@ -452,3 +520,4 @@ def register(app: typer.Typer) -> None:
             f"[dim]run {run['manifest']['run_id']} in {tm['total']:.1f} s → {escape(str(out / 'run.json'))}, "
             f"{escape(str(out / 'report.html'))}[/]"
         )
+        print_next_steps(run, out)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gradian.commands import _options as O
 from gradian.commands._common import console, user_errors
@@ -119,20 +118,36 @@ def print_result(result) -> None:
 def evaluate_cmd(
     base: str = O.BASE,
     adapter: Path = O.ADAPTER,
-    eval_path: Path = typer.Option(..., "--eval", help="Eval set (JSONL/JSON/Parquet); see docs/evaluate.md."),
-    reference_adapter: Path | None = typer.Option(
-        None, "--reference-adapter", help="Compare against this adapter (an earlier checkpoint) instead of the base."
+    eval_path: Path = typer.Option(
+        ..., "--eval", help="Eval set (JSONL/JSON/Parquet); see docs/evaluate.md.", rich_help_panel=O.INPUTS
     ),
-    out: Path | None = typer.Option(None, "--out", help="Write the result JSON here (schema gradian.evaluate/1)."),
-    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Greedy generation length limit."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Prompts per batch (results do not depend on it)."),
+    reference_adapter: Path | None = typer.Option(
+        None,
+        "--reference-adapter",
+        help="Compare against this adapter (an earlier checkpoint) instead of the base.",
+        rich_help_panel=O.INPUTS,
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Write the result JSON here (schema gradian.evaluate/1).", rich_help_panel=O.STORAGE
+    ),
+    max_new_tokens: int = typer.Option(
+        32, "--max-new-tokens", help="Greedy generation length limit.", rich_help_panel=O.VERDICT
+    ),
+    batch_size: int = typer.Option(
+        8, "--batch-size", help="Prompts per batch (results do not depend on it).", rich_help_panel=O.DEVICES
+    ),
     dtype: str = O.DTYPE,
     device: str = O.DEVICE,
     trust_remote_code: bool = O.TRUST_REMOTE_CODE,
-    seed: int = typer.Option(0, "--seed", help="Bootstrap seed."),
-    resamples: int = typer.Option(10_000, "--resamples", help="Bootstrap resamples (at least 1000)."),
+    seed: int = typer.Option(0, "--seed", help="Bootstrap seed.", rich_help_panel=O.VERDICT),
+    resamples: int = typer.Option(
+        10_000, "--resamples", help="Bootstrap resamples (at least 1000).", rich_help_panel=O.VERDICT
+    ),
     chat_template: bool = typer.Option(
-        True, "--chat-template/--no-chat-template", help="Run string prompts through the tokenizer's chat template."
+        True,
+        "--chat-template/--no-chat-template",
+        help="Run string prompts through the tokenizer's chat template.",
+        rich_help_panel=O.VERDICT,
     ),
 ) -> None:
     """Measure what the adapter changed per capability; refuse to diagnose noise; bound the blame on the base."""
@@ -165,13 +180,9 @@ def evaluate_cmd(
         console.print(f"[yellow]note:[/] {escape(n)}")
     t_loaded = time.perf_counter()
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    ) as bar:
+    from gradian.commands._common import rich_progress
+
+    with rich_progress(console) as bar:  # a bar on a terminal, a line per step in a log
         tasks: dict[str, int] = {}
 
         def progress(task: str, advance: int, total: int) -> None:

@@ -22,28 +22,31 @@ def register(app: typer.Typer) -> None:
         adapter: Path = O.ADAPTER,
         data: Path = O.DATA,
         config: list[Path] | None = typer.Option(
-            None, "--config", help="Training config(s): the tokenisation (max length, loss mask) of the run."
+            None,
+            "--config",
+            help="Training config(s): the tokenisation (max length, loss mask) of the run.",
+            rich_help_panel=O.SETUP,
         ),
         max_length: int = O.MAX_LENGTH,
         loss_on: str = O.LOSS_ON,
         modules: str | None = O.MODULES,
         project_dim: int = O.PROJECT_DIM,
         storage_dtype: str = O.STORAGE_DTYPE,
-        batch_size: int = typer.Option(8, help="Examples per backward pass."),
+        batch_size: int = typer.Option(8, help="Examples per backward pass.", rich_help_panel=O.DEVICES),
         shard_size: int = O.SHARD_SIZE,
         dtype: str = O.DTYPE,
         device: str = O.DEVICE,
         trust_remote_code: bool = O.TRUST_REMOTE_CODE,
         out: Path | None = typer.Option(
-            None, help="Parent folder of the indexes, one per checkpoint by content id (default: the cache)."
+            None,
+            help="Parent folder of the indexes, one per checkpoint by content id (default: the cache).",
+            rich_help_panel=O.STORAGE,
         ),
         checkpoints: list[str] | None = O.CHECKPOINTS,
-        unit: str = typer.Option(
-            "row", help="row (one gradient per row) | sentence (one per sentence: span-aware ranking)."
-        ),
+        unit: str = O.UNIT,
         optimizer: str = O.OPTIMIZER,
         max_units_per_row: int = O.MAX_UNITS_PER_ROW,
-        seed: int = typer.Option(0, help="Seed (projection)."),
+        seed: int = typer.Option(0, help="Seed (projection).", rich_help_panel=O.ENGINES),
     ) -> None:
         """Build (or resume) the per-example LoRA gradient index of a training set.
 
@@ -113,7 +116,11 @@ def register(app: typer.Typer) -> None:
             check = check_data_matches_adapter(ft, data, items, batch_size=batch_size)  # warns on a mismatch
             if check is not None:
                 console.print(escape(check.line()), highlight=False, soft_wrap=True)
-            for ck in trajectory.checkpoints:
+            # what `attribute --unit` reads: the row index, and with "sentence" the sentence-unit index too
+            from dataclasses import replace
+
+            specs = [replace(spec, unit="row")] + ([spec] if spec.unit == "sentence" else [])
+            for ck, spec in ((c, sp) for c in trajectory.checkpoints for sp in specs):
                 with checkpoint_weights(ft.model, ck), progress_bar() as pb:
                     idx, examples, items, reused = training_index(
                         ft,
@@ -126,7 +133,7 @@ def register(app: typer.Typer) -> None:
                         examples=examples,
                         items=items,
                         checkpoint=ck,
-                        progress_factory=lambda n, lab=ck.label: pb.task(f"per-example gradients ({lab})", n),
+                        progress_factory=lambda n, lab=ck.label, u=spec.unit: pb.task(f"per-{u} gradients ({lab})", n),
                         announce=lambda line, lab=ck.label: console.print(
                             f"{lab}: {escape(line)}", highlight=False, soft_wrap=True
                         ),

@@ -7,51 +7,89 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from gradian.commands import _options as O
 from gradian.commands._common import console, user_errors
 
 
 @user_errors
 def train_cmd(
-    base: str = typer.Option(..., "--base", help="Base model: a local HF folder (or an HF id in the local cache)."),
+    base: str = typer.Option(
+        ..., "--base", help="Base model: a local HF folder (or an HF id in the local cache).", rich_help_panel=O.INPUTS
+    ),
     data: Path = typer.Option(
-        ..., "--data", help="Training rows: JSONL/JSON/Parquet (messages, prompt/completion, alpaca, text)."
+        ...,
+        "--data",
+        help="Training rows: JSONL/JSON/Parquet (messages, prompt/completion, alpaca, text).",
+        rich_help_panel=O.INPUTS,
     ),
     out: Path = typer.Option(
-        ..., "--out", help="Adapter folder to write (adapter, training_config.yaml, trainer_state.json)."
+        ...,
+        "--out",
+        help="Adapter folder to write (adapter, training_config.yaml, trainer_state.json).",
+        rich_help_panel=O.STORAGE,
     ),
     config: Path | None = typer.Option(
-        None, "--config", help="Training config YAML/JSON (trl sft --config style; flags below override it)."
+        None,
+        "--config",
+        help="Training config YAML/JSON (trl sft --config style; flags below override it).",
+        rich_help_panel=O.INPUTS,
     ),
     eval_data: Path | None = typer.Option(
-        None, "--eval-data", help="Held-out rows: eval_loss is logged once per epoch."
+        None, "--eval-data", help="Held-out rows: eval_loss is logged once per epoch.", rich_help_panel=O.INPUTS
     ),
-    epochs: float | None = typer.Option(None, "--epochs", help="num_train_epochs (default 3)."),
-    lr: float | None = typer.Option(None, "--lr", help="learning_rate (default 2e-4)."),
-    r: int | None = typer.Option(None, "--r", help="LoRA rank (default 16)."),
-    alpha: int | None = typer.Option(None, "--alpha", help="lora_alpha (default 32)."),
-    dropout: float | None = typer.Option(None, "--dropout", help="lora_dropout (default 0.05)."),
+    epochs: float | None = typer.Option(
+        None, "--epochs", help="num_train_epochs (default 3).", rich_help_panel=O.SETUP
+    ),
+    lr: float | None = typer.Option(None, "--lr", help="learning_rate (default 2e-4).", rich_help_panel=O.SETUP),
+    r: int | None = typer.Option(None, "--r", help="LoRA rank (default 16).", rich_help_panel=O.SETUP),
+    alpha: int | None = typer.Option(None, "--alpha", help="lora_alpha (default 32).", rich_help_panel=O.SETUP),
+    dropout: float | None = typer.Option(
+        None, "--dropout", help="lora_dropout (default 0.05).", rich_help_panel=O.SETUP
+    ),
     targets: str | None = typer.Option(
-        None, "--targets", help="Comma-separated LoRA target modules, or all-linear (default: every Llama Linear)."
+        None,
+        "--targets",
+        help="Comma-separated LoRA target modules, or all-linear (default: every Llama Linear).",
+        rich_help_panel=O.SETUP,
     ),
     max_length: int | None = typer.Option(
-        None, "--max-length", help="Truncate rows to this many tokens (default 256)."
+        None, "--max-length", help="Truncate rows to this many tokens (default 256).", rich_help_panel=O.SETUP
     ),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="per_device_train_batch_size (default 8)."),
-    grad_accum: int | None = typer.Option(None, "--grad-accum", help="gradient_accumulation_steps (default 1)."),
-    warmup_ratio: float | None = typer.Option(None, "--warmup-ratio", help="Linear warmup fraction (default 0.05)."),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", help="per_device_train_batch_size (default 8).", rich_help_panel=O.SETUP
+    ),
+    grad_accum: int | None = typer.Option(
+        None, "--grad-accum", help="gradient_accumulation_steps (default 1).", rich_help_panel=O.SETUP
+    ),
+    warmup_ratio: float | None = typer.Option(
+        None, "--warmup-ratio", help="Linear warmup fraction (default 0.05).", rich_help_panel=O.SETUP
+    ),
     scheduler: str | None = typer.Option(
-        None, "--scheduler", help="lr_scheduler_type: linear (default), cosine, constant."
+        None, "--scheduler", help="lr_scheduler_type: linear (default), cosine, constant.", rich_help_panel=O.SETUP
     ),
     loss_on_all: bool = typer.Option(
-        False, "--loss-on-all", help="Supervise prompt tokens too (completion_only_loss: false)."
+        False,
+        "--loss-on-all",
+        help="Supervise prompt tokens too (completion_only_loss: false).",
+        rich_help_panel=O.SETUP,
     ),
-    seed: int | None = typer.Option(None, "--seed", help="LoRA init, data order and dropout masks (default 0)."),
-    logging_steps: int | None = typer.Option(None, "--logging-steps", help="Log every N optimizer steps (default 1)."),
-    device: str | None = typer.Option(None, "--device", help="cpu (default), cuda, mps or auto."),
-    dtype: str | None = typer.Option(None, "--dtype", help="float32 (default), bfloat16, float16."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing non-empty --out folder."),
+    seed: int | None = typer.Option(
+        None, "--seed", help="LoRA init, data order and dropout masks (default 0).", rich_help_panel=O.SETUP
+    ),
+    logging_steps: int | None = typer.Option(
+        None, "--logging-steps", help="Log every N optimizer steps (default 1).", rich_help_panel=O.SETUP
+    ),
+    device: str | None = typer.Option(
+        None, "--device", help="cpu (default), cuda, mps or auto.", rich_help_panel=O.DEVICES
+    ),
+    dtype: str | None = typer.Option(
+        None, "--dtype", help="float32 (default), bfloat16, float16.", rich_help_panel=O.DEVICES
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace an existing non-empty --out folder.", rich_help_panel=O.STORAGE
+    ),
     trust_remote_code: bool = typer.Option(
-        False, "--trust-remote-code", help="Run the model's own code (off by default)."
+        False, "--trust-remote-code", help="Run the model's own code (off by default).", rich_help_panel=O.DEVICES
     ),
 ) -> None:
     """Train a LoRA adapter and leave behind what a TRL run does."""

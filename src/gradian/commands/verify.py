@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from gradian.commands import _options as O
 from gradian.commands._common import console, user_errors
 
 
@@ -54,41 +55,60 @@ def register(app: typer.Typer) -> None:
     def verify_cmd(
         run_dir: Path = typer.Argument(..., help="The run folder `gradian attribute --out` wrote (holds run.json)."),
         remove: int | None = typer.Option(
-            None, "--remove", help="Rows removed per regressed capability (default: the rows of the report's clusters)."
+            None,
+            "--remove",
+            help="Rows removed per regressed capability (default: the rows of the report's clusters).",
+            rich_help_panel=O.VERDICT,
         ),
         remove_cluster: int | None = typer.Option(
-            None, "--remove-cluster", help="Remove the rows of cluster N of each capability."
+            None, "--remove-cluster", help="Remove the rows of cluster N of each capability.", rich_help_panel=O.VERDICT
         ),
-        controls: int = typer.Option(2, "--controls", help="Retrains without as many random rows."),
-        seed_band: int = typer.Option(1, "--seed-band", help="Retrains of the unchanged data with other seeds."),
+        controls: int = typer.Option(
+            2, "--controls", help="Retrains without as many random rows.", rich_help_panel=O.VERDICT
+        ),
+        seed_band: int = typer.Option(
+            1, "--seed-band", help="Retrains of the unchanged data with other seeds.", rich_help_panel=O.VERDICT
+        ),
         lds: int = typer.Option(
-            0, "--lds", help="Random half-subset retrains for the linear datamodeling score (0: off)."
+            0,
+            "--lds",
+            help="Random half-subset retrains for the linear datamodeling score (0: off).",
+            rich_help_panel=O.VERDICT,
         ),
-        seed: int = typer.Option(0, "--seed", help="Seed of the control rows and LDS subsets."),
+        seed: int = typer.Option(
+            0, "--seed", help="Seed of the control rows and LDS subsets.", rich_help_panel=O.VERDICT
+        ),
         config: Path | None = typer.Option(
             None,
             "--config",
             help="Training config to retrain with (default: the "
             "adapter's training_config.yaml, else the run's --config).",
+            rich_help_panel=O.SETUP,
         ),
         train_command: str | None = typer.Option(
             None,
             "--train-command",
             help="Your own trainer: a command line with {data} (edited JSONL), {out} (adapter "
             "folder to write), {seed} and {base}.",
+            rich_help_panel=O.SETUP,
         ),
         trust_remote_code: bool = typer.Option(
             False,
             "--trust-remote-code",
             help="Run the base model folder's own code (off by default; never taken from run.json).",
+            rich_help_panel=O.DEVICES,
         ),
         allow_changed_inputs: bool = typer.Option(
             False,
             "--allow-changed-inputs",
             help="Retrain even if the training data, eval set, adapter, base or config changed since the run.",
+            rich_help_panel=O.INPUTS,
         ),
         device: str | None = typer.Option(
-            None, "--device", help="cpu, cuda, mps or auto (default: the device the run recorded)."
+            None,
+            "--device",
+            help="cpu, cuda, mps or auto (default: the device the run recorded).",
+            rich_help_panel=O.DEVICES,
         ),
     ) -> None:
         """Retrain without the blamed rows (and random controls) and re-evaluate: does the capability come back?"""

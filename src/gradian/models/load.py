@@ -33,7 +33,7 @@ class ModelSpec:
 
     base: str
     dtype: str = "float32"
-    device: str = "cpu"
+    device: str = "auto"
     trust_remote_code: bool = False
     gguf_file: str | None = None
 

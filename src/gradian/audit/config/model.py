@@ -31,6 +31,21 @@ STAGE_KINDS = {
 }
 
 
+#: fields whose value is a set of names: two files listing the same names in another order agree
+UNORDERED_FIELDS = frozenset({"lora_target_modules"})
+
+
+def same_value(name: str, a: Any, b: Any) -> bool:
+    """Whether two files' values of ``name`` agree: equal, or (:data:`UNORDERED_FIELDS`) the same names in
+    another order (``["q_proj", "v_proj"]`` and ``["v_proj", "q_proj"]``).
+    """
+    if a == b:
+        return True
+    if name in UNORDERED_FIELDS and isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return sorted(map(str, a)) == sorted(map(str, b))
+    return False
+
+
 @dataclass
 class TrainConfig:
     """One view of a training run's settings, whatever file format they came from.
@@ -165,7 +180,7 @@ class TrainConfig:
         if cur is None or (cur_src or "").startswith("default") and not default:
             setattr(self, name, value)
             self.sources[name] = where
-        elif not default and cur != value and not (cur_src or "").startswith("default"):
+        elif not default and not same_value(name, cur, value) and not (cur_src or "").startswith("default"):
             self.conflicts.append(f"{name}: {cur!r} ({cur_src}) vs {value!r} ({where}); using the first")
 
     def to_dict(self) -> dict[str, Any]:
