@@ -120,7 +120,7 @@ def test_select_blamed_is_the_harmful_tail_in_rank_order():
 
 @pytest.mark.parametrize(
     "drop,msg",
-    [("cluster 99", "has no cluster 99"), ("bogus", "is not a selection"), ("top 0", "must be 1 or more")],
+    [("cluster 99", "has no cluster 99"), ("bogus", "is not a selection"), ("top 0", "is not a selection")],
 )
 def test_select_errors_name_the_flag(drop, msg):
     from gradian.attribute.selection import select
@@ -196,6 +196,21 @@ def test_export_of_an_odd_jsonl_keeps_blank_lines_crlf_and_a_last_line_without_n
     assert (tmp_path / "c.jsonl").read_bytes() == want
 
 
+def test_top_k_never_selects_a_row_that_is_not_harmful():
+    """'top K' past the harmful rows stops at them: a row whose rank score is not harmful is never dropped."""
+    import numpy as np
+
+    from gradian.attribute.selection import select
+
+    run = _run()
+    cap = run["attribution"]["capabilities"][0]
+    ids = run["attribution"]["train_ids"]
+    scores = np.asarray(cap.get("rank_scores") or cap["scores"], dtype=float)
+    every = select(run, "top 100000")
+    assert set(every) == {ids[j] for j in np.flatnonzero(scores < 0)}
+    assert 0 < len(every) < len(ids)
+
+
 @pytest.mark.parametrize(
     "args,msg",
     [
@@ -204,7 +219,6 @@ def test_export_of_an_odd_jsonl_keeps_blank_lines_crlf_and_a_last_line_without_n
         (["--out", "{tmp}/x.txt"], "the export is JSONL"),
         (["--out", "{tmp}/no/such/x.jsonl"], "the folder of --out does not exist"),
         (["--out", "{data}"], "would overwrite the training data"),
-        (["--drop", "top 100000"], "drops all"),
     ],
 )
 def test_export_user_errors_are_one_line_and_write_nothing(tmp_path, args, msg):
