@@ -441,6 +441,14 @@ def resolve_setup(
             sources["train_roles"] = sources["train_on_eos"] = msrc
             lnotes = lnotes + mnotes
         lnotes = lnotes + tt_notes
+        if (
+            name == "torchtune" and not chat
+        ):  # torchtune 0.6.1 data/_messages.py InputOutputToMessages, _text_completion
+            lnotes.append(
+                "torchtune turns instruct rows into user/assistant messages for its model tokenizer's "
+                "tokenize_messages (and text rows into BOS + text + EOS); Gradian renders them with its plain "
+                "prompt/completion rule"
+            )
         if lnotes:
             unrep.append("loss_mask")
             notes += lnotes
