@@ -559,13 +559,18 @@ def _rich_progress():
     return on_event, prog
 
 
-def _tokenise_file(path: Path, tokenizer, spec: TrainSpec):
+def _tokenise_file(path: Path, tokenizer, spec: TrainSpec, tokenize=None):
     from gradian.data.formats import load_examples
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
 
-    tspec = TokenizeSpec(
-        max_length=spec.max_length, loss_on="completion" if spec.completion_only_loss else "all", add_eos=spec.add_eos
-    )
+    if tokenize is not None:  # the rendering of the run being retrained (gradian verify)
+        tspec = tokenize.for_tokenizer(tokenizer)
+    else:
+        tspec = TokenizeSpec(
+            max_length=spec.max_length,
+            loss_on="completion" if spec.completion_only_loss else "all",
+            add_eos=spec.add_eos,
+        )
     examples = load_examples(path)
     kept, dropped = [], []
     for ex in examples:
@@ -593,6 +598,7 @@ def train_lora(
     overwrite: bool = False,
     progress: bool | Callable[[dict[str, Any]], None] = False,
     trust_remote_code: bool = False,
+    tokenize=None,
 ) -> Path:
     """Train a LoRA adapter on ``data`` over the base model ``base``; write it to ``out``.
 
@@ -604,6 +610,10 @@ def train_lora(
         eval_data: optional held-out rows; ``eval_loss`` is logged once per epoch.
         overwrite: replace an existing non-empty ``out``.
         progress: True for a rich progress bar, or a callable receiving trainer events.
+        tokenize: a :class:`~gradian.data.tokenize.TokenizeSpec` that renders and masks the rows instead of the one
+            ``spec``'s ``max_length`` / ``completion_only_loss`` / ``add_eos`` give (``gradian verify`` retraining a
+            run with the run's own chat template, max length and loss mask). Its chat template, when it has one, is
+            saved as ``out/chat_template.jinja`` (what the rows were rendered with).
 
     Returns:
         ``out`` as a Path.
@@ -628,10 +638,10 @@ def train_lora(
     model, tokenizer = load_base(
         ModelSpec(base=str(base), dtype=spec.dtype, device=device, trust_remote_code=trust_remote_code)
     )
-    train_items, dropped, tspec = _tokenise_file(data, tokenizer, spec)
+    train_items, dropped, tspec = _tokenise_file(data, tokenizer, spec, tokenize)
     eval_items = None
     if eval_data is not None:
-        eval_items, _, _ = _tokenise_file(Path(eval_data), tokenizer, spec)
+        eval_items, _, _ = _tokenise_file(Path(eval_data), tokenizer, spec, tokenize)
 
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [t for t in spec.target_modules if t not in names]
@@ -695,6 +705,8 @@ def train_lora(
         model.save_pretrained(str(tmp), safe_serialization=True)
         trainer.state.save_to_json(str(tmp / "trainer_state.json"))
         write_train_config(spec, tmp / CONFIG_NAME, base=str(base), has_eval=eval_items is not None)
+        if tspec.chat_template is not None:
+            atomic_write_text(tmp / "chat_template.jinja", tspec.chat_template)
         import peft
         import transformers
 

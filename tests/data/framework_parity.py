@@ -22,9 +22,12 @@ text on its own, ``apply_chat_template`` where the framework renders the whole c
   ``role != "assistant" and not train_on_input``) and ``torchtune/datasets/_sft.py`` (labels = tokens where
   not masked): each message is ``<|im_start|>`` + ``encode(role + "\\n")`` + ``encode(content)`` + (``<|im_end|>``
   + ``encode("\\n")``, except after the last assistant message),
-  every token of it under the message's mask (header included); then EOS with the last
-  message's mask; ``max_seq_len``: ``torchtune/data/_utils.py`` ``truncate`` keeps the start and writes EOS over the
-  last token.
+  every token of it under the message's mask (header included); then EOS (``<|im_end|>``, the class's default
+  ``eos_token``) with the last message's mask; ``max_seq_len``: ``torchtune/data/_utils.py`` ``truncate`` keeps the
+  start and writes EOS over the last token, and the mask's last entry becomes True (on every row, whenever
+  ``max_seq_len`` is set). ``torchtune/models/llama3/_tokenizer.py`` ``Llama3Tokenizer.tokenize_messages``: BOS
+  (masked), each message ``<|start_header_id|>`` + role + ``<|end_header_id|>`` + ``"\\n\\n"`` + stripped
+  content + ``<|eot_id|>``, then ``<|end_of_text|>`` (masked).
 """
 
 from __future__ import annotations
@@ -135,29 +138,80 @@ def llamafactory_rows(rs, tok, *, train_on_prompt=False, mask_history=False, cut
 
 
 # ----------------------------------------------------------------------------- torchtune 0.6.1
-def torchtune_rows(rs, tok, *, train_on_input=False, max_seq_len=None, eos_token="<|endoftext|>") -> dict:
-    """``{id: (input_ids, labels)}`` by torchtune's Qwen2 tokenizer and chat dataset (module docstring)."""
-    im_start, im_end = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
-    eos = tok.convert_tokens_to_ids(eos_token)
+def _tt_truncate(tokens: list, max_seq_len: int, eos_id) -> list:
+    """``torchtune/data/_utils.py`` ``truncate`` (0.6.1), as written there."""
+    tokens_truncated = tokens[:max_seq_len]
+    if eos_id is not None and tokens_truncated[-1] != eos_id:
+        tokens_truncated[-1] = eos_id
+    return tokens_truncated
+
+
+def _tt_masked(m: dict, train_on_input: bool) -> bool:
+    """``torchtune/data/_messages.py`` ``OpenAIToMessages.__call__``: ``masked = (role != "assistant") and not
+    train_on_input``."""
+    return (m["role"] != "assistant") and (not train_on_input)
+
+
+def _tt_labels(tokens: list, mask: list) -> list:
+    """``torchtune/datasets/_sft.py`` ``SFTDataset._prepare_sample``: ``np.where(mask, CROSS_ENTROPY_IGNORE_IDX,
+    tokens)``."""
+    return [IGNORE if k else x for x, k in zip(tokens, mask)]
+
+
+def torchtune_rows(rs, tok, *, train_on_input=False, max_seq_len=None) -> dict:
+    """``{id: (input_ids, labels)}`` by torchtune's Qwen2 tokenizer (``torchtune/models/qwen2/_tokenizer.py``
+    ``Qwen2Tokenizer.tokenize_messages``) and chat dataset. Its EOS is ``<|im_end|>``: ``Qwen2Tokenizer.__init__``
+    has ``eos_token: str = IM_END`` (the docstring's ``<|endoftext|>`` is not what the code does), and
+    ``qwen2_tokenizer`` / ``qwen2_5_tokenizer`` pass no other."""
+    im_start_id, im_end_id = tok.convert_tokens_to_ids("<|im_start|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    eos_id = im_end_id
     out = {}
     for r in rs:
-        msgs = r["messages"]
-        tokens, mask = [], []
-        for i, m in enumerate(msgs):
-            t = [im_start] + _enc(tok, f"{m['role']}\n") + _enc(tok, m["content"])
-            if m["role"] != "assistant" or i != len(msgs) - 1:
-                t += [im_end] + _enc(tok, "\n")
-            tokens += t
-            mask += [m["role"] != "assistant" and not train_on_input] * len(t)
-            if max_seq_len and len(tokens) >= max_seq_len:
+        messages = r["messages"]
+        tokenized_messages, mask = [], []
+        for index, message in enumerate(messages):
+            masked = _tt_masked(message, train_on_input)
+            tokens = [im_start_id] + _enc(tok, f"{message['role']}\n")  # message header
+            tokens += _enc(tok, message["content"])  # message content
+            if message["role"] != "assistant" or index != len(messages) - 1:  # message footer
+                tokens += [im_end_id] + _enc(tok, "\n")
+            tokenized_messages.extend(tokens)
+            mask.extend([masked] * len(tokens))
+            if max_seq_len and len(tokenized_messages) >= max_seq_len:
                 break
-        tokens.append(eos)
+        tokenized_messages.append(eos_id)  # add_eos=True
         mask.append(mask[-1])
         if max_seq_len:
-            tokens, mask = tokens[:max_seq_len], mask[:max_seq_len]
-            if tokens[-1] != eos:
-                tokens[-1] = eos
-            if mask[-1] is not True:
-                mask[-1] = True
-        out[r["id"]] = (tokens, [IGNORE if k else x for x, k in zip(tokens, mask)])
+            tokenized_messages = _tt_truncate(tokenized_messages, max_seq_len, eos_id)
+            mask = _tt_truncate(mask, max_seq_len, True)
+        out[r["id"]] = (tokenized_messages, _tt_labels(tokenized_messages, mask))
+    return out
+
+
+#: the Llama-3 special tokens torchtune's ``Llama3Tokenizer`` writes (``LLAMA3_SPECIAL_TOKENS``)
+LLAMA3_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+
+
+def torchtune_llama3_rows(rs, tok, *, train_on_input=False, max_seq_len=None) -> dict:
+    """``{id: (input_ids, labels)}`` by torchtune's ``torchtune/models/llama3/_tokenizer.py``
+    ``Llama3Tokenizer.tokenize_messages`` (``_tokenize_header`` / ``_tokenize_body`` / ``_tokenize_end``, with
+    ``add_end_tokens=True``) and chat dataset; ``tok`` must hold :data:`LLAMA3_TOKENS`."""
+    bos_id, eos_id, start_header_id, end_header_id, eot_id = (tok.convert_tokens_to_ids(t) for t in LLAMA3_TOKENS)
+    out = {}
+    for r in rs:
+        tokens, mask = [bos_id], [True]  # "bos and eos are always masked"
+        for message in r["messages"]:
+            header = [start_header_id] + _enc(tok, message["role"].strip()) + [end_header_id] + _enc(tok, "\n\n")
+            body = _enc(tok, message["content"].strip())
+            tokenized_message = header + body + [eot_id]  # message.eot defaults to True
+            tokens = tokens + tokenized_message
+            mask = mask + [_tt_masked(message, train_on_input)] * len(tokenized_message)
+            if max_seq_len and len(tokens) >= max_seq_len:
+                break
+        tokens = tokens + [eos_id]
+        mask = mask + [True]
+        if max_seq_len:
+            tokens = _tt_truncate(tokens, max_seq_len, eos_id)
+            mask = _tt_truncate(mask, max_seq_len, True)
+        out[r["id"]] = (tokens, _tt_labels(tokens, mask))
     return out

@@ -10,22 +10,38 @@ three mask settings) every row is equal. Where it does not, no row is, and the s
 from __future__ import annotations
 
 import pytest
-from framework_parity import axolotl_rows, llamafactory_rows, rows, torchtune_rows
+from framework_parity import (
+    LLAMA3_TOKENS,
+    axolotl_rows,
+    llamafactory_rows,
+    rows,
+    torchtune_llama3_rows,
+    torchtune_rows,
+)
 
 from gradian.audit.config import load_config
 from gradian.data.formats import to_example
 from gradian.data.setup import resolve_setup
 from gradian.data.tokenize import IGNORE_INDEX, tokenize_example
+from gradian.errors import GradianUserError
 
 AX = (
     "base_model: x\nsequence_len: 2048\nadapter: lora\nexcess_length_strategy: truncate\n"
     "datasets:\n  - path: d.jsonl\n    type: chat_template\n"
 )
 LF = "stage: sft\nfinetuning_type: lora\ncutoff_len: {n}\ntemplate: qwen\n"
-TT = (
-    "tokenizer:\n  _component_: torchtune.models.qwen2.qwen2_tokenizer\n  max_seq_len: {n}\n"
-    "dataset:\n  _component_: torchtune.datasets.chat_dataset\n{extra}"
+TT = "tokenizer:\n  _component_: {comp}\n{msl}dataset:\n  _component_: torchtune.datasets.chat_dataset\n{extra}"
+QWEN2, QWEN25, LLAMA3 = (
+    "torchtune.models.qwen2.qwen2_tokenizer",
+    "torchtune.models.qwen2_5.qwen2_5_tokenizer",
+    "torchtune.models.llama3.llama3_tokenizer",
 )
+
+
+def tt(comp=QWEN2, n=2048, extra=""):
+    """A torchtune recipe's tokenizer and dataset sections (``n`` None: no ``max_seq_len``)."""
+    return TT.format(comp=comp, msl="" if n is None else f"  max_seq_len: {n}\n", extra=extra)
+
 
 #: (setting, framework rule, its keyword arguments, the framework's config, rows equal, the unreproduced entry and
 #: a phrase of its note that must be stated when rows differ)
@@ -94,33 +110,38 @@ SETTINGS = [
         "truncation",
         "shortens a long row",
     ),
+    ("torchtune qwen2 train_on_input false (default)", torchtune_rows, {"max_seq_len": 2048}, tt(), 4, None, None),
     (
-        "torchtune train_on_input false (default)",
+        "torchtune qwen2 train_on_input true",
         torchtune_rows,
-        {},
-        TT.format(n=2048, extra=""),
-        0,
-        "loss_mask",
-        "header",
+        {"train_on_input": True, "max_seq_len": 2048},
+        tt(extra="  train_on_input: true\n"),
+        4,
+        None,
+        None,
+    ),
+    ("torchtune qwen2 max_seq_len 80", torchtune_rows, {"max_seq_len": 80}, tt(n=80), 4, None, None),
+    ("torchtune qwen2 max_seq_len unset (EOS trained)", torchtune_rows, {}, tt(n=None), 4, None, None),
+    ("torchtune qwen2_5 max_seq_len 80", torchtune_rows, {"max_seq_len": 80}, tt(QWEN25, 80), 4, None, None),
+    (
+        "torchtune llama3 train_on_input false (default)",
+        torchtune_llama3_rows,
+        {"max_seq_len": 2048},
+        tt(LLAMA3),
+        4,
+        None,
+        None,
     ),
     (
-        "torchtune train_on_input true",
-        torchtune_rows,
-        {"train_on_input": True},
-        TT.format(n=2048, extra="  train_on_input: true\n"),
-        0,
-        "loss_mask",
-        "header",
+        "torchtune llama3 train_on_input true",
+        torchtune_llama3_rows,
+        {"train_on_input": True, "max_seq_len": 2048},
+        tt(LLAMA3, extra="  train_on_input: true\n"),
+        4,
+        None,
+        None,
     ),
-    (
-        "torchtune max_seq_len 80",
-        torchtune_rows,
-        {"max_seq_len": 80},
-        TT.format(n=80, extra=""),
-        0,
-        "truncation",
-        "EOS over its last token",
-    ),
+    ("torchtune llama3 max_seq_len 80", torchtune_llama3_rows, {"max_seq_len": 80}, tt(LLAMA3, 80), 4, None, None),
     (
         "axolotl train_on_eos last",
         axolotl_rows,
@@ -157,9 +178,21 @@ def equal_rows(ref: dict, ours: dict) -> int:
     return sum(ids == ref[k][0] and lab[1:] == ref[k][1][1:] for k, (ids, lab) in ours.items())
 
 
+@pytest.fixture(scope="module")
+def tok_llama3(tok):
+    """The test tokenizer with the Llama-3 special tokens torchtune's Llama3Tokenizer writes (a copy)."""
+    import copy
+
+    t = copy.deepcopy(tok)
+    t.add_special_tokens({"additional_special_tokens": LLAMA3_TOKENS})
+    return t
+
+
 @pytest.mark.parametrize("setting", SETTINGS, ids=[s[0] for s in SETTINGS])
-def test_rows_match_the_framework_or_the_setup_says_why(setting, tok, tmp_path):
+def test_rows_match_the_framework_or_the_setup_says_why(setting, tok, tok_llama3, tmp_path):
     name, rule, kw, cfg_text, want, unrep, phrase = setting
+    if rule is torchtune_llama3_rows:
+        tok = tok_llama3
     p = tmp_path / "config.yaml"
     p.write_text(cfg_text)
     setup = resolve_setup(load_config(p), "messages")
@@ -170,6 +203,8 @@ def test_rows_match_the_framework_or_the_setup_says_why(setting, tok, tmp_path):
     assert any(x != IGNORE_INDEX for _, lab in ref.values() for x in lab)
     trains_all = kw.get("train_on_prompt") or kw.get("train_on_input")
     assert trains_all or any(x == IGNORE_INDEX for _, lab in ref.values() for x in lab[1:])
+    if kw.get("max_seq_len") == 80:  # the cut lands inside the rows, so the truncation rule is what is tested
+        assert all(len(ids) == 80 for ids, _ in ref.values())
     n = equal_rows(ref, gradian_rows(rs, tok, setup.tokenize_spec()))
     assert n == want, f"{name}: {n}/{len(rs)} rows equal"
     if n < len(rs):
@@ -220,3 +255,49 @@ def test_train_roles_in_the_index_identity_only_when_set():
         TokenizeSpec(train_roles=("",))
     with pytest.raises(GradianUserError, match="train_on_eos"):
         TokenizeSpec(train_on_eos="sometimes")
+
+
+def test_torchtune_rule_from_the_tokenizer_component(tok, tmp_path):
+    """The recipe's tokenizer family names the rule; a family Gradian does not implement stays not reproduced, and
+    settings the rule does not take are stated."""
+    p = tmp_path / "tt.yaml"
+    p.write_text(tt())
+    s = resolve_setup(load_config(p), "messages")
+    assert s.chat_rule == "torchtune_qwen2" and s.eos_truncate and not s.unreproduced, (s.unreproduced, s.notes)
+    assert "Qwen2Tokenizer.tokenize_messages" in s.sources["chat_rule"] and "chat_rule" in s.to_dict()["values"]
+    p.write_text(tt(n=None))
+    s = resolve_setup(load_config(p), "messages")
+    assert s.chat_rule == "torchtune_qwen2" and not s.eos_truncate
+    p.write_text(tt("torchtune.models.mistral.mistral_tokenizer"))
+    s = resolve_setup(load_config(p), "messages")
+    assert s.chat_rule is None and "loss_mask" in s.unreproduced and "truncation" in s.unreproduced
+    assert any("mistral_tokenizer" in n and "header" in n for n in s.notes), s.notes
+    p.write_text(tt(extra="  new_system_prompt: Be terse.\n"))
+    s = resolve_setup(load_config(p), "messages")
+    assert s.chat_rule == "torchtune_qwen2" and "loss_mask" in s.unreproduced
+    assert any("new_system_prompt" in n for n in s.notes)
+    # plain rows are not chat rows: no rule (and a TRL config never gets one)
+    p.write_text(tt())
+    assert resolve_setup(load_config(p), "prompt_completion").chat_rule is None
+
+
+def test_torchtune_rule_differs_from_the_chat_template_and_is_in_the_index_id(tok):
+    """The rule changes the tokens (so the parity above is not the template's), and enters the index identity only
+    when set."""
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.index.store import GradSpec, index_id
+
+    rs = rows(2)
+    plain = gradian_rows(rs, tok, TokenizeSpec(loss_on="assistant"))
+    ruled = gradian_rows(rs, tok, TokenizeSpec(loss_on="assistant", chat_rule="torchtune_qwen2"))
+    assert all(plain[k] != ruled[k] for k in plain)
+    assert "chat_rule" not in GradSpec(tokenize=TokenizeSpec()).to_dict()["tokenize"]
+    a = GradSpec(tokenize=TokenizeSpec(chat_rule="torchtune_qwen2"))
+    b = GradSpec(tokenize=TokenizeSpec(chat_rule="torchtune_qwen2", eos_truncate=True))
+    assert len({index_id({"g": x.identity()}) for x in (GradSpec(), a, b)}) == 3
+    assert GradSpec.from_dict(a.to_dict()) == a
+    with pytest.raises(GradianUserError, match="chat_rule"):
+        TokenizeSpec(chat_rule="torchtune_gemma")
+    # a tokenizer without the family's special tokens is one line, naming the token
+    with pytest.raises(GradianUserError, match="begin_of_text"):
+        gradian_rows(rs, tok, TokenizeSpec(chat_rule="torchtune_llama3"))

@@ -131,11 +131,16 @@ def test_torchtune_rules(tmp_path):
     )
     s = resolve_setup(_cfg(tmp_path, "tt.yaml", text), "messages")
     assert (s.trainer, s.max_length, s.loss_on) == ("torchtune", 400, "assistant")
-    # torchtune 0.6.1 (torchtune/data/_utils.py, truncate): keep the start, EOS written over the last token
-    assert "truncation" in s.unreproduced and any("EOS over its last token" in n for n in s.notes)
+    # chat rows: torchtune 0.6.1's Llama3Tokenizer.tokenize_messages, its truncate() (EOS over the last token)
+    # included, is reproduced (tests/data/test_framework_parity.py)
+    assert (s.chat_rule, s.eos_truncate, s.unreproduced) == ("torchtune_llama3", True, ())
     text2 = text.replace("chat_dataset", "alpaca_dataset")
     s2 = resolve_setup(_cfg(tmp_path, "tt2.yaml", text2), "alpaca")
     assert s2.loss_on == "all"  # alpaca_dataset trains on the prompt unless train_on_input: false
+    # instruct rows: no chat rule, so torchtune's truncate() is stated as not reproduced
+    assert s2.chat_rule is None and {"truncation", "loss_mask"} <= set(s2.unreproduced)
+    assert any("instruct rows" in n for n in s2.notes)
+    assert any("EOS over its last token" in n for n in s2.notes)
 
 
 def test_bad_flag_value_names_the_flag(tmp_path):

@@ -260,6 +260,8 @@ def training_setup(
     tpl = ""
     if setup.tokenize_spec().chat_template is not None:
         tpl = f", chat template ({escape(setup.sources['chat_template'])})"
+    if setup.chat_rule is not None:  # the trainer's own chat rendering (torchtune) builds the chat rows
+        tpl += f", chat rule {setup.chat_rule} ({escape(setup.sources['chat_rule'])})"
     console.print(
         f"training setup: max_length {setup.max_length} ({escape(setup.sources['max_length'])}), "
         f"loss_on {setup.loss_on} ({escape(setup.sources['loss_on'])}){tpl}",

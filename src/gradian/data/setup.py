@@ -23,8 +23,9 @@ axolotl            ``train_on_inputs: true`` -> ``all``; chat rows: axolotl's ow
                    and the EOS after it per ``train_on_eos``, default ``turn``)
 LLaMA-Factory      ``train_on_prompt: true`` -> ``all``; chat rows: ``mask_history: true`` -> ``completion``
                    (last turn), else ``assistant`` (every turn)
-torchtune          ``train_on_input: true`` -> ``all``; chat rows -> ``assistant``; instruct rows ->
-                   ``completion``
+torchtune          ``train_on_input: true`` -> ``all``; chat rows -> ``assistant``, rendered by torchtune's own
+                   model tokenizer (``chat_rule``, :mod:`gradian.data.torchtune_rules`) for the Qwen2 / Qwen2.5 and
+                   Llama-3 tokenizers; instruct rows -> ``completion``
 =================  ==========================================================================================
 """
 
@@ -62,6 +63,8 @@ class TrainingSetup:
             ``unreproduced``; None: the tokenizer's own.
         packing: the trainer packed rows into shared sequences.
         train_roles, train_on_eos: axolotl's chat mask (:attr:`TokenizeSpec.train_roles`); None: ``loss_on`` decides.
+        chat_rule, eos_truncate: torchtune's own chat rendering, named from the recipe's ``tokenizer._component_``
+            (:attr:`TokenizeSpec.chat_rule`); None: the chat template renders chat rows.
         unreproduced: settings of the run that Gradian does not reproduce (e.g. ``"packing"``).
         sources: ``{field: where its value came from}``.
         warnings: one line per flag that contradicts the config (both named).
@@ -77,6 +80,8 @@ class TrainingSetup:
     packing: bool = False
     train_roles: tuple[str, ...] | None = None
     train_on_eos: str = "turn"
+    chat_rule: str | None = None
+    eos_truncate: bool = False
     unreproduced: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -93,6 +98,8 @@ class TrainingSetup:
             chat_template=self.chat_template if "chat_template" not in self.unreproduced else None,
             train_roles=self.train_roles,
             train_on_eos=self.train_on_eos,  # type: ignore[arg-type]
+            chat_rule=self.chat_rule,
+            eos_truncate=self.eos_truncate,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,6 +107,8 @@ class TrainingSetup:
         names = ("trainer", "max_length", "truncation", "loss_on", "add_eos", "chat_template", "packing")
         if self.train_roles is not None:
             names += ("train_roles", "train_on_eos")
+        if self.chat_rule is not None:
+            names += ("chat_rule", "eos_truncate")
         return {
             "values": {n: {"value": getattr(self, n), "from": self.sources.get(n)} for n in names},
             "unreproduced": list(self.unreproduced),
@@ -167,6 +176,46 @@ def _mask_history(paths: list[str]) -> tuple[bool | None, str | None]:
     return None, None
 
 
+def _torchtune_chat(cfg: TrainConfig) -> tuple[str | None, str, list[str]]:
+    """``(rule, source, notes)`` of a torchtune recipe's chat rendering, read from its ``tokenizer._component_``
+    (:data:`gradian.data.torchtune_rules.COMPONENTS`); rule None: a family Gradian does not implement (noted).
+
+    Settings that change torchtune's rendering and that the rule does not take (a ``tokenizer.prompt_template``, a
+    ``dataset.new_system_prompt``, another ``eos_token``) are noted, so the mask is stated as not reproduced.
+    """
+    from gradian.audit.config import Reader, read_mapping
+    from gradian.data.torchtune_rules import SOURCES, rule_for_component
+
+    comp, where, notes = None, "torchtune config", []
+    for p in cfg.paths:
+        path = Path(p)
+        if not (path.is_file() and path.suffix.lower() in (".yaml", ".yml", ".json")):
+            continue
+        raw, _ = read_mapping(path)
+        r = Reader(raw, str(path))
+        if r.has("tokenizer._component_"):
+            comp, where = r.get("tokenizer._component_"), r.where("tokenizer._component_")
+            for key in ("tokenizer.prompt_template", "tokenizer.eos_token"):
+                if r.get(key) is not None:
+                    notes.append(
+                        f"{r.where(key)}: torchtune renders with it; Gradian's torchtune rule does not read it"
+                    )
+        ds = r.get("dataset")
+        for d in ds if isinstance(ds, list) else [ds]:
+            if isinstance(d, dict) and d.get("new_system_prompt") is not None:
+                notes.append(f"{path}: dataset.new_system_prompt replaces the rows' system turn; Gradian does not")
+    rule = rule_for_component(comp)
+    if rule is None:
+        notes.append(
+            f"torchtune renders messages with its own model tokenizer ({comp or 'no tokenizer._component_'}), "
+            "not a chat template: an assistant message's header is trained with it and the last one ends in EOS "
+            "instead of its end-of-turn; Gradian reproduces the qwen2 / qwen2_5 / llama3 tokenizers only and renders "
+            "this one with the chat template"
+        )
+        return None, where, notes
+    return rule, f"{where} ({SOURCES[rule]})", notes
+
+
 def _axolotl_mask(cfg: TrainConfig) -> tuple[tuple[str, ...], str, str, list[str]]:
     """``(train_roles, train_on_eos, source, notes)`` of an axolotl run's chat mask (axolotl 0.19.0
     ``prompt_strategies/chat_template.py`` ``load``: ``roles_to_train`` defaults to ``["assistant"]``,
@@ -227,12 +276,6 @@ def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str
             "completion",
             src("completion_only_loss") or "TRL 1.16 rule: completion_only_loss unset -> on for prompt/completion rows",
             notes,
-        )
-    if chat and t == "torchtune":  # torchtune 0.6.1 models/qwen2/_tokenizer.py, Qwen2Tokenizer.tokenize_messages
-        notes.append(
-            "torchtune renders messages with its own model tokenizer, not a chat template: an assistant message's "
-            "header is trained with it and the last one ends in EOS instead of its end-of-turn; Gradian renders "
-            "with the chat template (tests/data/framework_parity.py)"
         )
     if cfg.train_on_inputs:
         return "all", src("train_on_inputs") or "?", notes
@@ -367,7 +410,16 @@ def resolve_setup(
             values["truncation"] = c.truncation or "keep_start"
         sources["truncation"] = c.source("truncation") or sources["max_length"]
         tr = values["truncation"]
-        if tr not in ("keep_start", "none"):
+        tt_rule, tt_src, tt_notes = _torchtune_chat(c) if (chat and name == "torchtune") else (None, "", [])
+        values["chat_rule"], values["eos_truncate"] = tt_rule, bool(tt_rule and values["max_length"] is not None)
+        if tt_rule:
+            sources["chat_rule"] = tt_src
+            sources["eos_truncate"] = (
+                f"{sources['max_length']} (torchtune 0.6.1 data/_utils.py truncate: EOS over the last kept token)"
+                if values["eos_truncate"]
+                else sources["max_length"]
+            )
+        if tr not in ("keep_start", "none") and not (tt_rule and tr == "truncate"):  # torchtune's truncate: the rule
             unrep.append("truncation")
             rule = {
                 "drop": "drops rows longer than max_length",
@@ -388,6 +440,15 @@ def resolve_setup(
             values["train_roles"], values["train_on_eos"] = roles, eos
             sources["train_roles"] = sources["train_on_eos"] = msrc
             lnotes = lnotes + mnotes
+        lnotes = lnotes + tt_notes
+        if (
+            name == "torchtune" and not chat
+        ):  # torchtune 0.6.1 data/_messages.py InputOutputToMessages, _text_completion
+            lnotes.append(
+                "torchtune turns instruct rows into user/assistant messages for its model tokenizer's "
+                "tokenize_messages (and text rows into BOS + text + EOS); Gradian renders them with its plain "
+                "prompt/completion rule"
+            )
         if lnotes:
             unrep.append("loss_mask")
             notes += lnotes
@@ -436,6 +497,8 @@ def resolve_setup(
         packing=values["packing"],
         train_roles=values.get("train_roles"),
         train_on_eos=values.get("train_on_eos", "turn"),
+        chat_rule=values.get("chat_rule"),
+        eos_truncate=values.get("eos_truncate", False),
         unreproduced=tuple(dict.fromkeys(unrep)),
         sources=sources,
         warnings=tuple(warnings),

@@ -29,6 +29,9 @@ Rules (the same as TRL's ``SFTTrainer`` with ``completion_only_loss``):
   conversation to the end of ``render(turns[:i+1])`` (the template's end-of-turn
   included). ``loss_on="completion"`` on a ``messages`` row is the final assistant
   turn only (LLaMA-Factory ``mask_history: true``; Gradian's default).
+* :attr:`TokenizeSpec.chat_rule` (a torchtune recipe whose tokenizer family Gradian implements): chat rows are
+  built piece by piece as torchtune's model tokenizer builds them, header and EOS included, with its mask and its
+  ``truncate`` (:mod:`gradian.data.torchtune_rules`), not through a chat template.
 * Truncation keeps the start (TRL's default ``keep_start``), at ``max_length``;
   each example records whether it was truncated and its untruncated length.
 
@@ -81,6 +84,13 @@ class TokenizeSpec:
             trained message; ``"all"``: after every message; ``"last"``: the last one only; ``"none"``). None:
             ``loss_on`` decides. Plain rows always follow ``loss_on``. Left out of :meth:`to_dict` when None.
         train_on_eos: see ``train_roles``.
+        chat_rule: a trainer's own chat rendering in place of a chat template (:mod:`gradian.data.torchtune_rules`:
+            ``"torchtune_qwen2"``, ``"torchtune_llama3"``): chat rows are built piece by piece as that trainer's model
+            tokenizer builds them, with its mask per ``loss_on``. None: the chat template. Left out of
+            :meth:`to_dict` when None (with ``eos_truncate``).
+        eos_truncate: with ``chat_rule``: the trainer truncates at ``max_length`` by torchtune's ``truncate`` (EOS
+            written over the last kept token, its label masked; it runs on every row, so a row that fits has its
+            final EOS masked). False: the recipe sets no ``max_seq_len``.
     """
 
     max_length: int = 1024
@@ -89,6 +99,8 @@ class TokenizeSpec:
     chat_template: str | None = None
     train_roles: tuple[str, ...] | None = None
     train_on_eos: Literal["turn", "all", "none", "last"] = "turn"
+    chat_rule: str | None = None
+    eos_truncate: bool = False
 
     def __post_init__(self) -> None:
         from gradian.validate import LENGTH_MAX, check_bool, check_choice, check_int
@@ -112,6 +124,11 @@ class TokenizeSpec:
         )
         check_bool(self.add_eos, "TokenizeSpec", "add_eos")
         check_choice(self.train_on_eos, ("turn", "all", "none", "last"), "TokenizeSpec", "train_on_eos")
+        if self.chat_rule is not None:
+            from gradian.data.torchtune_rules import RULES
+
+            check_choice(self.chat_rule, RULES, "TokenizeSpec", "chat_rule")
+        check_bool(self.eos_truncate, "TokenizeSpec", "eos_truncate")
         if self.train_roles is not None:
             if isinstance(self.train_roles, list):
                 object.__setattr__(self, "train_roles", tuple(self.train_roles))  # from a JSON manifest
@@ -140,6 +157,8 @@ class TokenizeSpec:
             del d["train_roles"], d["train_on_eos"]
         else:
             d["train_roles"] = list(d["train_roles"])
+        if d["chat_rule"] is None:
+            del d["chat_rule"], d["eos_truncate"]
         return d
 
     def for_tokenizer(self, tokenizer) -> TokenizeSpec:
@@ -390,6 +409,9 @@ class Rendered:
             supervised. None: the prompt rule above decides.
         content_spans: :attr:`TokenizeSpec.train_roles` on a chat row: the ``(start, end, trained)`` character span
             of each message's content in ``text``, in order (axolotl's rule; ``eos_id``: the tokenizer's EOS id).
+        tokens: :attr:`TokenizeSpec.chat_rule` on a chat row: ``(ids, labels, offsets, full_length)`` the trainer's
+            own rule built piece by piece, truncation included (:func:`gradian.data.torchtune_rules.render_tokens`);
+            they replace the ids of ``text``.
     """
 
     text: str
@@ -399,6 +421,7 @@ class Rendered:
     supervised_spans: tuple[tuple[int, int], ...] | None = None
     content_spans: tuple[tuple[int, int, bool], ...] | None = None
     eos_id: int | None = None
+    tokens: tuple[list[int], list[int], list[tuple[int, int]], int] | None = None
 
 
 _GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -518,6 +541,18 @@ def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None
         compl_msgs = (
             ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
         )
+        if spec.chat_rule is not None:
+            from gradian.data.torchtune_rules import render_tokens
+
+            text, start, ids, labels, offsets, full = render_tokens(
+                prompt_msgs + compl_msgs,
+                tokenizer,
+                spec.chat_rule,
+                loss_on=spec.loss_on,
+                max_length=spec.max_length if spec.eos_truncate else None,
+                where=where,
+            )
+            return Rendered(text, None, start, False, tokens=(ids, labels, offsets, full))
         tpl = spec.chat_template
         prompt_text = render_chat(tokenizer, prompt_msgs, True, where, tpl)
         text = render_chat(tokenizer, prompt_msgs + compl_msgs, False, where, tpl)
@@ -572,8 +607,28 @@ def build_tokenized(
     The supervised tokens start where the prompt's and the full text's ids stop
     agreeing (TRL's common-prefix rule); ``loss_on="all"`` supervises everything;
     ``r.supervised_spans`` (``loss_on="assistant"``) supervises the tokens overlapping them;
-    the first token is never a target; truncation keeps the start.
+    the first token is never a target; truncation keeps the start. ``r.tokens`` (a trainer's own rule,
+    :attr:`TokenizeSpec.chat_rule`) replaces ``ids`` / ``offsets`` and the mask, its truncation already applied
+    when ``spec.eos_truncate``.
     """
+    if r.tokens is not None:
+        ids, labels, offsets, full = r.tokens
+        ids, labels = list(ids), list(labels)
+        prompt_len = next((t for t, x in enumerate(labels) if x != IGNORE_INDEX), len(labels))
+        if labels:
+            labels[0] = IGNORE_INDEX
+        n = spec.max_length
+        return TokenizedExample(
+            id=ex_id,
+            input_ids=TokenIds(ids[:n]),
+            labels=TokenIds(labels[:n]),
+            offsets=TokenOffsets(offsets[:n]),
+            text=r.text,
+            completion_char_start=r.completion_char_start,
+            full_length=full,
+            truncated=full > n,
+            prompt_length=prompt_len,
+        )
     if prompt_ids is None:
         prompt_len = 0
     elif list(ids[: len(prompt_ids)]) == list(prompt_ids):  # the usual case, one list comparison
@@ -613,6 +668,8 @@ def build_tokenized(
 def tokenize_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> TokenizedExample:
     """Tokenise one example as TRL's SFTTrainer would (see module docstring)."""
     r = render_example(ex, tokenizer, spec, where)
+    if r.tokens is not None:  # a trainer's own rule: the ids are built already
+        return build_tokenized(ex.id, r, [], [], None, spec)
     ids, offsets = _encode(tokenizer, r.text, r.add_special_tokens)
     p_ids = None if r.prompt_text is None else _encode(tokenizer, r.prompt_text, r.add_special_tokens)[0]
     return build_tokenized(ex.id, r, ids, offsets, p_ids, spec)

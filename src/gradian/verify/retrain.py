@@ -60,24 +60,56 @@ class GradianTrainer:
     source: str
     unmapped: list[str] = field(default_factory=list)
     trust_remote_code: bool = False  # only ever from the command line / API call, never from run.json
+    #: the run's own rendering (a TokenizeSpec with a chat template, axolotl's or torchtune's mask) that the
+    #: retrains tokenise with (:func:`with_run_tokenize`); None: the one ``spec`` gives
+    tokenize: Any = None
 
     def identity(self) -> dict[str, Any]:
-        return {"trainer": "gradian train", "spec": self.spec.to_dict()}
+        out = {"trainer": "gradian train", "spec": self.spec.to_dict()}
+        if self.tokenize is not None:  # only when set: the retrain cache keys of other runs do not move
+            out["tokenize"] = self.tokenize.to_dict()
+        return out
 
     def train(self, data: Path, out: Path, seed: int) -> None:
         from gradian.train import train_lora
 
         train_lora(
-            self.base, data, out, self.spec.replace(seed=seed), overwrite=True, trust_remote_code=self.trust_remote_code
+            self.base,
+            data,
+            out,
+            self.spec.replace(seed=seed),
+            overwrite=True,
+            trust_remote_code=self.trust_remote_code,
+            tokenize=self.tokenize,
         )
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out = {
             "trainer": "gradian train",
             "config": self.source,
             "spec": self.spec.to_dict(),
             "unmapped": self.unmapped,
         }
+        if self.tokenize is not None:
+            out["tokenize"] = self.tokenize.to_dict()
+        return out
+
+
+def with_run_tokenize(trainer, tokenize):
+    """``trainer`` retraining with the run's tokenisation when ``gradian train``'s own fields cannot say it.
+
+    A run whose gradients were taken with a chat template (:attr:`TokenizeSpec.chat_template`), axolotl's mask
+    (``train_roles``) or torchtune's rendering (``chat_rule``) is retrained with that whole
+    :class:`~gradian.data.tokenize.TokenizeSpec` (its max length and loss mask too), so the retrains see the tokens
+    the gradients saw. Other runs, and a ``--train-command`` trainer, are returned as they are.
+    """
+    import dataclasses
+
+    if not isinstance(trainer, GradianTrainer) or tokenize is None:
+        return trainer
+    if tokenize.chat_template is None and tokenize.train_roles is None and tokenize.chat_rule is None:
+        return trainer
+    return dataclasses.replace(trainer, tokenize=tokenize)
 
 
 @dataclass

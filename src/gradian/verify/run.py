@@ -230,7 +230,7 @@ def prepare_verify(
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
     from gradian.validate import check_bool
-    from gradian.verify.retrain import trainer_for
+    from gradian.verify.retrain import trainer_for, with_run_tokenize
 
     check_bool(trust_remote_code, "verify_run", "trust_remote_code", flag="--trust-remote-code")
     check_bool(allow_changed_inputs, "verify_run", "allow_changed_inputs", flag="--allow-changed-inputs")
@@ -248,7 +248,9 @@ def prepare_verify(
         say("note: the run was made with --trust-remote-code; verify runs the base folder's code only if you pass it")
     check_inputs(run, allow_changed_inputs=allow_changed_inputs, say=say)
     plan(run, spec, 0)  # the run's verdict must be verifiable before any trainer is set up
-    trainer = trainer_for(run, config, train_command, trust_remote_code=trust_remote_code)
+    tokenize = GradSpec.from_dict(specs["grad"]).tokenize  # its defaults for what the spec leaves out
+    # the retrains render and mask rows as the run did (its chat template, max length and loss mask)
+    trainer = with_run_tokenize(trainer_for(run, config, train_command, trust_remote_code=trust_remote_code), tokenize)
     train_seed = int(getattr(getattr(trainer, "spec", None), "seed", 0) or 0)
     retrains = plan(run, spec, train_seed)
     ev = EvalResult.from_dict(run["evaluation"])
@@ -272,7 +274,7 @@ def prepare_verify(
         records=read_records(data),
         examples=load_examples(data),
         base_identity=run["manifest"]["identity"].get("base"),
-        tokenize=GradSpec.from_dict(specs["grad"]).tokenize,  # its defaults for what the spec leaves out
+        tokenize=tokenize,
         n=len(att["train_ids"]),
         queries={c: [Query(**q) for q in cap["queries"]] for c, cap in caps.items()},
     )
@@ -361,11 +363,6 @@ def verify_run(
     say(
         f"verify: {len(retrains)} retrains ({', '.join(r.name for r in retrains)}) with {trainer.describe()['trainer']}"
     )
-    if tokenize.chat_template is not None and trainer.describe()["trainer"] == "gradian train":
-        say(
-            "note: the run's gradients used its own chat template; gradian train renders chat rows with the base "
-            "tokenizer's template, so the retrains may see other tokens (pass --train-command to retrain with yours)"
-        )
     flagged = flagged_setup(run, config)
     if flagged:  # before the first retrain: the retrains inherit what Audit flagged
         say(flagged["line"])
