@@ -190,6 +190,8 @@ def attribute_run(
     ft=None,
     say: Callable[[str], None] | None = None,
     setup=None,
+    budget=None,
+    plan_only: bool = False,
 ) -> dict[str, Any] | None:
     """Run the lanes and write ``out_dir/run.json``. Returns the run dict.
 
@@ -204,6 +206,10 @@ def attribute_run(
         setup: the resolved :class:`gradian.data.setup.TrainingSetup` (the CLI's, flags included), written into
             the manifest; None: resolved here (:func:`resolve_run_setup`, which may set ``specs.grad``'s
             tokenisation from ``inputs.configs``).
+        budget: the index storage budget (:class:`gradian.index.plan.IndexBudget`; None: the default, with the
+            projection chosen by the plan when exact storage does not fit). The plan (:mod:`gradian.index.plan`)
+            is made before Evaluate, printed through ``say`` and recorded in ``manifest.plan``.
+        plan_only: stop after the plan: return ``{"plan": ...}``, compute and write nothing.
     """
     from gradian import distributed
     from gradian.api import load_finetune
@@ -227,6 +233,40 @@ def attribute_run(
     if ft is None:
         ft = load_finetune(specs.model, inputs.adapter)
     timing["load"] = time.perf_counter() - t
+
+    # the run plan, before any work: every index, its size, the budget (it may choose the projection), the time
+    from gradian.api import tokenize_training_set
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.index.plan import IndexBudget, run_plan
+
+    t = time.perf_counter()
+    trajectory = resolve_trajectory(inputs.adapter, inputs.checkpoints, weighting=specs.attribute.weighting)
+    items = tokenize_training_set(examples, ft.tokenizer, specs.grad, inputs.data)
+    unit_kinds = ("row", "sentence") if specs.attribute.unit == "sentence" else ("row",)
+    plan, chosen = run_plan(
+        ft,
+        inputs.data,
+        examples,
+        items,
+        specs.grad,
+        trajectory.checkpoints,
+        unit_kinds,
+        seed=specs.seed,
+        parent=index_root,
+        budget=budget if budget is not None else IndexBudget(),
+        joint=specs.attribute.unit == "sentence" and not distributed.current().enabled,
+    )
+    dim = distributed.broadcast_object(chosen.projection.dim)  # every rank stores what rank 0 planned
+    if dim != specs.grad.projection.dim:
+        import dataclasses
+
+        specs.grad = dataclasses.replace(specs.grad, projection=dataclasses.replace(specs.grad.projection, dim=dim))
+    if say and main:
+        for line in plan.lines():
+            say(line)
+    timing["plan"] = time.perf_counter() - t
+    if plan_only:
+        return {"plan": plan.to_dict()} if main else None
 
     t = time.perf_counter()
     ev = (
@@ -255,15 +295,11 @@ def attribute_run(
             "(a delta whose CI includes zero is reported, not diagnosed)"
         )
     else:
-        from gradian.api import tokenize_training_set
         from gradian.attribute.evidence import trajectory_scores
         from gradian.attribute.references import reference_scores
-        from gradian.attribute.trajectory import resolve_trajectory
 
         t = time.perf_counter()
         spec = specs.attribute
-        trajectory = resolve_trajectory(inputs.adapter, inputs.checkpoints, weighting=spec.weighting)
-        items = tokenize_training_set(examples, ft.tokenizer, specs.grad, inputs.data)
         from gradian.attribute.datacheck import check_data_matches_adapter
 
         tc = time.perf_counter()  # is this the adapter's training data? (a warning, before the long build)
@@ -392,6 +428,7 @@ def attribute_run(
     run["manifest"]["notes"] = list(ft.notes)
     if data_check is not None:
         run["manifest"]["data_check"] = data_check.to_dict()
+    run["manifest"]["plan"] = plan.to_dict()
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "run.json", run)

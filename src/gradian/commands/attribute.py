@@ -218,6 +218,24 @@ def training_setup(ctx: typer.Context, config: list[Path], data: Path, max_lengt
     return setup
 
 
+MAX_INDEX_GB = typer.Option(
+    None,
+    "--max-index-gb",
+    help="Budget for the new gradient indexes of the run, in GB (default: min(20, half the free disk where they "
+    "live)). Exact storage over it: the plan chooses a --project-dim itself; a --project-dim given that does not "
+    "fit is refused.",
+)
+PLAN_ONLY = typer.Option(False, "--plan-only", help="Print the run plan (indexes, sizes, time estimate) and stop.")
+
+
+def index_budget(ctx: typer.Context, max_index_gb: float | None):
+    """The :class:`~gradian.index.plan.IndexBudget` of the flags (``--project-dim`` given counts as explicit)."""
+    from gradian.index.plan import budget_from_gb
+
+    explicit = getattr(ctx.get_parameter_source("project_dim"), "name", None) in ("COMMANDLINE", "ENVIRONMENT")
+    return budget_from_gb(max_index_gb, explicit)
+
+
 def print_audit_errors(audit: dict) -> None:
     """The audit's counts, then one line per error-level finding (id and title), escaped."""
     from gradian.report.safe import one_line
@@ -310,6 +328,8 @@ def register(app: typer.Typer) -> None:
             "with the gradient ranking (comma-separated), or none.",
         ),
         seed: int = typer.Option(0, help="Seed (bootstrap, projection)."),
+        max_index_gb: float | None = MAX_INDEX_GB,
+        plan_only: bool = PLAN_ONLY,
     ) -> None:
         """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit).
 
@@ -339,6 +359,7 @@ def register(app: typer.Typer) -> None:
             max_units_per_row=max_units_per_row,
         )
         check_build_args(batch_size, shard_size)
+        budget = index_budget(ctx, max_index_gb)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),
             grad=grad,
@@ -415,10 +436,12 @@ def register(app: typer.Typer) -> None:
                     index_root=index_dir,
                     say=lambda line: console.print(escape(line), highlight=False, soft_wrap=True),
                     setup=setup,
+                    budget=budget,
+                    plan_only=plan_only,
                 )
         finally:
             distributed.shutdown()
-        if run is None:  # a rank other than 0: its share is done, rank 0 reports
+        if run is None or plan_only:  # a rank other than 0: its share is done, rank 0 reports; or the plan alone
             return
         print_result(EvalResult.from_dict(run["evaluation"]))
         if run.get("stopped"):

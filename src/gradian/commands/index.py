@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from gradian.commands import _options as O
 from gradian.commands._common import console, progress_bar, user_errors
+from gradian.commands.attribute import MAX_INDEX_GB, PLAN_ONLY
 
 
 def register(app: typer.Typer) -> None:
@@ -44,6 +45,8 @@ def register(app: typer.Typer) -> None:
         optimizer: str = O.OPTIMIZER,
         max_units_per_row: int = O.MAX_UNITS_PER_ROW,
         seed: int = typer.Option(0, help="Seed (projection)."),
+        max_index_gb: float | None = MAX_INDEX_GB,
+        plan_only: bool = PLAN_ONLY,
     ) -> None:
         """Build (or resume) the per-example LoRA gradient index of a training set.
 
@@ -69,6 +72,9 @@ def register(app: typer.Typer) -> None:
             max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer, unit, max_units_per_row
         )
         check_build_args(batch_size, shard_size)
+        from gradian.commands.attribute import index_budget
+
+        budget = index_budget(ctx, max_index_gb)
         mspec = ModelSpec(base, dtype, device, trust_remote_code)
         examples = load_examples(data)
         try:
@@ -97,7 +103,25 @@ def register(app: typer.Typer) -> None:
             trajectory = resolve_trajectory(adapter, checkpoint_selection(checkpoints))
             items = tokenize_training_set(examples, ft.tokenizer, spec, data, lazy=True)  # a few numbers a row
             from gradian.attribute.datacheck import check_data_matches_adapter
+            from gradian.index.plan import run_plan, with_dim
 
+            plan, spec = run_plan(  # before any gradient: the indexes, their sizes, the budget, the time
+                ft,
+                data,
+                examples,
+                items,
+                spec,
+                trajectory.checkpoints,
+                (spec.unit,),
+                seed=seed,
+                parent=out,
+                budget=budget,
+            )
+            spec = with_dim(spec, distributed.broadcast_object(spec.projection.dim))  # every rank stores rank 0's
+            for line in plan.lines():
+                console.print(escape(line), highlight=False, soft_wrap=True)
+            if plan_only:
+                return
             check = check_data_matches_adapter(ft, data, items, batch_size=batch_size)  # warns on a mismatch
             if check is not None:
                 console.print(escape(check.line()), highlight=False, soft_wrap=True)

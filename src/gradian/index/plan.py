@@ -389,3 +389,88 @@ def add_estimate(plan: RunPlan, warm: dict[str, Any], work_tokens: int, joint: b
 def with_dim(spec, dim: int):
     """``spec`` with projection ``dim`` (its seed kept)."""
     return replace(spec, projection=replace(spec.projection, dim=dim))
+
+
+def run_plan(
+    ft,
+    data,
+    examples: Sequence,
+    items: Sequence,
+    grad,
+    checkpoints: Sequence,
+    units: Sequence[str],
+    *,
+    seed: int = 0,
+    parent=None,
+    budget: IndexBudget = IndexBudget(),
+    joint: bool = False,
+    warm_rows: int = 2,
+) -> tuple[RunPlan, Any]:
+    """The plan of a run's index builds, with its warm-up estimate; returns ``(plan, grad with the chosen dim)``.
+
+    Args:
+        ft: the loaded fine-tune (its model's current weights are used for the warm-up).
+        grad: the run's :class:`~gradian.index.store.GradSpec`, projection as given.
+        checkpoints: the trajectory's :class:`~gradian.attribute.trajectory.Checkpoint` s, in build order.
+        units: the index units built per checkpoint (``("row",)``, ``("row", "sentence")``, ``("sentence",)``).
+        parent: the indexes' parent folder (``--index-dir`` / ``--out``; None: the cache).
+        joint: the row and sentence indexes of a checkpoint are built in one pass (:mod:`gradian.index.joint`).
+    """
+    from gradian.api import index_identity
+    from gradian.data.tokenize import row_values
+    from gradian.index.store import GradientIndex, default_index_root, index_id, select_blocks
+    from gradian.paths import cache_dir
+
+    blocks = select_blocks(ft.model, grad)
+    sent = None
+    if "sentence" in units:
+        from gradian.attribute.spans import sentence_units
+
+        sent = sentence_units(examples, items, grad.max_units_per_row)
+    counts = []
+    for ck in checkpoints:
+        for u in units:
+            counts.append((ck.label, u, len(items) if u == "row" else len(sent or [])))
+    base_ident: dict[tuple[int, str], dict] = {}
+
+    def reused(i: int, unit: str, dim: int) -> bool:
+        ck = checkpoints[i // len(units)]
+        key = (i // len(units), unit)
+        spec = replace(with_dim(grad, dim), unit=unit)
+        if key not in base_ident:
+            base_ident[key] = index_identity(ft, data, spec, seed, ck)
+        ident = dict(base_ident[key], grad_spec=spec.identity())
+        root = Path(parent) / index_id(ident) if parent is not None else default_index_root(ident)
+        try:
+            return GradientIndex(root).complete
+        except (FileNotFoundError, OSError, ValueError, KeyError, TypeError):
+            return False
+
+    root = Path(parent) if parent is not None else cache_dir() / "index"
+    plan, dim = plan_indexes(blocks, grad, counts, root, budget, reused)
+    chosen = with_dim(grad, dim)
+    # the work still to do, in tokens of forward+backward: rows, sentence prefixes, or rows × backward vectors
+    lengths = row_values(items, "length")
+    todo = {(p.checkpoint, p.unit) for p in plan.indexes if not p.reused}
+    row_sup = row_values(items, "n_supervised")
+    work = 0
+    per_row_units: list[int] = [0] * len(items)
+    unit_sup: list[int] = [0] * len(items)
+    for u in sent or []:
+        per_row_units[u.row] += 1
+        unit_sup[u.row] += u.n_supervised
+    for ck in checkpoints:
+        both = (ck.label, "row") in todo and (ck.label, "sentence") in todo
+        if joint and both:
+            work += sum(
+                t * (k + (1 if s > us else 0)) for t, k, s, us in zip(lengths, per_row_units, row_sup, unit_sup)
+            )
+            continue
+        if (ck.label, "row") in todo:
+            work += sum(lengths)
+        if (ck.label, "sentence") in todo:
+            work += sum(u.length for u in sent or [])
+    if work:
+        warm = warmup(ft.model, items, chosen, ft.tokenizer.pad_token_id, sent if joint else None, warm_rows)
+        add_estimate(plan, warm, work, joint)
+    return plan, chosen
