@@ -285,7 +285,8 @@ def plan_indexes(
         dim, chosen_by = got, "plan"
         plan = _sizes(blocks, spec, dim, counts, reused)
         why = (
-            f"--project-dim {dim} chosen by the plan: exact storage would need {human_bytes(exact_new)}, over the "
+            f"--project-dim {dim} chosen by the plan: exact storage ({exact[0].numbers:,} numbers per gradient) "
+            f"would need {human_bytes(exact_new)}, over the "
             f"budget {human_bytes(budget_bytes)}; {dim} is the largest power of two that fits "
             "(give --project-dim to choose, --max-index-gb to change the budget)"
         )
