@@ -94,12 +94,16 @@ class PlannedIndex:
     reused: bool = False
 
     def line(self) -> str:
-        """``checkpoint-1 row: 403 rows × 4,884,480 numbers × 4 bytes = 7.9 GB``."""
+        """``checkpoint-1 row: 403 rows × 4,884,480 numbers × 4 bytes = 7.9 GB + 103 kB records``."""
         what = "units" if self.unit == "sentence" else "rows"
-        state = " (reused)" if self.reused else ""
+        if self.reused:
+            return (
+                f"{self.checkpoint} {self.unit}: {self.n:,} {what}, already built ({human_bytes(self.bytes)}, reused)"
+            )
+        shards = self.n * self.numbers * self.width
         return (
             f"{self.checkpoint} {self.unit}: {self.n:,} {what} × {self.numbers:,} numbers × {self.width} bytes "
-            f"= {human_bytes(self.bytes)}{state}"
+            f"= {human_bytes(shards)} + {human_bytes(self.bytes - shards)} records"
         )
 
 
