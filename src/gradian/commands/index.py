@@ -105,6 +105,13 @@ def register(app: typer.Typer) -> None:
             from gradian.attribute.datacheck import check_data_matches_adapter
             from gradian.index.plan import run_plan, with_dim
 
+            if spec.optimizer == "adam":  # a bad optimizer.pt is named before the plan is printed
+                from gradian.api import _optimizer_file
+                from gradian.gradients.adam import read_adam_state
+
+                for ck in trajectory.checkpoints:
+                    read_adam_state(_optimizer_file(ft, ck), ft.model)
+
             plan, spec = run_plan(  # before any gradient: the indexes, their sizes, the budget, the time
                 ft,
                 data,
