@@ -1,6 +1,6 @@
 """The default verdict's cost against the fine-tune's own, per stage, in one run on the same threads.
 
-    python benchmarks/bench_verdict_cost.py --world W --out OUT [--src SRC ...] [--label NAME ...]
+    python benchmarks/bench_verdict_cost.py --world W --out OUT [--src SRC --label NAME --args FLAGS ...]
 
 1. ``gradian train`` on the world (``W/train.jsonl``, ``W/train.yaml``; the base from ``W/world.json``);
 2. the default ``gradian attribute`` on the result, once per ``--src`` (a ``src`` folder of Gradian: e.g. main's
@@ -263,6 +263,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--src", type=Path, action="append", help="Gradian src folder(s) to attribute with")
     ap.add_argument("--label", action="append", help="a name per --src (default: the folder)")
+    ap.add_argument("--args", action="append", help="extra attribute flags per --src, e.g. '--one-pass' ('' none)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -286,11 +287,12 @@ def main() -> None:
     rows, tokens, epochs = _training_counts(srcs[-1], world)
     st = runs["train"]["stages"].setdefault("train", {"wall_s": runs["train"]["wall_s"], "peak_rss": 0})
     st.update(forward=round(rows * epochs), backward=round(rows * epochs), tokens=round(tokens * epochs))
-    for src, label in zip(srcs, labels):
+    extras = a.args or [""] * len(srcs)
+    for src, label, extra in zip(srcs, labels, extras):
         cache = out / f"cache-{len(runs)}"  # a fresh cache each: every index is built
         os.environ["GRADIAN_CACHE"] = str(cache)
         args = ["attribute", "--base", base, "--adapter", str(adapter), "--data", str(world / "train.jsonl")]
-        args += ["--eval", str(world / "eval.jsonl"), "--out", str(out / f"run-{len(runs)}")]
+        args += ["--eval", str(world / "eval.jsonl"), "--out", str(out / f"run-{len(runs)}"), *extra.split()]
         runs[label] = _run_child(src.resolve(), "attribute", args, out / f"attribute-{len(runs)}.report.json")
         run = json.loads((out / f"run-{len(runs) - 1}" / "run.json").read_text())
         runs[label]["index_ids"] = [

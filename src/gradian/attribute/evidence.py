@@ -124,7 +124,7 @@ def trajectory_scores(
     keep_per_checkpoint: bool = False,
     say: Callable[[str], None] | None = None,
     shard_size: int = 256,
-    joint: bool = True,
+    joint: bool = False,
 ) -> TrajectoryEvidence:
     """Score every capability's queries with every engine at every checkpoint (module docstring).
 
@@ -144,7 +144,9 @@ def trajectory_scores(
         say: called with one line per index build (its size estimate), before it starts.
         shard_size: rows per index shard.
         joint: with sentence units, build a fresh checkpoint's row and sentence indexes in one pass per row
-            (:mod:`gradian.index.joint`); False: two separate builds (the same numbers to float rounding).
+            (:mod:`gradian.index.joint`, ``--one-pass``); False: two separate builds. The numbers agree to float
+            rounding, not to the bit, so the default keeps the separate builds, whose shards are byte-identical
+            for any number of processes.
     """
     from gradian import distributed
     from gradian.api import training_index

@@ -192,6 +192,7 @@ def attribute_run(
     setup=None,
     budget=None,
     plan_only: bool = False,
+    one_pass: bool = False,
 ) -> dict[str, Any] | None:
     """Run the lanes and write ``out_dir/run.json``. Returns the run dict.
 
@@ -210,6 +211,8 @@ def attribute_run(
             projection chosen by the plan when exact storage does not fit). The plan (:mod:`gradian.index.plan`)
             is made before Evaluate, printed through ``say`` and recorded in ``manifest.plan``.
         plan_only: stop after the plan: return ``{"plan": ...}``, compute and write nothing.
+        one_pass: with sentence units, build each fresh checkpoint's row and sentence indexes in one pass per row
+            (:mod:`gradian.index.joint`; one process only). Equal to the separate builds to float rounding.
     """
     from gradian import distributed
     from gradian.api import load_finetune
@@ -254,7 +257,7 @@ def attribute_run(
         seed=specs.seed,
         parent=index_root,
         budget=budget if budget is not None else IndexBudget(),
-        joint=specs.attribute.unit == "sentence" and not distributed.current().enabled,
+        joint=one_pass and specs.attribute.unit == "sentence" and not distributed.current().enabled,
     )
     dim = distributed.broadcast_object(chosen.projection.dim)  # every rank stores what rank 0 planned
     if dim != specs.grad.projection.dim:
@@ -330,6 +333,7 @@ def attribute_run(
             progress=progress,
             say=say,
             shard_size=specs.shard_size,
+            joint=one_pass,
         )
         timing.update({f"attribute.{k}": v for k, v in evidence.timing.items()})
         idx = evidence.final_index

@@ -330,6 +330,13 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Seed (bootstrap, projection)."),
         max_index_gb: float | None = MAX_INDEX_GB,
         plan_only: bool = PLAN_ONLY,
+        one_pass: bool = typer.Option(
+            False,
+            "--one-pass",
+            help="Build each checkpoint's row and sentence indexes in one pass per row (one forward, the row gradient "
+            "derived from its sentences). Equal to the separate builds to float rounding, not to the bit (a "
+            "torchrun build keeps separate ones).",
+        ),
     ) -> None:
         """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit).
 
@@ -438,6 +445,7 @@ def register(app: typer.Typer) -> None:
                     setup=setup,
                     budget=budget,
                     plan_only=plan_only,
+                    one_pass=one_pass,
                 )
         finally:
             distributed.shutdown()
