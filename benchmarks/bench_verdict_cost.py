@@ -263,7 +263,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--src", type=Path, action="append", help="Gradian src folder(s) to attribute with")
     ap.add_argument("--label", action="append", help="a name per --src (default: the folder)")
-    ap.add_argument("--args", action="append", help="extra attribute flags per --src, e.g. '--one-pass' ('' none)")
+    ap.add_argument(
+        "--args", action="append", help="extra attribute flags per --src, written --args=--one-pass (--args= for none)"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
