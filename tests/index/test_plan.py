@@ -156,3 +156,46 @@ def test_joint_build_equals_the_two_separate_builds(tok, tmp_path):
         la = [x for s in a.manifest["shards"] for x in s["examples"]["loss"]]
         lb = [x for s in b.manifest["shards"] for x in s["examples"]["loss"]]
         assert max(abs(x - y) for x, y in zip(la, lb)) <= 1e-10
+
+
+def test_one_pass_trajectory_scores_equal_the_separate_builds(saved_finetune, tmp_path):
+    """``trajectory_scores(joint=True)`` (``--one-pass``) scores like the separate builds, with the same index ids."""
+    import numpy as np
+
+    from gradian.api import load_finetune, tokenize_training_set
+    from gradian.attribute.evidence import trajectory_scores
+    from gradian.attribute.queries import make_query
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.data.formats import load_examples
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.engines import DataInfSpec, GradDotSpec
+    from gradian.models.load import ModelSpec
+
+    data = saved_finetune["data"]
+    grad = GradSpec(tokenize=TokenizeSpec(max_length=64))
+    ft = load_finetune(ModelSpec(str(saved_finetune["base"])), saved_finetune["adapter"])
+    exs = load_examples(data)
+    items = tokenize_training_set(exs, ft.tokenizer, grad, data)
+    qs = [make_query("q1", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Tokyo")]
+    got = {}
+    for joint in (False, True):
+        got[joint] = trajectory_scores(
+            ft,
+            resolve_trajectory(saved_finetune["adapter"]),
+            data,
+            exs,
+            items,
+            grad,
+            {"capitals": qs},
+            [DataInfSpec(), GradDotSpec()],
+            unit="sentence",
+            index_root=tmp_path / str(joint),
+            joint=joint,
+        )
+    assert "joint" in got[True].indexes[0] and "joint" not in got[False].indexes[0]
+    for u in ("row", "sentence"):
+        assert got[True].indexes[0][u]["id"] == got[False].indexes[0][u]["id"]
+    for e in ("datainf", "graddot"):
+        for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
+            a, b = getattr(got[True].scores["capitals"][e], kind), getattr(got[False].scores["capitals"][e], kind)
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * np.abs(b).max(), err_msg=f"{e}.{kind}")
