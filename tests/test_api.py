@@ -340,11 +340,18 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "out",
         "index_dir",
         "checkpoints",
+        "max_index_gb",  # the run plan's budget (IndexBudget, checked below)
+        "plan_only",
+        "one_pass",  # attribute_run(one_pass=False)
     }
     params = _params("attribute")
     assert set(params) == set(spec_fields) | inputs, "a new option: add it to the spec fields or the inputs here"
     wrong = {k: (params[k], v) for k, v in spec_fields.items() if params[k] != v}
     assert not wrong, f"CLI default != spec default: {wrong}"
+    from gradian.index.plan import IndexBudget
+
+    assert params["max_index_gb"] is None and IndexBudget().max_bytes is None and params["plan_only"] is False
+    assert params["one_pass"] is False
     # the options that feed two specs agree in both
     assert e.batch_size == r.batch_size and e.seed == r.seed and g.projection.seed == r.seed
     assert checkpoint_selection(params["checkpoints"]) == RunInputs.__dataclass_fields__["checkpoints"].default
@@ -413,7 +420,7 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         **model,
     }
     for command, fields, inputs in (
-        ("index", index, {"base", "adapter", "data", "config", "out", "checkpoints"}),
+        ("index", index, {"base", "adapter", "data", "config", "out", "checkpoints", "max_index_gb", "plan_only"}),
         ("evaluate", evaluate, {"base", "adapter", "eval_path", "reference_adapter", "out"}),
     ):
         params = _params(command)

@@ -408,6 +408,7 @@ def test_trajectory_scores_equal_the_weighted_sum_of_independent_checkpoints(run
         unit="sentence",
         index_root=tmp_path / "a",
         keep_per_checkpoint=True,
+        joint=False,  # the same passes as the independent builds below (the joint build: tests/index/test_plan.py)
     )
     assert len(ev.indexes) == 3 and len({i["row"]["id"] for i in ev.indexes}) == 3
     want: dict = {}

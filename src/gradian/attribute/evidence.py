@@ -124,6 +124,7 @@ def trajectory_scores(
     keep_per_checkpoint: bool = False,
     say: Callable[[str], None] | None = None,
     shard_size: int = 256,
+    joint: bool = False,
 ) -> TrajectoryEvidence:
     """Score every capability's queries with every engine at every checkpoint (module docstring).
 
@@ -142,6 +143,10 @@ def trajectory_scores(
             ``<root>/<index id>``.
         say: called with one line per index build (its size estimate), before it starts.
         shard_size: rows per index shard.
+        joint: with sentence units, build a fresh checkpoint's row and sentence indexes in one pass per row
+            (:mod:`gradian.index.joint`, ``--one-pass``); False: two separate builds. The numbers agree to float
+            rounding, not to the bit, so the default keeps the separate builds, whose shards are byte-identical
+            for any number of processes.
     """
     from gradian import distributed
     from gradian.api import training_index
@@ -177,10 +182,33 @@ def trajectory_scores(
         indexes[-1][spec.unit] = {"id": idx.id, "root": str(idx.root), "reused": reused, "n": idx.n}
         return idx
 
+    def _joint(ck) -> dict[str, float] | None:
+        from gradian.index.joint import maybe_build_jointly
+
+        label = f"training and sentence gradients ({ck.label})"
+        return maybe_build_jointly(
+            ft,
+            data,
+            list(items),
+            units,
+            grad,
+            seed=seed,
+            parent=index_root,
+            checkpoint=ck,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            progress_factory=(lambda k_: lambda a: progress(label, a, k_)) if progress else None,
+            announce=(lambda line: say(f"{label}: {line}")) if say else None,
+        )
+
     for ck in trajectory.checkpoints:
         indexes.append({"checkpoint": ck.label, "weight": ck.weight})
         with checkpoint_weights(ft.model, ck):
             t0 = time.perf_counter()
+            if units is not None and joint:  # a fresh row + sentence pair: one pass per row (gradian.index.joint)
+                built = _joint(ck)
+                if built is not None:
+                    indexes[-1]["joint"] = built
             idx = _index(replace(grad, unit="row"), ck, f"training gradients ({ck.label})")
             timing[f"index[{ck.label}]"] = time.perf_counter() - t0
             if ck.final:

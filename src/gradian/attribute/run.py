@@ -218,6 +218,9 @@ def attribute_run(
     say: Callable[[str], None] | None = None,
     setup=None,
     examples=None,
+    budget=None,
+    plan_only: bool = False,
+    one_pass: bool = False,
 ) -> dict[str, Any] | None:
     """Run the lanes and write ``out_dir/run.json``. Returns the run dict.
 
@@ -234,6 +237,12 @@ def attribute_run(
             tokenisation from ``inputs.configs``).
         examples: the rows of ``inputs.data`` already loaded (:func:`gradian.data.formats.load_examples`; the CLI
             reads the file once for the setup and the run); None: loaded here.
+        budget: the index storage budget (:class:`gradian.index.plan.IndexBudget`; None: the default, with the
+            projection chosen by the plan when exact storage does not fit). The plan (:mod:`gradian.index.plan`)
+            is made before Evaluate, printed through ``say`` and recorded in ``manifest.plan``.
+        plan_only: stop after the plan: return ``{"plan": ...}``, compute and write nothing.
+        one_pass: with sentence units, build each fresh checkpoint's row and sentence indexes in one pass per row
+            (:mod:`gradian.index.joint`; one process only). Equal to the separate builds to float rounding.
     """
     from gradian import distributed
     from gradian.api import load_finetune
@@ -258,6 +267,40 @@ def attribute_run(
         ft = load_finetune(specs.model, inputs.adapter)
     ft = _apply_template(ft, specs)
     timing["load"] = time.perf_counter() - t
+
+    # the run plan, before any work: every index, its size, the budget (it may choose the projection), the time
+    from gradian.api import tokenize_training_set
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.index.plan import IndexBudget, run_plan
+
+    t = time.perf_counter()
+    trajectory = resolve_trajectory(inputs.adapter, inputs.checkpoints, weighting=specs.attribute.weighting)
+    items = tokenize_training_set(examples, ft.tokenizer, specs.grad, inputs.data)
+    unit_kinds = ("row", "sentence") if specs.attribute.unit == "sentence" else ("row",)
+    plan, chosen = run_plan(
+        ft,
+        inputs.data,
+        examples,
+        items,
+        specs.grad,
+        trajectory.checkpoints,
+        unit_kinds,
+        seed=specs.seed,
+        parent=index_root,
+        budget=budget if budget is not None else IndexBudget(),
+        joint=one_pass and specs.attribute.unit == "sentence" and not distributed.current().enabled,
+    )
+    dim = distributed.broadcast_object(chosen.projection.dim)  # every rank stores what rank 0 planned
+    if dim != specs.grad.projection.dim:
+        import dataclasses
+
+        specs.grad = dataclasses.replace(specs.grad, projection=dataclasses.replace(specs.grad.projection, dim=dim))
+    if say and main:
+        for line in plan.lines():
+            say(line)
+    timing["plan"] = time.perf_counter() - t
+    if plan_only:
+        return {"plan": plan.to_dict()} if main else None
 
     t = time.perf_counter()
     ev = (
@@ -286,15 +329,11 @@ def attribute_run(
             "(a delta whose CI includes zero is reported, not diagnosed)"
         )
     else:
-        from gradian.api import tokenize_training_set
         from gradian.attribute.evidence import trajectory_scores
         from gradian.attribute.references import reference_scores
-        from gradian.attribute.trajectory import resolve_trajectory
 
         t = time.perf_counter()
         spec = specs.attribute
-        trajectory = resolve_trajectory(inputs.adapter, inputs.checkpoints, weighting=spec.weighting)
-        items = tokenize_training_set(examples, ft.tokenizer, specs.grad, inputs.data)
         from gradian.attribute.datacheck import check_data_matches_adapter
 
         tc = time.perf_counter()  # is this the adapter's training data? (a warning, before the long build)
@@ -325,6 +364,7 @@ def attribute_run(
             progress=progress,
             say=say,
             shard_size=specs.shard_size,
+            joint=one_pass,
         )
         timing.update({f"attribute.{k}": v for k, v in evidence.timing.items()})
         idx = evidence.final_index
@@ -423,6 +463,7 @@ def attribute_run(
     run["manifest"]["notes"] = list(ft.notes)
     if data_check is not None:
         run["manifest"]["data_check"] = data_check.to_dict()
+    run["manifest"]["plan"] = plan.to_dict()
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out_dir / "run.json", run)

@@ -65,6 +65,17 @@ MODULES = typer.Option(
 PROJECT_DIM = typer.Option(
     0, "--project-dim", help="JL projection: numbers kept per LoRA block (0 = exact).", rich_help_panel=ENGINES
 )
+MAX_INDEX_GB = typer.Option(
+    None,
+    "--max-index-gb",
+    help="Budget for the new gradient indexes of the run, in GB (default: min(20, half the free disk where they "
+    "live)). Exact storage over it: the plan chooses a --project-dim itself; a --project-dim given that does not "
+    "fit is refused.",
+    rich_help_panel=STORAGE,
+)
+PLAN_ONLY = typer.Option(
+    False, "--plan-only", help="Print the run plan (indexes, sizes, time estimate) and stop.", rich_help_panel=STORAGE
+)
 STORAGE_DTYPE = typer.Option(
     "float32",
     "--storage-dtype",

@@ -273,6 +273,14 @@ def training_setup(
     return setup
 
 
+def index_budget(ctx: typer.Context, max_index_gb: float | None):
+    """The :class:`~gradian.index.plan.IndexBudget` of the flags (``--project-dim`` given counts as explicit)."""
+    from gradian.index.plan import budget_from_gb
+
+    explicit = getattr(ctx.get_parameter_source("project_dim"), "name", None) in ("COMMANDLINE", "ENVIRONMENT")
+    return budget_from_gb(max_index_gb, explicit)
+
+
 def print_audit_errors(audit: dict) -> None:
     """The audit's counts, then one line per error-level finding (id and title), escaped."""
     from gradian.report.safe import one_line
@@ -388,6 +396,16 @@ def register(app: typer.Typer) -> None:
             rich_help_panel=O.ENGINES,
         ),
         seed: int = typer.Option(0, help="Seed (bootstrap, projection).", rich_help_panel=O.VERDICT),
+        max_index_gb: float | None = O.MAX_INDEX_GB,
+        plan_only: bool = O.PLAN_ONLY,
+        one_pass: bool = typer.Option(
+            False,
+            "--one-pass",
+            help="Build each checkpoint's row and sentence indexes in one pass per row (one forward, the row gradient "
+            "derived from its sentences). Equal to the separate builds to float rounding, not to the bit (a "
+            "torchrun build keeps separate ones).",
+            rich_help_panel=O.STORAGE,
+        ),
     ) -> None:
         """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit).
 
@@ -415,6 +433,7 @@ def register(app: typer.Typer) -> None:
             max_units_per_row=max_units_per_row,
         )
         check_build_args(batch_size, shard_size)
+        budget = index_budget(ctx, max_index_gb)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),
             grad=grad,
@@ -502,10 +521,13 @@ def register(app: typer.Typer) -> None:
                     say=lambda line: console.print(escape(line), highlight=False, soft_wrap=True),
                     setup=setup,
                     examples=examples,
+                    budget=budget,
+                    plan_only=plan_only,
+                    one_pass=one_pass,
                 )
         finally:
             distributed.shutdown()
-        if run is None:  # a rank other than 0: its share is done, rank 0 reports
+        if run is None or plan_only:  # a rank other than 0: its share is done, rank 0 reports; or the plan alone
             return
         print_result(EvalResult.from_dict(run["evaluation"]))
         if run.get("stopped"):

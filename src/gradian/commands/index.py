@@ -47,6 +47,8 @@ def register(app: typer.Typer) -> None:
         optimizer: str = O.OPTIMIZER,
         max_units_per_row: int = O.MAX_UNITS_PER_ROW,
         seed: int = typer.Option(0, help="Seed (projection).", rich_help_panel=O.ENGINES),
+        max_index_gb: float | None = O.MAX_INDEX_GB,
+        plan_only: bool = O.PLAN_ONLY,
     ) -> None:
         """Build (or resume) the per-example LoRA gradient index of a training set.
 
@@ -82,6 +84,9 @@ def register(app: typer.Typer) -> None:
             tokenize = dataclasses.replace(spec.tokenize, chat_template=saved[0] if saved else None)
         spec = dataclasses.replace(spec, tokenize=tokenize)
         check_build_args(batch_size, shard_size)
+        from gradian.commands.attribute import index_budget
+
+        budget = index_budget(ctx, max_index_gb)
         mspec = ModelSpec(base, dtype, device, trust_remote_code)
         examples = load_examples(data)
         try:
@@ -112,7 +117,32 @@ def register(app: typer.Typer) -> None:
             trajectory = resolve_trajectory(adapter, checkpoint_selection(checkpoints))
             items = tokenize_training_set(examples, ft.tokenizer, spec, data, lazy=True)  # a few numbers a row
             from gradian.attribute.datacheck import check_data_matches_adapter
+            from gradian.index.plan import run_plan, with_dim
 
+            if spec.optimizer == "adam":  # a bad optimizer.pt is named before the plan is printed
+                from gradian.api import _optimizer_file
+                from gradian.gradients.adam import read_adam_state
+
+                for ck in trajectory.checkpoints:
+                    read_adam_state(_optimizer_file(ft, ck), ft.model)
+
+            plan, spec = run_plan(  # before any gradient: the indexes, their sizes, the budget, the time
+                ft,
+                data,
+                examples,
+                items,
+                spec,
+                trajectory.checkpoints,
+                (spec.unit,),
+                seed=seed,
+                parent=out,
+                budget=budget,
+            )
+            spec = with_dim(spec, distributed.broadcast_object(spec.projection.dim))  # every rank stores rank 0's
+            for line in plan.lines():
+                console.print(escape(line), highlight=False, soft_wrap=True)
+            if plan_only:
+                return
             check = check_data_matches_adapter(ft, data, items, batch_size=batch_size)  # warns on a mismatch
             if check is not None:
                 console.print(escape(check.line()), highlight=False, soft_wrap=True)

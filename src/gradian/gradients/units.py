@@ -1,0 +1,157 @@
+"""Sentence-unit gradients of one row from one forward pass, and the row gradient derived from them.
+
+A row's supervised tokens S (after the causal shift) carry token losses ``c_t``. The row's loss and a
+unit's (:mod:`gradian.attribute.spans`; u ⊆ S, the tokens of one sentence) are means:
+
+    ℓ_row = (1/|S|) Σ_{t∈S} c_t,        ℓ_u = (1/|u|) Σ_{t∈u} c_t.
+
+Every unit of the row sees the same tokens up to its cut (causal attention), so one forward pass over
+the whole row gives every ``c_t`` and every LoRA input ``X`` (t, i). The units' losses are rows of one
+weight matrix over the token losses, ``ℓ = W c`` (K, ), and one batched backward
+(``autograd.grad(..., is_grads_batched=True)``, a vmap over the K output gradients) gives each unit's
+``G_u = ∂ℓ_u/∂y`` (t, o); the unit gradient is ``g_u = G_uᵀ X`` (o, i), as in
+:mod:`gradian.gradients.per_example`.
+
+**The row from its units.** With ``w_u = |u|/|S|``,
+
+    ℓ_row = Σ_u w_u ℓ_u + ℓ_res,        ℓ_res = Σ_t ρ_t c_t,   ρ_t = (1 − n_t)/|S|  (t ∈ S),
+
+where ``n_t`` is the number of units holding token t. When the units partition S (every supervised token
+in exactly one sentence) ρ = 0 except on the residual tokens (EOS / end of turn, text between sentences),
+where ρ_t = 1/|S|: the residual is one more unit. A token two sentences share gets ρ_t = −1/|S|, so the
+identity is exact in every case. The gradient is linear in the loss, hence
+
+    g_row = Σ_u w_u g_u + g_res,
+
+a fixed weighted sum; so is any linear map of it (a projection P: P g_row = Σ_u w_u P g_u + P g_res). No
+separate row pass is needed. A row whose one unit is all of S (ρ = 0) is computed once: g_row = g_u.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from gradian.gradients.hooks import LoraHooks
+from gradian.gradients.lora import LoraBlock
+from gradian.gradients.loss import IGNORE_INDEX
+
+
+@dataclass
+class RowUnitGrads:
+    """One row's unit gradients and its derived row gradient.
+
+    Attributes:
+        units: ``{block name: (K, o, i)}`` the K units' gradients (in the order of ``unit_labels``).
+        row: ``{block name: (o, i)}`` the row's gradient, ``Σ_u w_u g_u + g_res``.
+        unit_losses: (K,) each unit's mean token loss; ``row_loss`` the row's.
+        passes: backward vectors used (K, plus one when the row has a residual).
+    """
+
+    units: dict[str, torch.Tensor]
+    row: dict[str, torch.Tensor]
+    unit_losses: torch.Tensor
+    row_loss: float
+    passes: int
+
+
+def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(T−1,) per-position cross-entropy after the causal shift (0 where the label is ignored)."""
+    shift = logits[0, :-1, :]
+    if shift.dtype in (torch.float16, torch.bfloat16):
+        shift = shift.float()
+    lab = labels[1:]
+    logp = torch.log_softmax(shift, dim=-1)
+    return -logp.gather(-1, lab.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (lab != IGNORE_INDEX)
+
+
+def loss_weights(row_labels: torch.Tensor, unit_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The weights ``W`` (K', T−1) with ``ℓ = W c``, the row weights ``w`` (K',) and K' (module docstring).
+
+    Args:
+        row_labels: (T,) the row's labels (-100 off the loss).
+        unit_labels: (K, T) each unit's labels over the row's tokens (-100 outside the unit).
+
+    Returns:
+        ``(W, w, K')``: the K unit rows ``1_u/|u|`` then, when ρ ≠ 0, the residual row ρ (weight 1);
+        ``w`` the coefficients of ``g_row = Σ w_k g_k``.
+    """
+    S = (row_labels[1:] != IGNORE_INDEX).to(torch.float64)  # (T-1,)
+    M = (unit_labels[:, 1:] != IGNORE_INDEX).to(torch.float64)  # (K, T-1)
+    M = M * S  # a unit supervises only row-supervised tokens
+    size = M.sum(-1)  # (K,)
+    n_s = S.sum()
+    W = M / size.clamp(min=1).unsqueeze(-1)
+    w = size / n_s.clamp(min=1)
+    rho = (S - M.sum(0)) / n_s.clamp(min=1)  # (T-1,)
+    if bool((rho != 0).any()):
+        W = torch.cat([W, rho.unsqueeze(0)])
+        w = torch.cat([w, torch.ones(1, dtype=w.dtype)])
+    return W, w, W.shape[0]
+
+
+def row_unit_grads(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    unit_labels: torch.Tensor,
+    blocks: Sequence[LoraBlock],
+) -> RowUnitGrads:
+    """Every unit's gradient of one row from one forward and one batched backward (module docstring).
+
+    Args:
+        model: a PEFT LoRA model (eval mode; LoRA weights require grad).
+        batch: ONE row, as :func:`gradian.data.tokenize.collate` gives it (``input_ids`` etc. (1, T)).
+        unit_labels: (K, T) the units' labels on the row's tokens.
+        blocks: the LoRA blocks (:func:`gradian.gradients.lora.lora_blocks`).
+
+    Returns:
+        :class:`RowUnitGrads`; gradients in the accumulation dtype of the hooks path (float32 for a half model).
+    """
+    device = blocks[0].module.weight.device
+    batch = {k: v.to(device) for k, v in batch.items()}
+    if "position_ids" not in batch:
+        batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    if batch["input_ids"].shape[0] != 1:
+        raise ValueError("row_unit_grads takes one row")
+    K = unit_labels.shape[0]
+    W, w, k_all = loss_weights(batch["labels"][0].cpu(), unit_labels.cpu())
+    hooks = LoraHooks(blocks)
+    logits = hooks.forward(model, batch)
+    c = _token_losses(logits, batch["labels"][0])  # (T-1,)
+    Wd = W.to(device=device, dtype=c.dtype)
+    losses = Wd @ c  # (K',)
+    eye = torch.eye(k_all, dtype=losses.dtype, device=device)
+    seen, hooks._seen = hooks._seen, []
+    ys = [y for _, _, y in seen]
+    try:
+        Gs = torch.autograd.grad(losses, ys, grad_outputs=eye, is_grads_batched=True, allow_unused=True)
+    except RuntimeError:  # an op without a batching rule: one backward per unit over the same graph
+        per = [torch.autograd.grad(losses[k], ys, retain_graph=k < k_all - 1, allow_unused=True) for k in range(k_all)]
+        Gs = tuple(None if per[0][m] is None else torch.stack([p[m] for p in per]) for m in range(len(ys)))
+    out: dict[str, torch.Tensor] = {}
+    for (kb, X, _), G in zip(seen, Gs):
+        if G is None:
+            continue
+        acc = torch.float32 if G.dtype in (torch.float16, torch.bfloat16) else G.dtype
+        g = torch.einsum("kto,ti->koi", G[:, 0].to(acc), X[0].to(acc))  # (K', o, i)
+        name = blocks[kb].name
+        out[name] = g if name not in out else out[name] + g
+    wd = w.to(device=device, dtype=torch.float64)
+    units: dict[str, torch.Tensor] = {}
+    row: dict[str, torch.Tensor] = {}
+    for blk in blocks:
+        g = out.get(blk.name)
+        if g is None:
+            wdt = blk.module.weight.dtype
+            g = torch.zeros(
+                (k_all, *blk.shape),
+                dtype=torch.float32 if wdt in (torch.float16, torch.bfloat16) else wdt,
+                device=device,
+            )
+        units[blk.name] = g[:K]
+        row[blk.name] = torch.einsum("k,koi->oi", wd, g.to(torch.float64))  # float64
+    lossd = losses.detach().to(torch.float64)
+    row_loss = float((w.to(lossd.device) * lossd).sum())
+    return RowUnitGrads(units, row, losses.detach()[:K], row_loss, k_all)

@@ -1,0 +1,106 @@
+"""Sentence units from one forward pass: each unit's gradient, and the row gradient derived from them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradian import per_example_grads
+from gradian.attribute.spans import sentence_units, unit_item
+from gradian.data.formats import to_example
+from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
+from gradian.gradients import lora_blocks
+from gradian.gradients.projection import KroneckerProjector, ProjectionSpec
+from gradian.gradients.units import loss_weights, row_unit_grads
+from gradian.index.joint import row_unit_batch
+from gradian_testlib import ROWS, make_lora_model
+
+MULTI = {
+    "id": "multi",
+    "prompt": "Tell me three facts.",
+    "completion": " The capital of France is Paris. Water boils at 100 degrees. Iron is Fe",
+}
+
+
+def _rows(tok):
+    exs = [to_example(r, i, "t") for i, r in enumerate([*ROWS, MULTI])]
+    items = [tokenize_example(e, tok, TokenizeSpec(max_length=64)) for e in exs]
+    return exs, items, sentence_units(exs, items)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+# Llama's RMSNorm computes in float32 even in a float64 model, so a sum of unit gradients meets the direct row
+# gradient to ~1e-7 there; GPT-2 runs wholly in float64 and meets it to 1e-10.
+@pytest.mark.parametrize(
+    "arch,dtype,tol",
+    [("gpt2", torch.float64, 1e-10), ("llama", torch.float64, 1e-6), ("llama", torch.float32, 1e-5)],
+)
+def test_derived_row_gradient_equals_direct(tok, arch, dtype, tol):
+    model = make_lora_model(tok, arch, dtype=dtype)
+    exs, items, units = _rows(tok)
+    blocks = lora_blocks(model)
+    proj = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], ProjectionSpec(dim=16, seed=3))
+    multi_seen = False
+    for j, it in enumerate(items):
+        us = [u for u in units if u.row == j]
+        multi_seen |= len(us) == 3
+        batch, ul = row_unit_batch(it, us, tok.pad_token_id)
+        got = row_unit_grads(model, batch, ul, blocks)
+        direct, loss = per_example_grads(model, collate([it], tok.pad_token_id), "hooks", return_losses=True)
+        assert abs(got.row_loss - float(loss[0])) <= tol * abs(float(loss[0]))
+        scale = max(v.abs().max().item() for v in direct.values())
+        for i, b in enumerate(blocks):
+            err = (got.row[b.name] - direct[b.name][0].double()).abs().max().item() / scale
+            assert err <= tol, (j, b.name, err)
+            # projection is linear: projecting the derived row = deriving from the projected units
+            p_direct = proj(i, direct[b.name].double())[0]
+            p_got = proj(i, got.row[b.name].unsqueeze(0))[0]
+            assert _rel(p_got, p_direct) <= 10 * tol
+        for k, u in enumerate(us):  # each unit = its own (prefix-cut) pass, as the separate sentence index has it
+            d = per_example_grads(model, collate([unit_item(it, u)], tok.pad_token_id), "hooks")
+            sc = max(v.abs().max().item() for v in d.values())
+            assert max((got.units[n][k] - d[n][0]).abs().max().item() for n in d) / sc <= tol
+    assert multi_seen, "one row must have several sentences"
+
+
+def test_residual_is_one_more_unit_and_a_whole_row_unit_is_computed_once(tok):
+    _, items, units = _rows(tok)
+    it = items[-1]
+    us = [u for u in units if u.row == len(items) - 1]
+    _, ul = row_unit_batch(it, us, tok.pad_token_id)
+    labels = torch.tensor(list(it.labels))
+    W, w, k = loss_weights(labels, ul)
+    n_s = int((labels[1:] != -100).sum())
+    in_units = int(sum((ul[q, 1:] != -100).sum() for q in range(len(us))))
+    assert n_s > in_units and k == len(us) + 1  # EOS / the space before a sentence: one residual unit
+    assert torch.allclose(
+        w[:-1], torch.tensor([(ul[q, 1:] != -100).sum().item() / n_s for q in range(len(us))]).double()
+    )
+    # the weights reproduce the row's mean: Σ_k w_k W_k = 1_S / |S|
+    combo = (w[:-1].unsqueeze(1) * W[:-1]).sum(0) + W[-1]
+    assert torch.allclose(combo, (labels[1:] != -100).double() / n_s)
+    # a unit that is the whole row (no residual): one backward vector, the unit gradient is the row's
+    W1, w1, k1 = loss_weights(labels, labels.unsqueeze(0))
+    assert k1 == 1 and float(w1[0]) == 1.0
+
+
+def test_unit_and_row_gradients_with_many_units_use_one_forward(tok, monkeypatch):
+    model = make_lora_model(tok, "llama", dtype=torch.float64)
+    _, items, units = _rows(tok)
+    j = len(items) - 1
+    us = [u for u in units if u.row == j]
+    calls = {"n": 0}
+    fwd = model.forward
+
+    def counting(*a, **k):
+        calls["n"] += 1
+        return fwd(*a, **k)
+
+    monkeypatch.setattr(model, "forward", counting)
+    batch, ul = row_unit_batch(items[j], us, tok.pad_token_id)
+    got = row_unit_grads(model, batch, ul, lora_blocks(model))
+    assert calls["n"] == 1 and got.passes == len(us) + 1
+    assert all(v.shape[0] == len(us) for v in got.units.values())
