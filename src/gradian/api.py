@@ -23,7 +23,7 @@ from gradian.index.store import GradientIndex, GradSpec, build_index, default_in
 from gradian.models.load import ModelSpec, load_adapter, load_base
 
 if TYPE_CHECKING:
-    from gradian.attribute.trajectory import Checkpoint
+    from gradian.index.identity import Checkpoint
 
 
 @dataclass
