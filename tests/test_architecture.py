@@ -83,7 +83,7 @@ def import_graph(src: Path = SRC, *, top_level_only: bool = False) -> dict[str, 
     return {k: set(v) for k, v in _import_graph(src, top_level_only).items()}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _import_graph(src: Path, top_level_only: bool) -> dict[str, frozenset[str]]:
     files = module_files(src)
     graph: dict[str, frozenset[str]] = {}
