@@ -1,4 +1,4 @@
-"""What the lanes share: load a fine-tune, build its gradient index.
+"""A fine-tune and its training set: load the base and adapter, tokenise the training rows, build the gradient index.
 
 The Python API a script uses is :class:`gradian.attributor.Attributor` (``docs/api.md``), built on
 this module. The lanes' own entry points are ``gradian.evaluate.evaluate``,

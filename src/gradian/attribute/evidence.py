@@ -132,7 +132,7 @@ def trajectory_scores(
     evidence.
 
     Args:
-        ft: the loaded fine-tune (:class:`gradian.api.FineTune`); its LoRA weights are swapped per
+        ft: the loaded fine-tune (:class:`gradian.finetune.FineTune`); its LoRA weights are swapped per
             checkpoint and restored afterwards.
         grad: the row index's gradient spec (``grad.optimizer="adam"`` preconditions training rows).
         queries: per capability, its failing items as queries (non-empty lists).
@@ -144,7 +144,7 @@ def trajectory_scores(
         shard_size: rows per index shard.
     """
     from gradian import distributed
-    from gradian.api import training_index
+    from gradian.finetune import training_index
 
     caps = list(queries)
     flat: list[Query] = [q for c in caps for q in queries[c]]

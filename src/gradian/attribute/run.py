@@ -209,16 +209,16 @@ def attribute_run(
     run, the other ranks return None.
 
     Args:
-        ft: an already loaded :class:`gradian.api.FineTune` (else it is loaded here).
+        ft: an already loaded :class:`gradian.finetune.FineTune` (else it is loaded here).
         say: called with one line per index build (its size estimate), before it starts.
         setup: the resolved :class:`gradian.data.setup.TrainingSetup` (the CLI's, flags included), written into
             the manifest; None: resolved here (:func:`resolve_run_setup`, which may set ``specs.grad``'s
             tokenisation from ``inputs.configs``).
     """
     from gradian import distributed
-    from gradian.api import load_finetune
     from gradian.data.formats import load_examples
     from gradian.evaluate import EvalSpec, evaluate, load_eval_set
+    from gradian.finetune import load_finetune
 
     main = distributed.current().is_main
     out_dir = Path(out_dir)
@@ -265,10 +265,10 @@ def attribute_run(
             "(a delta whose CI includes zero is reported, not diagnosed)"
         )
     else:
-        from gradian.api import tokenize_training_set
         from gradian.attribute.evidence import trajectory_scores
         from gradian.attribute.references import reference_scores
         from gradian.attribute.trajectory import resolve_trajectory
+        from gradian.finetune import tokenize_training_set
 
         t = time.perf_counter()
         spec = specs.attribute

@@ -51,12 +51,12 @@ def register(app: typer.Typer) -> None:
         work; the index folder must be on a filesystem every rank sees (docs/distributed.md).
         """
         from gradian import distributed
-        from gradian.api import load_finetune, tokenize_training_set, training_index
         from gradian.attribute.trajectory import checkpoint_weights, resolve_trajectory
         from gradian.commands._common import grad_spec_from_options, input_identity, start_distributed
         from gradian.commands.attribute import checkpoint_selection
         from gradian.data.formats import load_examples
         from gradian.data.tokenize import row_values
+        from gradian.finetune import load_finetune, tokenize_training_set, training_index
         from gradian.index.store import check_build_args, select_blocks
         from gradian.models.load import ModelSpec
 
