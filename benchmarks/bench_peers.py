@@ -325,7 +325,7 @@ def default_ranking(A: dict[str, np.ndarray], refs: dict[str, np.ndarray], n: in
     """
     from gradian.attribute.evidence import EngineScores
     from gradian.attribute.pipeline import AttributeSpec, fuse_scores, rank_statistic
-    from gradian.attribute.spans import SentenceUnit
+    from gradian.data.spans import SentenceUnit
 
     spec = AttributeSpec()
     w = A["weights"]
