@@ -309,3 +309,12 @@ def test_help_imports_no_torch(argv):
     assert proc.returncode == 0, proc.stderr
     assert "usage:" in proc.stdout.lower()
     assert proc.stdout.strip().splitlines()[-1] == "HEAVY=", proc.stdout[-500:]
+
+
+def test_engine_help_read_from_source_is_the_registrys():
+    """``gradian attribute --help``'s engine list (read from the engine files) is the registry's own text."""
+    from gradian.commands._options import engine_help
+    from gradian.engines.registry import help_text
+
+    assert engine_help() == help_text()
+    assert "datainf (" in engine_help()
