@@ -184,34 +184,68 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+#: The layers, bottom first (docs/architecture.md): a module imports only from its own layer or below.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    (  # 0: the bottom, torch-free on import
+        "gradian.errors",
+        "gradian.sign",
+        "gradian.schema",
+        "gradian.validate",
+        "gradian.util",
+        "gradian.safeio",
+        "gradian.paths",
+        "gradian.tables",
+        "gradian.version",
+        "gradian.runfile",
+        "gradian.index.identity",
+        "gradian.data",
+    ),
+    ("gradian.models", "gradian.gradients", "gradian.index.store", "gradian.distributed"),  # 1
+    ("gradian.engines", "gradian.finetune"),  # 2
+    (  # 3: the lanes (a lane may use another)
+        "gradian.evaluate",
+        "gradian.attribute",
+        "gradian.audit",
+        "gradian.report",
+        "gradian.verify",
+        "gradian.worlds",
+        "gradian.train",
+        "gradian.doctor",
+    ),
+    ("gradian.attributor", "gradian.commands", "gradian.cli", "gradian.__main__"),  # 4: the front
+)
+
+#: Imports that go up a layer, each inside a function, and why (nothing else may).
+UPWARD = {
+    # a run's specs are checked by their own dataclasses, which live with the code they configure
+    ("gradian.runfile", "gradian.attribute.datacheck"),
+    ("gradian.runfile", "gradian.attribute.pipeline"),
+    ("gradian.runfile", "gradian.attribute.queries"),
+    ("gradian.runfile", "gradian.evaluate"),
+    ("gradian.runfile", "gradian.evaluate.result"),
+    ("gradian.runfile", "gradian.index.store"),
+    ("gradian.runfile", "gradian.models.load"),
+    # the training setup reads the trainer's config through the one config reader
+    ("gradian.data.setup", "gradian.audit.config"),
+    # gradian train prints with the CLI's console and progress bar
+    ("gradian.train", "gradian.commands._common"),
+}
+
+
+def layer(module: str) -> int:
+    """The layer of a module (the root package ``gradian`` stands apart: its public names are lazy)."""
+    for i, prefixes in enumerate(LAYERS):
+        if _under(module, prefixes):
+            return i
+    raise AssertionError(
+        f"{module} is in no layer: add it to LAYERS (tests/test_architecture.py, docs/architecture.md)"
+    )
+
+
 #: The bottom layer: modules every lane may import; they import no torch at top level and nothing of the
 #: lanes (attribute/, report/, evaluate/, audit/, verify/, commands, the CLI, the Python API).
-BOTTOM = (
-    "gradian.errors",
-    "gradian.sign",
-    "gradian.runfile",
-    "gradian.schema",
-    "gradian.validate",
-    "gradian.util",
-    "gradian.safeio",
-    "gradian.paths",
-    "gradian.tables",
-    "gradian.index.identity",
-    "gradian.data.formats",
-    "gradian.data.preference",
-    "gradian.data.setup",
-)
-LANES = (
-    "gradian.attribute",
-    "gradian.report",
-    "gradian.evaluate",
-    "gradian.audit",
-    "gradian.verify",
-    "gradian.commands",
-    "gradian.cli",
-    "gradian.attributor",
-    "gradian.finetune",
-)
+BOTTOM = LAYERS[0]
+LANES = LAYERS[3] + LAYERS[4]
 
 
 def test_graph_reads_the_package():
@@ -233,6 +267,15 @@ def test_cycle_finder_finds_a_planted_circle(tmp_path):
     (pkg / "c.py").write_text("from . import a\n")
     (pkg / "d.py").write_text("import gradian.a\n")
     assert cycles(import_graph(tmp_path)) == [["gradian.a", "gradian.c", "gradian.sub.b"]]
+
+
+def test_every_import_goes_down_the_layers():
+    """No module imports from a layer above its own, but for the function-level imports listed in UPWARD."""
+    graph, top = import_graph(), import_graph(top_level_only=True)
+    up = {(m, w) for m in graph if m != PACKAGE for w in graph[m] if w != PACKAGE and layer(w) > layer(m)}
+    assert sorted(up - UPWARD) == []
+    assert sorted((m, w) for m, w in up if w in top[m]) == []  # none of them at import time
+    assert sorted(UPWARD - up) == []  # the list stays exact
 
 
 def test_no_import_circle_in_src():
