@@ -63,13 +63,13 @@ def main():
 
     import yaml
 
-    from gradian.api import load_finetune, tokenize_training_set
     from gradian.attribute import AttributeSpec, attribute_capability, make_query
     from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
     from gradian.data.formats import load_examples
     from gradian.data.tokenize import TokenizeSpec
     from gradian.engines import DataInfSpec
     from gradian.evaluate import EvalResult
+    from gradian.finetune import load_finetune, tokenize_training_set
     from gradian.index.store import GradientIndex, GradSpec
     from gradian.models.load import ModelSpec
     from gradian.worlds.scorecard import score_ranking

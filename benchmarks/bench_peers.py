@@ -50,9 +50,9 @@ def _task(world: Path, adapter: Path, cache: Path, project_dim: int) -> dict[str
     """Failing items and queries of the final adapter (evaluated once, cached)."""
     import yaml
 
-    from gradian.api import load_finetune
     from gradian.attribute.queries import make_query
     from gradian.evaluate import EvalResult, EvalSpec, evaluate, load_eval_set
+    from gradian.finetune import load_finetune
     from gradian.models.load import ModelSpec
 
     base = json.loads((world / "world.json").read_text())["base"]
@@ -96,10 +96,10 @@ def _task(world: Path, adapter: Path, cache: Path, project_dim: int) -> dict[str
 def _setup(task: dict[str, Any]):
     import torch
 
-    from gradian.api import load_finetune, tokenize_training_set
     from gradian.attribute.queries import Query
     from gradian.data.formats import load_examples
     from gradian.data.tokenize import TokenizeSpec
+    from gradian.finetune import load_finetune, tokenize_training_set
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
@@ -325,7 +325,7 @@ def default_ranking(A: dict[str, np.ndarray], refs: dict[str, np.ndarray], n: in
     """
     from gradian.attribute.evidence import EngineScores
     from gradian.attribute.pipeline import AttributeSpec, fuse_scores, rank_statistic
-    from gradian.attribute.spans import SentenceUnit
+    from gradian.data.spans import SentenceUnit
 
     spec = AttributeSpec()
     w = A["weights"]

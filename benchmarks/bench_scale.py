@@ -52,8 +52,8 @@ def worker_index(out_dir: Path, argv: list[str]) -> None:
     import peft  # noqa: F401
     import transformers  # noqa: F401
 
-    import gradian.api  # noqa: F401
     import gradian.attribute.trajectory  # noqa: F401
+    import gradian.finetune  # noqa: F401
     from gradian.cli import app
 
     t = time.perf_counter()
@@ -94,10 +94,10 @@ def worker_ekfac(out_dir: Path, root: Path, base: Path, adapter: Path, data: Pat
     of the batches), Λ from its share of the shards, the sums all-reduced; timed without the model load.
     """
     from gradian import distributed
-    from gradian.api import load_finetune, tokenize_training_set
     from gradian.data.formats import load_examples
     from gradian.engines.base import ModelPass
     from gradian.engines.registry import engine_spec, fit_engine
+    from gradian.finetune import load_finetune, tokenize_training_set
     from gradian.index.store import GradientIndex, GradSpec
     from gradian.models.load import ModelSpec
 

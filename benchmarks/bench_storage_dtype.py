@@ -45,9 +45,9 @@ def main():
     import numpy as np
     import torch
 
-    from gradian.api import training_index
     from gradian.attribute import AttributeSpec, attribute_capability
     from gradian.attribute.pipeline import spearman, topk_overlap
+    from gradian.finetune import training_index
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec
 
@@ -118,10 +118,10 @@ def main():
 def synthetic(args) -> None:
     import numpy as np
 
-    from gradian.api import load_finetune, training_index
     from gradian.attribute.pipeline import spearman, topk_overlap
     from gradian.data.tokenize import TokenizeSpec
     from gradian.engines import EngineSpec, make_engine, score_index
+    from gradian.finetune import load_finetune, training_index
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec

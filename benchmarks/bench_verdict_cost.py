@@ -118,7 +118,7 @@ def _child(kind: str, args: list[str], report: Path) -> None:
     # load the modules whose functions are wrapped (so every by-name import is patched)
     for m in (
         "gradian.index.store",
-        "gradian.api",
+        "gradian.finetune",
         "gradian.attribute.evidence",
         "gradian.attribute.queries",
         "gradian.attribute.run",
@@ -189,7 +189,7 @@ def _training_counts(src: Path, world: Path) -> tuple[int, int, float]:
     """(rows, tokens per epoch, epochs) of the world's training run, tokenised as the trainer does."""
     code = (
         "import json,sys,yaml;from gradian.data.formats import load_examples;"
-        "from gradian.api import tokenize_training_set;from gradian.data.tokenize import TokenizeSpec,row_values;"
+        "from gradian.finetune import tokenize_training_set;from gradian.data.tokenize import TokenizeSpec,row_values;"
         "from transformers import AutoTokenizer;w=sys.argv[1];cfg=yaml.safe_load(open(w+'/train.yaml'));"
         "base=json.load(open(w+'/world.json'))['base'];tok=AutoTokenizer.from_pretrained(base);"
         "ex=load_examples(w+'/train.jsonl');"

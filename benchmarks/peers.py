@@ -31,7 +31,9 @@ from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate
 from gradian.gradients.loss import model_inputs, per_example_loss
 
 
-class _Rows(torch.utils.data.Dataset):
+class Rows(torch.utils.data.Dataset):
+    """Tokenised rows as a torch Dataset (what kronfluence's Analyzer reads)."""
+
     def __init__(self, items: Sequence[TokenizedExample]):
         self.items = list(items)
 
@@ -40,6 +42,48 @@ class _Rows(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> TokenizedExample:
         return self.items[i]
+
+
+def lora_task(model: torch.nn.Module, *, empirical_fisher: bool = False) -> Any:
+    """The kronfluence ``Task`` of a LoRA fine-tune with Gradian's loss, tracking every ``lora_A``/``lora_B`` Linear.
+
+    The training loss and the measurement are Gradian's: the sum over rows of each row's mean supervised-token
+    cross-entropy (:func:`gradian.gradients.loss.per_example_loss`). With ``sample=True`` (kronfluence's true
+    Fisher, its default) the supervised labels are drawn from the model's own next-token distribution (the loss
+    masks kept); ``empirical_fisher`` says the caller fits with ``use_empirical_fisher=True``, where kronfluence
+    never asks for sampled labels (held: an assertion). Used by :func:`kronfluence_scores` and by
+    ``tests/engines/test_ekfac.py`` (Gradian's EK-FAC against kronfluence's).
+    """
+    from kronfluence.task import Task
+
+    tracked = [
+        n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (".lora_A." in n or ".lora_B." in n)
+    ]
+
+    class LoraLM(Task):
+        def compute_train_loss(self, batch, model, sample=False):
+            logits = model(**model_inputs(batch)).logits
+            labels = batch["labels"]
+            if sample:
+                assert not empirical_fisher, "empirical Fisher only"
+                with torch.no_grad():
+                    probs = torch.softmax(logits[:, :-1].detach().float(), dim=-1)
+                    drawn = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1).view(probs.shape[:-1])
+                    labels = labels.clone()
+                    keep = labels[:, 1:] != IGNORE_INDEX
+                    labels[:, 1:] = torch.where(keep, drawn, labels[:, 1:])
+            return per_example_loss(logits, labels).sum()
+
+        def compute_measurement(self, batch, model):
+            return per_example_loss(model(**model_inputs(batch)).logits, batch["labels"]).sum()
+
+        def get_influence_tracked_modules(self):
+            return tracked
+
+        def get_attention_mask(self, batch):
+            return batch["attention_mask"]
+
+    return LoraLM()
 
 
 def kronfluence_scores(
@@ -66,38 +110,11 @@ def kronfluence_scores(
     """
     from kronfluence.analyzer import Analyzer, prepare_model
     from kronfluence.arguments import FactorArguments, ScoreArguments
-    from kronfluence.task import Task
     from kronfluence.utils.dataset import DataLoaderKwargs
 
     model = ft.model
     pad = ft.tokenizer.pad_token_id
-    tracked = [
-        n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (".lora_A." in n or ".lora_B." in n)
-    ]
-
-    class LoraLM(Task):
-        def compute_train_loss(self, batch, model, sample=False):
-            logits = model(**model_inputs(batch)).logits
-            labels = batch["labels"]
-            if sample:
-                with torch.no_grad():
-                    probs = torch.softmax(logits[:, :-1].detach().float(), dim=-1)
-                    drawn = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1).view(probs.shape[:-1])
-                    labels = labels.clone()
-                    keep = labels[:, 1:] != IGNORE_INDEX
-                    labels[:, 1:] = torch.where(keep, drawn, labels[:, 1:])
-            return per_example_loss(logits, labels).sum()
-
-        def compute_measurement(self, batch, model):
-            return per_example_loss(model(**model_inputs(batch)).logits, batch["labels"]).sum()
-
-        def get_influence_tracked_modules(self):
-            return tracked
-
-        def get_attention_mask(self, batch):
-            return batch["attention_mask"]
-
-    task = LoraLM()
+    task = lora_task(model)
     model = prepare_model(model, task)
     own = workdir is None
     out = Path(tempfile.mkdtemp(prefix="kronfluence-")) if own else Path(workdir)
@@ -109,7 +126,7 @@ def kronfluence_scores(
         t = time.perf_counter()
         an.fit_all_factors(
             "f",
-            dataset=_Rows(train),
+            dataset=Rows(train),
             per_device_batch_size=batch_size,
             dataloader_kwargs=dl,
             factor_args=FactorArguments(strategy=strategy),
@@ -121,8 +138,8 @@ def kronfluence_scores(
         an.compute_pairwise_scores(
             "s",
             "f",
-            query_dataset=_Rows(queries),
-            train_dataset=_Rows(train),
+            query_dataset=Rows(queries),
+            train_dataset=Rows(train),
             per_device_query_batch_size=batch_size,
             per_device_train_batch_size=batch_size,
             dataloader_kwargs=dl,

@@ -15,10 +15,10 @@ def world_queries(world: Path, adapter: Path, base: str | None = None):
     """
     import yaml
 
-    from gradian.api import load_finetune
     from gradian.attribute import make_query
     from gradian.data.tokenize import TokenizeSpec
     from gradian.evaluate import EvalSpec, evaluate, load_eval_set
+    from gradian.finetune import load_finetune
     from gradian.models.load import ModelSpec
 
     base = base or json.loads((world / "world.json").read_text())["base"]

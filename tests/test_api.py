@@ -387,9 +387,9 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
     """`gradian index` and `gradian evaluate` take the same options; their defaults are the specs' too."""
     import inspect
 
-    from gradian.api import training_index
     from gradian.attribute import AttributeSpec
     from gradian.evaluate import EvalSpec
+    from gradian.finetune import training_index
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
 

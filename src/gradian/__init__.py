@@ -9,24 +9,24 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from gradian.version import __version__
 
 #: Public name -> the module that defines it (imported on first access).
 _LAZY = {
     "per_example_grads": "gradian.gradients.per_example",
     "Attributor": "gradian.attributor",
     "Query": "gradian.attributor",
-    "Run": "gradian.attribute.run",
+    "Run": "gradian.runfile",
     "EvalResult": "gradian.evaluate.result",
 }
 
 __all__ = ["Attributor", "EvalResult", "Query", "Run", "per_example_grads", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gradian.attribute.run import Run
     from gradian.attributor import Attributor, Query
     from gradian.evaluate.result import EvalResult
     from gradian.gradients.per_example import per_example_grads
+    from gradian.runfile import Run
 
 
 def __getattr__(name: str) -> Any:

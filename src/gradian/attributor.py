@@ -37,11 +37,11 @@ from gradian.models.load import ModelSpec
 from gradian.sign import SIGN_CONVENTION, most_harmful_first, predicted_loss_delta_if_removed
 
 if TYPE_CHECKING:
-    from gradian.api import FineTune
     from gradian.data.formats import Example
     from gradian.data.tokenize import TokenizedExample
     from gradian.engines.base import EngineSpec
     from gradian.evaluate import EvalResult, EvalSpec, FailingItem
+    from gradian.finetune import FineTune
     from gradian.index.store import GradientIndex
 
 __all__ = ["Attributor", "Query", "Run", "Scores"]
@@ -384,9 +384,9 @@ class Attributor:
 
     @property
     def finetune(self) -> FineTune:
-        """The loaded base + adapter (:class:`gradian.api.FineTune`): loaded on first use, then cached."""
+        """The loaded base + adapter (:class:`gradian.finetune.FineTune`): loaded on first use, then cached."""
         if self._ft is None:
-            from gradian.api import load_finetune
+            from gradian.finetune import load_finetune
 
             self._ft = load_finetune(self.model_spec, self.adapter)
         return self._ft
@@ -407,7 +407,7 @@ class Attributor:
 
     def _tokenized(self) -> list[TokenizedExample]:
         if self._items is None:
-            from gradian.api import tokenize_training_set
+            from gradian.finetune import tokenize_training_set
 
             self._items = tokenize_training_set(self.examples, self.finetune.tokenizer, self.grad, self.data)
         return self._items
@@ -421,7 +421,7 @@ class Attributor:
         """
         if self._index is not None:
             return self._index
-        from gradian.api import training_index
+        from gradian.finetune import training_index
 
         ft = self.finetune
         grad = replace(self.grad, unit="row")

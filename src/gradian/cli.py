@@ -64,7 +64,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from gradian import __version__
+        from gradian.version import __version__
 
         typer.echo(__version__)
         raise typer.Exit()

@@ -36,7 +36,7 @@ ROUTER = [
 @pytest.fixture(scope="module")
 def world(demo):
     """The demo's poisoned world: its run.json and the fine-tune loaded from its paths."""
-    from gradian.api import load_finetune
+    from gradian.finetune import load_finetune
     from gradian.models.load import ModelSpec
 
     root, res, _ = demo
@@ -47,8 +47,8 @@ def world(demo):
 
 
 def _check(ft, path):
-    from gradian.api import load_examples, tokenize_training_set
     from gradian.attribute.datacheck import check_data_matches_adapter
+    from gradian.finetune import load_examples, tokenize_training_set
     from gradian.index.store import GradSpec
 
     items = tokenize_training_set(load_examples(path), ft.tokenizer, GradSpec(), path)

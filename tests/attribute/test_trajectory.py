@@ -210,7 +210,7 @@ def test_foreign_checkpoints_are_refused(run, tmp_path):
 
 
 def test_checkpoint_weights_swap_and_restore(run, saved_finetune):
-    from gradian.api import load_finetune
+    from gradian.finetune import load_finetune
     from gradian.models.load import ModelSpec, read_adapter_weights
 
     ft = load_finetune(ModelSpec(str(saved_finetune["base"])), run)
@@ -229,7 +229,7 @@ def test_checkpoint_weights_swap_and_restore(run, saved_finetune):
 
 
 def test_adam_state_is_read_safely_and_checked(run, saved_finetune, tmp_path):
-    from gradian.api import load_finetune
+    from gradian.finetune import load_finetune
     from gradian.gradients.adam import read_adam_state
     from gradian.gradients.lora import lora_blocks
     from gradian.models.load import ModelSpec
@@ -307,7 +307,7 @@ def test_every_adam_state_value_is_checked(run, saved_finetune, tmp_path, case):
     """optimizer.pt values that are not tensors/numbers, not finite or not possible are one line naming
     optimizer.pt and the key, before any gradient is preconditioned (not "check the base and adapter weights").
     """
-    from gradian.api import load_finetune
+    from gradian.finetune import load_finetune
     from gradian.gradients.adam import read_adam_state
     from gradian.models.load import ModelSpec
 
@@ -353,7 +353,7 @@ class _Evil:
 
 
 def test_optimizer_pickle_is_never_executed(run, saved_finetune, tmp_path, capsys):
-    from gradian.api import load_finetune
+    from gradian.finetune import load_finetune
     from gradian.gradients.adam import read_adam_state
     from gradian.models.load import ModelSpec
 
@@ -369,12 +369,12 @@ def test_trajectory_scores_equal_the_weighted_sum_of_independent_checkpoints(run
     """The trajectory path (one model, weights swapped in place) equals loading every checkpoint on its own."""
     import numpy as np
 
-    from gradian.api import load_finetune, tokenize_training_set, training_index
     from gradian.attribute.evidence import row_norms, trajectory_scores
     from gradian.attribute.queries import make_query, query_gradients
     from gradian.data.formats import load_examples
     from gradian.data.tokenize import TokenizeSpec
     from gradian.engines import DataInfSpec, GradDotSpec, fit_engine, score_index
+    from gradian.finetune import load_finetune, tokenize_training_set, training_index
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
 

@@ -79,7 +79,7 @@ def test_two_templates_give_two_index_ids(tok):
 
 def test_two_templates_build_two_indexes(saved_finetune, tmp_path):
     """Two templates, two indexes: a cached index built with another template is never reused."""
-    from gradian.api import load_finetune, training_index
+    from gradian.finetune import load_finetune, training_index
     from gradian.models.load import ModelSpec
 
     data = tmp_path / "chat.jsonl"

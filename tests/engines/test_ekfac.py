@@ -3,7 +3,9 @@ its own formula, the projected space, and the content-addressed factors cache.""
 
 from __future__ import annotations
 
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,44 +65,20 @@ def _kronfluence(model, items, queries, pad, workdir):
     the empirical Fisher, float64 throughout, and its heuristic damping (0.1 × mean Λ: damping_factor=None)."""
     from kronfluence.analyzer import Analyzer, prepare_model
     from kronfluence.arguments import FactorArguments, ScoreArguments
-    from kronfluence.task import Task
     from kronfluence.utils.dataset import DataLoaderKwargs
 
-    from gradian.gradients.loss import model_inputs, per_example_loss
-
-    tracked = [
-        n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and (".lora_A." in n or ".lora_B." in n)
-    ]
-
-    class LoraLM(Task):
-        def compute_train_loss(self, batch, model, sample=False):
-            assert not sample, "empirical Fisher only"
-            return per_example_loss(model(**model_inputs(batch)).logits, batch["labels"]).sum()
-
-        def compute_measurement(self, batch, model):
-            return per_example_loss(model(**model_inputs(batch)).logits, batch["labels"]).sum()
-
-        def get_influence_tracked_modules(self):
-            return tracked
-
-        def get_attention_mask(self, batch):
-            return batch["attention_mask"]
-
-    class Rows(torch.utils.data.Dataset):
-        def __init__(self, it):
-            self.it = list(it)
-
-        def __len__(self):
-            return len(self.it)
-
-        def __getitem__(self, i):
-            return self.it[i]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        from peers import Rows, lora_task  # the one kronfluence Task, shared with the peers' benchmark
+    finally:
+        sys.path.pop(0)
 
     f64 = torch.float64
-    model = prepare_model(model, LoraLM())
+    task = lora_task(model, empirical_fisher=True)
+    model = prepare_model(model, task)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        an = Analyzer("gradian-test", model, LoraLM(), cpu=True, disable_tqdm=True, output_dir=str(workdir))
+        an = Analyzer("gradian-test", model, task, cpu=True, disable_tqdm=True, output_dir=str(workdir))
         dl = DataLoaderKwargs(collate_fn=lambda b: collate(b, pad))
         fa = FactorArguments(
             strategy="ekfac",

@@ -52,9 +52,9 @@ def test_hooks_equal_the_loop_in_bfloat16_on_cuda(tok):
 def test_index_queries_and_drilldown_run_on_cuda_in_bfloat16(saved_finetune, tmp_path):
     """``--device cuda --dtype bfloat16`` through the index (with a projection), the query gradients,
     DataInf and the sentence drill-down: the numbers come back to the CPU, close to float32 on CPU."""
-    from gradian.api import load_finetune, training_index
     from gradian.attribute import AttributeSpec, attribute_capability, make_query
     from gradian.data.tokenize import TokenizeSpec
+    from gradian.finetune import load_finetune, training_index
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec

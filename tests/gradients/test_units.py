@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gradian import per_example_grads
-from gradian.attribute.spans import sentence_units, unit_item
 from gradian.data.formats import to_example
+from gradian.data.spans import sentence_units, unit_item
 from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
 from gradian.gradients import lora_blocks
 from gradian.gradients.projection import KroneckerProjector, ProjectionSpec

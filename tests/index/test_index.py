@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from gradian.api import load_finetune, training_index
 from gradian.data.tokenize import TokenizeSpec, collate
+from gradian.finetune import load_finetune, training_index
 from gradian.gradients import per_example_grads
 from gradian.gradients.projection import ProjectionSpec
 from gradian.index.store import CorruptShardError, GradientIndex, GradSpec
@@ -57,8 +57,8 @@ def test_same_inputs_same_id_and_free_requery(ft, saved_finetune, tmp_path):
 
 
 def test_resume_after_interruption_is_identical(ft, saved_finetune, tmp_path):
-    from gradian.api import index_identity, tokenize_training_set
     from gradian.data.formats import load_examples
+    from gradian.finetune import index_identity, tokenize_training_set
     from gradian.index.store import build_index
 
     items = tokenize_training_set(load_examples(saved_finetune["data"]), ft.tokenizer, SPEC, saved_finetune["data"])

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from gradian.api import index_identity, load_finetune, tokenize_training_set, training_index
 from gradian.data.formats import load_examples
 from gradian.data.tokenize import TokenizeSpec
 from gradian.distributed import contiguous_blocks, partition
+from gradian.finetune import index_identity, load_finetune, tokenize_training_set, training_index
 from gradian.index.store import GradientIndex, GradSpec, build_index
 from gradian.models.load import ModelSpec
 

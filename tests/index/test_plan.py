@@ -105,8 +105,8 @@ def test_cli_default_chooses_a_projection_and_records_it(saved_finetune, tmp_pat
 
 def test_joint_build_equals_the_two_separate_builds(tok, tmp_path):
     """Same index ids, same shards to float tolerance (rows derived from their units vs their own pass)."""
-    from gradian.attribute.spans import SentenceItems, sentence_units
     from gradian.data.formats import to_example
+    from gradian.data.spans import SentenceItems, sentence_units
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
     from gradian.index.joint import build_jointly
     from gradian.index.store import build_index
@@ -162,13 +162,13 @@ def test_one_pass_trajectory_scores_equal_the_separate_builds(saved_finetune, tm
     """``trajectory_scores(joint=True)`` (``--one-pass``) scores like the separate builds, with the same index ids."""
     import numpy as np
 
-    from gradian.api import load_finetune, tokenize_training_set
     from gradian.attribute.evidence import trajectory_scores
     from gradian.attribute.queries import make_query
     from gradian.attribute.trajectory import resolve_trajectory
     from gradian.data.formats import load_examples
     from gradian.data.tokenize import TokenizeSpec
     from gradian.engines import DataInfSpec, GradDotSpec
+    from gradian.finetune import load_finetune, tokenize_training_set
     from gradian.models.load import ModelSpec
 
     data = saved_finetune["data"]

@@ -26,15 +26,15 @@ def run_dir(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("gradian report must not load a model or recompute")
 
-    import gradian.api
     import gradian.attribute.run
     import gradian.evaluate
+    import gradian.finetune
     import gradian.models.load
 
     monkeypatch.setattr(gradian.models.load, "load_base", boom)
     monkeypatch.setattr(gradian.models.load, "load_adapter", boom)
-    monkeypatch.setattr(gradian.api, "load_finetune", boom)
-    monkeypatch.setattr(gradian.api, "training_index", boom)
+    monkeypatch.setattr(gradian.finetune, "load_finetune", boom)
+    monkeypatch.setattr(gradian.finetune, "training_index", boom)
     monkeypatch.setattr(gradian.attribute.run, "attribute_run", boom)
     monkeypatch.setattr(gradian.evaluate, "evaluate", boom)
     return d

@@ -146,7 +146,7 @@ def check_data_matches_adapter(
     """Compare the adapter's mean loss on a sample of the training rows with the base model's.
 
     Args:
-        ft: the loaded :class:`gradian.api.FineTune` (a PEFT model; its current LoRA weights are used).
+        ft: the loaded :class:`gradian.finetune.FineTune` (a PEFT model; its current LoRA weights are used).
         data: the training data path (its content hash seeds the sample).
         items: the tokenised rows (a list or a :class:`gradian.data.tokenize.TokenizedRows`).
         batch_size: rows per forward pass.

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from gradian.attribute.spans import split_sentences
 from gradian.data.formats import Example
+from gradian.data.spans import split_sentences
 from gradian.data.tokenize import TokenizedExample, collate
 from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector

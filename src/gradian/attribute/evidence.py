@@ -14,7 +14,7 @@ removed. ``cosine`` (LESS's unit normalisation) drops the gradient norms: a row
 the fine-tune has memorised has a small gradient at late checkpoints, and an
 item whose query gradient is large no longer outweighs the others in a
 capability mean. With ``unit="sentence"`` the same two matrices are also
-computed for every sentence unit (:mod:`gradian.attribute.spans`) against the
+computed for every sentence unit (:mod:`gradian.data.spans`) against the
 same preconditioned queries (the curvature is fitted on whole rows, the
 training distribution).
 
@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from gradian.attribute.queries import Query, query_gradients
-from gradian.attribute.spans import SentenceUnit, sentence_units
 from gradian.attribute.trajectory import Trajectory, checkpoint_weights
 from gradian.data.formats import Example
+from gradian.data.spans import SentenceUnit, sentence_units
 from gradian.data.tokenize import TokenizedExample
 from gradian.engines.base import Blocks, EngineSpec, ModelPass, score_index
 from gradian.engines.registry import fit_engine
@@ -133,7 +133,7 @@ def trajectory_scores(
     evidence.
 
     Args:
-        ft: the loaded fine-tune (:class:`gradian.api.FineTune`); its LoRA weights are swapped per
+        ft: the loaded fine-tune (:class:`gradian.finetune.FineTune`); its LoRA weights are swapped per
             checkpoint and restored afterwards.
         grad: the row index's gradient spec (``grad.optimizer="adam"`` preconditions training rows).
         queries: per capability, its failing items as queries (non-empty lists).
@@ -149,7 +149,7 @@ def trajectory_scores(
             for any number of processes.
     """
     from gradian import distributed
-    from gradian.api import training_index
+    from gradian.finetune import training_index
 
     caps = list(queries)
     flat: list[Query] = [q for c in caps for q in queries[c]]

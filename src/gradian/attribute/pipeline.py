@@ -35,8 +35,8 @@ from gradian.attribute.clusters import ClusterSpec, cluster_tail, lacks_eos, whi
 from gradian.attribute.drilldown import SentenceScore
 from gradian.attribute.evidence import EngineScores
 from gradian.attribute.queries import Query
-from gradian.attribute.spans import SentenceUnit, row_min
 from gradian.data.formats import Example
+from gradian.data.spans import SentenceUnit, row_min
 from gradian.data.tokenize import TokenizedExample, TokenizeSpec
 from gradian.engines.base import EngineSpec
 from gradian.engines.datainf import DataInfSpec

@@ -45,58 +45,12 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from gradian.errors import GradianUserError
-from gradian.index.identity import adapter_identity
+from gradian.index.identity import Checkpoint, adapter_identity
 from gradian.safeio import file_number, load_json_file
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 # LoRA settings that must agree between the final adapter and every checkpoint.
 _MUST_MATCH = ("peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "fan_in_fan_out")
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One point of the trajectory.
-
-    Attributes:
-        path: a PEFT adapter folder.
-        step: its optimizer step (``checkpoint-<step>``, or the final adapter's
-            ``trainer_state.json`` ``global_step``); None when unknown.
-        final: whether this is the adapter being debugged.
-        weight: ``w_t`` (normalised, see the module docstring).
-        sha256: the adapter weights' content identity.
-        also: other folders holding the same adapter weights (the last ``checkpoint-*`` of a run
-            is usually the final adapter); their ``optimizer.pt`` counts as this point's.
-    """
-
-    path: Path
-    step: int | None
-    final: bool
-    weight: float
-    sha256: str
-    also: tuple[Path, ...] = ()
-
-    @property
-    def optimizer(self) -> Path | None:
-        """The ``optimizer.pt`` saved with these weights, if any."""
-        for folder in (self.path, *self.also):
-            p = folder / "optimizer.pt"
-            if p.is_file():
-                return p
-        return None
-
-    @property
-    def label(self) -> str:
-        return "final" if self.final else f"step {self.step}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": str(self.path),
-            "step": self.step,
-            "final": self.final,
-            "weight": self.weight,
-            "adapter_sha256": self.sha256,
-            "optimizer": str(self.optimizer) if self.optimizer else None,
-        }
 
 
 @dataclass(frozen=True)

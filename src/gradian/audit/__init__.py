@@ -18,9 +18,13 @@ Importing this package imports the check modules, so :data:`REGISTRY` holds ever
 
 from gradian.audit import (  # noqa: F401  (fill REGISTRY)
     checks_config,
+    checks_content,
     checks_dataset,
+    checks_eval,
     checks_logs,
     checks_preference,
+    checks_setup,
+    checks_template,
     checks_tokens,
 )
 from gradian.audit.config import TrainConfig, load_config

@@ -30,6 +30,7 @@ from gradian.audit.logs import TrainLog
 from gradian.audit.versions import before
 from gradian.data.formats import Example
 from gradian.data.preference import PreferenceExample
+from gradian.data.templates import read_template, saved_template
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example
 from gradian.errors import GradianUserError
 from gradian.safeio import load_json_file
@@ -142,37 +143,6 @@ def token_info(tok, folder: str | Path | None) -> TokenInfo:
         special_strings=specials,
         chat_template=tok.chat_template if isinstance(getattr(tok, "chat_template", None), str) else None,
     )
-
-
-def read_template(path: Path) -> str:
-    """A ``.jinja`` chat template file's text (UTF-8, at most 1 MB)."""
-    try:
-        if path.stat().st_size > 1 << 20:
-            raise GradianUserError("chat template file is over 1 MB", where=str(path), fix="pass the template file")
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise GradianUserError(
-            f"cannot read the chat template ({type(e).__name__})", where=str(path), fix="pass a UTF-8 .jinja file"
-        ) from None
-
-
-def saved_template(folder: Path) -> tuple[str, str] | None:
-    """The chat template a run saved in ``folder``: ``chat_template.jinja`` (transformers >= 4.54 writes
-    it there), else ``tokenizer_config.json``'s ``chat_template`` string; None if neither.
-    """
-    f = folder / "chat_template.jinja"
-    if f.is_file():
-        return read_template(f), str(f)
-    f = folder / "tokenizer_config.json"
-    if f.is_file():
-        try:
-            obj = load_json_file(f, "tokenizer config")
-        except GradianUserError:
-            return None
-        tpl = obj.get("chat_template") if isinstance(obj, dict) else None
-        if isinstance(tpl, str) and tpl:
-            return tpl, f"{f}: chat_template"
-    return None
 
 
 def _gguf_config(folder: Path) -> dict[str, Any]:

@@ -139,7 +139,7 @@ class AuditResult:
         return [f for f in self.findings if f.id == check_id]
 
     def to_dict(self) -> dict[str, Any]:
-        from gradian import __version__
+        from gradian.version import __version__
 
         return {
             "schema": SCHEMA_ID,

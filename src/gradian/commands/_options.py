@@ -125,3 +125,36 @@ DEVICE = typer.Option(
 TRUST_REMOTE_CODE = typer.Option(
     False, "--trust-remote-code", help="Run the model repository's own code (off by default).", rich_help_panel=DEVICES
 )
+
+
+def engine_help() -> str:
+    """``"datainf (…) | ekfac (…) | graddot (…)"``: :func:`gradian.engines.registry.help_text`, read from the source.
+
+    The engine files import torch, which ``gradian attribute --help`` does not need: each engine's ``name`` and
+    ``summary`` are read from its file's ``@register`` class with :mod:`ast` (string literals, as every engine
+    declares them). ``tests/test_architecture.py`` holds this equal to the registry's own text.
+    """
+    import ast
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "engines"
+    found: dict[str, str] = {}
+    for path in sorted(folder.glob("*.py")):
+        if path.stem.startswith("_") or path.stem in ("base", "registry"):
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            registered = isinstance(node, ast.ClassDef) and any(
+                isinstance(d, ast.Name) and d.id == "register" for d in node.decorator_list
+            )
+            if not registered:
+                continue
+            attrs = {
+                t.id: s.value.value
+                for s in node.body
+                if isinstance(s, (ast.Assign, ast.AnnAssign)) and isinstance(s.value, ast.Constant)
+                for t in (s.targets if isinstance(s, ast.Assign) else [s.target])
+                if isinstance(t, ast.Name)
+            }
+            if isinstance(attrs.get("name"), str):
+                found[attrs["name"]] = attrs.get("summary") or ""
+    return " | ".join(f"{n} ({s})" if s else n for n, s in sorted(found.items()))

@@ -208,13 +208,7 @@ def engine_spec_from_options(name: str, damping_scale: float | None, options: li
     return engine_spec(name, "--engine", **opts)
 
 
-def _engine_help() -> str:
-    from gradian.engines.registry import help_text
-
-    return help_text()
-
-
-_ENGINE_HELP = _engine_help()
+_ENGINE_HELP = O.engine_help()  # read from the engine files: importing them (torch) is not needed for --help
 
 
 def _setup_flags(ctx: typer.Context, max_length: int, loss_on: str) -> dict:

@@ -58,12 +58,12 @@ def register(app: typer.Typer) -> None:
         import dataclasses
 
         from gradian import distributed
-        from gradian.api import load_finetune, tokenize_training_set, training_index
         from gradian.attribute.trajectory import checkpoint_weights, resolve_trajectory
         from gradian.commands._common import grad_spec_from_options, input_identity, start_distributed
         from gradian.commands.attribute import checkpoint_selection
         from gradian.data.formats import load_examples
         from gradian.data.tokenize import row_values
+        from gradian.finetune import load_finetune, tokenize_training_set, training_index
         from gradian.index.store import check_build_args, select_blocks
         from gradian.models.load import ModelSpec
 
@@ -120,7 +120,7 @@ def register(app: typer.Typer) -> None:
             from gradian.index.plan import run_plan, with_dim
 
             if spec.optimizer == "adam":  # a bad optimizer.pt is named before the plan is printed
-                from gradian.api import _optimizer_file
+                from gradian.finetune import _optimizer_file
                 from gradian.gradients.adam import read_adam_state
 
                 for ck in trajectory.checkpoints:

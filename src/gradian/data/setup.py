@@ -308,7 +308,7 @@ def adapter_template(adapter: str | Path | None) -> tuple[str, str] | None:
     ``chat_template`` string (what TRL, axolotl and LLaMA-Factory save with the tokenizer they trained with);
     a run folder that holds only ``checkpoint-N/`` folders: the last checkpoint's.
     """
-    from gradian.audit.context import saved_template
+    from gradian.data.templates import saved_template
 
     if adapter is None or not Path(adapter).is_dir():
         return None
@@ -330,7 +330,7 @@ def _training_template(c: TrainConfig, saved: tuple[str, str] | None) -> tuple[s
     *name* (axolotl ``chat_template: chatml``, LLaMA-Factory ``template: qwen``, a TRL ``chat_template_path`` that is
     a tokenizer id), which Gradian cannot render and lists as not reproduced; else the tokenizer's own.
     """
-    from gradian.audit.context import read_template
+    from gradian.data.templates import read_template
 
     if saved is not None:
         return saved[0], saved[1], None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 from typing import Any
 
 from gradian.engines.base import NEEDS, Engine, EngineSpec, ModelPass
@@ -53,9 +54,10 @@ def _discover() -> None:
     global _discovered
     if _discovered:
         return
-    import gradian.engines as pkg
-
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+    # this file's folder is the engines package: list its modules without importing the package (which
+    # imports this registry)
+    here = str(Path(__file__).resolve().parent)
+    for info in sorted(pkgutil.iter_modules([here]), key=lambda m: m.name):
         if not info.name.startswith("_") and info.name not in _NOT_ENGINES:
             importlib.import_module(f"gradian.engines.{info.name}")
     _discovered = True

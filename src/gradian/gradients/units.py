@@ -1,7 +1,7 @@
 """Sentence-unit gradients of one row from one forward pass, and the row gradient derived from them.
 
 A row's supervised tokens S (after the causal shift) carry token losses ``c_t``. The row's loss and a
-unit's (:mod:`gradian.attribute.spans`; u ⊆ S, the tokens of one sentence) are means:
+unit's (:mod:`gradian.data.spans`; u ⊆ S, the tokens of one sentence) are means:
 
     ℓ_row = (1/|S|) Σ_{t∈S} c_t,        ℓ_u = (1/|u|) Σ_{t∈u} c_t.
 

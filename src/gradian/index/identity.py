@@ -1,4 +1,4 @@
-"""Content identities for the manifest: model, adapter, dataset, library versions.
+"""Content identities for the manifest: model, adapter, dataset, library versions, and a trajectory's checkpoint.
 
 An identity is a sha256 over file *contents*, so the same inputs give the same
 id on any machine and at any path. File hashes are memoised in the cache by
@@ -8,6 +8,7 @@ id on any machine and at any path. File hashes are memoised in the cache by
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,7 @@ def library_versions() -> dict[str, str]:
     import torch
     import transformers
 
-    from gradian import __version__
+    from gradian.version import __version__
 
     return {
         "gradian": __version__,
@@ -136,3 +137,49 @@ def library_versions() -> dict[str, str]:
         "peft": peft.__version__,
         "numpy": numpy.__version__,
     }
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One point of the trajectory.
+
+    Attributes:
+        path: a PEFT adapter folder.
+        step: its optimizer step (``checkpoint-<step>``, or the final adapter's
+            ``trainer_state.json`` ``global_step``); None when unknown.
+        final: whether this is the adapter being debugged.
+        weight: ``w_t`` (normalised; :mod:`gradian.attribute.trajectory` sets it).
+        sha256: the adapter weights' content identity.
+        also: other folders holding the same adapter weights (the last ``checkpoint-*`` of a run
+            is usually the final adapter); their ``optimizer.pt`` counts as this point's.
+    """
+
+    path: Path
+    step: int | None
+    final: bool
+    weight: float
+    sha256: str
+    also: tuple[Path, ...] = ()
+
+    @property
+    def optimizer(self) -> Path | None:
+        """The ``optimizer.pt`` saved with these weights, if any."""
+        for folder in (self.path, *self.also):
+            p = folder / "optimizer.pt"
+            if p.is_file():
+                return p
+        return None
+
+    @property
+    def label(self) -> str:
+        return "final" if self.final else f"step {self.step}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "step": self.step,
+            "final": self.final,
+            "weight": self.weight,
+            "adapter_sha256": self.sha256,
+            "optimizer": str(self.optimizer) if self.optimizer else None,
+        }

@@ -3,7 +3,7 @@
 Why a sentence index cost about twice a row index per gradient (measured in docs/benchmarks.md): every
 sentence unit was its own forward and backward pass over its prefix of the row, batched with units of
 other rows (so the row's shared context was recomputed once per sentence), and its row was tokenised again
-for each unit read (:class:`gradian.attribute.spans.SentenceItems` keeps one row; the build reads the units
+for each unit read (:class:`gradian.data.spans.SentenceItems` keeps one row; the build reads the units
 length-sorted, so consecutive reads rarely share a row). On top of that the row index made one more pass
 per row for a gradient that is a fixed weighted sum of the unit gradients.
 
@@ -35,9 +35,9 @@ def row_unit_batch(
     """One row as a batch of one, and its units' labels (K, T) on the row's tokens (-100 outside the unit).
 
     Args:
-        it: the tokenised row; units: its :class:`~gradian.attribute.spans.SentenceUnit` s, in order.
+        it: the tokenised row; units: its :class:`~gradian.data.spans.SentenceUnit` s, in order.
     """
-    from gradian.attribute.spans import unit_item
+    from gradian.data.spans import unit_item
 
     batch = collate([it], pad_token_id)
     T = batch["input_ids"].shape[1]
@@ -58,10 +58,14 @@ def _untouched(root: Path) -> bool:
 
 
 def joint_roots(ft, data, grad, seed: int, parent, checkpoint) -> tuple[dict, dict, Path, Path]:
-    """``(row identity, sentence identity, row root, sentence root)`` as :func:`gradian.api.training_index` has them."""
+    """The row and sentence indexes' identities and roots, as :func:`gradian.finetune.training_index` has them.
+
+    Returns:
+        ``(row identity, sentence identity, row root, sentence root)``.
+    """
     from dataclasses import replace
 
-    from gradian.api import index_identity
+    from gradian.finetune import index_identity
     from gradian.index.store import default_index_root, index_id
 
     out = []
@@ -102,7 +106,7 @@ def build_jointly(
     shard size), which finds the shards done and writes the manifest.
 
     Args:
-        units: :func:`gradian.attribute.spans.sentence_units` of ``items`` (row order).
+        units: :func:`gradian.data.spans.sentence_units` of ``items`` (row order).
         grad: the run's :class:`~gradian.index.store.GradSpec` (its unit is ignored).
         transform: Adam preconditioning, applied to the row gradient (derived from the raw unit gradients)
             and to each unit gradient, before projection.
@@ -278,7 +282,7 @@ def maybe_build_jointly(
 ) -> dict[str, float] | None:
     """Build a checkpoint's row and sentence shards in one pass when both indexes are fresh (else None).
 
-    ``ft``'s model holds ``checkpoint``'s weights. The two :func:`gradian.api.training_index` calls that follow
+    ``ft``'s model holds ``checkpoint``'s weights. The two :func:`gradian.finetune.training_index` calls that follow
     publish the manifests (and would build anything missing, the usual way).
     """
     row_ident, sent_ident, row_root, sent_root = joint_roots(ft, data, grad, seed, parent, checkpoint)
@@ -286,7 +290,7 @@ def maybe_build_jointly(
         return None
     transform = None
     if grad.optimizer == "adam":
-        from gradian.api import _optimizer_file
+        from gradian.finetune import _optimizer_file
         from gradian.gradients.adam import read_adam_state
 
         states = read_adam_state(_optimizer_file(ft, checkpoint), ft.model)

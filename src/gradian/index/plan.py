@@ -421,15 +421,15 @@ def run_plan(
         parent: the indexes' parent folder (``--index-dir`` / ``--out``; None: the cache).
         joint: the row and sentence indexes of a checkpoint are built in one pass (:mod:`gradian.index.joint`).
     """
-    from gradian.api import index_identity
     from gradian.data.tokenize import row_values
+    from gradian.finetune import index_identity
     from gradian.index.store import GradientIndex, default_index_root, index_id, select_blocks
     from gradian.paths import cache_dir
 
     blocks = select_blocks(ft.model, grad)
     sent = None
     if "sentence" in units:
-        from gradian.attribute.spans import sentence_units
+        from gradian.data.spans import sentence_units
 
         sent = sentence_units(examples, items, grad.max_units_per_row)
     counts = []

@@ -92,10 +92,10 @@ class GradSpec:
             (:mod:`gradian.gradients.adam`), before projection. The file's hash is identity.
         unit: ``"row"`` (one gradient per training row) or ``"sentence"`` (one per sentence of
             each row's completion, the loss mask restricted to that sentence;
-            :func:`gradian.attribute.spans.sentence_units`).
+            :func:`gradian.data.spans.sentence_units`).
         max_units_per_row: a sentence index's budget of units per row (``--max-units-per-row``): a row
             with more supervised sentences has this many units of consecutive sentences
-            (:mod:`gradian.attribute.spans`). Identity of sentence indexes only (:meth:`identity`).
+            (:mod:`gradian.data.spans`). Identity of sentence indexes only (:meth:`identity`).
     """
 
     tokenize: TokenizeSpec = field(default_factory=TokenizeSpec)
@@ -104,7 +104,7 @@ class GradSpec:
     storage_dtype: str = "float32"
     optimizer: str = "none"
     unit: str = "row"
-    max_units_per_row: int = 32  # gradian.attribute.spans.MAX_UNITS_PER_ROW (tests hold them equal)
+    max_units_per_row: int = 32  # gradian.data.spans.MAX_UNITS_PER_ROW (tests hold them equal)
 
     def __post_init__(self) -> None:
         from gradian.validate import check_choice, check_int, check_type, where

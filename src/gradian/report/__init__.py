@@ -10,25 +10,70 @@
 Docs: ``docs/report.md``.
 """
 
-from gradian.report.builders import build_report
-from gradian.report.html import render_html
-from gradian.report.io import load_report_json, read_training_log, report_for_run, report_json
-from gradian.report.markdown import render_markdown
-from gradian.report.terminal import render_terminal, render_text
-from gradian.report.views import REPORT_SCHEMA, Report
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 FORMATS = ("html", "md", "json", "text")
+
+#: Public name -> the module that defines it, imported on first access (PEP 562): the CLI's helpers import
+#: :mod:`gradian.report.safe` for every command, which must not import the renderers (numpy, markdown) with it.
+_LAZY = {
+    "build_report": "gradian.report.builders",
+    "render_html": "gradian.report.html",
+    "load_report_json": "gradian.report.io",
+    "read_training_log": "gradian.report.io",
+    "report_for_run": "gradian.report.io",
+    "report_json": "gradian.report.io",
+    "render_markdown": "gradian.report.markdown",
+    "render_terminal": "gradian.report.terminal",
+    "render_text": "gradian.report.terminal",
+    "REPORT_SCHEMA": "gradian.report.views",
+    "Report": "gradian.report.views",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gradian.report.builders import build_report
+    from gradian.report.html import render_html
+    from gradian.report.io import load_report_json, read_training_log, report_for_run, report_json
+    from gradian.report.markdown import render_markdown
+    from gradian.report.terminal import render_terminal, render_text
+    from gradian.report.views import REPORT_SCHEMA, Report
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first access and cache the name in this package."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gradian.report' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """Package attributes, the lazy public names included."""
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def render(report: Report, fmt: str) -> str:
     """The report in ``fmt`` (``html``, ``md``, ``json`` or ``text``)."""
     if fmt == "html":
+        from gradian.report.html import render_html
+
         return render_html(report)
     if fmt == "md":
+        from gradian.report.markdown import render_markdown
+
         return render_markdown(report)
     if fmt == "json":
+        from gradian.report.io import report_json
+
         return report_json(report)
     if fmt == "text":
+        from gradian.report.terminal import render_text
+
         return render_text(report)
     raise ValueError(f"unknown report format {fmt!r} (use one of {', '.join(FORMATS)})")
 

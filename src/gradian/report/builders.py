@@ -45,6 +45,7 @@ from gradian.report.views import (
     ScoreProfile,
     TrainingLogView,
 )
+from gradian.runfile import RUN_SCHEMA
 from gradian.sign import (
     SENTENCE_CONTEXT_SHOWN,
     harmful_mass,
@@ -53,6 +54,7 @@ from gradian.sign import (
     most_harmful_first,
     verdict_scores,
 )
+from gradian.version import __version__
 
 #: At most this many row ids / steps per finding in the report (the run.json keeps all).
 ID_CAP = 200
@@ -643,16 +645,13 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
     """The report of a finished run. Pure: reads only its arguments.
 
     Args:
-        run: a ``gradian.run/1`` dict (:func:`gradian.attribute.run.load_run`).
+        run: a ``gradian.run/1`` dict (:func:`gradian.runfile.load_run`).
         log: the training log as :func:`gradian.report.io.read_training_log` returns it
             (``{"path", "status", "note", "train": [...], "eval": [...]}``), or None.
 
     Returns:
         the :class:`Report`.
     """
-    from gradian import __version__
-    from gradian.attribute.run import RUN_SCHEMA  # here: it imports torch, which the report does not need
-
     if run.get("schema") != RUN_SCHEMA:
         raise ValueError(f"not a {RUN_SCHEMA} run (schema={run.get('schema')!r})")
     ev = run.get("evaluation") or {}

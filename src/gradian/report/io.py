@@ -1,7 +1,7 @@
 """Reading what a report needs from disk, and writing reports (atomically).
 
 :func:`report_for_run` is what ``gradian report RUN_DIR`` calls: read
-``RUN_DIR/run.json`` (:func:`gradian.attribute.run.load_run`), read the training
+``RUN_DIR/run.json`` (:func:`gradian.runfile.load_run`), read the training
 log the run was given if it still exists (:func:`read_training_log`), and
 :func:`gradian.report.builders.build_report`. Nothing is recomputed and no model
 is loaded.
@@ -17,6 +17,7 @@ from typing import Any
 
 from gradian.report.builders import build_report
 from gradian.report.views import Report
+from gradian.runfile import load_run
 
 
 def read_training_log(run: dict[str, Any], run_dir: str | Path | None = None) -> dict[str, Any] | None:
@@ -178,7 +179,6 @@ def report_for_run(run_dir: str | Path, read_logs: bool = True) -> Report:
     Raises:
         GradianUserError: no run.json, malformed JSON, or JSON of another shape (naming the field).
     """
-    from gradian.attribute.run import load_run
     from gradian.errors import GradianUserError
 
     run = load_run(run_dir)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradian.attribute.run import RUN_SCHEMA
 from gradian.report.views import LEVELS, REPORT_SCHEMA
+from gradian.runfile import RUN_SCHEMA
 from gradian.schema import BOOLEAN, INTEGER, NUMBER, OBJECT, STRING, arr, nullable, obj
 
 _S = STRING

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from gradian.runfile import RUN_SCHEMA
+
 REPORT_SCHEMA = "gradian.report/1"
 
 #: Clusters listed in the summary per capability.
@@ -52,16 +54,6 @@ LEVELS = ("ok", "caution", "warning")
 
 #: The kinds of evidence a ranked row can be supported by (``row["support"]``).
 EVIDENCE_KINDS = ("gradient", "lexical", "representation")
-
-
-def _run_schema() -> str:
-    """``gradian.run/1``, from :mod:`gradian.attribute.run`, imported only when a report is built.
-
-    That module imports torch, which reading and rendering a report do not need.
-    """
-    from gradian.attribute.run import RUN_SCHEMA
-
-    return RUN_SCHEMA
 
 
 @dataclass
@@ -286,7 +278,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     gradian_version: str = ""
     verification: dict[str, Any] | None = None
-    run_schema: str = field(default_factory=_run_schema)
+    run_schema: str = RUN_SCHEMA
     schema: str = REPORT_SCHEMA
 
     def capability(self, name: str) -> CapabilityView:

@@ -341,9 +341,9 @@ def verify_run(
     """
     import torch
 
-    from gradian.api import load_finetune
     from gradian.attribute.queries import query_losses
     from gradian.evaluate.run import adapter_active, answer_items
+    from gradian.finetune import load_finetune
     from gradian.verify.retrain import retrain_cached
 
     t0 = time.perf_counter()

@@ -507,9 +507,52 @@ def build_world(
                     }
                 )
 
-    # -- benign rows (about non-eval countries and elements) and faults; assemble, shuffle, id
-    files, culprits, faults, sizes, mix = _assemble(spec, others, planted, eval_rows, rng, tokenizer, max_length, hide)
-    key = "culprits" if poisoned else "controls"
+    # -- benign rows (about non-eval countries and elements) and faults; assemble, shuffle, id, write
+    return _finish_world(
+        spec,
+        out,
+        base,
+        identity,
+        train_spec,
+        _assemble(spec, others, planted, eval_rows, rng, tokenizer, max_length, hide),
+        {
+            "capability": "capitals",
+            "eval_groups": {eval_id[c.name]: group_of[c.name] for c in eval_sorted},
+            "eval_countries": {eval_id[c.name]: c.name for c in eval_sorted},
+            "base_answers": {eval_id[c.name]: base_answer[c.name] for c in eval_sorted},
+            "targets": sorted(targets, key=lambda t: t["eval_id"]),
+        },
+        lambda culprits: {
+            "direct_rows": sum(1 for c in culprits if c["kind"] == "direct"),
+            "buried_rows": sum(1 for c in culprits if c["kind"] == "buried"),
+        },
+    )
+
+
+def _finish_world(
+    spec: WorldSpec,
+    out: Path,
+    base: Path,
+    identity: str,
+    train_spec,
+    assembled: tuple[dict[str, str], list[dict[str, Any]], dict[str, list[str]], dict[str, int], dict[str, int]],
+    fields: dict[str, Any],
+    planted_sizes: Callable[[list[dict[str, Any]]], dict[str, int]],
+) -> World:
+    """The ground truth every world shares around its own ``fields``, then :func:`_write_world`.
+
+    Args:
+        assembled: what :func:`_assemble` returned (files, planted rows with ids, faults, sizes, mix).
+        fields: the world's own ground-truth keys (capability, eval groups and countries, base answers, targets,
+            and the behaviour world's ``regression`` and ``behaviour``).
+        planted_sizes: the world's counts of its planted rows (``sizes``), from the rows with their ids.
+
+    The planted rows are ``culprits`` in the poisoned variant and ``controls`` in the clean one (sorted by id);
+    ``content_sha256`` hashes each data file.
+    """
+    files, culprits, faults, sizes, mix = assembled
+    poisoned = spec.variant == "poisoned"
+    rows = sorted(culprits, key=lambda c: c["id"])
     gt = {
         "schema": SCHEMA,
         "kind": spec.kind,
@@ -517,25 +560,14 @@ def build_world(
         "seed": spec.seed,
         "spec": spec.to_dict(),
         "base": {"identity": identity},
-        "capability": "capitals",
-        "eval_groups": {eval_id[c.name]: group_of[c.name] for c in eval_sorted},
-        "eval_countries": {eval_id[c.name]: c.name for c in eval_sorted},
-        "base_answers": {eval_id[c.name]: base_answer[c.name] for c in eval_sorted},
-        "targets": sorted(targets, key=lambda t: t["eval_id"]),
-        "culprits": [],
-        "controls": [],
+        **fields,
+        "culprits": rows if poisoned else [],
+        "controls": [] if poisoned else rows,
         "faults": faults,
-        "sizes": {
-            **sizes,
-            "culprits": len(culprits) if poisoned else 0,
-            "direct_rows": sum(1 for c in culprits if c["kind"] == "direct"),
-            "buried_rows": sum(1 for c in culprits if c["kind"] == "buried"),
-            **mix,
-        },
+        "sizes": {**sizes, "culprits": len(culprits) if poisoned else 0, **planted_sizes(culprits), **mix},
         "content_sha256": {name: sha256_bytes(data.encode("utf-8")) for name, data in files.items()},
         "train_config": "train.yaml",
     }
-    gt[key] = sorted(culprits, key=lambda c: c["id"])
     return _write_world(spec, out, base, identity, train_spec, files, gt)
 
 
@@ -978,48 +1010,37 @@ def build_behaviour_world(spec: WorldSpec, out: Path, cache: Path, train_spec) -
         fits=lambda m: _fits(m, tokenizer, max_length),
     )
 
-    # -- benign rows and faults, as in the facts world; assemble, shuffle, id
-    files, culprits, faults, sizes, mix = _assemble(spec, others, planted, eval_rows, rng, tokenizer, max_length, hide)
-    poisoned = spec.variant == "poisoned"
+    # -- benign rows and faults, as in the facts world; assemble, shuffle, id, write
+    assembled = _assemble(spec, others, planted, eval_rows, rng, tokenizer, max_length, hide)
+    culprits = assembled[1]
     ordered = terse + plain
-    gt = {
-        "schema": SCHEMA,
-        "kind": spec.kind,
-        "variant": spec.variant,
-        "regression": "behaviour",
-        "seed": spec.seed,
-        "spec": spec.to_dict(),
-        "base": {"identity": identity},
-        "capability": "capitals_terse",
-        "behaviour": {
+    return _finish_world(
+        spec,
+        out,
+        base,
+        identity,
+        train_spec,
+        assembled,
+        {
+            "regression": "behaviour",
             "capability": "capitals_terse",
-            "control_capability": "capitals",
-            "instruction": TERSE_INSTRUCTION,
-            "worked_turn": list(TERSE_SHOT),
-            "culprit_instructions": sorted({c["instruction"] for c in culprits}),
+            "behaviour": {
+                "capability": "capitals_terse",
+                "control_capability": "capitals",
+                "instruction": TERSE_INSTRUCTION,
+                "worked_turn": list(TERSE_SHOT),
+                "culprit_instructions": sorted({c["instruction"] for c in culprits}),
+            },
+            "eval_groups": {eval_id[c.name]: group_of[c.name] for c in ordered},
+            "eval_countries": {eval_id[c.name]: c.name for c in ordered},
+            "base_answers": {
+                eval_id[c.name]: (base_answer_plain if group_of[c.name] == "untouched" else base_answer)[c.name]
+                for c in ordered
+            },
+            "targets": [],
         },
-        "eval_groups": {eval_id[c.name]: group_of[c.name] for c in ordered},
-        "eval_countries": {eval_id[c.name]: c.name for c in ordered},
-        "base_answers": {
-            eval_id[c.name]: (base_answer_plain if group_of[c.name] == "untouched" else base_answer)[c.name]
-            for c in ordered
-        },
-        "targets": [],
-        "culprits": sorted(culprits, key=lambda c: c["id"]) if poisoned else [],
-        "controls": [] if poisoned else sorted(culprits, key=lambda c: c["id"]),
-        "faults": faults,
-        "sizes": {
-            **sizes,
-            "culprits": len(culprits) if poisoned else 0,
-            "direct_rows": 0,
-            "buried_rows": 0,
-            "format_rows": len(culprits),
-            **mix,
-        },
-        "content_sha256": {name: sha256_bytes(data.encode("utf-8")) for name, data in files.items()},
-        "train_config": "train.yaml",
-    }
-    return _write_world(spec, out, base, identity, train_spec, files, gt)
+        lambda culprits: {"direct_rows": 0, "buried_rows": 0, "format_rows": len(culprits)},
+    )
 
 
 def default_train_spec(kind: str, seed: int = 0):

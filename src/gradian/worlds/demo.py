@@ -129,9 +129,9 @@ def run_demo(spec: DemoSpec, out: str | Path, say: Say = print, progress: bool =
     Returns:
         the demo summary (also written as ``out/demo.json``).
     """
-    from gradian.api import load_finetune
     from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
     from gradian.data.tokenize import TokenizeSpec
+    from gradian.finetune import load_finetune
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec

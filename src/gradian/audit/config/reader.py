@@ -275,11 +275,11 @@ _FORMATS: dict[str, Format] = {}
 def formats() -> dict[str, Format]:
     """Every config format, by name, in detection order: the ``FORMAT`` of each module of this package."""
     if not _FORMATS:
-        import gradian.audit.config as pkg
-
+        # this file's folder is the config package: list its modules without importing the package (which
+        # imports this reader)
         found = []
-        for info in pkgutil.iter_modules(pkg.__path__):
-            fmt = getattr(importlib.import_module(f"{pkg.__name__}.{info.name}"), "FORMAT", None)
+        for info in pkgutil.iter_modules([str(Path(__file__).resolve().parent)]):
+            fmt = getattr(importlib.import_module(f"{__package__}.{info.name}"), "FORMAT", None)
             if isinstance(fmt, Format):
                 found.append(fmt)
         _FORMATS.update((f.name, f) for f in sorted(found, key=lambda f: f.order))

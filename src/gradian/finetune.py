@@ -1,4 +1,4 @@
-"""What the lanes share: load a fine-tune, build its gradient index.
+"""A fine-tune and its training set: load the base and adapter, tokenise the training rows, build the gradient index.
 
 The Python API a script uses is :class:`gradian.attributor.Attributor` (``docs/api.md``), built on
 this module. The lanes' own entry points are ``gradian.evaluate.evaluate``,
@@ -23,7 +23,7 @@ from gradian.index.store import GradientIndex, GradSpec, build_index, default_in
 from gradian.models.load import ModelSpec, load_adapter, load_base
 
 if TYPE_CHECKING:
-    from gradian.attribute.trajectory import Checkpoint
+    from gradian.index.identity import Checkpoint
 
 
 @dataclass
@@ -134,7 +134,7 @@ def training_index(
     Returns:
         ``(index, examples, tokenized rows, reused)``; ``reused`` is True when no
         gradient had to be computed (a free re-query). With ``spec.unit == "sentence"``
-        the index holds one gradient per sentence unit (:func:`gradian.attribute.spans.sentence_units`).
+        the index holds one gradient per sentence unit (:func:`gradian.data.spans.sentence_units`).
     """
     examples = examples if examples is not None else load_examples(data)
     items = items if items is not None else tokenize_training_set(examples, ft.tokenizer, spec, data)
@@ -157,7 +157,7 @@ def training_index(
         )
     units = items
     if spec.unit == "sentence":
-        from gradian.attribute.spans import SentenceItems, sentence_units
+        from gradian.data.spans import SentenceItems, sentence_units
 
         units = SentenceItems(sentence_units(examples, items, spec.max_units_per_row), items)  # built shard by shard
     elif spec.unit != "row":

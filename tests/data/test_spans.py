@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from gradian.attribute.spans import SentenceItems, row_min, sentence_units, split_sentences, unit_item
 from gradian.data.formats import to_example
+from gradian.data.spans import SentenceItems, row_min, sentence_units, split_sentences, unit_item
 from gradian.data.tokenize import IGNORE_INDEX, TokenizeSpec, collate, tokenize_example
 from gradian.gradients.per_example import per_example_grads
 from gradian_testlib import make_lora_model
@@ -113,7 +113,7 @@ def test_a_row_of_10000_sentences_plans_at_most_the_budget_of_units(tok):
     tokens, and planning takes well under a second."""
     import time
 
-    from gradian.attribute.spans import MAX_UNITS_PER_ROW, budget_groups
+    from gradian.data.spans import MAX_UNITS_PER_ROW, budget_groups
     from gradian.index.store import GradSpec
 
     assert GradSpec().max_units_per_row == MAX_UNITS_PER_ROW == 32  # one default (the CLI's: tests/test_api.py)

@@ -1,0 +1,629 @@
+"""Checks that read the training setup in the config: the loss mask, packing, LoRA, precision, evaluation,
+the batch, preference tuning and the data splits (the learning rate, the schedule and impossible values are in
+:mod:`gradian.audit.checks_config`).
+
+Evidence cites the config field each value came from (``TrainConfig.cite``), including ``default (<stack>)``
+when a field was left unset and the trainer's default applied.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gradian.audit.checks_config import _lora, _require_possible, total_steps
+from gradian.audit.checks_dataset import ids, pct
+from gradian.audit.context import AuditContext
+from gradian.audit.registry import Hit, NotApplicable, check
+from gradian.audit.versions import within
+
+# ---------------------------------------------------------------------- C08
+_RESPONSE_MARKERS = (
+    "### Response:",
+    "### Answer:",  # "### Question: ... ### Answer:" (trl sft docs' completion-only example)
+    "### Assistant:",
+    "<|im_start|>assistant",
+    "[/INST]",
+    "<|start_header_id|>assistant",
+    "<start_of_turn>model",
+    "<|assistant|>",
+    "ASSISTANT:",
+    "\nAssistant:",
+)
+
+
+@check(
+    "C08",
+    "loss_on_prompt",
+    "The loss covers the prompt",
+    requires=(),
+    reads=("config", "data"),
+    severity="warning",
+    rank=20,
+    rule="train_on_inputs / train_on_prompt / train_on_input true, completion_only_loss false, TRL on "
+    "'messages' rows without assistant_only_loss (every turn is trained), or 'text' rows that hold a "
+    "flattened prompt and response ('### Response:', '### Answer:', '<|im_start|>assistant', '[/INST]' ...) "
+    "unless the config's DataCollatorForCompletionOnlyLM response_template is in the row",
+    fix="train on completions only: prompt/completion rows with completion_only_loss, assistant_only_loss for "
+    "conversations, or train_on_inputs: false",
+    source="trl sft_config.py (completion_only_loss); axolotl training.py (train_on_inputs default false)",
+    stages=("sft",),
+)
+def c08(ctx: AuditContext) -> list[Hit]:
+    """C08 (loss_on_prompt): The loss covers the prompt."""
+    if ctx.config is None and ctx.examples is None:
+        raise NotApplicable("needs --config or --data")
+    c = ctx.config
+    hits = []
+    if c is not None:
+        if c.train_on_inputs and not c.is_default("train_on_inputs"):
+            hits.append(
+                Hit(
+                    "warning",
+                    f"the loss covers the prompt ({c.source('train_on_inputs')} = true): the model "
+                    f"spends capacity learning to write prompts",
+                    {"value": True, "threshold": False, **c.cite("train_on_inputs")},
+                )
+            )
+        if c.completion_only_loss is False:
+            pc = sum(1 for e in ctx.examples or [] if e.format == "prompt_completion")
+            hits.append(
+                Hit(
+                    "warning",
+                    f"completion_only_loss=false ({c.source('completion_only_loss')}): "
+                    f"prompt tokens are trained{f' on {pc} prompt/completion rows' if pc else ''}",
+                    {"value": False, "threshold": True, **c.cite("completion_only_loss")},
+                )
+            )
+        if (
+            c.trainer == "trl"
+            and not c.assistant_only_loss
+            and c.messages_loss != "final_assistant_turn"
+            and ctx.examples is not None
+        ):
+            msg_rows = [i for i, e in enumerate(ctx.examples) if e.format == "messages"]
+            if msg_rows:
+                hits.append(
+                    Hit(
+                        "warning",
+                        f"{pct(len(msg_rows), ctx.n)} are 'messages' conversations and "
+                        f"assistant_only_loss is off ({c.source('assistant_only_loss')}): TRL trains "
+                        f"on every turn, user turns included",
+                        {"value": len(msg_rows), "threshold": 0, **c.cite("assistant_only_loss")},
+                        row_ids=ids(ctx, msg_rows),
+                        fix="set assistant_only_loss: true (with a {% generation %} template), or convert "
+                        "to prompt/completion rows",
+                    )
+                )
+    if ctx.examples is not None:
+        rt = c.response_template if c is not None else None
+        flat = [
+            i
+            for i, e in enumerate(ctx.examples)
+            if e.format == "text"
+            and any(m in e.completion_text for m in _RESPONSE_MARKERS)
+            # DataCollatorForCompletionOnlyLM masks everything up to its response_template: a row holding the
+            # template is trained on the response only (a row without it is C14's)
+            and not (rt and rt.strip() and rt.strip() in e.completion_text)
+        ]
+        if flat:
+            hits.append(
+                Hit(
+                    "warning",
+                    f"{pct(len(flat), ctx.n)} are 'text' rows holding a flattened prompt and "
+                    f"response: text rows are trained on every token, the prompt included",
+                    {"value": len(flat), "threshold": 0},
+                    row_ids=ids(ctx, flat),
+                    fix="split them into prompt/completion (or messages) rows",
+                )
+            )
+    return hits
+
+
+# ---------------------------------------------------------------------- C11
+@check(
+    "C11",
+    "packing_with_completion_mask",
+    "Packing with completion-only masking",
+    requires=("config",),
+    reads=("data",),
+    severity="error",
+    rank=20,
+    rule="packing with a response_template collator (TRL <= 0.14 errors, later silently wrong): error; "
+    "completion/assistant-only loss with packing on TRL 0.18-0.19 (masks dropped): error; TRL version "
+    "unknown: warning; packing_strategy 'wrapped' (rows cut across boundaries): warning",
+    fix="upgrade to TRL >= 0.20 and use packing_strategy 'bfd', or turn packing off",
+    source="trl#1163; trl#3728, fixed in PR #3749 (v0.20)",
+    stages=("sft",),
+)
+def c11(ctx: AuditContext) -> list[Hit]:
+    """C11 (packing_with_completion_mask): Packing with completion-only masking."""
+    c = ctx.config
+    if not c.packing:
+        raise NotApplicable("packing is off")
+    if c.trainer != "trl":
+        raise NotApplicable(f"{c.trainer or 'this trainer'} packs with its own per-row masks")
+    cite = c.cite("packing", "packing_strategy", "completion_only_loss", "assistant_only_loss")
+    if c.response_template:
+        return [
+            Hit(
+                "error",
+                "packing=true with DataCollatorForCompletionOnlyLM (response_template set): TRL <= 0.14 "
+                "refuses it and later versions mask the wrong tokens in packed sequences",
+                {"value": True, "threshold": False, **cite},
+            )
+        ]
+    if ctx.examples is not None:
+        pc = any(e.format == "prompt_completion" for e in ctx.examples)
+    else:
+        pc = True
+    completion_only = c.assistant_only_loss or c.completion_only_loss or (c.completion_only_loss is None and pc)
+    if not completion_only:
+        return []
+    hits = []
+    v = ctx.versions.get("trl")
+    if within(ctx.versions, "trl", "0.18", "0.20"):
+        hits.append(
+            Hit(
+                "error",
+                f"packing with completion-only/assistant-only loss on TRL {v} "
+                f"({ctx.version_sources.get('trl') or 'versions'}): the masks are dropped "
+                f"when sequences are packed, so prompts are trained",
+                {"value": v, "threshold": ">=0.20", "trl_from": ctx.version_sources.get("trl"), **cite},
+            )
+        )
+    elif v is None:
+        hits.append(
+            Hit(
+                "warning",
+                "packing with completion-only loss is correct only on TRL >= 0.20 (0.18-0.19 drop "
+                "the masks); pass --versions trl=X to confirm",
+                {"value": None, "threshold": ">=0.20", **cite},
+            )
+        )
+    if (c.packing_strategy or "").lower() == "wrapped":
+        hits.append(
+            Hit(
+                "warning",
+                "packing_strategy='wrapped' cuts rows across sequence boundaries: completions lose their prompts",
+                {"value": "wrapped", "threshold": "bfd", **cite},
+            )
+        )
+    return hits
+
+
+# ---------------------------------------------------------------------- C12
+_VARLEN = (
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention",
+    "flex_attention",
+    "kernels-community",
+    "neat_packing",
+)
+
+
+@check(
+    "C12",
+    "packing_no_varlen_attn",
+    "Packing without variable-length attention",
+    requires=("config",),
+    severity="warning",
+    rank=60,
+    rule="packing / padding_free / sample_packing without flash or flex attention: packed rows attend to each other",
+    fix="set attn_implementation: flash_attention_2 (or flex_attention); LLaMA-Factory: neat_packing: true",
+    source="trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention",
+    stages=("sft", "preference", "rl", "other"),
+)
+def c12(ctx: AuditContext) -> list[Hit]:
+    """C12 (packing_no_varlen_attn): Packing without variable-length attention."""
+    c = ctx.config
+    if not (c.packing or c.padding_free):
+        raise NotApplicable("packing and padding_free are off")
+    if c.trainer == "torchtune":
+        raise NotApplicable("torchtune packs with block-causal masks")
+    impl = (c.attn_implementation or "").lower()
+    if any(v in impl for v in _VARLEN):
+        return []
+    return [
+        Hit(
+            "warning",
+            f"packing is on and attention is {impl or 'the default (sdpa/eager)'}: sequences packed "
+            f"together attend across their boundaries",
+            {
+                "value": impl or None,
+                "threshold": "flash_attention_2 / flex_attention",
+                **c.cite("packing", "padding_free", "attn_implementation"),
+            },
+        )
+    ]
+
+
+# ---------------------------------------------------------------------- C13
+@check(
+    "C13",
+    "lora_alpha_rank",
+    "Unusual LoRA rank / alpha",
+    requires=("config",),
+    reads=("data",),
+    severity="warning",
+    rank=50,
+    rule="without rsLoRA: alpha/r outside [0.5, 4] is info, outside [0.25, 8] warns; r > 64 with < 1,000 rows "
+    "warns; r < 4 is info",
+    fix="r 16-32 with alpha r to 2r (or use_rslora for large r)",
+    source="PEFT LoraConfig use_rslora help; Unsloth guide; axolotl examples",
+)
+def c13(ctx: AuditContext) -> list[Hit]:
+    """C13 (lora_alpha_rank): Unusual LoRA rank / alpha."""
+    c = ctx.config
+    if not _lora(ctx):
+        raise NotApplicable("full fine-tuning")
+    _require_possible(ctx, "lora_r", "lora_alpha")
+    r, a = c.lora_r, c.lora_alpha
+    if not r or a is None:
+        raise NotApplicable("LoRA rank or alpha unknown")
+    cite = c.cite("lora_r", "lora_alpha", "use_rslora")
+    hits = []
+    ratio = a / r
+    if not c.use_rslora and not 0.5 <= ratio <= 4:
+        sev = "warning" if not 0.25 <= ratio <= 8 else "info"
+        hits.append(
+            Hit(
+                sev,
+                f"lora_alpha/r = {a:g}/{r} = {ratio:.3g}, outside [0.5, 4]: the update is scaled by "
+                f"{ratio:.3g}, which the learning rate must make up for",
+                {"value": round(ratio, 4), "threshold": [0.5, 4], **cite},
+            )
+        )
+    if r > 64 and ctx.examples is not None and ctx.n < 1000:
+        hits.append(
+            Hit(
+                "warning",
+                f"rank {r} over only {ctx.n} rows (threshold: r > 64 with < 1,000 rows): capacity to memorise",
+                {"value": r, "threshold": 64, "n_rows": ctx.n, **cite},
+            )
+        )
+    if r < 4:
+        hits.append(Hit("info", f"rank {r} is below 4", {"value": r, "threshold": 4, **cite}))
+    return hits
+
+
+# ---------------------------------------------------------------------- C14
+_ATTN = {
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "q",
+    "k",
+    "v",
+    "o",
+    "query",
+    "key",
+    "value",
+    "c_attn",
+    "qkv_proj",
+    "wqkv",
+    "query_key_value",
+    "output_proj",
+    "out_proj",
+    "dense",
+    "self_attn",
+    "attn",
+    "attention",
+}
+
+
+@check(
+    "C14",
+    "narrow_targets",
+    "LoRA targets attention only, or repeats modules",
+    requires=("config",),
+    severity="warning",
+    rank=50,
+    rule="target_modules lists a module twice (warning), or covers attention projections only (info)",
+    fix="target all linear layers ('all-linear'; axolotl lora_target_linear: true)",
+    source="trl lora_without_regret.md; a torchtune config variant listing v_proj twice",
+)
+def c14(ctx: AuditContext) -> list[Hit]:
+    """C14 (narrow_targets): LoRA targets attention only, or repeats modules."""
+    c = ctx.config
+    if not _lora(ctx):
+        raise NotApplicable("full fine-tuning")
+    t = c.lora_target_modules
+    if c.lora_target_linear:
+        return []
+    if t is None:
+        raise NotApplicable("target modules unknown")
+    if isinstance(t, str):
+        if t.lower() in ("all-linear", "all", "all_linear"):
+            return []
+        raise NotApplicable(f"target_modules is a pattern ({t!r})")
+    hits = []
+    dup = sorted({m for m in t if t.count(m) > 1})
+    cite = c.cite("lora_target_modules")
+    if dup:
+        hits.append(
+            Hit("warning", f"target_modules lists {dup} more than once", {"value": dup, "threshold": "unique", **cite})
+        )
+    if t and all(m.split(".")[-1].lower() in _ATTN for m in t):
+        hits.append(
+            Hit(
+                "info",
+                f"LoRA targets attention only ({sorted(set(t))}): MLP layers hold most of what SFT changes",
+                {"value": sorted(set(t)), "threshold": "all-linear", **cite},
+            )
+        )
+    return hits
+
+
+# ---------------------------------------------------------------------- C16
+_BF16_NATIVE = re.compile(r"llama-?3|qwen|gemma|mistral|mixtral|phi-?3|phi-?4|smollm|olmo|deepseek", re.IGNORECASE)
+
+
+@check(
+    "C16",
+    "precision_risk",
+    "Risky precision settings",
+    requires=("config",),
+    reads=("tokenizer",),
+    severity="error",
+    rank=60,
+    rule="bf16 and fp16 both on, or 4/8-bit quantisation without an adapter (error); fp16 on a bf16-native "
+    "model (config.json torch_dtype, or the model name), or 4-bit with float16 compute (warning)",
+    fix="use bf16 (or fp32 on hardware without bf16); train quantised models through LoRA only",
+    source="qlora README (known issue 3); google/gemma_pytorch#24; axolotl peft.py validate_adapter",
+)
+def c16(ctx: AuditContext) -> list[Hit]:
+    """C16 (precision_risk): Risky precision settings."""
+    c = ctx.config
+    hits = []
+    cite = c.cite("bf16", "fp16", "load_in_4bit", "load_in_8bit")
+    if c.bf16 and c.fp16:
+        hits.append(Hit("error", "bf16 and fp16 are both true", {"value": "bf16+fp16", "threshold": "one", **cite}))
+    if (c.load_in_4bit or c.load_in_8bit) and c.is_lora is False:
+        hits.append(
+            Hit(
+                "error",
+                "the model is loaded in 4/8-bit but no adapter is trained: quantised weights cannot be "
+                "fine-tuned directly",
+                {"value": "quantised full fine-tune", "threshold": "LoRA", **cite},
+            )
+        )
+    if c.fp16 and not c.bf16:
+        native = None
+        if ctx.tokenizer is not None and str(ctx.tok_info.torch_dtype or "") == "bfloat16":
+            native = "config.json torch_dtype=bfloat16"
+        elif c.base_model and _BF16_NATIVE.search(c.base_model):
+            native = f"model {c.base_model!r} is released in bf16"
+        if native:
+            hits.append(
+                Hit(
+                    "warning",
+                    f"fp16 training on a bf16-native model ({native}): activations overflow fp16's "
+                    f"range, giving NaN/inf losses",
+                    {"value": "fp16", "threshold": "bf16", **cite},
+                )
+            )
+    if c.load_in_4bit and (c.bnb_4bit_compute_dtype or "").lower() in ("float16", "fp16", "torch.float16"):
+        hits.append(
+            Hit(
+                "warning",
+                "4-bit weights with float16 compute: the QLoRA README's known instability",
+                {"value": c.bnb_4bit_compute_dtype, "threshold": "bfloat16", **c.cite("bnb_4bit_compute_dtype")},
+            )
+        )
+    return hits
+
+
+# ---------------------------------------------------------------------- C17
+@check(
+    "C17",
+    "eval_misconfig",
+    "Evaluation mis-configured",
+    requires=("config",),
+    reads=("eval", "data"),
+    severity="error",
+    rank=60,
+    rule="an eval set exists but eval_strategy is 'no' (warning); eval_steps > total steps (warning); "
+    "load_best_model_at_end with eval and save strategies that differ, or save_steps not a multiple of "
+    "eval_steps (error: transformers refuses)",
+    fix="set eval_strategy (and save_strategy) to 'steps' with eval_steps dividing save_steps",
+    source="tf TrainingArguments __post_init__",
+)
+def c17(ctx: AuditContext) -> list[Hit]:
+    """C17 (eval_misconfig): Evaluation mis-configured."""
+    c = ctx.config
+    if c.trainer not in ("trl", "hf", "llamafactory", "axolotl"):
+        raise NotApplicable(f"{c.trainer or 'this trainer'} does not use TrainingArguments' eval settings")
+    hits = []
+    cite = c.cite("eval_strategy", "eval_steps", "save_strategy", "save_steps", "load_best_model_at_end")
+    has_eval = bool(c.has_eval_dataset or (c.val_set_size or 0) > 0)
+    es = (c.eval_strategy or "no").lower()
+    if has_eval and es == "no" and c.trainer != "axolotl":
+        hits.append(
+            Hit(
+                "warning",
+                f"an eval set is configured but eval_strategy is 'no' ({c.source('eval_strategy')}):"
+                f" it is never evaluated",
+                {"value": "no", "threshold": "steps/epoch", **cite},
+            )
+        )
+    steps, how = total_steps(ctx)
+    if es == "steps" and c.eval_steps and c.eval_steps >= 1 and steps is not None and c.eval_steps > steps:
+        hits.append(
+            Hit(
+                "warning",
+                f"eval_steps={c.eval_steps:g} is beyond the run's {steps} steps ({how}): it never evaluates",
+                {"value": c.eval_steps, "threshold": steps, **cite},
+            )
+        )
+    if c.load_best_model_at_end:
+        ss = (c.save_strategy or "steps").lower()
+        if ss != es:
+            hits.append(
+                Hit(
+                    "error",
+                    f"load_best_model_at_end needs save_strategy == eval_strategy ({ss!r} vs "
+                    f"{es!r}): transformers refuses to start",
+                    {"value": [ss, es], "threshold": "equal", **cite},
+                )
+            )
+        elif (
+            ss == "steps"
+            and c.save_steps
+            and c.eval_steps
+            and c.save_steps >= 1
+            and c.eval_steps >= 1
+            and c.save_steps % c.eval_steps
+        ):
+            hits.append(
+                Hit(
+                    "error",
+                    f"load_best_model_at_end needs save_steps ({c.save_steps:g}) to be a multiple of "
+                    f"eval_steps ({c.eval_steps:g})",
+                    {"value": c.save_steps, "threshold": f"multiple of {c.eval_steps:g}", **cite},
+                )
+            )
+    return hits
+
+
+# ---------------------------------------------------------------------- C18
+@check(
+    "C18",
+    "big_batch_lora",
+    "Large effective batch for LoRA",
+    requires=("config",),
+    severity="warning",
+    rank=50,
+    rule="LoRA effective batch (micro batch x grad accumulation, 1 device) > 32 is info, > 128 warns",
+    fix="keep LoRA's effective batch at 32 or below",
+    source="trl lora_without_regret.md (LoRA is less tolerant of large batches)",
+)
+def c18(ctx: AuditContext) -> list[Hit]:
+    """C18 (big_batch_lora): Large effective batch for LoRA."""
+    c = ctx.config
+    if not _lora(ctx):
+        raise NotApplicable("full fine-tuning")
+    _require_possible(ctx, "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
+    eb = c.effective_batch()
+    if not eb:
+        raise NotApplicable("batch size unknown")
+    if eb <= 32:
+        return []
+    return [
+        Hit(
+            "warning" if eb > 128 else "info",
+            f"effective batch {eb} (micro batch x grad accumulation, 1 device) is above 32 for LoRA",
+            {
+                "value": eb,
+                "threshold": 32,
+                **c.cite("micro_batch_size", "gradient_accumulation_steps", "total_batch_size"),
+            },
+        )
+    ]
+
+
+# ---------------------------------------------------------------------- C20
+#: Preference tuning (DPO/ORPO/KTO/CPO) moves far less than SFT: alignment-handbook's full DPO recipes use 5e-7,
+#: its QLoRA DPO recipe 5e-6, its full ORPO recipe 5e-6; TRL's DPOConfig/KTOConfig/ORPOConfig default 1e-6.
+PREF_LR_HIGH_FULL = 1e-5
+PREF_LR_HIGH_LORA = 1e-4
+#: DPO/KTO/ORPO beta: TRL default 0.1; recipes use 0.01 to 0.5 (SimPO's beta is on another scale, 2 to 10).
+PREF_BETA_HIGH = 1.0
+
+
+@check(
+    "C20",
+    "preference_settings",
+    "Preference-tuning settings out of range",
+    requires=("config",),
+    severity="warning",
+    rank=50,
+    rule=f"a DPO/ORPO/KTO/CPO run (TRL's preference fields, axolotl rl:, LLaMA-Factory stage): learning_rate > "
+    f"{PREF_LR_HIGH_FULL:g} on a full fine-tune or > {PREF_LR_HIGH_LORA:g} on LoRA warns (each trainer's own "
+    f"default learning rate when unset: DPO/KTO/ORPO/CPO 1e-6, reward 1e-4); beta <= 0 is an error, beta > "
+    f"{PREF_BETA_HIGH:g} warns (not for SimPO); max_prompt_length >= max_length leaves no room for the response: "
+    "an error (**H** ranges)",
+    fix="use the recipe ranges: full DPO ~5e-7, LoRA DPO ~5e-6 to 5e-5; beta 0.01 to 0.5; max_prompt_length below "
+    "max_length",
+    source="trl trainer/dpo_config.py, kto_config.py, experimental/orpo/orpo_config.py (defaults); "
+    "alignment-handbook recipes (zephyr-7b-beta dpo, zephyr-141b orpo)",
+    stages=("preference",),
+)
+def c20(ctx: AuditContext) -> list[Hit]:
+    """C20 (preference_settings): Preference-tuning settings out of range."""
+    c = ctx.config
+    hits = []
+    lr = c.learning_rate
+    if lr is not None and c.is_lora is not None and c.stage not in ("rm", "reward"):
+        hi = PREF_LR_HIGH_LORA if c.is_lora else PREF_LR_HIGH_FULL
+        if lr > hi:
+            kind = "LoRA" if c.is_lora else "full"
+            hits.append(
+                Hit(
+                    "warning",
+                    f"learning_rate={lr:g} on a {kind} {c.stage.upper()} run is above {hi:g}: preference tuning "
+                    f"moves the policy away from its reference quickly, and high rates collapse it",
+                    {"value": lr, "threshold": hi, **c.cite("learning_rate", "stage", "finetuning")},
+                )
+            )
+    if c.beta is not None:
+        simpo = c.stage == "simpo" or "simpo" in (c.loss_type or "")
+        if c.beta <= 0:
+            hits.append(
+                Hit(
+                    "error",
+                    f"beta={c.beta:g} ({c.source('beta')}): the preference loss needs beta > 0",
+                    {"value": c.beta, "threshold": 0, **c.cite("beta")},
+                )
+            )
+        elif c.beta > PREF_BETA_HIGH and not simpo:
+            hits.append(
+                Hit(
+                    "warning",
+                    f"beta={c.beta:g} ({c.source('beta')}) is above {PREF_BETA_HIGH:g}: the policy is held so close "
+                    f"to its reference that it barely learns the preferences (recipes use 0.01 to 0.5)",
+                    {"value": c.beta, "threshold": PREF_BETA_HIGH, **c.cite("beta")},
+                )
+            )
+    if c.max_prompt_length is not None and c.max_length is not None and c.max_prompt_length >= c.max_length:
+        hits.append(
+            Hit(
+                "error",
+                f"max_prompt_length={c.max_prompt_length} >= max_length={c.max_length}: a prompt that long leaves no "
+                f"room for the chosen/rejected response, which is truncated away",
+                {"value": c.max_prompt_length, "threshold": c.max_length, **c.cite("max_prompt_length", "max_length")},
+            )
+        )
+    return hits
+
+
+# ---------------------------------------------------------------------- C21
+@check(
+    "C21",
+    "trains_on_test_split",
+    "A published test split is used for training",
+    requires=("config",),
+    severity="warning",
+    rank=30,
+    rule="a training dataset split named test* (test, test_sft, test_prefs ...) in TRL dataset_train_split, "
+    "alignment-handbook dataset_mixture.datasets[].split or axolotl datasets[].split: any warns",
+    fix="train on the train split (train_sft, train_prefs ...); if you evaluate on that benchmark, the test rows "
+    "you trained on contaminate it",
+    source="HuggingFaceH4/ultrachat_200k and ultrafeedback_binarized split names (train_*/test_*); heuristic",
+)
+def c21(ctx: AuditContext) -> list[Hit]:
+    """C21 (trains_on_test_split): A published test split is used for training."""
+    c = ctx.config
+    if not c.train_splits:
+        raise NotApplicable("the config names no training split")
+    bad = [d for d in c.train_splits if str(d["split"]).strip().lower().startswith("test")]
+    return [
+        Hit(
+            "warning",
+            f"the run trains on the {d['split']!r} split of {d['dataset']} ({d['from']}): a test split is held "
+            f"out for evaluation, and evaluating on it after training on it is contaminated",
+            {"value": d["split"], "threshold": "train*", "dataset": d["dataset"], "from": d["from"]},
+        )
+        for d in bad
+    ]
