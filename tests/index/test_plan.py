@@ -98,8 +98,11 @@ def test_cli_default_chooses_a_projection_and_records_it(saved_finetune, tmp_pat
     res = CliRunner().invoke(app, [*_index_args(saved_finetune, out), "--max-index-gb", "0.0002"])
     assert res.exit_code == 0, res.output
     assert "chosen by the plan" in res.output
-    (man,) = list(out.rglob("manifest.json"))
-    dim = json.loads(man.read_text())["grad_spec"]["projection"]["dim"]
+    mans = list(out.rglob("manifest.json"))  # the default unit (sentence) builds the row and the sentence index
+    assert len(mans) == 2, mans
+    dims = {json.loads(m.read_text())["grad_spec"]["projection"]["dim"] for m in mans}
+    assert len(dims) == 1, dims  # one budget, one choice for both
+    (dim,) = dims
     assert dim > 0 and f"--project-dim {dim} chosen by the plan" in res.output.replace("\n", " ")
 
 
