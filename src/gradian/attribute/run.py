@@ -528,7 +528,7 @@ def changed_inputs(run: dict[str, Any], *, checkpoints: bool = False, need_eval:
     Raises:
         GradianUserError: an input the run needs is gone (``need_eval``: the eval set counts).
     """
-    from gradian.index.identity import adapter_identity, model_identity
+    from gradian.index.identity import adapter_unchanged, model_identity
 
     man = run["manifest"]
     ident, paths = man["identity"], man["paths"]
@@ -545,7 +545,7 @@ def changed_inputs(run: dict[str, Any], *, checkpoints: bool = False, need_eval:
         out.append(("training data", paths["data"]))
     if Path(paths["eval"]).exists() and _eval_sha(Path(paths["eval"])) != ident["eval"]["sha256"]:
         out.append(("eval set", paths["eval"]))
-    if ident.get("adapter") and adapter_identity(paths["adapter"])["sha256"] != ident["adapter"]["sha256"]:
+    if ident.get("adapter") and not adapter_unchanged(paths["adapter"], ident["adapter"]["sha256"]):
         out.append(("adapter", paths["adapter"]))
     if (ident.get("base") or {}).get("sha256") and model_identity(paths["base"]).get("sha256") != ident["base"][
         "sha256"
@@ -558,7 +558,7 @@ def changed_inputs(run: dict[str, Any], *, checkpoints: bool = False, need_eval:
     traj = (run.get("attribution") or {}).get("trajectory") or {}
     for c in traj.get("checkpoints") or [] if checkpoints else []:
         if c.get("adapter_sha256") and not c.get("final"):
-            if not Path(c["path"]).is_dir() or adapter_identity(c["path"])["sha256"] != c["adapter_sha256"]:
+            if not Path(c["path"]).is_dir() or not adapter_unchanged(c["path"], c["adapter_sha256"]):
                 out.append((f"checkpoint (step {c.get('step')})", c["path"]))
     return out
 

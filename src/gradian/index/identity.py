@@ -94,10 +94,54 @@ def model_identity(name_or_path: str) -> dict[str, Any]:
     }
 
 
+#: adapter_config.json fields that PEFT treats as sets but writes as lists in an arbitrary order: PEFT keeps
+#: ``target_modules`` as a Python set, so two saves of the same adapter (another process, another string-hash
+#: seed) list it in another order. Sorted before hashing, so the same adapter always has the same identity.
+_SET_VALUED_ADAPTER_FIELDS = ("target_modules", "modules_to_save", "exclude_modules", "layers_to_transform")
+_ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def _adapter_config_hash(path: Path) -> str:
+    """sha256 of ``adapter_config.json`` read as JSON with its set-valued lists sorted (the raw bytes' sha256 when the
+    file is not a JSON object, which the adapter's loader then reports).
+    """
+    import json
+
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return file_hash(path)
+    if not isinstance(cfg, dict):
+        return file_hash(path)
+    for k in _SET_VALUED_ADAPTER_FIELDS:
+        v = cfg.get(k)
+        if isinstance(v, list) and (all(isinstance(x, str) for x in v) or all(type(x) is int for x in v)):
+            cfg[k] = sorted(v)
+    return sha256_json(cfg)
+
+
 def adapter_identity(adapter_dir: str | Path) -> dict[str, Any]:
-    """``{"sha256"}`` over the adapter's ``adapter_config.json`` and its weight file(s)."""
-    files = folder_identity(adapter_dir, ("adapter_config.json",), ("adapter_model.safetensors", "adapter_model.bin"))
-    return {"sha256": sha256_json(files)}
+    """``{"sha256"}`` over the adapter's ``adapter_config.json`` (as JSON, its set-valued lists sorted) and its
+    weight file(s), so the same adapter saved twice has one identity.
+    """
+    f = Path(adapter_dir)
+    files = folder_identity(f, (), _ADAPTER_WEIGHTS)
+    if (f / "adapter_config.json").is_file():
+        files["adapter_config.json"] = _adapter_config_hash(f / "adapter_config.json")
+    return {"sha256": sha256_json(dict(sorted(files.items())))}
+
+
+def legacy_adapter_sha(adapter_dir: str | Path) -> str:
+    """The adapter identity that runs written before the config was read as JSON recorded (the raw bytes' sha256);
+    for :func:`gradian.attribute.run.changed_inputs`, so those runs are not reported as changed.
+    """
+    files = folder_identity(adapter_dir, ("adapter_config.json",), _ADAPTER_WEIGHTS)
+    return sha256_json(files)
+
+
+def adapter_unchanged(adapter_dir: str | Path, recorded: str) -> bool:
+    """Whether ``adapter_dir`` is the adapter whose identity a run recorded (today's identity, or the legacy one)."""
+    return adapter_identity(adapter_dir)["sha256"] == recorded or legacy_adapter_sha(adapter_dir) == recorded
 
 
 def dataset_identity(path: str | Path) -> dict[str, Any]:
