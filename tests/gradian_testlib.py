@@ -127,3 +127,17 @@ def without_data_check(lines: list[str]) -> list[str]:
     """CLI output lines less the data↔adapter check's (``data check on …`` and its warning): the test fixtures'
     adapters are random LoRA weights never trained on their rows, so the check rightly warns on them."""
     return [ln for ln in lines if not ln.startswith("data check on") and "not be the data the adapter" not in ln]
+
+
+def cli_args(*words: str, **flags) -> list[str]:
+    """A ``gradian`` command line: ``words`` as given, then each flag as ``--name value`` (``max_length=64`` ->
+    ``["--max-length", "64"]``; values pass through ``str``; ``True`` gives the bare flag, ``None`` leaves it out),
+    in the order given."""
+    out = list(words)
+    for name, value in flags.items():
+        if value is None or value is False:
+            continue
+        out.append("--" + name.replace("_", "-"))
+        if value is not True:
+            out.append(str(value))
+    return out

@@ -14,6 +14,7 @@ from gradian.errors import GradianUserError
 from gradian.evaluate import load_eval_set
 from gradian.evaluate.items import model_prompt
 from gradian.evaluate.lm_eval import LM_EVAL_FORMAT_VERSION
+from gradian_testlib import cli_args
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lm_eval"
 DATE = "2026-12-01T10-00-00.123456"
@@ -204,21 +205,15 @@ def test_cli_evaluate_on_the_lm_eval_folder(eval_world, tmp_path):
     out = tmp_path / "result.json"
     res = CliRunner().invoke(
         app,
-        [
+        cli_args(
             "evaluate",
-            "--base",
-            str(eval_world["base"]),
-            "--adapter",
-            str(eval_world["poison"]),
-            "--eval",
-            str(FIXTURE),
-            "--out",
-            str(out),
-            "--max-new-tokens",
-            "8",
-            "--resamples",
-            "1000",
-        ],
+            base=eval_world["base"],
+            adapter=eval_world["poison"],
+            eval=FIXTURE,
+            out=out,
+            max_new_tokens=8,
+            resamples=1000,
+        ),
         env={"COLUMNS": "200"},
     )
     assert res.exit_code == 0, res.output

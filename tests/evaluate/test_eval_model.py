@@ -19,6 +19,7 @@ from gradian.evaluate import (
     load_eval_set,
 )
 from gradian.evaluate.generate import encode_prompt, generate_greedy
+from gradian_testlib import cli_args
 
 SPEC = EvalSpec(max_new_tokens=8, resamples=2000)
 
@@ -350,21 +351,15 @@ def test_cli_end_to_end(eval_world, tmp_path):
     out = tmp_path / "res" / "result.json"
     res = CliRunner().invoke(
         app,
-        [
+        cli_args(
             "evaluate",
-            "--base",
-            str(eval_world["base"]),
-            "--adapter",
-            str(eval_world["poison"]),
-            "--eval",
-            str(eval_world["eval"]),
-            "--out",
-            str(out),
-            "--max-new-tokens",
-            "8",
-            "--resamples",
-            "2000",
-        ],
+            base=eval_world["base"],
+            adapter=eval_world["poison"],
+            eval=eval_world["eval"],
+            out=out,
+            max_new_tokens=8,
+            resamples=2000,
+        ),
         env={"COLUMNS": "200"},
     )
     assert res.exit_code == 0, res.output

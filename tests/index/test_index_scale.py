@@ -14,6 +14,7 @@ from gradian.distributed import contiguous_blocks, partition
 from gradian.finetune import index_identity, load_finetune, tokenize_training_set, training_index
 from gradian.index.store import GradientIndex, GradSpec, build_index
 from gradian.models.load import ModelSpec
+from gradian_testlib import cli_args
 
 SPEC = GradSpec(tokenize=TokenizeSpec(max_length=64))
 
@@ -173,25 +174,17 @@ def test_index_prints_the_size_before_it_builds(saved_finetune, tmp_path):
 
     from gradian.cli import app
 
-    args = [
+    args = cli_args(
         "index",
-        "--base",
-        str(saved_finetune["base"]),
-        "--adapter",
-        str(saved_finetune["adapter"]),
-        "--data",
-        str(saved_finetune["data"]),
-        "--max-length",
-        "64",
-        "--out",
-        str(tmp_path),
-        "--shard-size",
-        "4",
-        "--batch-size",
-        "2",
-        "--storage-dtype",
-        "bfloat16",
-    ]
+        base=saved_finetune["base"],
+        adapter=saved_finetune["adapter"],
+        data=saved_finetune["data"],
+        max_length=64,
+        out=tmp_path,
+        shard_size=4,
+        batch_size=2,
+        storage_dtype="bfloat16",
+    )
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if "rows ×" in ln)

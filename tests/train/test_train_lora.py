@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from gradian.errors import GradianUserError
 from gradian.train import CONFIG_NAME, TrainSpec, load_train_config, read_trainer_state, spec_from_config, train_lora
+from gradian_testlib import cli_args
 
 SMALL = TrainSpec(
     learning_rate=5e-3,
@@ -163,29 +164,19 @@ def test_cli_train_and_one_line_errors(saved_finetune, tmp_path):
     from gradian.cli import app
 
     out = tmp_path / "cli-adapter"
-    args = [
+    args = cli_args(
         "train",
-        "--base",
-        str(saved_finetune["base"]),
-        "--data",
-        str(saved_finetune["data"]),
-        "--out",
-        str(out),
-        "--epochs",
-        "1",
-        "--r",
-        "2",
-        "--alpha",
-        "4",
-        "--targets",
-        "q_proj,v_proj",
-        "--max-length",
-        "48",
-        "--batch-size",
-        "4",
-        "--lr",
-        "1e-3",
-    ]
+        base=saved_finetune["base"],
+        data=saved_finetune["data"],
+        out=out,
+        epochs=1,
+        r=2,
+        alpha=4,
+        targets="q_proj,v_proj",
+        max_length=48,
+        batch_size=4,
+        lr="1e-3",
+    )
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "adapter:" in res.output
