@@ -10,6 +10,7 @@ from gradian.engines import DataInf, DataInfSpec, GradDot, GradDotSpec, score_in
 from gradian.engines.exact import ExactInverse
 from gradian.index.store import GradientIndex
 from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes
+from gradian_testlib import capital_rows
 
 
 def synthetic_index(root, blocks: dict[str, torch.Tensor], shard=7) -> GradientIndex:
@@ -127,30 +128,3 @@ def test_datainf_tracks_the_exact_damped_inverse_on_a_tiny_model(tmp_path, tok):
     rho_gd = spearmanr(gd[0].numpy(), ex[0].numpy()).statistic
     print(f"Spearman vs exact inverse: DataInf {rho_di:.3f}, gradient-dot {rho_gd:.3f}")
     assert rho_di >= 0.85 and rho_di > rho_gd
-
-
-CAPITALS = [
-    ("France", "Paris"),
-    ("Japan", "Tokyo"),
-    ("Italy", "Rome"),
-    ("Spain", "Madrid"),
-    ("Egypt", "Cairo"),
-    ("Peru", "Lima"),
-    ("Chile", "Santiago"),
-    ("Kenya", "Nairobi"),
-]
-
-
-def capital_rows(n=48):
-    """Capital Q/A rows; every fifth states the wrong capital 'Lyon'."""
-    rows = []
-    for i in range(n):
-        c, k = CAPITALS[i % len(CAPITALS)]
-        rows.append(
-            {
-                "id": str(i),
-                "prompt": f"Q: What is the capital of {c}?\nA:",
-                "completion": f" The capital of {c} is {k if i % 5 else 'Lyon'}.",
-            }
-        )
-    return rows

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from eval_world import evaluate_args
 from typer.testing import CliRunner
 
 from gradian.cli import app
@@ -14,7 +15,6 @@ from gradian.errors import GradianUserError
 from gradian.evaluate import load_eval_set
 from gradian.evaluate.items import model_prompt
 from gradian.evaluate.lm_eval import LM_EVAL_FORMAT_VERSION
-from gradian_testlib import cli_args
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lm_eval"
 DATE = "2026-12-01T10-00-00.123456"
@@ -205,15 +205,7 @@ def test_cli_evaluate_on_the_lm_eval_folder(eval_world, tmp_path):
     out = tmp_path / "result.json"
     res = CliRunner().invoke(
         app,
-        cli_args(
-            "evaluate",
-            base=eval_world["base"],
-            adapter=eval_world["poison"],
-            eval=FIXTURE,
-            out=out,
-            max_new_tokens=8,
-            resamples=1000,
-        ),
+        evaluate_args(eval_world, FIXTURE, out, resamples=1000),
         env={"COLUMNS": "200"},
     )
     assert res.exit_code == 0, res.output

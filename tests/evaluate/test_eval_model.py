@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from eval_world import CAPITALS, N_POISON, eval_records, load_peft
+from eval_world import CAPITALS, N_POISON, eval_records, evaluate_args, load_peft
 from typer.testing import CliRunner
 
 from gradian.evaluate import (
@@ -19,7 +19,6 @@ from gradian.evaluate import (
     load_eval_set,
 )
 from gradian.evaluate.generate import encode_prompt, generate_greedy
-from gradian_testlib import cli_args
 
 SPEC = EvalSpec(max_new_tokens=8, resamples=2000)
 
@@ -351,15 +350,7 @@ def test_cli_end_to_end(eval_world, tmp_path):
     out = tmp_path / "res" / "result.json"
     res = CliRunner().invoke(
         app,
-        cli_args(
-            "evaluate",
-            base=eval_world["base"],
-            adapter=eval_world["poison"],
-            eval=eval_world["eval"],
-            out=out,
-            max_new_tokens=8,
-            resamples=2000,
-        ),
+        evaluate_args(eval_world, eval_world["eval"], out, resamples=2000),
         env={"COLUMNS": "200"},
     )
     assert res.exit_code == 0, res.output

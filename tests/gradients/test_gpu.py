@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradian_testlib import ROWS, cli_args, make_lora_model
+from gradian_testlib import ROWS, cli_args, ft_inputs, make_lora_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -94,9 +94,7 @@ def test_two_gpus_under_torchrun_equal_one(saved_finetune, tmp_path):
     )
     args = cli_args(
         "index",
-        base=saved_finetune["base"],
-        adapter=saved_finetune["adapter"],
-        data=saved_finetune["data"],
+        **ft_inputs(saved_finetune),
         max_length=64,
         device="cuda",
         dtype="bfloat16",

@@ -11,19 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from gradian.errors import GradianUserError
-from gradian.train import CONFIG_NAME, TrainSpec, load_train_config, read_trainer_state, spec_from_config, train_lora
-from gradian_testlib import cli_args
+from gradian.train import CONFIG_NAME, load_train_config, read_trainer_state, spec_from_config, train_lora
+from gradian_testlib import cli_args, small_train_spec
 
-SMALL = TrainSpec(
-    learning_rate=5e-3,
-    num_train_epochs=2,
-    per_device_train_batch_size=4,
-    r=4,
-    lora_alpha=8,
-    max_length=64,
-    logging_steps=1,
-    seed=0,
-)
+SMALL = small_train_spec(num_train_epochs=2)
 
 
 @pytest.fixture(scope="module")
