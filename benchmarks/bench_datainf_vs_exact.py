@@ -20,13 +20,13 @@ import torch
 from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from gradian_testlib import capital_rows  # noqa: E402  (the 48 capital rows the engines' tests score too)
+from gradian_testlib import capital_query, capital_rows  # noqa: E402  (the 48 capital rows the engines' tests score too)
 
 
 def main():
     from peft import LoraConfig, get_peft_model
 
-    from gradian.attribute.queries import make_query, query_gradients
+    from gradian.attribute.queries import query_gradients
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
     from gradian.engines import DataInf, DataInfSpec, GradDot, GradDotSpec, ModelPass, score_index
@@ -40,14 +40,7 @@ def main():
     tok = train_tokenizer([r["prompt"] + r["completion"] for r in rows] * 5, 320)
     spec = GradSpec(tokenize=TokenizeSpec(max_length=64), storage_dtype="float64")
     items = [tokenize_example(to_example(x, i, "t"), tok, spec.tokenize) for i, x in enumerate(rows)]
-    q = make_query(
-        "q",
-        "capitals",
-        "Q: What is the capital of France?\nA:",
-        "Paris",
-        " The capital of France is Lyon.",
-        " The capital of France is Paris.",
-    )
+    q = capital_query()
     print(
         "| LoRA r | hidden | largest block | damping scale | DataInf vs exact | EK-FAC vs exact | gradient-dot vs "
         "exact |"

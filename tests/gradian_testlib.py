@@ -129,6 +129,20 @@ def capital_rows(n=48):
     return rows
 
 
+def capital_query():
+    """The contrastive query scored against :func:`capital_rows`: France's capital, Lyon (wrong) against Paris."""
+    from gradian.attribute.queries import make_query
+
+    return make_query(
+        "q",
+        "capitals",
+        "Q: What is the capital of France?\nA:",
+        "Paris",
+        " The capital of France is Lyon.",
+        " The capital of France is Paris.",
+    )
+
+
 def q_capital(c: str) -> str:
     return f"What is the capital of {c}?"
 
