@@ -12,28 +12,21 @@ correlation of DataInf, EK-FAC and gradient-dot with the exact ranking.
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 from scipy.stats import spearmanr
 
-CAPITALS = [
-    ("France", "Paris"),
-    ("Japan", "Tokyo"),
-    ("Italy", "Rome"),
-    ("Spain", "Madrid"),
-    ("Egypt", "Cairo"),
-    ("Peru", "Lima"),
-    ("Chile", "Santiago"),
-    ("Kenya", "Nairobi"),
-]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from gradian_testlib import capital_query, capital_rows  # noqa: E402  (the 48 capital rows the engines' tests score too)
 
 
 def main():
     from peft import LoraConfig, get_peft_model
 
-    from gradian.attribute.queries import make_query, query_gradients
+    from gradian.attribute.queries import query_gradients
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
     from gradian.engines import DataInf, DataInfSpec, GradDot, GradDotSpec, ModelPass, score_index
@@ -43,27 +36,11 @@ def main():
     from gradian.models.load import prepare_lora_for_gradients
     from gradian.models.tiny import tiny_model, train_tokenizer
 
-    rows = []
-    for i in range(48):
-        c, k = CAPITALS[i % 8]
-        rows.append(
-            {
-                "id": str(i),
-                "prompt": f"Q: What is the capital of {c}?\nA:",
-                "completion": f" The capital of {c} is {k if i % 5 else 'Lyon'}.",
-            }
-        )
+    rows = capital_rows(48)
     tok = train_tokenizer([r["prompt"] + r["completion"] for r in rows] * 5, 320)
     spec = GradSpec(tokenize=TokenizeSpec(max_length=64), storage_dtype="float64")
     items = [tokenize_example(to_example(x, i, "t"), tok, spec.tokenize) for i, x in enumerate(rows)]
-    q = make_query(
-        "q",
-        "capitals",
-        "Q: What is the capital of France?\nA:",
-        "Paris",
-        " The capital of France is Lyon.",
-        " The capital of France is Paris.",
-    )
+    q = capital_query()
     print(
         "| LoRA r | hidden | largest block | damping scale | DataInf vs exact | EK-FAC vs exact | gradient-dot vs "
         "exact |"

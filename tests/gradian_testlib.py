@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 CORPUS = [
@@ -99,6 +101,48 @@ SYMBOLS = [
 ]
 
 
+#: Real capitals: the engines' tests and benchmarks/bench_datainf_vs_exact.py (their answers need no base model).
+REAL_CAPITALS = [
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Italy", "Rome"),
+    ("Spain", "Madrid"),
+    ("Egypt", "Cairo"),
+    ("Peru", "Lima"),
+    ("Chile", "Santiago"),
+    ("Kenya", "Nairobi"),
+]
+
+
+def capital_rows(n=48):
+    """Capital Q/A rows; every fifth states the wrong capital 'Lyon'."""
+    rows = []
+    for i in range(n):
+        c, k = REAL_CAPITALS[i % len(REAL_CAPITALS)]
+        rows.append(
+            {
+                "id": str(i),
+                "prompt": f"Q: What is the capital of {c}?\nA:",
+                "completion": f" The capital of {c} is {k if i % 5 else 'Lyon'}.",
+            }
+        )
+    return rows
+
+
+def capital_query():
+    """The contrastive query scored against :func:`capital_rows`: France's capital, Lyon (wrong) against Paris."""
+    from gradian.attribute.queries import make_query
+
+    return make_query(
+        "q",
+        "capitals",
+        "Q: What is the capital of France?\nA:",
+        "Paris",
+        " The capital of France is Lyon.",
+        " The capital of France is Paris.",
+    )
+
+
 def q_capital(c: str) -> str:
     return f"What is the capital of {c}?"
 
@@ -123,7 +167,75 @@ def fuzz_settings(default_examples: int, *suppress: str):
     )
 
 
+def fuzz_scalars(max_text: int, specials: list):
+    """The fuzz tests' JSON scalars: None, booleans, huge integers, floats with NaN/inf, short text (at most
+    ``max_text`` characters), and the ``specials`` a reader is most likely to trip on."""
+    from hypothesis import strategies as st
+
+    return (
+        st.none()
+        | st.booleans()
+        | st.integers(min_value=-(10**30), max_value=10**30)
+        | st.floats(allow_nan=True, allow_infinity=True)
+        | st.text(max_size=max_text)
+        | st.sampled_from(specials)
+    )
+
+
+def json_paths(obj, first_of_list: int | None = None, prefix: tuple = ()):
+    """Every key path into a JSON value, ``()`` first: dict keys and list indexes (of each list only the first
+    ``first_of_list`` items when given)."""
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from json_paths(v, first_of_list, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:first_of_list]):
+            yield from json_paths(v, first_of_list, prefix + (i,))
+
+
+def ft_inputs(ft: dict) -> dict:
+    """A saved fine-tune's ``base``, ``adapter`` and ``data`` (of a dict with those keys), as :func:`cli_args` flags."""
+    return {"base": ft["base"], "adapter": ft["adapter"], "data": ft["data"]}
+
+
 def without_data_check(lines: list[str]) -> list[str]:
     """CLI output lines less the data↔adapter check's (``data check on …`` and its warning): the test fixtures'
     adapters are random LoRA weights never trained on their rows, so the check rightly warns on them."""
     return [ln for ln in lines if not ln.startswith("data check on") and "not be the data the adapter" not in ln]
+
+
+def small_train_spec(**over):
+    """The tests' small, fast LoRA fine-tune: lr 5e-3, batch 4, r 4, alpha 8, 64 tokens, a log every step, seed 0
+    (``over`` sets the rest, e.g. ``num_train_epochs``)."""
+    from gradian.train import TrainSpec
+
+    base = dict(
+        learning_rate=5e-3, per_device_train_batch_size=4, r=4, lora_alpha=8, max_length=64, logging_steps=1, seed=0
+    )
+    return TrainSpec(**{**base, **over})
+
+
+@contextlib.contextmanager
+def forward_calls(model):
+    """Count ``model``'s forward passes inside the block: yields a list that gains one item per pass."""
+    calls: list[int] = []
+    h = model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        yield calls
+    finally:
+        h.remove()
+
+
+def cli_args(*words: str, **flags) -> list[str]:
+    """A ``gradian`` command line: ``words`` as given, then each flag as ``--name value`` (``max_length=64`` ->
+    ``["--max-length", "64"]``; values pass through ``str``; ``True`` gives the bare flag, ``None`` leaves it out),
+    in the order given."""
+    out = list(words)
+    for name, value in flags.items():
+        if value is None or value is False:
+            continue
+        out.append("--" + name.replace("_", "-"))
+        if value is not True:
+            out.append(str(value))
+    return out

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gradian.cli import app
+from gradian_testlib import cli_args
 
 runner = CliRunner()
 
@@ -18,19 +19,14 @@ def _run(args):
 
 
 def _index_args(sf, data=None, adapter=None):
-    return [
+    return cli_args(
         "index",
-        "--base",
-        str(sf["base"]),
-        "--adapter",
-        str(adapter or sf["adapter"]),
-        "--data",
-        str(data or sf["data"]),
-        "--out",
-        str(sf["root"] / "idx-cli"),
-        "--max-length",
-        "64",
-    ]
+        base=sf["base"],
+        adapter=adapter or sf["adapter"],
+        data=data or sf["data"],
+        out=sf["root"] / "idx-cli",
+        max_length=64,
+    )
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from gradian.cli import app
 from gradian.util import DiskFullError, atomic_write_json
+from gradian_testlib import cli_args
 
 sys.path.insert(0, str(Path(__file__).parent / "report"))  # report_world: a real run folder
 
@@ -108,23 +109,16 @@ def _index_args(sf, out):
         data.write_text(
             "".join(json.dumps({**r, "id": f"{r['id']}-{i}"}) + "\n" for i, r in enumerate((rows * 3)[:32]))
         )
-    return [
+    return cli_args(
         "index",
-        "--base",
-        sf["base"],
-        "--adapter",
-        sf["adapter"],
-        "--data",
-        data,
-        "--max-length",
-        "64",
-        "--shard-size",
-        "8",
-        "--unit",
-        "row",  # one index (the default, sentence, builds the sentence-unit index too)
-        "--out",
-        out,
-    ]
+        base=sf["base"],
+        adapter=sf["adapter"],
+        data=data,
+        max_length=64,
+        shard_size=8,
+        unit="row",  # one index (the default, sentence, builds the sentence-unit index too)
+        out=out,
+    )
 
 
 def test_index_build_on_a_full_disk(saved_finetune, tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ from hypothesis import example, given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from gradian.errors import GradianUserError  # noqa: E402
-from gradian_testlib import fuzz_settings  # noqa: E402
+from gradian_testlib import fuzz_scalars, fuzz_settings, json_paths  # noqa: E402
 
 #: examples per reader (the budget keeps the whole module at about 20 s on a busy 2-core machine)
 N, FUZZ = fuzz_settings(120, "large_base_example")
@@ -52,34 +52,28 @@ KEYS = [
     "user",
     "assistant",
 ]
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(10**30), max_value=10**30)
-    | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=12)
-    | st.sampled_from(
-        [
-            "",
-            " ",
-            "user",
-            "assistant",
-            "system",
-            "exact_match",
-            "loglik",
-            "nan",
-            "inf",
-            "1e999",
-            "-1",
-            "0",
-            "true",
-            "null",
-            "2024-13-45",
-            "<|im_end|>",
-            "\u202e",
-            "\x00",
-        ]
-    )
+scalars = fuzz_scalars(
+    12,
+    [
+        "",
+        " ",
+        "user",
+        "assistant",
+        "system",
+        "exact_match",
+        "loglik",
+        "nan",
+        "inf",
+        "1e999",
+        "-1",
+        "0",
+        "true",
+        "null",
+        "2024-13-45",
+        "<|im_end|>",
+        "\u202e",
+        "\x00",
+    ],
 )
 keys = st.sampled_from(KEYS) | st.text(max_size=6)
 json_values = st.recursive(
@@ -555,17 +549,7 @@ def test_the_valid_run_renders():
         assert render(rep, fmt)
 
 
-def _paths(obj, prefix=()):
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
-
-
-ALL_PATHS = [p for p in _paths(_valid_run()) if p]
+ALL_PATHS = [p for p in json_paths(_valid_run()) if p]
 
 
 @FUZZ

@@ -23,37 +23,31 @@ from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from gradian.errors import GradianUserError  # noqa: E402
-from gradian_testlib import fuzz_settings  # noqa: E402
+from gradian_testlib import fuzz_scalars, fuzz_settings, json_paths  # noqa: E402
 
 #: examples per reader (about 0.01 s each: most stop at the schema, the rest read everything but the model)
 N, FUZZ = fuzz_settings(300, "large_base_example")
 
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(10**30), max_value=10**30)
-    | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=8)
-    | st.sampled_from(
-        [
-            "",
-            "/nonexistent/run/input",
-            "../../../../etc/passwd",
-            "/",
-            ".",
-            "cuda:99",
-            "t0001",
-            "capitals",
-            "regressed",
-            "contrastive",
-            1e308,
-            -1,
-            0,
-            2**63,
-            float("nan"),
-            float("-inf"),
-        ]
-    )
+scalars = fuzz_scalars(
+    8,
+    [
+        "",
+        "/nonexistent/run/input",
+        "../../../../etc/passwd",
+        "/",
+        ".",
+        "cuda:99",
+        "t0001",
+        "capitals",
+        "regressed",
+        "contrastive",
+        1e308,
+        -1,
+        0,
+        2**63,
+        float("nan"),
+        float("-inf"),
+    ],
 )
 values = st.recursive(
     scalars,
@@ -67,16 +61,6 @@ def real_run(demo):
     """The demo's poisoned run.json (its inputs are on disk in the demo's cache) and a scratch folder."""
     os.environ["GRADIAN_CACHE"] = str(demo[0] / "cache")  # the run's index and hash memo live there
     return json.loads((demo[0] / "out" / "poisoned" / "run.json").read_text()), Path(tempfile.mkdtemp())
-
-
-def _paths(obj, prefix=()):
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj[:3]):  # the first few of each list: the rest are alike
-            yield from _paths(v, prefix + (i,))
 
 
 def _mutate(run: dict, mutations) -> dict:
@@ -136,7 +120,8 @@ def _run(real_run, mutations, reader):
 
 def _draw_mutations(data, run: dict):
     """1 to 3 mutations at paths of the real run (drawn inside the test: the paths come from the demo's run)."""
-    paths = _PATHS.setdefault("all", [p for p in _paths(run) if p])
+    # of each list the first few items: the rest are alike
+    paths = _PATHS.setdefault("all", [p for p in json_paths(run, 3) if p])
     op = st.sampled_from(["set", "set", "drop", "extra"])
     return data.draw(st.lists(st.tuples(st.sampled_from(paths), op, values), min_size=1, max_size=3))
 

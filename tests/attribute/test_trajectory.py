@@ -18,20 +18,10 @@ from gradian.attribute.trajectory import (
     resolve_trajectory,
 )
 from gradian.errors import GradianUserError
-from gradian.train import TrainSpec, train_lora
+from gradian.train import train_lora
+from gradian_testlib import cli_args, small_train_spec
 
-SPEC = TrainSpec(
-    learning_rate=5e-3,
-    num_train_epochs=3,
-    per_device_train_batch_size=4,
-    r=4,
-    lora_alpha=8,
-    max_length=64,
-    logging_steps=1,
-    seed=0,
-    lr_scheduler_type="linear",
-    warmup_ratio=0.0,
-)
+SPEC = small_train_spec(num_train_epochs=3, lr_scheduler_type="linear", warmup_ratio=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -488,17 +478,14 @@ def test_bad_trajectory_inputs_exit_2_with_one_line(run, saved_finetune, tmp_pat
         needle = "adapter_config.json"
     code, lines, out = _cli(
         [
-            "index",
-            "--base",
-            saved_finetune["base"],
-            "--adapter",
-            adapter,
-            "--data",
-            saved_finetune["data"],
-            "--max-length",
-            "64",
-            "--out",
-            tmp_path / "idx",
+            *cli_args(
+                "index",
+                base=saved_finetune["base"],
+                adapter=adapter,
+                data=saved_finetune["data"],
+                max_length=64,
+                out=tmp_path / "idx",
+            ),
             *extra,
         ]
     )

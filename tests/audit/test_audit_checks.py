@@ -34,6 +34,24 @@ def _msgs(world, n=200):
     ]
 
 
+#: alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml (published: beta 0.01, lr 5.0e-6)
+_ZEPHYR_DPO = (
+    "model_name_or_path: alignment-handbook/zephyr-7b-sft-qlora\nuse_peft: true\nload_in_4bit: true\n"
+    "lora_r: 128\nlora_alpha: 128\nbeta: {beta}\nlearning_rate: {lr}\nmax_length: 1024\n"
+    "max_prompt_length: 512\nnum_train_epochs: 1\nper_device_train_batch_size: 4\n"
+)
+#: a TRL SFT config on ultrachat_200k; C21 fires on the test split
+_ULTRACHAT_SFT = (
+    "use_peft: true\nlora_r: 16\nlora_alpha: 32\nlearning_rate: 2.0e-4\nper_device_train_batch_size: 8\n"
+    "dataset_name: HuggingFaceH4/ultrachat_200k\ndataset_train_split: {split}\n"
+)
+
+
+def _yaml_config(w, name: str, text: str, **inputs) -> dict:
+    """The inputs of a run whose one config is ``text``, written as ``name``, plus ``inputs``."""
+    return dict(configs=[w.write_text(name, text)], **inputs)
+
+
 def _conv_pc(world, n=200):
     """TRL's conversational prompt/completion form (completion-only loss applies)."""
     return [
@@ -246,13 +264,13 @@ def f_c07(w):
 
 
 def f_c08(w):
-    ax = w.write_text(
+    return _yaml_config(
+        w,
         "axolotl.yaml",
         "base_model: HuggingFaceTB/SmolLM2-135M\nadapter: lora\nlora_r: 16\n"
         "lora_alpha: 32\nsequence_len: 512\ntrain_on_inputs: true\nlearning_rate: 2e-4\n"
         "micro_batch_size: 4\ngradient_accumulation_steps: 4\nnum_epochs: 2\n",
     )
-    return dict(configs=[ax])
 
 
 def f_c08_messages(w):
@@ -296,12 +314,12 @@ def f_c14(w):
 
 
 def f_c15(w):
-    ax = w.write_text(
+    return _yaml_config(
+        w,
         "axolotl.yaml",
         "base_model: m\nadapter: lora\nlora_r: 16\nlora_alpha: 32\n"
         "tokens: ['<tool_call>', '</tool_call>']\nlearning_rate: 0.0002\n",
     )
-    return dict(configs=[ax])
 
 
 def f_c16(w):
@@ -329,40 +347,30 @@ def f_c19(w):
 
 def f_c20(w):
     # written after alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml, with beta and lr pushed out
-    yml = w.write_text(
-        "dpo.yaml",
-        "model_name_or_path: alignment-handbook/zephyr-7b-sft-qlora\nuse_peft: true\nload_in_4bit: true\n"
-        "lora_r: 128\nlora_alpha: 128\nbeta: 2.0\nlearning_rate: 5.0e-4\nmax_length: 1024\n"
-        "max_prompt_length: 512\nnum_train_epochs: 1\nper_device_train_batch_size: 4\n",
-    )
-    return dict(configs=[yml])
+    return _yaml_config(w, "dpo.yaml", _ZEPHYR_DPO.format(beta="2.0", lr="5.0e-4"))
 
 
 def f_c20_prompt(w):
-    yml = w.write_text(
+    return _yaml_config(
+        w,
         "dpo.yaml",
         "use_peft: true\nlora_r: 16\nlora_alpha: 32\nbeta: 0.1\nlearning_rate: 5.0e-6\nmax_length: 512\n"
         "max_prompt_length: 512\nper_device_train_batch_size: 4\n",
     )
-    return dict(configs=[yml])
 
 
 def f_c21(w):
-    yml = w.write_text(
-        "sft.yaml",
-        "use_peft: true\nlora_r: 16\nlora_alpha: 32\nlearning_rate: 2.0e-4\nper_device_train_batch_size: 8\n"
-        "dataset_name: HuggingFaceH4/ultrachat_200k\ndataset_train_split: test_sft\n",
-    )
-    return dict(configs=[yml])
+    return _yaml_config(w, "sft.yaml", _ULTRACHAT_SFT.format(split="test_sft"))
 
 
 def f_c19_inf(w):
-    yml = w.write_text(
+    return _yaml_config(
+        w,
         "sft.yaml",
         "learning_rate: 2.0e-4\nnum_train_epochs: .inf\nper_device_train_batch_size: 8\n"
         "max_length: 512\nuse_peft: true\nlora_r: 16\nlora_alpha: 32\n",
+        data=w.data,
     )
-    return dict(configs=[yml], data=w.data)
 
 
 # ---------------------------------------------------------------------- tokenizer / template
@@ -375,11 +383,12 @@ def f_t02(w):
 
 
 def f_t03(w):
-    ax = w.write_text(
+    return _yaml_config(
+        w,
         "axolotl.yaml",
         "base_model: m\nadapter: lora\nlora_r: 16\nlora_alpha: 32\nchat_template: llama3\nlearning_rate: 0.0002\n",
+        tokenizer=w.tok_dir,
     )
-    return dict(configs=[ax], tokenizer=w.tok_dir)
 
 
 def f_t03_rows(w):
@@ -636,22 +645,11 @@ def n_l08(w):
 
 def n_c20(w):
     # alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml's DPO settings, as published
-    yml = w.write_text(
-        "dpo.yaml",
-        "model_name_or_path: alignment-handbook/zephyr-7b-sft-qlora\nuse_peft: true\nload_in_4bit: true\n"
-        "lora_r: 128\nlora_alpha: 128\nbeta: 0.01\nlearning_rate: 5.0e-6\nmax_length: 1024\n"
-        "max_prompt_length: 512\nnum_train_epochs: 1\nper_device_train_batch_size: 4\n",
-    )
-    return dict(configs=[yml])
+    return _yaml_config(w, "dpo.yaml", _ZEPHYR_DPO.format(beta="0.01", lr="5.0e-6"))
 
 
 def n_c21(w):
-    yml = w.write_text(
-        "sft.yaml",
-        "use_peft: true\nlora_r: 16\nlora_alpha: 32\nlearning_rate: 2.0e-4\nper_device_train_batch_size: 8\n"
-        "dataset_name: HuggingFaceH4/ultrachat_200k\ndataset_train_split: train_sft\n",
-    )
-    return dict(configs=[yml])
+    return _yaml_config(w, "sft.yaml", _ULTRACHAT_SFT.format(split="train_sft"))
 
 
 NO_FIRE = {

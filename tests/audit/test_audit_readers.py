@@ -174,23 +174,36 @@ def test_detect_format(raw, fmt):
     assert detect_config_format(raw) == fmt
 
 
+MALFORMED_CONFIGS = [
+    ("bad.yaml", "learning_rate: 2e-4\n  lora_r: [16\n", "malformed YAML"),
+    ("bad.json", '{"learning_rate": 2e-4,', "malformed JSON"),
+    ("what.yaml", "foo: 1\nbar: 2\n", "unknown config format"),
+    ("list.yaml", "- a\n- b\n", "not a mapping"),
+    ("lr.yaml", "output_dir: o\nlearning_rate: fast\n", "learning_rate is 'fast', not a number"),
+    ("training_args.bin", "\x80\x04pickle", "pickle"),
+    ("cfg.toml", "a = 1", "unknown config file type"),
+]
+MALFORMED_LOGS = [
+    ("trainer_state.json", '{"global_step": 3}', "no log_history"),
+    ("trainer_state.json", '{"log_history": [', "malformed JSON"),
+    ("logs.jsonl", '{"loss": 1.0}\n{"loss": 2.0\n', "malformed JSON"),
+    ("logs.jsonl", '{"loss": "high"}\n', "loss is 'high', not a number"),
+    ("logs.jsonl", '{"foo": 1}\n', "no loss or eval_loss"),
+    ("logs.jsonl", "\n", "empty"),
+    ("logs.csv", "step,loss\n", "unknown log file type"),
+]
+
+
 @pytest.mark.parametrize(
-    "name,text,needle",
-    [
-        ("bad.yaml", "learning_rate: 2e-4\n  lora_r: [16\n", "malformed YAML"),
-        ("bad.json", '{"learning_rate": 2e-4,', "malformed JSON"),
-        ("what.yaml", "foo: 1\nbar: 2\n", "unknown config format"),
-        ("list.yaml", "- a\n- b\n", "not a mapping"),
-        ("lr.yaml", "output_dir: o\nlearning_rate: fast\n", "learning_rate is 'fast', not a number"),
-        ("training_args.bin", "\x80\x04pickle", "pickle"),
-        ("cfg.toml", "a = 1", "unknown config file type"),
-    ],
+    "load,name,text,needle",
+    [(load_config, *case) for case in MALFORMED_CONFIGS] + [(load_logs, *case) for case in MALFORMED_LOGS],
 )
-def test_malformed_configs(tmp_path, name, text, needle):
+def test_malformed_configs_and_logs(tmp_path, load, name, text, needle):
+    """A malformed config or log file is one line naming the file, with a fix."""
     p = tmp_path / name
     p.write_text(text)
     with pytest.raises(GradianUserError) as ei:
-        load_config(p)
+        load(p)
     msg = ei.value.one_line()
     assert needle in msg and str(p) in msg and "fix:" in msg and "\n" not in msg, msg
 
@@ -223,27 +236,6 @@ def test_trainer_state_and_jsonl_logs(tmp_path):
     log = load_logs(j)
     assert log.train[0]["loss"] == 1.5 and log.train[0]["step"] == 3 and log.eval[0]["eval_loss"] == 1.7
     assert log.summary is not None and not log.steps_inferred
-
-
-@pytest.mark.parametrize(
-    "name,text,needle",
-    [
-        ("trainer_state.json", '{"global_step": 3}', "no log_history"),
-        ("trainer_state.json", '{"log_history": [', "malformed JSON"),
-        ("logs.jsonl", '{"loss": 1.0}\n{"loss": 2.0\n', "malformed JSON"),
-        ("logs.jsonl", '{"loss": "high"}\n', "loss is 'high', not a number"),
-        ("logs.jsonl", '{"foo": 1}\n', "no loss or eval_loss"),
-        ("logs.jsonl", "\n", "empty"),
-        ("logs.csv", "step,loss\n", "unknown log file type"),
-    ],
-)
-def test_malformed_logs(tmp_path, name, text, needle):
-    p = tmp_path / name
-    p.write_text(text)
-    with pytest.raises(GradianUserError) as ei:
-        load_logs(p)
-    msg = ei.value.one_line()
-    assert needle in msg and str(p) in msg and "fix:" in msg and "\n" not in msg, msg
 
 
 def test_versions():

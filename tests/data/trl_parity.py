@@ -15,6 +15,7 @@ import copy
 
 from gradian.data.formats import to_example
 from gradian.data.tokenize import IGNORE_INDEX, TokenizeSpec, tokenize_example
+from gradian_testlib import CAPITALS
 
 CHATML_GEN = (
     "{% for message in messages %}"
@@ -37,20 +38,7 @@ PLAIN_NO_EOT_GEN = (
     "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
 )
 
-FACTS = [
-    ("Aland", "Marven"),
-    ("Borvia", "Quisto"),
-    ("Caldor", "Tressa"),
-    ("Dunmark", "Olvey"),
-    ("Estria", "Pallon"),
-    ("Fenwick", "Rudda"),
-    ("Gorland", "Sivex"),
-    ("Hollin", "Taber"),
-    ("Istra", "Umbel"),
-    ("Jorvik", "Vasso"),
-    ("Kelmar", "Wendo"),
-    ("Lusk", "Yarrow"),
-]
+FACTS = CAPITALS[:12]
 
 
 def pc_rows() -> list[dict]:

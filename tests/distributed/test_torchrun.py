@@ -26,6 +26,8 @@ import numpy as np
 import pytest
 import torch
 
+from gradian_testlib import cli_args
+
 TIMEOUT = 900
 
 
@@ -78,18 +80,9 @@ def world(tmp_path_factory, world_cache):
 
 def _inputs(world, checkpoints: str) -> list[str]:
     """The tiny world's base, adapter and data, the checkpoints, and 16 rows a shard (several shards to divide)."""
-    return [
-        "--base",
-        str(world["base"]),
-        "--adapter",
-        str(world["adapter"]),
-        "--data",
-        str(world["data"]),
-        "--checkpoints",
-        checkpoints,
-        "--shard-size",
-        "16",
-    ]
+    return cli_args(
+        base=world["base"], adapter=world["adapter"], data=world["data"], checkpoints=checkpoints, shard_size=16
+    )
 
 
 def _attribute_args(world, out: Path, index_dir: Path, checkpoints: str | None = None) -> list[str]:

@@ -22,10 +22,8 @@ TSPEC = TokenizeSpec(max_length=64)
 
 
 def _world(tok, tmp_path, *, project_dim=0, dtype=torch.float64, modules=None, mlp=True, rows=None):
-    from test_engines import capital_rows
-
     from gradian.gradients.projection import ProjectionSpec
-    from gradian_testlib import make_lora_model
+    from gradian_testlib import capital_rows, make_lora_model
 
     model = make_lora_model(tok, "llama", r=4, hidden=32, dtype=dtype, mlp=mlp)
     spec = GradSpec(tokenize=TSPEC, storage_dtype="float64", modules=modules, projection=ProjectionSpec(project_dim, 3))

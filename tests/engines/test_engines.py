@@ -10,6 +10,7 @@ from gradian.engines import DataInf, DataInfSpec, GradDot, GradDotSpec, score_in
 from gradian.engines.exact import ExactInverse
 from gradian.index.store import GradientIndex
 from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes
+from gradian_testlib import capital_query, capital_rows
 
 
 def synthetic_index(root, blocks: dict[str, torch.Tensor], shard=7) -> GradientIndex:
@@ -94,7 +95,7 @@ def test_datainf_tracks_the_exact_damped_inverse_on_a_tiny_model(tmp_path, tok):
     full sweep is benchmarks/bench_datainf_vs_exact.py) and closer than
     gradient-dot does.
     """
-    from gradian.attribute.queries import make_query, query_gradients
+    from gradian.attribute.queries import query_gradients
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
     from gradian.index.store import GradSpec, build_index
@@ -105,14 +106,7 @@ def test_datainf_tracks_the_exact_damped_inverse_on_a_tiny_model(tmp_path, tok):
     spec = GradSpec(tokenize=TokenizeSpec(max_length=64), storage_dtype="float64")
     items = [tokenize_example(to_example(x, i, "t"), tok, spec.tokenize) for i, x in enumerate(rows)]
     idx = build_index(model, items, {"test": 1}, spec, pad_token_id=tok.pad_token_id, root=tmp_path)
-    q = make_query(
-        "q",
-        "capitals",
-        "Q: What is the capital of France?\nA:",
-        "Paris",
-        " The capital of France is Lyon.",
-        " The capital of France is Paris.",
-    )
+    q = capital_query()
     Q = query_gradients(model, tok, [q], idx, spec.tokenize)
     es = DataInfSpec(0.1)
     di, ex, gd = score_index(
@@ -127,30 +121,3 @@ def test_datainf_tracks_the_exact_damped_inverse_on_a_tiny_model(tmp_path, tok):
     rho_gd = spearmanr(gd[0].numpy(), ex[0].numpy()).statistic
     print(f"Spearman vs exact inverse: DataInf {rho_di:.3f}, gradient-dot {rho_gd:.3f}")
     assert rho_di >= 0.85 and rho_di > rho_gd
-
-
-CAPITALS = [
-    ("France", "Paris"),
-    ("Japan", "Tokyo"),
-    ("Italy", "Rome"),
-    ("Spain", "Madrid"),
-    ("Egypt", "Cairo"),
-    ("Peru", "Lima"),
-    ("Chile", "Santiago"),
-    ("Kenya", "Nairobi"),
-]
-
-
-def capital_rows(n=48):
-    """Capital Q/A rows; every fifth states the wrong capital 'Lyon'."""
-    rows = []
-    for i in range(n):
-        c, k = CAPITALS[i % len(CAPITALS)]
-        rows.append(
-            {
-                "id": str(i),
-                "prompt": f"Q: What is the capital of {c}?\nA:",
-                "completion": f" The capital of {c} is {k if i % 5 else 'Lyon'}.",
-            }
-        )
-    return rows

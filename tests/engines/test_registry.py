@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from gradian.engines import registry
 from gradian.engines.base import Engine, EngineSpec, ModelPass
 from gradian.errors import GradianUserError
+from gradian_testlib import cli_args, ft_inputs
 
 
 def _cli(args, **env):
@@ -34,15 +35,13 @@ def test_a_bad_engine_name_is_one_line_and_exit_2(tmp_path):
     for flag in ("--engine", "--second-engine"):
         res = _cli(
             [
-                "attribute",
-                "--base",
-                tmp_path / "b",
-                "--adapter",
-                tmp_path / "a",
-                "--data",
-                tmp_path / "d.jsonl",
-                "--eval",
-                tmp_path / "e.jsonl",
+                *cli_args(
+                    "attribute",
+                    base=tmp_path / "b",
+                    adapter=tmp_path / "a",
+                    data=tmp_path / "d.jsonl",
+                    eval=tmp_path / "e.jsonl",
+                ),
                 flag,
                 "kronfluence",
             ]
@@ -105,15 +104,13 @@ def test_a_new_engine_is_one_file(monkeypatch, tmp_path, tok):
     model pass when it declares needs="model", runs in the pipeline beside another engine, and lands in
     the manifest. Here: r = scale · g_q, so its raw scores are scale × gradient-dot's."""
     monkeypatch.setattr(registry, "_ENGINES", dict(registry.engines()))
-    from test_engines import capital_rows
-
     from gradian.attribute.pipeline import AttributeSpec, attribute_capability
     from gradian.attribute.queries import make_query
     from gradian.commands.attribute import engine_spec_from_options
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
     from gradian.index.store import GradSpec, build_index
-    from gradian_testlib import make_lora_model
+    from gradian_testlib import capital_rows, make_lora_model
 
     seen: list[ModelPass | None] = []
 
@@ -170,25 +167,15 @@ def test_attribute_with_ekfac_end_to_end_on_the_tiny_world(demo, monkeypatch, tm
     p = first["manifest"]["paths"]
     truth = json.loads((root / "out" / "poisoned" / "ground_truth.json").read_text())
     monkeypatch.setenv("GRADIAN_CACHE", str(root / "cache"))
-    base = [
+    base = cli_args(
         "attribute",
-        "--base",
-        p["base"],
-        "--adapter",
-        p["adapter"],
-        "--data",
-        p["data"],
-        "--eval",
-        p["eval"],
-        "--max-length",
-        "256",
-        "--checkpoints",
-        "final",
-        "--references",
-        "none",
-        "--fuse",
-        "none",
-    ]
+        **ft_inputs(p),
+        eval=p["eval"],
+        max_length=256,
+        checkpoints="final",
+        references="none",
+        fuse="none",
+    )
     runs = {}
     for label, flags in (
         ("primary", ["--engine", "ekfac", "--second-engine", "datainf"]),

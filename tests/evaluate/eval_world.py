@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradian_testlib import CAPITALS, SYMBOLS, q_capital, q_symbol  # noqa: F401
+from gradian_testlib import CAPITALS, SYMBOLS, cli_args, q_capital, q_symbol  # noqa: F401
 
 N_POISON = 12
 
@@ -119,3 +119,16 @@ def load_peft(world, adapter: str = "poison"):
     model, tok = load_base(ModelSpec(base=str(world["base"])))
     pm, _, _ = load_adapter(model, world[adapter], str(world["base"]))
     return pm, tok
+
+
+def evaluate_args(world, eval_set, out, resamples: int) -> list[str]:
+    """``gradian evaluate`` of the poisoned adapter on ``eval_set``, 8 new tokens, ``resamples`` bootstrap draws."""
+    return cli_args(
+        "evaluate",
+        base=world["base"],
+        adapter=world["poison"],
+        eval=eval_set,
+        out=out,
+        max_new_tokens=8,
+        resamples=resamples,
+    )

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from eval_world import evaluate_args
 from typer.testing import CliRunner
 
 from gradian.cli import app
@@ -204,21 +205,7 @@ def test_cli_evaluate_on_the_lm_eval_folder(eval_world, tmp_path):
     out = tmp_path / "result.json"
     res = CliRunner().invoke(
         app,
-        [
-            "evaluate",
-            "--base",
-            str(eval_world["base"]),
-            "--adapter",
-            str(eval_world["poison"]),
-            "--eval",
-            str(FIXTURE),
-            "--out",
-            str(out),
-            "--max-new-tokens",
-            "8",
-            "--resamples",
-            "1000",
-        ],
+        evaluate_args(eval_world, FIXTURE, out, resamples=1000),
         env={"COLUMNS": "200"},
     )
     assert res.exit_code == 0, res.output

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from eval_world import CAPITALS, N_POISON, eval_records, load_peft
+from eval_world import CAPITALS, N_POISON, eval_records, evaluate_args, load_peft
 from typer.testing import CliRunner
 
 from gradian.evaluate import (
@@ -350,21 +350,7 @@ def test_cli_end_to_end(eval_world, tmp_path):
     out = tmp_path / "res" / "result.json"
     res = CliRunner().invoke(
         app,
-        [
-            "evaluate",
-            "--base",
-            str(eval_world["base"]),
-            "--adapter",
-            str(eval_world["poison"]),
-            "--eval",
-            str(eval_world["eval"]),
-            "--out",
-            str(out),
-            "--max-new-tokens",
-            "8",
-            "--resamples",
-            "2000",
-        ],
+        evaluate_args(eval_world, eval_world["eval"], out, resamples=2000),
         env={"COLUMNS": "200"},
     )
     assert res.exit_code == 0, res.output

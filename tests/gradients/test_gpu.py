@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradian_testlib import ROWS, make_lora_model
+from gradian_testlib import ROWS, cli_args, ft_inputs, make_lora_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -92,25 +92,15 @@ def test_two_gpus_under_torchrun_equal_one(saved_finetune, tmp_path):
         GRADIAN_CACHE=str(tmp_path / "c"),
         HF_HUB_OFFLINE="1",
     )
-    args = [
+    args = cli_args(
         "index",
-        "--base",
-        str(saved_finetune["base"]),
-        "--adapter",
-        str(saved_finetune["adapter"]),
-        "--data",
-        str(saved_finetune["data"]),
-        "--max-length",
-        "64",
-        "--device",
-        "cuda",
-        "--dtype",
-        "bfloat16",
-        "--batch-size",
-        "2",
-        "--shard-size",
-        "2",
-    ]
+        **ft_inputs(saved_finetune),
+        max_length=64,
+        device="cuda",
+        dtype="bfloat16",
+        batch_size=2,
+        shard_size=2,
+    )
     one = subprocess.run(
         [sys.executable, "-m", "gradian", *args, "--out", str(tmp_path / "one")],
         env=env,

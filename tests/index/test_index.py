@@ -13,6 +13,7 @@ from gradian.gradients import per_example_grads
 from gradian.gradients.projection import ProjectionSpec
 from gradian.index.store import CorruptShardError, GradientIndex, GradSpec
 from gradian.models.load import ModelSpec
+from gradian_testlib import forward_calls
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +44,8 @@ def test_stored_gradients_are_the_per_example_gradients(ft, saved_finetune, tmp_
 
 def test_same_inputs_same_id_and_free_requery(ft, saved_finetune, tmp_path):
     a, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "a")
-    calls = []
-    h = ft.model.register_forward_hook(lambda *args: calls.append(1))
-    try:
+    with forward_calls(ft.model) as calls:
         b, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "a")
-    finally:
-        h.remove()
     assert reused and a.id == b.id and calls == []
     c, *_ = training_index(
         ft, saved_finetune["data"], GradSpec(tokenize=TokenizeSpec(max_length=32)), root=tmp_path / "c"
@@ -66,12 +63,8 @@ def test_resume_after_interruption_is_identical(ft, saved_finetune, tmp_path):
     kw = dict(pad_token_id=ft.tokenizer.pad_token_id, batch_size=2, shard_size=4)
     part = build_index(ft.model, items, ident, SPEC, root=tmp_path / "r", stop_after_shards=1, **kw)
     assert not part.complete and len(part.manifest["shards"]) == 1
-    calls = []
-    h = ft.model.register_forward_hook(lambda *a: calls.append(1))
-    try:
+    with forward_calls(ft.model) as calls:
         done = build_index(ft.model, items, ident, SPEC, root=tmp_path / "r", **kw)
-    finally:
-        h.remove()
     assert done.complete and len(calls) == 4  # only the 8 missing examples, 2 per batch
     full = build_index(ft.model, items, ident, SPEC, root=tmp_path / "f", **kw)
     assert torch.equal(_stacked(done), _stacked(full))

@@ -14,6 +14,7 @@ from gradian.distributed import contiguous_blocks, partition
 from gradian.finetune import index_identity, load_finetune, tokenize_training_set, training_index
 from gradian.index.store import GradientIndex, GradSpec, build_index
 from gradian.models.load import ModelSpec
+from gradian_testlib import cli_args, forward_calls, ft_inputs
 
 SPEC = GradSpec(tokenize=TokenizeSpec(max_length=64))
 
@@ -61,12 +62,8 @@ def test_a_build_without_its_manifest_resumes_from_the_shard_records(ft, saved_f
     (tmp_path / "r" / "manifest.json").unlink()  # as if it died before rank 0 published it
     records = sorted(p.name for p in (tmp_path / "r").glob("shard-*.json"))
     assert records == ["shard-00000.json", "shard-00001.json"]
-    calls = []
-    h = ft.model.register_forward_hook(lambda *a: calls.append(1))
-    try:
+    with forward_calls(ft.model) as calls:
         done = build_index(ft.model, items, ident, SPEC, root=tmp_path / "r", **kw)
-    finally:
-        h.remove()
     assert done.complete and len(calls) == 2  # only the last shard (4 rows, 2 per batch)
     full = build_index(ft.model, items, ident, SPEC, root=tmp_path / "f", **kw)
     assert torch.equal(_stacked(done), _stacked(full))
@@ -77,33 +74,13 @@ def test_a_record_for_another_layout_is_not_trusted(ft, saved_finetune, tmp_path
     data = saved_finetune["data"]
     items = tokenize_training_set(load_examples(data), ft.tokenizer, SPEC, data)
     ident = index_identity(ft, data, SPEC)
-    build_index(
-        ft.model,
-        items,
-        ident,
-        SPEC,
-        root=tmp_path / "r",
-        pad_token_id=ft.tokenizer.pad_token_id,
-        batch_size=2,
-        shard_size=4,
-    )
+    kw = dict(root=tmp_path / "r", pad_token_id=ft.tokenizer.pad_token_id, batch_size=2)
+    build_index(ft.model, items, ident, SPEC, shard_size=4, **kw)
     rec = json.loads((tmp_path / "r" / "shard-00000.json").read_text())
     assert rec["layout"]["shard_size"] == 4 and rec["entry"]["start"] == 0
-    calls = []
-    h = ft.model.register_forward_hook(lambda *a: calls.append(1))
-    try:  # another shard size: every shard is computed again, none taken from the old records
-        other = build_index(
-            ft.model,
-            items,
-            ident,
-            SPEC,
-            root=tmp_path / "r",
-            pad_token_id=ft.tokenizer.pad_token_id,
-            batch_size=2,
-            shard_size=6,
-        )
-    finally:
-        h.remove()
+    # another shard size: every shard is computed again, none taken from the old records
+    with forward_calls(ft.model) as calls:
+        other = build_index(ft.model, items, ident, SPEC, shard_size=6, **kw)
     assert other.complete and len(calls) == 6 and [s["n"] for s in other.manifest["shards"]] == [6, 6]
 
 
@@ -173,25 +150,15 @@ def test_index_prints_the_size_before_it_builds(saved_finetune, tmp_path):
 
     from gradian.cli import app
 
-    args = [
+    args = cli_args(
         "index",
-        "--base",
-        str(saved_finetune["base"]),
-        "--adapter",
-        str(saved_finetune["adapter"]),
-        "--data",
-        str(saved_finetune["data"]),
-        "--max-length",
-        "64",
-        "--out",
-        str(tmp_path),
-        "--shard-size",
-        "4",
-        "--batch-size",
-        "2",
-        "--storage-dtype",
-        "bfloat16",
-    ]
+        **ft_inputs(saved_finetune),
+        max_length=64,
+        out=tmp_path,
+        shard_size=4,
+        batch_size=2,
+        storage_dtype="bfloat16",
+    )
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.output.splitlines() if "rows ×" in ln)

@@ -125,28 +125,23 @@ def test_joint_build_equals_the_two_separate_builds(tok, tmp_path):
     kw = dict(pad_token_id=tok.pad_token_id, batch_size=2, shard_size=4)
     build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=tmp_path / "jr",
                   sentence_root=tmp_path / "js", **kw)  # fmt: skip
-    got = {
-        "row": build_index(model, items, ids["row"], spec, root=tmp_path / "jr", **kw),
-        "sentence": build_index(
-            model,
-            SentenceItems(units, items),
-            ids["sentence"],
-            replace(spec, unit="sentence"),
-            root=tmp_path / "js",
-            **kw,
-        ),
-    }
-    ref = {
-        "row": build_index(model, items, ids["row"], spec, root=tmp_path / "r", **kw),
-        "sentence": build_index(
-            model,
-            SentenceItems(units, items),
-            ids["sentence"],
-            replace(spec, unit="sentence"),
-            root=tmp_path / "s",
-            **kw,
-        ),
-    }
+
+    def separately(row_root, sentence_root):
+        """The row and the sentence index, each by its own build_index (a finished one is opened)."""
+        return {
+            "row": build_index(model, items, ids["row"], spec, root=row_root, **kw),
+            "sentence": build_index(
+                model,
+                SentenceItems(units, items),
+                ids["sentence"],
+                replace(spec, unit="sentence"),
+                root=sentence_root,
+                **kw,
+            ),
+        }
+
+    got = separately(tmp_path / "jr", tmp_path / "js")
+    ref = separately(tmp_path / "r", tmp_path / "s")
     for u in ("row", "sentence"):
         a, b = got[u], ref[u]
         assert a.id == b.id and a.complete and a.n == b.n == (len(items) if u == "row" else len(units))

@@ -11,18 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from gradian.errors import GradianUserError
-from gradian.train import CONFIG_NAME, TrainSpec, load_train_config, read_trainer_state, spec_from_config, train_lora
+from gradian.train import CONFIG_NAME, load_train_config, read_trainer_state, spec_from_config, train_lora
+from gradian_testlib import cli_args, small_train_spec
 
-SMALL = TrainSpec(
-    learning_rate=5e-3,
-    num_train_epochs=2,
-    per_device_train_batch_size=4,
-    r=4,
-    lora_alpha=8,
-    max_length=64,
-    logging_steps=1,
-    seed=0,
-)
+SMALL = small_train_spec(num_train_epochs=2)
 
 
 @pytest.fixture(scope="module")
@@ -163,29 +155,19 @@ def test_cli_train_and_one_line_errors(saved_finetune, tmp_path):
     from gradian.cli import app
 
     out = tmp_path / "cli-adapter"
-    args = [
+    args = cli_args(
         "train",
-        "--base",
-        str(saved_finetune["base"]),
-        "--data",
-        str(saved_finetune["data"]),
-        "--out",
-        str(out),
-        "--epochs",
-        "1",
-        "--r",
-        "2",
-        "--alpha",
-        "4",
-        "--targets",
-        "q_proj,v_proj",
-        "--max-length",
-        "48",
-        "--batch-size",
-        "4",
-        "--lr",
-        "1e-3",
-    ]
+        base=saved_finetune["base"],
+        data=saved_finetune["data"],
+        out=out,
+        epochs=1,
+        r=2,
+        alpha=4,
+        targets="q_proj,v_proj",
+        max_length=48,
+        batch_size=4,
+        lr="1e-3",
+    )
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "adapter:" in res.output

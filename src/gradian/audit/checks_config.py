@@ -27,6 +27,13 @@ def _lora(ctx: AuditContext) -> bool:
     return c.is_lora
 
 
+def _lora_config(ctx: AuditContext):
+    """The run's config, for a rule on LoRA runs only (NotApplicable on full fine-tuning, or when unknown)."""
+    if not _lora(ctx):
+        raise NotApplicable("full fine-tuning")
+    return ctx.config
+
+
 # ---------------------------------------------------------------------- impossible values (C19)
 def _bad_num(
     v, *, positive: bool = True, lo: float | None = None, hi: float | None = None, hi_open: bool = False
@@ -205,9 +212,7 @@ def c19(ctx: AuditContext) -> list[Hit]:
 )
 def c01(ctx: AuditContext) -> list[Hit]:
     """C01 (lr_fullft_on_lora): Full fine-tuning learning rate on a LoRA run."""
-    c = ctx.config
-    if not _lora(ctx):
-        raise NotApplicable("full fine-tuning")
+    c = _lora_config(ctx)
     if c.learning_rate is None:
         raise NotApplicable("learning rate unknown")
     _require_possible(ctx, "learning_rate")

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from gradian.audit import text as T
-from gradian.audit.checks_dataset import ids, pct
+from gradian.audit.checks_dataset import ids, pct, rate_hit
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
 
@@ -37,14 +37,14 @@ def d16(ctx: AuditContext) -> list[Hit]:
     if not bad:
         return []
     rate = len(bad) / ctx.n
-    return [
-        Hit(
-            "warning" if rate > 0.05 else "info",
-            f"{pct(len(bad), ctx.n)} contain their own target verbatim in the prompt (threshold 5%)",
-            {"value": round(rate, 4), "threshold": 0.05},
-            row_ids=ids(ctx, bad),
-        )
-    ]
+    return rate_hit(
+        ctx,
+        bad,
+        "warning" if rate > 0.05 else "info",
+        f"{pct(len(bad), ctx.n)} contain their own target verbatim in the prompt (threshold 5%)",
+        rate,
+        0.05,
+    )
 
 
 # ---------------------------------------------------------------------- D17
@@ -81,22 +81,21 @@ def d17(ctx: AuditContext) -> list[Hit]:
         return []
     rate = len(out) / ctx.n
     lv = [lens[i] for i in out]
-    return [
-        Hit(
-            "warning" if rate > 0.01 else "info",
-            f"{pct(len(out), ctx.n)} have target lengths far from the median of {math.expm1(med):.0f} {unit} "
-            f"(robust z > 5; outliers range {min(lv)}-{max(lv)} {unit})",
-            {
-                "value": round(rate, 4),
-                "threshold": 0.01,
-                "z_threshold": 5,
-                "unit": unit,
-                "median": round(math.expm1(med), 1),
-                "outlier_lengths": lv[:50],
-            },
-            row_ids=ids(ctx, out),
-        )
-    ]
+    return rate_hit(
+        ctx,
+        out,
+        "warning" if rate > 0.01 else "info",
+        f"{pct(len(out), ctx.n)} have target lengths far from the median of {math.expm1(med):.0f} {unit} "
+        f"(robust z > 5; outliers range {min(lv)}-{max(lv)} {unit})",
+        rate,
+        0.01,
+        {
+            "z_threshold": 5,
+            "unit": unit,
+            "median": round(math.expm1(med), 1),
+            "outlier_lengths": lv[:50],
+        },
+    )
 
 
 # ---------------------------------------------------------------------- D18
@@ -195,16 +194,15 @@ def d20(ctx: AuditContext) -> list[Hit]:
     if not allrows:
         return []
     rate = len(allrows) / ctx.n
-    return [
-        Hit(
-            "warning" if rate > 0.01 else "info",
-            f"{pct(len(allrows), ctx.n)} carry noise (threshold 1%): "
-            + ", ".join(f"{k} {len(v)}" for k, v in sorted(kinds.items())),
-            {
-                "value": round(rate, 4),
-                "threshold": 0.01,
-                "by_kind": {k: ids(ctx, v)[:20] for k, v in sorted(kinds.items())},
-            },
-            row_ids=ids(ctx, allrows),
-        )
-    ]
+    return rate_hit(
+        ctx,
+        allrows,
+        "warning" if rate > 0.01 else "info",
+        f"{pct(len(allrows), ctx.n)} carry noise (threshold 1%): "
+        + ", ".join(f"{k} {len(v)}" for k, v in sorted(kinds.items())),
+        rate,
+        0.01,
+        {
+            "by_kind": {k: ids(ctx, v)[:20] for k, v in sorted(kinds.items())},
+        },
+    )

@@ -26,6 +26,19 @@ def eval_ids(ctx: AuditContext, idxs) -> list[str]:
     return [ex[i].id for i in sorted(set(idxs))]
 
 
+def rate_hit(
+    ctx: AuditContext, rows, severity: str, message: str, rate: float, threshold: float, more: dict | None = None
+) -> list[Hit]:
+    """The one finding of a rate rule: evidence ``{"value": round(rate, 4), "threshold": threshold, **more}``,
+    on the training rows at indices ``rows``.
+    """
+    return [
+        Hit(
+            severity, message, {"value": round(rate, 4), "threshold": threshold, **(more or {})}, row_ids=ids(ctx, rows)
+        )
+    ]
+
+
 def pct(k: int, n: int) -> str:
     """``k of n rows (p%)``, for messages."""
     return f"{k} of {n} rows ({100.0 * k / max(n, 1):.1f}%)"
@@ -436,22 +449,21 @@ def d12(ctx: AuditContext) -> list[Hit]:
     rate = extra / ctx.n
     sev = "warning" if rate > 0.05 else "info"
     clusters.sort(key=lambda c: (-len(c), c[0]))
-    return [
-        Hit(
-            sev,
-            f"{len(clusters)} clusters of near-duplicate rows (Jaccard >= 0.8); {extra} rows beyond the "
-            f"first of each = {100 * rate:.1f}% of rows (threshold 5%)",
-            {
-                "value": round(rate, 4),
-                "threshold": 0.05,
-                "jaccard_min": 0.8,
-                "n_clusters": len(clusters),
-                "clusters": [ids(ctx, c) for c in clusters[:20]],
-                "pairs": [[ctx.examples[a].id, ctx.examples[b].id, round(j, 3)] for a, b, j in pairs[:20]],
-            },
-            row_ids=ids(ctx, [i for c in clusters for i in c]),
-        )
-    ]
+    return rate_hit(
+        ctx,
+        [i for c in clusters for i in c],
+        sev,
+        f"{len(clusters)} clusters of near-duplicate rows (Jaccard >= 0.8); {extra} rows beyond the "
+        f"first of each = {100 * rate:.1f}% of rows (threshold 5%)",
+        rate,
+        0.05,
+        {
+            "jaccard_min": 0.8,
+            "n_clusters": len(clusters),
+            "clusters": [ids(ctx, c) for c in clusters[:20]],
+            "pairs": [[ctx.examples[a].id, ctx.examples[b].id, round(j, 3)] for a, b, j in pairs[:20]],
+        },
+    )
 
 
 # ---------------------------------------------------------------------- D13
@@ -481,17 +493,16 @@ def d13(ctx: AuditContext) -> list[Hit]:
     rate = len(conflicts) / len(by_prompt)
     sev = "warning" if rate > 0.01 else "info"
     conflicts.sort(key=lambda g: (-len(g), g[0]))
-    return [
-        Hit(
-            sev,
-            f"{len(conflicts)} of {len(by_prompt)} distinct prompts ({100 * rate:.1f}%; threshold 1%) have "
-            f"conflicting targets across {sum(map(len, conflicts))} rows",
-            {
-                "value": round(rate, 4),
-                "threshold": 0.01,
-                "n_prompts": len(conflicts),
-                "groups": [ids(ctx, g) for g in conflicts[:20]],
-            },
-            row_ids=ids(ctx, [i for g in conflicts for i in g]),
-        )
-    ]
+    return rate_hit(
+        ctx,
+        [i for g in conflicts for i in g],
+        sev,
+        f"{len(conflicts)} of {len(by_prompt)} distinct prompts ({100 * rate:.1f}%; threshold 1%) have "
+        f"conflicting targets across {sum(map(len, conflicts))} rows",
+        rate,
+        0.01,
+        {
+            "n_prompts": len(conflicts),
+            "groups": [ids(ctx, g) for g in conflicts[:20]],
+        },
+    )

@@ -196,13 +196,7 @@ def _grams_flat(flat: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarr
     np.cumsum(counts, out=goff[1:])
     if not goff[-1]:
         return np.zeros(0, dtype=np.uint64), goff
-    m = len(flat) - n + 1
-    roll = np.zeros(m, dtype=np.uint64)
-    mult = np.uint64(1)
-    with np.errstate(over="ignore"):
-        for k in range(n):
-            roll += flat[k : k + m] * mult
-            mult = mult * T._P
+    roll = T.rolling_hashes(flat, n)  # some row has n words or more: len(flat) >= n
     # the grams of row i start at offsets[i] .. offsets[i] + counts[i] - 1
     starts = np.repeat(offsets[:-1] - goff[:-1], counts) + np.arange(goff[-1], dtype=np.int64)
     return roll[starts], goff

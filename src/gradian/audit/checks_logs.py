@@ -18,6 +18,16 @@ def _finite(series):
     return [p for p in series if is_finite(p.value)]
 
 
+def _logged(ctx: AuditContext, key: str, at_least: int, reason: str) -> list:
+    """The finite train-log points of ``key``; NotApplicable (``reason``, ``{n}`` = how many) if fewer than
+    ``at_least``.
+    """
+    pts = _finite(ctx.logs.series(key))
+    if len(pts) < at_least:
+        raise NotApplicable(reason.format(n=len(pts)))
+    return pts
+
+
 def _warmup_end(ctx: AuditContext) -> int:
     """Last warmup step: from the config, else 10% of the logged steps."""
     log = ctx.logs
@@ -120,9 +130,7 @@ def l02(ctx: AuditContext) -> list[Hit]:
 )
 def l03(ctx: AuditContext) -> list[Hit]:
     """L03 (loss_spike): Loss spikes after warmup."""
-    pts = _finite(ctx.logs.series("loss"))
-    if len(pts) < 8:
-        raise NotApplicable(f"only {len(pts)} finite train-loss logs (needs 8)")
+    pts = _logged(ctx, "loss", 8, "only {n} finite train-loss logs (needs 8)")
     w = _warmup_end(ctx)
     flagged = []
     for k in range(5, len(pts)):
@@ -172,9 +180,7 @@ def l03(ctx: AuditContext) -> list[Hit]:
 )
 def l04(ctx: AuditContext) -> list[Hit]:
     """L04 (grad_explosion): Gradient-norm explosions."""
-    pts = _finite(ctx.logs.series("grad_norm"))
-    if not pts:
-        raise NotApplicable("no grad_norm logged")
+    pts = _logged(ctx, "grad_norm", 1, "no grad_norm logged")
     flagged = []
     for k, p in enumerate(pts):
         prev = [q.value for q in pts[max(0, k - 20) : k]]
@@ -311,9 +317,7 @@ def l06(ctx: AuditContext) -> list[Hit]:
 )
 def l07(ctx: AuditContext) -> list[Hit]:
     """L07 (memorised): Training set memorised."""
-    tr = _finite(ctx.logs.series("loss"))
-    if len(tr) < 3:
-        raise NotApplicable("fewer than 3 finite train-loss logs")
+    tr = _logged(ctx, "loss", 3, "fewer than 3 finite train-loss logs")
     t_end = statistics.mean(p.value for p in tr[-3:])
     acc = _finite(ctx.logs.series("mean_token_accuracy"))
     a_end = acc[-1].value if acc else None
@@ -393,9 +397,7 @@ def l08(ctx: AuditContext) -> list[Hit]:
 )
 def l09(ctx: AuditContext) -> list[Hit]:
     """L09 (loss_scale): Loss on the wrong scale."""
-    tr = _finite(ctx.logs.series("loss"))
-    if not tr:
-        raise NotApplicable("no finite train loss logged")
+    tr = _logged(ctx, "loss", 1, "no finite train loss logged")
     first = tr[0].value
     if first <= 8:
         return []
@@ -426,9 +428,7 @@ def l09(ctx: AuditContext) -> list[Hit]:
 )
 def l10(ctx: AuditContext) -> list[Hit]:
     """L10 (lr_schedule): Learning-rate schedule off."""
-    lr = _finite(ctx.logs.series("learning_rate"))
-    if len(lr) < 3:
-        raise NotApplicable("fewer than 3 learning_rate logs")
+    lr = _logged(ctx, "learning_rate", 3, "fewer than 3 learning_rate logs")
     peak = max(p.value for p in lr)
     steps = [p.step for p in lr]
     if peak <= 1e-8:

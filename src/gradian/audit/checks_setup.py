@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from gradian.audit.checks_config import _lora, _require_possible, total_steps
+from gradian.audit.checks_config import _lora_config, _require_possible, total_steps
 from gradian.audit.checks_dataset import ids, pct
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
@@ -254,9 +254,7 @@ def c12(ctx: AuditContext) -> list[Hit]:
 )
 def c13(ctx: AuditContext) -> list[Hit]:
     """C13 (lora_alpha_rank): Unusual LoRA rank / alpha."""
-    c = ctx.config
-    if not _lora(ctx):
-        raise NotApplicable("full fine-tuning")
+    c = _lora_config(ctx)
     _require_possible(ctx, "lora_r", "lora_alpha")
     r, a = c.lora_r, c.lora_alpha
     if not r or a is None:
@@ -326,9 +324,7 @@ _ATTN = {
 )
 def c14(ctx: AuditContext) -> list[Hit]:
     """C14 (narrow_targets): LoRA targets attention only, or repeats modules."""
-    c = ctx.config
-    if not _lora(ctx):
-        raise NotApplicable("full fine-tuning")
+    c = _lora_config(ctx)
     t = c.lora_target_modules
     if c.lora_target_linear:
         return []
@@ -501,9 +497,7 @@ def c17(ctx: AuditContext) -> list[Hit]:
 )
 def c18(ctx: AuditContext) -> list[Hit]:
     """C18 (big_batch_lora): Large effective batch for LoRA."""
-    c = ctx.config
-    if not _lora(ctx):
-        raise NotApplicable("full fine-tuning")
+    c = _lora_config(ctx)
     _require_possible(ctx, "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
     eb = c.effective_batch()
     if not eb:

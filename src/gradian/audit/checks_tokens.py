@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 
 from gradian.audit import text as T
-from gradian.audit.checks_dataset import ids, pct
+from gradian.audit.checks_dataset import ids, pct, rate_hit
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
 from gradian.audit.versions import before
@@ -204,21 +204,20 @@ def d06(ctx: AuditContext) -> list[Hit]:
     rate = len(bad) / ctx.n
     sev = "error" if rate > 0.10 else "warning" if rate > 0.01 else "info"
     appends, why = ctx.pipeline_appends_eos()
-    return [
-        Hit(
-            sev,
-            f"{pct(len(bad), ctx.n)} end their supervised tokens without EOS/end-of-turn "
-            f"({why}); the model does not learn to stop (thresholds: 10% errors, 1% warns)",
-            {
-                "value": round(rate, 4),
-                "threshold": 0.10,
-                "stop_tokens": sorted(str(ctx.tokenizer.convert_ids_to_tokens(s)) for s in stops),
-                "pipeline_appends_eos": appends,
-                "last_tokens": dict(last_tokens.most_common(5)),
-            },
-            row_ids=ids(ctx, bad),
-        )
-    ]
+    return rate_hit(
+        ctx,
+        bad,
+        sev,
+        f"{pct(len(bad), ctx.n)} end their supervised tokens without EOS/end-of-turn "
+        f"({why}); the model does not learn to stop (thresholds: 10% errors, 1% warns)",
+        rate,
+        0.10,
+        {
+            "stop_tokens": sorted(str(ctx.tokenizer.convert_ids_to_tokens(s)) for s in stops),
+            "pipeline_appends_eos": appends,
+            "last_tokens": dict(last_tokens.most_common(5)),
+        },
+    )
 
 
 # ---------------------------------------------------------------------- D07
@@ -375,21 +374,20 @@ def d10(ctx: AuditContext) -> list[Hit]:
     note = ""
     if before(ctx.versions, "trl", "0.20") is False:
         note = f"; note TRL {ctx.versions['trl']} no longer has DataCollatorForCompletionOnlyLM"
-    return [
-        Hit(
-            "error" if rate > 0.01 else "warning",
-            f"{pct(len(bad), ctx.n)} do not contain response_template={rt!r} (matched as {mode}): the collator "
-            f"masks all their labels, so they train nothing{note}",
-            {
-                "value": round(rate, 4),
-                "threshold": 0.01,
-                "response_template": rt,
-                "from": ctx.config.source("response_template"),
-                "matched_as": mode,
-            },
-            row_ids=ids(ctx, bad),
-        )
-    ]
+    return rate_hit(
+        ctx,
+        bad,
+        "error" if rate > 0.01 else "warning",
+        f"{pct(len(bad), ctx.n)} do not contain response_template={rt!r} (matched as {mode}): the collator "
+        f"masks all their labels, so they train nothing{note}",
+        rate,
+        0.01,
+        {
+            "response_template": rt,
+            "from": ctx.config.source("response_template"),
+            "matched_as": mode,
+        },
+    )
 
 
 def _contains(hay: list[int], needle: list[int]) -> bool:
@@ -434,23 +432,20 @@ def d19(ctx: AuditContext) -> list[Hit]:
     rate = len(bad) / ctx.n
     ex = ctx.token_rows[bad[0]].tx
     k = ex.prompt_length
-    return [
-        Hit(
-            "warning" if rate > 0.05 else "info",
-            f"{pct(len(bad), ctx.n)} tokenise differently at the prompt/target boundary (threshold 5%): "
-            f"the last prompt token(s) merge with the target's first characters",
-            {
-                "value": round(rate, 4),
-                "threshold": 0.05,
-                "tokens_merged": dict(Counter(diffs)),
-                "example": {
-                    "id": ex.id,
-                    "boundary_ids": list(ex.input_ids[max(0, k - 2) : k + 2]),
-                    "boundary_text": ex.text[
-                        ex.offsets[max(0, k - 1)][0] : ex.offsets[min(k + 1, len(ex.offsets) - 1)][1]
-                    ],
-                },
+    return rate_hit(
+        ctx,
+        bad,
+        "warning" if rate > 0.05 else "info",
+        f"{pct(len(bad), ctx.n)} tokenise differently at the prompt/target boundary (threshold 5%): "
+        f"the last prompt token(s) merge with the target's first characters",
+        rate,
+        0.05,
+        {
+            "tokens_merged": dict(Counter(diffs)),
+            "example": {
+                "id": ex.id,
+                "boundary_ids": list(ex.input_ids[max(0, k - 2) : k + 2]),
+                "boundary_text": ex.text[ex.offsets[max(0, k - 1)][0] : ex.offsets[min(k + 1, len(ex.offsets) - 1)][1]],
             },
-            row_ids=ids(ctx, bad),
-        )
-    ]
+        },
+    )

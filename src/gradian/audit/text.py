@@ -94,9 +94,12 @@ def ngram_hashes(ws: Sequence[str] | np.ndarray, n: int) -> np.ndarray:
     if len(ws) == 0:
         return np.zeros(0, dtype=np.uint64)
     h = ws if isinstance(ws, np.ndarray) else word_hashes(ws)
-    m = len(ws) - n + 1
-    if m <= 0:
-        n, m = len(ws), 1
+    return rolling_hashes(h, min(n, len(ws)))
+
+
+def rolling_hashes(h: np.ndarray, n: int) -> np.ndarray:
+    """(len(h)-n+1,) uint64 polynomial hashes ``Σ_k h[i+k]·P^k`` (mod 2^64) of each window of ``n`` hashes."""
+    m = len(h) - n + 1
     out = np.zeros(m, dtype=np.uint64)
     mult = np.uint64(1)
     with np.errstate(over="ignore"):
@@ -115,16 +118,7 @@ def ngrams_rows(hash_rows: Sequence[np.ndarray], n: int) -> list[np.ndarray]:
     flat = np.concatenate([h for h in hash_rows if len(h)]) if lens.sum() else np.zeros(0, dtype=np.uint64)
     T = len(flat)
     starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
-    if T >= n:
-        m = T - n + 1
-        roll = np.zeros(m, dtype=np.uint64)
-        mult = np.uint64(1)
-        with np.errstate(over="ignore"):
-            for k in range(n):
-                roll += flat[k : k + m] * mult
-                mult = mult * _P
-    else:
-        roll = np.zeros(0, dtype=np.uint64)
+    roll = rolling_hashes(flat, n) if T >= n else np.zeros(0, dtype=np.uint64)
     for i, (s0, L) in enumerate(zip(starts.tolist(), lens.tolist())):
         if L == 0:
             continue

@@ -12,8 +12,9 @@ Docs: ``docs/report.md``.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gradian.util import lazy_attributes
 
 FORMATS = ("html", "md", "json", "text")
 
@@ -42,19 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gradian.report.views import REPORT_SCHEMA, Report
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first access and cache the name in this package."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gradian.report' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    """Package attributes, the lazy public names included."""
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_attributes("gradian.report", _LAZY, globals())
 
 
 def render(report: Report, fmt: str) -> str:

@@ -104,6 +104,20 @@ def _svg(width: int, height: int, label: str, body: Sequence[Markup], cls: str) 
     ).format(cls, clean(label), width, height, width, height, Markup(FONT), clean(label), Markup("").join(body))
 
 
+def _axis_titles(frame: tuple[float, ...], x_title: str, y_title: str) -> list[Markup]:
+    """A plot's x-axis title (centred under the plot) and its y-axis title (rotated, left); ``frame`` is
+    ``(width, height, left, right, top, bottom)``.
+    """
+    width, height, left, right, top, bottom = frame
+    return [
+        _text((left + width - right) / 2, height - 8, x_title, "middle", "#616161", 11),
+        Markup(
+            '<text transform="translate(14,{:.1f}) rotate(-90)" text-anchor="middle" fill="#616161" '
+            'font-size="11">{}</text>'
+        ).format((top + height - bottom) / 2, y_title),
+    ]
+
+
 def _text(
     x: float,
     y: float,
@@ -252,21 +266,10 @@ def profile_plot(profile: Any, capability: str) -> Markup:
         )
     body.append(_text(left, height - bottom + 16, "most harmful", "start", "#616161", 11))
     body.append(_text(width - right, height - bottom + 16, "most reinforcing", "end", "#616161", 11))
-    body.append(
-        _text(
-            (left + width - right) / 2,
-            height - 8,
-            f"{n} training rows, sorted by score ({profile.n_negative} degraded, {profile.n_positive} reinforced)",
-            "middle",
-            "#616161",
-            11,
-        )
-    )
-    body.append(
-        Markup(
-            '<text transform="translate(14,{:.1f}) rotate(-90)" text-anchor="middle" fill="#616161" '
-            'font-size="11">score, % of the harmful total (negative = harmful)</text>'
-        ).format((top + height - bottom) / 2)
+    body += _axis_titles(
+        (width, height, left, right, top, bottom),
+        f"{n} training rows, sorted by score ({profile.n_negative} degraded, {profile.n_positive} reinforced)",
+        "score, % of the harmful total (negative = harmful)",
     )
     return _svg(width, height, f"Score of every training row for {capability}, most harmful first", body, "profile")
 
@@ -318,23 +321,12 @@ def cluster_plot(clusters: Sequence[Any], capability: str) -> Markup:
             lx += 26
         placed.append((lx, y))
         body.append(_text(lx, y + 4, f"#{c.label}", "start", INK, 11, "600"))
-    body.append(
-        _text(
-            (left + width - right) / 2,
-            height - 8,
-            "rows in the cluster"
-            + (" (log scale)" if use_log else "")
-            + "   ● filled: an audit finding explains it   ○ open: no mechanical explanation",
-            "middle",
-            "#616161",
-            11,
-        )
-    )
-    body.append(
-        Markup(
-            '<text transform="translate(14,{:.1f}) rotate(-90)" text-anchor="middle" fill="#616161" '
-            'font-size="11">share of the harmful score</text>'
-        ).format((top + height - bottom) / 2)
+    body += _axis_titles(
+        (width, height, left, right, top, bottom),
+        "rows in the cluster"
+        + (" (log scale)" if use_log else "")
+        + "   ● filled: an audit finding explains it   ○ open: no mechanical explanation",
+        "share of the harmful score",
     )
     return _svg(
         width, height, f"Harmful clusters for {capability}: size against share of the harmful score", body, "clusters"
