@@ -200,7 +200,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "gradian.index.identity",
         "gradian.data",
     ),
-    ("gradian.models", "gradian.gradients", "gradian.index.store", "gradian.distributed"),  # 1
+    (  # 1
+        "gradian.models",
+        "gradian.gradients",
+        "gradian.index.store",
+        "gradian.index.shards",
+        "gradian.index.size",
+        "gradian.index.build",
+        "gradian.distributed",
+    ),
     ("gradian.engines", "gradian.finetune"),  # 2
     (  # 3: the lanes (a lane may use another), and what plans and builds a run's indexes and its cache
         "gradian.index.plan",

@@ -42,7 +42,8 @@ def _specs():
     from gradian.engines.ekfac import EkfacSpec
     from gradian.evaluate import EvalSpec
     from gradian.gradients.projection import ProjectionSpec
-    from gradian.index.store import GradSpec, check_build_args
+    from gradian.index.build import check_build_args
+    from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
     from gradian.train import TrainSpec
 

@@ -82,7 +82,7 @@ class RunSpecs:
     shard_size: int = 256
 
     def __post_init__(self) -> None:
-        from gradian.index.store import check_build_args
+        from gradian.index.build import check_build_args
         from gradian.validate import check_seed, check_type
 
         check_type(self.model, ModelSpec, "RunSpecs", "model")
