@@ -1,10 +1,10 @@
 """World knobs: the axes along which a family of worlds varies (issue 23).
 
 A :class:`WorldKnobs` names what a user of ``gradian world`` may change about a world of a given kind;
-:func:`apply_knobs` turns it into the sizes of a :class:`~gradian.worlds.builder.WorldSpec` and the
+:func:`apply_knobs` turns it into the sizes of a :class:`~gradian.worlds.spec.WorldSpec` and the
 :class:`~gradian.train.TrainSpec` written to the world's ``train.yaml``. Every knob left at ``None``
 keeps the kind's default, so ``WorldKnobs()`` reproduces :meth:`WorldSpec.default` and
-:func:`~gradian.worlds.builder.default_train_spec` exactly (the same files, byte for byte).
+:func:`~gradian.worlds.spec.default_train_spec` exactly (the same files, byte for byte).
 
 How the shares become row counts (``B`` benign rows, ``C`` culprit rows, shares as fractions):
 
