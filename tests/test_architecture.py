@@ -197,6 +197,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "gradian.tables",
         "gradian.version",
         "gradian.runfile",
+        "gradian.runtypes",
         "gradian.index.identity",
         "gradian.data",
     ),
@@ -236,6 +237,8 @@ UPWARD = {
     ("gradian.runfile", "gradian.evaluate.result"),
     ("gradian.runfile", "gradian.index.store"),
     ("gradian.runfile", "gradian.models.load"),
+    # the typed run reads its evaluation and failing items back through Evaluate's own records
+    ("gradian.runtypes", "gradian.evaluate"),
     # the training setup reads the trainer's config through the one config reader
     ("gradian.data.setup", "gradian.audit.config"),
     # the run's identity hashes every file of an lm-eval --log_samples folder, which only its reader can name
