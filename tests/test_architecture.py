@@ -222,6 +222,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "gradian.verify",
         "gradian.worlds",
         "gradian.train",
+        "gradian.trainconfig",
         "gradian.doctor",
     ),
     ("gradian.attributor", "gradian.commands", "gradian.cli", "gradian.__main__"),  # 4: the front

@@ -18,7 +18,8 @@ from gradian.attribute.trajectory import (
     resolve_trajectory,
 )
 from gradian.errors import GradianUserError
-from gradian.train import TrainSpec, train_lora
+from gradian.train import train_lora
+from gradian.trainconfig import TrainSpec
 
 SPEC = TrainSpec(
     learning_rate=5e-3,

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from gradian.errors import GradianUserError
-from gradian.train import CONFIG_NAME, TrainSpec, load_train_config, read_trainer_state, spec_from_config, train_lora
+from gradian.train import read_trainer_state, train_lora
+from gradian.trainconfig import CONFIG_NAME, TrainSpec, load_train_config, spec_from_config
 
 SMALL = TrainSpec(
     learning_rate=5e-3,

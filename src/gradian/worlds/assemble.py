@@ -85,7 +85,7 @@ def _write_world(
     out.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         atomic_write_text(out / name, data)
-    from gradian.train import write_train_config
+    from gradian.trainconfig import write_train_config
 
     write_train_config(train_spec, out / "train.yaml", has_eval=True)  # trained with --eval-data valid.jsonl
     atomic_write_json(out / "ground_truth.json", gt)

@@ -122,7 +122,7 @@ def build_world(
         spec: sizes, kind, variant, seed.
         out: folder to write (created; existing world files are replaced atomically).
         cache: Gradian cache root (default :func:`gradian.paths.cache_dir`).
-        train_spec: the :class:`gradian.train.TrainSpec` written to ``train.yaml``
+        train_spec: the :class:`gradian.trainconfig.TrainSpec` written to ``train.yaml``
             (default :func:`default_train_spec`); its ``max_length`` decides which
             rows count as fitting.
 

@@ -2,7 +2,7 @@
 
 A :class:`WorldKnobs` names what a user of ``gradian world`` may change about a world of a given kind;
 :func:`apply_knobs` turns it into the sizes of a :class:`~gradian.worlds.spec.WorldSpec` and the
-:class:`~gradian.train.TrainSpec` written to the world's ``train.yaml``. Every knob left at ``None``
+:class:`~gradian.trainconfig.TrainSpec` written to the world's ``train.yaml``. Every knob left at ``None``
 keeps the kind's default, so ``WorldKnobs()`` reproduces :meth:`WorldSpec.default` and
 :func:`~gradian.worlds.spec.default_train_spec` exactly (the same files, byte for byte).
 
@@ -114,7 +114,7 @@ class WorldKnobs:
 
 def target_modules(text: str) -> tuple[str, ...]:
     """``"all-linear"`` → every Llama projection; ``"q,v"`` → ``("q_proj", "v_proj")``; names kept as given."""
-    from gradian.train import ALL_LINEAR_LLAMA
+    from gradian.trainconfig import ALL_LINEAR_LLAMA
 
     t = text.strip()
     if t == "all-linear":
@@ -201,7 +201,7 @@ def apply_knobs(spec, knobs: WorldKnobs):
 
 
 def apply_train_knobs(train_spec, knobs: WorldKnobs):
-    """The :class:`~gradian.train.TrainSpec` of a world (its ``train.yaml``) with the training knobs applied."""
+    """The :class:`~gradian.trainconfig.TrainSpec` of a world (its ``train.yaml``) with the training knobs applied."""
     knobs.check()
     kw: dict[str, Any] = {}
     if knobs.targets is not None:

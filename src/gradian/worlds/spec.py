@@ -205,7 +205,7 @@ def default_train_spec(kind: str, seed: int = 0):
     in the config of a clean run. Tiny: a higher learning rate and more epochs,
     as a 2-layer model trained in seconds needs.
     """
-    from gradian.train import TrainSpec
+    from gradian.trainconfig import TrainSpec
 
     if kind == "tiny":
         return TrainSpec(
