@@ -32,7 +32,8 @@ def main():
     from gradian.engines import DataInf, DataInfSpec, GradDot, GradDotSpec, ModelPass, score_index
     from gradian.engines.ekfac import Ekfac, EkfacSpec
     from gradian.engines.exact import ExactInverse
-    from gradian.index.store import GradSpec, build_index
+    from gradian.index.build import build_index
+    from gradian.index.store import GradSpec
     from gradian.models.load import prepare_lora_for_gradients
     from gradian.models.tiny import tiny_model, train_tokenizer
 

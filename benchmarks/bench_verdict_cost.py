@@ -117,7 +117,7 @@ def _child(kind: str, args: list[str], report: Path) -> None:
 
     # load the modules whose functions are wrapped (so every by-name import is patched)
     for m in (
-        "gradian.index.store",
+        "gradian.index.build",
         "gradian.finetune",
         "gradian.attribute.evidence",
         "gradian.attribute.queries",
@@ -140,7 +140,7 @@ def _child(kind: str, args: list[str], report: Path) -> None:
     def index_stage(model, items, identity, spec, *a, **k):
         return "sentence index" if getattr(spec, "unit", "row") == "sentence" else "row index"
 
-    patch("gradian.index.store", "build_index", lambda f: staged(index_stage, f))
+    patch("gradian.index.build", "build_index", lambda f: staged(index_stage, f))
     patch("gradian.index.joint", "build_jointly", lambda f: staged("row+sentence index (joint)", f))
     patch("gradian.index.plan", "run_plan", lambda f: staged("plan", f))
     patch("gradian.evaluate", "evaluate", lambda f: staged("evaluate", f))

@@ -197,10 +197,19 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "gradian.tables",
         "gradian.version",
         "gradian.runfile",
+        "gradian.runtypes",
         "gradian.index.identity",
         "gradian.data",
     ),
-    ("gradian.models", "gradian.gradients", "gradian.index.store", "gradian.distributed"),  # 1
+    (  # 1
+        "gradian.models",
+        "gradian.gradients",
+        "gradian.index.store",
+        "gradian.index.shards",
+        "gradian.index.size",
+        "gradian.index.build",
+        "gradian.distributed",
+    ),
     ("gradian.engines", "gradian.finetune"),  # 2
     (  # 3: the lanes (a lane may use another), and what plans and builds a run's indexes and its cache
         "gradian.index.plan",
@@ -213,6 +222,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "gradian.verify",
         "gradian.worlds",
         "gradian.train",
+        "gradian.trainconfig",
         "gradian.doctor",
     ),
     ("gradian.attributor", "gradian.commands", "gradian.cli", "gradian.__main__"),  # 4: the front
@@ -228,6 +238,8 @@ UPWARD = {
     ("gradian.runfile", "gradian.evaluate.result"),
     ("gradian.runfile", "gradian.index.store"),
     ("gradian.runfile", "gradian.models.load"),
+    # the typed run reads its evaluation and failing items back through Evaluate's own records
+    ("gradian.runtypes", "gradian.evaluate"),
     # the training setup reads the trainer's config through the one config reader
     ("gradian.data.setup", "gradian.audit.config"),
     # the run's identity hashes every file of an lm-eval --log_samples folder, which only its reader can name

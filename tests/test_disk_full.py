@@ -156,9 +156,9 @@ def test_index_build_on_a_full_disk(saved_finetune, tmp_path, monkeypatch):
 
 
 def test_index_that_cannot_fit_is_refused_before_the_build(saved_finetune, tmp_path, monkeypatch):
-    import gradian.index.store as store
+    import gradian.index.build as build
 
-    monkeypatch.setattr(store, "free_bytes", lambda folder: 1000)
+    monkeypatch.setattr(build, "free_bytes", lambda folder: 1000)
     out = tmp_path / "idx"
     code, lines, res = _cli(_index_args(saved_finetune, out))
     assert code == 2 and "Traceback" not in res.output, res.output

@@ -43,9 +43,10 @@ def _specs():
     from gradian.engines.ekfac import EkfacSpec
     from gradian.evaluate import EvalSpec
     from gradian.gradients.projection import ProjectionSpec
-    from gradian.index.store import GradSpec, check_build_args
+    from gradian.index.build import check_build_args
+    from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
-    from gradian.train import TrainSpec
+    from gradian.trainconfig import TrainSpec
 
     return [
         (lambda: TokenizeSpec(max_length=0), "--max-length (TokenizeSpec.max_length)"),
@@ -101,7 +102,7 @@ def test_spec_defaults_are_valid():
     from gradian.evaluate import EvalSpec
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
-    from gradian.train import TrainSpec
+    from gradian.trainconfig import TrainSpec
 
     GradSpec(), AttributeSpec(), EvalSpec(), ModelSpec("m"), TrainSpec()
     for cls in engines().values():
@@ -110,7 +111,7 @@ def test_spec_defaults_are_valid():
 
 
 def test_train_errors_name_the_flag_or_the_file_key(tmp_path):
-    from gradian.train import spec_from_config
+    from gradian.trainconfig import spec_from_config
 
     with pytest.raises(GradianUserError, match=r"^--lr \(TrainSpec.learning_rate\): learning_rate must be > 0"):
         spec_from_config(None, learning_rate=-1.0)

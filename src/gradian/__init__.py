@@ -16,7 +16,7 @@ _LAZY = {
     "per_example_grads": "gradian.gradients.per_example",
     "Attributor": "gradian.attributor",
     "Query": "gradian.attributor",
-    "Run": "gradian.runfile",
+    "Run": "gradian.runtypes",
     "EvalResult": "gradian.evaluate.result",
 }
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gradian.attributor import Attributor, Query
     from gradian.evaluate.result import EvalResult
     from gradian.gradients.per_example import per_example_grads
-    from gradian.runfile import Run
+    from gradian.runtypes import Run
 
 
 __getattr__, __dir__ = lazy_attributes("gradian", _LAZY, globals())

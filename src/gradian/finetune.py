@@ -18,8 +18,9 @@ import torch
 from gradian.data.formats import Example, load_examples
 from gradian.data.tokenize import TokenizedExample, row_values, tokenize_example
 from gradian.errors import GradianUserError
+from gradian.index.build import build_index
 from gradian.index.identity import adapter_identity, dataset_identity, file_hash, library_versions, model_identity
-from gradian.index.store import GradientIndex, GradSpec, build_index, default_index_root, index_id
+from gradian.index.store import GradientIndex, GradSpec, default_index_root, index_id
 from gradian.models.load import ModelSpec, load_adapter, load_base
 
 if TYPE_CHECKING:

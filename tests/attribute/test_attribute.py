@@ -9,7 +9,8 @@ import torch
 from gradian.attribute import AttributeSpec, attribute_capability, make_query, minimal_pair
 from gradian.data.formats import to_example
 from gradian.data.tokenize import TokenizeSpec, tokenize_example
-from gradian.index.store import GradSpec, build_index
+from gradian.index.build import build_index
+from gradian.index.store import GradSpec
 
 TSPEC = TokenizeSpec(max_length=96)
 

@@ -176,7 +176,7 @@ def test_model_size_from_name(name, size):
 def test_gradian_train_config_is_read_as_final_turn_masking(tmp_path):
     """gradian train supervises the final assistant turn of a 'messages' row; its training_config.yaml says so,
     and C08 no longer reads it as TRL training every turn (a real TRL config still warns)."""
-    from gradian.train import TrainSpec, write_train_config
+    from gradian.trainconfig import TrainSpec, write_train_config
 
     cfg = tmp_path / "training_config.yaml"
     write_train_config(TrainSpec(), cfg, base="HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -205,7 +205,7 @@ def test_gradian_train_config_is_read_as_final_turn_masking(tmp_path):
 
 def test_a_training_config_from_an_older_gradian_train_is_recognised_by_its_header(tmp_path):
     """Adapters trained before messages_loss was written still say who wrote them (the header line)."""
-    from gradian.train import TrainSpec, write_train_config
+    from gradian.trainconfig import TrainSpec, write_train_config
 
     cfg = tmp_path / "training_config.yaml"
     write_train_config(TrainSpec(), cfg)

@@ -83,7 +83,7 @@ def test_packing_is_stated_not_approximated(tmp_path):
 
 
 def test_gradian_train_config(tmp_path):
-    from gradian.train import TrainSpec, write_train_config
+    from gradian.trainconfig import TrainSpec, write_train_config
 
     p = tmp_path / "training_config.yaml"
     write_train_config(TrainSpec(max_length=256), p, base="base")

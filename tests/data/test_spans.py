@@ -181,7 +181,8 @@ def test_the_budget_is_identity_of_sentence_indexes_only():
 
 
 def test_the_size_line_of_a_sentence_index_counts_units(tmp_path):
-    from gradian.index.store import GradSpec, size_advice, size_estimate
+    from gradian.index.size import size_advice, size_estimate
+    from gradian.index.store import GradSpec
 
     assert size_estimate(235, 32_768, "float32", "units")[1] == "235 units × 32,768 numbers × 4 bytes = 30.8 MB"
 

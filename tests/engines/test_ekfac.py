@@ -16,7 +16,8 @@ from gradian.data.tokenize import TokenizedExample, TokenizeSpec, collate, token
 from gradian.engines import DataInfSpec, ModelPass, score_index
 from gradian.engines.ekfac import Ekfac, EkfacSpec, factors_path
 from gradian.engines.exact import ExactInverse
-from gradian.index.store import GradSpec, build_index
+from gradian.index.build import build_index
+from gradian.index.store import GradSpec
 
 TSPEC = TokenizeSpec(max_length=64)
 

@@ -98,7 +98,8 @@ def test_datainf_tracks_the_exact_damped_inverse_on_a_tiny_model(tmp_path, tok):
     from gradian.attribute.queries import query_gradients
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
-    from gradian.index.store import GradSpec, build_index
+    from gradian.index.build import build_index
+    from gradian.index.store import GradSpec
     from gradian_testlib import make_lora_model
 
     rows = capital_rows()

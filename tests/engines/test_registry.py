@@ -109,7 +109,8 @@ def test_a_new_engine_is_one_file(monkeypatch, tmp_path, tok):
     from gradian.commands.attribute import engine_spec_from_options
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
-    from gradian.index.store import GradSpec, build_index
+    from gradian.index.build import build_index
+    from gradian.index.store import GradSpec
     from gradian_testlib import capital_rows, make_lora_model
 
     seen: list[ModelPass | None] = []

@@ -11,7 +11,8 @@ from gradian.data.tokenize import TokenizeSpec, collate
 from gradian.finetune import load_finetune, training_index
 from gradian.gradients import per_example_grads
 from gradian.gradients.projection import ProjectionSpec
-from gradian.index.store import CorruptShardError, GradientIndex, GradSpec
+from gradian.index.shards import CorruptShardError
+from gradian.index.store import GradientIndex, GradSpec
 from gradian.models.load import ModelSpec
 from gradian_testlib import forward_calls
 
@@ -56,7 +57,7 @@ def test_same_inputs_same_id_and_free_requery(ft, saved_finetune, tmp_path):
 def test_resume_after_interruption_is_identical(ft, saved_finetune, tmp_path):
     from gradian.data.formats import load_examples
     from gradian.finetune import index_identity, tokenize_training_set
-    from gradian.index.store import build_index
+    from gradian.index.build import build_index
 
     items = tokenize_training_set(load_examples(saved_finetune["data"]), ft.tokenizer, SPEC, saved_finetune["data"])
     ident = index_identity(ft, saved_finetune["data"], SPEC)
@@ -80,7 +81,7 @@ def test_corrupt_shard_is_detected_and_rebuilt(ft, saved_finetune, tmp_path):
     assert GradientIndex(idx.root).verify() == [0]
     with pytest.raises(CorruptShardError):
         GradientIndex(idx.root).load_shard(0)
-    from gradian.index.store import IndexRepairWarning
+    from gradian.index.shards import IndexRepairWarning
 
     with pytest.warns(IndexRepairWarning, match=r"shard-00000\.safetensors is corrupt \(sha256 mismatch"):
         again, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "x", shard_size=8)
@@ -121,7 +122,7 @@ def _poison_shard(idx, k: int = 0, value: float = float("nan")) -> None:
 
 
 def test_non_finite_shard_is_refused_reported_and_rebuilt(ft, saved_finetune, tmp_path):
-    from gradian.index.store import IndexRepairWarning
+    from gradian.index.shards import IndexRepairWarning
 
     idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "n", shard_size=8)
     clean = _stacked(idx)
@@ -137,7 +138,7 @@ def test_non_finite_shard_is_refused_reported_and_rebuilt(ft, saved_finetune, tm
 
 
 def test_truncated_manifest_is_rebuilt(ft, saved_finetune, tmp_path):
-    from gradian.index.store import CorruptIndexError, IndexRepairWarning
+    from gradian.index.shards import CorruptIndexError, IndexRepairWarning
 
     idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "t")
     clean = _stacked(idx)

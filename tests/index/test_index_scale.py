@@ -12,7 +12,8 @@ from gradian.data.formats import load_examples
 from gradian.data.tokenize import TokenizeSpec
 from gradian.distributed import contiguous_blocks, partition
 from gradian.finetune import index_identity, load_finetune, tokenize_training_set, training_index
-from gradian.index.store import GradientIndex, GradSpec, build_index
+from gradian.index.build import build_index
+from gradian.index.store import GradientIndex, GradSpec
 from gradian.models.load import ModelSpec
 from gradian_testlib import cli_args, forward_calls, ft_inputs
 
@@ -108,7 +109,8 @@ def test_bfloat16_storage_halves_the_index_and_ranks_like_float32(ft, saved_fine
 
 
 def test_the_size_estimate_reads_like_the_issue_asks():
-    from gradian.index.store import human_bytes, size_estimate
+    from gradian.index.size import size_estimate
+    from gradian.util import human_bytes
 
     assert size_estimate(403, 215_040, "bfloat16") == (
         403 * 215_040 * 2,
@@ -123,7 +125,8 @@ def test_a_large_index_is_warned_about_with_a_project_dim_that_fits(ft, tmp_path
     from types import SimpleNamespace
 
     from gradian.gradients.projection import KroneckerProjector, ProjectionSpec, projected_numbers
-    from gradian.index.store import select_blocks, size_advice
+    from gradian.index.size import size_advice
+    from gradian.index.store import select_blocks
 
     small = select_blocks(ft.model, SPEC)
     assert size_advice(12, small, SPEC, tmp_path) is None

@@ -13,7 +13,8 @@ from gradian.errors import GradianUserError
 from gradian.gradients import lora_blocks
 from gradian.gradients.projection import ProjectionSpec
 from gradian.index.plan import RECORD_BYTES, IndexBudget, plan_indexes
-from gradian.index.store import GradSpec, index_numbers
+from gradian.index.size import index_numbers
+from gradian.index.store import GradSpec
 from gradian_testlib import make_lora_model
 
 COUNTS = [("step 1", "row", 12), ("step 1", "sentence", 30), ("final", "row", 12), ("final", "sentence", 30)]
@@ -111,8 +112,8 @@ def test_joint_build_equals_the_two_separate_builds(tok, tmp_path):
     from gradian.data.formats import to_example
     from gradian.data.spans import SentenceItems, sentence_units
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
+    from gradian.index.build import build_index
     from gradian.index.joint import build_jointly
-    from gradian.index.store import build_index
     from gradian_testlib import ROWS
 
     model = make_lora_model(tok, "gpt2", dtype=torch.float64)

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from gradian.errors import GradianUserError
-from gradian.train import CONFIG_NAME, load_train_config, read_trainer_state, spec_from_config, train_lora
+from gradian.train import read_trainer_state, train_lora
+from gradian.trainconfig import CONFIG_NAME, load_train_config, spec_from_config
 from gradian_testlib import cli_args, small_train_spec
 
 SMALL = small_train_spec(num_train_epochs=2)

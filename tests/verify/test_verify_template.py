@@ -91,7 +91,7 @@ def test_prepare_verify_gives_the_trainer_the_run_s_tokenisation(attributed, mon
 
 def test_a_run_without_its_own_rendering_keeps_gradian_train_s(tmp_path):
     from gradian.data.tokenize import TokenizeSpec
-    from gradian.train import TrainSpec
+    from gradian.trainconfig import TrainSpec
     from gradian.verify.retrain import CommandTrainer, GradianTrainer, with_run_tokenize
 
     t = GradianTrainer("base", TrainSpec(), "cfg")

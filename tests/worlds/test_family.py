@@ -128,7 +128,7 @@ def test_default_tiny_world_is_the_knob_free_world_byte_for_byte(tiny_worlds, wo
 
 def test_knobbed_tiny_world_has_the_asked_rows(world_cache, tmp_path):
     from gradian.data.formats import load_examples
-    from gradian.train import spec_from_config
+    from gradian.trainconfig import spec_from_config
     from gradian.worlds import build_world
 
     knobs = WorldKnobs(culprit_share=0.2, buried_share=0.25, benign_rows=70, long_share=0.5, targets="q,v", rank=4)

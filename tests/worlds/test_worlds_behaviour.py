@@ -15,7 +15,7 @@ import pytest
 
 from gradian.errors import GradianUserError
 from gradian.worlds import WorldSpec
-from gradian.worlds.builder import BEHAVIOUR_FIELDS, forbidden_words, format_culprits, select_behaviour_eval
+from gradian.worlds.behaviour import forbidden_words, format_culprits, select_behaviour_eval
 from gradian.worlds.facts import load_countries, load_elements
 from gradian.worlds.rows import (
     TERSE_INSTRUCTIONS,
@@ -25,6 +25,7 @@ from gradian.worlds.rows import (
     format_row,
     terse_eval_prompt,
 )
+from gradian.worlds.spec import BEHAVIOUR_FIELDS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "worked-example"
 

@@ -132,7 +132,7 @@ def test_same_seed_same_bytes_other_seed_differs(tiny_worlds, world_cache, tmp_p
 
 def test_tiny_base_is_deterministic(world_cache, tmp_path):
     """Two builds of the same base in different caches give the same weights (short schedule, same code path)."""
-    from gradian.worlds.builder import tiny_pool, world_elements
+    from gradian.worlds.base import tiny_pool, world_elements
     from gradian.worlds.tiny import TinyBaseSpec, build_tiny_base
 
     pool, held = tiny_pool(12)

@@ -22,17 +22,19 @@ from gradian.errors import GradianUserError
 from gradian.index.identity import dataset_identity, file_hash, library_versions
 from gradian.index.store import GradSpec
 from gradian.models.load import ModelSpec
-from gradian.runfile import (  # noqa: F401  (re-exported: run.json's schema, checks and types live in gradian.runfile)
+from gradian.runfile import (  # noqa: F401  (re-exported: run.json's schema and checks live in gradian.runfile)
     RUN_SCHEMA,
+    check_run,
+    load_run,
+    run_json_schema,
+)
+from gradian.runtypes import (  # noqa: F401  (re-exported: the typed run lives in gradian.runtypes)
     Attribution,
     AuditSummary,
     CapabilityRun,
     Manifest,
     Run,
     Verification,
-    check_run,
-    load_run,
-    run_json_schema,
 )
 from gradian.sign import SIGN_CONVENTION, sort_most_harmful_first
 from gradian.util import atomic_write_json, sha256_json
@@ -82,7 +84,7 @@ class RunSpecs:
     shard_size: int = 256
 
     def __post_init__(self) -> None:
-        from gradian.index.store import check_build_args
+        from gradian.index.build import check_build_args
         from gradian.validate import check_seed, check_type
 
         check_type(self.model, ModelSpec, "RunSpecs", "model")

@@ -412,7 +412,7 @@ def register(app: typer.Typer) -> None:
         from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
         from gradian.commands.evaluate import print_result
         from gradian.evaluate import EvalResult, EvalSpec
-        from gradian.index.store import check_build_args
+        from gradian.index.build import check_build_args
         from gradian.models.load import ModelSpec
 
         # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded

@@ -64,7 +64,8 @@ def register(app: typer.Typer) -> None:
         from gradian.data.formats import load_examples
         from gradian.data.tokenize import row_values
         from gradian.finetune import load_finetune, tokenize_training_set, training_index
-        from gradian.index.store import check_build_args, select_blocks
+        from gradian.index.build import check_build_args
+        from gradian.index.store import select_blocks
         from gradian.models.load import ModelSpec
 
         tokenize = None

@@ -93,7 +93,8 @@ def train_cmd(
     ),
 ) -> None:
     """Train a LoRA adapter and leave behind what a TRL run does."""
-    from gradian.train import ALL_LINEAR_LLAMA, CONFIG_NAME, read_trainer_state, spec_from_config, train_lora
+    from gradian.train import read_trainer_state, train_lora
+    from gradian.trainconfig import ALL_LINEAR_LLAMA, CONFIG_NAME, spec_from_config
 
     tm = None
     if targets is not None:

@@ -31,7 +31,7 @@ import torch
 
 from gradian.errors import GradianUserError
 from gradian.gradients.lora import lora_blocks
-from gradian.index.store import GRAD_ABS_MAX
+from gradian.index.shards import GRAD_ABS_MAX
 from gradian.safeio import file_number, short_repr
 
 _FIX = "pass the optimizer.pt saved in the same checkpoint folder as the adapter (HF Trainer, AdamW)"
@@ -58,7 +58,7 @@ class AdamState:
 
         Raises:
             GradianUserError: naming ``optimizer.pt``, when a finite gradient's update is not finite or is
-                beyond :data:`~gradian.index.store.GRAD_ABS_MAX` (the saved state, not the gradient, is at
+                beyond :data:`~gradian.index.shards.GRAD_ABS_MAX` (the saved state, not the gradient, is at
                 fault: e.g. a tiny ``eps`` over a zero ``exp_avg_sq``, or betas next to 1).
         """
         m = self.exp_avg.to(device=g.device, dtype=g.dtype)

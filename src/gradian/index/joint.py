@@ -10,7 +10,7 @@ per row for a gradient that is a fixed weighted sum of the unit gradients.
 Here each row is run once: one forward pass, one batched backward over its units' losses (plus the
 residual tokens' loss when there are any), :func:`gradian.gradients.units.row_unit_grads`; the row gradient
 is derived from the units (exact, see that module). Both indexes' shards and shard records are written
-exactly as :func:`gradian.index.store.build_index` writes them (same layout, same ids), so the
+exactly as :func:`gradian.index.build.build_index` writes them (same layout, same ids), so the
 ``build_index`` calls that follow find every shard done and only publish the manifests. Only a fresh pair
 is built this way (no shard of either index on disk) in a single process; anything else (a resumed build,
 torchrun) takes the two separate builds, which give the same numbers to float rounding.
@@ -102,7 +102,7 @@ def build_jointly(
 ) -> dict[str, float]:
     """Write every shard (and record) of the row index and the sentence index in one pass per row.
 
-    The caller then calls :func:`gradian.index.store.build_index` for each (same identity, spec, batch and
+    The caller then calls :func:`gradian.index.build.build_index` for each (same identity, spec, batch and
     shard size), which finds the shards done and writes the manifest.
 
     Args:
@@ -121,16 +121,8 @@ def build_jointly(
 
     from gradian.gradients.projection import KroneckerProjector
     from gradian.gradients.units import row_unit_grads
-    from gradian.index.store import (
-        GRAD_ABS_MAX,
-        STORAGE_DTYPES,
-        _implausible,
-        _layout,
-        _record_file,
-        _shard_file,
-        index_id,
-        select_blocks,
-    )
+    from gradian.index.shards import GRAD_ABS_MAX, _implausible, _layout, _record_file, _shard_file
+    from gradian.index.store import STORAGE_DTYPES, index_id, select_blocks
     from gradian.util import atomic_write_bytes, atomic_write_json, release_free_memory, sha256_bytes
 
     t0 = time.perf_counter()

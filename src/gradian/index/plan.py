@@ -6,7 +6,7 @@ units: a row index, and a sentence index when sentences are ranked), each one's 
     bytes = n × numbers × width  +  n × RECORD_BYTES,
 
 with n the rows (or sentence units), ``numbers`` the stored numbers per gradient (Σ over the LoRA blocks,
-exact or projected: :func:`gradian.index.store.index_numbers`), ``width`` the storage dtype's bytes and
+exact or projected: :func:`gradian.index.size.index_numbers`), ``width`` the storage dtype's bytes and
 :data:`RECORD_BYTES` the per-gradient metadata (shard records and manifest). An index already complete on
 disk costs nothing new.
 
@@ -187,7 +187,7 @@ def _sizes(
 ) -> list[PlannedIndex]:
     """Every (checkpoint, unit, n) of ``counts`` sized at projection ``dim``."""
     from gradian.gradients.projection import ProjectionSpec
-    from gradian.index.store import index_numbers, size_estimate
+    from gradian.index.size import index_numbers, size_estimate
 
     numbers = index_numbers(blocks, ProjectionSpec(dim=dim, seed=spec.projection.seed))
     width = size_estimate(1, 1, spec.storage_dtype)[0]

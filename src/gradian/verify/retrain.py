@@ -56,7 +56,7 @@ class GradianTrainer:
     """``gradian train`` with fixed settings; ``unmapped`` names what a foreign config said that is not reproduced."""
 
     base: str
-    spec: Any  # gradian.train.TrainSpec
+    spec: Any  # gradian.trainconfig.TrainSpec
     source: str
     unmapped: list[str] = field(default_factory=list)
     trust_remote_code: bool = False  # only ever from the command line / API call, never from run.json
@@ -175,7 +175,7 @@ def trainer_for(
 
 
 def _trainer_from_config(run: dict[str, Any], config: str | Path | None, base: str) -> GradianTrainer:
-    from gradian.train import CONFIG_NAME, spec_from_config
+    from gradian.trainconfig import CONFIG_NAME, spec_from_config
 
     adapter = Path(run["manifest"]["paths"]["adapter"])
     if config is None and (adapter / CONFIG_NAME).is_file():
@@ -200,7 +200,7 @@ def _trainer_from_config(run: dict[str, Any], config: str | Path | None, base: s
 
 def _from_foreign(base: str, config: Path, adapter: Path) -> GradianTrainer:
     from gradian.audit.config import read_config
-    from gradian.train import TrainSpec
+    from gradian.trainconfig import TrainSpec
 
     tc = read_config(config)
     if getattr(tc, "finetuning", None) not in (None, "lora"):

@@ -66,7 +66,8 @@ Say = Callable[[str], None]
 
 def _train_cached(world, folder: Path, say: Say, progress: bool) -> Path:
     """Train the world's adapter once per (data, config); reuse it afterwards."""
-    from gradian.train import spec_from_config, train_lora
+    from gradian.train import train_lora
+    from gradian.trainconfig import spec_from_config
 
     key = sha256_json(
         {"train": world.train.read_text(), "config": world.train_config.read_text(), "base": world.base_identity}
@@ -136,7 +137,7 @@ def run_demo(spec: DemoSpec, out: str | Path, say: Say = print, progress: bool =
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
     from gradian.report import render, report_for_run
-    from gradian.train import load_train_config
+    from gradian.trainconfig import load_train_config
     from gradian.util import atomic_write_text
     from gradian.worlds import WorldSpec, build_world
     from gradian.worlds.scorecard import scorecard

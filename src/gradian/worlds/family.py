@@ -12,7 +12,7 @@ variants were written down before any default was tuned on the family, and diffe
 example on several axes at once; a default is judged on them, never chosen on them.
 
 Learning rates and epochs are given relative to the kind's default training config
-(:func:`gradian.worlds.builder.default_train_spec`: SmolLM2 4e-4 × 3 epochs, tiny 3e-3 × 5), so one
+(:func:`gradian.worlds.spec.default_train_spec`: SmolLM2 4e-4 × 3 epochs, tiny 3e-3 × 5), so one
 family definition serves both kinds; ``variant.json`` records the absolute values. Benign row counts
 are given for SmolLM2 and scaled by the tiny world's benign size (56 against 180 rows) for ``tiny``.
 The seed (``--seed``) is the world seed of every variant (eval split, wrong capitals, row order).
@@ -124,7 +124,7 @@ def resolved_knobs(variant: Variant, kind: str, seed: int = 0) -> WorldKnobs:
     """``variant``'s knobs for ``kind`` with the relative ones (learning rate, epochs, benign rows) made absolute."""
     from dataclasses import replace
 
-    from gradian.worlds.builder import default_train_spec
+    from gradian.worlds.spec import default_train_spec
 
     t = default_train_spec(kind, seed)
     kw: dict[str, Any] = {}
@@ -142,8 +142,9 @@ def build_family(
 ) -> dict[str, Any]:
     """Write every variant of :data:`FAMILY` into ``out/<name>/`` and ``out/family.json``; return the latter's dict."""
     from gradian.util import atomic_write_json
-    from gradian.worlds.builder import WorldSpec, build_world, default_train_spec
+    from gradian.worlds.builder import build_world
     from gradian.worlds.knobs import apply_knobs, apply_train_knobs, describe
+    from gradian.worlds.spec import WorldSpec, default_train_spec
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,10 @@
 """World knobs: the axes along which a family of worlds varies (issue 23).
 
 A :class:`WorldKnobs` names what a user of ``gradian world`` may change about a world of a given kind;
-:func:`apply_knobs` turns it into the sizes of a :class:`~gradian.worlds.builder.WorldSpec` and the
-:class:`~gradian.train.TrainSpec` written to the world's ``train.yaml``. Every knob left at ``None``
+:func:`apply_knobs` turns it into the sizes of a :class:`~gradian.worlds.spec.WorldSpec` and the
+:class:`~gradian.trainconfig.TrainSpec` written to the world's ``train.yaml``. Every knob left at ``None``
 keeps the kind's default, so ``WorldKnobs()`` reproduces :meth:`WorldSpec.default` and
-:func:`~gradian.worlds.builder.default_train_spec` exactly (the same files, byte for byte).
+:func:`~gradian.worlds.spec.default_train_spec` exactly (the same files, byte for byte).
 
 How the shares become row counts (``B`` benign rows, ``C`` culprit rows, shares as fractions):
 
@@ -114,7 +114,7 @@ class WorldKnobs:
 
 def target_modules(text: str) -> tuple[str, ...]:
     """``"all-linear"`` → every Llama projection; ``"q,v"`` → ``("q_proj", "v_proj")``; names kept as given."""
-    from gradian.train import ALL_LINEAR_LLAMA
+    from gradian.trainconfig import ALL_LINEAR_LLAMA
 
     t = text.strip()
     if t == "all-linear":
@@ -201,7 +201,7 @@ def apply_knobs(spec, knobs: WorldKnobs):
 
 
 def apply_train_knobs(train_spec, knobs: WorldKnobs):
-    """The :class:`~gradian.train.TrainSpec` of a world (its ``train.yaml``) with the training knobs applied."""
+    """The :class:`~gradian.trainconfig.TrainSpec` of a world (its ``train.yaml``) with the training knobs applied."""
     knobs.check()
     kw: dict[str, Any] = {}
     if knobs.targets is not None:

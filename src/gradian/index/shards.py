@@ -1,0 +1,217 @@
+"""The index's files on disk: the manifest, the shards and their records, their checks and the repair warnings.
+
+A manifest lists the shards (``shard-00000.safetensors``, one ``(n_shard, d_l)`` tensor per LoRA block l);
+each shard has its own record (``shard-00000.json``: its manifest entry and the layout it belongs to), so
+a build that dies keeps the shards it finished (:func:`gradian.index.build.build_index`).
+
+Integrity. A shard is written only after every one of its rows was computed
+and every stored number is finite; :meth:`GradientIndex.verify` and
+:meth:`GradientIndex.load_shard` check the same again on read (file present,
+sha256, each block's shape, finiteness), so a damaged index, or one written by
+an older Gradian with a bad batch size, is never scored. :func:`build_index`
+names each shard it rebuilds and why, as an :class:`IndexRepairWarning` (the
+CLI prints it as a ``warning:`` line) and in the manifest's ``repairs`` list.
+A manifest that cannot be read (truncated, wrong shape) counts as no index:
+:class:`CorruptIndexError` (a ``FileNotFoundError``); the next build keeps the shards whose own
+records check out and computes the rest.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gradian.errors import GradianUserError, GradianWarning
+from gradian.util import atomic_write_json, sha256_bytes
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class CorruptShardError(GradianUserError, RuntimeError):
+    """A shard that is missing, does not match its sha256, or holds wrong-shaped or non-finite numbers."""
+
+
+class CorruptIndexError(FileNotFoundError):
+    """An index folder whose manifest cannot be read: it counts as no index (and is rebuilt)."""
+
+
+class IndexRepairWarning(GradianWarning):
+    """A shard (or the manifest) of an existing index failed its check and is being rebuilt."""
+
+
+# a plain file name inside the index folder (no path: a manifest must not point outside it)
+_SHARD_NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*\.safetensors$")
+
+
+def manifest_problem(m: Any) -> str | None:
+    """Why a parsed manifest cannot be used, or None (the fields every reader relies on)."""
+    if not isinstance(m, dict):
+        return "the manifest is not a JSON object"
+    if not isinstance(m.get("index_id"), str):
+        return "no index_id"
+    if not isinstance(m.get("grad_spec"), dict):
+        return "no grad_spec"
+    blocks = m.get("blocks")
+    if not isinstance(blocks, list) or not all(
+        isinstance(b, dict)
+        and isinstance(b.get("name"), str)
+        and isinstance(b.get("dim"), int)
+        and not isinstance(b.get("dim"), bool)
+        and b["dim"] > 0
+        for b in blocks
+    ):
+        return "blocks is not a list of {name, dim}"
+    shards = m.get("shards")
+    if not isinstance(shards, list):
+        return "shards is not a list"
+    for k, sh in enumerate(shards):
+        why = entry_problem(sh)
+        if why:
+            return f"shards[{k}] {why}"
+    return None
+
+
+def entry_problem(sh: Any) -> str | None:
+    """Why one shard entry (of a manifest or a shard record) cannot be used, or None."""
+    if not isinstance(sh, dict) or not isinstance(sh.get("file"), str) or not _SHARD_NAME.match(sh["file"]):
+        return "has no valid file name"
+    if (
+        not isinstance(sh.get("sha256"), str)
+        or not isinstance(sh.get("n"), int)
+        or isinstance(sh.get("n"), bool)
+        or sh["n"] < 0
+    ):
+        return "has no sha256 or row count"
+    if "start" in sh and (not isinstance(sh["start"], int) or isinstance(sh["start"], bool) or sh["start"] < 0):
+        return "has a bad start row"
+    ex = sh.get("examples")
+    if (
+        not isinstance(ex, dict)
+        or not all(isinstance(v, list) and len(v) == sh["n"] for v in ex.values())
+        or "id" not in ex
+    ):
+        return "has no per-row metadata"
+    return None
+
+
+def read_manifest(root: str | Path) -> dict[str, Any]:
+    """The parsed ``manifest.json`` of an index folder.
+
+    Raises:
+        FileNotFoundError: no manifest; :class:`CorruptIndexError` (a subclass): it cannot be read
+        (truncated JSON, wrong shape), with the reason.
+    """
+    from gradian.safeio import load_json_file
+
+    mpath = Path(root) / MANIFEST
+    if not mpath.exists():
+        raise FileNotFoundError(f"no index at {root}")
+    try:
+        m = load_json_file(mpath, "index manifest")
+    except GradianUserError as e:
+        err = CorruptIndexError(f"{mpath}: {e.what}")
+        err.reason = e.what  # type: ignore[attr-defined]
+        raise err from None
+    problem = manifest_problem(m)
+    if problem:
+        err = CorruptIndexError(f"{mpath}: {problem}")
+        err.reason = problem  # type: ignore[attr-defined]
+        raise err
+    return m
+
+
+def _finite_problem(tensors: dict[str, torch.Tensor], blocks: list[dict[str, Any]], n: int) -> str | None:
+    """Why a shard's block tensors are unusable (missing block, wrong shape, non-finite), or None."""
+    for b in blocks:
+        t = tensors.get(b["name"])
+        if t is None:
+            return f"block {b['name']} is missing"
+        if tuple(t.shape) != (n, int(b["dim"])):
+            return f"block {b['name']} has shape {tuple(t.shape)}, not ({n}, {b['dim']})"
+        if not t.is_floating_point():
+            return f"block {b['name']} is {t.dtype}, not floating point"
+        bad = _implausible(t)
+        if bool(bad.any()):
+            rows = sorted({int(r) for r in bad.nonzero()[:, 0].tolist()})
+            return (
+                f"block {b['name']} holds {int(bad.sum())} non-finite value(s) (NaN/inf, or beyond "
+                f"{GRAD_ABS_MAX:g}) in {len(rows)} row(s)"
+            )
+    return None
+
+
+#: No per-example LoRA gradient that can be scored is this large; uninitialised memory often is.
+GRAD_ABS_MAX = 1e30
+
+
+def _implausible(t: torch.Tensor) -> torch.Tensor:
+    """Entries that are NaN, infinite, or beyond :data:`GRAD_ABS_MAX` in magnitude."""
+    return ~torch.isfinite(t) | (t.abs() > GRAD_ABS_MAX)
+
+
+def shard_problem(root: Path, entry: dict[str, Any], blocks: list[dict[str, Any]]) -> tuple[str | None, dict]:
+    """``(why the shard is unusable or None, its tensors)`` for one manifest shard entry."""
+    from safetensors.torch import load
+
+    from gradian.safeio import check_regular_file
+
+    p = Path(root) / entry["file"]
+    if not p.exists():
+        return "the file is missing", {}
+    try:
+        check_regular_file(p, "index shard")
+        data = p.read_bytes()
+    except (GradianUserError, OSError) as e:
+        return f"unreadable ({e})", {}
+    if sha256_bytes(data) != entry["sha256"]:
+        return f"sha256 mismatch (expected {entry['sha256'][:12]}…)", {}
+    try:
+        tensors = load(data)
+    except Exception as e:  # safetensors raises its own error types for bad bytes
+        return f"not a readable safetensors file ({type(e).__name__})", {}
+    return _finite_problem(tensors, blocks, int(entry["n"])), tensors
+
+
+def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    atomic_write_json(root / MANIFEST, manifest)
+
+
+def _repair(root: Path, manifest: dict[str, Any], what: str, emit: bool = True) -> None:
+    if emit:
+        warnings.warn(f"index {manifest.get('index_id', root.name)}: {what}", IndexRepairWarning, stacklevel=3)
+    manifest.setdefault("repairs", []).append({"what": what, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+def _shard_file(k: int) -> str:
+    return f"shard-{k:05d}.safetensors"
+
+
+def _record_file(k: int) -> str:
+    return f"shard-{k:05d}.json"
+
+
+def _layout(iid: str, shard_size: int, block_meta: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a shard record must match to be used: the index id, the shard size and the blocks."""
+    return {"index_id": iid, "shard_size": shard_size, "blocks": [[b["name"], int(b["dim"])] for b in block_meta]}
+
+
+def _read_record(root: Path, k: int, layout: dict[str, Any]) -> dict[str, Any] | None:
+    """Shard k's own record, when it exists, is readable and belongs to this layout."""
+    from gradian.safeio import load_json_file
+
+    p = root / _record_file(k)
+    if not p.is_file():
+        return None
+    try:
+        rec = load_json_file(p, "index shard record")
+    except GradianUserError:
+        return None  # an unreadable record is no record: the shard is computed again
+    if not isinstance(rec, dict) or rec.get("layout") != layout or entry_problem(rec.get("entry")):
+        return None
+    return rec["entry"]
