@@ -388,6 +388,7 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
     import inspect
 
     from gradian.attribute import AttributeSpec
+    from gradian.attribute.run import attribute_run
     from gradian.evaluate import EvalSpec
     from gradian.finetune import training_index
     from gradian.index.store import GradSpec
@@ -409,6 +410,8 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         "seed": g.projection.seed,
         "batch_size": build["batch_size"].default,
         "shard_size": build["shard_size"].default,
+        # the one-pass row + sentence build: the default of `attribute` too
+        "one_pass": inspect.signature(attribute_run).parameters["one_pass"].default,
         **model,
     }
     evaluate = {
