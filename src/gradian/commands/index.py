@@ -140,7 +140,7 @@ def register(app: typer.Typer) -> None:
                 items,
                 spec,
                 trajectory.checkpoints,
-                (spec.unit,),
+                ("row", "sentence") if spec.unit == "sentence" else ("row",),  # what the loop below builds
                 seed=seed,
                 parent=out,
                 budget=budget,
