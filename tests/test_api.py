@@ -342,7 +342,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "checkpoints",
         "max_index_gb",  # the run plan's budget (IndexBudget, checked below)
         "plan_only",
-        "one_pass",  # attribute_run(one_pass=False)
+        "one_pass",  # attribute_run(one_pass=True): --one-pass/--separate
     }
     params = _params("attribute")
     assert set(params) == set(spec_fields) | inputs, "a new option: add it to the spec fields or the inputs here"
@@ -351,7 +351,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
     from gradian.index.plan import IndexBudget
 
     assert params["max_index_gb"] is None and IndexBudget().max_bytes is None and params["plan_only"] is False
-    assert params["one_pass"] is False
+    assert params["one_pass"] is True
     # the options that feed two specs agree in both
     assert e.batch_size == r.batch_size and e.seed == r.seed and g.projection.seed == r.seed
     assert checkpoint_selection(params["checkpoints"]) == RunInputs.__dataclass_fields__["checkpoints"].default
@@ -388,6 +388,7 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
     import inspect
 
     from gradian.attribute import AttributeSpec
+    from gradian.attribute.run import attribute_run
     from gradian.evaluate import EvalSpec
     from gradian.finetune import training_index
     from gradian.index.store import GradSpec
@@ -409,6 +410,8 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         "seed": g.projection.seed,
         "batch_size": build["batch_size"].default,
         "shard_size": build["shard_size"].default,
+        # the one-pass row + sentence build: the default of `attribute` too
+        "one_pass": inspect.signature(attribute_run).parameters["one_pass"].default,
         **model,
     }
     evaluate = {

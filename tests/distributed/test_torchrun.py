@@ -5,8 +5,8 @@ Every run here is a real subprocess, as a user launches it: ``python -m gradian`
 one thread (``OMP_NUM_THREADS=1``, torchrun's default), so the shards can be compared byte for byte.
 
 What is equal, and how (docs/distributed.md):
-* the index ids and every shard's bytes: identical (a shard is computed whole by one rank, with the
-  same batches);
+* the index ids and every shard's bytes: identical (a shard is computed whole by one rank; the default
+  one-pass row + sentence build computes each row alone, so its numbers do not depend on the rank);
 * gradient-dot scores and the reference evidence (BM25, RepSim): identical;
 * DataInf's scores: equal to float64 rounding (the ranks' partial sums of its correction term are
   added in another order), here within 1e-12 relative; the ranking is identical;
@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 
+from gradian.index.joint import JOINT_PASS
 from gradian_testlib import cli_args
 
 TIMEOUT = 900
@@ -145,6 +146,7 @@ def test_two_processes_give_the_index_and_the_verdict_of_one(world, single):
         assert ma["complete"] and mb["complete"]
         assert [s["sha256"] for s in ma["shards"]] == [s["sha256"] for s in mb["shards"]]
         assert ma["shards"] == mb["shards"]  # per-row metadata too (ids, losses)
+        assert {sh.get("pass") for sh in ma["shards"]} == {JOINT_PASS}  # the default: one pass per row, both
         for s in ma["shards"]:
             assert (ra / s["file"]).read_bytes() == (rb / s["file"]).read_bytes()
         n_shards += len(ma["shards"])
@@ -181,10 +183,13 @@ def test_a_dead_rank_leaves_its_shards_and_one_process_resumes(world, single):
     res = _run(index_args, _env(root / "cache", GRADIAN_TEST_KILL="1:shard:1"), nproc=2)
     assert res.returncode != 0
     assert "SIGKILL" in res.stderr or "Signal 9" in res.stderr, res.stderr[-2000:]
-    (folder,) = [p for p in (root / "index").iterdir() if p.is_dir()]  # it died in the first index
-    assert not (folder / "manifest.json").exists()  # rank 0 never got to publish
+    # it died in the first checkpoint's row + sentence pair (one pass builds both)
+    folders = [p for p in (root / "index").iterdir() if p.is_dir()]
+    assert len(folders) == 2
+    assert not any((f / "manifest.json").exists() for f in folders)  # rank 0 never got to publish
     kept = {
-        p.name: (p.stat().st_mtime_ns, p.read_bytes())
+        p: (p.stat().st_mtime_ns, p.read_bytes())
+        for folder in folders
         for p in folder.glob("shard-*.safetensors")
         if (folder / p.name.replace(".safetensors", ".json")).exists()
     }
@@ -193,8 +198,7 @@ def test_a_dead_rank_leaves_its_shards_and_one_process_resumes(world, single):
     res = _run(_attribute_args(world, root / "run", root / "index"), _env(root / "cache"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"{len(kept)} of " in res.stdout and "shards already built" in res.stdout
-    for name, (mtime, data) in kept.items():  # resumed, not recomputed
-        p = folder / name
+    for p, (mtime, data) in kept.items():  # resumed, not recomputed
         assert p.stat().st_mtime_ns == mtime and p.read_bytes() == data
     resumed = json.loads((root / "run" / "run.json").read_text())
     assert [(k, i) for k, i, _ in _indexes(resumed)] == [(k, i) for k, i, _ in _indexes(single)]
@@ -212,23 +216,26 @@ def test_a_killed_single_process_build_resumes_with_two(world, single):
     args = _index_args(world, root / "index", "final")
     res = _run(args, _env(root / "cache", GRADIAN_TEST_KILL="0:shard:2"))
     assert res.returncode == -9, res.stderr[-2000:]
-    (folder,) = [p for p in (root / "index").iterdir() if p.is_dir()]
-    assert not (folder / "manifest.json").exists()
-    kept = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in folder.glob("shard-*.safetensors")}
+    folders = [p for p in (root / "index").iterdir() if p.is_dir()]  # the row + sentence pair, one pass
+    assert len(folders) == 2 and not any((f / "manifest.json").exists() for f in folders)
+    kept = {p: (p.stat().st_mtime_ns, p.read_bytes()) for f in folders for p in f.glob("shard-*.safetensors")}
     assert len(kept) == 2
 
     res = _run(args, _env(root / "cache"), nproc=2)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "2 of " in res.stdout and "shards already built" in res.stdout and "over 2 processes" in res.stdout
-    for name, (mtime, data) in kept.items():  # kept, not recomputed
-        p = folder / name
+    for p, (mtime, data) in kept.items():  # kept, not recomputed
         assert p.stat().st_mtime_ns == mtime and p.read_bytes() == data
-    (ref,) = [Path(c["index"]["row"]["root"]) for c in single["attribution"]["trajectory"]["checkpoints"] if c["final"]]
-    got, want = (json.loads((r / "manifest.json").read_text()) for r in (folder, ref))
-    assert got["complete"] and got["index_id"] == want["index_id"] == folder.name
-    assert got["shards"] == want["shards"]
-    for s in want["shards"]:
-        assert (folder / s["file"]).read_bytes() == (ref / s["file"]).read_bytes()
+    (final,) = [c for c in single["attribution"]["trajectory"]["checkpoints"] if c["final"]]
+    assert sorted(f.name for f in folders) == sorted(final["index"][u]["id"] for u in ("row", "sentence"))
+    for unit in ("row", "sentence"):
+        ref = Path(final["index"][unit]["root"])
+        folder = root / "index" / ref.name
+        got, want = (json.loads((r / "manifest.json").read_text()) for r in (folder, ref))
+        assert got["complete"] and got["index_id"] == want["index_id"] == folder.name
+        assert got["shards"] == want["shards"]
+        for s in want["shards"]:
+            assert (folder / s["file"]).read_bytes() == (ref / s["file"]).read_bytes()
 
 
 def test_ranks_that_see_different_data_are_refused_at_start(world, tmp_path):

@@ -124,7 +124,7 @@ def trajectory_scores(
     keep_per_checkpoint: bool = False,
     say: Callable[[str], None] | None = None,
     shard_size: int = 256,
-    joint: bool = False,
+    joint: bool = True,
 ) -> TrajectoryEvidence:
     """Score every capability's queries with every engine at every checkpoint (module docstring).
 
@@ -143,10 +143,10 @@ def trajectory_scores(
             ``<root>/<index id>``.
         say: called with one line per index build (its size estimate), before it starts.
         shard_size: rows per index shard.
-        joint: with sentence units, build a fresh checkpoint's row and sentence indexes in one pass per row
-            (:mod:`gradian.index.joint`, ``--one-pass``); False: two separate builds. The numbers agree to float
-            rounding, not to the bit, so the default keeps the separate builds, whose shards are byte-identical
-            for any number of processes.
+        joint: with sentence units, build each checkpoint's row and sentence indexes in one pass per row
+            (:mod:`gradian.index.joint`, the default ``--one-pass``; collective under torchrun, byte-identical
+            for any number of processes); False (``--separate``): two separate builds. The two paths agree to
+            float rounding, not to the bit, and share the index ids.
     """
     from gradian import distributed
     from gradian.finetune import training_index
@@ -205,7 +205,7 @@ def trajectory_scores(
         indexes.append({"checkpoint": ck.label, "weight": ck.weight})
         with checkpoint_weights(ft.model, ck):
             t0 = time.perf_counter()
-            if units is not None and joint:  # a fresh row + sentence pair: one pass per row (gradian.index.joint)
+            if units is not None and joint:  # the row + sentence pair: one pass per row (gradian.index.joint)
                 built = _joint(ck)
                 if built is not None:
                     indexes[-1]["joint"] = built

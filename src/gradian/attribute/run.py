@@ -232,7 +232,7 @@ def attribute_run(
     examples=None,
     budget=None,
     plan_only: bool = False,
-    one_pass: bool = False,
+    one_pass: bool = True,
 ) -> dict[str, Any] | None:
     """Run the lanes and write ``out_dir/run.json``. Returns the run dict.
 
@@ -253,8 +253,9 @@ def attribute_run(
             projection chosen by the plan when exact storage does not fit). The plan (:mod:`gradian.index.plan`)
             is made before Evaluate, printed through ``say`` and recorded in ``manifest.plan``.
         plan_only: stop after the plan: return ``{"plan": ...}``, compute and write nothing.
-        one_pass: with sentence units, build each fresh checkpoint's row and sentence indexes in one pass per row
-            (:mod:`gradian.index.joint`; one process only). Equal to the separate builds to float rounding.
+        one_pass: with sentence units, build each checkpoint's row and sentence indexes in one pass per row
+            (:mod:`gradian.index.joint`; the default, also under torchrun); False: separate builds. The two agree
+            to float rounding and share the index ids.
     """
     from gradian import distributed
     from gradian.data.formats import load_examples
@@ -300,7 +301,7 @@ def attribute_run(
         seed=specs.seed,
         parent=index_root,
         budget=budget if budget is not None else IndexBudget(),
-        joint=one_pass and specs.attribute.unit == "sentence" and not distributed.current().enabled,
+        joint=one_pass and specs.attribute.unit == "sentence",
     )
     dim = distributed.broadcast_object(chosen.projection.dim)  # every rank stores what rank 0 planned
     if dim != specs.grad.projection.dim:

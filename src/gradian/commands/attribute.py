@@ -393,11 +393,11 @@ def register(app: typer.Typer) -> None:
         max_index_gb: float | None = O.MAX_INDEX_GB,
         plan_only: bool = O.PLAN_ONLY,
         one_pass: bool = typer.Option(
-            False,
-            "--one-pass",
+            True,
+            "--one-pass/--separate",
             help="Build each checkpoint's row and sentence indexes in one pass per row (one forward, the row gradient "
-            "derived from its sentences). Equal to the separate builds to float rounding, not to the bit (a "
-            "torchrun build keeps separate ones).",
+            "derived from its sentences; the default, also under torchrun), or in two separate builds. The two "
+            "agree to float rounding, not to the bit, and share the index ids.",
             rich_help_panel=O.STORAGE,
         ),
     ) -> None:

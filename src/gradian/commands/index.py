@@ -49,6 +49,13 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Seed (projection).", rich_help_panel=O.ENGINES),
         max_index_gb: float | None = O.MAX_INDEX_GB,
         plan_only: bool = O.PLAN_ONLY,
+        one_pass: bool = typer.Option(
+            True,
+            "--one-pass/--separate",
+            help="With --unit sentence: build each checkpoint's row and sentence indexes in one pass per row (the "
+            "default, also under torchrun), or in two separate builds (equal to float rounding, same index ids).",
+            rich_help_panel=O.STORAGE,
+        ),
     ) -> None:
         """Build (or resume) the per-example LoRA gradient index of a training set.
 
@@ -134,10 +141,11 @@ def register(app: typer.Typer) -> None:
                 items,
                 spec,
                 trajectory.checkpoints,
-                (spec.unit,),
+                ("row", "sentence") if spec.unit == "sentence" else ("row",),  # what the loop below builds
                 seed=seed,
                 parent=out,
                 budget=budget,
+                joint=one_pass and spec.unit == "sentence",
             )
             spec = with_dim(spec, distributed.broadcast_object(spec.projection.dim))  # every rank stores rank 0's
             for line in plan.lines():
@@ -151,8 +159,31 @@ def register(app: typer.Typer) -> None:
             from dataclasses import replace
 
             specs = [replace(spec, unit="row")] + ([spec] if spec.unit == "sentence" else [])
+            units = None
+            if one_pass and spec.unit == "sentence":  # both indexes: one pass per row (gradian.index.joint)
+                from gradian.data.spans import sentence_units
+                from gradian.index.joint import maybe_build_jointly
+
+                units = sentence_units(examples, items, spec.max_units_per_row)
             for ck, spec in ((c, sp) for c in trajectory.checkpoints for sp in specs):
                 with checkpoint_weights(ft.model, ck), progress_bar() as pb:
+                    if units is not None and spec.unit == "row":
+                        maybe_build_jointly(
+                            ft,
+                            data,
+                            items,
+                            units,
+                            spec,
+                            seed=seed,
+                            parent=out,
+                            checkpoint=ck,
+                            batch_size=batch_size,
+                            shard_size=shard_size,
+                            progress_factory=lambda n, lab=ck.label: pb.task(f"row + sentence gradients ({lab})", n),
+                            announce=lambda line, lab=ck.label: console.print(
+                                f"{lab}: {escape(line)}", highlight=False, soft_wrap=True
+                            ),
+                        )
                     idx, examples, items, reused = training_index(
                         ft,
                         data,

@@ -11,9 +11,15 @@ Here each row is run once: one forward pass, one batched backward over its units
 residual tokens' loss when there are any), :func:`gradian.gradients.units.row_unit_grads`; the row gradient
 is derived from the units (exact, see that module). Both indexes' shards and shard records are written
 exactly as :func:`gradian.index.build.build_index` writes them (same layout, same ids), so the
-``build_index`` calls that follow find every shard done and only publish the manifests. Only a fresh pair
-is built this way (no shard of either index on disk) in a single process; anything else (a resumed build,
-torchrun) takes the two separate builds, which give the same numbers to float rounding.
+``build_index`` calls that follow find every shard done and only publish the manifests.
+
+This is the default whenever a checkpoint's row and sentence indexes are both built (``--one-pass``; the
+separate builds are ``--separate``), in one process, under torchrun and when resuming: only the missing
+shards are computed, split between the ranks (:func:`build_jointly`). Since every row is computed alone, the
+bytes do not depend on the number of processes. The index ids are those of the separate builds: the
+numbers agree with theirs to float rounding (about 1e-7 relative in float32), not to the bit, and each
+shard entry says which path wrote it (``"pass"``, :data:`JOINT_PASS`); docs/how-it-works.md says why one
+identity is kept.
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate
+from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate, row_values
 from gradian.errors import GradianUserError
+
+#: the ``pass`` field of every shard entry this module writes (kept in the manifest: which path computed it)
+JOINT_PASS = "one pass per row (sentence units; row derived)"
 
 
 def row_unit_batch(
@@ -50,11 +59,15 @@ def row_unit_batch(
     return batch, ul
 
 
-def _untouched(root: Path) -> bool:
-    """No manifest and no shard (or record) of an index at ``root``."""
-    if not root.exists():
-        return True
-    return not any(root.glob("manifest.json")) and not any(root.glob("shard-*"))
+def _complete(root: Path, iid: str) -> bool:
+    """A published, complete manifest of index ``iid`` at ``root`` (the publish step then reuses it)."""
+    from gradian.index.shards import read_manifest
+
+    try:
+        m = read_manifest(root)
+    except Exception:  # missing or corrupt: build_index repairs it; here it only means "not complete"
+        return False
+    return bool(m.get("complete")) and m.get("index_id") == iid
 
 
 def joint_roots(ft, data, grad, seed: int, parent, checkpoint) -> tuple[dict, dict, Path, Path]:
@@ -76,11 +89,33 @@ def joint_roots(ft, data, grad, seed: int, parent, checkpoint) -> tuple[dict, di
     return out[0][0], out[1][0], out[0][1], out[1][1]
 
 
-def can_build_jointly(row_root: Path, sentence_root: Path) -> bool:
-    """A fresh pair in one process: the only case the joint pass takes (module docstring)."""
+def shard_rows(n_rows: int, unit_rows: Sequence[int], shard_size: int) -> dict[str, list[tuple[int, int]]]:
+    """Per index, each shard's rows ``[lo, hi)`` of the training set (which rows a shard needs computed).
+
+    Args:
+        unit_rows: the row of each sentence unit, in unit order (non-decreasing).
+        shard_size: rows (or units) per shard, already rounded as :func:`gradian.index.build.build_index` does.
+    """
+    rows = [(lo, min(n_rows, lo + shard_size)) for lo in range(0, n_rows, shard_size)]
+    sent = []
+    for lo in range(0, len(unit_rows), shard_size):
+        hi = min(len(unit_rows), lo + shard_size)
+        sent.append((int(unit_rows[lo]), int(unit_rows[hi - 1]) + 1))
+    return {"row": rows, "sentence": sent}
+
+
+def assign_jobs(jobs: Sequence[tuple[str, int, int, int]], lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Split the pending shards ``(kind, k, row lo, row hi)`` between ranks: consecutive in row order,
+    balanced by the tokens of the rows they need (:func:`gradian.distributed.contiguous_blocks`).
+
+    A shard is computed whole by one rank. Rows that shards of two ranks both need (at most one shard's
+    rows per rank boundary) are computed by both; a row's numbers do not depend on who computes it.
+    """
     from gradian import distributed
 
-    return not distributed.current().enabled and _untouched(row_root) and _untouched(sentence_root)
+    order = sorted(range(len(jobs)), key=lambda j: (jobs[j][2], jobs[j][0], jobs[j][1]))
+    costs = [max(1, sum(lengths[jobs[j][2] : jobs[j][3]])) for j in order]
+    return [[order[j] for j in blk] for blk in distributed.contiguous_blocks(costs, world_size)]
 
 
 def build_jointly(
@@ -97,34 +132,59 @@ def build_jointly(
     batch_size: int = 8,
     shard_size: int = 256,
     transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress_factory: Callable[[int], Callable[[int], None]] | None = None,
     announce: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
-    """Write every shard (and record) of the row index and the sentence index in one pass per row.
+    """Write every missing shard (and record) of the row index and the sentence index in one pass per row.
 
     The caller then calls :func:`gradian.index.build.build_index` for each (same identity, spec, batch and
-    shard size), which finds the shards done and writes the manifest.
+    shard size), which finds the shards done and writes the manifest. Collective under torchrun: rank 0
+    reads which shards are done (their records), the missing ones are split between the ranks
+    (:func:`assign_jobs`), each rank computes the rows its shards need and writes those shards. A shard's
+    bytes depend only on its rows' numbers, and a row is computed alone (a batch of one), so one process,
+    any number of ranks and a resumed build write the same bytes.
 
     Args:
         units: :func:`gradian.data.spans.sentence_units` of ``items`` (row order).
         grad: the run's :class:`~gradian.index.store.GradSpec` (its unit is ignored).
         transform: Adam preconditioning, applied to the row gradient (derived from the raw unit gradients)
             and to each unit gradient, before projection.
-        progress: called with the rows just done.
+        progress_factory: called once with the number of rows this rank computes; returns the callback
+            called with the rows just done.
 
     Returns:
-        ``{"rows", "units", "passes", "tokens", "seconds"}``: backward vectors and forward tokens used.
+        ``{"rows", "units", "passes", "tokens", "seconds"}`` of this rank: rows and units computed, backward
+        vectors and forward tokens used.
     """
     from dataclasses import replace
 
     from safetensors.torch import save
 
+    from gradian import distributed
     from gradian.gradients.projection import KroneckerProjector
     from gradian.gradients.units import row_unit_grads
-    from gradian.index.shards import GRAD_ABS_MAX, _implausible, _layout, _record_file, _shard_file
+    from gradian.index.build import _check_shared_folder
+    from gradian.index.shards import (
+        GRAD_ABS_MAX,
+        _implausible,
+        _layout,
+        _read_record,
+        _record_file,
+        _shard_file,
+        shard_problem,
+    )
+    from gradian.index.size import size_estimate
     from gradian.index.store import STORAGE_DTYPES, index_id, select_blocks
-    from gradian.util import atomic_write_bytes, atomic_write_json, release_free_memory, sha256_bytes
+    from gradian.util import (
+        DiskFullError,
+        atomic_write_bytes,
+        atomic_write_json,
+        free_bytes,
+        release_free_memory,
+        sha256_bytes,
+    )
 
+    dist = distributed.current()
     t0 = time.perf_counter()
     blocks = select_blocks(model, replace(grad, unit="row"))
     projector = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], grad.projection)
@@ -135,56 +195,116 @@ def build_jointly(
         for i, b in enumerate(blocks)
     ]
     dims = [int(m["dim"]) for m in block_meta]
-    targets = {
-        "row": (row_root, _layout(index_id(row_identity), shard_size, block_meta), len(items)),
-        "sentence": (sentence_root, _layout(index_id(sentence_identity), shard_size, block_meta), len(units)),
-    }
-    for root, _, _ in targets.values():
-        root.mkdir(parents=True, exist_ok=True)
-    if announce is not None:
-        announce(
-            f"indexes {targets['row'][1]['index_id']} (rows) + {targets['sentence'][1]['index_id']} (sentence units): "
-            f"{len(items):,} rows and {len(units):,} units in one pass per row (the row gradient is derived from "
-            "its units)"
+    ids = {"row": index_id(row_identity), "sentence": index_id(sentence_identity)}
+    roots = {"row": Path(row_root), "sentence": Path(sentence_root)}
+    layouts = {kind: _layout(ids[kind], shard_size, block_meta) for kind in ids}
+    totals = {"row": len(items), "sentence": len(units)}
+    if dist.enabled:  # ranks that disagree would write different indexes (as build_index refuses)
+        distributed.check_same_inputs(
+            {
+                "the index ids (base, adapter, data, gradient flags)": (ids["row"], ids["sentence"]),
+                "the number of rows and sentence units": (len(items), len(units)),
+                "the batch size": batch_size,
+                "the shard size": shard_size,
+            }
         )
+    for root in roots.values():
+        root.mkdir(parents=True, exist_ok=True)
+        if dist.enabled:
+            _check_shared_folder(root)
+    ranges = shard_rows(len(items), [u.row for u in units], shard_size)
+
+    def _unit_ranges(ks: Sequence[int], total: int) -> list[tuple[int, int]]:
+        return [(k * shard_size, min(total, (k + 1) * shard_size)) for k in ks]
+
+    # -- the plan (rank 0 reads the shard records; every rank plans from its answer)
+    pending: dict[str, list[int]] | None = None
+    if dist.is_main:
+        pending = {}
+        for kind in ("row", "sentence"):
+            todo = []
+            for k in range(len(ranges[kind])):
+                lo = k * shard_size
+                hi = min(totals[kind], lo + shard_size)
+                rec = _read_record(roots[kind], k, layouts[kind])
+                ok = rec is not None and rec.get("start") == lo and rec.get("n") == hi - lo
+                if not (ok and shard_problem(roots[kind], rec, block_meta)[0] is None):
+                    todo.append(k)
+            pending[kind] = todo
+    pending = distributed.broadcast_object(pending)
+    assert pending is not None
+    jobs = [(kind, k, *ranges[kind][k]) for kind in ("row", "sentence") for k in pending[kind]]
+    n_all = sum(len(r) for r in ranges.values())
+    if not jobs:
+        return {"rows": 0, "units": 0, "passes": 0, "tokens": 0, "seconds": time.perf_counter() - t0}
+    # the shards still to write must fit in the free space (rank 0 decides, every rank raises alike)
+    row_bytes = size_estimate(1, sum(dims), grad.storage_dtype)[0]
+    need_bytes = sum(hi - lo for kind in pending for lo, hi in _unit_ranges(pending[kind], totals[kind])) * row_bytes
+    free = free_bytes(roots["sentence"]) if dist.is_main else None
+    free = distributed.all_gather_objects(free)[0] if dist.enabled else free
+    if free is not None and need_bytes > free:
+        err = DiskFullError(
+            roots["sentence"],
+            need_bytes,
+            f"the {len(jobs)} remaining shard(s) of the row and sentence indexes (estimated before the build)",
+            tail="no shard was written",
+            fix="store fewer numbers per row (--project-dim, --storage-dtype bfloat16), free space there, or build "
+            "the indexes on another disk (--index-dir / --out)",
+            free=free,
+        )
+        err.every_rank = True
+        raise err
+    lengths = row_values(items, "length")
+    mine = [jobs[j] for j in assign_jobs(jobs, lengths, dist.world_size)[dist.rank]]
+    need = sorted({r for _, _, lo, hi in mine for r in range(lo, hi)})
+    if announce is not None and dist.is_main:
+        done = n_all - len(jobs)
+        extra = f"; {done} of {n_all} shards already built" if done else ""
+        split = f"; {len(jobs)} shards over {dist.world_size} processes" if dist.enabled else ""
+        announce(
+            f"indexes {ids['row']} (rows) + {ids['sentence']} (sentence units): "
+            f"{len(items):,} rows and {len(units):,} units in one pass per row (the row gradient is derived from "
+            f"its units){extra}{split}"
+        )
+    progress = progress_factory(len(need)) if progress_factory is not None else None
 
     class Buffer:
-        def __init__(self, kind: str):
-            self.kind, self.k = kind, 0
-            self.root, self.layout, self.total = targets[kind]
-            self._new()
+        """One shard being filled; written (shard, then its record) when its last row arrives."""
 
-        def _new(self) -> None:
-            self.lo = self.k * shard_size
-            self.hi = min(self.total, self.lo + shard_size)
+        def __init__(self, kind: str, k: int):
+            self.kind, self.k = kind, k
+            self.lo = k * shard_size
+            self.hi = min(totals[kind], self.lo + shard_size)
             self.blocks = [torch.full((self.hi - self.lo, d), math.nan, dtype=storage) for d in dims]
-            self.meta: list[dict[str, Any]] = []
+            self.meta: list[dict[str, Any] | None] = [None] * (self.hi - self.lo)
+            self.left = self.hi - self.lo
 
-        def put(self, vecs: list[torch.Tensor], meta: dict[str, Any]) -> None:
-            r = self.lo + len(self.meta)
+        def put(self, r: int, vecs: list[torch.Tensor], meta: dict[str, Any]) -> bool:
             for b, v in zip(self.blocks, vecs):
                 b[r - self.lo] = v.to(storage)
-            self.meta.append(meta)
-            if self.lo + len(self.meta) == self.hi:
-                self.flush()
+            self.meta[r - self.lo] = meta
+            self.left -= 1
+            return self.left == 0
 
         def flush(self) -> None:
+            root = roots[self.kind]
             bad = set()
             for v in self.blocks:
                 nf = _implausible(v)
                 if bool(nf.any()):
                     bad.update(int(r) for r in nf.nonzero()[:, 0].tolist())
             if bad:
-                ids = [self.meta[r]["id"] for r in sorted(bad)]
+                bad_ids = [self.meta[r]["id"] for r in sorted(bad)]  # type: ignore[index]
                 raise GradianUserError(
-                    f"the per-example gradients of {len(ids)} {self.kind} gradient(s) are not finite (NaN/inf, or "
-                    f"beyond {GRAD_ABS_MAX:g}), e.g. {', '.join(map(str, ids[:8]))}; the shard is not written",
-                    where=str(self.root),
+                    f"the per-example gradients of {len(bad_ids)} {self.kind} gradient(s) are not finite (NaN/inf, "
+                    f"or beyond {GRAD_ABS_MAX:g}), e.g. {', '.join(map(str, bad_ids[:8]))}; the shard is not written",
+                    where=str(root),
                     fix="check the base and adapter weights for NaN/inf and train in float32 (float16 overflows); "
                     "--storage-dtype float16 cannot hold gradients above 65504 (use bfloat16)",
                 )
             meta = {
-                key: [m[key] for m in self.meta] for key in ("id", "loss", "n_supervised", "truncated", "full_length")
+                key: [m[key] for m in self.meta]  # type: ignore[index]
+                for key in ("id", "loss", "n_supervised", "truncated", "full_length")
             }
             data = save({b.name: v.contiguous() for b, v in zip(blocks, self.blocks)})
             fname = _shard_file(self.k)
@@ -194,25 +314,39 @@ def build_jointly(
                 "start": self.lo,
                 "n": self.hi - self.lo,
                 "examples": meta,
+                "pass": JOINT_PASS,
             }
-            atomic_write_bytes(self.root / fname, data)
-            atomic_write_json(self.root / _record_file(self.k), {"layout": self.layout, "entry": entry})
-            del data
-            release_free_memory()
-            self.k += 1
-            if self.lo + shard_size < self.total:
-                self._new()
+            atomic_write_bytes(root / fname, data)
+            atomic_write_json(root / _record_file(self.k), {"layout": layouts[self.kind], "entry": entry})
 
-    rows_buf, units_buf = Buffer("row"), Buffer("sentence")
-    by_row: list[list[int]] = [[] for _ in range(len(items))]
-    for k, u in enumerate(units):
-        by_row[u.row].append(k)
-    passes = tokens = 0
+    mine_keys = {(kind, k) for kind, k, _, _ in mine}
+    open_: dict[tuple[str, int], Buffer] = {}
+    unit_lo: list[int] = [0] * (len(items) + 1)  # units of row j: [unit_lo[j], unit_lo[j + 1])
+    for u in units:
+        unit_lo[u.row + 1] += 1
     for j in range(len(items)):
+        unit_lo[j + 1] += unit_lo[j]
+    passes = tokens = written = 0
+
+    def put(kind: str, r: int, vecs: list[torch.Tensor], meta: dict[str, Any]) -> None:
+        nonlocal written
+        key = (kind, r // shard_size)
+        if key not in mine_keys:
+            return
+        if key not in open_:
+            open_[key] = Buffer(kind, key[1])
+        if open_[key].put(r, vecs, meta):
+            open_.pop(key).flush()
+            release_free_memory()
+            written += 1
+            distributed.fault_point("shard", written)
+
+    for j in need:
         it = items[j]
-        us = [units[k] for k in by_row[j]]
-        if not us:
+        ks = list(range(unit_lo[j], unit_lo[j + 1]))
+        if not ks:
             raise ValueError(f"row {j} has no sentence unit (sentence_units gives every row one)")
+        us = [units[k] for k in ks]
         batch, ul = row_unit_batch(it, us, pad_token_id)
         res = row_unit_grads(model, batch, ul, blocks)
         passes += res.passes
@@ -225,32 +359,24 @@ def build_jointly(
                 g_row, g_units = transform(b.name, g_row), transform(b.name, g_units)
             row_vecs.append(projector(i, g_row)[0].cpu())
             unit_vecs.append(projector(i, g_units).cpu())
-        rows_buf.put(
-            row_vecs,
-            {
-                "id": it.id,
-                "loss": float(res.row_loss),
-                "n_supervised": it.n_supervised,
-                "truncated": bool(it.truncated),
-                "full_length": int(it.full_length),
-            },
-        )
-        for k, u in enumerate(us):
-            units_buf.put(
-                [v[k] for v in unit_vecs],
-                {
-                    "id": it.id + u.suffix(),
-                    "loss": float(res.unit_losses[k]),
-                    "n_supervised": int((ul[k] != IGNORE_INDEX).sum()),
-                    "truncated": bool(it.truncated),
-                    "full_length": int(it.full_length),
-                },
-            )
+        common = {"truncated": bool(it.truncated), "full_length": int(it.full_length)}
+        put("row", j, row_vecs, {"id": it.id, "loss": float(res.row_loss), "n_supervised": it.n_supervised, **common})
+        for q, (k, u) in enumerate(zip(ks, us)):
+            meta = {
+                "id": it.id + u.suffix(),
+                "loss": float(res.unit_losses[q]),
+                "n_supervised": int((ul[q] != IGNORE_INDEX).sum()),
+                **common,
+            }
+            put("sentence", k, [v[q] for v in unit_vecs], meta)
         if progress:
             progress(1)
+    if open_:  # cannot happen: every row a shard of this rank needs was computed
+        raise RuntimeError(f"shards left unfilled: {sorted(open_)}")
+    distributed.barrier()  # every rank's shards are on disk before build_index checks them
     return {
-        "rows": len(items),
-        "units": len(units),
+        "rows": len(need),
+        "units": sum(unit_lo[j + 1] - unit_lo[j] for j in need),
         "passes": passes,
         "tokens": tokens,
         "seconds": time.perf_counter() - t0,
@@ -272,13 +398,18 @@ def maybe_build_jointly(
     progress_factory: Callable[[int], Callable[[int], None]] | None = None,
     announce: Callable[[str], None] | None = None,
 ) -> dict[str, float] | None:
-    """Build a checkpoint's row and sentence shards in one pass when both indexes are fresh (else None).
+    """Build a checkpoint's missing row and sentence shards in one pass per row (None: both already complete).
 
-    ``ft``'s model holds ``checkpoint``'s weights. The two :func:`gradian.finetune.training_index` calls that follow
-    publish the manifests (and would build anything missing, the usual way).
+    Collective under torchrun (every rank calls it alike). ``ft``'s model holds ``checkpoint``'s weights. The two
+    :func:`gradian.finetune.training_index` calls that follow publish the manifests (their shards are done).
     """
+    from gradian import distributed
+
     row_ident, sent_ident, row_root, sent_root = joint_roots(ft, data, grad, seed, parent, checkpoint)
-    if not can_build_jointly(row_root, sent_root):
+    from gradian.index.store import index_id
+
+    done = _complete(row_root, index_id(row_ident)) and _complete(sent_root, index_id(sent_ident))
+    if distributed.broadcast_object(done):
         return None
     transform = None
     if grad.optimizer == "adam":
@@ -287,7 +418,6 @@ def maybe_build_jointly(
 
         states = read_adam_state(_optimizer_file(ft, checkpoint), ft.model)
         transform = lambda name, g: states[name].update(g)  # noqa: E731
-    progress = progress_factory(len(items)) if progress_factory is not None else None
     return build_jointly(
         ft.model,
         items,
@@ -301,6 +431,6 @@ def maybe_build_jointly(
         batch_size=batch_size,
         shard_size=shard_size,
         transform=transform,
-        progress=progress,
+        progress_factory=progress_factory,
         announce=announce,
     )

@@ -1,0 +1,125 @@
+"""The one-pass row + sentence build (gradian.index.joint): resumable, byte-stable, split between ranks.
+
+The torchrun side (2 gloo processes write the shards one process writes, byte for byte) is in
+tests/distributed/test_torchrun.py; here the pieces it rests on are checked in one process.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import pytest
+
+from gradian.gradients.projection import ProjectionSpec
+from gradian.index.store import GradSpec
+from gradian_testlib import make_lora_model
+
+
+@pytest.fixture(scope="module")
+def setup(tok):
+    from gradian.data.formats import to_example
+    from gradian.data.spans import sentence_units
+    from gradian.data.tokenize import TokenizeSpec, tokenize_example
+    from gradian_testlib import ROWS
+
+    model = make_lora_model(tok, "llama")  # float32: where rounding would show if a row's numbers varied
+    rows = [*ROWS, {"id": "m", "prompt": "Facts.", "completion": " Paris is in France. Tokyo is big. Fe"}] * 3
+    exs = [to_example({**r, "id": f"{r['id']}-{i}"}, i, "t") for i, r in enumerate(rows)]
+    items = [tokenize_example(e, tok, TokenizeSpec(max_length=64)) for e in exs]
+    units = sentence_units(exs, items)
+    spec = GradSpec(projection=ProjectionSpec(dim=8, seed=1))
+    ids = {u: {"test": "joint-resume", "unit": u} for u in ("row", "sentence")}
+    return model, items, units, spec, ids, dict(pad_token_id=tok.pad_token_id, batch_size=2, shard_size=4)
+
+
+def _shards(root):
+    return {p.name: p.read_bytes() for p in sorted(root.glob("shard-*"))}
+
+
+def test_a_resumed_joint_build_writes_the_bytes_of_a_fresh_one(setup, tmp_path):
+    """Shards deleted from a finished joint build are recomputed alone (only the rows they need), byte-identical;
+    the kept ones are not rewritten; publishing keeps each entry's ``pass``; a complete pair computes nothing."""
+    from gradian.data.spans import SentenceItems
+    from gradian.index.build import build_index
+    from gradian.index.joint import JOINT_PASS, build_jointly
+
+    model, items, units, spec, ids, kw = setup
+    a = {"row": tmp_path / "ar", "sentence": tmp_path / "as"}
+    full = build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=a["row"],
+                         sentence_root=a["sentence"], **kw)  # fmt: skip
+    assert full["rows"] == len(items) and full["units"] == len(units) and len(units) > len(items)
+    want = {u: _shards(r) for u, r in a.items()}
+    assert len(want["row"]) >= 4 and len(want["sentence"]) >= 8  # shard-*.safetensors + shard-*.json each
+
+    b = {u: tmp_path / f"b{u}" for u in a}
+    for u in a:
+        shutil.copytree(a[u], b[u])
+    gone = [("row", 0), ("sentence", 3)]
+    for u, k in gone:
+        for p in b[u].glob(f"shard-{k:05d}.*"):
+            p.unlink()
+    kept = {(u, p.name): p.stat().st_mtime_ns for u in b for p in b[u].glob("shard-*")}
+    again = build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=b["row"],
+                          sentence_root=b["sentence"], **kw)  # fmt: skip
+    assert 0 < again["rows"] < len(items)  # only the rows those two shards need
+    for u in a:
+        assert _shards(b[u]) == want[u], u  # byte for byte, records included
+    for (u, name), mtime in kept.items():
+        assert (b[u] / name).stat().st_mtime_ns == mtime, (u, name)
+
+    got = {
+        "row": build_index(model, items, ids["row"], spec, root=b["row"], **kw),
+        "sentence": build_index(
+            model,
+            SentenceItems(units, items),
+            ids["sentence"],
+            replace(spec, unit="sentence"),
+            root=b["sentence"],
+            **kw,
+        ),
+    }
+    for u, idx in got.items():
+        assert idx.complete and not idx.manifest.get("repairs")
+        assert {s["pass"] for s in idx.manifest["shards"]} == {JOINT_PASS}, u
+    assert {u: _shards(r) for u, r in b.items()} == want  # publishing adds the manifest, rewrites no shard
+    nothing = build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=b["row"],
+                            sentence_root=b["sentence"], **kw)  # fmt: skip
+    assert nothing["rows"] == 0 and nothing["passes"] == 0
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+def test_assigned_jobs_cover_every_shard_once_in_row_order(setup, world_size):
+    """Every pending shard goes to exactly one rank; the ranks' blocks follow the rows; only boundary rows repeat."""
+    from gradian.data.tokenize import row_values
+    from gradian.index.joint import assign_jobs, shard_rows
+
+    _, items, units, _, _, _ = setup
+    ranges = shard_rows(len(items), [u.row for u in units], 4)
+    assert ranges["row"][-1][1] == len(items) and ranges["sentence"][-1][1] == len(items)
+    jobs = [(kind, k, *ranges[kind][k]) for kind in ("row", "sentence") for k in range(len(ranges[kind]))]
+    parts = assign_jobs(jobs, row_values(items, "length"), world_size)
+    assert len(parts) == world_size
+    assert sorted(j for p in parts for j in p) == list(range(len(jobs)))
+    starts = [[jobs[j][2] for j in p] for p in parts]
+    assert all(s == sorted(s) for s in starts)
+    flat = [x for s in starts for x in s]
+    assert flat == sorted(flat)  # rank r's shards come before rank r+1's
+    rows = [set(r for j in p for r in range(jobs[j][2], jobs[j][3])) for p in parts]
+    for r in range(world_size - 1):  # rows two ranks both compute: only at the boundary between them
+        both = rows[r] & rows[r + 1]
+        assert both == set() or max(both) - min(both) < 4, both
+
+
+def test_a_joint_build_that_cannot_fit_writes_nothing(setup, tmp_path, monkeypatch):
+    """The remaining shards of both indexes are sized before any pass: too little room is one error, no shard."""
+    import gradian.util
+    from gradian.index.joint import build_jointly
+    from gradian.util import DiskFullError
+
+    model, items, units, spec, ids, kw = setup
+    monkeypatch.setattr(gradian.util, "free_bytes", lambda folder: 1000)
+    r, s = tmp_path / "r", tmp_path / "s"
+    with pytest.raises(DiskFullError, match="remaining shard.*row and sentence indexes.*no shard was written"):
+        build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=r, sentence_root=s, **kw)
+    assert not list(r.glob("shard-*")) and not list(s.glob("shard-*"))
