@@ -44,7 +44,7 @@ def test_one_default_per_concept_unit_device():
         assert "[default: auto]" in flat.split("--device", 1)[1][:300], command
     for command in ("attribute", "index"):
         flat = " ".join(_help(command).split())
-        assert "[default: sentence]" in flat.split("--unit", 1)[1][:400], command
+        assert "[default: sentence]" in flat.split("--unit <str>", 1)[1][:400], command  # the option, not a mention
 
 
 def test_index_unit_sentence_builds_what_a_default_attribute_reads(saved_finetune, tmp_path, monkeypatch):
