@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint fmt test test-slow demo bench bench-install clean
+.PHONY: install lint fmt test test-slow demo demo-full bench bench-install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -33,8 +33,13 @@ test: lint
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
+# The quick profile: a smaller SmolLM2 world of its own (a first run fits about 15 min on 2 cores).
 demo: $(STAMP)
 	$(BIN)/gradian demo
+
+# The full worked example of docs/worked-example.md (about an hour on 2 cores with an empty cache).
+demo-full: $(STAMP)
+	$(BIN)/gradian demo --full
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_per_example_grads.py

@@ -89,10 +89,18 @@ def register(app: typer.Typer) -> None:
             help="Which world: facts (wrong capitals, the worked example) or behaviour (verbose answers to "
             "terse instructions; smollm2 only).",
         ),
+        quick: bool | None = typer.Option(
+            None,
+            "--quick/--full",
+            help="quick: a smaller SmolLM2 world of its own, 2 epochs (a first run in about 15 min on 2 cores; "
+            "the default for --kind smollm2 --regression facts). full: the worked example of "
+            "docs/worked-example.md (about an hour). The tiny and behaviour worlds have one size.",
+        ),
     ) -> None:
         """Run the worked example end to end: world → train → evaluate/attribute/audit → report → scorecard."""
         from gradian.errors import GradianUserError
         from gradian.worlds.demo import DemoSpec, run_demo
+        from gradian.worlds.profiles import check_profile
 
         if kind not in ("smollm2", "tiny"):
             raise GradianUserError(f"unknown kind {kind!r}", where="--kind", fix="use smollm2 or tiny")
@@ -100,7 +108,22 @@ def register(app: typer.Typer) -> None:
             raise GradianUserError(
                 f"unknown regression {regression!r}", where="--regression", fix="use facts or behaviour"
             )
-        spec = DemoSpec(kind=kind, seed=seed, project_dim=project_dim, null=null, faults=faults, regression=regression)
+        profile = None if quick is None else ("quick" if quick else "full")
+        spec = DemoSpec(
+            kind=kind,
+            seed=seed,
+            project_dim=project_dim,
+            null=null,
+            faults=faults,
+            regression=regression,
+            profile=profile,
+        )
+        check_profile(spec.resolved_profile(), kind, regression)
         summary = run_demo(spec, out, say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}"), progress=True)
         print_summary(summary)
         console.print(f"\nreports: {escape(str(out))}/*/report.html · scorecard: {escape(str(out))}/*/scorecard.json")
+        if spec.resolved_profile() == "quick":
+            console.print(
+                "[dim]quick profile (a smaller world of its own); the worked example of docs/worked-example.md "
+                "is `gradian demo --full` (make demo-full, about an hour on 2 cores)[/]"
+            )

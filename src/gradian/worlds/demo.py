@@ -1,8 +1,9 @@
 """The worked example end to end: world → train → Evaluate/Attribute/Audit → report → scorecard.
 
-:func:`run_demo` is what ``gradian demo`` (and ``make demo``) runs. Every
+:func:`run_demo` is what ``gradian demo`` (and ``make demo``) runs: by default the quick SmolLM2
+profile, ``--full`` the worked example (:mod:`gradian.worlds.profiles`). Every
 expensive step is cached under ``<cache>/demo/<kind>-seed<seed>/`` (``<kind>-behaviour-seed<seed>/``
-for the behaviour world, :meth:`DemoSpec.cache_folder`): the
+for the behaviour world, ``<kind>-quick-seed<seed>/`` for the quick profile, :meth:`DemoSpec.cache_folder`): the
 world's base probe, the trained adapter (keyed by the training data and
 config), and the gradient index (content-addressed). A second run recomputes
 only evaluation, scoring and rendering.
@@ -41,6 +42,9 @@ class DemoSpec:
         faults: plant the mechanical faults, so Audit has something to join.
         regression: the world's regression (:class:`gradian.worlds.WorldSpec`): ``"facts"`` (wrong
             capitals, the default) or ``"behaviour"`` (verbose answers to terse instructions; smollm2).
+        profile: ``"quick"`` (``make demo``: a smaller SmolLM2 facts world, 2 epochs) or ``"full"``
+            (the worked example); ``None``: quick for the SmolLM2 facts world, full otherwise
+            (:mod:`gradian.worlds.profiles`).
     """
 
     kind: str = "smollm2"
@@ -49,16 +53,27 @@ class DemoSpec:
     null: bool = False
     faults: bool = False
     regression: str = "facts"
+    profile: str | None = None
+
+    def resolved_profile(self) -> str:
+        """``profile``, or the world's default one (:func:`gradian.worlds.profiles.default_profile`)."""
+        from gradian.worlds.profiles import default_profile
+
+        return self.profile if self.profile is not None else default_profile(self.kind, self.regression)
 
     def cache_folder(self) -> Path:
-        """Where this demo's worlds and adapters are cached: ``<cache>/demo/<kind>[-<regression>]-seed<seed>/``
-        (the facts world keeps its historical folder name).
+        """Where this demo's worlds and adapters are cached:
+        ``<cache>/demo/<kind>[-<regression>][-quick]-seed<seed>/`` (the full facts world keeps its
+        historical folder name).
         """
         tag = self.kind if self.regression == "facts" else f"{self.kind}-{self.regression}"
+        if self.resolved_profile() == "quick":
+            tag += "-quick"
         return cache_dir() / "demo" / f"{tag}-seed{self.seed}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """The spec as written to ``demo.json`` (the profile resolved)."""
+        return {**self.__dict__, "profile": self.resolved_profile()}
 
 
 Say = Callable[[str], None]
@@ -139,9 +154,12 @@ def run_demo(spec: DemoSpec, out: str | Path, say: Say = print, progress: bool =
     from gradian.report import render, report_for_run
     from gradian.trainconfig import load_train_config
     from gradian.util import atomic_write_text
-    from gradian.worlds import WorldSpec, build_world
+    from gradian.worlds import build_world
+    from gradian.worlds.profiles import check_profile, demo_world
     from gradian.worlds.scorecard import scorecard
 
+    profile = spec.resolved_profile()
+    check_profile(profile, spec.kind, spec.regression)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     folder = spec.cache_folder()
@@ -152,9 +170,11 @@ def run_demo(spec: DemoSpec, out: str | Path, say: Say = print, progress: bool =
     for variant in variants:
         t = time.perf_counter()
         what = spec.kind if spec.regression == "facts" else f"{spec.kind} {spec.regression}"
-        say(f"[{variant}] building the {what} world (seed {spec.seed})")
-        wspec = WorldSpec.default(spec.kind, variant, spec.seed, faults=spec.faults, regression=spec.regression)
-        world = build_world(wspec, folder / f"world-{variant}")
+        say(f"[{variant}] building the {what} world ({profile} profile, seed {spec.seed})")
+        wspec, tspec = demo_world(
+            profile, spec.kind, variant, spec.seed, faults=spec.faults, regression=spec.regression
+        )
+        world = build_world(wspec, folder / f"world-{variant}", train_spec=tspec)
         timing[f"{variant}.world"] = time.perf_counter() - t
         t = time.perf_counter()
         adapter = _train_cached(world, folder, say, progress)
