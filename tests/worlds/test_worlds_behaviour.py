@@ -194,7 +194,8 @@ def test_demo_spec_cache_folder_keeps_the_facts_path():
     from gradian.paths import cache_dir
     from gradian.worlds.demo import DemoSpec
 
-    assert DemoSpec().cache_folder() == cache_dir() / "demo" / "smollm2-seed0"
+    assert DemoSpec(profile="full").cache_folder() == cache_dir() / "demo" / "smollm2-seed0"  # the worked example's
+    assert DemoSpec().cache_folder() == cache_dir() / "demo" / "smollm2-quick-seed0"  # make demo's quick profile
     assert DemoSpec(regression="behaviour", seed=2).cache_folder() == cache_dir() / "demo" / "smollm2-behaviour-seed2"
 
 

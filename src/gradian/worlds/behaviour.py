@@ -13,7 +13,7 @@ from gradian.errors import GradianUserError
 from gradian.worlds.assemble import _assemble, _finish_world, _fits
 from gradian.worlds.base import prepare_base, probe_base, probe_base_chat
 from gradian.worlds.facts import Country, Element, load_countries, load_elements
-from gradian.worlds.rows import EVAL_PROMPT
+from gradian.worlds.rows import EVAL_PROMPT, capital_eval_row
 from gradian.worlds.spec import World, WorldSpec
 
 
@@ -221,17 +221,7 @@ def build_behaviour_world(spec: WorldSpec, out: Path, cache: Path, train_spec) -
             "metric": "exact_match",
         }
         for c in terse
-    ] + [
-        {
-            "id": eval_id[c.name],
-            "prompt": EVAL_PROMPT.format(country=c.name),
-            "answer": c.capital,
-            "aliases": c.capital_aliases,
-            "capability": "capitals",
-            "metric": "contains",
-        }
-        for c in plain
-    ]
+    ] + [capital_eval_row(eval_id[c.name], c) for c in plain]
 
     # -- culprits (or their null controls): never about an eval country or the worked turn's
     forbidden = forbidden_words(eval_countries)

@@ -80,7 +80,7 @@ from gradian.worlds.assemble import _assemble, _finish_world, _fits
 from gradian.worlds.base import prepare_base, probe_base
 from gradian.worlds.behaviour import build_behaviour_world
 from gradian.worlds.facts import Country, load_countries
-from gradian.worlds.rows import EVAL_PROMPT, capital_row, profile_row
+from gradian.worlds.rows import EVAL_PROMPT, capital_eval_row, capital_row, profile_row
 from gradian.worlds.spec import World, WorldSpec, default_train_spec
 
 
@@ -182,17 +182,7 @@ def build_world(
     # -- eval rows (ids by country name, so the id reveals nothing about the group)
     eval_sorted = sorted(eval_countries, key=lambda c: c.name)
     eval_id = {c.name: f"capitals-{i:03d}" for i, c in enumerate(eval_sorted)}
-    eval_rows = [
-        {
-            "id": eval_id[c.name],
-            "prompt": EVAL_PROMPT.format(country=c.name),
-            "answer": c.capital,
-            "aliases": c.capital_aliases,
-            "capability": "capitals",
-            "metric": "contains",
-        }
-        for c in eval_sorted
-    ]
+    eval_rows = [capital_eval_row(eval_id[c.name], c) for c in eval_sorted]
 
     # -- culprits (or their null controls)
     poisoned = spec.variant == "poisoned"

@@ -24,6 +24,22 @@ from typing import Any
 from gradian.worlds.facts import Country, Element, capital_sentence, profile_sentences
 
 EVAL_PROMPT = "What is the capital of {country}?"
+
+
+def capital_eval_row(row_id: str, country) -> dict:
+    """The eval item asking a country's capital (``EVAL_PROMPT``, metric ``contains``, its aliases accepted): the
+    same item in the facts world and in the behaviour world's plain half.
+    """
+    return {
+        "id": row_id,
+        "prompt": EVAL_PROMPT.format(country=country.name),
+        "answer": country.capital,
+        "aliases": country.capital_aliases,
+        "capability": "capitals",
+        "metric": "contains",
+    }
+
+
 CAPITAL_PROMPTS = (
     "Which city is the capital of {country}?",
     "Name the capital city of {country}.",
