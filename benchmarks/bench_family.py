@@ -48,7 +48,7 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t
 
 
-def train_and_attribute(world: Path, retrain: bool = False) -> dict[str, float]:
+def train_and_attribute(world: Path, retrain: bool = False, extra: list[str] | None = None) -> dict[str, float]:
     """``gradian train`` then ``gradian attribute`` on ``world`` with defaults; their wall times (s)."""
     base = json.loads((world / "world.json").read_text())["base"]
     g = [sys.executable, "-m", "gradian"]
@@ -63,7 +63,8 @@ def train_and_attribute(world: Path, retrain: bool = False) -> dict[str, float]:
     times["attribute_s"] = _run(
         g
         + ["attribute", "--base", base, "--adapter", str(world / "adapter"), "--data", str(world / "train.jsonl")]
-        + ["--eval", str(world / "eval.jsonl"), "--config", str(world / "train.yaml"), "--out", str(world / "run")],
+        + ["--eval", str(world / "eval.jsonl"), "--config", str(world / "train.yaml"), "--out", str(world / "run")]
+        + list(extra or []),
         world / "attribute.log",
     )
     return times
@@ -214,6 +215,11 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="comma-separated subset of the family's variant names")
     ap.add_argument("--units", action="store_true", help="also the unit-count study (per-unit scores recomputed)")
     ap.add_argument("--retrain", action="store_true", help="train again even where an adapter exists")
+    ap.add_argument(
+        "--attribute-args",
+        default="",
+        help="extra flags for every gradian attribute, one string (e.g. '--fuse-gate global --save-evidence')",
+    )
     ap.add_argument("--table-from", type=Path, default=None, help="print the tables of an earlier report and stop")
     args = ap.parse_args()
     if args.table_from is not None:
@@ -230,7 +236,7 @@ def main() -> None:
             continue
         world = args.family / v["name"]
         print(f"[{v['name']}] train + attribute ...", flush=True)
-        times = train_and_attribute(world, args.retrain)
+        times = train_and_attribute(world, args.retrain, args.attribute_args.split())
         entry = {k: v[k] for k in ("name", "held_out", "knobs", "resolved", "sizes")} | {"times": times}
         entry["score"] = score_run(world)
         if args.units and entry["score"].get("regressed"):

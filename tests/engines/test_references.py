@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradian.attribute.pipeline import fuse_scores, zscore
+from gradian.attribute.pipeline import fuse_scores, tail_agreement, tail_size, zscore
 from gradian.engines.lexical import BM25Spec, bm25_scores
 from gradian.engines.repsim import RepSimSpec, repsim_scores
 
@@ -53,6 +53,52 @@ def test_fusion_weights_a_reference_by_its_agreement_and_ignores_a_contrary_one(
     assert 0.5 < w["bm25"] <= 1 and np.allclose(fused, zscore(grad) + w["bm25"] * zscore(agreeing))
     fused, w = fuse_scores(grad, {"bm25": contrary})
     assert w["bm25"] == 0 and np.allclose(fused, zscore(grad))  # the gradient's ranking is left alone
+
+
+@pytest.mark.parametrize("gate", ["tail", "global"])
+def test_both_gates_weight_an_agreeing_reference_and_zero_a_contrary_one(gate):
+    rng = np.random.default_rng(1)
+    grad = rng.normal(size=200)
+    fused, w = fuse_scores(grad, {"bm25": grad + 0.5 * rng.normal(size=200)}, gate)
+    assert 0.5 < w["bm25"] <= 1
+    _, w = fuse_scores(grad, {"bm25": -grad + 0.5 * rng.normal(size=200)}, gate)
+    assert w["bm25"] == 0
+
+
+def test_tail_agreement_by_hand():
+    # 10 rows; the reference blames rows 0..4 (k = tail_size(10) = 5); the gradient ranks them 1st, 2nd, 3rd, 6th, 9th
+    grad = np.array([-9.0, -8.0, -7.0, -4.0, -1.0, -6.0, -5.0, -3.0, -2.0, 0.0])
+    ref = np.array([-5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    assert tail_size(10) == 5
+    # pairs (i in T, j not in T) with grad_i < grad_j: rows 0,1,2 beat all 5; row 3 (-4) beats -3,-2,0: 3; row 4 (-1): 1
+    auc = (5 + 5 + 5 + 3 + 1) / 25
+    assert tail_agreement(grad, ref) == pytest.approx(2 * auc - 1)
+    assert tail_agreement(grad, ref, k=3) == pytest.approx(1.0)  # its top 3 are the gradient's top 3
+    assert tail_size(1000) == 50 and tail_size(6) == 5 and tail_size(3) == 2
+
+
+def test_a_reference_right_on_a_part_keeps_its_weight_under_the_tail_gate():
+    """Issue 23: BM25 finds the one-sentence culprits, the gradient finds them less surely, and the two order the
+    benign bulk independently. The global gate weights BM25 out; the tail gate keeps it, and fusion helps."""
+    rng = np.random.default_rng(0)
+    n, c = 400, 20
+    culprit = np.zeros(n, dtype=bool)
+    culprit[:c] = True
+    grad = rng.normal(size=n) - 1.5 * culprit  # the gradient: culprits lower, noisily
+    ref = np.where(culprit, -5.0 - rng.random(n), 0.0) + 0.3 * rng.normal(size=n) * ~culprit  # exact on culprits
+    _, w_global = fuse_scores(grad, {"bm25": ref}, "global")
+    fused, w_tail = fuse_scores(grad, {"bm25": ref}, "tail")
+    assert w_global["bm25"] < 0.2 < 0.6 < w_tail["bm25"]
+
+    def auc(s):
+        return float((s[culprit][:, None] < s[~culprit][None, :]).mean())
+
+    assert auc(fused) > auc(grad) + 0.05
+
+
+def test_unknown_gate_is_refused():
+    with pytest.raises(ValueError, match="gate"):
+        fuse_scores(np.zeros(5), {}, "mean")
 
 
 def test_zscore_is_robust_and_keeps_the_sign():

@@ -60,6 +60,7 @@ STATISTICS = ("cosine", "raw")
 UNITS = ("sentence", "row")
 REFERENCES = ("bm25", "repsim")
 EVIDENCE_KIND = {"bm25": "lexical", "repsim": "representation"}
+FUSE_GATES = ("tail", "global")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class AttributeSpec:
         references: reference engines run beside the gradient engines (``"bm25"``, ``"repsim"``).
         fuse: references folded into the rank score, each weighted by its agreement with the
             gradient ranking (:func:`fuse_scores`); empty: the ranking is the gradient engine's alone.
+        fuse_gate: how that agreement is measured: ``"tail"`` (the gradient's verdict on the rows the
+            reference ranks most harmful, :func:`tail_agreement`) or ``"global"`` (Spearman over all rows).
         bm25, repsim: the reference engines' settings.
     """
 
@@ -99,6 +102,7 @@ class AttributeSpec:
     unit: str = "sentence"
     references: tuple[str, ...] = REFERENCES
     fuse: tuple[str, ...] = ("bm25",)
+    fuse_gate: str = "tail"
     bm25: BM25Spec = field(default_factory=BM25Spec)
     repsim: RepSimSpec = field(default_factory=RepSimSpec)
 
@@ -152,6 +156,7 @@ class AttributeSpec:
         check_choice(self.weighting, ("lr", "equal"), "AttributeSpec", "weighting", flag="--weighting")
         check_choice(self.statistic, STATISTICS, "AttributeSpec", "statistic", flag="--statistic")
         check_choice(self.unit, UNITS, "AttributeSpec", "unit", flag="--unit")
+        check_choice(self.fuse_gate, FUSE_GATES, "AttributeSpec", "fuse_gate", flag="--fuse-gate")
         for r in self.references:
             check_choice(
                 r,
@@ -287,25 +292,68 @@ def zscore(x: np.ndarray) -> np.ndarray:
     return (x - med) / mad
 
 
-def fuse_scores(gradient: np.ndarray, references: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, float]]:
+def tail_size(n: int) -> int:
+    """How many of a reference's most harmful rows :func:`tail_agreement` looks at: ``max(5, ⌈0.05·n⌉)``, < n."""
+    return int(min(max(5, int(np.ceil(0.05 * n))), max(1, n - 1)))
+
+
+def tail_agreement(gradient: np.ndarray, reference: np.ndarray, k: int | None = None) -> float:
+    """How far the gradient ranks the reference's k most harmful rows above the rest, in [−1, 1].
+
+        T = the k rows with the lowest reference score (k = :func:`tail_size`)
+        a = 2 · AUC_gradient(T vs the other rows) − 1
+          = 2 · P(gradient_i < gradient_j | i ∈ T, j ∉ T) − 1      (ties half)
+
+    +1: the gradient puts every row the reference blames first above every other row; 0: it ranks
+    them like any row; −1: last. Unlike a correlation over all rows, it does not depend on how the two
+    order the benign bulk, where both are noise: a reference that is right about a part of the data
+    (one-sentence rows stating the wrong answer the model gives) keeps its weight when the gradient
+    confirms that part, and a reference whose top rows the gradient does not confirm (a regression in
+    *how* the model answers, whose words point at benign rows) gets none.
+
+    Args:
+        gradient, reference: (n,) scores, lower = more harmful.
+    """
+    from scipy.stats import rankdata
+
+    n = len(gradient)
+    if n < 3:
+        return float("nan")
+    k = tail_size(n) if k is None else int(min(max(1, k), n - 1))
+    top = np.zeros(n, dtype=bool)
+    top[np.argsort(reference, kind="stable")[:k]] = True
+    r = rankdata(-np.asarray(gradient, dtype=np.float64))  # Mann-Whitney: rank 1 = least harmful
+    auc = (r[top].sum() - k * (k + 1) / 2) / (k * (n - k))
+    return float(2.0 * auc - 1.0)
+
+
+def fuse_scores(
+    gradient: np.ndarray, references: dict[str, np.ndarray], gate: str = "tail"
+) -> tuple[np.ndarray, dict[str, float]]:
     """Agreement-gated fusion of reference evidence into the gradient's rank score.
 
-        fused_j = z(gradient)_j + Σ_r w_r · z(reference_r)_j,     w_r = max(0, ρ_s(gradient, reference_r))
+        fused_j = z(gradient)_j + Σ_r w_r · z(reference_r)_j,     w_r = max(0, a_r)
 
-    with z a robust standard score (:func:`zscore`) and ρ_s the Spearman correlation over rows. A
-    reference that ranks the rows like the gradient does (a wrong fact the model repeats: its words
-    are in the culprits) sharpens the ranking in proportion to that agreement; one that does not
-    (a regression in *how* the model answers, where the words point at benign rows) gets weight 0
-    and leaves the gradient's ranking alone. Measured on both planted worlds (docs/benchmarks.md).
+    with z a robust standard score (:func:`zscore`) and a_r the reference's agreement with the gradient:
+    ``gate="tail"`` (default) :func:`tail_agreement`, the gradient's verdict on the rows the reference
+    blames most; ``gate="global"`` ρ_s(gradient, reference_r), the Spearman correlation over all rows.
+    A reference whose blamed rows the gradient confirms (a wrong fact the model repeats: its words are
+    in the culprits) sharpens the ranking in proportion; one the gradient does not confirm (a regression
+    in *how* the model answers, where the words point at benign rows) gets weight 0 and leaves the
+    gradient's ranking alone. The global gate also zeroes a reference that is right on a part of the
+    data but orders the rest unlike the gradient (issue 23: weight 0.016 on a world where BM25 ranked
+    the direct culprits best); measured in docs/benchmarks.md.
 
     Returns:
         ``(fused (n,), {reference: w_r})``.
     """
+    if gate not in FUSE_GATES:
+        raise ValueError(f"unknown fusion gate {gate!r}; use one of {FUSE_GATES}")
     out = zscore(gradient)
     weights: dict[str, float] = {}
     for name, v in references.items():
-        rho = spearman(gradient, v)
-        w = max(0.0, rho) if np.isfinite(rho) else 0.0
+        a = tail_agreement(gradient, v) if gate == "tail" else spearman(gradient, v)
+        w = max(0.0, a) if np.isfinite(a) else 0.0
         weights[name] = w
         out = out + w * zscore(v)
     return out, weights
@@ -531,7 +579,7 @@ def verdict(
     fuse_w: dict[str, float] = {}
     rank_scores = main.rows
     if spec.fuse:
-        rank_scores, fuse_w = fuse_scores(main.rows, {r: ref_caps[r] for r in spec.fuse})
+        rank_scores, fuse_w = fuse_scores(main.rows, {r: ref_caps[r] for r in spec.fuse}, spec.fuse_gate)
     delta = predicted_loss_delta_if_removed(influence, n)
     k = min(spec.top_k, n)
 
@@ -659,6 +707,7 @@ def verdict(
             "unit": spec.unit,
             "fuse": list(spec.fuse),
             "fuse_weights": fuse_w,
+            "fuse_gate": spec.fuse_gate,
             "rank_score": _describe_rank(spec),
             "sign_convention": SIGN_CONVENTION,
             "verdict_score": VERDICT_SCORE_DOC,
@@ -677,7 +726,8 @@ def verdict(
 def _describe_rank(spec: AttributeSpec) -> str:
     what = "cosine of the preconditioned query and training gradients" if spec.statistic == "cosine" else "influence"
     where = "each row's most harmful sentence" if spec.unit == "sentence" else "whole rows"
-    fused = f", with {', '.join(spec.fuse)} folded in by its agreement with the gradient" if spec.fuse else ""
+    how = "on the rows it blames most" if spec.fuse_gate == "tail" else "over all rows"
+    fused = f", with {', '.join(spec.fuse)} folded in by its agreement with the gradient {how}" if spec.fuse else ""
     return f"{what}, learning-rate weighted over the checkpoints, mean over the failing items, {where}{fused}"
 
 

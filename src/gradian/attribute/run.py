@@ -233,6 +233,7 @@ def attribute_run(
     budget=None,
     plan_only: bool = False,
     one_pass: bool = True,
+    save_evidence: bool = False,
 ) -> dict[str, Any] | None:
     """Run the lanes and write ``out_dir/run.json``. Returns the run dict.
 
@@ -256,6 +257,7 @@ def attribute_run(
         one_pass: with sentence units, build each checkpoint's row and sentence indexes in one pass per row
             (:mod:`gradian.index.joint`; the default, also under torchrun); False: separate builds. The two agree
             to float rounding and share the index ids.
+        save_evidence: also write ``out_dir/evidence.safetensors`` (:func:`save_evidence_file`).
     """
     from gradian import distributed
     from gradian.data.formats import load_examples
@@ -408,8 +410,10 @@ def attribute_run(
             return None  # the collective steps are done; rank 0 forms the verdict
         t = time.perf_counter()
         caps = []
+        kept: dict[str, CapabilityEvidence] = {}
         for cap, qs in queries.items():
             cev = CapabilityEvidence(evidence.scores[cap], refs[cap], evidence.units)
+            kept[cap] = cev
             drill = (
                 None
                 if evidence.units is not None
@@ -479,11 +483,52 @@ def attribute_run(
     run["manifest"]["plan"] = plan.to_dict()
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
+    if save_evidence and run.get("attribution"):
+        save_evidence_file(out_dir / "evidence.safetensors", kept)
+    else:  # an earlier run's matrices would not match this run.json
+        (out_dir / "evidence.safetensors").unlink(missing_ok=True)
     atomic_write_json(out_dir / "run.json", run)
     from gradian.cache import record_index_use
 
     record_index_use(run, out_dir)  # `gradian cache` lists each index's source run
     return run
+
+
+def save_evidence_file(path: Path, evidence: dict[str, CapabilityEvidence]) -> None:
+    """Write the score matrices each capability's verdict was formed from, as safetensors (float32).
+
+    Keys, per capability ``c`` (m failing items, n rows, u sentence units):
+
+    * ``c/<engine>/raw``, ``c/<engine>/cosine``: (m, n) trajectory-weighted scores per item and row;
+    * ``c/<engine>/unit_raw``, ``c/<engine>/unit_cosine``: (m, u) per item and sentence unit (sentence runs);
+    * ``c/<reference>``: (m, n) a reference engine's scores;
+    * ``units/row``, ``units/char_start``, ``units/char_end``, ``units/n_supervised``: (u,) int64 (−1: no span).
+
+    Rows are in ``run.json``'s ``attribution.train_ids`` order; items in the capability's ``queries`` order.
+    """
+    import numpy as np
+    from safetensors.numpy import save
+
+    tensors: dict[str, np.ndarray] = {}
+    units = None
+    for cap, ev in evidence.items():
+        for e, es in ev.engines.items():
+            for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
+                m = getattr(es, kind)
+                if m is not None:
+                    tensors[f"{cap}/{e}/{kind}"] = np.ascontiguousarray(m, dtype=np.float32)
+        for r, m in ev.references.items():
+            tensors[f"{cap}/{r}"] = np.ascontiguousarray(m, dtype=np.float32)
+        units = units or ev.units
+    if units:
+        tensors["units/row"] = np.array([u.row for u in units], dtype=np.int64)
+        for f in ("char_start", "char_end", "n_supervised"):
+            tensors[f"units/{f}"] = np.array(
+                [-1 if getattr(u, f) is None else getattr(u, f) for u in units], dtype=np.int64
+            )
+    from gradian.util import atomic_write_bytes
+
+    atomic_write_bytes(path, save(tensors))
 
 
 def _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec):

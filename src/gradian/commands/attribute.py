@@ -389,6 +389,19 @@ def register(app: typer.Typer) -> None:
             "with the gradient ranking (comma-separated), or none.",
             rich_help_panel=O.ENGINES,
         ),
+        fuse_gate: str = typer.Option(
+            "tail",
+            help="How a reference's fusion weight is measured: tail (the gradient's verdict on the rows it ranks "
+            "most harmful) or global (Spearman over all rows).",
+            rich_help_panel=O.ENGINES,
+        ),
+        save_evidence: bool = typer.Option(
+            False,
+            "--save-evidence",
+            help="Also write RUN/evidence.safetensors: the per-item score matrices the verdict was formed from "
+            "(rows and sentence units, each engine and reference), to re-rank without recomputing.",
+            rich_help_panel=O.VERDICT,
+        ),
         seed: int = typer.Option(0, help="Seed (bootstrap, projection).", rich_help_panel=O.VERDICT),
         max_index_gb: float | None = O.MAX_INDEX_GB,
         plan_only: bool = O.PLAN_ONLY,
@@ -441,6 +454,7 @@ def register(app: typer.Typer) -> None:
                 unit=unit,
                 references=_names(references),
                 fuse=implied_fuse(ctx, references, fuse),
+                fuse_gate=fuse_gate,
             ),
             eval=EvalSpec(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed),
             seed=seed,
@@ -518,6 +532,7 @@ def register(app: typer.Typer) -> None:
                     budget=budget,
                     plan_only=plan_only,
                     one_pass=one_pass,
+                    save_evidence=save_evidence,
                 )
         finally:
             distributed.shutdown()

@@ -1,0 +1,59 @@
+"""``--save-evidence``: the score matrices behind a verdict, written as safetensors, reproduce its ranking."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "report"))
+
+from report_world import real_run  # noqa: E402
+
+
+def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_path):
+    from safetensors.numpy import load_file
+
+    from gradian.attribute import AttributeSpec
+    from gradian.attribute.pipeline import fuse_scores
+    from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
+    from gradian.data.spans import SentenceUnit, row_min
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.evaluate import EvalSpec
+    from gradian.index.store import GradSpec
+    from gradian.models.load import ModelSpec
+    from report_world import MAX_LENGTH
+
+    real = real_run()
+    w = real["world"]
+    inputs = RunInputs(str(w["base"]), w["adapter"], w["data"], w["eval"], configs=(w["config"],), logs=w["logs"])
+
+    def specs():
+        return RunSpecs(
+            model=ModelSpec(str(w["base"])),
+            grad=GradSpec(tokenize=TokenizeSpec(max_length=MAX_LENGTH)),
+            attribute=AttributeSpec(top_k=10, drilldown_rows=6),
+            eval=EvalSpec(resamples=2000, max_new_tokens=12, max_length=MAX_LENGTH),
+        )
+
+    out = tmp_path / "run"
+    run = attribute_run(inputs, specs(), out, index_root=real["run_dir"] / "index", save_evidence=True)
+    T = load_file(str(out / "evidence.safetensors"))
+    cap = run["attribution"]["capabilities"][0]
+    c, n, m = cap["capability"], cap["n_train"], len(cap["queries"])
+    assert T[f"{c}/datainf/raw"].shape == (m, n) and T[f"{c}/bm25"].shape == (m, n)
+    units = [
+        SentenceUnit(int(r), None if a < 0 else int(a), None if b < 0 else int(b), 0, int(s))
+        for r, a, b, s in zip(T["units/row"], T["units/char_start"], T["units/char_end"], T["units/n_supervised"])
+    ]
+    assert T[f"{c}/datainf/unit_cosine"].shape == (m, len(units))
+    # the row score is each row's most harmful sentence (mean over items), then BM25 folded in by the tail gate
+    rows, _ = row_min(T[f"{c}/datainf/unit_cosine"].mean(0), units, n)
+    np.testing.assert_allclose(rows, cap["evidence"]["gradient"]["scores"], rtol=1e-5, atol=1e-6)
+    fused, weights = fuse_scores(rows, {"bm25": T[f"{c}/bm25"].mean(0)}, cap["ranking"]["fuse_gate"])
+    assert cap["ranking"]["fuse_gate"] == "tail" and weights == cap["ranking"]["fuse_weights"]
+    np.testing.assert_allclose(fused, cap["rank_scores"], rtol=1e-5, atol=1e-5)
+    # a later run into the same folder without the flag does not leave matrices that no longer match
+    attribute_run(inputs, specs(), out, index_root=real["run_dir"] / "index")
+    assert not (out / "evidence.safetensors").exists() and (out / "run.json").exists()
