@@ -13,6 +13,7 @@ from report_world import real_run  # noqa: E402
 
 
 def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_path):
+    from report_world import MAX_LENGTH
     from safetensors.numpy import load_file
 
     from gradian.attribute import AttributeSpec
@@ -23,7 +24,6 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
     from gradian.evaluate import EvalSpec
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
-    from report_world import MAX_LENGTH
 
     real = real_run()
     w = real["world"]
