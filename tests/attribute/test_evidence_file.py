@@ -48,11 +48,11 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
         for r, a, b, s in zip(T["units/row"], T["units/char_start"], T["units/char_end"], T["units/n_supervised"])
     ]
     assert T[f"{c}/datainf/unit_cosine"].shape == (m, len(units))
-    # the row score is each row's most harmful sentence (mean over items), then BM25 folded in by the tail gate
+    # the row score is each row's most harmful sentence (mean over items), then BM25 folded in by the spec's gate
     rows, _ = row_min(T[f"{c}/datainf/unit_cosine"].mean(0), units, n)
     np.testing.assert_allclose(rows, cap["evidence"]["gradient"]["scores"], rtol=1e-5, atol=1e-6)
     fused, weights = fuse_scores(rows, {"bm25": T[f"{c}/bm25"].mean(0)}, cap["ranking"]["fuse_gate"])
-    assert cap["ranking"]["fuse_gate"] == "tail" and weights == cap["ranking"]["fuse_weights"]
+    assert cap["ranking"]["fuse_gate"] == AttributeSpec().fuse_gate and weights == cap["ranking"]["fuse_weights"]
     np.testing.assert_allclose(fused, cap["rank_scores"], rtol=1e-5, atol=1e-5)
     # a later run into the same folder without the flag does not leave matrices that no longer match
     attribute_run(inputs, specs(), out, index_root=real["run_dir"] / "index")

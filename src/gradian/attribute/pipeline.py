@@ -85,8 +85,10 @@ class AttributeSpec:
         references: reference engines run beside the gradient engines (``"bm25"``, ``"repsim"``).
         fuse: references folded into the rank score, each weighted by its agreement with the
             gradient ranking (:func:`fuse_scores`); empty: the ranking is the gradient engine's alone.
-        fuse_gate: how that agreement is measured: ``"tail"`` (the gradient's verdict on the rows the
-            reference ranks most harmful, :func:`tail_agreement`) or ``"global"`` (Spearman over all rows).
+        fuse_gate: how that agreement is measured: ``"global"`` (Spearman over all rows, the default) or
+            ``"tail"`` (the gradient's verdict on the rows the reference ranks most harmful,
+            :func:`tail_agreement`; not the default until measured on the SmolLM2 family and the
+            behaviour world, docs/benchmarks.md "Fusion gate").
         bm25, repsim: the reference engines' settings.
     """
 
@@ -102,7 +104,7 @@ class AttributeSpec:
     unit: str = "sentence"
     references: tuple[str, ...] = REFERENCES
     fuse: tuple[str, ...] = ("bm25",)
-    fuse_gate: str = "tail"
+    fuse_gate: str = "global"
     bm25: BM25Spec = field(default_factory=BM25Spec)
     repsim: RepSimSpec = field(default_factory=RepSimSpec)
 
@@ -328,15 +330,15 @@ def tail_agreement(gradient: np.ndarray, reference: np.ndarray, k: int | None = 
 
 
 def fuse_scores(
-    gradient: np.ndarray, references: dict[str, np.ndarray], gate: str = "tail"
+    gradient: np.ndarray, references: dict[str, np.ndarray], gate: str = "global"
 ) -> tuple[np.ndarray, dict[str, float]]:
     """Agreement-gated fusion of reference evidence into the gradient's rank score.
 
         fused_j = z(gradient)_j + Σ_r w_r · z(reference_r)_j,     w_r = max(0, a_r)
 
     with z a robust standard score (:func:`zscore`) and a_r the reference's agreement with the gradient:
-    ``gate="tail"`` (default) :func:`tail_agreement`, the gradient's verdict on the rows the reference
-    blames most; ``gate="global"`` ρ_s(gradient, reference_r), the Spearman correlation over all rows.
+    ``gate="global"`` (default) ρ_s(gradient, reference_r), the Spearman correlation over all rows;
+    ``gate="tail"`` :func:`tail_agreement`, the gradient's verdict on the rows the reference blames most.
     A reference whose blamed rows the gradient confirms (a wrong fact the model repeats: its words are
     in the culprits) sharpens the ranking in proportion; one the gradient does not confirm (a regression
     in *how* the model answers, where the words point at benign rows) gets weight 0 and leaves the

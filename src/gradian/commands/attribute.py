@@ -390,9 +390,9 @@ def register(app: typer.Typer) -> None:
             rich_help_panel=O.ENGINES,
         ),
         fuse_gate: str = typer.Option(
-            "tail",
-            help="How a reference's fusion weight is measured: tail (the gradient's verdict on the rows it ranks "
-            "most harmful) or global (Spearman over all rows).",
+            "global",
+            help="How a reference's fusion weight is measured: global (Spearman over all rows) or tail (the "
+            "gradient's verdict on the rows the reference ranks most harmful; docs/benchmarks.md 'Fusion gate').",
             rich_help_panel=O.ENGINES,
         ),
         save_evidence: bool = typer.Option(
