@@ -171,7 +171,10 @@ def evaluate_cmd(
         read_adapter_config(reference_adapter)
     if out is not None and out.is_dir():
         raise GradianUserError("--out is a folder", where=str(out), fix="give a file path such as result.json")
-    mspec = ModelSpec(base=base, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    from gradian.models.load import resolve_device
+
+    # auto → cuda, mps or cpu: the result's meta.model records the device used
+    mspec = ModelSpec(base=base, dtype=dtype, device=resolve_device(device), trust_remote_code=trust_remote_code)
 
     with console.status("loading the base model and adapter"):
         model, tokenizer = load_base(mspec)
