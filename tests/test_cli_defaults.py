@@ -199,6 +199,20 @@ def test_attribute_records_the_resolved_device(saved_finetune, tmp_path, monkeyp
     assert got["model"].device == want
 
 
+def test_a_real_runs_manifest_records_the_resolved_device():
+    """attribute_run (the CLI's, the API's and the demo's) writes the device `auto` became, not 'auto'."""
+    import sys
+    from pathlib import Path
+
+    from gradian.models.load import resolve_device
+
+    sys.path.insert(0, str(Path(__file__).parent / "report"))
+    from report_world import real_run  # the report tests' real tiny run, made with ModelSpec's default device
+
+    run = json.loads((real_run()["run_dir"] / "run.json").read_text())
+    assert run["manifest"]["identity"]["specs"]["model"]["device"] == resolve_device("auto")
+
+
 def test_verify_defaults_to_auto(monkeypatch, tmp_path):
     """verify's --device is auto too (not the device a run recorded, which another machine may not have)."""
     import gradian.verify

@@ -267,6 +267,12 @@ def attribute_run(
     t0 = time.perf_counter()
     timing: dict[str, float] = {}
     specs.eval = specs.eval or EvalSpec(seed=specs.seed)
+    import dataclasses
+
+    from gradian.models.load import resolve_device
+
+    # the manifest records the device the run used (auto: cuda, else mps, else cpu), not "auto"
+    specs.model = dataclasses.replace(specs.model, device=resolve_device(specs.model.device))
     # cheap validation first: bad data or eval files fail before a model is loaded
     examples = load_examples(inputs.data) if examples is None else examples
     eval_items = load_eval_set(inputs.eval)
