@@ -125,9 +125,10 @@ def register(app: typer.Typer) -> None:
         check_profile(spec.resolved_profile(), kind, regression)
         summary = run_demo(spec, out, say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}"), progress=True)
         print_summary(summary)
-        console.print(f"\nreports: {escape(str(out))}/*/report.html · scorecard: {escape(str(out))}/*/scorecard.json")
         if spec.resolved_profile() == "quick":
             console.print(
                 "[dim]quick profile (a smaller world of its own); the worked example of docs/worked-example.md "
                 "is `gradian demo --full` (make demo-full, about an hour on 2 cores)[/]"
             )
+        # the last line names the folder it wrote (as every command's does)
+        console.print(f"\nreports: {escape(str(out))}/*/report.html · scorecard: {escape(str(out))}/*/scorecard.json")
