@@ -47,8 +47,8 @@ CHECKPOINTS = typer.Option(
 MAX_LENGTH = typer.Option(
     TokenizeSpec.max_length,
     "--max-length",
-    help=f"Truncate rendered rows to this many tokens, as in training (default {defaults.MAX_LENGTH}, TRL's SFTConfig "
-    "default and gradian train's; a --config, or the training_config.yaml beside --adapter, gives the run's own).",
+    help=f"Truncate rendered rows to this many tokens, as in training (default {defaults.MAX_LENGTH}: TRL's SFTConfig "
+    "default, and gradian train's; a --config gives the run's own, e.g. the adapter's training_config.yaml).",
     rich_help_panel=SETUP,
 )
 LOSS_ON = typer.Option(
