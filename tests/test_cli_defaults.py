@@ -154,20 +154,6 @@ def test_train_defaults_to_auto_and_records_the_device(saved_finetune, tmp_path)
     assert res.output.strip().splitlines()[-1].startswith("adapter: ")  # the last line names the folder
 
 
-def _stub_attribute(monkeypatch, tmp_path):
-    import gradian.attribute.run
-
-    got: dict = {}
-
-    def fake(inputs, specs, out, **kw):
-        got.update(model=specs.model, index_root=kw.get("index_root"))
-        return None  # what a rank other than 0 returns: the command stops there
-
-    monkeypatch.setattr(gradian.attribute.run, "attribute_run", fake)
-    monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
-    return got
-
-
 def _attribute_args(sf, tmp_path) -> list[str]:
     eval_path = tmp_path / "eval.jsonl"
     eval_path.write_text('{"id": "e1", "prompt": "p", "answer": "a", "capability": "c"}\n')
@@ -186,21 +172,8 @@ def _attribute_args(sf, tmp_path) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize(("cuda", "want"), [(True, "cuda"), (False, "cpu")])
-def test_attribute_records_the_resolved_device(saved_finetune, tmp_path, monkeypatch, cuda, want):
-    """The run's ModelSpec (what the manifest records) holds the device auto resolved to, not 'auto'."""
-    import torch
-
-    got = _stub_attribute(monkeypatch, tmp_path)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    res = runner.invoke(app, _attribute_args(saved_finetune, tmp_path))
-    assert res.exit_code == 0, res.output
-    assert got["model"].device == want
-
-
 def test_a_real_runs_manifest_records_the_resolved_device():
-    """attribute_run (the CLI's, the API's and the demo's) writes the device `auto` became, not 'auto'."""
+    """attribute_run (the CLI's, the API's and the demo's) records the device `auto` became beside the spec."""
     import sys
     from pathlib import Path
 
@@ -210,7 +183,25 @@ def test_a_real_runs_manifest_records_the_resolved_device():
     from report_world import real_run  # the report tests' real tiny run, made with ModelSpec's default device
 
     run = json.loads((real_run()["run_dir"] / "run.json").read_text())
-    assert run["manifest"]["identity"]["specs"]["model"]["device"] == resolve_device("auto")
+    assert run["manifest"]["identity"]["specs"]["model"]["device"] == "auto"  # what was asked (the run's identity)
+    assert run["manifest"]["device"] == resolve_device("auto") != "auto"  # what it ran on
+
+
+def test_evaluate_records_the_resolved_device(saved_finetune, tmp_path):
+    """`gradian evaluate --out R` keeps the flag (meta.model.device: auto) and the device used (meta.device)."""
+    from gradian.models.load import resolve_device
+
+    sf = saved_finetune
+    eval_path = tmp_path / "eval.jsonl"
+    rows = [{"id": f"e{i}", "prompt": f"p{i}", "answer": "Paris", "capability": "c"} for i in range(10)]
+    eval_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "result.json"
+    args = ["evaluate", "--base", str(sf["base"]), "--adapter", str(sf["adapter"]), "--eval", str(eval_path)]
+    res = runner.invoke(app, [*args, "--out", str(out), "--max-new-tokens", "2", "--resamples", "1000"])
+    assert res.exit_code == 0, res.output
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["model"]["device"] == "auto" and meta["device"] == resolve_device("auto")
+    assert res.output.strip().splitlines()[-1] == f"wrote {out}"  # the last line names what it wrote
 
 
 def test_verify_defaults_to_auto(monkeypatch, tmp_path):

@@ -150,7 +150,7 @@ DEVICE_HELP = "auto (default: cuda if available, else mps, else cpu), cpu, cuda,
 DEVICE = typer.Option(
     defaults.DEVICE,
     "--device",
-    help=DEVICE_HELP + " The run records the device auto resolved to.",
+    help=DEVICE_HELP,
     rich_help_panel=DEVICES,
 )
 TRUST_REMOTE_CODE = typer.Option(

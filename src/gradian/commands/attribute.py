@@ -413,10 +413,9 @@ def register(app: typer.Typer) -> None:
         from gradian.commands.evaluate import print_result
         from gradian.evaluate import EvalResult, EvalSpec
         from gradian.index.build import check_build_args
-        from gradian.models.load import ModelSpec, resolve_device
+        from gradian.models.load import ModelSpec
 
         index_dir = O.one_of_alias(index_dir, index_dir_old, "--index", "--index-dir")
-        device = resolve_device(device)  # auto → cuda, mps or cpu: the manifest records the device the run used
         # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
         grad = grad_spec_from_options(
             max_length,

@@ -173,8 +173,8 @@ def evaluate_cmd(
         raise GradianUserError("--out is a folder", where=str(out), fix="give a file path such as result.json")
     from gradian.models.load import resolve_device
 
-    # auto → cuda, mps or cpu: the result's meta.model records the device used
-    mspec = ModelSpec(base=base, dtype=dtype, device=resolve_device(device), trust_remote_code=trust_remote_code)
+    mspec = ModelSpec(base=base, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    used = resolve_device(device)  # auto: cuda, else mps, else cpu (load_base resolves it the same way)
 
     with console.status("loading the base model and adapter"):
         model, tokenizer = load_base(mspec)
@@ -200,6 +200,7 @@ def evaluate_cmd(
             "eval": str(eval_path),
             "eval_sha256": sha256_file(eval_path) if eval_path.is_file() else None,
             "model": mspec.to_dict(),
+            "device": used,  # what --device resolved to on this machine
             "adapter_notes": notes,
             "versions": {**library_versions(), "python": platform.python_version()},
         }

@@ -96,9 +96,6 @@ def register(app: typer.Typer) -> None:
         from gradian.commands.attribute import index_budget
 
         budget = index_budget(ctx, max_index_gb)
-        from gradian.models.load import resolve_device
-
-        device = resolve_device(device)  # auto → cuda, mps or cpu (one resolver for every command)
         mspec = ModelSpec(base, dtype, device, trust_remote_code)
         examples = load_examples(data)
         try:
