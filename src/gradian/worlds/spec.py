@@ -206,9 +206,8 @@ def default_train_spec(kind: str, seed: int = 0):
     as a 2-layer model trained in seconds needs.
 
     Both pin what the published results used, rather than ``gradian train``'s defaults: ``max_length`` 256 (the
-    default is TRL's 1024; the worlds' rows are shorter, so the adapters are the same either way) and ``device``
-    cpu (the default is auto), so a world's ``train.yaml``, its adapter and its scorecard do not depend on the
-    machine's GPU.
+    default is TRL's 1024; the fault worlds' truncated rows are planted against 256) and ``device`` cpu (the
+    default is auto), so a world's ``train.yaml``, its adapter and its scorecard do not depend on the machine.
     """
     from gradian.trainconfig import TrainSpec
 
