@@ -339,6 +339,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "reference_adapter",
         "out",
         "index_dir",
+        "index_dir_old",  # --index-dir, the hidden old name of --index
         "checkpoints",
         "max_index_gb",  # the run plan's budget (IndexBudget, checked below)
         "plan_only",

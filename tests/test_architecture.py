@@ -188,6 +188,7 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
 LAYERS: tuple[tuple[str, ...], ...] = (
     (  # 0: the bottom, torch-free on import
         "gradian.errors",
+        "gradian.defaults",
         "gradian.sign",
         "gradian.schema",
         "gradian.validate",

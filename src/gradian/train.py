@@ -23,7 +23,7 @@ same way:
   steps, an ``eval_loss`` entry per epoch when an eval split is given, and the
   final ``train_runtime``/``train_loss`` entry);
 * ``gradian_train.json``: base, data files and their sha256, dropped rows,
-  library versions.
+  the device trained on (``device``: what ``auto`` resolved to), library versions.
 
 How it trains. PEFT LoRA on the base's Linear layers, HF ``Trainer`` (AdamW,
 linear or cosine schedule with warmup), float32 on CPU unless told otherwise.
@@ -327,6 +327,7 @@ def train_lora(
                 "dropped_no_supervised_tokens": dropped,
                 "tokenize": tspec.to_dict(),
                 "spec": spec.to_dict(),
+                "device": device,  # what spec.device resolved to on this machine (auto: cuda, else mps, else cpu)
                 "wall_seconds": round(wall, 2),
                 "global_step": trainer.state.global_step,
                 "versions": {
@@ -361,6 +362,12 @@ def _keep_checkpoints(trainer_dir: Path, out: Path) -> list[Path]:
                 shutil.move(str(ck / name), str(dst / name))
         kept.append(dst)
     return kept
+
+
+def read_train_record(folder: str | Path) -> dict[str, Any]:
+    """The ``gradian_train.json`` a run wrote (empty when there is none: an adapter trained elsewhere)."""
+    path = Path(folder) / "gradian_train.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def read_trainer_state(folder: str | Path) -> dict[str, Any]:

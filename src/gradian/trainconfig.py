@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from gradian.defaults import DEVICE, DTYPE, MAX_LENGTH
 from gradian.errors import GradianUserError
 from gradian.util import atomic_write_text
 
@@ -34,7 +35,9 @@ class TrainSpec:
         lr_scheduler_type: ``"linear"``, ``"cosine"`` or ``"constant"`` (HF names).
         weight_decay: AdamW weight decay.
         max_grad_norm: gradient clipping norm (0 disables).
-        max_length: truncate rendered rows to this many tokens (keep the start).
+        max_length: truncate rendered rows to this many tokens (keep the start); default
+            :data:`gradian.defaults.MAX_LENGTH` (1024, TRL's ``SFTConfig`` default). Batches are padded to their
+            longest row, so a larger limit costs nothing for rows shorter than it.
         completion_only_loss: loss on the completion only (False: on every token).
         packing: must be False (packing is not implemented).
         add_eos: append EOS to plain completions and text rows, as TRL does.
@@ -43,7 +46,8 @@ class TrainSpec:
         logging_steps: log loss/grad_norm/learning_rate every this many optimizer steps.
         r, lora_alpha, lora_dropout, target_modules, use_rslora: the LoRA adapter.
         dtype: training dtype of the base weights and adapter (``"float32"`` on CPU).
-        device: ``"cpu"``, ``"cuda"`` or ``"auto"``.
+        device: ``"auto"`` (default: CUDA, else MPS, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``;
+            resolved by :func:`gradian.models.load.resolve_device` (``gradian_train.json`` records the result).
         save_strategy: ``"epoch"`` (default) keeps a checkpoint per epoch in ``out/checkpoint-<step>/``
             (HF Trainer layout: adapter, ``optimizer.pt``, ``trainer_state.json``), the training
             trajectory ``gradian attribute`` scores over; ``"no"`` keeps only the final adapter.
@@ -57,7 +61,7 @@ class TrainSpec:
     lr_scheduler_type: str = "linear"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    max_length: int = 256
+    max_length: int = MAX_LENGTH
     completion_only_loss: bool = True
     packing: bool = False
     add_eos: bool = True
@@ -69,8 +73,8 @@ class TrainSpec:
     lora_dropout: float = 0.05
     target_modules: tuple[str, ...] = ALL_LINEAR_LLAMA
     use_rslora: bool = False
-    dtype: str = "float32"
-    device: str = "cpu"
+    dtype: str = DTYPE
+    device: str = DEVICE
     save_strategy: str = "epoch"
 
     def __post_init__(self) -> None:

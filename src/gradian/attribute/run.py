@@ -269,6 +269,9 @@ def attribute_run(
     t0 = time.perf_counter()
     timing: dict[str, float] = {}
     specs.eval = specs.eval or EvalSpec(seed=specs.seed)
+    from gradian.models.load import resolve_device
+
+    device = resolve_device(specs.model.device)  # auto: cuda, else mps, else cpu; manifest.device records it
     # cheap validation first: bad data or eval files fail before a model is loaded
     examples = load_examples(inputs.data) if examples is None else examples
     eval_items = load_eval_set(inputs.eval)
@@ -478,6 +481,7 @@ def attribute_run(
     )
     run["manifest"] = _manifest(ft, inputs, specs, index_ident, index_id, traj_ident, setup)
     run["manifest"]["notes"] = list(ft.notes)
+    run["manifest"]["device"] = device  # what specs.model.device (the flag, e.g. auto) resolved to on this machine
     if data_check is not None:
         run["manifest"]["data_check"] = data_check.to_dict()
     run["manifest"]["plan"] = plan.to_dict()

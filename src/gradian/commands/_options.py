@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import typer
 
+from gradian import defaults
 from gradian.data.tokenize import TokenizeSpec
 
 # -- the help panels (`--help` groups each command's options under these headings)
@@ -46,7 +47,8 @@ CHECKPOINTS = typer.Option(
 MAX_LENGTH = typer.Option(
     TokenizeSpec.max_length,
     "--max-length",
-    help="Truncate rendered rows to this many tokens (as in training).",
+    help=f"Truncate rendered rows to this many tokens, as in training (default {defaults.MAX_LENGTH}: TRL's SFTConfig "
+    "default, and gradian train's; a --config gives the run's own, e.g. the adapter's training_config.yaml).",
     rich_help_panel=SETUP,
 )
 LOSS_ON = typer.Option(
@@ -112,14 +114,43 @@ UNIT = typer.Option(
     rich_help_panel=VERDICT,
 )
 
+INDEX = typer.Option(
+    None,
+    "--index",
+    help="The index folder: what `gradian index --out` wrote (the gradient indexes, one sub-folder per checkpoint "
+    "and unit, by content id). Default: the cache (GRADIAN_CACHE/index).",
+    rich_help_panel=STORAGE,
+)
+#: ``--index-dir``, the name ``--index`` had before issue 26: still read, not listed in ``--help``.
+INDEX_DIR_OLD = typer.Option(None, "--index-dir", hidden=True, help="Old name of --index.")
+
+
+def one_of_alias(value, old, flag: str, old_flag: str):
+    """The value of ``flag``, or of its hidden old name ``old_flag`` (the two given with different values: a user
+    error naming both).
+    """
+    from gradian.errors import GradianUserError
+
+    if old is None:
+        return value
+    if value is not None and value != old:
+        raise GradianUserError(
+            f"{flag} and {old_flag} name different folders ({value} and {old})",
+            where=f"{flag} / {old_flag}",
+            fix=f"pass {flag} only ({old_flag} is its old name)",
+        )
+    return old
+
+
 # -- the model (ModelSpec)
 DTYPE = typer.Option(
-    "float32", "--dtype", help="Model dtype: float32, bfloat16, float16 or float64.", rich_help_panel=DEVICES
+    defaults.DTYPE, "--dtype", help="Model dtype: float32, bfloat16, float16 or float64.", rich_help_panel=DEVICES
 )
+DEVICE_HELP = "auto (default: cuda if available, else mps, else cpu), cpu, cuda, cuda:N or mps."
 DEVICE = typer.Option(
-    "auto",
+    defaults.DEVICE,
     "--device",
-    help="auto (default: cuda if available, else mps, else cpu), cpu, cuda, cuda:N or mps.",
+    help=DEVICE_HELP,
     rich_help_panel=DEVICES,
 )
 TRUST_REMOTE_CODE = typer.Option(

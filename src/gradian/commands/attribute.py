@@ -319,7 +319,10 @@ def register(app: typer.Typer) -> None:
             None, help="Compare against this adapter instead of the base.", rich_help_panel=O.INPUTS
         ),
         out: Path = typer.Option(
-            Path("gradian-run"), help="Run folder: run.json (and reports) are written here.", rich_help_panel=O.STORAGE
+            Path("gradian-run"),
+            help="The run folder it writes: run.json, report.html (and later verify's and export's files); what "
+            "gradian report, verify and export take.",
+            rich_help_panel=O.STORAGE,
         ),
         engine: str = typer.Option("datainf", help=f"Primary engine: {_ENGINE_HELP}.", rich_help_panel=O.ENGINES),
         second_engine: str = typer.Option(
@@ -358,11 +361,8 @@ def register(app: typer.Typer) -> None:
         dtype: str = O.DTYPE,
         device: str = O.DEVICE,
         trust_remote_code: bool = O.TRUST_REMOTE_CODE,
-        index_dir: Path | None = typer.Option(
-            None,
-            help="Parent folder of the gradient indexes, one per checkpoint by content id (default: the cache).",
-            rich_help_panel=O.STORAGE,
-        ),
+        index_dir: Path | None = O.INDEX,
+        index_dir_old: Path | None = O.INDEX_DIR_OLD,
         checkpoints: list[str] | None = O.CHECKPOINTS,
         weighting: str = typer.Option(
             "lr",
@@ -428,6 +428,7 @@ def register(app: typer.Typer) -> None:
         from gradian.index.build import check_build_args
         from gradian.models.load import ModelSpec
 
+        index_dir = O.one_of_alias(index_dir, index_dir_old, "--index", "--index-dir")
         # every flag is checked by the specs (one-line errors naming the flag) before anything is loaded
         grad = grad_spec_from_options(
             max_length,

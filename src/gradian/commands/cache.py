@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from gradian.commands import _options as O
 from gradian.commands._common import console, user_errors
 from gradian.errors import GradianUserError
 
@@ -31,10 +32,12 @@ def register(app: typer.Typer) -> None:
         ),
         dry_run: bool = typer.Option(False, "--dry-run", help="rm: list what would be removed, remove nothing."),
         index_dir: Path | None = typer.Option(
-            None, "--index-dir", help="The indexes' parent folder, if not the cache's (attribute --index-dir)."
+            None, "--index", help="The index folder, if not the cache's (what index --out wrote, attribute --index)."
         ),
+        index_dir_old: Path | None = O.INDEX_DIR_OLD,
     ) -> None:
         """List the cached gradient indexes (size, age, source run), or remove them (rm)."""
+        index_dir = O.one_of_alias(index_dir, index_dir_old, "--index", "--index-dir")
         from gradian.cache import human_age, index_root, list_indexes, other_cache_sizes, parse_age, remove_indexes
         from gradian.util import human_bytes
 

@@ -72,7 +72,11 @@ def register(app: typer.Typer) -> None:
     @app.command("demo")
     @user_errors
     def demo_cmd(
-        out: Path = typer.Option(Path("demo-run"), help="Where the runs, reports and scorecard go."),
+        out: Path = typer.Option(
+            Path("demo-run"),
+            help="The folder it writes: one run folder per variant (OUT/poisoned, OUT/null: run.json, report.html, "
+            "scorecard.json), what gradian report/verify/export take; the worlds and adapters stay in the cache.",
+        ),
         kind: str = typer.Option("smollm2", help="smollm2 (the real worked example) or tiny (seconds)."),
         seed: int = typer.Option(0, help="World seed."),
         project_dim: int = typer.Option(512, help="JL numbers per LoRA block in the gradient index (0 = exact)."),
@@ -121,9 +125,10 @@ def register(app: typer.Typer) -> None:
         check_profile(spec.resolved_profile(), kind, regression)
         summary = run_demo(spec, out, say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}"), progress=True)
         print_summary(summary)
-        console.print(f"\nreports: {escape(str(out))}/*/report.html · scorecard: {escape(str(out))}/*/scorecard.json")
         if spec.resolved_profile() == "quick":
             console.print(
                 "[dim]quick profile (a smaller world of its own); the worked example of docs/worked-example.md "
                 "is `gradian demo --full` (make demo-full, about an hour on 2 cores)[/]"
             )
+        # the last line names the folder it wrote (as every command's does)
+        console.print(f"\nreports: {escape(str(out))}/*/report.html · scorecard: {escape(str(out))}/*/scorecard.json")

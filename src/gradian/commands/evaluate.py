@@ -171,7 +171,10 @@ def evaluate_cmd(
         read_adapter_config(reference_adapter)
     if out is not None and out.is_dir():
         raise GradianUserError("--out is a folder", where=str(out), fix="give a file path such as result.json")
+    from gradian.models.load import resolve_device
+
     mspec = ModelSpec(base=base, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    used = resolve_device(device)  # auto: cuda, else mps, else cpu (load_base resolves it the same way)
 
     with console.status("loading the base model and adapter"):
         model, tokenizer = load_base(mspec)
@@ -197,6 +200,7 @@ def evaluate_cmd(
             "eval": str(eval_path),
             "eval_sha256": sha256_file(eval_path) if eval_path.is_file() else None,
             "model": mspec.to_dict(),
+            "device": used,  # what --device resolved to on this machine
             "adapter_notes": notes,
             "versions": {**library_versions(), "python": platform.python_version()},
         }

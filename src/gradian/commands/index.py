@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         trust_remote_code: bool = O.TRUST_REMOTE_CODE,
         out: Path | None = typer.Option(
             None,
-            help="Parent folder of the indexes, one per checkpoint by content id (default: the cache).",
+            help="The index folder it writes: the gradient indexes, one sub-folder per checkpoint and unit by content "
+            "id (default: the cache, GRADIAN_CACHE/index); what gradian attribute --index takes.",
             rich_help_panel=O.STORAGE,
         ),
         checkpoints: list[str] | None = O.CHECKPOINTS,
@@ -208,5 +209,11 @@ def register(app: typer.Typer) -> None:
             trunc = sum(row_values(items, "truncated"))
             if trunc:
                 console.print(f"[yellow]{trunc} rows were truncated at {max_length} tokens[/]")
+            folder = idx.root.parent  # --out, or the cache's index folder
+            console.print(
+                f"index folder: {escape(str(folder))} (gradian attribute --index {escape(str(folder))} reads it)",
+                highlight=False,
+                soft_wrap=True,
+            )
         finally:
             distributed.shutdown()

@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from gradian.commands import _options as O
 from gradian.commands._common import console, user_errors
+from gradian.defaults import DTYPE, MAX_LENGTH
 
 
 @user_errors
@@ -25,7 +26,8 @@ def train_cmd(
     out: Path = typer.Option(
         ...,
         "--out",
-        help="Adapter folder to write (adapter, training_config.yaml, trainer_state.json).",
+        help="The adapter folder it writes (adapter_config.json, adapter_model.safetensors, training_config.yaml, "
+        "trainer_state.json, gradian_train.json, checkpoint-*/): what index/attribute/evaluate --adapter take.",
         rich_help_panel=O.STORAGE,
     ),
     config: Path | None = typer.Option(
@@ -53,7 +55,11 @@ def train_cmd(
         rich_help_panel=O.SETUP,
     ),
     max_length: int | None = typer.Option(
-        None, "--max-length", help="Truncate rows to this many tokens (default 256).", rich_help_panel=O.SETUP
+        None,
+        "--max-length",
+        help=f"Truncate rows to this many tokens (default {MAX_LENGTH}, TRL's SFTConfig default; the batches are "
+        "padded to their longest row, not to it).",
+        rich_help_panel=O.SETUP,
     ),
     batch_size: int | None = typer.Option(
         None, "--batch-size", help="per_device_train_batch_size (default 8).", rich_help_panel=O.SETUP
@@ -80,10 +86,13 @@ def train_cmd(
         None, "--logging-steps", help="Log every N optimizer steps (default 1).", rich_help_panel=O.SETUP
     ),
     device: str | None = typer.Option(
-        None, "--device", help="cpu (default), cuda, mps or auto.", rich_help_panel=O.DEVICES
+        None,
+        "--device",
+        help=O.DEVICE_HELP + " The device used is recorded in gradian_train.json.",
+        rich_help_panel=O.DEVICES,
     ),
     dtype: str | None = typer.Option(
-        None, "--dtype", help="float32 (default), bfloat16, float16.", rich_help_panel=O.DEVICES
+        None, "--dtype", help=f"{DTYPE} (default), bfloat16, float16.", rich_help_panel=O.DEVICES
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing non-empty --out folder.", rich_help_panel=O.STORAGE
@@ -93,7 +102,7 @@ def train_cmd(
     ),
 ) -> None:
     """Train a LoRA adapter and leave behind what a TRL run does."""
-    from gradian.train import read_trainer_state, train_lora
+    from gradian.train import read_train_record, read_trainer_state, train_lora
     from gradian.trainconfig import ALL_LINEAR_LLAMA, CONFIG_NAME, spec_from_config
 
     tm = None
@@ -148,6 +157,9 @@ def train_cmd(
     )
     if evals:
         line += f", eval_loss {evals[-1]:.4f}"
+    used = read_train_record(folder).get("device")
+    if used:
+        line += f", on {used}" + (f" (--device {spec.device})" if spec.device != used else "")
     console.print(line, highlight=False)
     console.print(
         f"adapter: {escape(str(folder))} (adapter_config.json, adapter_model.safetensors, {CONFIG_NAME}, "

@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from gradian.commands import _options as O
 from gradian.commands._common import console, user_errors
+from gradian.defaults import DEVICE
 
 
 def print_verification(record: dict) -> None:
@@ -104,10 +105,11 @@ def register(app: typer.Typer) -> None:
             help="Retrain even if the training data, eval set, adapter, base or config changed since the run.",
             rich_help_panel=O.INPUTS,
         ),
-        device: str | None = typer.Option(
-            None,
+        device: str = typer.Option(
+            DEVICE,
             "--device",
-            help="cpu, cuda, mps or auto (default: the device the run recorded).",
+            help=O.DEVICE_HELP + " Where the models are evaluated (the retrains train on their config's device; "
+            "gradian train's own default is auto too).",
             rich_help_panel=O.DEVICES,
         ),
     ) -> None:

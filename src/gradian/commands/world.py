@@ -13,7 +13,10 @@ from gradian.commands._common import console, user_errors
 @user_errors
 def world_cmd(
     out: Path | None = typer.Option(
-        None, "--out", help="Folder to write train.jsonl, valid.jsonl, eval.jsonl, ground_truth.json, train.yaml."
+        None,
+        "--out",
+        help="The world folder it writes: train.jsonl, valid.jsonl, eval.jsonl, ground_truth.json, train.yaml (what "
+        "gradian train --data/--config and attribute --data/--eval take).",
     ),
     kind: str = typer.Option("smollm2", "--kind", help="smollm2 (SmolLM2-135M-Instruct) or tiny (seconds, for tests)."),
     variant: str = typer.Option(

@@ -54,6 +54,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from gradian.data.formats import Example
+from gradian.defaults import MAX_LENGTH
 from gradian.errors import GradianUserError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,7 +94,7 @@ class TokenizeSpec:
             final EOS masked). False: the recipe sets no ``max_seq_len``.
     """
 
-    max_length: int = 1024
+    max_length: int = MAX_LENGTH
     loss_on: Literal["completion", "all", "assistant"] = "completion"
     add_eos: bool = True
     chat_template: str | None = None

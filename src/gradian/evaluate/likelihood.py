@@ -28,6 +28,7 @@ import torch
 
 from gradian.data.formats import Example
 from gradian.data.tokenize import IGNORE_INDEX, TokenizeSpec, collate, tokenize_example
+from gradian.defaults import MAX_LENGTH
 from gradian.gradients.loss import model_inputs, sequence_logprob
 
 
@@ -54,7 +55,7 @@ def score_answers(
     tokenizer,
     examples: Sequence[Example],
     *,
-    max_length: int = 1024,
+    max_length: int = MAX_LENGTH,
     batch_size: int = 8,
     on_batch: Callable[[int], None] | None = None,
 ) -> list[AnswerScore]:

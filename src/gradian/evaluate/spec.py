@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from gradian.defaults import MAX_LENGTH
 from gradian.errors import GradianUserError
 from gradian.evaluate.normalize import NormalizeSpec
 
@@ -39,7 +40,7 @@ class EvalSpec:
     low_base_threshold: float = 0.5
     thin_margin_nats: float = 1.0
     use_chat_template: bool = True
-    max_length: int = 1024
+    max_length: int = MAX_LENGTH
     normalize: NormalizeSpec = field(default_factory=NormalizeSpec)
 
     def __post_init__(self) -> None:

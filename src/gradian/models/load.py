@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from gradian.defaults import DEVICE, DTYPE
 from gradian.errors import GradianUserError
 from gradian.safeio import check_regular_file, check_size, load_json_file, short_repr
 
@@ -32,8 +33,8 @@ class ModelSpec:
     """Which base model and how to load it. Serialised into the manifest."""
 
     base: str
-    dtype: str = "float32"
-    device: str = "auto"
+    dtype: str = DTYPE
+    device: str = DEVICE
     trust_remote_code: bool = False
     gguf_file: str | None = None
 

@@ -204,6 +204,10 @@ def default_train_spec(kind: str, seed: int = 0):
     values inside the usual LoRA ranges, so the audit lane has nothing to flag
     in the config of a clean run. Tiny: a higher learning rate and more epochs,
     as a 2-layer model trained in seconds needs.
+
+    Both pin what the published results used, rather than ``gradian train``'s defaults: ``max_length`` 256 (the
+    default is TRL's 1024; the fault worlds' truncated rows are planted against 256) and ``device`` cpu (the
+    default is auto), so a world's ``train.yaml``, its adapter and its scorecard do not depend on the machine.
     """
     from gradian.trainconfig import TrainSpec
 
@@ -219,6 +223,7 @@ def default_train_spec(kind: str, seed: int = 0):
             lora_dropout=0.05,
             seed=seed,
             logging_steps=2,
+            device="cpu",
         )
     return TrainSpec(
         learning_rate=4e-4,
@@ -231,4 +236,5 @@ def default_train_spec(kind: str, seed: int = 0):
         lora_dropout=0.05,
         seed=seed,
         logging_steps=2,
+        device="cpu",
     )
