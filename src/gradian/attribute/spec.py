@@ -141,28 +141,21 @@ class AttributeSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttributeSpec:
         """The inverse of :meth:`to_dict` (a run manifest's ``specs.attribute``); unknown keys are ignored."""
-        from dataclasses import fields
-
         from gradian.engines.registry import engine_spec
+        from gradian.validate import spec_kwargs
 
-        def engine(e: Any) -> EngineSpec | None:
-            if not isinstance(e, dict):
-                return e
+        def engine(**e: Any) -> EngineSpec:
             opts = {k: v for k, v in e.items() if k != "name"}
             return engine_spec(e.get("name"), "AttributeSpec.engine", **opts)
 
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        for k in ("engine", "second_engine"):
-            if k in kw:
-                kw[k] = engine(kw[k])
-        for k, spec in (("clusters", ClusterSpec), ("bm25", BM25Spec), ("repsim", RepSimSpec)):
-            if isinstance(kw.get(k), dict):
-                kw[k] = spec(**kw[k])
-        for k in ("references", "fuse"):
-            if isinstance(kw.get(k), list):
-                kw[k] = tuple(kw[k])
-        return cls(**kw)
+        nested = {
+            "engine": engine,
+            "second_engine": engine,
+            "clusters": ClusterSpec,
+            "bm25": BM25Spec,
+            "repsim": RepSimSpec,
+        }
+        return cls(**spec_kwargs(cls, d, nested, ("references", "fuse")))
 
     @property
     def engines(self) -> list[EngineSpec]:

@@ -96,14 +96,6 @@ class GradSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GradSpec:
         """The inverse of :meth:`to_dict` (an index manifest's or a run manifest's ``grad`` spec)."""
-        from dataclasses import fields
+        from gradian.validate import spec_kwargs
 
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        if isinstance(kw.get("tokenize"), dict):
-            kw["tokenize"] = TokenizeSpec(**kw["tokenize"])
-        if isinstance(kw.get("projection"), dict):
-            kw["projection"] = ProjectionSpec(**kw["projection"])
-        if isinstance(kw.get("modules"), list):
-            kw["modules"] = tuple(kw["modules"])
-        return cls(**kw)
+        return cls(**spec_kwargs(cls, d, {"tokenize": TokenizeSpec, "projection": ProjectionSpec}, ("modules",)))
