@@ -58,7 +58,6 @@ def main():
 
     got = world_queries(args.world, args.adapter, args.base)
     if got is None:
-        print("no capability regressed: nothing to compare")
         return
     ft, tspec, cap, qs = got
     truth = None

@@ -11,7 +11,8 @@ def world_queries(world: Path, adapter: Path, base: str | None = None):
     every failing item of the first regressed capability.
 
     Returns:
-        ``(ft, tokenize_spec, capability, queries)``, or ``None`` when nothing regressed.
+        ``(ft, tokenize_spec, capability, queries)``, or ``None`` when nothing regressed (which it prints:
+        the benchmarks have nothing to compare then).
     """
     import yaml
 
@@ -27,6 +28,7 @@ def world_queries(world: Path, adapter: Path, base: str | None = None):
     ft = load_finetune(ModelSpec(base), adapter)
     ev = evaluate(ft.model, ft.tokenizer, load_eval_set(world / "eval.jsonl"), spec=EvalSpec())
     if not ev.regressed:
+        print("no capability regressed: nothing to compare")
         return None
     cap = ev.regressed[0]
     qs = [

@@ -291,6 +291,23 @@ def _params(command: str) -> dict[str, object]:
     return {p.name: p.default for p in group.get_command(click.Context(group), command).params}
 
 
+def _index_option_defaults(g) -> dict:
+    """The gradient options' defaults, read from a ``GradSpec`` (``gradian attribute`` and ``gradian index``)."""
+    return {
+        "max_length": g.tokenize.max_length,
+        "loss_on": g.tokenize.loss_on,
+        "modules": g.modules,
+        "project_dim": g.projection.dim,
+        "storage_dtype": g.storage_dtype,
+        "optimizer": g.optimizer,
+    }
+
+
+def _model_option_defaults(m) -> dict:
+    """The model options' defaults, read from a ``ModelSpec`` (every command that loads the model)."""
+    return {"dtype": m.dtype, "device": m.device, "trust_remote_code": m.trust_remote_code}
+
+
 def test_the_attribute_commands_defaults_are_the_specs():
     """Every `gradian attribute` option that sets a spec field defaults to that field's default (stated once)."""
     from gradian.attribute import AttributeSpec
@@ -314,20 +331,13 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "fuse": ",".join(a.fuse),
         "damping_scale": None,  # None: the engine spec's own default
         "engine_option": None,
-        "max_length": g.tokenize.max_length,
-        "loss_on": g.tokenize.loss_on,
-        "modules": g.modules,
-        "project_dim": g.projection.dim,
-        "storage_dtype": g.storage_dtype,
-        "optimizer": g.optimizer,
+        **_index_option_defaults(g),
         "max_units_per_row": g.max_units_per_row,
         "batch_size": r.batch_size,
         "shard_size": r.shard_size,
         "seed": r.seed,
         "max_new_tokens": e.max_new_tokens,
-        "dtype": m.dtype,
-        "device": m.device,
-        "trust_remote_code": m.trust_remote_code,
+        **_model_option_defaults(m),
     }
     inputs = {
         "base",
@@ -397,14 +407,9 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
 
     build = inspect.signature(training_index).parameters
     g, e, m = GradSpec(), EvalSpec(), ModelSpec("base")
-    model = {"dtype": m.dtype, "device": m.device, "trust_remote_code": m.trust_remote_code}
+    model = _model_option_defaults(m)
     index = {
-        "max_length": g.tokenize.max_length,
-        "loss_on": g.tokenize.loss_on,
-        "modules": g.modules,
-        "project_dim": g.projection.dim,
-        "storage_dtype": g.storage_dtype,
-        "optimizer": g.optimizer,
+        **_index_option_defaults(g),
         # one concept, one default: `index --unit` builds what `attribute --unit` (AttributeSpec.unit) reads
         "unit": AttributeSpec().unit,
         "max_units_per_row": g.max_units_per_row,

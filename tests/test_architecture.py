@@ -205,6 +205,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (  # 1
         "gradian.models",
         "gradian.gradients",
+        "gradian.index.spec",
         "gradian.index.store",
         "gradian.index.shards",
         "gradian.index.size",
@@ -231,14 +232,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 #: Imports that go up a layer, each inside a function, and why (nothing else may).
 UPWARD = {
-    # a run's specs are checked by their own dataclasses, which live with the code they configure
+    # a run's specs are checked by their own dataclasses, which live with the code they configure, each in a
+    # module that imports no torch (test_load_run_imports_no_torch)
     ("gradian.runfile", "gradian.attribute.datacheck"),
-    ("gradian.runfile", "gradian.attribute.pipeline"),
     ("gradian.runfile", "gradian.attribute.queries"),
+    ("gradian.runfile", "gradian.attribute.spec"),
     ("gradian.runfile", "gradian.evaluate"),
     ("gradian.runfile", "gradian.evaluate.result"),
-    ("gradian.runfile", "gradian.index.store"),
-    ("gradian.runfile", "gradian.models.load"),
+    ("gradian.runfile", "gradian.index.spec"),
+    ("gradian.runfile", "gradian.models.spec"),
     # the typed run reads its evaluation and failing items back through Evaluate's own records
     ("gradian.runtypes", "gradian.evaluate"),
     # the training setup reads the trainer's config through the one config reader
@@ -379,3 +381,67 @@ def test_engine_help_read_from_source_is_the_registrys():
 
     assert engine_help() == help_text()
     assert "datainf (" in engine_help()
+
+
+_LOAD_RUN = (
+    "import sys\n"
+    "from gradian.errors import GradianUserError\n"
+    "from gradian.runfile import load_run\n"
+    "from gradian.runtypes import Run\n"
+    "try:\n"
+    "    run = load_run(sys.argv[1])\n"
+    "    print('SPECS=' + ','.join(sorted(Run.from_dict(run).manifest.identity['specs'])))\n"
+    "except GradianUserError as e:\n"
+    "    print('ERROR=' + e.what)\n"
+    "heavy = sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules)\n"
+    "print('HEAVY=' + ','.join(heavy))\n"
+)
+
+
+def _run_with_specs(tmp_path: Path, name: str, **change) -> Path:
+    """A run.json whose specs are the writer's own (each spec's ``to_dict``), with ``change`` applied."""
+    import json
+
+    from gradian.attribute.spec import AttributeSpec
+    from gradian.evaluate import EvalSpec
+    from gradian.index.spec import GradSpec
+    from gradian.models.spec import ModelSpec
+    from gradian.runfile import RUN_SCHEMA
+
+    specs = {
+        "model": ModelSpec("some/base", device="cpu").to_dict(),
+        "grad": GradSpec(unit="sentence").to_dict(),
+        "attribute": AttributeSpec(second_engine="ekfac").to_dict(),
+        "eval": EvalSpec().to_dict(),
+        "seed": 0,
+    }
+    for spec, (key, value) in change.items():
+        specs[spec][key] = value
+    d = tmp_path / name
+    d.mkdir()
+    (d / "run.json").write_text(json.dumps({"schema": RUN_SCHEMA, "manifest": {"identity": {"specs": specs}}}))
+    return d
+
+
+@pytest.mark.parametrize(
+    "change, expect",
+    [
+        ({}, "SPECS=attribute,eval,grad,model,seed"),
+        # the specs' own checks run in that process: the engine registry, the dtype and unit choices
+        ({"attribute": ("engine", {"name": "nope"})}, "ERROR=manifest.identity.specs.attribute: unknown engine"),
+        ({"model": ("dtype", "int3")}, "ERROR=manifest.identity.specs.model: unknown dtype 'int3'"),
+        ({"grad": ("storage_dtype", "int3")}, "ERROR=manifest.identity.specs.grad: unknown storage_dtype"),
+    ],
+)
+def test_load_run_imports_no_torch(tmp_path, change, expect):
+    """Loading and checking a run.json (``load_run``, ``Run.from_dict``) reads every spec through its own
+    dataclass without importing torch: the specs live in torch-free modules (``gradian.models.spec``,
+    ``gradian.index.spec``, ``gradian.attribute.spec``, ``gradian.evaluate.spec``, the engine files).
+    """
+    run_dir = _run_with_specs(tmp_path, "run", **change)
+    env = {"PYTHONPATH": str(SRC), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", _LOAD_RUN, str(run_dir)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith(expect), proc.stdout
+    assert lines[-1] == "HEAVY=", proc.stdout

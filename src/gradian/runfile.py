@@ -5,7 +5,9 @@ The contract between Attribute (which writes ``RUN_DIR/run.json``: :func:`gradia
 the bottom of the package: importing it imports no torch and nothing of ``attribute/`` or ``report/``, so the
 report imports it plainly. Checking a run's *specs* (:func:`check_run`: each ``manifest.identity.specs.*`` must
 read through its own dataclass, e.g. ``GradSpec.from_dict``) imports those dataclasses' modules when a run is
-checked, since a spec lives with the code it configures.
+checked, since a spec lives with the code it configures; each lives in a torch-free module
+(``gradian.models.spec``, ``gradian.index.spec``, ``gradian.attribute.spec``, ``gradian.evaluate.spec``, the engine
+files), so loading a run imports no torch either.
 
 * :data:`RUN_SCHEMA` = ``"gradian.run/1"``; :func:`run_json_schema` its JSON Schema;
 * :func:`check_run` (schema + cross checks, one-line user errors) and :func:`load_run` (read + check);
@@ -264,12 +266,12 @@ def run_json_schema() -> dict[str, Any]:
 
 
 def _spec_readers() -> dict[str, tuple[type, Callable[[dict], Any]]]:
-    # The specs are checked by their own dataclasses, which live with the code they configure (and import
-    # torch): imported here, when a run's specs are read, so that importing this module stays light.
-    from gradian.attribute.pipeline import AttributeSpec
+    # The specs are checked by their own dataclasses, which live beside the code they configure, each in a
+    # torch-free module: imported here, when a run's specs are read, so that importing this module stays light.
+    from gradian.attribute.spec import AttributeSpec
     from gradian.evaluate import EvalSpec
-    from gradian.index.store import GradSpec
-    from gradian.models.load import ModelSpec
+    from gradian.index.spec import GradSpec
+    from gradian.models.spec import ModelSpec
 
     return {
         "model": (ModelSpec, lambda d: ModelSpec(**d)),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from gradian.errors import GradianUserError
 from gradian.runfile import RUN_SCHEMA, _whole_evaluation, check_run, load_run
@@ -51,8 +51,26 @@ def _write_record(obj: Any, convert: dict[str, Callable[[Any], Any]] | None = No
     return out
 
 
+_R = TypeVar("_R", bound="_Record")
+
+
+class _Record:
+    """A part of run.json read as a dataclass (:func:`_read_record`): the typed fields, the other keys in
+    ``extra``, the key order in ``keys``; ``to_dict`` writes it back as it was read.
+    """
+
+    @classmethod
+    def from_dict(cls: type[_R], d: dict[str, Any]) -> _R:
+        """Read this part of run.json (keys not typed here are kept in ``extra``)."""
+        return _read_record(cls, d)
+
+    def to_dict(self) -> dict[str, Any]:
+        """This part of run.json, as it was read (:meth:`from_dict` inverts it)."""
+        return _write_record(self)
+
+
 @dataclass
-class Manifest:
+class Manifest(_Record):
     """``run.json`` ``manifest``: what the run was computed from (module docstring).
 
     Attributes:
@@ -78,15 +96,6 @@ class Manifest:
     def specs(self) -> dict[str, Any]:
         """``identity["specs"]``: the model, grad, attribute and eval specs as dicts, and the seed."""
         return dict(self.identity.get("specs") or {})
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Manifest:
-        """Read this part of run.json (keys not typed here are kept in ``extra``)."""
-        return _read_record(cls, d)
-
-    def to_dict(self) -> dict[str, Any]:
-        """This part of run.json, as it was read (:meth:`from_dict` inverts it)."""
-        return _write_record(self)
 
 
 @dataclass
@@ -191,7 +200,7 @@ class Attribution:
 
 
 @dataclass
-class AuditSummary:
+class AuditSummary(_Record):
     """``run.json`` ``audit``: the Audit lane's report (``gradian.audit.Report.to_dict()``).
 
     Attributes:
@@ -208,18 +217,9 @@ class AuditSummary:
     extra: dict[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] | None = None
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AuditSummary:
-        """Read this part of run.json (keys not typed here are kept in ``extra``)."""
-        return _read_record(cls, d)
-
-    def to_dict(self) -> dict[str, Any]:
-        """This part of run.json, as it was read (:meth:`from_dict` inverts it)."""
-        return _write_record(self)
-
 
 @dataclass
-class Verification:
+class Verification(_Record):
     """``run.json`` ``verification`` (written by ``gradian verify``): the retrains and what they measured.
 
     Attributes:
@@ -233,15 +233,6 @@ class Verification:
     spec: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Verification:
-        """Read this part of run.json (keys not typed here are kept in ``extra``)."""
-        return _read_record(cls, d)
-
-    def to_dict(self) -> dict[str, Any]:
-        """This part of run.json, as it was read (:meth:`from_dict` inverts it)."""
-        return _write_record(self)
 
 
 @dataclass

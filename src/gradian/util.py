@@ -218,6 +218,26 @@ def publish_folder(tmp: str | Path, target: str | Path, keep_if: str | None = No
     return target
 
 
+def publish_pretrained(target: str | Path, model: Any, tokenizer: Any, source: dict[str, Any]) -> Path:
+    """Save a model and its tokenizer (``save_pretrained``, safetensors) with ``gradian_source.json`` = ``source``
+    into a temporary folder beside ``target``, then publish it as ``target`` (:func:`publish_folder`; a folder
+    another process finished first is kept). A failure leaves no partial folder.
+    """
+    import shutil
+
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=str(target.parent)))
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        atomic_write_json(tmp / "gradian_source.json", source)
+        return publish_folder(tmp, target, keep_if="gradian_source.json")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 _LIBC: object = None
 
 

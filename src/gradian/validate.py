@@ -12,7 +12,7 @@ absurd value.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from gradian.errors import GradianUserError
 
@@ -25,6 +25,29 @@ LENGTH_MAX = 10**9
 def where(flag: str | None, owner: str, name: str) -> str:
     """``"--batch-size (EvalSpec.batch_size)"``: the flag a CLI user set and the field a Python user set."""
     return f"{flag} ({owner}.{name})" if flag else f"{owner}.{name}"
+
+
+def spec_kwargs(
+    cls: type, d: dict[str, Any], nested: dict[str, Callable[..., Any]] | None = None, tuples: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The keyword arguments a spec's ``from_dict`` builds ``cls(**kw)`` with, from its ``to_dict()`` form.
+
+    Keys that are not fields of the dataclass ``cls`` are dropped; a dict under a key of ``nested`` is read by it
+    (``nested[k](**d[k])``: a spec class, or a function such as an engine's lookup), in ``nested``'s order; a list
+    under a key of ``tuples`` becomes a tuple. The values are checked by
+    ``cls`` itself (its ``__post_init__``).
+    """
+    from dataclasses import fields
+
+    known = {f.name for f in fields(cls)}
+    kw = {k: v for k, v in d.items() if k in known}
+    for k, spec in (nested or {}).items():
+        if isinstance(kw.get(k), dict):
+            kw[k] = spec(**kw[k])
+    for k in tuples:
+        if isinstance(kw.get(k), list):
+            kw[k] = tuple(kw[k])
+    return kw
 
 
 def _show(v: Any) -> str:

@@ -33,15 +33,18 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import torch
 
 from gradian.data.formats import Example
 from gradian.data.tokenize import TokenizedExample
-from gradian.index.store import GradientIndex
 from gradian.sign import harmful_share, harmful_tail, sort_most_harmful_first
+
+if TYPE_CHECKING:  # torch comes where gradients are computed: the module is read without it
+    import torch
+
+    from gradian.index.store import GradientIndex
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class Cluster:
 
 def gather_gradients(index: GradientIndex, rows: Sequence[int]) -> torch.Tensor:
     """Training gradients of ``rows`` concatenated over blocks: (len(rows), Σ_l d_l), float64."""
+    import torch
+
     want = sorted(set(int(r) for r in rows))
     got: dict[int, torch.Tensor] = {}
     for start, shard in index.iter_shards(torch.float64):

@@ -30,15 +30,16 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from gradian.data.formats import Example
 from gradian.data.tokenize import TokenizedExample, TokenizeSpec, collate, tokenize_example
-from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector, ProjectionSpec
-from gradian.index.store import GradientIndex
+
+if TYPE_CHECKING:  # torch comes where gradients are computed: the module is read without it
+    import torch
+
+    from gradian.index.store import GradientIndex
 
 QueryKind = Literal["contrastive", "cross_entropy"]
 
@@ -272,6 +273,10 @@ def query_gradients(
 
     Contrastive queries are ``g(correct) − g(said)``; cross-entropy ones ``g(correct)``.
     """
+    import torch
+
+    from gradian.gradients.per_example import per_example_grads
+
     rows = query_rows(tokenizer, queries, tokenize_spec)
     proj = projector_for(index)
     names = [b["name"] for b in index.blocks]
@@ -288,7 +293,6 @@ def query_gradients(
     return out
 
 
-@torch.no_grad()
 def query_losses(
     model, tokenizer, queries: Sequence[Query], tokenize_spec: TokenizeSpec, batch_size: int = 8
 ) -> torch.Tensor:
@@ -299,20 +303,23 @@ def query_losses(
     cross-entropy over the completion). Its gradient is the query gradient, so a change of these
     numbers is what ``predicted_loss_delta_if_removed`` predicts.
     """
+    import torch
+
     from gradian.gradients.loss import model_inputs, per_example_loss
 
-    rows = query_rows(tokenizer, queries, tokenize_spec)
-    out = torch.zeros(len(queries), dtype=torch.float64)
-    device = next(model.parameters()).device
-    was = model.training
-    model.eval()
-    try:
-        for s in range(0, len(rows), batch_size):
-            chunk = rows[s : s + batch_size]
-            batch = {k: v.to(device) for k, v in collate([r[2] for r in chunk], tokenizer.pad_token_id).items()}
-            losses = per_example_loss(model(**model_inputs(batch)).logits, batch["labels"]).double().cpu()
-            for (qi, sign, _), loss in zip(chunk, losses):
-                out[qi] += sign * loss
-    finally:
-        model.train(was)
-    return out
+    with torch.no_grad():  # as a decorator it would import torch with this module
+        rows = query_rows(tokenizer, queries, tokenize_spec)
+        out = torch.zeros(len(queries), dtype=torch.float64)
+        device = next(model.parameters()).device
+        was = model.training
+        model.eval()
+        try:
+            for s in range(0, len(rows), batch_size):
+                chunk = rows[s : s + batch_size]
+                batch = {k: v.to(device) for k, v in collate([r[2] for r in chunk], tokenizer.pad_token_id).items()}
+                losses = per_example_loss(model(**model_inputs(batch)).logits, batch["labels"]).double().cpu()
+                for (qi, sign, _), loss in zip(chunk, losses):
+                    out[qi] += sign * loss
+        finally:
+            model.train(was)
+        return out

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
-import torch
+if TYPE_CHECKING:  # torch comes where the engine computes: its spec is read without it
+    import torch
 
-from gradian.index.store import GradientIndex
+    from gradian.index.store import GradientIndex
 
-Blocks = dict[str, torch.Tensor]  # block name -> (m, d_l)
+
+Blocks = dict[str, "torch.Tensor"]  # block name -> (m, d_l)
 
 #: What an engine needs to fit: the gradient index alone, or also a pass of the model over the rows.
 NEEDS = ("index", "model")
@@ -136,6 +138,8 @@ def score_index(index: GradientIndex, preconditioned: list[Blocks]) -> list[torc
     Returns:
         per engine, a (m, n) float64 tensor ``Σ_l r_l G_lᵀ``.
     """
+    import torch
+
     from gradian import distributed
 
     outs: list[list[torch.Tensor]] = [

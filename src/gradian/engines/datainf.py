@@ -29,13 +29,13 @@ correction term; matrix form handles m queries at once:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from gradian import distributed
 from gradian.engines.base import Blocks, Engine, EngineSpec, ModelPass, check_damping_scale, positive_damping
 from gradian.engines.registry import register
-from gradian.index.store import GradientIndex
+
+if TYPE_CHECKING:  # torch comes where the engine computes: its spec is read without it
+    from gradian.index.store import GradientIndex
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,10 @@ class DataInf(Engine):
         """Per-block squared norms ‖g_il‖² (n,) and damping λ_l. Collective under torchrun: each rank
         reads its block of shards, the norms are gathered in row order.
         """
+        import torch
+
+        from gradian import distributed
+
         sq: dict[str, list[torch.Tensor]] = {b["name"]: [torch.zeros(0, dtype=torch.float64)] for b in index.blocks}
         for _, shard in index.iter_shards(torch.float64, local=True):
             for name, G in shard.items():
@@ -83,6 +87,10 @@ class DataInf(Engine):
         self.fitted = True
 
     def precondition(self, index: GradientIndex, queries: Blocks) -> Blocks:
+        import torch
+
+        from gradian import distributed
+
         if not self.fitted:
             self.fit(index)
         Q = {k: v.double() for k, v in queries.items()}

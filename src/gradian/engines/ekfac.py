@@ -64,14 +64,16 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gradian.engines.base import Blocks, Engine, EngineSpec, ModelPass, check_damping_scale, positive_damping
 from gradian.engines.registry import register
 from gradian.errors import GradianWarning
-from gradian.index.store import GradientIndex
+
+if TYPE_CHECKING:  # torch comes where the engine computes: its spec is read without it
+    import torch
+
+    from gradian.index.store import GradientIndex
 
 FACTORS_FORMAT = 2  # 2: the true Fisher's labels are seeded per batch (world-size independent)
 FISHER = ("empirical", "true")
@@ -194,6 +196,8 @@ def _batch_generator(spec: EkfacSpec, fit_pass: int, batch: int) -> torch.Genera
     Seeded from ``(seed, pass, batch number)``, not drawn from one running stream, so the labels a
     batch gets do not depend on which rank fits it or on how many ranks there are.
     """
+    import torch
+
     if spec.fisher != "true":
         return None
     from gradian.util import sha256_json
@@ -211,6 +215,8 @@ def _loss(logits, batch, gen: torch.Generator | None):
 
 def _eigen(M: torch.Tensor, count: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenvalues and eigenvectors of the covariance ``M / count`` (float64, CPU, symmetrised)."""
+    import torch
+
     M = M.cpu() / max(count, 1.0)
     w, V = torch.linalg.eigh((M + M.T) / 2)
     return w.contiguous(), V.contiguous()
@@ -226,6 +232,8 @@ def _fit_factors(
     all-reduced, and rank 0's eigenvectors are broadcast, so every rank returns the same factors.
     They equal a single process's up to the order of float64 additions.
     """
+    import torch
+
     from gradian import distributed
     from gradian.data.tokenize import row_values
     from gradian.gradients.hooks import LoraHooks, token_mask
@@ -353,6 +361,8 @@ def save_factors(path: Path, factors: dict[str, BlockFactors], meta: dict[str, A
 
 def load_factors(path: Path, index: GradientIndex, key: str) -> tuple[dict[str, BlockFactors], dict[str, Any]] | None:
     """The stored factors if they are whole and belong to this index and key; None to refit."""
+    import torch
+
     if not path.exists():
         return None
     from safetensors import safe_open

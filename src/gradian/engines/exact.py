@@ -7,11 +7,13 @@ Only feasible when every block is small (d_l up to a few thousand).
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from gradian.engines.base import Blocks, Engine, ModelPass
 from gradian.engines.datainf import DataInf, DataInfSpec
-from gradian.index.store import GradientIndex
+
+if TYPE_CHECKING:  # torch comes where the engine computes: its spec is read without it
+    from gradian.index.store import GradientIndex
 
 
 class ExactInverse(Engine):
@@ -24,6 +26,8 @@ class ExactInverse(Engine):
     spec_class = DataInfSpec
 
     def fit(self, index: GradientIndex, model_pass: ModelPass | None = None) -> None:
+        import torch
+
         di = DataInf(self.spec)
         di.fit(index)
         self.damping = di.damping
@@ -35,6 +39,8 @@ class ExactInverse(Engine):
         self.fitted = True
 
     def precondition(self, index: GradientIndex, queries: Blocks) -> Blocks:
+        import torch
+
         if not self.fitted:
             self.fit(index)
         out = {}

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gradian.engines.base import Blocks, Engine, EngineSpec, ModelPass
 from gradian.engines.registry import register
-from gradian.index.store import GradientIndex
+
+if TYPE_CHECKING:  # torch comes where the engine computes: its spec is read without it
+    from gradian.index.store import GradientIndex
 
 
 @dataclass(frozen=True)

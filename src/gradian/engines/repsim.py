@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
-import torch
 
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate, row_values
-from gradian.gradients.loss import model_inputs
+
+if TYPE_CHECKING:  # torch comes where the engine computes: its spec is read without it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,6 @@ class RepSimSpec:
         return asdict(self)
 
 
-@torch.no_grad()
 def pooled_states(
     model,
     items: Sequence[TokenizedExample],
@@ -59,23 +59,28 @@ def pooled_states(
 
     Batches are length-sorted (less padding); results come back in item order.
     """
-    lengths = row_values(items, "length")
-    order = sorted(range(len(items)), key=lambda r: (lengths[r], r))
-    out: torch.Tensor | None = None
-    device = next(model.parameters()).device
-    for s in range(0, len(order), batch_size):
-        rows = order[s : s + batch_size]
-        batch = {k: v.to(device) for k, v in collate([items[r] for r in rows], pad_token_id).items()}
-        hs = model(**model_inputs(batch), output_hidden_states=True).hidden_states[-1].double()  # (b, T, d)
-        # the token at t is supervised when labels[t] != -100 (HF labels are not yet shifted)
-        w = (batch["labels"] != IGNORE_INDEX).double()  # (b, T)
-        pooled = (hs * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp(min=1.0)
-        if out is None:
-            out = torch.zeros(len(items), hs.shape[-1], dtype=torch.float64)
-        out[torch.tensor(rows)] = pooled.cpu()
-        if progress:
-            progress(len(rows))
-    return out if out is not None else torch.zeros(0, 0, dtype=torch.float64)
+    import torch
+
+    from gradian.gradients.loss import model_inputs
+
+    with torch.no_grad():  # as a decorator it would import torch with this module
+        lengths = row_values(items, "length")
+        order = sorted(range(len(items)), key=lambda r: (lengths[r], r))
+        out: torch.Tensor | None = None
+        device = next(model.parameters()).device
+        for s in range(0, len(order), batch_size):
+            rows = order[s : s + batch_size]
+            batch = {k: v.to(device) for k, v in collate([items[r] for r in rows], pad_token_id).items()}
+            hs = model(**model_inputs(batch), output_hidden_states=True).hidden_states[-1].double()  # (b, T, d)
+            # the token at t is supervised when labels[t] != -100 (HF labels are not yet shifted)
+            w = (batch["labels"] != IGNORE_INDEX).double()  # (b, T)
+            pooled = (hs * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp(min=1.0)
+            if out is None:
+                out = torch.zeros(len(items), hs.shape[-1], dtype=torch.float64)
+            out[torch.tensor(rows)] = pooled.cpu()
+            if progress:
+                progress(len(rows))
+        return out if out is not None else torch.zeros(0, 0, dtype=torch.float64)
 
 
 #: rows per block of :func:`cached_train_states`: blocks, not ranks, decide the batches, so the
@@ -97,6 +102,7 @@ def cached_train_states(
     contiguous run of blocks and rank 0 gathers them, writes the cache and returns the (n, d)
     states; the other ranks return None.
     """
+    import torch
     from safetensors.torch import load_file, save
 
     from gradian import distributed

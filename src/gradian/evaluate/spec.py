@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gradian.defaults import MAX_LENGTH
@@ -98,8 +98,6 @@ class EvalSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalSpec:
-        known = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
-        if isinstance(kw.get("normalize"), dict):
-            kw["normalize"] = NormalizeSpec(**kw["normalize"])
-        return cls(**kw)
+        from gradian.validate import spec_kwargs
+
+        return cls(**spec_kwargs(cls, d, {"normalize": NormalizeSpec}))

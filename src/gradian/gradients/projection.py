@@ -18,9 +18,10 @@ and are identical for train and query gradients.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where the matrices are drawn: the spec is read without it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class KroneckerProjector:
     """Projects per-example block gradients (b, o, i) → (b, k_o·k_i)."""
 
     def __init__(self, shapes: list[tuple[int, int]], kinds: list[str], spec: ProjectionSpec):
+        import torch
+
         self.spec = spec
         self.mats: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []
         for idx, ((o, i), kind) in enumerate(zip(shapes, kinds)):

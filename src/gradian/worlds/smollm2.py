@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 
 from gradian.errors import GradianUserError
 from gradian.paths import cache_dir
-from gradian.util import atomic_write_json, publish_folder, sha256_file
+from gradian.util import publish_pretrained, sha256_file
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "SmolLM2-135M-Instruct"
@@ -65,36 +63,23 @@ def materialise_smollm2(cache: str | Path | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{FOLDER_NAME}.", dir=str(target.parent)))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        config = src.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        state = {k: v.detach().clone() for k, v in src.state_dict().items()}
-        del src
-        model = LlamaForCausalLM(config)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        # tied embeddings: lm_head.weight may be absent from the state dict
-        missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
-        if missing or unexpected:
-            raise RuntimeError(
-                f"GGUF state dict does not fit LlamaForCausalLM: missing={missing} unexpected={unexpected}"
-            )
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        tok.save_pretrained(str(tmp))
-        atomic_write_json(
-            tmp / "gradian_source.json",
-            {"gguf": GGUF_NAME, "gguf_sha256": sha256_file(gguf), "dequantised": True, "dtype": "float32"},
-        )
-        return publish_folder(tmp, target, keep_if="gradian_source.json")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        src = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    config = src.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    state = {k: v.detach().clone() for k, v in src.state_dict().items()}
+    del src
+    model = LlamaForCausalLM(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # tied embeddings: lm_head.weight may be absent from the state dict
+    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF state dict does not fit LlamaForCausalLM: missing={missing} unexpected={unexpected}")
+    source = {"gguf": GGUF_NAME, "gguf_sha256": sha256_file(gguf), "dequantised": True, "dtype": "float32"}
+    return publish_pretrained(target, model, tok, source)
 
 
 def smollm2_identity(folder: str | Path) -> str:

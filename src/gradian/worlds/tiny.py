@@ -40,14 +40,12 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from gradian.paths import cache_dir
-from gradian.util import atomic_write_json, publish_folder, sha256_json
+from gradian.util import publish_pretrained, sha256_json
 from gradian.worlds.facts import Country, Element, capital_sentence, load_countries
 from gradian.worlds.rows import (
     CAPITAL_PROMPTS,
@@ -400,27 +398,16 @@ def _build(countries, held_out, elements, spec: TinyBaseSpec, key: str, target: 
     )
     final_loss = log[-1]["loss"]
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=str(target.parent)))
-    try:
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        tok.save_pretrained(str(tmp))
-        atomic_write_json(
-            tmp / "gradian_source.json",
-            {
-                "kind": "tiny",
-                "key": key,
-                "spec": spec.to_dict(),
-                "held_out": sorted(held),
-                "pretraining_rows": len(rows),
-                "final_loss": final_loss,
-                "threads": 1,
-            },
-        )
-        return publish_folder(tmp, target, keep_if="gradian_source.json")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    source = {
+        "kind": "tiny",
+        "key": key,
+        "spec": spec.to_dict(),
+        "held_out": sorted(held),
+        "pretraining_rows": len(rows),
+        "final_loss": final_loss,
+        "threads": 1,
+    }
+    return publish_pretrained(target, model, tok, source)
 
 
 def tiny_identity(folder: str | Path) -> str:
