@@ -329,6 +329,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "unit": a.unit,
         "references": ",".join(a.references),
         "fuse": ",".join(a.fuse),
+        "fuse_gate": a.fuse_gate,
         "damping_scale": None,  # None: the engine spec's own default
         "engine_option": None,
         **_index_option_defaults(g),
@@ -354,6 +355,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "max_index_gb",  # the run plan's budget (IndexBudget, checked below)
         "plan_only",
         "one_pass",  # attribute_run(one_pass=True): --one-pass/--separate
+        "save_evidence",  # attribute_run(save_evidence=False): --save-evidence
     }
     params = _params("attribute")
     assert set(params) == set(spec_fields) | inputs, "a new option: add it to the spec fields or the inputs here"
@@ -362,7 +364,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
     from gradian.index.plan import IndexBudget
 
     assert params["max_index_gb"] is None and IndexBudget().max_bytes is None and params["plan_only"] is False
-    assert params["one_pass"] is True
+    assert params["one_pass"] is True and params["save_evidence"] is False
     # the options that feed two specs agree in both
     assert e.batch_size == r.batch_size and e.seed == r.seed and g.projection.seed == r.seed
     assert checkpoint_selection(params["checkpoints"]) == RunInputs.__dataclass_fields__["checkpoints"].default
