@@ -245,6 +245,7 @@ def main() -> int:
     if args.tokenizer:
         t_tok, c_tok = best_wall([*run, "--tokenizer", root / "tok"], args.repeat)
         tok_report = json.loads((root / "audit.json").read_text())
+        heavy_tok = heavy_imports([*run, "--tokenizer", root / "tok"])
 
     try:
         load = os.getloadavg()[0]
@@ -276,7 +277,8 @@ def main() -> int:
         c = tok_report["counts"]
         print(
             f"gradian diagnose --tokenizer (every row tokenised, loads transformers): wall {t_tok:.2f} s, "
-            f"cpu {c_tok:.2f} s; checks {c['checks']}: {c['passed']} passed, {c['skipped']} skipped"
+            f"cpu {c_tok:.2f} s; checks {c['checks']}: {c['passed']} passed, {c['skipped']} skipped; "
+            f"heavy imports: {', '.join(heavy_tok) or 'none'}; files in {root}"
         )
     return 0 if t_run <= args.target and t_help < args.help_target else 1
 
