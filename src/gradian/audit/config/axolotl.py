@@ -91,6 +91,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             if r.has(k):
                 cfg.set("beta", r.num(k), r.where(k))
                 break
+        for k in ("desirable_weight", "undesirable_weight"):  # examples/llama-3/qlora-1b-kto.yaml
+            if r.has(f"kto_{k}"):
+                cfg.set(k, r.num(f"kto_{k}"), r.where(f"kto_{k}"))
     elif r.has("pretraining_dataset"):
         cfg.set("stage", "pt", r.where("pretraining_dataset"))
     if r.has("dataset_exact_deduplication"):
@@ -143,7 +146,7 @@ def read(cfg: TrainConfig, r: Reader) -> None:
                     else None,
                     "train_on_eos": text("train_on_eos"),
                     "chat_template": text("chat_template"),
-                    "type_mapping": {str(k): v for k, v in d["type"].items() if isinstance(v, str)}
+                    "type_mapping": {str(k): v for k, v in d["type"].items() if isinstance(v, str) or v is None}
                     if isinstance(d.get("type"), dict)
                     else None,
                 }
@@ -196,16 +199,19 @@ def apply_mapping(records: list[dict], mapping: dict[str, str]) -> list[dict]:
     (``"[INST] {instruction} [/INST]"``): it is not put into the text, so its markers are not read as content
     (D08). Records keep their ``id``.
     """
-    fi, fo = mapping.get("field_instruction", "instruction"), mapping.get("field_output", "output")
-    fin, fs = mapping.get("field_input", "input"), mapping.get("field_system")
+    # axolotl's UserDefinedDatasetConfig defaults; a key given empty (``field_input:`` in docs/dataset-formats'
+    # own example, whose instruction field is named ``input``) names no field
+    fi, fo = mapping.get("field_instruction") or "instruction", mapping.get("field_output") or "output"
+    fin, fs = mapping.get("field_input", "input"), mapping.get("field_system", "system")
     out = []
     for r in records:
         if not isinstance(r, dict) or fi not in r or fo not in r:
             out.append(r)  # left as is: the row reader names what is missing
             continue
-        ins, inp = str(r.get(fi) or ""), str(r.get(fin) or "")
+        ins = str(r.get(fi) or "")
+        inp = str(r.get(fin) or "") if fin else ""
         prompt = ins + (f"\n\n{inp}" if inp else "")
-        system = str(r.get(fs) or "") if fs else mapping.get("system_prompt", "")
+        system = str(r.get(fs) or "") if fs and fs in r else (mapping.get("system_prompt") or "")
         if system:
             prompt = f"{system}\n\n{prompt}"
         keep = {k: v for k, v in r.items() if k in ("id",)}

@@ -94,6 +94,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             cfg.set("stage", stage, r.where("stage"))
         if stage in ("dpo", "kto") and r.has("pref_beta"):
             cfg.set("beta", r.num("pref_beta"), r.where("pref_beta"))
+        for k, lf in (("desirable_weight", "kto_chosen_weight"), ("undesirable_weight", "kto_rejected_weight")):
+            if r.has(lf):
+                cfg.set(k, r.num(lf), r.where(lf))
     if stage == "pt" and not r.has("packing") and not r.bool_("neat_packing"):
         cfg.set("packing", True, f"{r.where('stage')} (LLaMA-Factory turns packing on for stage pt)")
     ft = r.str_("finetuning_type")
