@@ -12,7 +12,7 @@ a TRL config and a trainer_state.json. Then times, as a user meets them, fresh p
 * ``gradian diagnose --data --eval --config --logs`` (the default path: no tokenizer, no torch);
 * with ``--tokenizer``, also the same run given a byte-level BPE tokenizer folder (trained in-process by
   ``gradian.models.tiny.train_tokenizer`` during setup, ChatML template): every row tokenised as the trainer
-  does, which loads ``transformers``.
+  does, which loads ``transformers`` (not torch since issue 25: the heavy imports of that run are printed too).
 
 Each timing is the best of ``--repeat`` runs (the machine may be shared). It also reports whether the default
 run imported torch (a separate ``-X importtime`` run, untimed). Exit code 1 when the default run or ``--help``
