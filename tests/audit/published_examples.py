@@ -600,3 +600,25 @@ def axolotl_custom_rows(n: int = 20) -> list[dict]:
     return [
         {"input": f"What is {k} times {k + 3}?", "output": f"{k} times {k + 3} is {k * (k + 3)}."} for k in range(n)
     ]
+
+
+# LF data/dataset_info.json, the entries of the demo preference sets (case 1)
+LF_DATASET_INFO = {
+    "dpo_en_demo": {
+        "file_name": "dpo_en_demo.json",
+        "ranking": True,
+        "formatting": "sharegpt",
+        "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected"},
+    },
+    "kto_en_demo": {
+        "file_name": "kto_en_demo.json",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "kto_tag": "label"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
+    },
+    "ultrafeedback": {
+        "hf_hub_url": "llamafactory/ultrafeedback_binarized",
+        "ranking": True,
+        "columns": {"prompt": "instruction", "chosen": "chosen", "rejected": "rejected"},
+    },
+}

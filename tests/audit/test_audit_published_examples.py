@@ -220,3 +220,65 @@ def test_llamafactory_freeze_examples(tmp_path, name, lr):
     v = _values(res)
     assert (v["finetuning"], v["learning_rate"]) == ("freeze", lr)
     assert "C02" in res.passed, [f.message for f in res.by_id("C02")]
+
+
+# ---------------------------------------------------------------------------------------------- case 1: LF columns
+def _lf_tree(tmp_path: Path, config: str, files: dict[str, list], info: dict) -> tuple[Path, Path]:
+    """A LLaMA-Factory checkout: examples/train_lora/<config>, data/dataset_info.json and data files (JSON lists)."""
+    root = tmp_path / "LLaMA-Factory"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "dataset_info.json").write_text(json.dumps(info))
+    for name, rows in files.items():
+        (root / "data" / name).write_text(json.dumps(rows))
+    cfg = root / "examples" / "train_lora" / "config.yaml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text(config)
+    return root, cfg
+
+
+def test_llamafactory_dataset_info_columns_are_read(tmp_path):
+    """The config's dataset entry in data/dataset_info.json renames the columns and sharegpt tags: a custom
+    preference set with its own names is read. main: "unknown row format (fields: better, dialog, worse)"."""
+    from gradian.errors import GradianUserError
+
+    info = {
+        **P.LF_DATASET_INFO,
+        "my_prefs": {
+            "file_name": "my_prefs.json",
+            "ranking": True,
+            "formatting": "sharegpt",
+            "columns": {"messages": "dialog", "chosen": "better", "rejected": "worse"},
+            "tags": {"role_tag": "speaker", "content_tag": "text", "user_tag": "client", "assistant_tag": "agent"},
+        },
+    }
+    rows = [
+        {
+            "dialog": [{"speaker": "client", "text": f"{q} (question {i})"}],
+            "better": {"speaker": "agent", "text": good},
+            "worse": {"speaker": "agent", "text": bad},
+        }
+        for i, (q, good, bad) in enumerate(P.QA)
+    ]
+    cfg_text = P.LF_QWEN3_LORA_DPO.replace("dataset: dpo_en_demo", "dataset: my_prefs")
+    root, cfg = _lf_tree(tmp_path, cfg_text, {"my_prefs.json": rows}, info)
+    data = root / "data" / "my_prefs.json"
+    res = diagnose(data=data, configs=[cfg], select=["D22"])
+    assert "D22" in res.passed, [f.message for f in res.findings]
+    assert res.inputs["data"]["formats"] == {"llamafactory_sharegpt": len(rows)}
+    bad = json.loads(json.dumps(rows))
+    bad[2]["worse"] = bad[2]["better"]
+    (root / "data" / "my_prefs.json").write_text(json.dumps(bad))
+    (f,) = diagnose(data=data, configs=[cfg], select=["D22"]).by_id("D22")
+    assert "my_prefs.json[2]" in f.message
+    with pytest.raises(GradianUserError, match="unknown row format"):
+        diagnose(data=data, select=["D22"])  # without the config, the names are unknown
+
+
+def test_llamafactory_kto_demo_through_dataset_info(tmp_path):
+    """kto_en_demo through its dataset_info.json entry (messages + kto_tag=label, role/content tags)."""
+    rows = P.lf_kto_en_demo_rows(10, 2)
+    root, cfg = _lf_tree(tmp_path, P.LF_QWEN3_LORA_KTO, {"kto_en_demo.json": rows}, P.LF_DATASET_INFO)
+    res = diagnose(data=root / "data" / "kto_en_demo.json", configs=[cfg], select=["D27"])
+    assert res.inputs["data"]["formats"] == {"llamafactory_kto": 12}
+    (f,) = res.by_id("D27")
+    assert "10 desirable and 2 undesirable" in f.message

@@ -118,6 +118,12 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("packing", False, r.where("packing"))
     if r.has("eval_dataset"):
         cfg.set("has_eval_dataset", True, r.where("eval_dataset"))
+    ds = r.get("dataset")
+    names = [x.strip() for x in ds.split(",")] if isinstance(ds, str) else ds if isinstance(ds, list) else []
+    if names:  # resolved against dataset_info.json by gradian.audit.config.lf_dataset_info
+        ddir = r.str_("dataset_dir") or "data"
+        entries = [{"name": str(n), "index": i, "dataset_dir": ddir} for i, n in enumerate(names) if str(n)]
+        cfg.set("datasets", entries, r.where("dataset"))
     fa = r.str_("flash_attn")
     if fa:
         cfg.set(
