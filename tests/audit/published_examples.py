@@ -622,3 +622,26 @@ LF_DATASET_INFO = {
         "columns": {"prompt": "instruction", "chosen": "chosen", "rejected": "rejected"},
     },
 }
+
+
+# AX docs/rlhf.qmd, "user_defined.default" (case 1): a preference type: mapping. The docs name the fields after
+# their defaults; the test renames them as a user's own set would.
+AX_USER_DEFINED_DPO = """\
+base_model: Qwen/Qwen2.5-0.5B
+adapter: lora
+lora_r: 16
+lora_alpha: 32
+learning_rate: 5.0e-6
+rl: dpo
+datasets:
+  - path: prefs.jsonl
+    split: train
+    type:
+      field_prompt: "prompt"
+      field_system: "system"
+      field_chosen: "chosen"
+      field_rejected: "rejected"
+      prompt_format: "{prompt}"
+      chosen_format: "{chosen}"
+      rejected_format: "{rejected}"
+"""

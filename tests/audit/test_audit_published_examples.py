@@ -282,3 +282,41 @@ def test_llamafactory_kto_demo_through_dataset_info(tmp_path):
     assert res.inputs["data"]["formats"] == {"llamafactory_kto": 12}
     (f,) = res.by_id("D27")
     assert "10 desirable and 2 undesirable" in f.message
+
+
+# ---------------------------------------------------------------------------------------------- case 1: axolotl fields
+def test_axolotl_preference_field_names_are_read(tmp_path):
+    """axolotl's user_defined.default mapping and chat_template.default's field_messages/field_chosen/field_rejected
+    name the row fields. main: rows under other names were refused ("unknown row format")."""
+    from gradian.errors import GradianUserError
+
+    rows = [
+        {"sys": "Be brief.", "question_text": f"{q} (question {i})", "good": good, "bad": bad}
+        for i, (q, good, bad) in enumerate(P.QA)
+    ]
+    cfg = P.AX_USER_DEFINED_DPO
+    for k, v in (("prompt", "question_text"), ("system", "sys"), ("chosen", "good"), ("rejected", "bad")):
+        cfg = cfg.replace(f'field_{k}: "{k}"', f'field_{k}: "{v}"')
+    data = _write(tmp_path, "prefs.jsonl", rows)
+    res = diagnose(data=data, configs=[_write(tmp_path, "dpo.yml", cfg)], select=["D22", "D23"])
+    assert res.inputs["data"]["formats"] == {"trl": len(rows)} and {"D22", "D23"} <= set(res.passed)
+    with pytest.raises(GradianUserError, match="unknown row format"):
+        diagnose(data=data, select=["D22"])
+    # the docs' own mapping (default names) reads default-named rows as before
+    plain = [
+        {"system": r["sys"], "prompt": r["question_text"], "chosen": r["good"], "rejected": r["bad"]} for r in rows
+    ]
+    res = diagnose(data=_write(tmp_path, "p2.jsonl", plain), configs=[_write(tmp_path, "d.yml", P.AX_USER_DEFINED_DPO)])
+    assert res.inputs["data"]["formats"] == {"trl": len(rows)}
+    # chat_template.default with its own field names
+    chat = [
+        {"dialog": r["conversation"], "preferred": r["chosen"], "dispreferred": r["rejected"]}
+        for r in P.axolotl_dpo_test_rows()
+    ]
+    ax = (
+        P.AX_DPO_LORA_8B.replace("field_messages: conversation", "field_messages: dialog")
+        .replace("field_chosen: chosen", "field_chosen: preferred")
+        .replace("field_rejected: rejected", "field_rejected: dispreferred")
+    )
+    res = diagnose(data=_write(tmp_path, "chat.jsonl", chat), configs=[_write(tmp_path, "ax.yml", ax)], select=["D22"])
+    assert res.inputs["data"]["formats"] == {"axolotl_chat": len(chat)} and "D22" in res.passed
