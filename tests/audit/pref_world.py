@@ -1,7 +1,9 @@
 """Preference-data fixtures, each after a documented format (see :mod:`gradian.data.preference`).
 
 - :func:`trl_rows`: TRL "Dataset formats", preference, conversational with an explicit prompt
-  (``prompt``/``chosen``/``rejected`` message lists), as in trl-lib/ultrafeedback_binarized.
+  (``prompt``/``chosen``/``rejected`` message lists; which hub datasets use this form was not checked; the
+  handbook's HuggingFaceH4/ultrafeedback_binarized form, a string prompt + whole conversations, is in
+  published_examples.py).
 - :func:`trl_kto_rows`: TRL "Dataset formats", unpaired preference (``prompt``/``completion``/``label``).
 - :func:`axolotl_rows`: axolotl docs, RLHF, ``chatml.intel`` (``system``/``question``/``chosen``/``rejected``).
 - :func:`llamafactory_rows`: LLaMA-Factory data/README.md, preference dataset in sharegpt format

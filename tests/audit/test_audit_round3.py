@@ -1,7 +1,8 @@
 """Audit round 3 (issue 25): C08 with a completion-only collator and '### Question: ... ### Answer:' text rows.
 
-The fixture follows TRL's documented completion-only recipe (trl docs, sft_trainer "Train on completions only",
-TRL <= 0.19): text rows formatted as ``### Question: {q}\\n ### Answer: {a}`` with
+The fixture follows TRL's documented completion-only recipe (trl docs/source/sft_trainer.md, "Train on completions
+only", TRL <= 0.19; the same formatting_prompts_func / response_template pair recurs in many public scripts found by
+code search on 2 December 2026): text rows formatted as ``### Question: {q}\\n ### Answer: {a}`` with
 ``DataCollatorForCompletionOnlyLM(response_template=" ### Answer:")``.
 """
 
@@ -75,8 +76,11 @@ def test_c08_collator_with_response_rows(tmp_path):
 
 
 # ---------------------------------------------------------------------- stage-aware preference configs
-# Written after alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml (DPO, QLoRA, lr 5e-6, beta 0.01)
-# and recipes/zephyr-141b-A35b/orpo/config_full.yaml (ORPO, full, no learning_rate in the file's trainer block here).
+# Written from memory after alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml and
+# recipes/zephyr-141b-A35b/orpo/config_full.yaml. Checked against the published files (alignment-handbook @ 925acdf):
+# the DPO one matches in the keys Audit reads; the ORPO one does not (the published recipe sets learning_rate 5e-6
+# and reads dataset_name/dataset_train_split, not dataset_mixer): it stands here as an ORPO config without a
+# learning rate. The published copies and their tests: published_examples.py, test_audit_published_examples.py.
 ZEPHYR_DPO_QLORA = """\
 model_name_or_path: alignment-handbook/zephyr-7b-sft-qlora
 torch_dtype: bfloat16
@@ -155,7 +159,9 @@ def test_preference_settings_out_of_range(tmp_path):
 
 
 # ---------------------------------------------------------------------- LLaMA-Factory freeze tuning
-# Written after LLaMA-Factory examples/train_freeze/llama3_freeze_sft.yaml (from memory of the published example).
+# Written from memory after LLaMA-Factory examples/train_freeze/llama3_freeze_sft.yaml, which is not in
+# LLaMA-Factory @ ff6d4d1 any more; the published freeze examples (examples/extras/llama_pro/llama3_freeze_sft.yaml,
+# examples/v1/train_freeze/train_freeze_sft.yaml) are in published_examples.py.
 LF_FREEZE = """\
 model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
 stage: sft
@@ -190,8 +196,9 @@ def test_llamafactory_freeze_is_not_a_full_finetune(tmp_path):
 
 
 # ---------------------------------------------------------------------- test splits used for training
-# alignment-handbook's newer recipe layout (dataset_mixture with per-dataset splits); the split is set to test_sft
-# here as the issue reports for some public recipes.
+# alignment-handbook's newer recipe layout (dataset_mixture with per-dataset splits), written from memory; the
+# published recipe (zephyr-7b-beta/sft/config_qlora.yaml, which mixes train_sft and test_sft) is in
+# published_examples.py.
 HANDBOOK_MIXTURE = """\
 model_name_or_path: Qwen/Qwen2.5-0.5B
 use_peft: true
@@ -237,6 +244,7 @@ def test_test_split_used_for_training(tmp_path):
 
 
 # ---------------------------------------------------------------------- the config's own version pins
+# (our own config: no published example pins trl next to packing_strategy + assistant_only_loss)
 PACKED_ASSISTANT_ONLY = """\
 # Requirements: pip install "trl==0.19.1" peft
 model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct
@@ -272,7 +280,9 @@ def test_pinned_trl_makes_packing_bug_an_error(tmp_path):
 
 
 # ---------------------------------------------------------------------- axolotl custom type: field mappings
-# axolotl docs (dataset formats, "custom user-defined format"): a `type:` mapping with field_* names and a format
+# axolotl docs (dataset formats, "custom user-defined format"): a `type:` mapping with field_* names and a format,
+# written from memory; the docs' own example (field_instruction: input, field_input left empty) is in
+# published_examples.py
 AXOLOTL_CUSTOM = """\
 base_model: Qwen/Qwen2.5-0.5B
 adapter: lora

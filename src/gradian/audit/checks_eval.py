@@ -161,8 +161,12 @@ def _key_table(
     new = np.empty(len(ks), dtype=bool)
     new[0] = True
     np.not_equal(ks[1:], ks[:-1], out=new[1:])
-    run = (np.cumsum(new) - 1).astype(np.uint64) << np.uint64(32)
-    pair = run | reps[rs].astype(np.uint64)
+    # (np.cumsum of a bool array without dtype= takes a slow cast path: 10x the time of dtype=)
+    run = np.cumsum(new, dtype=np.uint64)
+    run -= np.uint64(1)
+    run <<= np.uint64(32)
+    pair = reps.astype(np.uint64)[rs]
+    pair |= run
     pair.sort()
     first = np.empty(len(pair), dtype=bool)
     first[0] = True
@@ -170,7 +174,8 @@ def _key_table(
     df = np.bincount((pair[first] >> np.uint64(32)).astype(np.int64), minlength=int(new.sum()))
     if not with_rows:
         return ks[new], df, None, None
-    by_row = run | rs.astype(np.uint64)
+    by_row = rs.astype(np.uint64)
+    by_row |= run
     by_row.sort()
     return ks[new], df, ks, (by_row & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
@@ -330,7 +335,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
     # rarity weight of each eval word; a word absent from training weighs as one in a single row (a swapped-in
     # synonym or an added filler word is not more content than the row's own names)
     idf_all = np.log((n_groups + 1) / (np.maximum(e_wdf, 1) + 1)) + 1.0
-    n_content_all = np.concatenate(([0], np.cumsum(content_all)))
+    n_content_all = np.concatenate(([0], np.cumsum(content_all, dtype=np.int64)))
     touch = np.zeros(len(eg), dtype=bool)  # gram k touches content when any of words k .. k+N-1 is content
     for k in range(_N):
         touch |= content_all[e_start + k]

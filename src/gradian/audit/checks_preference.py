@@ -312,8 +312,9 @@ def d26(ctx: AuditContext) -> list[Hit]:
     requires=("data",),
     severity="error",
     rank=40,
-    rule="KTO rows: only one label present is an error; n_desirable / n_undesirable (weights 1.0) outside "
-    "[1, 4/3] warns",
+    rule="KTO rows: only one label present is an error; (desirable_weight x n_desirable) / (undesirable_weight x "
+    "n_undesirable) outside [1, 4/3] warns (the config's weights: TRL desirable_weight/undesirable_weight, axolotl "
+    "kto_desirable_weight/kto_undesirable_weight, LLaMA-Factory kto_chosen_weight/kto_rejected_weight; else 1.0)",
     fix="set KTOConfig desirable_weight / undesirable_weight so that (desirable_weight x n_desirable) / "
     "(undesirable_weight x n_undesirable) is between 1 and 4/3, or rebalance the rows",
     source="TRL docs, KTO Trainer (desirable_weight/undesirable_weight: ratio 1:1 to 4:3); Ethayarajh et al. 2024, "
@@ -321,7 +322,9 @@ def d26(ctx: AuditContext) -> list[Hit]:
     preference=True,
 )
 def d27(ctx: AuditContext) -> list[Hit]:
-    """D27 (kto_label_balance): ratio = n_desirable / n_undesirable (the config's weights are not read: 1.0)."""
+    """D27 (kto_label_balance): ratio = (w_d x n_desirable) / (w_u x n_undesirable), the weights from the config
+    (1.0 when unset).
+    """
     rows = _rows(ctx)
     if not rows[0].is_kto:
         raise NotApplicable("paired rows (chosen/rejected), not KTO rows")
@@ -335,16 +338,35 @@ def d27(ctx: AuditContext) -> list[Hit]:
                 {"value": pos, "threshold": 1, "n_desirable": pos, "n_undesirable": neg},
             )
         ]
-    ratio = pos / neg
+    c = ctx.config
+    wd = c.desirable_weight if c is not None and c.desirable_weight is not None else 1.0
+    wu = c.undesirable_weight if c is not None and c.undesirable_weight is not None else 1.0
+    if wd <= 0 or wu <= 0:
+        return []  # a zero weight drops a label on purpose; nothing to balance
+    ratio = (wd * pos) / (wu * neg)
     lo, hi = KTO_RATIO
     if lo <= ratio <= hi:
         return []
-    w = (lo if ratio < lo else hi) / ratio
+    w = (lo if ratio < lo else hi) / ratio * wd
+    at = (
+        "weights 1.0"
+        if (wd, wu) == (1.0, 1.0)
+        else "desirable_weight "
+        + f"{wd:g} ({c.source('desirable_weight') or 'default 1.0'}), undesirable_weight {wu:g} "
+        + f"({c.source('undesirable_weight') or 'default 1.0'})"
+    )
     return [
         Hit(
             "warning",
-            f"{pos} desirable and {neg} undesirable KTO rows (ratio {ratio:.2f}, outside 1 to 4/3 at weights 1.0): "
-            f"e.g. desirable_weight={w:.2f} brings it to {ratio * w:.2f}",
-            {"value": round(ratio, 4), "threshold": [lo, round(hi, 4)], "n_desirable": pos, "n_undesirable": neg},
+            f"{pos} desirable and {neg} undesirable KTO rows (weighted ratio {ratio:.2f}, outside 1 to 4/3 at {at}): "
+            f"e.g. desirable_weight={w:.2f} brings it to {ratio * w / wd:.2f}",
+            {
+                "value": round(ratio, 4),
+                "threshold": [lo, round(hi, 4)],
+                "n_desirable": pos,
+                "n_undesirable": neg,
+                "desirable_weight": wd,
+                "undesirable_weight": wu,
+            },
         )
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from gradian.audit.checks_config import _lora_config, _require_possible, total_steps
+from gradian.audit.checks_config import FULL_LR_HIGH, LORA_LR_HIGH, _lora_config, _require_possible, total_steps
 from gradian.audit.checks_dataset import ids, pct
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
@@ -524,6 +524,8 @@ PREF_LR_HIGH_FULL = 1e-5
 PREF_LR_HIGH_LORA = 1e-4
 #: DPO/KTO/ORPO beta: TRL default 0.1; recipes use 0.01 to 0.5 (SimPO's beta is on another scale, 2 to 10).
 PREF_BETA_HIGH = 1.0
+#: Preference stages without a reference model (their loss includes the SFT NLL): ORPO, SimPO, CPO.
+REF_FREE_STAGES = ("orpo", "simpo", "cpo")
 
 
 @check(
@@ -534,7 +536,8 @@ PREF_BETA_HIGH = 1.0
     severity="warning",
     rank=50,
     rule=f"a DPO/ORPO/KTO/CPO run (TRL's preference fields, axolotl rl:, LLaMA-Factory stage): learning_rate > "
-    f"{PREF_LR_HIGH_FULL:g} on a full fine-tune or > {PREF_LR_HIGH_LORA:g} on LoRA warns (each trainer's own "
+    f"{PREF_LR_HIGH_FULL:g} on a full fine-tune or > {PREF_LR_HIGH_LORA:g} on LoRA warns (ORPO/SimPO/CPO, which "
+    f"have no reference model and include the SFT loss: SFT's {FULL_LR_HIGH:g} / {LORA_LR_HIGH:g}) (each trainer's own "
     f"default learning rate when unset: DPO/KTO/ORPO/CPO 1e-6, reward 1e-4); beta <= 0 is an error, beta > "
     f"{PREF_BETA_HIGH:g} warns (not for SimPO); max_prompt_length >= max_length leaves no room for the response: "
     "an error (**H** ranges)",
@@ -550,14 +553,21 @@ def c20(ctx: AuditContext) -> list[Hit]:
     hits = []
     lr = c.learning_rate
     if lr is not None and c.is_lora is not None and c.stage not in ("rm", "reward"):
-        hi = PREF_LR_HIGH_LORA if c.is_lora else PREF_LR_HIGH_FULL
+        # ORPO, SimPO and CPO have no reference model: their loss is SFT's NLL plus a preference term, so SFT's
+        # ranges (C02's) apply (axolotl's published examples/mistral/orpo runs LoRA ORPO at 2e-4)
+        ref_free = c.stage in REF_FREE_STAGES or any(k in (c.loss_type or "") for k in ("simpo", "cpo"))
+        if ref_free:
+            hi = LORA_LR_HIGH if c.is_lora else FULL_LR_HIGH
+            why = f"{c.stage.upper()} trains the SFT loss plus a preference term, and SFT's range ends there"
+        else:
+            hi = PREF_LR_HIGH_LORA if c.is_lora else PREF_LR_HIGH_FULL
+            why = "preference tuning moves the policy away from its reference quickly, and high rates collapse it"
         if lr > hi:
             kind = "LoRA" if c.is_lora else "full"
             hits.append(
                 Hit(
                     "warning",
-                    f"learning_rate={lr:g} on a {kind} {c.stage.upper()} run is above {hi:g}: preference tuning "
-                    f"moves the policy away from its reference quickly, and high rates collapse it",
+                    f"learning_rate={lr:g} on a {kind} {c.stage.upper()} run is above {hi:g}: {why}",
                     {"value": lr, "threshold": hi, **c.cite("learning_rate", "stage", "finetuning")},
                 )
             )
@@ -601,7 +611,8 @@ def c20(ctx: AuditContext) -> list[Hit]:
     severity="warning",
     rank=30,
     rule="a training dataset split named test* (test, test_sft, test_prefs ...) in TRL dataset_train_split, "
-    "alignment-handbook dataset_mixture.datasets[].split or axolotl datasets[].split: any warns",
+    "alignment-handbook dataset_mixture.datasets[].split (every entry is trained on) or axolotl datasets[].split: "
+    "any warns. The old handbook dataset_splits list trains on its *train* names only (test_* is its eval set)",
     fix="train on the train split (train_sft, train_prefs ...); if you evaluate on that benchmark, the test rows "
     "you trained on contaminate it",
     source="HuggingFaceH4/ultrachat_200k and ultrafeedback_binarized split names (train_*/test_*); heuristic",

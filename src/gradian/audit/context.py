@@ -63,8 +63,12 @@ class TokenInfo:
 
 
 def load_tokenizer_folder(path: str | Path):
-    """A tokenizer from a local folder (no network, no remote code). GGUF folders work too."""
-    from transformers import AutoTokenizer
+    """A tokenizer from a local folder (no network, no remote code). GGUF folders work too.
+
+    Where :func:`gradian.audit.tokenizer_fast.fast_tokenizer_class` serves the folder, the class
+    ``AutoTokenizer`` would pick is loaded directly (no torch import); otherwise ``AutoTokenizer``.
+    """
+    from gradian.audit.tokenizer_fast import load_fast
 
     p = Path(path)
     if not p.exists():
@@ -81,6 +85,12 @@ def load_tokenizer_folder(path: str | Path):
         if ggufs:
             kw["gguf_file"] = ggufs[0].name
     try:
+        if "gguf_file" not in kw:
+            tok = load_fast(p, kw)
+            if tok is not None:
+                return tok
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(p), **kw)
     except Exception as e:  # transformers raises OSError/ValueError/KeyError for a bad folder
         msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from gradian.audit.config import TrainConfig, load_config
-from gradian.audit.config.axolotl import apply_mapping, custom_mapping
+from gradian.audit.config.axolotl import apply_mapping, custom_mapping, preference_fields, rename_fields
+from gradian.audit.config.lf_dataset_info import apply_columns, dataset_entry
 from gradian.audit.context import AuditContext, load_tokenizer_folder
 from gradian.audit.logs import TrainLog, load_logs
 from gradian.audit.model import SEVERITY_RANK, AuditResult, Finding, SkippedCheck
@@ -134,6 +135,15 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         ps = str(data)
         rows = apply_mapping(read_records(data), mapping[0])
         examples, data_path = [to_example(r, i, f"{ps}:{i + 1}") for i, r in enumerate(rows)], ps
+    elif (lf := dataset_entry(cfg, str(data)) if isinstance(data, (str, Path)) else None) is not None or (
+        ax := preference_fields(cfg, str(data)) if isinstance(data, (str, Path)) else None
+    ) is not None:
+        # LLaMA-Factory dataset_info.json columns / tags, or an axolotl preference entry's field names, renamed to
+        # the names the row readers know
+        rows = apply_columns(read_records(data), lf[0]) if lf is not None else rename_fields(read_records(data), ax[0])
+        pref = preference_rows(rows, data)
+        examples = None if pref is not None else examples_from_records(rows, data)
+        data_path = str(data)
     else:
         examples, pref, data_path = _training_rows(data)
     eval_examples, eval_path = _examples(eval, "eval")

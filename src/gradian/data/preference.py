@@ -21,7 +21,12 @@ Recognised shapes (``kind``: fields; the documented format each follows):
   object each) (LLaMA-Factory data/README.md: preference dataset, sharegpt format).
 - ``llamafactory_alpaca``: ``instruction`` (+ ``input``) + ``chosen`` + ``rejected`` (LLaMA-Factory
   data/README.md: preference dataset, alpaca format).
-- ``llamafactory_kto``: ``messages``/``conversations`` + ``kto_tag`` (bool) (LLaMA-Factory data/README.md: KTO).
+- ``llamafactory_kto``: ``messages``/``conversations`` + ``kto_tag`` (bool) (LLaMA-Factory data/README.md: KTO), or
+  ``label`` as LLaMA-Factory's own data/kto_en_demo.json names the column.
+
+A ``trl`` row whose ``prompt`` is a string while ``chosen``/``rejected`` are whole conversations (the prompt turn
+included: HuggingFaceH4/ultrafeedback_binarized, which also carries a ``messages`` column; axolotl
+``chat_template.argilla``) takes the shared leading turns as the prompt, as TRL's ``maybe_extract_prompt`` does.
 """
 
 from __future__ import annotations
@@ -97,12 +102,14 @@ def preference_kind(rec: dict[str, Any]) -> str | None:
     """The preference shape of a raw row by its fields (module table), or None for any other row."""
     if "chosen_response" in rec and "rejected_response" in rec:
         return "axolotl_argilla"
-    if isinstance(rec.get("kto_tag"), bool) and ("messages" in rec or "conversations" in rec):
+    if _kto_tag(rec) is not None and ("messages" in rec or "conversations" in rec):
         return "llamafactory_kto"
     if isinstance(rec.get("label"), bool) and "prompt" in rec and "completion" in rec:
         return "trl_kto"
     if "chosen" not in rec or "rejected" not in rec:
         return None
+    if "prompt" in rec:  # before messages: HuggingFaceH4/ultrafeedback_binarized rows also carry a 'messages' copy
+        return "trl"
     if "conversations" in rec:
         return "llamafactory_sharegpt"
     if "messages" in rec or "conversation" in rec:
@@ -114,6 +121,21 @@ def preference_kind(rec: dict[str, Any]) -> str | None:
     if "prompt" not in rec and "input" in rec:
         return "axolotl_icr"
     return "trl"
+
+
+def _kto_tag(rec: dict[str, Any]) -> bool | None:
+    """LLaMA-Factory's KTO tag: the ``kto_tag`` column, or ``label`` as its own demo data names it
+    (data/kto_en_demo.json with ``"columns": {"messages": "messages", "kto_tag": "label"}`` in dataset_info.json).
+    """
+    for key in ("kto_tag", "label"):
+        if isinstance(rec.get(key), bool):
+            return rec[key]
+    return None
+
+
+def _conversational(x: Any) -> bool:
+    """TRL ``is_conversational``: a list of role/content dicts."""
+    return isinstance(x, list) and bool(x) and isinstance(x[0], dict) and "role" in x[0]
 
 
 def refusal(rec: dict[str, Any], kind: str, where: str) -> PreferenceRowsError:
@@ -207,7 +229,7 @@ def to_preference(rec: dict[str, Any], row: int, where: str) -> PreferenceExampl
         last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=None)
         if last is None:
             raise GradianUserError(f"{key!r} has no assistant turn", where=where, fix="end with the response")
-        prompt, chosen, rejected, label = msgs[:last], msgs[last:], None, rec["kto_tag"]
+        prompt, chosen, rejected, label = msgs[:last], msgs[last:], None, _kto_tag(rec)
     elif kind == "axolotl_argilla":
         prompt = _with_system(rec, str(rec.get("instruction") or ""))
         chosen = _response(rec.get("chosen_response"), where, "chosen_response")
@@ -225,10 +247,15 @@ def to_preference(rec: dict[str, Any], row: int, where: str) -> PreferenceExampl
         elif kind == "llamafactory_alpaca":
             inp = rec.get("input") or ""
             prompt = f"{rec['instruction']}\n\n{inp}" if inp else str(rec["instruction"] or "")
-        elif rec.get("prompt") is not None:
+        elif rec.get("prompt") is not None and _conversational(rec["prompt"]) == _conversational(rec.get("chosen")):
             p = rec["prompt"]
             prompt = _messages(p, where, "prompt") if isinstance(p, list) else _with_system(rec, str(p))
         else:
+            # no prompt, or a string prompt next to whole conversations (HuggingFaceH4/ultrafeedback_binarized,
+            # axolotl chat_template.argilla): TRL maybe_extract_prompt takes the shared leading turns
+            if isinstance(chosen, list) and isinstance(rejected, list):
+                chosen = _messages(chosen, where, "chosen")
+                rejected = _messages(rejected, where, "rejected")
             prompt, chosen, rejected = _split_implicit(chosen, rejected)
     if not isinstance(chosen, (str, list)):
         raise GradianUserError("the response must be a string or a message list", where=where, fix="fix the row")

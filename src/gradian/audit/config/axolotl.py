@@ -91,6 +91,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             if r.has(k):
                 cfg.set("beta", r.num(k), r.where(k))
                 break
+        for k in ("desirable_weight", "undesirable_weight"):  # examples/llama-3/qlora-1b-kto.yaml
+            if r.has(f"kto_{k}"):
+                cfg.set(k, r.num(f"kto_{k}"), r.where(f"kto_{k}"))
     elif r.has("pretraining_dataset"):
         cfg.set("stage", "pt", r.where("pretraining_dataset"))
     if r.has("dataset_exact_deduplication"):
@@ -138,12 +141,14 @@ def read(cfg: TrainConfig, r: Reader) -> None:
                     "type": text("type"),
                     "field": text("field"),
                     "field_messages": text("field_messages"),
+                    "field_chosen": text("field_chosen"),
+                    "field_rejected": text("field_rejected"),
                     "roles_to_train": [str(x) for x in d["roles_to_train"]]
                     if isinstance(d.get("roles_to_train"), list)
                     else None,
                     "train_on_eos": text("train_on_eos"),
                     "chat_template": text("chat_template"),
-                    "type_mapping": {str(k): v for k, v in d["type"].items() if isinstance(v, str)}
+                    "type_mapping": {str(k): v for k, v in d["type"].items() if isinstance(v, str) or v is None}
                     if isinstance(d.get("type"), dict)
                     else None,
                 }
@@ -176,7 +181,13 @@ def custom_mapping(cfg: TrainConfig, data_path: str | None) -> tuple[dict[str, s
     """
     if cfg.trainer != "axolotl" or not cfg.datasets:
         return None
-    entries = [d for d in cfg.datasets if d.get("type_mapping") and set(d["type_mapping"]) & set(_MAPPED)]
+    entries = [
+        d
+        for d in cfg.datasets
+        if d.get("type_mapping")
+        and set(d["type_mapping"]) & set(_MAPPED)
+        and not {"field_chosen", "field_rejected"} & set(d["type_mapping"])  # a preference mapping: preference_fields
+    ]
     if not entries:
         return None
     if len(cfg.datasets) > 1 and data_path:
@@ -188,6 +199,56 @@ def custom_mapping(cfg: TrainConfig, data_path: str | None) -> tuple[dict[str, s
     return d["type_mapping"], f"{Path(cfg.paths[0]).name}: datasets[{d['index']}].type"
 
 
+def _entry_for(cfg: TrainConfig, data_path: str | None, entries: list[dict]) -> dict | None:
+    """The one dataset entry that applies to ``data_path`` (the only one, or the one whose path names the file)."""
+    if len(cfg.datasets or []) > 1 and data_path:
+        name = Path(data_path).name
+        entries = [d for d in entries if d.get("path") and Path(str(d["path"])).name == name]
+    return entries[0] if len(entries) == 1 else None
+
+
+#: user_defined.default preference mapping keys (docs/rlhf.qmd) -> the row fields the preference reader knows
+_PREF_MAPPED = {
+    "field_prompt": "prompt",
+    "field_system": "system",
+    "field_chosen": "chosen",
+    "field_rejected": "rejected",
+}
+
+
+def preference_fields(cfg: TrainConfig | None, data_path: str | None) -> tuple[dict[str, str], str] | None:
+    """For an axolotl preference run (``rl:``), the renames its dataset entry implies, ``{row field: reader field}``,
+    and where: ``chat_template.*`` types' ``field_messages`` / ``field_chosen`` / ``field_rejected``, or a
+    ``user_defined.default`` ``type:`` mapping's ``field_prompt`` / ``field_system`` / ``field_chosen`` /
+    ``field_rejected`` (axolotl docs/rlhf.qmd). None when nothing is renamed.
+    """
+    if cfg is None or cfg.trainer != "axolotl" or not cfg.datasets or cfg.stage in (None, "sft", "pt"):
+        return None
+    d = _entry_for(cfg, data_path, list(cfg.datasets))
+    if d is None:
+        return None
+    where = f"{Path(cfg.paths[0]).name}: datasets[{d['index']}]"
+    ren: dict[str, str] = {}
+    if isinstance(d.get("type_mapping"), dict):
+        ren = {v: _PREF_MAPPED[k] for k, v in d["type_mapping"].items() if k in _PREF_MAPPED and isinstance(v, str)}
+        where += ".type"
+    elif str(d.get("type") or "").startswith("chat_template"):
+        for key, default in (
+            ("field_messages", "messages"),
+            ("field_chosen", "chosen"),
+            ("field_rejected", "rejected"),
+        ):
+            if d.get(key):
+                ren[str(d[key])] = default
+    ren = {k: v for k, v in ren.items() if k != v}
+    return (ren, where) if ren else None
+
+
+def rename_fields(records: list, ren: dict[str, str]) -> list:
+    """``records`` with top-level fields renamed by ``ren`` (other fields and non-dict rows as they were)."""
+    return [{ren.get(k, k): v for k, v in r.items()} if isinstance(r, dict) else r for r in records]
+
+
 def apply_mapping(records: list[dict], mapping: dict[str, str]) -> list[dict]:
     """Rows under an axolotl custom mapping, as prompt/completion records (their content, as the checks read it).
 
@@ -196,16 +257,19 @@ def apply_mapping(records: list[dict], mapping: dict[str, str]) -> list[dict]:
     (``"[INST] {instruction} [/INST]"``): it is not put into the text, so its markers are not read as content
     (D08). Records keep their ``id``.
     """
-    fi, fo = mapping.get("field_instruction", "instruction"), mapping.get("field_output", "output")
-    fin, fs = mapping.get("field_input", "input"), mapping.get("field_system")
+    # axolotl's UserDefinedDatasetConfig defaults; a key given empty (``field_input:`` in docs/dataset-formats'
+    # own example, whose instruction field is named ``input``) names no field
+    fi, fo = mapping.get("field_instruction") or "instruction", mapping.get("field_output") or "output"
+    fin, fs = mapping.get("field_input", "input"), mapping.get("field_system", "system")
     out = []
     for r in records:
         if not isinstance(r, dict) or fi not in r or fo not in r:
             out.append(r)  # left as is: the row reader names what is missing
             continue
-        ins, inp = str(r.get(fi) or ""), str(r.get(fin) or "")
+        ins = str(r.get(fi) or "")
+        inp = str(r.get(fin) or "") if fin else ""
         prompt = ins + (f"\n\n{inp}" if inp else "")
-        system = str(r.get(fs) or "") if fs else mapping.get("system_prompt", "")
+        system = str(r.get(fs) or "") if fs and fs in r else (mapping.get("system_prompt") or "")
         if system:
             prompt = f"{system}\n\n{prompt}"
         keep = {k: v for k, v in r.items() if k in ("id",)}

@@ -94,6 +94,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             cfg.set("stage", stage, r.where("stage"))
         if stage in ("dpo", "kto") and r.has("pref_beta"):
             cfg.set("beta", r.num("pref_beta"), r.where("pref_beta"))
+        for k, lf in (("desirable_weight", "kto_chosen_weight"), ("undesirable_weight", "kto_rejected_weight")):
+            if r.has(lf):
+                cfg.set(k, r.num(lf), r.where(lf))
     if stage == "pt" and not r.has("packing") and not r.bool_("neat_packing"):
         cfg.set("packing", True, f"{r.where('stage')} (LLaMA-Factory turns packing on for stage pt)")
     ft = r.str_("finetuning_type")
@@ -115,6 +118,12 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("packing", False, r.where("packing"))
     if r.has("eval_dataset"):
         cfg.set("has_eval_dataset", True, r.where("eval_dataset"))
+    ds = r.get("dataset")
+    names = [x.strip() for x in ds.split(",")] if isinstance(ds, str) else ds if isinstance(ds, list) else []
+    if names:  # resolved against dataset_info.json by gradian.audit.config.lf_dataset_info
+        ddir = r.str_("dataset_dir") or "data"
+        entries = [{"name": str(n), "index": i, "dataset_dir": ddir} for i, n in enumerate(names) if str(n)]
+        cfg.set("datasets", entries, r.where("dataset"))
     fa = r.str_("flash_attn")
     if fa:
         cfg.set(

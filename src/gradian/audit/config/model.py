@@ -123,6 +123,10 @@ class TrainConfig:
     beta: float | None = None
     loss_type: str | None = None
     max_prompt_length: int | None = None
+    #: KTO's per-label loss weights (TRL KTOConfig desirable_weight / undesirable_weight, axolotl
+    #: kto_desirable_weight / kto_undesirable_weight, LLaMA-Factory kto_chosen_weight / kto_rejected_weight)
+    desirable_weight: float | None = None
+    undesirable_weight: float | None = None
     ref_model: str | None = None
     dedup_exact: bool | None = None
     messages_loss: str | None = None

@@ -113,6 +113,8 @@ def read(cfg: TrainConfig, r: Reader) -> None:
     loss = r.get("loss._component_")
     if isinstance(loss, str) and _tt_loss_stage(loss.rsplit(".", 1)[-1]):
         cfg.set("stage", _tt_loss_stage(loss.rsplit(".", 1)[-1]), r.where("loss._component_"))
+        if r.has("loss.beta"):  # torchtune.rlhf.loss.DPOLoss(beta=0.1) in recipes/configs/llama3_1/8B_lora_dpo.yaml
+            cfg.set("beta", r.num("loss.beta"), r.where("loss.beta"))
     ds = r.get("dataset")
     dss = ds if isinstance(ds, list) else [ds] if isinstance(ds, dict) else []
     for i, d in enumerate(dss):

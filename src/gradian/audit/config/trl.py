@@ -206,6 +206,14 @@ def read(cfg: TrainConfig, r: Reader) -> None:
                 splits.append(
                     {"dataset": str(name), "split": d["split"], "from": r.where(f"dataset_mixture.datasets[{i}].split")}
                 )
+    mixer, names = r.get("dataset_mixer"), r.get("dataset_splits")
+    if isinstance(mixer, dict) and isinstance(names, list):
+        # the old handbook layout (alignment-handbook <= 0.3 get_datasets): a split whose name holds "train" is
+        # trained on, one holding "test" is the eval set
+        for i, sp in enumerate(names):
+            if isinstance(sp, str) and "train" in sp:
+                for name in mixer:
+                    splits.append({"dataset": str(name), "split": sp, "from": r.where(f"dataset_splits[{i}]")})
     if splits:
         cfg.set("train_splits", splits, splits[0]["from"])
     stage = _stage(r)
@@ -215,6 +223,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             cfg.set("beta", r.num("beta"), r.where("beta"))
         if r.has("max_prompt_length"):
             cfg.set("max_prompt_length", r.int_("max_prompt_length"), r.where("max_prompt_length"))
+        for k in ("desirable_weight", "undesirable_weight"):
+            if r.has(k):
+                cfg.set(k, r.num(k), r.where(k))
         lt = r.raw.get("loss_type")
         if lt is not None:
             cfg.set("loss_type", ",".join(map(str, lt)) if isinstance(lt, list) else str(lt), r.where("loss_type"))
