@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from published_examples import AH_ZEPHYR_DPO_QLORA
+
 from gradian.audit import diagnose
 
 
@@ -76,37 +78,12 @@ def test_c08_collator_with_response_rows(tmp_path):
 
 
 # ---------------------------------------------------------------------- stage-aware preference configs
-# Written from memory after alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml and
-# recipes/zephyr-141b-A35b/orpo/config_full.yaml. Checked against the published files (alignment-handbook @ 925acdf):
-# the DPO one matches in the keys Audit reads; the ORPO one does not (the published recipe sets learning_rate 5e-6
-# and reads dataset_name/dataset_train_split, not dataset_mixer): it stands here as an ORPO config without a
-# learning rate. The published copies and their tests: published_examples.py, test_audit_published_examples.py.
-ZEPHYR_DPO_QLORA = """\
-model_name_or_path: alignment-handbook/zephyr-7b-sft-qlora
-torch_dtype: bfloat16
-use_peft: true
-load_in_4bit: true
-lora_r: 128
-lora_alpha: 128
-lora_dropout: 0.05
-lora_target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]
-dataset_mixer:
-  HuggingFaceH4/ultrafeedback_binarized: 1.0
-dataset_splits:
-- train_prefs
-- test_prefs
-bf16: true
-beta: 0.01
-gradient_accumulation_steps: 4
-learning_rate: 5.0e-6
-lr_scheduler_type: cosine
-max_length: 1024
-max_prompt_length: 512
-num_train_epochs: 1
-optim: paged_adamw_32bit
-per_device_train_batch_size: 4
-warmup_ratio: 0.1
-"""
+# The DPO recipe is alignment-handbook's recipes/zephyr-7b-beta/dpo/config_qlora.yaml as typed out in
+# published_examples.py. The ORPO one was written from memory after recipes/zephyr-141b-A35b/orpo/config_full.yaml
+# and does not match it (the published recipe sets learning_rate 5e-6 and reads dataset_name/dataset_train_split,
+# not dataset_mixer): it stands here as an ORPO config without a learning rate. The published copies and their
+# tests: published_examples.py, test_audit_published_examples.py.
+ZEPHYR_DPO_QLORA = AH_ZEPHYR_DPO_QLORA  # the published file, typed out once in published_examples.py
 
 ZEPHYR_ORPO_FULL = """\
 model_name_or_path: mistral-community/Mixtral-8x22B-v0.1
