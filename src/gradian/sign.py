@@ -224,3 +224,18 @@ def scale_verdict(x: float | np.ndarray, rank_scores: np.ndarray) -> float | np.
 
 #: Characters of a listed row shown on each side of its harmful sentence (every renderer).
 SENTENCE_CONTEXT_SHOWN = 80
+
+
+def auc_lower_is_positive(scores: np.ndarray, positive: np.ndarray) -> float:
+    """AUC of ``-scores`` for detecting ``positive`` rows (NaN if a class is empty).
+
+    P(score_i < score_j | i positive, j not), ties counted half (Mann-Whitney): lower = more harmful.
+    """
+    from scipy.stats import rankdata
+
+    pos = positive.astype(bool)
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    r = rankdata(-scores)  # rank 1 = least harmful
+    return float((r[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))

@@ -44,6 +44,7 @@ from gradian.index.store import GradientIndex
 from gradian.sign import (
     SIGN_CONVENTION,
     VERDICT_SCORE_DOC,
+    auc_lower_is_positive,
     harm_ranks,
     harmful_rows,
     most_harmful_first,
@@ -152,17 +153,13 @@ def tail_agreement(gradient: np.ndarray, reference: np.ndarray, k: int | None = 
     Args:
         gradient, reference: (n,) scores, lower = more harmful.
     """
-    from scipy.stats import rankdata
-
     n = len(gradient)
     if n < 3:
         return float("nan")
     k = tail_size(n) if k is None else int(min(max(1, k), n - 1))
     top = np.zeros(n, dtype=bool)
     top[np.argsort(reference, kind="stable")[:k]] = True
-    r = rankdata(-np.asarray(gradient, dtype=np.float64))  # Mann-Whitney: rank 1 = least harmful
-    auc = (r[top].sum() - k * (k + 1) / 2) / (k * (n - k))
-    return float(2.0 * auc - 1.0)
+    return float(2.0 * auc_lower_is_positive(np.asarray(gradient, dtype=np.float64), top) - 1.0)
 
 
 def fuse_scores(

@@ -25,17 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-
-def auc_lower_is_positive(scores: np.ndarray, positive: np.ndarray) -> float:
-    """AUC of ``-scores`` for detecting ``positive`` rows (NaN if a class is empty)."""
-    from scipy.stats import rankdata
-
-    pos = positive.astype(bool)
-    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    r = rankdata(-scores)  # rank 1 = least harmful
-    return float((r[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+from gradian.sign import auc_lower_is_positive  # noqa: F401 (with the sign convention; tests import it from here)
 
 
 def precision_at_k(scores: np.ndarray, positive: np.ndarray, k: int) -> float:
