@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -236,7 +237,7 @@ def main() -> None:
             continue
         world = args.family / v["name"]
         print(f"[{v['name']}] train + attribute ...", flush=True)
-        times = train_and_attribute(world, args.retrain, args.attribute_args.split())
+        times = train_and_attribute(world, args.retrain, shlex.split(args.attribute_args))
         entry = {k: v[k] for k in ("name", "held_out", "knobs", "resolved", "sizes")} | {"times": times}
         entry["score"] = score_run(world)
         if args.units and entry["score"].get("regressed"):
