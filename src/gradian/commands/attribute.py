@@ -535,6 +535,7 @@ def register(app: typer.Typer) -> None:
                     one_pass=one_pass,
                     save_evidence=save_evidence,
                 )
+            distributed.barrier()  # every rank done before the group goes (no rank exits under a live peer)
         finally:
             distributed.shutdown()
         if run is None or plan_only:  # a rank other than 0: its share is done, rank 0 reports; or the plan alone

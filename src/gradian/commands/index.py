@@ -215,5 +215,6 @@ def register(app: typer.Typer) -> None:
                 highlight=False,
                 soft_wrap=True,
             )
+            distributed.barrier()  # every rank done before the group goes (no rank exits under a live peer)
         finally:
             distributed.shutdown()
