@@ -219,7 +219,8 @@ def main() -> None:
     ap.add_argument(
         "--attribute-args",
         default="",
-        help="extra flags for every gradian attribute, one string (e.g. '--fuse-gate global --save-evidence')",
+        help="extra flags for every gradian attribute, one string; give it with '=' so a lone flag is not read as "
+        "an option of this script (e.g. --attribute-args=--save-evidence, or --attribute-args='--fuse-gate tail')",
     )
     ap.add_argument("--table-from", type=Path, default=None, help="print the tables of an earlier report and stop")
     args = ap.parse_args()
