@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradian.util import by_name
+
 DIST = "gradian"
 #: Core dependencies shown first, in this order (the rest of the core window follows).
 PRIMARY = ("torch", "transformers", "peft", "tokenizers", "datasets", "safetensors")
@@ -108,10 +110,7 @@ class DoctorReport:
         return [c for c in self.checks if c.status in ("problem", "missing")]
 
     def check(self, name: str) -> Check:
-        for c in self.checks:
-            if c.name == name:
-                return c
-        raise KeyError(name)
+        return by_name(self.checks, name)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -36,6 +36,14 @@ class GradianUserError(Exception):
         return "".join(parts).replace("\n", " ")
 
 
+def first_line(e: BaseException, limit: int = 160) -> str:
+    """The first line of ``str(e)``, cut to ``limit`` characters (the exception's type name when it says nothing):
+    what a :class:`GradianUserError` quotes of a library's exception.
+    """
+    text = str(e)
+    return text.splitlines()[0][:limit] if text else type(e).__name__
+
+
 class GradianWarning(UserWarning):
     """Something Gradian repaired or worked around that the user should know about (e.g. a corrupt index
     shard that is being rebuilt). The CLI prints it as one ``warning:`` line; Python callers get a

@@ -14,6 +14,7 @@ from typing import Any, Callable, TypeVar
 from gradian.errors import GradianUserError
 from gradian.runfile import RUN_SCHEMA, _whole_evaluation, check_run, load_run
 from gradian.sign import SIGN_CONVENTION
+from gradian.util import by_name
 
 
 def _record_fields(cls: type) -> list[str]:
@@ -184,10 +185,7 @@ class Attribution:
 
     def capability(self, name: str) -> CapabilityRun:
         """The verdict of capability ``name`` (KeyError if it was not attributed)."""
-        for c in self.capabilities:
-            if c.capability == name:
-                return c
-        raise KeyError(name)
+        return by_name(self.capabilities, name, "capability")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Attribution:

@@ -24,7 +24,7 @@ import stat
 from pathlib import Path
 from typing import Any, Iterator
 
-from gradian.errors import GradianUserError
+from gradian.errors import GradianUserError, first_line
 
 MiB = 1 << 20
 DEFAULT_MAX_INPUT_MB = 4096
@@ -249,7 +249,7 @@ def parse_json(text: str, where: str, *, line: int | None = None, fix: str = "fi
         at = f"column {e.colno}" if line is not None else f"line {e.lineno} column {e.colno}"
         raise GradianUserError(f"malformed JSON at {at}: {e.msg}", where=f"{where}:{ln}", fix=fix) from None
     except ValueError as e:  # e.g. an integer literal beyond Python's int/str conversion limit
-        msg = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        msg = first_line(e, 120)
         raise GradianUserError(
             f"unreadable JSON value ({msg})", where=f"{where}:{line}" if line else where, fix=fix
         ) from None
@@ -362,7 +362,7 @@ def parse_yaml(text: str, where: str, fix: str = "fix the YAML syntax (indentati
     except RecursionError:
         raise _depth_error("values are nested too deeply to parse", where) from None
     except Exception as e:  # PyYAML's constructors raise plain ValueError/TypeError/OverflowError on bad values
-        msg = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        msg = first_line(e, 120)
         raise GradianUserError(f"unreadable YAML value ({type(e).__name__}: {msg})", where=where, fix=fix) from None
     finally:
         if loader is not None:

@@ -18,12 +18,22 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, TypeVar
 
 from gradian.errors import GradianUserError
 
+T = TypeVar("T")
+
 #: the errnos that mean "no room": a full file system, an exhausted quota
 DISK_FULL_ERRNOS = frozenset(e for e in (getattr(errno, "ENOSPC", None), getattr(errno, "EDQUOT", None)) if e)
+
+
+def by_name(items: Iterable[T], name: str, attr: str = "name") -> T:
+    """The first of ``items`` whose attribute ``attr`` equals ``name`` (KeyError(name) when none does)."""
+    for item in items:
+        if getattr(item, attr) == name:
+            return item
+    raise KeyError(name)
 
 
 def human_bytes(n: float) -> str:

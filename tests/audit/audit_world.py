@@ -119,6 +119,32 @@ def make_rows(n: int = 600, seed: int = 0, kind: str = "pc", id_prefix: str = "r
     return rows
 
 
+def as_messages(rows: list[dict]) -> list[dict]:
+    """Prompt/completion rows as 'messages' rows (the prompt stripped, one user and one assistant turn), same ids."""
+    return [
+        {
+            "id": r["id"],
+            "messages": [
+                {"role": "user", "content": r["prompt"].strip()},
+                {"role": "assistant", "content": r["completion"]},
+            ],
+        }
+        for r in rows
+    ]
+
+
+def as_conversational(rows: list[dict]) -> list[dict]:
+    """Prompt/completion rows in TRL's conversational prompt/completion form (one user turn, one assistant turn)."""
+    return [
+        {
+            "id": r["id"],
+            "prompt": [{"role": "user", "content": r["prompt"].strip()}],
+            "completion": [{"role": "assistant", "content": r["completion"]}],
+        }
+        for r in rows
+    ]
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path

@@ -4,6 +4,8 @@ Written out by hand for the tests (nothing is fetched at test time); each names 
 follows. Only the keys Audit reads, and a few it must ignore, are kept.
 """
 
+from published_examples import LF_QWEN3_LORA_DPO, LF_TRAIN_1E4
+
 # axolotl, modelled on examples/llama-3/lora-1b-deduplicate-sft.yml (axolotl-ai-cloud/axolotl)
 AXOLOTL_SFT_DEDUP = """\
 base_model: meta-llama/Llama-3.2-1B
@@ -70,35 +72,14 @@ warmup_ratio: 0.1
 evals_per_epoch: 4
 """
 
-# LLaMA-Factory, modelled on examples/train_lora/qwen3_lora_dpo.yaml (hiyouga/LLaMA-Factory)
-LF_DPO = """\
-model_name_or_path: Qwen/Qwen3-4B-Instruct-2507
-trust_remote_code: true
-stage: dpo
-do_train: true
-finetuning_type: lora
-lora_rank: 8
-lora_target: all
-pref_beta: 0.1
-pref_loss: sigmoid
-dataset: dpo_en_demo
-template: qwen3_nothink
-cutoff_len: 2048
-max_samples: 1000
-output_dir: saves/qwen3-4b/lora/dpo
-logging_steps: 10
-save_steps: 500
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 8
-learning_rate: 5.0e-6
-num_train_epochs: 3.0
-lr_scheduler_type: cosine
-warmup_ratio: 0.1
-bf16: true
-"""
+# LLaMA-Factory, modelled on examples/train_lora/qwen3_lora_dpo.yaml (hiyouga/LLaMA-Factory): the file
+# published_examples.LF_QWEN3_LORA_DPO types out, plus its logging and save lines (keys Audit must ignore).
+LF_DPO = LF_QWEN3_LORA_DPO.replace(
+    "output_dir: saves/qwen3-4b/lora/dpo\n", "output_dir: saves/qwen3-4b/lora/dpo\nlogging_steps: 10\nsave_steps: 500\n"
+)
 
 # LLaMA-Factory, modelled on examples/train_lora/qwen3_lora_pretrain.yaml (hiyouga/LLaMA-Factory)
-LF_PT = """\
+LF_PT = f"""\
 model_name_or_path: Qwen/Qwen3-4B-Instruct-2507
 stage: pt
 do_train: true
@@ -109,14 +90,7 @@ dataset: c4_demo
 cutoff_len: 2048
 max_samples: 1000
 output_dir: saves/qwen3-4b/lora/pretrain
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 8
-learning_rate: 1.0e-4
-num_train_epochs: 3.0
-lr_scheduler_type: cosine
-warmup_ratio: 0.1
-bf16: true
-"""
+{LF_TRAIN_1E4}"""
 
 # LLaMA-Factory v1, modelled on examples/v1/train_lora/train_lora_sft.yaml (hiyouga/LLaMA-Factory)
 LF_V1 = """\

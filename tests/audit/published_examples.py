@@ -311,6 +311,19 @@ attn_implementation: flash_attention_2
 warmup_ratio: 0.1
 """
 
+# The training block LLaMA-Factory's examples/train_lora and examples/extras configs end with, at lr 1e-4
+# (qwen3_lora_pretrain.yaml, llama3_freeze_sft.yaml, ...); the configs below and in the other fixture files
+# that follow those files end with it.
+LF_TRAIN_1E4 = """\
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+"""
+
 # LF examples/train_lora/qwen3_lora_dpo.yaml (cases 1 and 2): stage: dpo, pref_beta, pref_loss sigmoid.
 LF_QWEN3_LORA_DPO = """\
 model_name_or_path: Qwen/Qwen3-4B-Instruct-2507
@@ -345,7 +358,7 @@ LF_QWEN3_LORA_KTO = (
 )
 
 # LF examples/extras/llama_pro/llama3_freeze_sft.yaml (case 7): finetuning_type: freeze at 1e-4.
-LF_LLAMA3_FREEZE_SFT = """\
+LF_LLAMA3_FREEZE_SFT = f"""\
 model_name_or_path: models/llama3-8b-pro
 trust_remote_code: true
 stage: sft
@@ -359,14 +372,7 @@ template: llama3
 cutoff_len: 2048
 max_samples: 1000
 output_dir: saves/llama3-8b-pro/freeze/sft
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 8
-learning_rate: 1.0e-4
-num_train_epochs: 3.0
-lr_scheduler_type: cosine
-warmup_ratio: 0.1
-bf16: true
-"""
+{LF_TRAIN_1E4}"""
 
 # LF examples/v1/train_freeze/train_freeze_sft.yaml (case 7): LLaMA-Factory v1 spells freeze tuning
 # peft_config.name: freeze.

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from audit_world import clean_trainer_state
+from audit_world import as_conversational, as_messages, clean_trainer_state
 from pref_world import trl_kto_rows, trl_rows
 
 from gradian.audit import all_checks, diagnose
@@ -22,16 +22,7 @@ def _rows_pc(world, n=None):
 
 
 def _msgs(world, n=200):
-    return [
-        {
-            "id": r["id"],
-            "messages": [
-                {"role": "user", "content": r["prompt"].strip()},
-                {"role": "assistant", "content": r["completion"]},
-            ],
-        }
-        for r in world.rows_copy()[:n]
-    ]
+    return as_messages(world.rows_copy()[:n])
 
 
 #: alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml (published: beta 0.01, lr 5.0e-6)
@@ -54,14 +45,7 @@ def _yaml_config(w, name: str, text: str, **inputs) -> dict:
 
 def _conv_pc(world, n=200):
     """TRL's conversational prompt/completion form (completion-only loss applies)."""
-    return [
-        {
-            "id": r["id"],
-            "prompt": [{"role": "user", "content": r["prompt"].strip()}],
-            "completion": [{"role": "assistant", "content": r["completion"]}],
-        }
-        for r in world.rows_copy()[:n]
-    ]
+    return as_conversational(world.rows_copy()[:n])
 
 
 # ---------------------------------------------------------------------- data

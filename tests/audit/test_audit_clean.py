@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from audit_world import make_rows
+from audit_world import as_messages, make_rows
 
 from gradian.audit import JSON_SCHEMA, all_checks, diagnose
 from gradian.audit.model import SEVERITY_RANK
@@ -210,16 +210,7 @@ eval_steps: 10
 
 def test_clean_axolotl_and_llamafactory_runs(world):
     """No false alarms on sensible axolotl (chat_template rows) and LLaMA-Factory (alpaca rows) setups."""
-    msgs = [
-        {
-            "id": r["id"],
-            "messages": [
-                {"role": "user", "content": r["prompt"].strip()},
-                {"role": "assistant", "content": r["completion"]},
-            ],
-        }
-        for r in world.rows
-    ]
+    msgs = as_messages(world.rows)
     ax = world.write_text("axolotl.yaml", AXOLOTL_CLEAN)
     res = diagnose(data=world.data_with(msgs), eval=world.eval, configs=[ax], logs=world.logs, tokenizer=world.tok_dir)
     assert (res.counts["error"], res.counts["warning"]) == (0, 0), [f.message for f in res.findings]

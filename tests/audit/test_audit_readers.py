@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from published_examples import LF_TRAIN_1E4
 
 from gradian.audit import load_config, load_logs
 from gradian.audit.config import detect_config_format
@@ -38,7 +39,7 @@ datasets:
     field_messages: conversations
 """
 
-LLAMAFACTORY = """\
+LLAMAFACTORY = f"""\
 model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
 stage: sft
 do_train: true
@@ -48,14 +49,7 @@ lora_target: all
 dataset: identity,alpaca_en_demo
 template: llama3
 cutoff_len: 2048
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 8
-learning_rate: 1.0e-4
-num_train_epochs: 3.0
-lr_scheduler_type: cosine
-warmup_ratio: 0.1
-bf16: true
-val_size: 0.1
+{LF_TRAIN_1E4}val_size: 0.1
 """
 
 TORCHTUNE = """\

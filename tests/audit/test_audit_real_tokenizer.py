@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from audit_world import as_conversational
 
 from gradian.audit import diagnose
 
@@ -21,14 +22,7 @@ def smol_folder():
 
 
 def test_clean_run_with_real_tokenizer(world, smol_folder):
-    conv = [
-        {
-            "id": r["id"],
-            "prompt": [{"role": "user", "content": r["prompt"].strip()}],
-            "completion": [{"role": "assistant", "content": r["completion"]}],
-        }
-        for r in world.rows
-    ]
+    conv = as_conversational(world.rows)
     for data in (world.data, world.data_with(conv)):
         res = diagnose(
             data=data,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from published_examples import AH_ZEPHYR_DPO_QLORA
+from published_examples import AH_ZEPHYR_DPO_QLORA, LF_TRAIN_1E4
 
 from gradian.audit import diagnose
 
@@ -139,7 +139,7 @@ def test_preference_settings_out_of_range(tmp_path):
 # Written from memory after LLaMA-Factory examples/train_freeze/llama3_freeze_sft.yaml, which is not in
 # LLaMA-Factory @ ff6d4d1 any more; the published freeze examples (examples/extras/llama_pro/llama3_freeze_sft.yaml,
 # examples/v1/train_freeze/train_freeze_sft.yaml) are in published_examples.py.
-LF_FREEZE = """\
+LF_FREEZE = f"""\
 model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
 stage: sft
 do_train: true
@@ -151,14 +151,7 @@ template: llama3
 cutoff_len: 2048
 max_samples: 1000
 output_dir: saves/llama3-8b/freeze/sft
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 8
-learning_rate: 1.0e-4
-num_train_epochs: 3.0
-lr_scheduler_type: cosine
-warmup_ratio: 0.1
-bf16: true
-"""
+{LF_TRAIN_1E4}"""
 
 
 def test_llamafactory_freeze_is_not_a_full_finetune(tmp_path):
@@ -194,17 +187,24 @@ dataset_mixture:
 max_length: 2048
 """
 
-AXOLOTL_TEST_SPLIT = """\
+#: The axolotl LoRA run the two axolotl configs below share, up to its datasets.
+AXOLOTL_QWEN_LORA = """\
 base_model: Qwen/Qwen2.5-0.5B
 adapter: lora
 lora_r: 16
 lora_alpha: 32
 learning_rate: 2.0e-4
 datasets:
+"""
+
+AXOLOTL_TEST_SPLIT = (
+    AXOLOTL_QWEN_LORA
+    + """\
   - path: tatsu-lab/alpaca
     type: alpaca
     split: test
 """
+)
 
 
 def test_test_split_used_for_training(tmp_path):
@@ -260,13 +260,9 @@ def test_pinned_trl_makes_packing_bug_an_error(tmp_path):
 # axolotl docs (dataset formats, "custom user-defined format"): a `type:` mapping with field_* names and a format,
 # written from memory; the docs' own example (field_instruction: input, field_input left empty) is in
 # published_examples.py
-AXOLOTL_CUSTOM = """\
-base_model: Qwen/Qwen2.5-0.5B
-adapter: lora
-lora_r: 16
-lora_alpha: 32
-learning_rate: 2.0e-4
-datasets:
+AXOLOTL_CUSTOM = (
+    AXOLOTL_QWEN_LORA
+    + """\
   - path: train.jsonl
     type:
       field_instruction: question
@@ -275,6 +271,7 @@ datasets:
       format: "[INST] {instruction} {input} [/INST]"
       no_input_format: "[INST] {instruction} [/INST]"
 """
+)
 
 
 def test_axolotl_custom_mapping_is_read(tmp_path):

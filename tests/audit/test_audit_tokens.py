@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from audit_world import as_messages
 
 from gradian.audit import context as C
 from gradian.audit import diagnose
@@ -84,16 +85,7 @@ def test_disagreement_falls_back_to_tokenize_example(world, monkeypatch):
 
 def test_trl_messages_rows_are_trained_on_every_token(world):
     """TRL without assistant_only_loss trains every token of 'messages' rows; the token view follows it."""
-    rows = [
-        {
-            "id": r["id"],
-            "messages": [
-                {"role": "user", "content": r["prompt"].strip()},
-                {"role": "assistant", "content": r["completion"]},
-            ],
-        }
-        for r in world.rows[:50]
-    ]
+    rows = as_messages(world.rows[:50])
     res = diagnose(
         data=world.data_with(rows),
         configs=[world.config_with(completion_only_loss=None)],

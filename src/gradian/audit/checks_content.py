@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from gradian.audit import text as T
-from gradian.audit.checks_dataset import ids, pct, rate_hit
+from gradian.audit.checks_dataset import ids, pct, share_hit
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
 
@@ -36,14 +36,8 @@ def d16(ctx: AuditContext) -> list[Hit]:
     bad = [i for i, (p, c) in enumerate(zip(ctx.norm_prompt, ctx.norm_completion)) if len(c) >= 20 and c in p]
     if not bad:
         return []
-    rate = len(bad) / ctx.n
-    return rate_hit(
-        ctx,
-        bad,
-        "warning" if rate > 0.05 else "info",
-        f"{pct(len(bad), ctx.n)} contain their own target verbatim in the prompt (threshold 5%)",
-        rate,
-        0.05,
+    return share_hit(
+        ctx, bad, f"{pct(len(bad), ctx.n)} contain their own target verbatim in the prompt (threshold 5%)", 0.05
     )
 
 
@@ -79,15 +73,12 @@ def d17(ctx: AuditContext) -> list[Hit]:
     out = [pts[k][0] for k in np.nonzero(z > 5)[0]]
     if not out:
         return []
-    rate = len(out) / ctx.n
     lv = [lens[i] for i in out]
-    return rate_hit(
+    return share_hit(
         ctx,
         out,
-        "warning" if rate > 0.01 else "info",
         f"{pct(len(out), ctx.n)} have target lengths far from the median of {math.expm1(med):.0f} {unit} "
         f"(robust z > 5; outliers range {min(lv)}-{max(lv)} {unit})",
-        rate,
         0.01,
         {
             "z_threshold": 5,
@@ -193,14 +184,11 @@ def d20(ctx: AuditContext) -> list[Hit]:
     allrows = sorted({i for v in kinds.values() for i in v})
     if not allrows:
         return []
-    rate = len(allrows) / ctx.n
-    return rate_hit(
+    return share_hit(
         ctx,
         allrows,
-        "warning" if rate > 0.01 else "info",
         f"{pct(len(allrows), ctx.n)} carry noise (threshold 1%): "
         + ", ".join(f"{k} {len(v)}" for k, v in sorted(kinds.items())),
-        rate,
         0.01,
         {
             "by_kind": {k: ids(ctx, v)[:20] for k, v in sorted(kinds.items())},

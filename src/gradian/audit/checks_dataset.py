@@ -39,6 +39,14 @@ def rate_hit(
     ]
 
 
+def share_hit(ctx: AuditContext, rows, message: str, threshold: float, more: dict | None = None) -> list[Hit]:
+    """The finding of a share rule, on the training rows at indices ``rows``: ``rate = len(rows) / n``, a warning
+    above ``threshold``, info at or below it (evidence as :func:`rate_hit`'s).
+    """
+    rate = len(rows) / ctx.n
+    return rate_hit(ctx, rows, "warning" if rate > threshold else "info", message, rate, threshold, more)
+
+
 def pct(k: int, n: int) -> str:
     """``k of n rows (p%)``, for messages."""
     return f"{k} of {n} rows ({100.0 * k / max(n, 1):.1f}%)"

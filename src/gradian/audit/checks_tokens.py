@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 
 from gradian.audit import text as T
-from gradian.audit.checks_dataset import ids, pct, rate_hit
+from gradian.audit.checks_dataset import ids, pct, rate_hit, share_hit
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
 from gradian.audit.versions import before
@@ -429,16 +429,13 @@ def d19(ctx: AuditContext) -> list[Hit]:
             diffs.append(pl - tr.tx.prompt_length)
     if not bad:
         return []
-    rate = len(bad) / ctx.n
     ex = ctx.token_rows[bad[0]].tx
     k = ex.prompt_length
-    return rate_hit(
+    return share_hit(
         ctx,
         bad,
-        "warning" if rate > 0.05 else "info",
         f"{pct(len(bad), ctx.n)} tokenise differently at the prompt/target boundary (threshold 5%): "
         f"the last prompt token(s) merge with the target's first characters",
-        rate,
         0.05,
         {
             "tokens_merged": dict(Counter(diffs)),

@@ -32,7 +32,7 @@ from gradian.data.formats import Example
 from gradian.data.preference import PreferenceExample
 from gradian.data.templates import read_template, saved_template
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example
-from gradian.errors import GradianUserError
+from gradian.errors import GradianUserError, first_line
 from gradian.safeio import load_json_file
 
 UNBOUNDED = 10**9
@@ -93,7 +93,7 @@ def load_tokenizer_folder(path: str | Path):
 
         return AutoTokenizer.from_pretrained(str(p), **kw)
     except Exception as e:  # transformers raises OSError/ValueError/KeyError for a bad folder
-        msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        msg = first_line(e)
         raise GradianUserError(
             f"cannot load a tokenizer ({msg})",
             where=str(p),

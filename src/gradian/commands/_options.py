@@ -22,6 +22,9 @@ ENGINES = "Engines"
 STORAGE = "Output, index and storage"
 DEVICES = "Devices"
 
+#: The run folder that ``gradian report``, ``verify`` and ``export`` read (their one positional argument).
+RUN_DIR = typer.Argument(..., help="The run folder `gradian attribute --out` wrote (holds run.json).")
+
 # -- the four inputs
 BASE = typer.Option(
     ..., "--base", help="Base model: a local folder (HF or GGUF) or a cached HF id.", rich_help_panel=INPUTS

@@ -17,6 +17,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from gradian.commands import _options as O
 from gradian.commands._common import console, user_errors
 from gradian.errors import GradianUserError
 
@@ -165,7 +166,7 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     @user_errors
     def export_cmd(
-        run_dir: Path = typer.Argument(..., help="The run folder `gradian attribute --out` wrote (holds run.json)."),
+        run_dir: Path = O.RUN_DIR,
         drop: str = typer.Option(
             "blamed",
             "--drop",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import typer
 
+from gradian.commands import _options as O
 from gradian.commands._common import console, user_errors
 from gradian.errors import GradianUserError
 
@@ -24,7 +25,7 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     @user_errors
     def report_cmd(
-        run_dir: Path = typer.Argument(..., help="The run folder `gradian attribute --out` wrote (holds run.json)."),
+        run_dir: Path = O.RUN_DIR,
         fmt: str | None = typer.Option(
             None, "--format", help="html | md | json | text (default: write RUN_DIR/report.html and print the summary)."
         ),

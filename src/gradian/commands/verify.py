@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
     @app.command("verify")
     @user_errors
     def verify_cmd(
-        run_dir: Path = typer.Argument(..., help="The run folder `gradian attribute --out` wrote (holds run.json)."),
+        run_dir: Path = O.RUN_DIR,
         remove: int | None = typer.Option(
             None,
             "--remove",

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gradian.data.preference import preference_kind, refusal
-from gradian.errors import GradianUserError
+from gradian.errors import GradianUserError, first_line
 from gradian.safeio import (
     check_regular_file,
     check_size,
@@ -168,7 +168,7 @@ def _read_hf_folder(p: Path) -> list[dict[str, Any]]:
             ds = ds[split]
         rows = ds.to_list()
     except Exception as e:  # datasets/pyarrow raise many types for a damaged folder
-        msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        msg = first_line(e)
         raise GradianUserError(
             f"cannot read the save_to_disk folder ({type(e).__name__}: {msg})",
             where=str(p),

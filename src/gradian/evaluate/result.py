@@ -15,6 +15,7 @@ from gradian.evaluate.items import as_example
 from gradian.evaluate.spec import EvalSpec
 from gradian.evaluate.verdict import BaseBounds
 from gradian.schema import BOOLEAN, INTEGER, NUMBER, OBJECT, STRING, arr, nullable, obj
+from gradian.util import by_name
 
 SCHEMA_VERSION = "gradian.evaluate/1"
 STATUSES = ("kept", "lost", "gained", "both_fail")
@@ -263,10 +264,7 @@ class EvalResult:
     schema: str = SCHEMA_VERSION
 
     def capability(self, name: str) -> CapabilityResult:
-        for c in self.capabilities:
-            if c.name == name:
-                return c
-        raise KeyError(name)
+        return by_name(self.capabilities, name)
 
     @property
     def regressed(self) -> list[CapabilityResult]:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from gradian.runfile import RUN_SCHEMA
+from gradian.util import by_name
 
 REPORT_SCHEMA = "gradian.report/1"
 
@@ -283,10 +284,7 @@ class Report:
 
     def capability(self, name: str) -> CapabilityView:
         """The capability called ``name`` (KeyError if the report has none)."""
-        for c in self.capabilities:
-            if c.name == name:
-                return c
-        raise KeyError(name)
+        return by_name(self.capabilities, name)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``gradian.report/1`` JSON form (``schema`` first)."""
