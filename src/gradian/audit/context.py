@@ -32,12 +32,11 @@ from gradian.data.formats import Example
 from gradian.data.preference import PreferenceExample
 from gradian.data.templates import read_template, saved_template
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example
+from gradian.defaults import MAX_LENGTH
 from gradian.errors import GradianUserError
 from gradian.safeio import load_json_file
 
 UNBOUNDED = 10**9
-#: When no config says otherwise, the max length TRL's SFTConfig applies.
-ASSUMED_MAX_LENGTH = 1024
 
 
 @dataclass
@@ -450,8 +449,8 @@ class AuditContext:
         c = self.config
         if c is None:
             return (
-                ASSUMED_MAX_LENGTH,
-                f"assumed: no config given, TRL SFTConfig's default max_length={ASSUMED_MAX_LENGTH}",
+                MAX_LENGTH,
+                f"assumed: no config given, TRL SFTConfig's default max_length={MAX_LENGTH}",
             )
         if c.max_length is not None and c.max_length <= 0:
             return None, f"max_length={c.max_length} ({c.source('max_length')}) is impossible (see C19)"
@@ -463,8 +462,8 @@ class AuditContext:
             return None, "HF Trainer does not truncate; the max length is whatever your preprocessing used"
         if c.trainer is None:
             return (
-                ASSUMED_MAX_LENGTH,
-                f"assumed: the config names no trainer, TRL's default max_length={ASSUMED_MAX_LENGTH}",
+                MAX_LENGTH,
+                f"assumed: the config names no trainer, TRL's default max_length={MAX_LENGTH}",
             )
         return None, "max length unknown"
 
