@@ -64,8 +64,10 @@ class TokenInfo:
 def load_tokenizer_folder(path: str | Path):
     """A tokenizer from a local folder (no network, no remote code). GGUF folders work too.
 
-    Where :func:`gradian.audit.tokenizer_fast.fast_tokenizer_class` serves the folder, the class
-    ``AutoTokenizer`` would pick is loaded directly (no torch import); otherwise ``AutoTokenizer``.
+    Where :func:`gradian.audit.tokenizer_lite.lite_reason` serves the folder, a
+    :class:`~gradian.audit.tokenizer_lite.LiteTokenizer` (no transformers import until a call it does not serve);
+    else where :func:`gradian.audit.tokenizer_fast.fast_tokenizer_class` serves it, the class ``AutoTokenizer``
+    would pick, loaded directly (no torch import); otherwise ``AutoTokenizer``.
     """
     from gradian.audit.tokenizer_fast import load_fast
 
@@ -83,6 +85,15 @@ def load_tokenizer_folder(path: str | Path):
         ggufs = sorted(p.glob("*.gguf"))
         if ggufs:
             kw["gguf_file"] = ggufs[0].name
+    if "gguf_file" not in kw:
+        from gradian.audit.tokenizer_lite import load_lite
+
+        try:  # tokenizers + jinja2 only, where that is what AutoTokenizer loads (tokenizer_lite)
+            lite = load_lite(p, kw)
+        except Exception:  # an unreadable folder: the transformers path below reports it as before
+            lite = None
+        if lite is not None:
+            return lite
     try:
         if "gguf_file" not in kw:
             tok = load_fast(p, kw)
