@@ -20,7 +20,7 @@ from gradian.audit import diagnose
 from gradian.audit import tokenizer_fast as F
 from gradian.audit import tokenizer_lite as L
 from gradian.data.formats import to_example
-from gradian.data.tokenize import TokenizeSpec, assistant_spans, tokenize_example
+from gradian.data.tokenize import TokenizeSpec, assistant_spans, render_example, tokenize_example
 
 pytest.importorskip("transformers")
 if F._transformers_major() != 5:  # pragma: no cover
@@ -312,3 +312,47 @@ def test_diagnose_imports_no_transformers(world):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["LiteTokenizer", "False", "False"]
+
+
+def test_batch_token_view_equals_tokenize_example_with_autotokenizer(world, monkeypatch):
+    """Every row of the audit's batch token view through the lite tokenizer (prompts encoded without offsets) equals
+    ``tokenize_example`` through AutoTokenizer, for plain and chat rows, completion-only and all-token loss."""
+    from transformers import AutoTokenizer
+
+    lite = C.load_tokenizer_folder(world.tok_dir)
+    ref = AutoTokenizer.from_pretrained(str(world.tok_dir), **KW)
+    be = lite.backend_tokenizer
+    assert [e.ids for e in be.encode_batch_fast(TEXTS)] == [e.ids for e in be.encode_batch(TEXTS)]
+    plain = [to_example(r, i, "rows") for i, r in enumerate(world.rows_copy())]
+    chat = [
+        to_example(
+            {
+                "id": r["id"],
+                "prompt": [{"role": "user", "content": r["prompt"]}],
+                "completion": [{"role": "assistant", "content": r["completion"]}],
+            },
+            i,
+            "c",
+        )
+        for i, r in enumerate(world.rows_copy())
+    ]
+    for examples in (plain, chat):
+        for loss_on in ("completion", "all"):
+            spec = TokenizeSpec(max_length=C.UNBOUNDED, loss_on=loss_on)
+            got = C.batch_tokenize(examples, lite, spec)
+            for ex, (tx, err, plen) in zip(examples, got):
+                want = tokenize_example(ex, ref, spec)
+                assert err is None and (tx.input_ids, tx.labels, tx.offsets, tx.text, tx.prompt_length) == (
+                    want.input_ids,
+                    want.labels,
+                    want.offsets,
+                    want.text,
+                    want.prompt_length,
+                ), ex.id
+                r = render_example(ex, ref, spec)
+                want_plen = (
+                    None
+                    if r.prompt_text is None
+                    else len(ref(r.prompt_text, add_special_tokens=r.add_special_tokens)["input_ids"])
+                )
+                assert plen == want_plen, ex.id

@@ -205,8 +205,12 @@ class TokenRow:
 def _row(tx: TokenizedExample | None, error: str | None, prompt_ids_len: int | None) -> TokenRow:
     if tx is None:
         return TokenRow(None, error, 0, -1, None)
-    sup = [i for i, lab in enumerate(tx.labels) if lab != IGNORE_INDEX]
-    return TokenRow(tx, None, sup[0] if sup else len(tx.labels), sup[-1] if sup else -1, prompt_ids_len)
+    labels = tx.labels
+    n = len(labels)
+    # the first and the last supervised token, scanning from each end (the prompt's length, then usually one step)
+    first = next((i for i, lab in enumerate(labels) if lab != IGNORE_INDEX), n)
+    last = next((n - 1 - i for i, lab in enumerate(reversed(labels)) if lab != IGNORE_INDEX), -1) if first < n else -1
+    return TokenRow(tx, None, first, last, prompt_ids_len)
 
 
 def _plain_backend(tok):
@@ -247,25 +251,29 @@ def batch_tokenize(examples: list[Example], tok, spec: TokenizeSpec):
             continue
         psel = [i for i in sel if prompts[i] is not None]
         if backend is not None:  # the Rust tokenizer directly: same ids/offsets, no per-row Python conversion
+            # the prompts' ids only: the encoder without offset tracking (tokenizers >= 0.20; the same ids)
+            enc_ids = getattr(backend, "encode_batch_fast", backend.encode_batch)
+            penc = enc_ids([prompts[i] for i in psel], add_special_tokens=flag) if psel else []
+            p_ids = {i: e.ids for i, e in zip(psel, penc)}
+            del penc
             encs = backend.encode_batch([texts[i] for i in sel], add_special_tokens=flag)
-            all_ids = [e.ids for e in encs]  # fresh lists of ints
-            all_offsets = [e.offsets for e in encs]  # lists of (start, end) tuples
-            penc = (
-                [e.ids for e in backend.encode_batch([prompts[i] for i in psel], add_special_tokens=flag)]
-                if psel
-                else []
-            )
-        else:
-            enc = tok([texts[i] for i in sel], add_special_tokens=flag, return_offsets_mapping=True)
-            all_ids = enc["input_ids"]
-            all_offsets = enc["offset_mapping"]
-            penc = tok([prompts[i] for i in psel], add_special_tokens=flag)["input_ids"] if psel else []
+            for k, i in enumerate(sel):
+                # one row's Python ids/offsets at a time, its Rust encoding freed once read (peak memory)
+                e, encs[k] = encs[k], None
+                pl_ids = p_ids.pop(i, None)
+                tx = build_tokenized(examples[i].id, rendered[i], e.ids, e.offsets, pl_ids, spec)
+                out[i] = (tx, None, len(pl_ids) if pl_ids is not None else None)
+            continue
+        enc = tok([texts[i] for i in sel], add_special_tokens=flag, return_offsets_mapping=True)
+        all_ids = enc["input_ids"]
+        all_offsets = enc["offset_mapping"]
+        penc = tok([prompts[i] for i in psel], add_special_tokens=flag)["input_ids"] if psel else []
         p_ids = dict(zip(psel, penc))
         for k, i in enumerate(sel):
-            ids = all_ids[k] if backend is not None else list(all_ids[k])
-            offsets = all_offsets[k] if backend is not None else [tuple(o) for o in all_offsets[k]]
             pl_ids = p_ids.get(i)
-            tx = build_tokenized(examples[i].id, rendered[i], ids, offsets, pl_ids, spec)
+            tx = build_tokenized(
+                examples[i].id, rendered[i], list(all_ids[k]), [tuple(o) for o in all_offsets[k]], pl_ids, spec
+            )
             out[i] = (tx, None, len(pl_ids) if pl_ids is not None else None)
     return out
 
