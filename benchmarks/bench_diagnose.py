@@ -12,7 +12,8 @@ a TRL config and a trainer_state.json. Then times, as a user meets them, fresh p
 * ``gradian diagnose --data --eval --config --logs`` (the default path: no tokenizer, no torch);
 * with ``--tokenizer``, also the same run given a byte-level BPE tokenizer folder (trained in-process by
   ``gradian.models.tiny.train_tokenizer`` during setup, ChatML template): every row tokenised as the trainer
-  does, which loads ``transformers`` (not torch since issue 25: the heavy imports of that run are printed too).
+  does. Since issue 25 such a folder loads without torch, and (round 4) without ``transformers``
+  (``gradian.audit.tokenizer_lite``: ``tokenizers`` + jinja2); the heavy imports of that run are printed too.
 
 Each timing is the best of ``--repeat`` runs (the machine may be shared). It also reports whether the default
 run imported torch (a separate ``-X importtime`` run, untimed). Exit code 1 when the default run or ``--help``
@@ -276,7 +277,7 @@ def main() -> int:
     if t_tok is not None:
         c = tok_report["counts"]
         print(
-            f"gradian diagnose --tokenizer (every row tokenised, loads transformers): wall {t_tok:.2f} s, "
+            f"gradian diagnose --tokenizer (every row tokenised): wall {t_tok:.2f} s, "
             f"cpu {c_tok:.2f} s; checks {c['checks']}: {c['passed']} passed, {c['skipped']} skipped; "
             f"heavy imports: {', '.join(heavy_tok) or 'none'}; files in {root}"
         )

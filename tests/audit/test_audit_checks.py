@@ -331,7 +331,7 @@ def f_c19(w):
 
 def f_c20(w):
     # written after alignment-handbook recipes/zephyr-7b-beta/dpo/config_qlora.yaml, with beta and lr pushed out
-    return _yaml_config(w, "dpo.yaml", _ZEPHYR_DPO.format(beta="2.0", lr="5.0e-4"))
+    return _yaml_config(w, "dpo.yaml", _ZEPHYR_DPO.format(beta="2.0", lr="2.0e-3"))
 
 
 def f_c20_prompt(w):

@@ -109,21 +109,22 @@ STAGES = [  # (fixture, file name, stage, beta, learning_rate, C20 result)
     ("AH_SMOLLM2_DPO_MIXTURE", "recipes/smollm2/dpo/config.yaml", "dpo", 0.5, 1e-6, "passed"),
     ("AH_SMOLLM3_APO", "recipes/smollm3/dpo/apo.yaml", "dpo", 0.05, 1e-6, "passed"),
     ("AH_ZEPHYR_ORPO", "recipes/zephyr-141b-A35b/orpo/config_full.yaml", "orpo", 0.05, 5e-6, "passed"),
-    ("AX_DPO_LORA_8B", "examples/llama-3/instruct-dpo-lora-8b.yml", "dpo", None, 2e-4, "warning"),
+    ("AX_DPO_LORA_8B", "examples/llama-3/instruct-dpo-lora-8b.yml", "dpo", None, 2e-4, "passed"),
     ("AX_ORPO_QLORA", "examples/mistral/orpo/mistral-qlora-orpo.yml", "orpo", 0.1, 2e-4, "passed"),
-    ("AX_KTO_QLORA_1B", "examples/llama-3/qlora-1b-kto.yaml", "kto", 0.5, 2e-4, "warning"),
+    ("AX_KTO_QLORA_1B", "examples/llama-3/qlora-1b-kto.yaml", "kto", 0.5, 2e-4, "passed"),
     ("LF_QWEN3_LORA_DPO", "examples/train_lora/qwen3_lora_dpo.yaml", "dpo", 0.1, 5e-6, "passed"),
     ("LF_QWEN3_LORA_KTO", "examples/train_lora/qwen3_lora_kto.yaml", "kto", 0.1, 5e-6, "passed"),
-    ("TT_LLAMA31_8B_LORA_DPO", "recipes/configs/llama3_1/8B_lora_dpo.yaml", "dpo", 0.1, 5e-4, "warning"),
+    ("TT_LLAMA31_8B_LORA_DPO", "recipes/configs/llama3_1/8B_lora_dpo.yaml", "dpo", 0.1, 5e-4, "passed"),
 ]
 
 
 @pytest.mark.parametrize("name,fname,stage,beta,lr,c20", STAGES, ids=[s[0] for s in STAGES])
 def test_preference_stage_read_from_the_published_config(tmp_path, name, fname, stage, beta, lr, c20):
     """Stage, beta and learning rate as each framework spells them; the SFT learning-rate rules (C01/C02) are not
-    applied. C20 warns on the LoRA DPO/KTO examples above 1e-4 (axolotl 2e-4, torchtune 5e-4; the handbook and
-    LLaMA-Factory ship 5e-6); ORPO has no reference model and gets SFT's range (main: C20 warned on axolotl's
-    LoRA ORPO at 2e-4). torchtune's DPOLoss beta: main did not read it."""
+    applied. C20 passes every published example: its LoRA DPO/KTO range reaches 5e-4 (axolotl ships 2e-4,
+    torchtune 5e-4, the handbook and LLaMA-Factory 5e-6; main warned above 1e-4); ORPO has no reference model and
+    gets SFT's range (main: C20 warned on axolotl's LoRA ORPO at 2e-4).
+    torchtune's DPOLoss beta: main did not read it."""
     cfg = _write(tmp_path, fname, getattr(P, name))
     res = diagnose(configs=[cfg])
     v = _values(res)

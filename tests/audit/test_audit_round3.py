@@ -128,11 +128,11 @@ def test_trl_orpo_recipe_gets_orpoconfig_default_lr(tmp_path):
 
 def test_preference_settings_out_of_range(tmp_path):
     bad = ZEPHYR_DPO_QLORA.replace("beta: 0.01", "beta: 0").replace("max_prompt_length: 512", "max_prompt_length: 2048")
-    (tmp_path / "dpo.yaml").write_text(bad.replace("learning_rate: 5.0e-6", "learning_rate: 3.0e-4"))
+    (tmp_path / "dpo.yaml").write_text(bad.replace("learning_rate: 5.0e-6", "learning_rate: 2.0e-3"))
     res = diagnose(configs=[tmp_path / "dpo.yaml"], select=["C20"])
     msgs = sorted((f.severity, f.message.split(":")[0]) for f in res.by_id("C20"))
     assert [s for s, _ in msgs] == ["error", "error", "warning"], msgs
-    assert any("beta=0" in m for _, m in msgs) and any("learning_rate=0.0003" in m for _, m in msgs)
+    assert any("beta=0" in m for _, m in msgs) and any("learning_rate=0.002" in m for _, m in msgs)
 
 
 # ---------------------------------------------------------------------- LLaMA-Factory freeze tuning

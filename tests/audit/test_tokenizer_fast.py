@@ -163,6 +163,9 @@ def test_same_report_as_autotokenizer(world, monkeypatch):
     """The audit report (findings, counts, token facts) is the same through either loader."""
     args = dict(data=world.data, eval=world.eval, configs=[world.config], logs=world.logs, versions=["trl=0.21.0"])
     assert F.fast_tokenizer_class(world.tok_dir)[0] == "TokenizersBackend"
+    import gradian.audit.tokenizer_lite as lite
+
+    monkeypatch.setattr(lite, "load_lite", lambda folder, kwargs: None)  # this loader, not the transformers-free one
     fast = diagnose(tokenizer=str(world.tok_dir), **args).to_dict()
     monkeypatch.setattr(F, "load_fast", lambda folder, kwargs: None)
     ref = diagnose(tokenizer=str(world.tok_dir), **args).to_dict()
@@ -174,8 +177,9 @@ def test_loading_does_not_import_torch(world):
     """A fresh process loads the tokenizer and renders a chat row without importing torch (nor AutoTokenizer)."""
     code = (
         "import sys\n"
-        "from gradian.audit.context import load_tokenizer_folder, token_info\n"
-        f"tok = load_tokenizer_folder({str(world.tok_dir)!r})\n"
+        "from gradian.audit.context import token_info\n"
+        "from gradian.audit.tokenizer_fast import load_fast\n"
+        f"tok = load_fast({str(world.tok_dir)!r}, {{'local_files_only': True}})\n"
         "token_info(tok, None)\n"
         "tok.apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=False, add_generation_prompt=True)\n"
         "print(type(tok).__name__, 'torch' in sys.modules)\n"

@@ -518,10 +518,16 @@ def c18(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C20
-#: Preference tuning (DPO/ORPO/KTO/CPO) moves far less than SFT: alignment-handbook's full DPO recipes use 5e-7,
-#: its QLoRA DPO recipe 5e-6, its full ORPO recipe 5e-6; TRL's DPOConfig/KTOConfig/ORPOConfig default 1e-6.
+#: Preference tuning (DPO/KTO, with a reference model) moves far less than SFT, and how far depends on what trains.
+#: Full fine-tunes: alignment-handbook's full DPO recipes use 5e-7, TRL's DPOConfig/KTOConfig default 1e-6; above
+#: ~1e-5 a full DPO collapses the policy. LoRA/QLoRA adapters (a low-rank update, and the reference is the frozen
+#: base) are published from 5e-6 to 5e-4: alignment-handbook zephyr-7b-beta dpo/config_qlora.yaml 5e-6,
+#: LLaMA-Factory examples/train_lora/qwen3_lora_dpo.yaml and qwen3_lora_kto.yaml 5e-6, axolotl
+#: examples/llama-3/instruct-dpo-lora-8b.yml and qlora-1b-kto.yaml 2e-4, torchtune
+#: recipes/configs/llama3_1/8B_lora_dpo.yaml 5e-4 (tests/audit/published_examples.py holds them, with their commits).
+#: So LoRA warns only above the top of that published range.
 PREF_LR_HIGH_FULL = 1e-5
-PREF_LR_HIGH_LORA = 1e-4
+PREF_LR_HIGH_LORA = 5e-4
 #: DPO/KTO/ORPO beta: TRL default 0.1; recipes use 0.01 to 0.5 (SimPO's beta is on another scale, 2 to 10).
 PREF_BETA_HIGH = 1.0
 #: Preference stages without a reference model (their loss includes the SFT NLL): ORPO, SimPO, CPO.
@@ -541,14 +547,21 @@ REF_FREE_STAGES = ("orpo", "simpo", "cpo")
     f"default learning rate when unset: DPO/KTO/ORPO/CPO 1e-6, reward 1e-4); beta <= 0 is an error, beta > "
     f"{PREF_BETA_HIGH:g} warns (not for SimPO); max_prompt_length >= max_length leaves no room for the response: "
     "an error (**H** ranges)",
-    fix="use the recipe ranges: full DPO ~5e-7, LoRA DPO ~5e-6 to 5e-5; beta 0.01 to 0.5; max_prompt_length below "
-    "max_length",
+    fix="use the published ranges: full DPO/KTO ~5e-7 to 1e-6, LoRA DPO/KTO 5e-6 to 5e-4; beta 0.01 to 0.5; "
+    "max_prompt_length below max_length",
     source="trl trainer/dpo_config.py, kto_config.py, experimental/orpo/orpo_config.py (defaults); "
-    "alignment-handbook recipes (zephyr-7b-beta dpo, zephyr-141b orpo)",
+    "alignment-handbook recipes (zephyr-7b-beta dpo full and qlora, zephyr-141b orpo); LoRA DPO/KTO examples "
+    "shipped by axolotl (llama-3 instruct-dpo-lora-8b, qlora-1b-kto: 2e-4), torchtune (llama3_1 8B_lora_dpo: 5e-4) "
+    "and LLaMA-Factory (qwen3_lora_dpo, qwen3_lora_kto: 5e-6)",
     stages=("preference",),
 )
 def c20(ctx: AuditContext) -> list[Hit]:
-    """C20 (preference_settings): Preference-tuning settings out of range."""
+    """C20 (preference_settings): Preference-tuning settings out of range.
+
+    The learning-rate bound depends on what trains: a full fine-tune warns above :data:`PREF_LR_HIGH_FULL`, a LoRA
+    run above :data:`PREF_LR_HIGH_LORA`, the top of the LoRA DPO/KTO rates the frameworks ship in their own examples
+    (axolotl 2e-4, torchtune 5e-4; the handbook and LLaMA-Factory 5e-6), so those examples are not flagged.
+    """
     c = ctx.config
     hits = []
     lr = c.learning_rate

@@ -32,12 +32,11 @@ from gradian.data.formats import Example
 from gradian.data.preference import PreferenceExample
 from gradian.data.templates import read_template, saved_template
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example
+from gradian.defaults import MAX_LENGTH
 from gradian.errors import GradianUserError, first_line
 from gradian.safeio import load_json_file
 
 UNBOUNDED = 10**9
-#: When no config says otherwise, the max length TRL's SFTConfig applies.
-ASSUMED_MAX_LENGTH = 1024
 
 
 @dataclass
@@ -65,8 +64,10 @@ class TokenInfo:
 def load_tokenizer_folder(path: str | Path):
     """A tokenizer from a local folder (no network, no remote code). GGUF folders work too.
 
-    Where :func:`gradian.audit.tokenizer_fast.fast_tokenizer_class` serves the folder, the class
-    ``AutoTokenizer`` would pick is loaded directly (no torch import); otherwise ``AutoTokenizer``.
+    Where :func:`gradian.audit.tokenizer_lite.lite_reason` serves the folder, a
+    :class:`~gradian.audit.tokenizer_lite.LiteTokenizer` (no transformers import until a call it does not serve);
+    else where :func:`gradian.audit.tokenizer_fast.fast_tokenizer_class` serves it, the class ``AutoTokenizer``
+    would pick, loaded directly (no torch import); otherwise ``AutoTokenizer``.
     """
     from gradian.audit.tokenizer_fast import load_fast
 
@@ -84,6 +85,15 @@ def load_tokenizer_folder(path: str | Path):
         ggufs = sorted(p.glob("*.gguf"))
         if ggufs:
             kw["gguf_file"] = ggufs[0].name
+    if "gguf_file" not in kw:
+        from gradian.audit.tokenizer_lite import load_lite
+
+        try:  # tokenizers + jinja2 only, where that is what AutoTokenizer loads (tokenizer_lite)
+            lite = load_lite(p, kw)
+        except Exception:  # an unreadable folder: the transformers path below reports it as before
+            lite = None
+        if lite is not None:
+            return lite
     try:
         if "gguf_file" not in kw:
             tok = load_fast(p, kw)
@@ -195,8 +205,12 @@ class TokenRow:
 def _row(tx: TokenizedExample | None, error: str | None, prompt_ids_len: int | None) -> TokenRow:
     if tx is None:
         return TokenRow(None, error, 0, -1, None)
-    sup = [i for i, lab in enumerate(tx.labels) if lab != IGNORE_INDEX]
-    return TokenRow(tx, None, sup[0] if sup else len(tx.labels), sup[-1] if sup else -1, prompt_ids_len)
+    labels = tx.labels
+    n = len(labels)
+    # the first and the last supervised token, scanning from each end (the prompt's length, then usually one step)
+    first = next((i for i, lab in enumerate(labels) if lab != IGNORE_INDEX), n)
+    last = next((n - 1 - i for i, lab in enumerate(reversed(labels)) if lab != IGNORE_INDEX), -1) if first < n else -1
+    return TokenRow(tx, None, first, last, prompt_ids_len)
 
 
 def _plain_backend(tok):
@@ -237,25 +251,29 @@ def batch_tokenize(examples: list[Example], tok, spec: TokenizeSpec):
             continue
         psel = [i for i in sel if prompts[i] is not None]
         if backend is not None:  # the Rust tokenizer directly: same ids/offsets, no per-row Python conversion
+            # the prompts' ids only: the encoder without offset tracking (tokenizers >= 0.20; the same ids)
+            enc_ids = getattr(backend, "encode_batch_fast", backend.encode_batch)
+            penc = enc_ids([prompts[i] for i in psel], add_special_tokens=flag) if psel else []
+            p_ids = {i: e.ids for i, e in zip(psel, penc)}
+            del penc
             encs = backend.encode_batch([texts[i] for i in sel], add_special_tokens=flag)
-            all_ids = [e.ids for e in encs]  # fresh lists of ints
-            all_offsets = [e.offsets for e in encs]  # lists of (start, end) tuples
-            penc = (
-                [e.ids for e in backend.encode_batch([prompts[i] for i in psel], add_special_tokens=flag)]
-                if psel
-                else []
-            )
-        else:
-            enc = tok([texts[i] for i in sel], add_special_tokens=flag, return_offsets_mapping=True)
-            all_ids = enc["input_ids"]
-            all_offsets = enc["offset_mapping"]
-            penc = tok([prompts[i] for i in psel], add_special_tokens=flag)["input_ids"] if psel else []
+            for k, i in enumerate(sel):
+                # one row's Python ids/offsets at a time, its Rust encoding freed once read (peak memory)
+                e, encs[k] = encs[k], None
+                pl_ids = p_ids.pop(i, None)
+                tx = build_tokenized(examples[i].id, rendered[i], e.ids, e.offsets, pl_ids, spec)
+                out[i] = (tx, None, len(pl_ids) if pl_ids is not None else None)
+            continue
+        enc = tok([texts[i] for i in sel], add_special_tokens=flag, return_offsets_mapping=True)
+        all_ids = enc["input_ids"]
+        all_offsets = enc["offset_mapping"]
+        penc = tok([prompts[i] for i in psel], add_special_tokens=flag)["input_ids"] if psel else []
         p_ids = dict(zip(psel, penc))
         for k, i in enumerate(sel):
-            ids = all_ids[k] if backend is not None else list(all_ids[k])
-            offsets = all_offsets[k] if backend is not None else [tuple(o) for o in all_offsets[k]]
             pl_ids = p_ids.get(i)
-            tx = build_tokenized(examples[i].id, rendered[i], ids, offsets, pl_ids, spec)
+            tx = build_tokenized(
+                examples[i].id, rendered[i], list(all_ids[k]), [tuple(o) for o in all_offsets[k]], pl_ids, spec
+            )
             out[i] = (tx, None, len(pl_ids) if pl_ids is not None else None)
     return out
 
@@ -450,8 +468,8 @@ class AuditContext:
         c = self.config
         if c is None:
             return (
-                ASSUMED_MAX_LENGTH,
-                f"assumed: no config given, TRL SFTConfig's default max_length={ASSUMED_MAX_LENGTH}",
+                MAX_LENGTH,
+                f"assumed: no config given, TRL SFTConfig's default max_length={MAX_LENGTH}",
             )
         if c.max_length is not None and c.max_length <= 0:
             return None, f"max_length={c.max_length} ({c.source('max_length')}) is impossible (see C19)"
@@ -463,8 +481,8 @@ class AuditContext:
             return None, "HF Trainer does not truncate; the max length is whatever your preprocessing used"
         if c.trainer is None:
             return (
-                ASSUMED_MAX_LENGTH,
-                f"assumed: the config names no trainer, TRL's default max_length={ASSUMED_MAX_LENGTH}",
+                MAX_LENGTH,
+                f"assumed: the config names no trainer, TRL's default max_length={MAX_LENGTH}",
             )
         return None, "max length unknown"
 

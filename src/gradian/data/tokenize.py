@@ -450,8 +450,15 @@ def assistant_spans(
     if template is None:
         template = getattr(tokenizer, "chat_template", None)
     if has_generation_markers(template):
+        lite = getattr(tokenizer, "render_generation_spans", None)  # gradian.audit.tokenizer_lite, transformers-free
         try:
-            from transformers.utils.chat_template_utils import render_jinja_template
+            if lite is not None:
+
+                def render_jinja_template(conversations, chat_template, return_assistant_tokens_mask, **_):
+                    return lite(conversations[0], chat_template)
+
+            else:
+                from transformers.utils.chat_template_utils import render_jinja_template
         except ImportError:  # transformers < 4.51
             raise GradianUserError(
                 "reading the template's {% generation %} spans needs transformers >= 4.51",
