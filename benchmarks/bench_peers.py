@@ -302,19 +302,14 @@ def _row_min(u: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.nd
     return out, arg
 
 
-def _blamed(U_stat: np.ndarray, U_raw: np.ndarray, rows: np.ndarray, spans: np.ndarray, n: int) -> dict[int, tuple]:
-    """The product's drill-down rule (pipeline._blamed_sentences): for the item the row hurts most by the rank
-    statistic, the sentence with the most negative raw score.
+def _blamed(U_raw: np.ndarray, rows: np.ndarray, spans: np.ndarray) -> dict[int, tuple]:
+    """The product's drill-down rule (:func:`gradian.attribute.pipeline.blamed_units`): per row, the span of the
+    sentence with the most negative item-scaled raw influence.
     """
-    per_item, _ = _row_min(U_stat, rows, n)
-    out = {}
-    for j in range(n):
-        ks = [k for k in np.flatnonzero(rows == j) if spans[k][0] >= 0]
-        if ks:
-            q = int(np.argmin(per_item[:, j]))
-            k = min(ks, key=lambda k_: U_raw[q, k_])
-            out[j] = tuple(int(x) for x in spans[k])
-    return out
+    from gradian.attribute.pipeline import blamed_units
+
+    got = blamed_units(U_raw, rows, [sp[0] >= 0 for sp in spans])
+    return {j: tuple(int(x) for x in spans[k]) for j, (k, _) in got.items()}
 
 
 def variants(name: str, A: dict[str, np.ndarray], n: int) -> dict[str, dict[str, Any]]:
@@ -339,7 +334,7 @@ def variants(name: str, A: dict[str, np.ndarray], n: int) -> dict[str, dict[str,
                         Ui = sum(wt * A[f"{e}.ck{t}.unit_{stat}"] for t, wt in enumerate(wv))
                         Ur = sum(wt * A[f"{e}.ck{t}.unit_raw"] for t, wt in enumerate(wv))
                         rows, _ = _row_min(Ui.mean(0), A["unit_rows"], n)
-                        spans = _blamed(Ui, Ur, A["unit_rows"], A["unit_spans"], n)
+                        spans = _blamed(Ur, A["unit_rows"], A["unit_spans"])
                         out[f"{label_e} {wname} {stat} sentence"] = {"rows": rows, "best_span": spans}
     elif name == "references":
         for k, v in A.items():
@@ -384,13 +379,7 @@ def default_ranking(A: dict[str, np.ndarray], refs: dict[str, np.ndarray], n: in
         rows, weights = fuse_scores(st.rows, {r: refs[f"{r}.{getattr(spec, r).mode}"].mean(0) for r in spec.fuse})
     spans = None
     if units is not None:
-        spans = _blamed(
-            es.unit_cosine if spec.statistic == "cosine" else es.unit_raw,
-            es.unit_raw,
-            A["unit_rows"],
-            A["unit_spans"],
-            n,
-        )
+        spans = _blamed(es.unit_raw, A["unit_rows"], A["unit_spans"])
     return {"rows": rows, "best_span": spans, "fuse_weights": weights, "spec": spec.to_dict()}
 
 

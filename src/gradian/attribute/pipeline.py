@@ -217,7 +217,7 @@ class CapabilityAttribution:
         scores: (n,) the primary engine's influence (sign convention; Δloss = score / n).
         rank_scores: (n,) the verdict's rank score (what orders ``ranked``, the clusters and the scorecard).
         row_sentences: per row, the ``[char_start, char_end]`` of the sentence the drill-down blames in
-            its completion (:func:`_blamed_sentences`; span-aware ranking), or None (whole-row ranking,
+            its completion (:func:`blamed_units`; span-aware ranking), or None (whole-row ranking,
             or a row without sentences).
         second_scores: (n,) the second engine's rank score, or None.
         verdict_scores: (n,) the rank scores on the verdict's one readable scale
@@ -292,39 +292,92 @@ def _unit_drill(
     return drill
 
 
-def _blamed_sentences(ev: CapabilityEvidence, spec: AttributeSpec, n: int) -> list[tuple[int, int] | None]:
-    """Per row, the sentence the drill-down blames: for the failing item the row hurts most by its raw
-    (trajectory-weighted) influence, ``q_j = argmin_q min_{s ∈ j} U_raw[q, s]``, the sentence with the most
-    negative raw score for that item, ``argmin_{s ∈ j} U_raw[q_j, s]``.
+def item_scaled(U: np.ndarray) -> np.ndarray:
+    """Each failing item's unit scores in units of that item's typical spread: ``Z[q, k] = U[q, k] / s_q``.
 
-    The item and the sentence are chosen with the same statistic, the single item's own query (not the
-    mean over items, which dilutes a sentence that hurts one item). Measured on the tiny world
-    (``gradian demo --kind tiny --project-dim 0``, seed 0): 7 of 15 buried culprits localised this way,
-    3 with the item chosen by cosine, 5 with the mean raw query, 1 with the mean cosine (the SmolLM2
-    worlds not re-measured).
+    ``s_q = median_k |U[q, k] − median_k U[q, k]|`` is the median absolute deviation of item q's scores over all
+    units k (the bulk's spread, which a few culprit outliers do not inflate as they inflate a standard
+    deviation); an item whose scores are all equal keeps ``s_q = 1``. The sign is kept (no centring), so a
+    negative ``Z`` is still harmful. Raw influence is on a different scale for every item (its query
+    gradient's norm), so ``min_q U[q, k]`` asks which item has the largest gradient rather than which item the
+    unit hurts most for its kind; ``min_q Z[q, k]`` compares the items on one scale.
+
+    Args:
+        U: (m, K) raw influence of K units on m failing items.
+
+    Returns:
+        (m, K) float64.
     """
-    U = ev.engines[spec.engine.name].unit_raw
+    U = np.asarray(U, dtype=np.float64)
+    med = np.median(U, axis=1, keepdims=True)
+    s = np.median(np.abs(U - med), axis=1, keepdims=True)
+    return U / np.where(s > 0, s, 1.0)
+
+
+def blamed_units(U_raw: np.ndarray, unit_rows: Sequence[int], has_span: Sequence[bool]) -> dict[int, tuple[int, int]]:
+    """The drill-down's rule: per row j, the failing item it hurts most and its most harmful sentence.
+
+    With ``Z = item_scaled(U_raw)`` (:func:`item_scaled`):
+
+        k_j = argmin_{k ∈ j} min_q Z[q, k]        q_j = argmin_q Z[q, k_j]
+
+    i.e. the (item, sentence) pair of the row with the most negative item-scaled raw influence.
+
+    Measured on buried culprits whose target item was lost (``benchmarks/bench_drilldown_rule.py`` on runs made
+    with ``--save-evidence``; docs/benchmarks.md, "Which sentence the drill-down blames"): the full SmolLM2
+    worked example 29 → 41 of 45 against the unscaled ``min_q U_raw`` it replaces, the quick SmolLM2 world
+    14 → 15 of 15, the tiny world and the held-out SmolLM2 heldout-a unchanged (1 of 3, 1 of 2).
+
+    Args:
+        U_raw: (m, K) raw (trajectory-weighted) influence of K sentence units on m failing items.
+        unit_rows: (K,) the row of each unit.
+        has_span: (K,) whether a unit is a sentence (the residual unit of a row has no span and is never blamed).
+
+    Returns:
+        ``{row: (unit index k_j, item index q_j)}`` for every row with at least one sentence unit.
+    """
+    Z = item_scaled(U_raw)
+    best = Z.min(axis=0)  # (K,) the unit's most harmful item-scaled score
+    arg_q = Z.argmin(axis=0)
+    out: dict[int, tuple[int, int]] = {}
+    for k, (r, ok) in enumerate(zip(unit_rows, has_span)):
+        if not ok:
+            continue
+        r = int(r)
+        if r not in out or best[k] < best[out[r][0]]:
+            out[r] = (k, int(arg_q[k]))
+    return out
+
+
+def _blamed_by_row(ev: CapabilityEvidence, spec: AttributeSpec) -> dict[int, tuple[int, int]]:
+    units = ev.units or []
+    return blamed_units(
+        ev.engines[spec.engine.name].unit_raw,  # type: ignore[arg-type]
+        [u.row for u in units],
+        [u.char_start is not None for u in units],
+    )
+
+
+def _blamed_sentences(
+    ev: CapabilityEvidence, by_row: dict[int, tuple[int, int]], n: int
+) -> list[tuple[int, int] | None]:
+    """Per row, the ``(char_start, char_end)`` of the sentence the drill-down blames (``by_row``, from
+    :func:`blamed_units`), or None for a row without sentence units.
+    """
     best: list[tuple[int, int] | None] = [None] * n
-    by_row: dict[int, list[int]] = {}
-    for k, u in enumerate(ev.units or []):
-        if u.char_start is not None:
-            by_row.setdefault(u.row, []).append(k)
-    for j, ks in by_row.items():
-        q = int(np.argmin(U[:, ks].min(axis=1)))  # type: ignore[index]
-        k = min(ks, key=lambda k_: U[q, k_])  # type: ignore[index]
+    for j, (k, _) in by_row.items():
         u = ev.units[k]  # type: ignore[index]
         best[j] = (int(u.char_start), int(u.char_end))  # type: ignore[arg-type]
     return best
 
 
-def _drill_item(ev: CapabilityEvidence, spec: AttributeSpec, j: int) -> int:
-    """The failing item row j hurts most by raw influence (the item its drill-down uses; :func:`_blamed_sentences`)."""
-    es = ev.engines[spec.engine.name]
-    if es.unit_raw is not None and ev.units is not None:
-        ks = [k for k, u in enumerate(ev.units) if u.row == j]
-        if ks:
-            return int(np.argmin(es.unit_raw[:, ks].min(axis=1)))
-    return int(np.argmin(es.raw[:, j]))
+def _drill_item(ev: CapabilityEvidence, spec: AttributeSpec, j: int, blamed: dict[int, tuple[int, int]]) -> int:
+    """The failing item row j's drill-down uses: the item of its blamed sentence (:func:`blamed_units`), or, for a
+    row without sentence units, the item it hurts most by raw influence.
+    """
+    if j in blamed:
+        return blamed[j][1]
+    return int(np.argmin(ev.engines[spec.engine.name].raw[:, j]))
 
 
 #: Characters of context shown on each side of a row's blamed sentence.
@@ -434,7 +487,8 @@ def verdict(
         for s, v in sources.items()
     }
     units = ev.units
-    blamed = _blamed_sentences(ev, spec, n) if units is not None else None
+    by_row = _blamed_by_row(ev, spec) if units is not None else {}
+    blamed = _blamed_sentences(ev, by_row, n) if units is not None else None
     vscore = verdict_scores(rank_scores)
     n_sents = [0] * n
     for u in units or []:
@@ -500,7 +554,7 @@ def verdict(
         for j in harmful_rows(rank_scores)[:k]:
             if len(drills) >= spec.drilldown_rows:
                 break
-            qi = _drill_item(ev, spec, int(j))
+            qi = _drill_item(ev, spec, int(j), by_row)
             sents = drill(int(j), qi)
             refuse_non_finite(
                 cap, "drill-down", [s.score for s in sents] or [0.0], f"sentences of row {examples[j].id}"
