@@ -1,7 +1,8 @@
 """CLI options that several commands share, each declared once: its flag, its default and its help.
 
 ``gradian index``, ``gradian attribute`` and ``gradian evaluate`` take the same model, adapter, tokenisation,
-index and device options; declaring them here keeps one default and one help text per flag (the defaults
+index and device options (``attribute`` runs Evaluate, so it takes ``evaluate``'s eval options too, and
+``index``'s build options); declaring them here keeps one default and one help text per flag (the defaults
 are the specs', and ``tests/test_api.py`` holds every command's defaults to the spec fields). Typer reads
 an ``OptionInfo`` without changing it, so one instance can serve several commands. Nothing here imports
 torch: ``gradian --help`` lists every command.
@@ -36,6 +37,13 @@ DATA = typer.Option(
     ...,
     "--data",
     help="Training data the adapter was trained on: .jsonl/.json/.parquet or a save_to_disk folder.",
+    rich_help_panel=INPUTS,
+)
+EVAL = typer.Option(..., "--eval", help="Eval set (JSONL/JSON/Parquet); see docs/evaluate.md.", rich_help_panel=INPUTS)
+REFERENCE_ADAPTER = typer.Option(
+    None,
+    "--reference-adapter",
+    help="Compare against this adapter (an earlier checkpoint) instead of the base.",
     rich_help_panel=INPUTS,
 )
 CHECKPOINTS = typer.Option(
@@ -108,6 +116,14 @@ OPTIMIZER = typer.Option(
     help="Precondition training gradients with the checkpoint's Adam state (adam, LESS; needs optimizer.pt) | none.",
     rich_help_panel=SETUP,
 )
+ONE_PASS = typer.Option(
+    True,
+    "--one-pass/--separate",
+    help="Build each checkpoint's row and sentence indexes in one pass per row (one forward, the row gradient "
+    "derived from its sentences; the default, also under torchrun), or in two separate builds. The two "
+    "agree to float rounding, not to the bit, and share the index ids.",
+    rich_help_panel=STORAGE,
+)
 
 UNIT = typer.Option(
     "sentence",  # AttributeSpec.unit (tests/test_api.py holds them equal)
@@ -115,6 +131,11 @@ UNIT = typer.Option(
     help="sentence: rank a row by its most harmful sentence (builds the row index and the sentence-unit index) | "
     "row: whole rows (the row index only).",
     rich_help_panel=VERDICT,
+)
+
+#: Evaluate's generation limit (EvalSpec.max_new_tokens; tests/test_api.py holds them equal)
+MAX_NEW_TOKENS = typer.Option(
+    32, "--max-new-tokens", help="Greedy generation limit for Evaluate.", rich_help_panel=VERDICT
 )
 
 INDEX = typer.Option(

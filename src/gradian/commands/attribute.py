@@ -302,9 +302,7 @@ def register(app: typer.Typer) -> None:
         base: str = O.BASE,
         adapter: Path = O.ADAPTER,
         data: Path = O.DATA,
-        eval_path: Path = typer.Option(
-            ..., "--eval", help="Eval set (see docs/evaluate.md).", rich_help_panel=O.INPUTS
-        ),
+        eval_path: Path = O.EVAL,
         config: list[Path] | None = typer.Option(
             None,
             "--config",
@@ -315,9 +313,7 @@ def register(app: typer.Typer) -> None:
         logs: Path | None = typer.Option(
             None, help="trainer_state.json (or JSONL logs) for the Audit lane.", rich_help_panel=O.SETUP
         ),
-        reference_adapter: Path | None = typer.Option(
-            None, help="Compare against this adapter instead of the base.", rich_help_panel=O.INPUTS
-        ),
+        reference_adapter: Path | None = O.REFERENCE_ADAPTER,
         out: Path = typer.Option(
             Path("gradian-run"),
             help="The run folder it writes: run.json, report.html (and later verify's and export's files); what "
@@ -357,7 +353,7 @@ def register(app: typer.Typer) -> None:
         ),
         storage_dtype: str = O.STORAGE_DTYPE,
         shard_size: int = O.SHARD_SIZE,
-        max_new_tokens: int = typer.Option(32, help="Greedy generation limit for Evaluate.", rich_help_panel=O.VERDICT),
+        max_new_tokens: int = O.MAX_NEW_TOKENS,
         dtype: str = O.DTYPE,
         device: str = O.DEVICE,
         trust_remote_code: bool = O.TRUST_REMOTE_CODE,
@@ -405,14 +401,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Seed (bootstrap, projection).", rich_help_panel=O.VERDICT),
         max_index_gb: float | None = O.MAX_INDEX_GB,
         plan_only: bool = O.PLAN_ONLY,
-        one_pass: bool = typer.Option(
-            True,
-            "--one-pass/--separate",
-            help="Build each checkpoint's row and sentence indexes in one pass per row (one forward, the row gradient "
-            "derived from its sentences; the default, also under torchrun), or in two separate builds. The two "
-            "agree to float rounding, not to the bit, and share the index ids.",
-            rich_help_panel=O.STORAGE,
-        ),
+        one_pass: bool = O.ONE_PASS,
     ) -> None:
         """Which training rows degraded the regressed capabilities? Evaluate → Attribute (→ Audit).
 

@@ -118,21 +118,12 @@ def print_result(result) -> None:
 def evaluate_cmd(
     base: str = O.BASE,
     adapter: Path = O.ADAPTER,
-    eval_path: Path = typer.Option(
-        ..., "--eval", help="Eval set (JSONL/JSON/Parquet); see docs/evaluate.md.", rich_help_panel=O.INPUTS
-    ),
-    reference_adapter: Path | None = typer.Option(
-        None,
-        "--reference-adapter",
-        help="Compare against this adapter (an earlier checkpoint) instead of the base.",
-        rich_help_panel=O.INPUTS,
-    ),
+    eval_path: Path = O.EVAL,
+    reference_adapter: Path | None = O.REFERENCE_ADAPTER,
     out: Path | None = typer.Option(
         None, "--out", help="Write the result JSON here (schema gradian.evaluate/1).", rich_help_panel=O.STORAGE
     ),
-    max_new_tokens: int = typer.Option(
-        32, "--max-new-tokens", help="Greedy generation length limit.", rich_help_panel=O.VERDICT
-    ),
+    max_new_tokens: int = O.MAX_NEW_TOKENS,
     batch_size: int = typer.Option(
         8, "--batch-size", help="Prompts per batch (results do not depend on it).", rich_help_panel=O.DEVICES
     ),

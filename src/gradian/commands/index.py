@@ -50,13 +50,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Seed (projection).", rich_help_panel=O.ENGINES),
         max_index_gb: float | None = O.MAX_INDEX_GB,
         plan_only: bool = O.PLAN_ONLY,
-        one_pass: bool = typer.Option(
-            True,
-            "--one-pass/--separate",
-            help="With --unit sentence: build each checkpoint's row and sentence indexes in one pass per row (the "
-            "default, also under torchrun), or in two separate builds (equal to float rounding, same index ids).",
-            rich_help_panel=O.STORAGE,
-        ),
+        one_pass: bool = O.ONE_PASS,
     ) -> None:
         """Build (or resume) the per-example LoRA gradient index of a training set.
 
