@@ -4,7 +4,7 @@ Written out by hand for the tests (nothing is fetched at test time); each names 
 follows. Only the keys Audit reads, and a few it must ignore, are kept.
 """
 
-from published_examples import LF_QWEN3_LORA_DPO, LF_TRAIN_1E4
+from published_examples import AX_DPO_LORA_8B, LF_QWEN3_LORA_DPO, LF_TRAIN_1E4
 
 # axolotl, modelled on examples/llama-3/lora-1b-deduplicate-sft.yml (axolotl-ai-cloud/axolotl)
 AXOLOTL_SFT_DEDUP = """\
@@ -40,37 +40,9 @@ special_tokens:
   pad_token: <|end_of_text|>
 """
 
-# axolotl, modelled on examples/llama-3/instruct-dpo-lora-8b.yml (axolotl-ai-cloud/axolotl)
-AXOLOTL_DPO = """\
-base_model: meta-llama/Meta-Llama-3-8B-Instruct
-special_tokens:
-  pad_token: <|finetune_right_pad_id|>
-  eos_token: <|eot_id|>
-load_in_8bit: true
-chat_template: llama3
-rl: dpo
-datasets:
-  - path: fozziethebeat/alpaca_messages_2k_dpo_test
-    type: chat_template.default
-    field_messages: conversation
-    field_chosen: chosen
-    field_rejected: rejected
-val_set_size: 0.05
-sequence_len: 4096
-sample_packing: false
-adapter: lora
-lora_r: 32
-lora_alpha: 16
-lora_dropout: 0.05
-lora_target_linear: true
-gradient_accumulation_steps: 4
-micro_batch_size: 2
-num_epochs: 4
-lr_scheduler: cosine
-learning_rate: 0.0002
-warmup_ratio: 0.1
-evals_per_epoch: 4
-"""
+# axolotl, examples/llama-3/instruct-dpo-lora-8b.yml (axolotl-ai-cloud/axolotl): the file
+# published_examples.AX_DPO_LORA_8B types out.
+AXOLOTL_DPO = AX_DPO_LORA_8B
 
 # LLaMA-Factory, modelled on examples/train_lora/qwen3_lora_dpo.yaml (hiyouga/LLaMA-Factory): the file
 # published_examples.LF_QWEN3_LORA_DPO types out, plus its logging and save lines (keys Audit must ignore).
