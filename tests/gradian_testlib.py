@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
@@ -239,3 +240,10 @@ def cli_args(*words: str, **flags) -> list[str]:
         if value is not True:
             out.append(str(value))
     return out
+
+
+def torchrun_command(nproc: int, *args: str) -> list[str]:
+    """The command line that runs ``args`` on ``nproc`` local ranks, as a user launches it:
+    ``python -m torch.distributed.run --standalone --nproc-per-node=N ARGS`` (``ARGS`` e.g. ``-m gradian index ...``).
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from gradian.index.joint import JOINT_PASS
-from gradian_testlib import cli_args
+from gradian_testlib import cli_args, torchrun_command
 
 TIMEOUT = 900
 
@@ -51,19 +51,7 @@ def _env(cache: Path, **extra: str) -> dict[str, str]:
 
 
 def _run(args: list[str], env: dict[str, str], nproc: int = 1) -> subprocess.CompletedProcess:
-    if nproc == 1:
-        cmd = [sys.executable, "-m", "gradian", *args]
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "-m",
-            "gradian",
-            *args,
-        ]
+    cmd = [sys.executable, "-m", "gradian", *args] if nproc == 1 else torchrun_command(nproc, "-m", "gradian", *args)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
 
 
@@ -249,17 +237,7 @@ def test_ranks_that_see_different_data_are_refused_at_start(world, tmp_path):
         f'--base {world["base"]} --adapter {world["adapter"]} --data "$D" --checkpoints final --out '
         f"{tmp_path / 'index'}"
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "--no-python",
-        "bash",
-        "-c",
-        script,
-    ]
+    cmd = torchrun_command(2, "--no-python", "bash", "-c", script)
     res = subprocess.run(cmd, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=TIMEOUT)
     assert res.returncode != 0
     errors = [line for line in (res.stdout + res.stderr).splitlines() if line.startswith("error:")]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gradian_testlib import ROWS, cli_args, ft_inputs, make_lora_model
+from gradian_testlib import ROWS, cli_args, ft_inputs, make_lora_model, torchrun_command
 
 pytestmark = [
     pytest.mark.gpu,
@@ -110,18 +110,7 @@ def test_two_gpus_under_torchrun_equal_one(saved_finetune, tmp_path):
     )
     assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "gradian",
-            *args,
-            "--out",
-            str(tmp_path / "two"),
-        ],
+        torchrun_command(2, "-m", "gradian", *args, "--out", str(tmp_path / "two")),
         env=env,
         capture_output=True,
         text=True,
