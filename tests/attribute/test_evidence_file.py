@@ -48,12 +48,22 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
         for r, a, b, s in zip(T["units/row"], T["units/char_start"], T["units/char_end"], T["units/n_supervised"])
     ]
     assert T[f"{c}/datainf/unit_cosine"].shape == (m, len(units))
-    # the row score is each row's most harmful sentence (mean over items), then BM25 folded in by the spec's gate
-    rows, _ = row_min(T[f"{c}/datainf/unit_cosine"].mean(0), units, n)
+    # the row score: per failing item, the row's most harmful sentence; then the mean over the items; then BM25
+    # folded in by the spec's gate
+    per_item, _ = row_min(T[f"{c}/datainf/unit_cosine"], units, n)
+    rows = per_item.mean(0)
     np.testing.assert_allclose(rows, cap["evidence"]["gradient"]["scores"], rtol=1e-5, atol=1e-6)
     fused, weights = fuse_scores(rows, {"bm25": T[f"{c}/bm25"].mean(0)}, cap["ranking"]["fuse_gate"])
     assert cap["ranking"]["fuse_gate"] == AttributeSpec().fuse_gate and weights == cap["ranking"]["fuse_weights"]
     np.testing.assert_allclose(fused, cap["rank_scores"], rtol=1e-5, atol=1e-5)
+    # benchmarks/bench_rank_rule.py reads the same file the same way: the run is recognised as the default rule
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from bench_rank_rule import rank_rules
+
+    rules, ids, facts = rank_rules(out)
+    assert facts["made_with"] == "per item, then mean" and ids == run["attribution"]["train_ids"]
+    np.testing.assert_allclose(rules["per item, then mean (default)"], fused, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(rules["min of the items' mean (before)"], fused)  # the two rules differ on this world
     # a later run into the same folder without the flag does not leave matrices that no longer match
     attribute_run(inputs, specs(), out, index_root=real["run_dir"] / "index")
     assert not (out / "evidence.safetensors").exists() and (out / "run.json").exists()

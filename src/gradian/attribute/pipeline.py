@@ -13,8 +13,9 @@ index with :func:`attribute_capability`):
    of the raw weighted inner products, under :mod:`gradian.sign` (negative =
    degraded; ``predicted_loss_delta_if_removed = influence / n``);
 4. the **rank score** orders the verdict (:func:`rank_statistic`): the same
-   engine's direction-only (cosine) scores by default, taken per sentence unit
-   and reduced to each row's most harmful sentence (span-aware ranking); same
+   engine's direction-only (cosine) scores by default, taken per sentence unit,
+   reduced per failing item to the row's most harmful sentence and averaged over
+   the items (span-aware ranking); same
    sign convention, but not in loss units. Reference engines (BM25, RepSim) can
    be folded in (``fuse``);
 5. the two gradient engines' rank agreement (Spearman, top-k overlap) is the
@@ -89,14 +90,10 @@ class RankStatistic:
     Attributes:
         rows: (n,) the rank score per row (negative = harmful direction).
         per_item: (m, n) per failing item (its worst sentence per row with ``unit="sentence"``).
-        unit_scores: (n_units,) capability score per sentence unit, or None.
-        best_unit: (n,) the unit index giving each row its score, or None.
     """
 
     rows: np.ndarray
     per_item: np.ndarray
-    unit_scores: np.ndarray | None = None
-    best_unit: np.ndarray | None = None
 
 
 def rank_statistic(
@@ -104,21 +101,25 @@ def rank_statistic(
 ) -> RankStatistic:
     """The rank score of one engine (module docstring, step 4).
 
-    ``unit="row"``:      rows_j = mean_q S[q, j]
-    ``unit="sentence"``: u_s = mean_q U[q, s];  rows_j = min_{s ∈ j} u_s   (the row's most harmful sentence)
+    ``unit="row"``:      P[q, j] = S[q, j];                    rows_j = mean_q P[q, j]
+    ``unit="sentence"``: P[q, j] = min_{s ∈ j} U[q, s];        rows_j = mean_q P[q, j]
 
-    with S, U the engine's ``cosine`` or ``raw`` matrices (``spec.statistic``).
+    with S (m, n), U (m, n_units) the engine's ``cosine`` or ``raw`` matrices (``spec.statistic``) over the
+    m failing items. With sentences, each item takes the row's sentence that is most harmful *to that item*,
+    and the row's score is the mean over items of those minima: a long row whose sentences each look a
+    little harmful to different items no longer gets the minimum of their mean, and a buried sentence that
+    hurts one item strongly is not averaged away before the minimum. Until 2026-12-02 the order was the
+    other way round (``min_{s ∈ j} mean_q U[q, s]``); the new order was at or above it on every SmolLM2 and
+    tiny world it was measured on (docs/benchmarks.md "Rank rule: per item, then mean").
     """
-    M = es.cosine if spec.statistic == "cosine" else es.raw
     if spec.unit == "sentence":
         U = es.unit_cosine if spec.statistic == "cosine" else es.unit_raw
         if U is None or units is None:
             raise ValueError("sentence ranking needs sentence-unit scores (run the evidence with unit='sentence')")
-        u = U.mean(axis=0)
-        rows, best = row_min(u, units, n)
         per_item, _ = row_min(U, units, n)
-        return RankStatistic(rows, per_item, u, best)
-    return RankStatistic(M.mean(axis=0), M)
+    else:
+        per_item = es.cosine if spec.statistic == "cosine" else es.raw
+    return RankStatistic(per_item.mean(axis=0), per_item)
 
 
 def zscore(x: np.ndarray) -> np.ndarray:
@@ -614,10 +615,14 @@ def verdict(
 
 def _describe_rank(spec: AttributeSpec) -> str:
     what = "cosine of the preconditioned query and training gradients" if spec.statistic == "cosine" else "influence"
-    where = "each row's most harmful sentence" if spec.unit == "sentence" else "whole rows"
+    where = (
+        "each row's most harmful sentence for each failing item, then the mean over the items"
+        if spec.unit == "sentence"
+        else "whole rows, mean over the failing items"
+    )
     how = "on the rows it blames most" if spec.fuse_gate == "tail" else "over all rows"
     fused = f", with {', '.join(spec.fuse)} folded in by its agreement with the gradient {how}" if spec.fuse else ""
-    return f"{what}, learning-rate weighted over the checkpoints, mean over the failing items, {where}{fused}"
+    return f"{what}, learning-rate weighted over the checkpoints, {where}{fused}"
 
 
 def attribute_capability(

@@ -41,7 +41,8 @@ class AttributeSpec:
             previous checkpoint) or ``"equal"``.
         statistic: the rank score of a gradient engine, ``"cosine"`` (direction only, LESS's unit
             normalisation of the training and query gradients) or ``"raw"`` (the influence itself).
-        unit: ``"sentence"`` (rank a row by its most harmful sentence) or ``"row"`` (whole rows).
+        unit: ``"sentence"`` (rank a row by its most harmful sentence for each failing item, averaged over
+            the items) or ``"row"`` (whole rows).
         references: reference engines run beside the gradient engines (``"bm25"``, ``"repsim"``).
         fuse: references folded into the rank score, each weighted by its agreement with the
             gradient ranking (:func:`gradian.attribute.pipeline.fuse_scores`); empty: the ranking is the

@@ -1,7 +1,8 @@
 """Opt-in corrections of the sentence-unit row statistic for a row's number of units (issue 23; not a default).
 
-The default span-aware rank score of a row is its most harmful sentence, ``rows_j = min_{s ∈ j} u_s``
-(:func:`gradian.attribute.pipeline.rank_statistic`). If unit scores were exchangeable noise, a row with
+They correct the span-aware row statistic ``rows_j = min_{s ∈ j} u_s``, with ``u`` the failing items'
+mean unit score: the default until 2026-12-02, when the default became the per-item minimum averaged over
+the items (:func:`gradian.attribute.pipeline.rank_statistic`). If unit scores were exchangeable noise, a row with
 ``k`` units would get a lower (more harmful-looking) minimum the larger ``k`` is: the expected minimum of
 ``k`` draws falls with ``k``. Two corrections, both computed from the same unit scores ``u`` (n_units,):
 

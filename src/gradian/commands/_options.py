@@ -128,7 +128,8 @@ ONE_PASS = typer.Option(
 UNIT = typer.Option(
     "sentence",  # AttributeSpec.unit (tests/test_api.py holds them equal)
     "--unit",
-    help="sentence: rank a row by its most harmful sentence (builds the row index and the sentence-unit index) | "
+    help="sentence: rank a row by its most harmful sentence for each failing item "
+    "(builds the row index and the sentence-unit index) | "
     "row: whole rows (the row index only).",
     rich_help_panel=VERDICT,
 )

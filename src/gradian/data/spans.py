@@ -9,8 +9,9 @@ cross-entropy over that sentence,
     ℓ̄_{j,s} = (1/|s|) Σ_{t ∈ s} ℓ_t,
 
 the sentence scored as if it were its own training row. Span-aware ranking
-scores every unit like a row and ranks row j by its most harmful sentence,
-``min_s score(j, s)`` (:func:`row_min`).
+scores every unit like a row and ranks row j, for each failing item q, by its
+most harmful sentence ``min_s score_q(j, s)`` (:func:`row_min`), then averages
+over the items.
 
 Every row has at least one unit: a row whose completion has no sentence with a
 supervised token (e.g. it was truncated away) is one unit with its whole mask.

@@ -1,0 +1,123 @@
+"""How a row's rank score is formed from its sentences: rank rules compared on runs saved with ``--save-evidence``.
+
+For each ``RUN WORLD`` pair (a ``gradian attribute ... --save-evidence`` run folder on a world from ``gradian
+world``, whose ``ground_truth.json`` lists the planted culprits), every rule turns the primary engine's item × unit
+scores ``U`` (m failing items × K sentence units, cosine, trajectory-weighted; ``RUN/evidence.safetensors``) into one
+score per row, folds in BM25 by the global agreement gate exactly as the default verdict does
+(:func:`gradian.attribute.pipeline.fuse_scores`), and is scored against the ground truth
+(:func:`gradian.worlds.scorecard.score_ranking`: AUC over all culprits, direct, buried, and P@n):
+
+* ``per item, then mean`` (the default since 2026-12-02): ``rows_j = mean_q min_{s ∈ j} U[q, s]``
+  (:func:`gradian.attribute.pipeline.rank_statistic`, called on the evidence);
+* ``min of the items' mean`` (the default before): ``rows_j = min_{s ∈ j} mean_q U[q, s]``;
+* ``whole row``: ``rows_j = mean_q S[q, j]``, the whole-row cosine (no sentences);
+* ``bottom-2``, ``expected-min``: the unit-count corrections of :mod:`gradian.attribute.unit_null` on
+  ``mean_q U``;
+* ``... unfused``: the first two without BM25.
+
+    python benchmarks/bench_rank_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--json out.json]
+
+The last table it prints has one column per world and the worst world's AUC per rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
+    """``({rule: (n,) row scores}, train_ids, facts)`` for one saved run (module docstring)."""
+    from safetensors.numpy import load_file
+
+    from gradian.attribute.evidence import EngineScores
+    from gradian.attribute.pipeline import AttributeSpec, fuse_scores, rank_statistic
+    from gradian.attribute.unit_null import corrected_rows
+    from gradian.data.spans import SentenceUnit, row_min
+
+    run = json.loads((run_dir / "run.json").read_text())
+    att = run["attribution"]
+    cap = att["capabilities"][0]
+    c, e = cap["capability"], cap["engine"]
+    ids = att["train_ids"]
+    n = len(ids)
+    T = load_file(str(run_dir / "evidence.safetensors"))
+    unit_rows = T["units/row"].astype(int)
+    units = [SentenceUnit(int(r), 0, 1, 0, 1) for r in unit_rows]  # rank_statistic reads only .row
+    U, S = T[f"{c}/{e}/unit_cosine"], T[f"{c}/{e}/cosine"]
+    bm25 = T[f"{c}/bm25"].mean(0)
+
+    def fused(g: np.ndarray) -> np.ndarray:
+        return fuse_scores(g, {"bm25": bm25})[0]
+
+    es = EngineScores(e, T[f"{c}/{e}/raw"], S, T[f"{c}/{e}/unit_raw"], U)
+    default = rank_statistic(es, AttributeSpec(), units, n).rows
+    before, _ = row_min(U.mean(0), units, n)
+    rules = {
+        "per item, then mean (default)": fused(default),
+        "min of the items' mean (before)": fused(before),
+        "whole row": fused(S.mean(0)),
+        "bottom-2": fused(corrected_rows(U.mean(0), unit_rows, n, "bottom-m", 2)),
+        "expected-min": fused(corrected_rows(U.mean(0), unit_rows, n, "expected-min")),
+        "per item, then mean, unfused": default,
+        "min of the items' mean, unfused": before,
+    }
+    # the rule the run itself ranked by must be one of these: its unfused gradient score, to float32 (a check that
+    # the evidence is read as the run read it; the fused score's BM25 weight moves with float32 ties)
+    gradient = np.asarray(cap["evidence"]["gradient"]["scores"])
+    made_with = [r for r in rules if r.endswith("unfused") and np.allclose(rules[r], gradient, rtol=1e-5, atol=1e-6)]
+    if not made_with:
+        raise SystemExit(f"{run_dir}: its gradient scores match none of the rules (not a default run?)")
+    facts = {
+        "rows": n,
+        "units": len(unit_rows),
+        "failing_items": int(U.shape[0]),
+        "made_with": made_with[0].removesuffix(", unfused"),
+    }
+    return rules, ids, facts
+
+
+def main() -> None:
+    from gradian.worlds.scorecard import score_ranking
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pairs", nargs="+", help="RUN WORLD [RUN WORLD ...]")
+    ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    a = ap.parse_args()
+    if len(a.pairs) % 2:
+        ap.error("give RUN WORLD pairs")
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    names = []
+    for run_dir, world in zip(a.pairs[::2], a.pairs[1::2]):
+        run_dir, world = Path(run_dir), Path(world)
+        name = world.name if world.name not in names else f"{world.parent.name}/{world.name}"
+        names.append(name)
+        truth = json.loads((world / "ground_truth.json").read_text())
+        rules, ids, facts = rank_rules(run_dir)
+        print(
+            f"\n## {name}: {facts['rows']} rows, {facts['units']} units, {facts['failing_items']} failing items;"
+            f" the run ranked by: {facts['made_with']}"
+        )
+        print("| rule | AUC | direct | buried | P@n |\n|---|---:|---:|---:|---:|")
+        for rule, scores in rules.items():
+            r = score_ranking(scores, ids, truth["culprits"])
+            k = r["auc_by_kind"]
+            cell = {"auc": r["auc"], "direct": k.get("direct"), "buried": k.get("buried")}
+            cell["p_at_n"] = r["precision_at_n_culprits"]
+            table.setdefault(rule, {})[name] = cell
+            f = ["—" if v is None else f"{v:.3f}" for v in (cell["auc"], cell["direct"], cell["buried"])]
+            print(f"| {rule} | {f[0]} | {f[1]} | {f[2]} | {cell['p_at_n']:.2f} |")
+    print("\n| rule | " + " | ".join(names) + " | worst |\n|---|" + "---:|" * (len(names) + 1))
+    for rule, per in table.items():
+        aucs = [per[w]["auc"] for w in names]
+        print(f"| {rule} | " + " | ".join(f"{x:.3f}" for x in aucs) + f" | {min(aucs):.3f} |")
+    if a.json:
+        a.json.write_text(json.dumps(table, indent=1))
+
+
+if __name__ == "__main__":
+    main()
