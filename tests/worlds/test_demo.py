@@ -21,6 +21,11 @@ def test_demo_runs_end_to_end(demo):
     for f in ("run.json", "report.html", "report.md", "scorecard.json", "ground_truth.json"):
         assert (out / "poisoned" / f).exists(), f
     assert "ground-truth scorecard" in res.output
+    # the attribute stage is not silent in a log (CliRunner is not a terminal): its plan and a line per stage
+    out_lines = res.output.splitlines()
+    assert any("plan:" in ln for ln in out_lines) and any("within the budget" in ln for ln in out_lines)
+    assert any(ln.startswith("tuned: generate:") and "done in" in ln for ln in out_lines)
+    assert any("gradients" in ln and "started" in ln for ln in out_lines)
 
 
 def test_scorecard_is_computed_from_the_run(demo):

@@ -327,6 +327,19 @@ class _Progress:
         tid = self._p.add_task(description + self._suffix, total=total)
         return lambda k: self._p.advance(tid, k)
 
+    def callback(self):
+        """``progress(task, advance, total)`` (what :func:`gradian.attribute.run.attribute_run` calls): one bar
+        per task name, created at its first call.
+        """
+        tasks: dict = {}
+
+        def progress(task: str, k: int, total: int) -> None:
+            if task not in tasks:
+                tasks[task] = self.task(task, total)
+            tasks[task](k)
+
+        return progress
+
 
 def progress_bar() -> _Progress:
     return _Progress()

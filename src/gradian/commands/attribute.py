@@ -503,18 +503,11 @@ def register(app: typer.Typer) -> None:
                 ),
             )
             with progress_bar() as pb:
-                tasks: dict = {}
-
-                def progress(task: str, k: int, total: int) -> None:
-                    if task not in tasks:
-                        tasks[task] = pb.task(task, total)
-                    tasks[task](k)
-
                 run = attribute_run(
                     inputs,
                     specs,
                     out,
-                    progress=progress,
+                    progress=pb.callback(),
                     index_root=index_dir,
                     say=lambda line: console.print(escape(line), highlight=False, soft_wrap=True),
                     setup=setup,

@@ -123,7 +123,11 @@ def register(app: typer.Typer) -> None:
             profile=profile,
         )
         check_profile(spec.resolved_profile(), kind, regression)
-        summary = run_demo(spec, out, say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}"), progress=True)
+        from gradian.commands._common import progress_bar
+
+        summary = run_demo(
+            spec, out, say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}"), progress=True, progress_bar=progress_bar
+        )
         print_summary(summary)
         if spec.resolved_profile() == "quick":
             console.print(

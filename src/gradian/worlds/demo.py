@@ -18,6 +18,7 @@ in the top few.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from dataclasses import dataclass
@@ -139,8 +140,21 @@ def localise_buried(run: dict[str, Any], truth: dict[str, Any]) -> list[dict[str
     return out
 
 
-def run_demo(spec: DemoSpec, out: str | Path, say: Say = print, progress: bool = False) -> dict[str, Any]:
+def run_demo(
+    spec: DemoSpec,
+    out: str | Path,
+    say: Say = print,
+    progress: bool = False,
+    progress_bar: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
     """Run the worked example; write ``out/{poisoned,null}/run.json``, reports and ``out/scorecard.json``.
+
+    Args:
+        say: one line per step (and per index build, from ``attribute_run``).
+        progress: training's progress bar or lines.
+        progress_bar: makes the attribute stage's progress display (a context manager with ``callback()``,
+            :func:`gradian.commands._common.progress_bar`: a bar in a terminal, a line per stage in a log);
+            None: no progress for that stage.
 
     Returns:
         the demo summary (also written as ``out/demo.json``).
@@ -199,7 +213,8 @@ def run_demo(spec: DemoSpec, out: str | Path, say: Say = print, progress: bool =
         t = time.perf_counter()
         say(f"[{variant}] gradian attribute: Evaluate → Attribute → Audit")
         ft = load_finetune(specs.model, adapter)
-        run = attribute_run(inputs, specs, run_dir, ft=ft)
+        with progress_bar() if progress_bar else contextlib.nullcontext() as pb:
+            run = attribute_run(inputs, specs, run_dir, ft=ft, progress=pb.callback() if pb else None, say=say)
         timing[f"{variant}.attribute"] = time.perf_counter() - t
         truth = world.load_ground_truth()
         shutil.copyfile(world.ground_truth, run_dir / "ground_truth.json")
