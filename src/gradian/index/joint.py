@@ -373,11 +373,9 @@ def maybe_build_jointly(
         return None
     transform = None
     if grad.optimizer == "adam":
-        from gradian.finetune import _optimizer_file
-        from gradian.gradients.adam import read_adam_state
+        from gradian.finetune import adam_transform
 
-        states = read_adam_state(_optimizer_file(ft, checkpoint), ft.model)
-        transform = lambda name, g: states[name].update(g)  # noqa: E731
+        transform = adam_transform(ft, checkpoint)
     return build_jointly(
         ft.model,
         items,
