@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from gradian_testlib import CORPUS, ROWS  # noqa: F401
+from gradian_testlib import CORPUS, ROWS, gradian_cache  # noqa: F401
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -61,21 +61,12 @@ def saved_finetune(tmp_path_factory, tok):
 def demo(tmp_path_factory):
     """`gradian demo --kind tiny --null` run once per session (twice: the second reuses the cache):
     ``(root, first CliResult, second CliResult)``; the cache is ``root/cache``."""
-    import os
-
     root = tmp_path_factory.mktemp("demo")
-    old = os.environ.get("GRADIAN_CACHE")
-    os.environ["GRADIAN_CACHE"] = str(root / "cache")
-    try:
+    with gradian_cache(root / "cache"):
         from gradian.cli import app
 
         res = CliRunner().invoke(
             app, ["demo", "--kind", "tiny", "--out", str(root / "out"), "--project-dim", "0", "--null"]
         )
         again = CliRunner().invoke(app, ["demo", "--kind", "tiny", "--out", str(root / "out2"), "--project-dim", "0"])
-    finally:
-        if old is None:
-            os.environ.pop("GRADIAN_CACHE", None)
-        else:
-            os.environ["GRADIAN_CACHE"] = old
     return root, res, again

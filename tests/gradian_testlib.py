@@ -228,6 +228,39 @@ def forward_calls(model):
         h.remove()
 
 
+@contextlib.contextmanager
+def gradian_cache(folder):
+    """``GRADIAN_CACHE`` set to ``folder`` inside the block, and put back as it was (or unset) after it."""
+    import os
+
+    old = os.environ.get("GRADIAN_CACHE")
+    os.environ["GRADIAN_CACHE"] = str(folder)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("GRADIAN_CACHE", None)
+        else:
+            os.environ["GRADIAN_CACHE"] = old
+
+
+def cli_result(args) -> tuple[int, list[str], str]:
+    """Run ``gradian ARGS`` in-process: ``(exit code, the non-blank output lines, the output)``; a crash's
+    traceback is added to the output, so an assertion message shows where it happened."""
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+    out = res.output
+    if res.exc_info is not None and not isinstance(res.exception, SystemExit):
+        out += "".join(traceback.format_exception(*res.exc_info))
+    return res.exit_code, lines, out
+
+
 def cli_args(*words: str, **flags) -> list[str]:
     """A ``gradian`` command line: ``words`` as given, then each flag as ``--name value`` (``max_length=64`` ->
     ``["--max-length", "64"]``; values pass through ``str``; ``True`` gives the bare flag, ``None`` leaves it out),

@@ -98,16 +98,20 @@ def _run() -> dict:
     return copy.deepcopy(real_run()["run"])
 
 
-def test_select_blamed_is_the_harmful_tail_in_rank_order():
-    """'blamed' = as many rows as the clusters hold, most negative rank score first; 'top K' and 'cluster N'."""
+def _ranked_run():
+    """``(run, its first capability, the train ids, their rank scores)``: what verify's selection ranks by."""
     import numpy as np
-
-    from gradian.attribute.selection import select
 
     run = _run()
     cap = run["attribution"]["capabilities"][0]
-    ids = run["attribution"]["train_ids"]
-    scores = np.asarray(cap.get("rank_scores") or cap["scores"], dtype=float)
+    return run, cap, run["attribution"]["train_ids"], np.asarray(cap.get("rank_scores") or cap["scores"], dtype=float)
+
+
+def test_select_blamed_is_the_harmful_tail_in_rank_order():
+    """'blamed' = as many rows as the clusters hold, most negative rank score first; 'top K' and 'cluster N'."""
+    from gradian.attribute.selection import select
+
+    run, cap, ids, scores = _ranked_run()
     k = sum(len(c["row_ids"]) for c in cap["clusters"])
     blamed = select(run, "blamed")
     assert len(blamed) == k and len(set(blamed)) == k
@@ -202,10 +206,7 @@ def test_top_k_never_selects_a_row_that_is_not_harmful():
 
     from gradian.attribute.selection import select
 
-    run = _run()
-    cap = run["attribution"]["capabilities"][0]
-    ids = run["attribution"]["train_ids"]
-    scores = np.asarray(cap.get("rank_scores") or cap["scores"], dtype=float)
+    run, cap, ids, scores = _ranked_run()
     every = select(run, "top 100000")
     assert set(every) == {ids[j] for j in np.flatnonzero(scores < 0)}
     assert 0 < len(every) < len(ids)

@@ -103,6 +103,17 @@ def _optimizer_file(ft: FineTune, checkpoint: Checkpoint | None) -> Path:
     return Path(opt)
 
 
+def adam_transform(ft: FineTune, checkpoint: Checkpoint | None) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """Adam preconditioning at ``checkpoint`` (default: the final adapter), read from its ``optimizer.pt``:
+    ``(LoRA block name, g) -> states[name].update(g)``, Adam's update direction for per-example gradients ``g``
+    (:meth:`gradian.gradients.adam.AdamState.update`).
+    """
+    from gradian.gradients.adam import read_adam_state
+
+    states = read_adam_state(_optimizer_file(ft, checkpoint), ft.model)
+    return lambda name, g: states[name].update(g)
+
+
 def training_index(
     ft: FineTune,
     data: str | Path,
@@ -148,10 +159,7 @@ def training_index(
     identity = index_identity(ft, data, spec, seed, checkpoint)
     transform = None
     if spec.optimizer == "adam":
-        from gradian.gradients.adam import read_adam_state
-
-        states = read_adam_state(_optimizer_file(ft, checkpoint), ft.model)
-        transform = lambda name, g: states[name].update(g)  # noqa: E731
+        transform = adam_transform(ft, checkpoint)
     elif spec.optimizer != "none":
         raise GradianUserError(
             f"unknown optimizer preconditioning {spec.optimizer!r}", where="--optimizer", fix="use none or adam"

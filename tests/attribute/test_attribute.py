@@ -77,7 +77,7 @@ def _pretrain_base(model, tok, rows, steps=40):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tok):
-    from gradian_testlib import make_lora_model
+    from gradian_testlib import capital_query, make_lora_model
 
     model = make_lora_model(tok, "llama", r=4, hidden=64, dtype=torch.float32)
     rows = _rows()
@@ -89,15 +89,7 @@ def setup(tmp_path_factory, tok):
     idx = build_index(
         model, items, {"t": "attr"}, spec, pad_token_id=tok.pad_token_id, root=tmp_path_factory.mktemp("ix")
     )
-    q = make_query(
-        "france",
-        "capitals",
-        "Q: What is the capital of France?\nA:",
-        "Paris",
-        " The capital of France is Lyon.",
-        " The capital of France is Paris.",
-    )
-    return model, idx, exs, items, [q]
+    return model, idx, exs, items, [capital_query()]
 
 
 @pytest.mark.parametrize("engine", ["datainf", "graddot"])

@@ -445,6 +445,52 @@ def _cli(args):
     return res.exit_code, lines, res.output
 
 
+def test_adam_preconditioning_is_the_same_in_one_pass_and_in_separate_builds(run, saved_finetune, tmp_path):
+    """``optimizer="adam"``: the joint row + sentence build and the separate builds read each checkpoint's
+    optimizer.pt alike (one index id per unit, equal scores), and the preconditioning changes the scores."""
+    import numpy as np
+
+    from gradian.attribute.evidence import trajectory_scores
+    from gradian.attribute.queries import make_query
+    from gradian.data.formats import load_examples
+    from gradian.data.tokenize import TokenizeSpec
+    from gradian.engines import GradDotSpec
+    from gradian.finetune import load_finetune, tokenize_training_set
+    from gradian.index.store import GradSpec
+    from gradian.models.load import ModelSpec
+
+    data = saved_finetune["data"]
+    ft = load_finetune(ModelSpec(str(saved_finetune["base"])), run)
+    exs = load_examples(data)
+    qs = [make_query("q1", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Tokyo")]
+    got = {}
+    for optimizer, joint in (("adam", False), ("adam", True), ("none", False)):
+        grad = GradSpec(tokenize=TokenizeSpec(max_length=64), optimizer=optimizer)
+        items = tokenize_training_set(exs, ft.tokenizer, grad, data)
+        got[optimizer, joint] = trajectory_scores(
+            ft,
+            resolve_trajectory(run),
+            data,
+            exs,
+            items,
+            grad,
+            {"capitals": qs},
+            [GradDotSpec()],
+            unit="sentence",
+            index_root=tmp_path / f"{optimizer}-{joint}",
+            joint=joint,
+        )
+    one, sep, plain = got["adam", True], got["adam", False], got["none", False]
+    assert len(one.indexes) == 3 and "joint" in one.indexes[0] and "joint" not in sep.indexes[0]
+    for a, b in zip(one.indexes, sep.indexes):
+        assert (a["row"]["id"], a["sentence"]["id"]) == (b["row"]["id"], b["sentence"]["id"])
+    for kind in ("raw", "unit_raw"):
+        a, b = getattr(one.scores["capitals"]["graddot"], kind), getattr(sep.scores["capitals"]["graddot"], kind)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * np.abs(b).max(), err_msg=kind)
+        c = getattr(plain.scores["capitals"]["graddot"], kind)
+        assert not np.allclose(b, c, rtol=1e-2), kind  # Adam's update direction is not the raw gradient
+
+
 @pytest.mark.parametrize(
     "case", ["truncated-optimizer", "foreign-checkpoint", "not-an-adapter", "inf-learning-rate", "betas-one"]
 )

@@ -242,6 +242,7 @@ learning_rate: 0.0002
 bf16: auto
 attn_implementation: flash_attention_2
 warmup_ratio: 0.1
+evals_per_epoch: 4
 """
 
 # AX examples/mistral/orpo/mistral-qlora-orpo.yml (case 2): rl: orpo with orpo_alpha, chat_template.argilla data.

@@ -69,6 +69,8 @@ def test_axolotl_rl_switches_off_the_sft_rules(tmp_path):
     cfg = _cfg(tmp_path, "axolotl_dpo.yml")
     c = load_config(cfg)
     assert (c.stage, c.stage_kind, c.source("stage")) == ("dpo", "preference", "axolotl_dpo.yml: rl")
+    # the example evaluates 4 times an epoch (evals_per_epoch: 4): axolotl's eval_strategy steps
+    assert (c.eval_strategy, c.source("eval_strategy")) == ("steps", "axolotl_dpo.yml: evals_per_epoch")
     res = diagnose(configs=[cfg])
     for cid in ("C01", "C08", "C11"):
         assert _skip_reason(res, cid).startswith("not applicable: a dpo run (axolotl_dpo.yml: rl)")

@@ -123,3 +123,29 @@ def test_a_joint_build_that_cannot_fit_writes_nothing(setup, tmp_path, monkeypat
     with pytest.raises(DiskFullError, match="remaining shard.*row and sentence indexes.*no shard was written"):
         build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=r, sentence_root=s, **kw)
     assert not list(r.glob("shard-*")) and not list(s.glob("shard-*"))
+
+
+def test_a_joint_build_with_non_finite_gradients_writes_no_shard(setup, tmp_path):
+    """A NaN in the adapter makes every gradient NaN: the first full shard is refused with build_index's message."""
+    import torch
+
+    from gradian.errors import GradianUserError
+    from gradian.index.joint import build_jointly
+
+    model, items, units, spec, ids, kw = setup
+    p = next(p for n, p in model.named_parameters() if ".lora_A." in n)
+    keep = p.detach().clone()
+    r, s = tmp_path / "r", tmp_path / "s"
+    try:
+        with torch.no_grad():
+            p[0, 0] = float("nan")
+        with pytest.raises(
+            GradianUserError,
+            match=r"gradients of \d+ (row|sentence unit)\(s\) are not finite \(NaN/inf.*e\.g\. in .*lora.*; "
+            r"(rows|sentence units) .*the shard is not written",
+        ):
+            build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=r, sentence_root=s, **kw)
+    finally:
+        with torch.no_grad():
+            p.copy_(keep)
+    assert not list(r.glob("shard-*")) and not list(s.glob("shard-*"))

@@ -226,21 +226,15 @@ def real_run() -> dict:
     """
     if not _REAL:
         import atexit
-        import os
         import shutil
         import tempfile
 
+        from gradian_testlib import gradian_cache
+
         root = Path(tempfile.mkdtemp(prefix="gradian-report-world-"))
         atexit.register(shutil.rmtree, root, True)
-        old = os.environ.get("GRADIAN_CACHE")
-        os.environ["GRADIAN_CACHE"] = str(root / "cache")
-        try:
+        with gradian_cache(root / "cache"):
             world = build_world(root / "world")
             run = run_world(world, root / "run")
-        finally:
-            if old is None:
-                os.environ.pop("GRADIAN_CACHE", None)
-            else:
-                os.environ["GRADIAN_CACHE"] = old
         _REAL.update(world=world, run_dir=root / "run", run=run, root=root)
     return _REAL

@@ -11,15 +11,13 @@ import copy
 import json
 import shutil
 import sys
-import traceback
 import warnings
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gradian.cli import app
 from gradian.errors import GradianUserError, GradianWarning
+from gradian_testlib import cli_result
 
 
 @pytest.fixture()
@@ -32,15 +30,6 @@ def cache(demo, monkeypatch):
 def real(demo, cache):
     """The demo's poisoned run.json, as a dict (read only)."""
     return json.loads((demo[0] / "out" / "poisoned" / "run.json").read_text())
-
-
-def _cli(args):
-    res = CliRunner().invoke(app, [str(a) for a in args])
-    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
-    out = res.output
-    if res.exc_info is not None and not isinstance(res.exception, SystemExit):
-        out += "".join(traceback.format_exception(*res.exc_info))
-    return res.exit_code, lines, out
 
 
 def _one_error(code, lines, out, *needles):
@@ -104,7 +93,7 @@ def test_a_run_json_asking_for_remote_code_runs_none(real, tmp_path, monkeypatch
     marker = tmp_path / "marker"
     run_dir = _remote_code_run(real, tmp_path, marker)
 
-    code, lines, out = _cli(
+    code, lines, out = cli_result(
         ["verify", run_dir, "--controls", "0", "--seed-band", "0", "--train-command", _copy_adapter_command(real)]
     )
     assert code == 0, out
@@ -155,10 +144,10 @@ def test_verify_refuses_training_data_that_changed_since_the_run(real, tmp_path)
         f"{shlex_quote(real['manifest']['paths']['adapter'])} {{out}} {{data}} {shlex_quote(str(got))}"
     )
     args = ["verify", run_dir, "--controls", "0", "--seed-band", "0", "--train-command", cmd]
-    _one_error(*_cli(args), str(data), "training data changed since the run", "--allow-changed-inputs")
+    _one_error(*cli_result(args), str(data), "training data changed since the run", "--allow-changed-inputs")
     assert not got.exists()  # nothing was retrained
 
-    code, lines, out = _cli([*args, "--allow-changed-inputs"])
+    code, lines, out = cli_result([*args, "--allow-changed-inputs"])
     assert code == 0, out
     assert any("training data changed since the run" in ln for ln in lines)
     assert "CHANGED" in got.read_text()  # the trainer got the data as it is now, as asked
@@ -263,13 +252,13 @@ def test_a_tampered_run_json_is_one_line_in_verify_report_and_from_run(real, tmp
     run = copy.deepcopy(real)
     mutate(run)
     run_dir = _write_run(tmp_path / "run", run)
-    _one_error(*_cli(["verify", run_dir, "--train-command", "false"]), needle, str(run_dir / "run.json"))
+    _one_error(*cli_result(["verify", run_dir, "--train-command", "false"]), needle, str(run_dir / "run.json"))
     with pytest.raises(GradianUserError) as e:
         Attributor.from_run(run_dir)
     assert needle in str(e.value) and "\n" not in str(e.value)
     if name not in ("no-manifest", "data-path-int", "device-odd", "gguf-path", "eval-spec-unknown"):
         # the report needs less than verify, but what it reads must be sound too
-        _one_error(*_cli(["report", run_dir, "--format", "md", "--out", tmp_path / "r.md"]), needle)
+        _one_error(*cli_result(["report", run_dir, "--format", "md", "--out", tmp_path / "r.md"]), needle)
 
 
 def test_the_demos_real_runs_pass_the_check_whole(demo, cache):
@@ -284,5 +273,5 @@ def test_the_demos_real_runs_pass_the_check_whole(demo, cache):
         assert Run.from_dict(d).to_dict() == d
         att = Attributor.from_run(folder)
         assert att.run.run_id == d["manifest"]["run_id"] and att.model_spec.trust_remote_code is False
-    code, lines, out = _cli(["verify", demo[0] / "out" / "null", "--train-command", "false"])
+    code, lines, out = cli_result(["verify", demo[0] / "out" / "null", "--train-command", "false"])
     _one_error(code, lines, out, "attributed nothing")

@@ -6,13 +6,11 @@ import json
 import shutil
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from gradian.cli import app
+from gradian_testlib import cli_result, gradian_cache
 
 
 @pytest.fixture()
@@ -31,37 +29,19 @@ def run_dir(demo, tmp_path, cache):
     return dst
 
 
-def _cli(args):
-    res = CliRunner().invoke(app, [str(a) for a in args])
-    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
-    out = res.output
-    if res.exc_info is not None and not isinstance(res.exception, SystemExit):
-        out += "".join(traceback.format_exception(*res.exc_info))  # a crash shows where, in the assertion message
-    return res.exit_code, lines, out
-
-
 @pytest.fixture(scope="session")
 def verified(demo, tmp_path_factory):
     """One verify of the demo's run (fix, one control, one seed), then a second, resumed one."""
-    import os
-
     root = demo[0]
     dst = tmp_path_factory.mktemp("verify") / "run"
     shutil.copytree(root / "out" / "poisoned", dst)
-    old = os.environ.get("GRADIAN_CACHE")
-    os.environ["GRADIAN_CACHE"] = str(root / "cache")
-    try:
+    with gradian_cache(root / "cache"):
         t = time.perf_counter()
-        first = _cli(["verify", dst, "--controls", "2", "--seed-band", "1"])
+        first = cli_result(["verify", dst, "--controls", "2", "--seed-band", "1"])
         t1 = time.perf_counter() - t
         t = time.perf_counter()
-        second = _cli(["verify", dst, "--controls", "2", "--seed-band", "1"])
+        second = cli_result(["verify", dst, "--controls", "2", "--seed-band", "1"])
         t2 = time.perf_counter() - t
-    finally:
-        if old is None:
-            os.environ.pop("GRADIAN_CACHE", None)
-        else:
-            os.environ["GRADIAN_CACHE"] = old
     return dst, first, t1, second, t2
 
 
@@ -126,7 +106,7 @@ def test_train_command_stand_in(run_dir, tmp_path):
         f"{sys.executable} {script} --base {{base}} --data {{data}} --out {{out}} --seed {{seed}} "
         f"--config {Path(cfg) / 'training_config.yaml'}"
     )
-    code, lines, out = _cli(["verify", run_dir, "--controls", "0", "--seed-band", "0", "--train-command", cmd])
+    code, lines, out = cli_result(["verify", run_dir, "--controls", "0", "--seed-band", "0", "--train-command", cmd])
     assert code == 0, out
     rec = json.loads((run_dir / "run.json").read_text())["verification"]
     assert rec["trainer"] == {"trainer": "command", "template": cmd}
@@ -135,7 +115,7 @@ def test_train_command_stand_in(run_dir, tmp_path):
 
 
 def test_no_run_json_exits_2(tmp_path, cache):
-    code, lines, out = _cli(["verify", tmp_path])
+    code, lines, out = cli_result(["verify", tmp_path])
     assert code == 2 and len(lines) == 1 and "run.json" in lines[0] and "fix:" in lines[0]
 
 
@@ -143,7 +123,7 @@ def test_unmappable_config_exits_2(run_dir, tmp_path):
     bad = tmp_path / "train.yaml"
     bad.write_text("model_name_or_path: x\nuse_peft: false\nlearning_rate: 1.0e-5\n")
     before = (run_dir / "run.json").read_text()
-    code, lines, out = _cli(["verify", run_dir, "--config", bad])
+    code, lines, out = cli_result(["verify", run_dir, "--config", bad])
     assert code == 2 and len(lines) == 1 and "fix:" in lines[0], out
     assert (run_dir / "run.json").read_text() == before
 
@@ -151,7 +131,9 @@ def test_unmappable_config_exits_2(run_dir, tmp_path):
 def test_failing_train_command_exits_2_and_writes_nothing(run_dir, cache):
     before = (run_dir / "run.json").read_text()
     n_cached = len(list((cache / "verify").glob("*/adapter"))) if (cache / "verify").exists() else 0
-    code, lines, out = _cli(["verify", run_dir, "--train-command", f"{sys.executable} -c 'import sys; sys.exit(3)'"])
+    code, lines, out = cli_result(
+        ["verify", run_dir, "--train-command", f"{sys.executable} -c 'import sys; sys.exit(3)'"]
+    )
     assert code == 2 and len(lines) >= 1, out
     err = [ln for ln in lines if ln.startswith("error:")]
     assert len(err) == 1 and "exit code 3" in err[0] and "fix:" in err[0]
@@ -162,7 +144,7 @@ def test_failing_train_command_exits_2_and_writes_nothing(run_dir, cache):
 
 
 def test_spec_errors_exit_2(run_dir):
-    code, lines, _ = _cli(["verify", run_dir, "--remove", "0"])
+    code, lines, _ = cli_result(["verify", run_dir, "--remove", "0"])
     assert code == 2 and "--remove" in lines[-1]
-    code, lines, _ = _cli(["verify", run_dir, "--remove", "3", "--remove-cluster", "1"])
+    code, lines, _ = cli_result(["verify", run_dir, "--remove", "3", "--remove-cluster", "1"])
     assert code == 2 and "cannot be combined" in lines[-1]

@@ -74,12 +74,7 @@ def c08(ctx: AuditContext) -> list[Hit]:
                     {"value": False, "threshold": True, **c.cite("completion_only_loss")},
                 )
             )
-        if (
-            c.trainer == "trl"
-            and not c.assistant_only_loss
-            and c.messages_loss != "final_assistant_turn"
-            and ctx.examples is not None
-        ):
+        if c.trains_every_message_turn and ctx.examples is not None:
             msg_rows = [i for i, e in enumerate(ctx.examples) if e.format == "messages"]
             if msg_rows:
                 hits.append(

@@ -497,12 +497,7 @@ class AuditContext:
             return bool(c.train_on_inputs), c.source("train_on_inputs") or ""
         if c.completion_only_loss is not None:
             return (not c.completion_only_loss), c.source("completion_only_loss") or ""
-        if (
-            c.trainer == "trl"
-            and not c.assistant_only_loss
-            and c.messages_loss != "final_assistant_turn"
-            and self.examples
-        ):
+        if c.trains_every_message_turn and self.examples:
             n_msgs = sum(1 for e in self.examples if e.format == "messages")
             if n_msgs * 2 > len(self.examples):
                 return True, (

@@ -26,29 +26,21 @@ from gradian.gradients.per_example import per_example_grads
 from gradian.gradients.projection import KroneckerProjector
 from gradian.index.shards import (
     FORMAT_VERSION,
-    GRAD_ABS_MAX,
     MANIFEST,
     CorruptIndexError,
-    _implausible,
     _layout,
     _read_record,
-    _record_file,
     _repair,
     _shard_file,
     _write_manifest,
+    check_shard_finite,
     read_manifest,
     shard_problem,
+    write_shard,
 )
 from gradian.index.size import IndexSizeWarning, index_unit_name, size_advice, size_estimate
 from gradian.index.store import STORAGE_DTYPES, GradientIndex, GradSpec, default_index_root, index_id, select_blocks
-from gradian.util import (
-    DiskFullError,
-    atomic_write_bytes,
-    atomic_write_json,
-    free_bytes,
-    release_free_memory,
-    sha256_bytes,
-)
+from gradian.util import DiskFullError, free_bytes, release_free_memory
 
 
 def check_build_args(batch_size: Any, shard_size: Any = 256) -> None:
@@ -340,7 +332,6 @@ def build_index(
             for i, b in enumerate(blocks)
         }
         filled = torch.zeros(hi - lo, dtype=torch.bool)
-        losses_all = [0.0] * (hi - lo)
         row_meta: list[dict[str, Any]] = [{}] * (hi - lo)  # each row is read once (a TokenizedRows tokenises it)
         for s in range(0, len(order), batch_size):
             rows = order[s : s + batch_size]
@@ -363,45 +354,17 @@ def build_index(
                     g = transform(b.name, g)
                 per_block[b.name][dest] = projector(i, g).to(storage).cpu()
             for r, loss in zip(rows, losses.tolist()):
-                losses_all[r - lo] = float(loss)
+                row_meta[r - lo]["loss"] = float(loss)
             filled[dest] = True
             if progress:
                 progress(len(rows))
         if not bool(filled.all()):  # cannot happen with batch_size >= 1; never write such a shard
             raise RuntimeError(f"shard {k}: {int((~filled).sum())} rows were not computed")
-        bad_rows: set[int] = set()
-        bad_blocks = []
-        for name, v in per_block.items():
-            nf = _implausible(v)
-            if bool(nf.any()):
-                bad_blocks.append(name)
-                bad_rows.update(int(r) for r in nf.nonzero()[:, 0].tolist())
-        if bad_rows:
-            ids = [row_meta[r]["id"] for r in sorted(bad_rows)]
-            shown = ", ".join(map(str, ids[:8])) + (f" (+{len(ids) - 8})" if len(ids) > 8 else "")
-            raise GradianUserError(
-                f"the per-example gradients of {len(ids)} row(s) are not finite (NaN/inf, or beyond {GRAD_ABS_MAX:g}), "
-                f"e.g. in {bad_blocks[0]}; "
-                f"rows {shown}; the shard is not written",
-                where=str(root),
-                fix="check the base and adapter weights for NaN/inf and train in float32 (float16 overflows); "
-                "--storage-dtype float16 cannot hold gradients above 65504 (use bfloat16)",
-            )
-        meta: dict[str, list[Any]] = {
-            "id": [m["id"] for m in row_meta],
-            "loss": losses_all,
-            "n_supervised": [m["n_supervised"] for m in row_meta],
-            "truncated": [m["truncated"] for m in row_meta],
-            "full_length": [m["full_length"] for m in row_meta],
-        }
+        check_shard_finite(per_block, [m["id"] for m in row_meta], "row", root)
         data = save({name: v.contiguous() for name, v in per_block.items()})
         del per_block
-        fname = _shard_file(k)
-        entry = {"file": fname, "sha256": sha256_bytes(data), "start": lo, "n": hi - lo, "examples": meta}
         try:
-            atomic_write_bytes(root / fname, data)
-            # the shard's own record, right after the shard: a build that dies later keeps this shard
-            atomic_write_json(root / _record_file(k), {"layout": layout, "entry": entry})
+            entry = write_shard(root, k, data, lo, row_meta, layout)
         except DiskFullError as e:
             # the shards written so far stay valid (each has its record) and are reused by the next build;
             # the error names what the rest of this build still needs
@@ -409,7 +372,7 @@ def build_index(
             raise DiskFullError(
                 root,
                 len(data) + rows_of(rest[1:]) * row_bytes,
-                f"{fname} and the {len(rest) - 1} shard(s) after it",
+                f"{_shard_file(k)} and the {len(rest) - 1} shard(s) after it",
                 e.os_error,
                 tail=f"{len(written)} shard(s) this build wrote are kept (valid, reused next time), no temp file left",
             ) from e

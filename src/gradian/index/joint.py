@@ -32,10 +32,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate, row_values
-from gradian.errors import GradianUserError
 
 #: the ``pass`` field of every shard entry this module writes (kept in the manifest: which path computed it)
 JOINT_PASS = "one pass per row (sentence units; row derived)"
+NOUNS = {"row": "row", "sentence": "sentence unit"}  # what one row of each index is, for messages
 
 
 def row_unit_batch(
@@ -164,25 +164,10 @@ def build_jointly(
     from gradian.gradients.projection import KroneckerProjector
     from gradian.gradients.units import row_unit_grads
     from gradian.index.build import _check_shared_folder
-    from gradian.index.shards import (
-        GRAD_ABS_MAX,
-        _implausible,
-        _layout,
-        _read_record,
-        _record_file,
-        _shard_file,
-        shard_problem,
-    )
+    from gradian.index.shards import _layout, _read_record, check_shard_finite, shard_problem, write_shard
     from gradian.index.size import size_estimate
     from gradian.index.store import STORAGE_DTYPES, index_id, select_blocks
-    from gradian.util import (
-        DiskFullError,
-        atomic_write_bytes,
-        atomic_write_json,
-        free_bytes,
-        release_free_memory,
-        sha256_bytes,
-    )
+    from gradian.util import DiskFullError, free_bytes, release_free_memory
 
     dist = distributed.current()
     t0 = time.perf_counter()
@@ -288,36 +273,11 @@ def build_jointly(
 
         def flush(self) -> None:
             root = roots[self.kind]
-            bad = set()
-            for v in self.blocks:
-                nf = _implausible(v)
-                if bool(nf.any()):
-                    bad.update(int(r) for r in nf.nonzero()[:, 0].tolist())
-            if bad:
-                bad_ids = [self.meta[r]["id"] for r in sorted(bad)]  # type: ignore[index]
-                raise GradianUserError(
-                    f"the per-example gradients of {len(bad_ids)} {self.kind} gradient(s) are not finite (NaN/inf, "
-                    f"or beyond {GRAD_ABS_MAX:g}), e.g. {', '.join(map(str, bad_ids[:8]))}; the shard is not written",
-                    where=str(root),
-                    fix="check the base and adapter weights for NaN/inf and train in float32 (float16 overflows); "
-                    "--storage-dtype float16 cannot hold gradients above 65504 (use bfloat16)",
-                )
-            meta = {
-                key: [m[key] for m in self.meta]  # type: ignore[index]
-                for key in ("id", "loss", "n_supervised", "truncated", "full_length")
-            }
-            data = save({b.name: v.contiguous() for b, v in zip(blocks, self.blocks)})
-            fname = _shard_file(self.k)
-            entry = {
-                "file": fname,
-                "sha256": sha256_bytes(data),
-                "start": self.lo,
-                "n": self.hi - self.lo,
-                "examples": meta,
-                "pass": JOINT_PASS,
-            }
-            atomic_write_bytes(root / fname, data)
-            atomic_write_json(root / _record_file(self.k), {"layout": layouts[self.kind], "entry": entry})
+            rows: list[dict[str, Any]] = self.meta  # type: ignore[assignment]  # full: its last row arrived
+            per_block = {b.name: v for b, v in zip(blocks, self.blocks)}
+            check_shard_finite(per_block, [m["id"] for m in rows], NOUNS[self.kind], root)
+            data = save({name: v.contiguous() for name, v in per_block.items()})
+            write_shard(root, self.k, data, self.lo, rows, layouts[self.kind], written_by=JOINT_PASS)
 
     mine_keys = {(kind, k) for kind, k, _, _ in mine}
     open_: dict[tuple[str, int], Buffer] = {}
@@ -413,11 +373,9 @@ def maybe_build_jointly(
         return None
     transform = None
     if grad.optimizer == "adam":
-        from gradian.finetune import _optimizer_file
-        from gradian.gradients.adam import read_adam_state
+        from gradian.finetune import adam_transform
 
-        states = read_adam_state(_optimizer_file(ft, checkpoint), ft.model)
-        transform = lambda name, g: states[name].update(g)  # noqa: E731
+        transform = adam_transform(ft, checkpoint)
     return build_jointly(
         ft.model,
         items,

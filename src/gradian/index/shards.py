@@ -22,12 +22,12 @@ import re
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from gradian.errors import GradianUserError, GradianWarning
-from gradian.util import atomic_write_json, sha256_bytes
+from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -153,6 +153,72 @@ GRAD_ABS_MAX = 1e30
 def _implausible(t: torch.Tensor) -> torch.Tensor:
     """Entries that are NaN, infinite, or beyond :data:`GRAD_ABS_MAX` in magnitude."""
     return ~torch.isfinite(t) | (t.abs() > GRAD_ABS_MAX)
+
+
+def check_shard_finite(per_block: Mapping[str, torch.Tensor], ids: Sequence[Any], noun: str, root: Path) -> None:
+    """Refuse to write a shard any of whose stored numbers is NaN, infinite or beyond :data:`GRAD_ABS_MAX`.
+
+    Args:
+        per_block: block name -> the shard's ``(n_shard, d_l)`` tensor for that block.
+        ids: the ``n_shard`` row ids, in the tensors' row order.
+        noun: what one row of the shard is, for the message (``"row"``, ``"sentence unit"``).
+
+    Raises:
+        GradianUserError: how many rows are bad, the first block they are bad in, and up to eight of their ids.
+    """
+    bad_rows: set[int] = set()
+    bad_blocks = []
+    for name, v in per_block.items():
+        nf = _implausible(v)
+        if bool(nf.any()):
+            bad_blocks.append(name)
+            bad_rows.update(int(r) for r in nf.nonzero()[:, 0].tolist())
+    if not bad_rows:
+        return
+    bad = [ids[r] for r in sorted(bad_rows)]
+    shown = ", ".join(map(str, bad[:8])) + (f" (+{len(bad) - 8})" if len(bad) > 8 else "")
+    raise GradianUserError(
+        f"the per-example gradients of {len(bad)} {noun}(s) are not finite (NaN/inf, or beyond {GRAD_ABS_MAX:g}), "
+        f"e.g. in {bad_blocks[0]}; "
+        f"{noun}s {shown}; the shard is not written",
+        where=str(root),
+        fix="check the base and adapter weights for NaN/inf and train in float32 (float16 overflows); "
+        "--storage-dtype float16 cannot hold gradients above 65504 (use bfloat16)",
+    )
+
+
+#: The per-row metadata of a shard entry's ``examples``: one list per key, in row order.
+EXAMPLE_KEYS = ("id", "loss", "n_supervised", "truncated", "full_length")
+
+
+def write_shard(
+    root: Path,
+    k: int,
+    data: bytes,
+    start: int,
+    rows: Sequence[Mapping[str, Any]],
+    layout: dict[str, Any],
+    written_by: str | None = None,
+) -> dict[str, Any]:
+    """Write shard ``k`` (its safetensors ``data``), then its own record; returns its manifest entry.
+
+    The record comes right after the shard, so a build that dies later keeps this shard (:func:`_read_record`).
+    ``rows`` holds each row's :data:`EXAMPLE_KEYS`; ``written_by``, when given, is the entry's ``"pass"``.
+    Raises :class:`gradian.util.DiskFullError` from the writes (the shard's temp file is removed).
+    """
+    fname = _shard_file(k)
+    entry: dict[str, Any] = {
+        "file": fname,
+        "sha256": sha256_bytes(data),
+        "start": start,
+        "n": len(rows),
+        "examples": {key: [r[key] for r in rows] for key in EXAMPLE_KEYS},
+    }
+    if written_by is not None:
+        entry["pass"] = written_by
+    atomic_write_bytes(root / fname, data)
+    atomic_write_json(root / _record_file(k), {"layout": layout, "entry": entry})
+    return entry
 
 
 def shard_problem(root: Path, entry: dict[str, Any], blocks: list[dict[str, Any]]) -> tuple[str | None, dict]:

@@ -85,10 +85,6 @@ def _join(parts: Iterable[Markup], sep: str = "") -> Markup:
     return M(sep).join(parts)
 
 
-def _pct(x: Any) -> str:
-    return f"{x:.0%}" if isinstance(x, (int, float)) else "n/a"
-
-
 def _txt(s: Any, limit: int | None = None) -> Markup:
     s = clean(s)
     return M('<span class="txt">{}</span>').format(shorten(s, limit) if limit else s)
@@ -191,7 +187,7 @@ def _cluster_summary(cap: Any, fixes: dict[int, str]) -> Markup:
                 cl.size,
                 "" if cl.size == 1 else "s",
                 cl.best_rank,
-                _pct(cl.harmful_share),
+                svg.fmt_pct(cl.harmful_share),
                 _explanations(cl, fixes),
                 M('<div class="legend">e.g. <code>{}</code>: {}</div>').format(
                     ex.get("id"), _txt(ex.get("completion"), 160)
@@ -210,7 +206,7 @@ def _mech(cl: Any, key: str) -> Markup:
     m = cl.mechanics.get(key) or {}
     src = m.get("source")
     note = f" ({src})" if src and src != "attribute" else (" *" if src == "attribute" else "")
-    return M("{}{}").format(_pct(m.get("share")), note)
+    return M("{}{}").format(svg.fmt_pct(m.get("share")), note)
 
 
 def _sentence_view(d: Any) -> Markup:
@@ -304,7 +300,7 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
             p.n_negative,
             p.n,
             p.tail_n,
-            _pct(p.tail_mass),
+            svg.fmt_pct(p.tail_mass),
         )
     )
     if a.clusters:
@@ -318,7 +314,7 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
                 [
                     M("#{}").format(cl.label),
                     M("{}").format(cl.size),
-                    M("{}").format(_pct(cl.harmful_share)),
+                    M("{}").format(svg.fmt_pct(cl.harmful_share)),
                     M("{}").format(fm),
                     M("{}").format(svg.fmt_num(cm.get("tokens_median"))),
                     _mech(cl, "truncated"),
@@ -593,7 +589,7 @@ def _verification(r: Report) -> Markup:
 def render_html(report: Report) -> str:
     """The whole report as one self-contained HTML page (see module docstring)."""
     r = Report.from_dict(clean_tree(report.to_dict()))  # every string cleaned of control/bidi characters
-    fixes = {i: f.fix for i, f in enumerate(r.audit.findings if r.audit else [])}
+    fixes = r.finding_fixes()
     caps_html = []
     for c in r.capabilities:
         caps_html.append(

@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from gradian.report.safe import md_text
-from gradian.report.svg import fmt_num, fmt_score, fmt_verdict
+from gradian.report.svg import fmt_num, fmt_pct, fmt_score, fmt_verdict
 from gradian.report.views import (
     HARMFUL_ROW_COLUMNS,
     SUMMARY_CLUSTERS,
@@ -30,10 +30,6 @@ from gradian.report.views import (
 from gradian.sign import VERDICT_SCORE_DOC, VERDICT_SCORE_UNIT
 
 _MARK = {"ok": "✓", "caution": "!", "warning": "⚠"}
-
-
-def _pct(x: Any) -> str:
-    return f"{x:.0%}" if isinstance(x, (int, float)) else "n/a"
 
 
 def _row(cells: list[str]) -> str:
@@ -103,7 +99,7 @@ def render_markdown(report: Report) -> str:
         out.append("")
         out += [f"- {_MARK.get(q.level, '-')} {md_text(q.text, 1000)}" for q in c.qualifiers]
         out.append("")
-    fixes = {i: f.fix for i, f in enumerate(r.audit.findings if r.audit else [])}
+    fixes = r.finding_fixes()
     for c in r.capabilities:
         a = c.attribution
         if a is None:
@@ -126,7 +122,7 @@ def render_markdown(report: Report) -> str:
         for cl in a.clusters[:SUMMARY_CLUSTERS]:
             out.append(
                 f"- **Cluster \\#{cl.label}**: {cl.size} row{'s' if cl.size != 1 else ''} from rank {cl.best_rank}, "
-                f"{_pct(cl.harmful_share)} of the harmful score"
+                f"{fmt_pct(cl.harmful_share)} of the harmful score"
             )
             if cl.explanations:
                 for e in cl.explanations:
@@ -160,7 +156,7 @@ def render_markdown(report: Report) -> str:
             + (f" (agreement checked against {md_text(a.engines[1], 40)})" if len(a.engines) > 1 else "")
             + ". "
             f"{p.n_negative} of {p.n} rows degraded the capability; the harmful tail ({p.tail_n} rows) holds "
-            f"{_pct(p.tail_mass)} of the harmful score (scores, {VERDICT_SCORE_UNIT}: min {fmt_verdict(p.min)}, "
+            f"{fmt_pct(p.tail_mass)} of the harmful score (scores, {VERDICT_SCORE_UNIT}: min {fmt_verdict(p.min)}, "
             f"median {fmt_verdict(p.median)}, max {fmt_verdict(p.max)}).",
             "",
         ]
@@ -173,14 +169,14 @@ def render_markdown(report: Report) -> str:
                     m = cl.mechanics.get(key) or {}
                     src = m.get("source")
                     mech.append(
-                        f"{_pct(m.get('share'))} {label}" + (f" ({src})" if src and src != "attribute" else " \\*")
+                        f"{fmt_pct(m.get('share'))} {label}" + (f" ({src})" if src and src != "attribute" else " \\*")
                     )
                 ex = "; ".join(e["text"] for e in cl.explanations) or "none"
                 rows.append(
                     [
                         f"\\#{cl.label}",
                         str(cl.size),
-                        _pct(cl.harmful_share),
+                        fmt_pct(cl.harmful_share),
                         ", ".join(mech),
                         md_text(words, 120),
                         md_text(ex, 300),

@@ -49,6 +49,11 @@ def fmt_num(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def fmt_pct(x: Any) -> str:
+    """A share as a whole percent: ``0.425`` -> ``42%``; ``n/a`` for anything but a number."""
+    return f"{x:.0%}" if isinstance(x, (int, float)) else "n/a"
+
+
 def fmt_tick(x: float) -> str:
     """An axis label: ``-100k``, ``2.5M``, ``0.25``, ``3e-05``."""
     ax = abs(x)

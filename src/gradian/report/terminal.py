@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gradian.report.safe import clean, one_line
-from gradian.report.svg import fmt_num, fmt_score, fmt_verdict
+from gradian.report.svg import fmt_num, fmt_pct, fmt_score, fmt_verdict
 from gradian.report.views import SUMMARY_CLUSTERS, VERDICT_SCORE_LABEL, Report, training_setup_rows
 from gradian.sign import VERDICT_SCORE_UNIT
 from gradian.tables import FitTable
@@ -61,10 +61,6 @@ def excerpt_text(x: dict[str, Any] | None) -> Text:
     )
 
 
-def _pct(x: Any) -> str:
-    return f"{x:.0%}" if isinstance(x, (int, float)) else "n/a"
-
-
 def render_terminal(report: Report, console: Console, details: bool = False) -> None:
     """Print the report: summary (always), details (when ``details``), and the manifest line(s)."""
     r = report
@@ -85,7 +81,7 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
         for q in c.qualifiers:
             mark, style = _LEVEL.get(q.level, ("-", ""))
             _hang(console, _t("   ", (mark, style), " "), _t(q.text))
-    fixes = {i: f.fix for i, f in enumerate(r.audit.findings if r.audit else [])}
+    fixes = r.finding_fixes()
     for c in r.capabilities:
         a = c.attribution
         if a is None:
@@ -111,7 +107,7 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
                 console.print(
                     _t(
                         f"   blamed: {len(a.blamed)} row{'s' if len(a.blamed) != 1 else ''} "
-                        f"({_pct(a.profile.tail_mass)} of the harmful score), what gradian verify removes"
+                        f"({fmt_pct(a.profile.tail_mass)} of the harmful score), what gradian verify removes"
                     )
                 )
         console.print(_t(("Top harmful clusters: ", "bold"), (c.name, "bold")))
@@ -122,7 +118,7 @@ def render_terminal(report: Report, console: Console, details: bool = False) -> 
                 _t(
                     ("   #" + str(cl.label), "bold"),
                     f" {cl.size} row{'s' if cl.size != 1 else ''} from rank {cl.best_rank}, "
-                    f"{_pct(cl.harmful_share)} of the harmful score",
+                    f"{fmt_pct(cl.harmful_share)} of the harmful score",
                 )
             )
             for e in cl.explanations:
@@ -197,7 +193,7 @@ def _details(r: Report, console: Console) -> None:
         console.print(
             _t(
                 f"   {p.n_negative} of {p.n} rows degraded it; the harmful tail ({p.tail_n} rows) holds "
-                f"{_pct(p.tail_mass)} of the harmful score; scores ({VERDICT_SCORE_UNIT}) min {fmt_verdict(p.min)}, "
+                f"{fmt_pct(p.tail_mass)} of the harmful score; scores ({VERDICT_SCORE_UNIT}) min {fmt_verdict(p.min)}, "
                 f"median {fmt_verdict(p.median)}, max {fmt_verdict(p.max)}"
             )
         )

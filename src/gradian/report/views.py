@@ -286,6 +286,12 @@ class Report:
         """The capability called ``name`` (KeyError if the report has none)."""
         return by_name(self.capabilities, name)
 
+    def finding_fixes(self) -> dict[int, str]:
+        """Each audit finding's fix, by the finding's index in ``audit.findings`` (what a cluster explanation's
+        ``"finding"`` names).
+        """
+        return {i: f.fix for i, f in enumerate(self.audit.findings if self.audit else [])}
+
     def to_dict(self) -> dict[str, Any]:
         """The ``gradian.report/1`` JSON form (``schema`` first)."""
         d = asdict(self)

@@ -167,6 +167,13 @@ class TrainConfig:
             return None
         return self.finetuning in ("lora", "qlora")
 
+    @property
+    def trains_every_message_turn(self) -> bool:
+        """True when the loss of a ``messages`` row covers every turn, user turns included: TRL without
+        ``assistant_only_loss`` (and not ``gradian train``, whose loss is the final assistant turn).
+        """
+        return self.trainer == "trl" and not self.assistant_only_loss and self.messages_loss != "final_assistant_turn"
+
     def effective_batch(self, world_size: int = 1) -> int | None:
         """Sequences per optimiser step: micro batch x grad accumulation x devices."""
         if self.total_batch_size and not (self.micro_batch_size and self.gradient_accumulation_steps):
