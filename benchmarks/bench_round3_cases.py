@@ -130,7 +130,8 @@ def d15_count(src: Path, work: Path, data: str, ev: str) -> tuple[int, list[str]
         return 0, [], f"exit {code}: {_short(last, 120)}"
     found = [f for f in report["findings"] if f["id"] == "D15"]
     flagged = sorted({e for f in found for e in f["eval_row_ids"]})
-    status = "passed" if "D15" in report["passed"] else ("finding" if found else "skipped")
+    reasons = {s["id"]: s["reason"] for s in report["skipped"]}
+    status = "passed" if "D15" in report["passed"] else ("finding" if found else f"skipped: {reasons.get('D15')}")
     return len(found), flagged, status
 
 
@@ -146,7 +147,7 @@ def d15_table(pairs: list[tuple[str, str, str]], before: Path, after: Path, work
         cells, flagged_after = [], []
         for src in (before, after):
             n, flagged_after, status = d15_count(src, work, data, ev)
-            cells.append(f"{n} ({len(flagged_after)})" if not status.startswith("exit") else status)
+            cells.append(f"{n} ({len(flagged_after)})" if status in ("passed", "finding") else status)
         caught = f"{len(planted & set(flagged_after))} of {len(planted)}" if planted else "—"
         false = len(set(flagged_after) - planted)
         if planted:

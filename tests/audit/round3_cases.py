@@ -217,7 +217,7 @@ def build(out: Path) -> list[dict]:
         "2h",
         "What to build (stage rules): the DPO recipe with beta 0, max_prompt_length 2048 >= max_length 1024, lr 2e-3",
         ["diagnose", "--config", cfg],
-        ["C01", "C20"],
+        ["C01", "C02", "C20"],
         ["stage", "learning_rate", "beta", "max_prompt_length", "max_length"],
     )
 
