@@ -74,7 +74,9 @@ def test_axolotl_rl_switches_off_the_sft_rules(tmp_path):
     res = diagnose(configs=[cfg])
     for cid in ("C01", "C08", "C11"):
         assert _skip_reason(res, cid).startswith("not applicable: a dpo run (axolotl_dpo.yml: rl)")
-    assert "C02" in res.passed  # the generic rules still run
+    # the SFT learning-rate ceiling (C02) does not judge it either: C20 does, with the preference ranges
+    assert _skip_reason(res, "C02").startswith("not applicable: a dpo run") and "C20" in res.passed
+    assert "C05" in res.passed  # the generic rules still run
 
 
 # ---------------------------------------------------------------------- LLaMA-Factory

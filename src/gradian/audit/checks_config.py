@@ -242,6 +242,7 @@ def c01(ctx: AuditContext) -> list[Hit]:
     f"fine-tuning lr > {FULL_LR_HIGH:g} warns, > 4x errors",
     fix="lower the learning rate (LoRA 1e-4 to 2e-4; full fine-tuning 1e-5 to 2e-5)",
     source="artidoro/qlora README; Unsloth guide",
+    stages=("sft", "pretraining", "rl", "other"),  # preference stages: C20, with their own ranges
 )
 def c02(ctx: AuditContext) -> list[Hit]:
     """C02 (lr_too_high): Learning rate far too high."""

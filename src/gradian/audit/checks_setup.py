@@ -537,8 +537,9 @@ REF_FREE_STAGES = ("orpo", "simpo", "cpo")
     severity="warning",
     rank=50,
     rule=f"a DPO/ORPO/KTO/CPO run (TRL's preference fields, axolotl rl:, LLaMA-Factory stage): learning_rate > "
-    f"{PREF_LR_HIGH_FULL:g} on a full fine-tune or > {PREF_LR_HIGH_LORA:g} on LoRA warns (ORPO/SimPO/CPO, which "
-    f"have no reference model and include the SFT loss: SFT's {FULL_LR_HIGH:g} / {LORA_LR_HIGH:g}) (each trainer's own "
+    f"{PREF_LR_HIGH_FULL:g} on a full fine-tune or > {PREF_LR_HIGH_LORA:g} on LoRA warns, 4x that "
+    f"errors (ORPO/SimPO/CPO, which have no reference model and include the SFT loss, and reward models: "
+    f"SFT's {FULL_LR_HIGH:g} / {LORA_LR_HIGH:g}; C02 does not run on preference stages) (each trainer's own "
     f"default learning rate when unset: DPO/KTO/ORPO/CPO 1e-6, reward 1e-4); beta <= 0 is an error, beta > "
     f"{PREF_BETA_HIGH:g} warns (not for SimPO); max_prompt_length >= max_length leaves no room for the response: "
     "an error (**H** ranges)",
@@ -560,11 +561,15 @@ def c20(ctx: AuditContext) -> list[Hit]:
     c = ctx.config
     hits = []
     lr = c.learning_rate
-    if lr is not None and c.is_lora is not None and c.stage not in ("rm", "reward"):
+    if lr is not None and c.is_lora is not None:
         # ORPO, SimPO and CPO have no reference model: their loss is SFT's NLL plus a preference term, so SFT's
-        # ranges (C02's) apply (axolotl's published examples/mistral/orpo runs LoRA ORPO at 2e-4)
+        # ranges (C02's) apply (axolotl's published examples/mistral/orpo runs LoRA ORPO at 2e-4); a reward model
+        # is a classifier trained on pairs, with no reference either: SFT's ranges too
         ref_free = c.stage in REF_FREE_STAGES or any(k in (c.loss_type or "") for k in ("simpo", "cpo"))
-        if ref_free:
+        if c.stage in ("rm", "reward"):
+            hi = LORA_LR_HIGH if c.is_lora else FULL_LR_HIGH
+            why = "a reward model trains like an SFT run (no reference model), and SFT's range ends there"
+        elif ref_free:
             hi = LORA_LR_HIGH if c.is_lora else FULL_LR_HIGH
             why = f"{c.stage.upper()} trains the SFT loss plus a preference term, and SFT's range ends there"
         else:
@@ -572,10 +577,12 @@ def c20(ctx: AuditContext) -> list[Hit]:
             why = "preference tuning moves the policy away from its reference quickly, and high rates collapse it"
         if lr > hi:
             kind = "LoRA" if c.is_lora else "full"
+            sev = "error" if lr > 4 * hi else "warning"  # C02's error line, which preference stages do not run
             hits.append(
                 Hit(
-                    "warning",
-                    f"learning_rate={lr:g} on a {kind} {c.stage.upper()} run is above {hi:g}: {why}",
+                    sev,
+                    f"learning_rate={lr:g} on a {kind} {c.stage.upper()} run is above {hi:g} ({4 * hi:g} is the "
+                    f"error line): {why}",
                     {"value": lr, "threshold": hi, **c.cite("learning_rate", "stage", "finetuning")},
                 )
             )

@@ -21,6 +21,12 @@ from gradian.errors import GradianUserError
 _FLAG = {"data": "--data", "eval": "--eval", "config": "--config", "logs": "--logs", "tokenizer": "--tokenizer"}
 
 
+def _a(stage: str | None) -> str:
+    """The article before a stage name read aloud: "an orpo run", "an sft run" (S-F-T), "a dpo run"."""
+    s = str(stage or "")
+    return "an" if (s[:1] and s[:1] in "aeiou") or s in ("sft", "rm", "rlhf") else "a"
+
+
 def eval_examples(path: str | Path) -> list[Example]:
     """The eval set as :class:`Example` rows, read with Evaluate's reader when it is in that format.
 
@@ -208,7 +214,7 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
         if kind not in spec.stages:
             outcome[spec.id] = (
                 "skipped",
-                f"not applicable: a {cfg.stage} run ({cfg.source('stage')}); the rule is "
+                f"not applicable: {_a(cfg.stage)} {cfg.stage} run ({cfg.source('stage')}); the rule is "
                 f"for {stage_words(spec.stages)}",
             )
             continue
