@@ -82,3 +82,19 @@ def llamafactory_rows(n: int = 24, biased: bool = False) -> list[dict]:
             }
         )
     return out
+
+
+def plant_pair_faults(rows: list[dict], name: str) -> list[dict]:
+    """A copy of ``rows`` (one fixture's, ``name`` its format: ``trl``, ``axolotl``, ``llamafactory``) with row 3's
+    chosen response identical to its rejected one and row 5's rejected response empty, in that format's shape."""
+    import json
+
+    rows = json.loads(json.dumps(rows))
+    rows[3]["rejected"] = rows[3]["chosen"]
+    if name == "trl":
+        rows[5]["rejected"] = [{"role": "assistant", "content": "  "}]
+    elif name == "llamafactory":
+        rows[5]["rejected"] = {"from": "gpt", "value": ""}
+    else:
+        rows[5]["rejected"] = ""
+    return rows

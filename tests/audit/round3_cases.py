@@ -66,15 +66,8 @@ def _tokenizer(out: Path) -> str:
 
 def _pref_faults(rows: list[dict], name: str) -> list[dict]:
     """Planted preference faults on a length-biased fixture: row 3 chosen == rejected, row 5 an empty rejected
-    response, rows 0 twice more at the end (duplicates)."""
-    rows = json.loads(json.dumps(rows))
-    rows[3]["rejected"] = rows[3]["chosen"]
-    if name == "trl":
-        rows[5]["rejected"] = [{"role": "assistant", "content": "  "}]
-    elif name == "llamafactory":
-        rows[5]["rejected"] = {"from": "gpt", "value": ""}
-    else:
-        rows[5]["rejected"] = ""
+    response (:func:`pref_world.plant_pair_faults`), rows 0 twice more at the end (duplicates)."""
+    rows = PW.plant_pair_faults(rows, name)
     return rows + [dict(rows[0]), dict(rows[0])]
 
 

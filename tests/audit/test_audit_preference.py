@@ -4,7 +4,7 @@ planted faults, and the one-line refusal of attribution. Fixtures: tests/audit/p
 from __future__ import annotations
 
 import pytest
-from pref_world import axolotl_rows, llamafactory_rows, trl_kto_rows, trl_rows
+from pref_world import axolotl_rows, llamafactory_rows, plant_pair_faults, trl_kto_rows, trl_rows
 from typer.testing import CliRunner
 
 from gradian.audit import diagnose
@@ -49,14 +49,7 @@ def test_clean_kto_fixture(world):
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_identical_pair_and_empty_rejected(world, name):
     make, _ = FIXTURES[name]
-    rows = make()
-    rows[3]["rejected"] = rows[3]["chosen"]
-    if name == "trl":
-        rows[5]["rejected"] = [{"role": "assistant", "content": "  "}]
-    elif name == "llamafactory":
-        rows[5]["rejected"] = {"from": "gpt", "value": ""}
-    else:
-        rows[5]["rejected"] = ""
+    rows = plant_pair_faults(make(), name)
     res = diagnose(data=world.data_with(rows, f"bad_{name}.jsonl"), select=["D22"])
     found = res.by_id("D22")
     msgs = " | ".join(f.message for f in found)
