@@ -97,6 +97,31 @@ def test_duplicates_and_contamination(world):
     assert f.eval_row_ids == ["e1"] and f.row_ids == ["3"]
 
 
+def test_contamination_is_found_without_the_training_rows_system_turn(world):
+    # axolotl chatml.intel rows carry a system prompt; an eval row asking one row's question without it, or with
+    # another system turn in a message list, is the same question
+    rows = axolotl_rows()
+    q = rows[3]["question"]
+    ev = [
+        {"id": "plain", "prompt": q, "answer": rows[3]["chosen"], "capability": "c"},
+        {"id": "with", "prompt": f"You are a geography tutor.\n\n{q}", "answer": "x", "capability": "c"},
+        {
+            "id": "other-system",
+            "messages": [
+                {"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": q},
+            ],
+            "answer": "x",
+            "capability": "c",
+        },
+        {"id": "clean", "prompt": "What is the capital city of Atlantis?", "answer": "x", "capability": "c"},
+    ]
+    res = diagnose(data=world.data_with(rows, "ax.jsonl"), eval=world.data_with(ev, "ev.jsonl"), select=["D24"])
+    (f,) = res.by_id("D24")
+    assert sorted(f.eval_row_ids) == ["other-system", "plain", "with"] and f.row_ids == ["3"]
+    assert f.evidence["verbatim"] == 1  # "plain" repeats the question and the chosen answer
+
+
 def test_truncation_under_max_length(world):
     rows = trl_rows()
     res = diagnose(

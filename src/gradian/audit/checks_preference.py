@@ -11,7 +11,7 @@ from collections import defaultdict
 from gradian.audit import text as T
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
-from gradian.data.preference import PreferenceExample
+from gradian.data.preference import PreferenceExample, without_system
 
 #: TRL's DPOConfig / KTOConfig default ``max_length`` (trl 1.16.0 trainer/dpo_config.py).
 TRL_PREF_MAX_LENGTH = 1024
@@ -142,34 +142,44 @@ def d23(ctx: AuditContext) -> list[Hit]:
     severity="error",
     rank=30,
     rule="an eval row's normalised prompt (>= 3 words), or prompt + target, equals a training row's prompt (+ chosen "
-    "response): any is an error (D14's rule, on prompt + chosen)",
+    "response), with or without their system turns: any is an error (D14's rule, on prompt + chosen)",
     fix="remove the contaminated rows from the training set (or from the eval set) and re-run",
     source="lm-eval-harness docs/decontamination.md (as D14)",
     preference=True,
 )
 def d24(ctx: AuditContext) -> list[Hit]:
-    """D24 (pref_contamination)."""
+    """D24 (pref_contamination).
+
+    Each prompt is keyed twice: as written, and without its system turns (a chat prompt's ``system`` messages), so
+    an eval row asking a training row's question without the training set's system prompt (or with another one)
+    is still found.
+    """
     rows = _rows(ctx)
     prompts: dict[str, list[int]] = defaultdict(list)
     full: dict[str, list[int]] = defaultdict(list)
     for i, e in enumerate(rows):
-        p = T.normalise(e.prompt_text)
-        full[p + "\x1f" + T.normalise(e.chosen_text)].append(i)
-        if len(p.split(None, 2)) >= 3:
-            prompts[p].append(i)
+        c = T.normalise(e.chosen_text)
+        for p in {T.normalise(e.prompt_text), T.normalise(e.prompt_without_system)}:
+            full[p + "\x1f" + c].append(i)
+            if len(p.split(None, 2)) >= 3:
+                prompts[p].append(i)
     verbatim, same_prompt, tr = [], [], set()
+    ev_ex = ctx.eval_examples or []
     for j, (p, c) in enumerate(zip(ctx.eval_norm_prompt, ctx.eval_norm_completion)):
-        if p + "\x1f" + c in full:
+        forms = [p, T.normalise(without_system(ev_ex[j].prompt))]
+        hit = next((f for f in forms if f + "\x1f" + c in full), None)
+        if hit is not None:
             verbatim.append(j)
-            tr.update(full[p + "\x1f" + c])
-        elif p in prompts:
+            tr.update(full[hit + "\x1f" + c])
+            continue
+        hit = next((f for f in forms if f in prompts), None)
+        if hit is not None:
             same_prompt.append(j)
-            tr.update(prompts[p])
+            tr.update(prompts[hit])
     ev = verbatim + same_prompt
     if not ev:
         return []
-    n_eval = len(ctx.eval_examples or [])
-    ev_ex = ctx.eval_examples or []
+    n_eval = len(ev_ex)
     return [
         Hit(
             "error",

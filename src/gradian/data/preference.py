@@ -80,6 +80,19 @@ class PreferenceExample:
         return self.label is not None
 
     @property
+    def prompt_without_system(self) -> str:
+        """The prompt's text without its system turn: a message list's non-system contents; a string prompt less
+        the row's ``system`` field that :func:`to_preference` put in front of it (axolotl's ``chatml.intel`` and
+        ``chatml.icr``).
+        """
+        if isinstance(self.prompt, list):
+            return without_system(self.prompt)
+        system = self.raw.get("system")
+        if isinstance(system, str) and system and self.prompt.startswith(system + "\n\n"):
+            return self.prompt[len(system) + 2 :]
+        return self.prompt
+
+    @property
     def prompt_text(self) -> str:
         return _text(self.prompt, "\n")
 
@@ -90,6 +103,15 @@ class PreferenceExample:
     @property
     def rejected_text(self) -> str:
         return _text(self.rejected, "") if self.rejected is not None else ""
+
+
+def without_system(prompt: Any) -> str:
+    """A prompt's text without its system turns: a message list's other messages' contents (joined by newlines);
+    a string as it is.
+    """
+    if isinstance(prompt, list):
+        return "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role") != "system")
+    return "" if prompt is None else str(prompt)
 
 
 def _text(x: Any, sep: str) -> str:
