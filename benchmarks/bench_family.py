@@ -140,7 +140,8 @@ def unit_study(world: Path, work: Path) -> dict[str, Any]:
     def rho(x: np.ndarray) -> float:
         return float(spearmanr(x[benign], k[benign]).statistic) if len(set(k[benign])) > 1 else float("nan")
 
-    gmin = np.full(n, np.inf)  # the default's gradient statistic before fusion: each row's most harmful unit
+    # the row minimum of the items' mean unit score (the default before 2026-12-02), which unit_null corrects
+    gmin = np.full(n, np.inf)
     np.minimum.at(gmin, A["unit_rows"].astype(int), u)
     out: dict[str, Any] = {
         "units_per_row": {"min": int(k.min()), "max": int(k.max()), "benign_mean": float(k[benign].mean())},
