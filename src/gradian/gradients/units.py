@@ -7,10 +7,12 @@ unit's (:mod:`gradian.data.spans`; u ⊆ S, the tokens of one sentence) are mean
 
 Every unit of the row sees the same tokens up to its cut (causal attention), so one forward pass over
 the whole row gives every ``c_t`` and every LoRA input ``X`` (t, i). The units' losses are rows of one
-weight matrix over the token losses, ``ℓ = W c`` (K, ), and one batched backward
-(``autograd.grad(..., is_grads_batched=True)``, a vmap over the K output gradients) gives each unit's
-``G_u = ∂ℓ_u/∂y`` (t, o); the unit gradient is ``g_u = G_uᵀ X`` (o, i), as in
-:mod:`gradian.gradients.per_example`.
+weight matrix over the token losses, ``ℓ = W c`` (K, ), and one backward per unit over that one graph
+(``autograd.grad(ℓ_u, ys, retain_graph=True)``) gives the unit's ``G_u = ∂ℓ_u/∂y`` (t, o); the unit
+gradient is ``g_u = G_uᵀ X`` (o, i), as in :mod:`gradian.gradients.per_example`, formed at once so that
+only one unit's G is alive. (A batched backward over the K vectors, ``is_grads_batched=True``, holds K of
+every block's G and K copies of every activation gradient: +4.5 GB for one 242-token SmolLM2 row with 14
+vectors, against +0.8 GB this way, and it was no faster: docs/benchmarks.md.)
 
 **The row from its units.** With ``w_u = |u|/|S|``,
 
@@ -98,7 +100,7 @@ def row_unit_grads(
     unit_labels: torch.Tensor,
     blocks: Sequence[LoraBlock],
 ) -> RowUnitGrads:
-    """Every unit's gradient of one row from one forward and one batched backward (module docstring).
+    """Every unit's gradient of one row from one forward and one backward per vector (module docstring).
 
     Args:
         model: a PEFT LoRA model (eval mode; LoRA weights require grad).
@@ -122,34 +124,26 @@ def row_unit_grads(
     c = _token_losses(logits, batch["labels"][0])  # (T-1,)
     Wd = W.to(device=device, dtype=c.dtype)
     losses = Wd @ c  # (K',)
-    eye = torch.eye(k_all, dtype=losses.dtype, device=device)
     seen, hooks._seen = hooks._seen, []
     ys = [y for _, _, y in seen]
-    try:
-        Gs = torch.autograd.grad(losses, ys, grad_outputs=eye, is_grads_batched=True, allow_unused=True)
-    except RuntimeError:  # an op without a batching rule: one backward per unit over the same graph
-        per = [torch.autograd.grad(losses[k], ys, retain_graph=k < k_all - 1, allow_unused=True) for k in range(k_all)]
-        Gs = tuple(None if per[0][m] is None else torch.stack([p[m] for p in per]) for m in range(len(ys)))
     out: dict[str, torch.Tensor] = {}
-    for (kb, X, _), G in zip(seen, Gs):
-        if G is None:
-            continue
-        acc = torch.float32 if G.dtype in (torch.float16, torch.bfloat16) else G.dtype
-        g = torch.einsum("kto,ti->koi", G[:, 0].to(acc), X[0].to(acc))  # (K', o, i)
-        name = blocks[kb].name
-        out[name] = g if name not in out else out[name] + g
+    for blk in blocks:
+        wdt = blk.module.weight.dtype
+        acc = torch.float32 if wdt in (torch.float16, torch.bfloat16) else wdt  # half models: f32 sums
+        out[blk.name] = torch.zeros((k_all, *blk.shape), dtype=acc, device=device)
+    # one backward per vector over the same graph: only one vector's G (t, o) per block is alive at a time
+    for k in range(k_all if ys else 0):
+        Gs = torch.autograd.grad(losses[k], ys, retain_graph=k < k_all - 1, allow_unused=True)
+        for (kb, X, _), G in zip(seen, Gs):
+            if G is not None:
+                g = out[blocks[kb].name]
+                g[k] += G[0].to(g.dtype).T @ X[0].to(g.dtype)  # (o, i) = Σ_t G_t X_tᵀ
+        del Gs
     wd = w.to(device=device, dtype=torch.float64)
     units: dict[str, torch.Tensor] = {}
     row: dict[str, torch.Tensor] = {}
     for blk in blocks:
-        g = out.get(blk.name)
-        if g is None:
-            wdt = blk.module.weight.dtype
-            g = torch.zeros(
-                (k_all, *blk.shape),
-                dtype=torch.float32 if wdt in (torch.float16, torch.bfloat16) else wdt,
-                device=device,
-            )
+        g = out[blk.name]
         units[blk.name] = g[:K]
         row[blk.name] = torch.einsum("k,koi->oi", wd, g.to(torch.float64))  # float64
     lossd = losses.detach().to(torch.float64)
