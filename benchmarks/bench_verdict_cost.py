@@ -2,7 +2,8 @@
 
     python benchmarks/bench_verdict_cost.py --world W --out OUT [--src SRC --label NAME --args FLAGS ...]
 
-1. ``gradian train`` on the world (``W/train.jsonl``, ``W/train.yaml``; the base from ``W/world.json``);
+1. ``gradian train`` on the world (``W/train.jsonl``, ``W/train.yaml``; the base from ``W/world.json``), or with
+   ``--reuse-train`` the adapter and training figures an earlier run left in OUT;
 2. the default ``gradian attribute`` on the result, once per ``--src`` (a ``src`` folder of Gradian: e.g. main's
    and a branch's, so before and after run side by side on the same adapter).
 
@@ -266,6 +267,12 @@ def main() -> None:
     ap.add_argument(
         "--args", action="append", help="extra attribute flags per --src, written --args=--one-pass (--args= for none)"
     )
+    ap.add_argument(
+        "--reuse-train",
+        action="store_true",
+        help="keep OUT/adapter and OUT/train.report.json from an earlier run instead of training again (the "
+        "report says so)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
@@ -285,7 +292,13 @@ def main() -> None:
     runs: dict[str, dict] = {}
     train_args = ["train", "--base", base, "--data", str(world / "train.jsonl"), "--config", str(world / "train.yaml")]
     train_args += ["--eval-data", str(world / "valid.jsonl"), "--out", str(adapter), "--overwrite"]
-    runs["train"] = _run_child(srcs[-1], "train", train_args, out / "train.report.json")
+    if a.reuse_train:  # the training of an earlier run of this benchmark, same OUT (its adapter and its stages)
+        if not (adapter / "adapter_config.json").is_file() or not (out / "train.report.json").is_file():
+            ap.error(f"--reuse-train needs {adapter} and {out / 'train.report.json'} from an earlier run")
+        runs["train"] = json.loads((out / "train.report.json").read_text())
+        runs["train"]["reused"] = True
+    else:
+        runs["train"] = _run_child(srcs[-1], "train", train_args, out / "train.report.json")
     rows, tokens, epochs = _training_counts(srcs[-1], world)
     st = runs["train"]["stages"].setdefault("train", {"wall_s": runs["train"]["wall_s"], "peak_rss": 0})
     st.update(forward=round(rows * epochs), backward=round(rows * epochs), tokens=round(tokens * epochs))

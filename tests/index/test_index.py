@@ -130,7 +130,7 @@ def test_non_finite_shard_is_refused_reported_and_rebuilt(ft, saved_finetune, tm
     again = GradientIndex(idx.root)
     assert again.complete and again.verify() == [0] and "non-finite" in again.problems[0]
     with pytest.raises(CorruptShardError, match="shard-00000.safetensors is corrupt"):
-        again.load_shard(0)
+        dict(again.load_shard(0))  # a block is read, checked and refused when it is used
     with pytest.warns(IndexRepairWarning, match=r"shard-00000\.safetensors is corrupt \(block .* non-finite"):
         rebuilt, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "n", shard_size=8)
     assert not reused and rebuilt.verify() == [] and torch.equal(_stacked(rebuilt), clean)
@@ -181,3 +181,39 @@ def test_finite_garbage_is_refused_too(ft, saved_finetune, tmp_path):
     _poison_shard(idx, 1, value=3.0e38)
     again = GradientIndex(idx.root)
     assert again.verify() == [1] and "beyond 1e+30" in again.problems[1]
+
+
+def test_a_shard_is_read_a_block_at_a_time_and_released_when_the_next_is_read(ft, saved_finetune, tmp_path):
+    from safetensors.torch import load_file
+
+    idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "b", shard_size=5)
+    assert len(idx.manifest["shards"]) >= 2
+    shards = idx.iter_shards(torch.float64)
+    start, first = next(shards)
+    raw = load_file(idx.root / idx.manifest["shards"][0]["file"])
+    assert start == 0 and set(first) == set(raw) == {b["name"] for b in idx.blocks}
+    for name, t in first.items():
+        assert t.dtype == torch.float64 and torch.equal(t, raw[name].double())
+    next(shards)  # the first shard is released: nothing of it is held or readable any more
+    assert len(first) == 0 and list(first) == []
+    with pytest.raises(KeyError):
+        first[idx.blocks[0]["name"]]
+
+
+def test_wide_gradients_get_fewer_rows_per_shard_and_the_same_numbers(ft, saved_finetune, tmp_path, monkeypatch):
+    import gradian.index.size as size
+    from gradian.index.size import effective_shard_size
+
+    assert effective_shard_size(256, 8, 860_160 * 4) == 72  # SmolLM2 all-linear r=16, --project-dim 2048: 248 MB
+    assert effective_shard_size(256, 8, 1_000) == 256 and effective_shard_size(5, 4, 1_000) == 8
+    assert effective_shard_size(256, 8, 10**9) == 8  # never below one batch
+    whole, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "w", batch_size=2)
+    assert len(whole.manifest["shards"]) == 1
+    width = next(iter(whole.load_shard(0, torch.float32).values())).element_size()
+    row_bytes = sum(int(b["dim"]) for b in whole.blocks) * width
+    monkeypatch.setattr(size, "SHARD_BYTES_MAX", 2 * row_bytes + 1)  # two rows a shard
+    cut, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "c", batch_size=2)
+    assert cut.id == whole.id and cut.n == whole.n
+    assert [s["n"] for s in cut.manifest["shards"]] == [2] * (whole.n // 2) + [whole.n % 2] * (whole.n % 2)
+    a, b = _stacked(cut), _stacked(whole)  # other batches (length-sorted within a shard): float rounding apart
+    assert float((a - b).abs().max() / b.abs().max()) <= 1e-5

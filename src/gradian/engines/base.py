@@ -146,10 +146,11 @@ def score_index(index: GradientIndex, preconditioned: list[Blocks]) -> list[torc
         [torch.zeros(next(iter(R.values())).shape[0], 0, dtype=torch.float64)] for R in preconditioned
     ]
     for _, shard in index.iter_shards(torch.float64, local=True):
-        for e, R in enumerate(preconditioned):
-            m = next(iter(R.values())).shape[0]
-            acc = torch.zeros(m, next(iter(shard.values())).shape[0], dtype=torch.float64)
-            for name, G in shard.items():
-                acc += R[name].to(torch.float64) @ G.T
-            outs[e].append(acc)
+        accs: list[torch.Tensor | None] = [None] * len(preconditioned)
+        for name, G in shard.items():  # each block is read once, for every engine
+            for e, R in enumerate(preconditioned):
+                part = R[name].to(torch.float64) @ G.T  # (m, n_k)
+                accs[e] = part if accs[e] is None else accs[e] + part
+        for e, acc in enumerate(accs):
+            outs[e].append(acc if acc is not None else torch.zeros(outs[e][0].shape[0], 0, dtype=torch.float64))
     return [distributed.gather_cat(torch.cat(o, dim=1), dim=1) for o in outs]

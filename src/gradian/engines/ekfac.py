@@ -298,10 +298,11 @@ def _fit_factors(
         local = sum(index.manifest["shards"][k]["n"] for k in index.local_shards())
         for _, shard in index.iter_shards(torch.float64, local=True):
             for k, nm in enumerate(names):
-                g = shard[nm].reshape(shard[nm].shape[0], *geom[nm])
+                blk = shard[nm]  # read once (a shard reads its blocks on access)
+                g = blk.reshape(blk.shape[0], *geom[nm])
                 lam_d[k] += ((QS[nm].T @ g @ QA[nm]) ** 2).sum(0)
             if prog:
-                prog("EK-FAC eigenvalue correction", shard[names[0]].shape[0], local)
+                prog("EK-FAC eigenvalue correction", blk.shape[0], local)
     else:
         QAd = [QA[nm].to(device) for nm in names]
         QSd = [QS[nm].to(device) for nm in names]

@@ -38,7 +38,7 @@ from gradian.index.shards import (
     shard_problem,
     write_shard,
 )
-from gradian.index.size import IndexSizeWarning, index_unit_name, size_advice, size_estimate
+from gradian.index.size import IndexSizeWarning, effective_shard_size, index_unit_name, size_advice, size_estimate
 from gradian.index.store import STORAGE_DTYPES, GradientIndex, GradSpec, default_index_root, index_id, select_blocks
 from gradian.util import DiskFullError, free_bytes, release_free_memory
 
@@ -177,12 +177,13 @@ def build_index(
         _check_shared_folder(root)
     projector = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], spec.projection)
     storage = STORAGE_DTYPES[spec.storage_dtype]
-    shard_size = max(batch_size, (shard_size + batch_size - 1) // batch_size * batch_size)
-    n_shards = (len(items) + shard_size - 1) // shard_size
     block_meta = [
         {"name": b.name, "kind": b.kind, "layer": b.layer, "shape": list(b.shape), "dim": projector.out_dim(i, b.shape)}
         for i, b in enumerate(blocks)
     ]
+    row_bytes = sum(int(m["dim"]) for m in block_meta) * storage.itemsize
+    shard_size = effective_shard_size(shard_size, batch_size, row_bytes)
+    n_shards = (len(items) + shard_size - 1) // shard_size
     layout = _layout(iid, shard_size, block_meta)
 
     # -- the plan: which shards are already done (from the manifest and the shards' own records)

@@ -165,7 +165,7 @@ def build_jointly(
     from gradian.gradients.units import row_unit_grads
     from gradian.index.build import _check_shared_folder
     from gradian.index.shards import _layout, _read_record, check_shard_finite, shard_problem, write_shard
-    from gradian.index.size import size_estimate
+    from gradian.index.size import effective_shard_size, size_estimate
     from gradian.index.store import STORAGE_DTYPES, index_id, select_blocks
     from gradian.util import DiskFullError, free_bytes, release_free_memory
 
@@ -174,12 +174,12 @@ def build_jointly(
     blocks = select_blocks(model, replace(grad, unit="row"))
     projector = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], grad.projection)
     storage = STORAGE_DTYPES[grad.storage_dtype]
-    shard_size = max(batch_size, (shard_size + batch_size - 1) // batch_size * batch_size)  # as build_index
     block_meta = [
         {"name": b.name, "kind": b.kind, "layer": b.layer, "shape": list(b.shape), "dim": projector.out_dim(i, b.shape)}
         for i, b in enumerate(blocks)
     ]
     dims = [int(m["dim"]) for m in block_meta]
+    shard_size = effective_shard_size(shard_size, batch_size, sum(dims) * storage.itemsize)  # as build_index
     ids = {"row": index_id(row_identity), "sentence": index_id(sentence_identity)}
     roots = {"row": Path(row_root), "sentence": Path(sentence_root)}
     layouts = {kind: _layout(ids[kind], shard_size, block_meta) for kind in ids}

@@ -21,8 +21,9 @@ from __future__ import annotations
 import re
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -126,26 +127,6 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
     return m
 
 
-def _finite_problem(tensors: dict[str, torch.Tensor], blocks: list[dict[str, Any]], n: int) -> str | None:
-    """Why a shard's block tensors are unusable (missing block, wrong shape, non-finite), or None."""
-    for b in blocks:
-        t = tensors.get(b["name"])
-        if t is None:
-            return f"block {b['name']} is missing"
-        if tuple(t.shape) != (n, int(b["dim"])):
-            return f"block {b['name']} has shape {tuple(t.shape)}, not ({n}, {b['dim']})"
-        if not t.is_floating_point():
-            return f"block {b['name']} is {t.dtype}, not floating point"
-        bad = _implausible(t)
-        if bool(bad.any()):
-            rows = sorted({int(r) for r in bad.nonzero()[:, 0].tolist()})
-            return (
-                f"block {b['name']} holds {int(bad.sum())} non-finite value(s) (NaN/inf, or beyond "
-                f"{GRAD_ABS_MAX:g}) in {len(rows)} row(s)"
-            )
-    return None
-
-
 #: No per-example LoRA gradient that can be scored is this large; uninitialised memory often is.
 GRAD_ABS_MAX = 1e30
 
@@ -221,27 +202,113 @@ def write_shard(
     return entry
 
 
-def shard_problem(root: Path, entry: dict[str, Any], blocks: list[dict[str, Any]]) -> tuple[str | None, dict]:
-    """``(why the shard is unusable or None, its tensors)`` for one manifest shard entry."""
-    from safetensors.torch import load
+def _block_problem(b: dict[str, Any], t: torch.Tensor | None, n: int) -> str | None:
+    """Why one block's tensor of a shard is unusable (missing, wrong shape, not float, non-finite), or None."""
+    if t is None:
+        return f"block {b['name']} is missing"
+    if tuple(t.shape) != (n, int(b["dim"])):
+        return f"block {b['name']} has shape {tuple(t.shape)}, not ({n}, {b['dim']})"
+    if not t.is_floating_point():
+        return f"block {b['name']} is {t.dtype}, not floating point"
+    bad = _implausible(t)
+    if bool(bad.any()):
+        rows = sorted({int(r) for r in bad.nonzero()[:, 0].tolist()})
+        return (
+            f"block {b['name']} holds {int(bad.sum())} non-finite value(s) (NaN/inf, or beyond "
+            f"{GRAD_ABS_MAX:g}) in {len(rows)} row(s)"
+        )
+    return None
+
+
+class ShardBlocks(Mapping):
+    """One shard's blocks, read from its file one block at a time: ``shard[name]`` is that block's
+    ``(n_shard, d_l)`` tensor in ``dtype``, read, checked (shape, finite) and converted when asked for.
+
+    So a pass over a shard holds one block, not the shard (a sentence shard of an all-linear r=16 SmolLM2
+    adapter is 880 MB in float32 and was held whole, then again in float64). After :meth:`release` (the
+    index's shard iterator calls it before it reads the next shard) the mapping is empty.
+
+    Raises (on access):
+        CorruptShardError: the block fails the check.
+    """
+
+    def __init__(self, path: Path, blocks: list[dict[str, Any]], n: int, dtype: torch.dtype, handle: Any):
+        self.path, self.n, self.dtype = Path(path), int(n), dtype
+        self._blocks = {b["name"]: b for b in blocks}
+        self._f = handle
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if self._f is None or name not in self._blocks:
+            raise KeyError(name)
+        t = self._f.get_tensor(name)
+        why = _block_problem(self._blocks[name], t, self.n)
+        if why:
+            raise CorruptShardError(
+                f"index shard {self.path.name} is corrupt: {why}",
+                where=str(self.path.parent),
+                fix="run `gradian index` (or `gradian attribute`) again: it rebuilds the shards that fail the check",
+            )
+        return t.to(self.dtype)
+
+    def __iter__(self):
+        return iter(self._blocks if self._f is not None else ())
+
+    def __len__(self) -> int:
+        return len(self._blocks) if self._f is not None else 0
+
+    def release(self) -> None:
+        """Close the file; the mapping is empty from now on."""
+        self._f = None
+
+
+def open_shard(root: Path, entry: dict[str, Any], blocks: list[dict[str, Any]]) -> tuple[str | None, Any]:
+    """``(why the shard is unusable or None, an open safetensors handle)``: the file is present, regular,
+    has the manifest's sha256 (hashed in pieces) and names every block with the right shape and a float
+    dtype. Its numbers are not read here (:func:`shard_problem` and :class:`ShardBlocks` check them).
+    """
+    from safetensors import safe_open
 
     from gradian.safeio import check_regular_file
+    from gradian.util import sha256_file
 
     p = Path(root) / entry["file"]
     if not p.exists():
-        return "the file is missing", {}
+        return "the file is missing", None
     try:
         check_regular_file(p, "index shard")
-        data = p.read_bytes()
+        digest = sha256_file(p, chunk=16 << 20)
     except (GradianUserError, OSError) as e:
-        return f"unreadable ({e})", {}
-    if sha256_bytes(data) != entry["sha256"]:
-        return f"sha256 mismatch (expected {entry['sha256'][:12]}…)", {}
+        return f"unreadable ({e})", None
+    if digest != entry["sha256"]:
+        return f"sha256 mismatch (expected {entry['sha256'][:12]}…)", None
     try:
-        tensors = load(data)
+        f = safe_open(str(p), framework="pt")
+        names = set(f.keys())
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in names}
     except Exception as e:  # safetensors raises its own error types for bad bytes
-        return f"not a readable safetensors file ({type(e).__name__})", {}
-    return _finite_problem(tensors, blocks, int(entry["n"])), tensors
+        return f"not a readable safetensors file ({type(e).__name__})", None
+    n = int(entry["n"])
+    for b in blocks:
+        if b["name"] not in names:
+            return f"block {b['name']} is missing", None
+        if shapes[b["name"]] != (n, int(b["dim"])):
+            return f"block {b['name']} has shape {shapes[b['name']]}, not ({n}, {b['dim']})", None
+    return None, f
+
+
+def shard_problem(root: Path, entry: dict[str, Any], blocks: list[dict[str, Any]]) -> tuple[str | None, dict]:
+    """``(why the shard is unusable or None, {})`` for one manifest shard entry: :func:`open_shard`'s checks,
+    then every block's numbers, read one block at a time (memory: one block, not the shard).
+    """
+    why, f = open_shard(root, entry, blocks)
+    if why:
+        return why, {}
+    n = int(entry["n"])
+    for b in blocks:
+        why = _block_problem(b, f.get_tensor(b["name"]), n)
+        if why:
+            return why, {}
+    return None, {}
 
 
 def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:

@@ -35,6 +35,26 @@ def index_numbers(blocks: Sequence, projection: ProjectionSpec) -> int:
     return sum(projected_numbers(tuple(b.shape), b.kind, projection.dim) for b in blocks)
 
 
+#: The most bytes one shard file holds (256 MiB). A build, a score pass and a resumed build each hold about
+#: one shard at a time, so this bounds their memory; gradients this wide get fewer rows per shard.
+SHARD_BYTES_MAX = 256 * 2**20
+
+
+def effective_shard_size(shard_size: int, batch_size: int, row_bytes: int) -> int:
+    """Rows per shard file: ``shard_size`` rounded up to a multiple of ``batch_size``, then cut to hold at
+    most :data:`SHARD_BYTES_MAX` (a whole number of batches, at least one).
+
+    Args:
+        row_bytes: the bytes one stored gradient takes (Σ_l d_l × the storage dtype's width).
+
+    Example: 256 rows of 860,160 float32 numbers (SmolLM2-135M, r=16 on all linear layers, ``--project-dim
+    2048``) would be 880 MB a shard; the cut gives 72 rows (248 MB) at batch size 8.
+    """
+    s = max(batch_size, (shard_size + batch_size - 1) // batch_size * batch_size)
+    cap = max(batch_size, SHARD_BYTES_MAX // max(1, row_bytes) // batch_size * batch_size)
+    return min(s, cap)
+
+
 def size_estimate(n_rows: int, numbers: int, storage_dtype: str, what: str = "rows") -> tuple[int, str]:
     """``(bytes, "403 rows × 215,040 numbers × 2 bytes = 173 MB")`` for an index's shards.
 

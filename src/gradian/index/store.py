@@ -31,7 +31,7 @@ import torch
 
 from gradian.errors import GradianUserError
 from gradian.gradients.lora import lora_blocks
-from gradian.index.shards import CorruptShardError, read_manifest, shard_problem
+from gradian.index.shards import CorruptShardError, ShardBlocks, open_shard, read_manifest, shard_problem
 from gradian.index.spec import STORAGE_DTYPE_NAMES, GradSpec
 from gradian.paths import cache_dir
 from gradian.util import release_free_memory, sha256_json
@@ -124,21 +124,23 @@ class GradientIndex:
             self.problems.update(part)
         return sorted(self.problems)
 
-    def load_shard(self, k: int, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
-        """Shard k's block tensors ``{block_name: (n_k, d_l)}``, checked (sha256, shapes, finite) before use.
+    def load_shard(self, k: int, dtype: torch.dtype = torch.float64) -> ShardBlocks:
+        """Shard k's blocks ``{block_name: (n_k, d_l)}``, checked before use (file, sha256, shapes); each
+        block is read, checked finite and converted to ``dtype`` when it is asked for
+        (:class:`~gradian.index.shards.ShardBlocks`: memory is one block, not the shard).
 
         Raises:
-            CorruptShardError: the shard fails the check; rebuild it with :func:`build_index`.
+            CorruptShardError: the shard fails the check (a block's numbers: when that block is read).
         """
         s = self.manifest["shards"][k]
-        why, tensors = shard_problem(self.root, s, self.blocks)
+        why, handle = open_shard(self.root, s, self.blocks)
         if why:
             raise CorruptShardError(
                 f"index shard {s['file']} is corrupt: {why}",
                 where=str(self.root),
                 fix="run `gradian index` (or `gradian attribute`) again: it rebuilds the shards that fail the check",
             )
-        return {b["name"]: tensors[b["name"]].to(dtype) for b in self.blocks}
+        return ShardBlocks(self.root / s["file"], self.blocks, int(s["n"]), dtype, handle)
 
     def local_shards(self) -> range:
         """The shards this rank fits and scores: a contiguous block, balanced by rows
@@ -168,9 +170,10 @@ class GradientIndex:
 
     def iter_shards(
         self, dtype: torch.dtype = torch.float64, *, local: bool = False
-    ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
-        """Yields ``(start_row, {block: (n_k, d_l)})`` shard by shard: memory is one shard (two while the
-        next one loads, as the caller still holds the last).
+    ) -> Iterator[tuple[int, ShardBlocks]]:
+        """Yields ``(start_row, {block: (n_k, d_l)})`` shard by shard, each a
+        :class:`~gradian.index.shards.ShardBlocks` that reads a block when it is asked for; a yielded shard
+        is released (empty) once the next one is asked for, so memory is the blocks the caller keeps.
 
         Args:
             local: only this rank's block of shards (:meth:`local_shards`); a collective caller
@@ -179,8 +182,12 @@ class GradientIndex:
         starts = self._starts()
         ks = self.local_shards() if local else range(len(self.manifest["shards"]))
         for k in ks:
-            release_free_memory()  # the shard before last is gone: its pages go back (util docstring)
-            yield starts[k], self.load_shard(k, dtype)
+            shard = self.load_shard(k, dtype)
+            try:
+                yield starts[k], shard
+            finally:
+                shard.release()
+                release_free_memory()  # the blocks read from it are gone: their pages go back (util docstring)
 
 
 def select_blocks(model: torch.nn.Module, spec: GradSpec) -> list:
