@@ -25,8 +25,9 @@ from gradian.audit.registry import Hit, check
     requires=("data", "eval"),
     severity="error",
     rank=30,
-    rule="an eval row's normalised prompt+target, or its prompt (>= 3 words), equals a training row's: any is an "
-    "error; a long eval target (>= 8 words) found as a training target warns",
+    rule="an eval row's normalised prompt+target, or its prompt (>= 3 words), equals a training row's, with or "
+    "without the prompts' system turns: any is an error; a long eval target (>= 8 words) found as a training "
+    "target warns",
     fix="remove the contaminated rows from the training set (or from the eval set) and re-run",
     source="lm-eval-harness docs/decontamination.md; saurabhav88/EnviousWispr#2547",
 )
@@ -35,22 +36,29 @@ def d14(ctx: AuditContext) -> list[Hit]:
     train_rows: dict[str, list[int]] = defaultdict(list)
     train_prompts: dict[str, list[int]] = defaultdict(list)
     train_targets: dict[str, list[int]] = defaultdict(list)
-    for i, (r, p, c) in enumerate(zip(ctx.norm_row, ctx.norm_prompt, ctx.norm_completion)):
-        train_rows[r].append(i)
-        if len(p.split(None, 2)) >= 3:  # >= 3 words
-            train_prompts[p].append(i)
+    # a prompt counts with and without its system turns: a chat row's system prompt is not the item's content,
+    # and the same question asked under another (or no) system prompt is the same eval item
+    for i, (p, p0, c) in enumerate(zip(ctx.norm_prompt, ctx.norm_prompt_without_system, ctx.norm_completion)):
+        for q in {p, p0}:
+            train_rows[q + "\x1f" + c].append(i)
+            if len(q.split(None, 2)) >= 3:  # >= 3 words
+                train_prompts[q].append(i)
         if len(c.split(None, 7)) >= 8:  # >= 8 words
             train_targets[c].append(i)
     full, prompt_only, target_only = [], [], []
     tr_full, tr_prompt, tr_target = set(), set(), set()
-    for j, (p, c) in enumerate(zip(ctx.eval_norm_prompt, ctx.eval_norm_completion)):
-        row = p + "\x1f" + c
-        if row in train_rows:
+    for j, (p, p0, c) in enumerate(
+        zip(ctx.eval_norm_prompt, ctx.eval_norm_prompt_without_system, ctx.eval_norm_completion)
+    ):
+        rows = [q + "\x1f" + c for q in dict.fromkeys((p, p0))]
+        row = next((r for r in rows if r in train_rows), None)
+        prompt = next((q for q in dict.fromkeys((p, p0)) if q in train_prompts), None)
+        if row is not None:
             full.append(j)
             tr_full.update(train_rows[row])
-        elif p in train_prompts:
+        elif prompt is not None:
             prompt_only.append(j)
-            tr_prompt.update(train_prompts[p])
+            tr_prompt.update(train_prompts[prompt])
         elif c in train_targets:
             target_only.append(j)
             tr_target.update(train_targets[c])

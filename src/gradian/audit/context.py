@@ -352,6 +352,20 @@ class AuditContext:
         return [p + "\x1f" + c for p, c in zip(self.norm_prompt, self.norm_completion)]
 
     @cached_property
+    def norm_prompt_without_system(self) -> list[str]:
+        """Each training row's normalised prompt without its system turns (the prompt itself when it has none)."""
+        from gradian.data.preference import without_system
+
+        return [T.normalise(without_system(e.prompt)) for e in self.examples or []]
+
+    @cached_property
+    def eval_norm_prompt_without_system(self) -> list[str]:
+        """The same for each eval row."""
+        from gradian.data.preference import without_system
+
+        return [T.normalise(without_system(e.prompt)) for e in self.eval_examples or []]
+
+    @cached_property
     def eval_norm_prompt(self) -> list[str]:
         return [T.normalise(e.prompt_text) for e in self.eval_examples or []]
 
