@@ -12,8 +12,8 @@ from gradian.gradients import lora_blocks, per_example_loss
 from gradian_testlib import ROWS, make_lora_model
 
 
-def _batch(tok, side):
-    exs = [to_example(r, i, "t") for i, r in enumerate(ROWS)]
+def _batch(tok, side, rows=ROWS):
+    exs = [to_example(r, i, "t") for i, r in enumerate(rows)]
     items = [tokenize_example(e, tok, TokenizeSpec(max_length=64)) for e in exs]
     assert len({len(it.input_ids) for it in items}) > 1, "the batch must mix lengths"
     return collate(items, tok.pad_token_id, side)
@@ -126,3 +126,39 @@ def test_bfloat16_model_sums_per_example_gradients_in_float32(tok):
     # measured: 0.007 against the loop, 0.028 against float32 (the bfloat16 loop itself: 0.035)
     assert _rel_maxdiff(hooks, {k: v.float() for k, v in loop.items()}) <= 2e-2
     assert _rel_maxdiff(hooks, ref) <= 4e-2
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_lm_head_runs_only_at_the_supervised_positions_and_nothing_changes(tok, arch, monkeypatch):
+    """The hooks path asks the model for the logits at the supervised positions only (``logits_to_keep``):
+    same gradients and losses as the full logits, to float64 rounding; a batch with nothing supervised
+    still gives zero gradients (it falls back to the full logits).
+    """
+    import functools
+
+    import gradian.gradients.per_example as pe
+
+    model = make_lora_model(tok, arch, dtype=torch.float64)
+    batch = _batch(tok, "right", ROWS[:3])  # prompts off the loss (the text row has every token on it)
+    seen = []
+    inner = model.get_base_model()
+    fwd = inner.forward
+
+    @functools.wraps(fwd)  # keeps the signature, which keeps_logits reads
+    def spy(*a, **k):
+        seen.append(k.get("logits_to_keep"))
+        return fwd(*a, **k)
+
+    monkeypatch.setattr(inner, "forward", spy)
+    kept, kept_loss = per_example_grads(model, batch, "hooks", return_losses=True)
+    keep = seen[-1]
+    sup = (batch["labels"][:, 1:] != -100).any(0)
+    assert keep is not None and torch.equal(keep, sup.nonzero()[:, 0]) and len(keep) < batch["labels"].shape[1] - 1
+    monkeypatch.setattr(pe, "keeps_logits", lambda m: False)
+    full, full_loss = per_example_grads(model, batch, "hooks", return_losses=True)
+    assert seen[-1] is None
+    assert _rel_maxdiff(kept, full) <= 1e-12 and torch.allclose(kept_loss, full_loss, rtol=1e-12, atol=0)
+    monkeypatch.undo()
+    none = dict(batch, labels=torch.full_like(batch["labels"], -100))
+    zero = per_example_grads(model, none, "hooks")
+    assert all(float(v.abs().max()) == 0.0 for v in zero.values())

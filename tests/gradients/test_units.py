@@ -104,3 +104,22 @@ def test_unit_and_row_gradients_with_many_units_use_one_forward(tok, monkeypatch
     got = row_unit_grads(model, batch, ul, lora_blocks(model))
     assert calls["n"] == 1 and got.passes == len(us) + 1
     assert all(v.shape[0] == len(us) for v in got.units.values())
+
+
+def test_units_use_the_supervised_logits_only_and_match_the_full_logits(tok, monkeypatch):
+    import gradian.gradients.units as U
+
+    model = make_lora_model(tok, "llama", dtype=torch.float64)
+    _, items, units = _rows(tok)
+    j = len(items) - 1
+    batch, ul = row_unit_batch(items[j], [u for u in units if u.row == j], tok.pad_token_id)
+    blocks = lora_blocks(model)
+    kept = row_unit_grads(model, batch, ul, blocks)
+    monkeypatch.setattr(U, "keeps_logits", lambda m: False)
+    full = row_unit_grads(model, batch, ul, blocks)
+    for b in blocks:
+        assert (
+            _rel(kept.units[b.name], full.units[b.name]) <= 1e-12 and _rel(kept.row[b.name], full.row[b.name]) <= 1e-12
+        )
+    assert torch.allclose(kept.unit_losses, full.unit_losses, rtol=1e-12, atol=0)
+    assert abs(kept.row_loss - full.row_loss) <= 1e-12 * abs(full.row_loss)

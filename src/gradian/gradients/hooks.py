@@ -61,8 +61,12 @@ class LoraHooks:
         self.blocks = list(blocks)
         self._seen: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (block index, X, y)
 
-    def forward(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Run the model on ``batch`` (its forward kwargs) with the hooks on; returns the logits."""
+    def forward(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run the model on ``batch`` (its forward kwargs) with the hooks on; returns the logits (b, T, V), or
+        with ``keep`` (P,) positions only those positions' logits (b, P, V) (``logits_to_keep``).
+        """
         self._seen = []
         handles = []
 
@@ -76,7 +80,8 @@ class LoraHooks:
         try:
             for k, b in enumerate(self.blocks):
                 handles.append(b.module.register_forward_hook(make_fwd(k)))
-            return model(**model_inputs(batch)).logits
+            extra = {"logits_to_keep": keep} if keep is not None else {}
+            return model(**model_inputs(batch), **extra).logits
         finally:
             for h in handles:
                 h.remove()

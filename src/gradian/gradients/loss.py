@@ -18,18 +18,24 @@ import torch
 IGNORE_INDEX = -100
 
 
-def per_example_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def per_example_loss(logits: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Mean supervised-token cross-entropy per example.
 
     Args:
-        logits: (b, T, V).
+        logits: (b, T, V); or with ``keep``, (b, P, V): the logits at positions ``keep`` only.
         labels: (b, T), -100 where not supervised (unshifted; shifted here).
+        keep: (P,) positions t < T−1 whose logits were kept (:func:`supervised_positions`): logit t predicts
+            label t+1, so every other position carries no loss and the result is the same.
 
     Returns:
         (b,) losses, in float32 or wider.
     """
-    shift_logits = logits[:, :-1, :]
-    shift_labels = labels[:, 1:]
+    if keep is None:
+        shift_logits = logits[:, :-1, :]
+        shift_labels = labels[:, 1:]
+    else:
+        shift_logits = logits
+        shift_labels = labels[:, 1:][:, keep]
     mask = shift_labels != IGNORE_INDEX
     safe = shift_labels.clamp(min=0)
     logp = torch.log_softmax(
@@ -54,6 +60,30 @@ def sequence_logprob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     mask = shift_labels != IGNORE_INDEX
     logp = torch.log_softmax(shift_logits, dim=-1).gather(-1, shift_labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return (logp * mask).sum(-1)
+
+
+def supervised_positions(labels: torch.Tensor) -> torch.Tensor:
+    """(P,) the positions t < T−1 whose logits predict a supervised label in some row (``labels[:, t+1] ≠ -100``).
+
+    Args:
+        labels: (b, T) unshifted.
+    """
+    return (labels[:, 1:] != IGNORE_INDEX).any(0).nonzero()[:, 0]
+
+
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the causal LM's forward takes ``logits_to_keep`` (transformers' models do): then the LM head
+    is applied only at the supervised positions, which is where the loss is. For SmolLM2-135M the head
+    (49,152 × 576) is a fifth of the model's multiply-adds per token and its log-softmax is over 49,152 words,
+    while a chat row's supervised tokens are often a fifth of its tokens or fewer.
+    """
+    import inspect
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -34,7 +34,7 @@ import torch
 
 from gradian.gradients.hooks import LoraHooks
 from gradian.gradients.lora import lora_blocks
-from gradian.gradients.loss import model_inputs, per_example_loss
+from gradian.gradients.loss import keeps_logits, model_inputs, per_example_loss, supervised_positions
 
 Method = Literal["hooks", "loop", "vmap"]
 
@@ -44,8 +44,11 @@ def _hooks(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]
     collector; every block's per-example gradient is ``einsum("bto,bti->boi", G, X)``.
     """
     hooks = LoraHooks(blocks)
-    logits = hooks.forward(model, batch)
-    losses = per_example_loss(logits, batch["labels"])
+    keep = supervised_positions(batch["labels"]) if keeps_logits(model) else None
+    if keep is not None and not keep.numel():  # nothing supervised: the full logits give the zero loss its graph
+        keep = None
+    logits = hooks.forward(model, batch, keep)  # the LM head only where the loss is
+    losses = per_example_loss(logits, batch["labels"], keep)
     b = batch["input_ids"].shape[0]
     out: dict[str, torch.Tensor] = {}
     for c in hooks.backward(losses.sum()):

@@ -39,7 +39,7 @@ import torch
 
 from gradian.gradients.hooks import LoraHooks
 from gradian.gradients.lora import LoraBlock
-from gradian.gradients.loss import IGNORE_INDEX
+from gradian.gradients.loss import IGNORE_INDEX, keeps_logits, supervised_positions
 
 
 @dataclass
@@ -60,12 +60,14 @@ class RowUnitGrads:
     passes: int
 
 
-def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """(T−1,) per-position cross-entropy after the causal shift (0 where the label is ignored)."""
-    shift = logits[0, :-1, :]
+def _token_losses(logits: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """(T−1,) per-position cross-entropy after the causal shift (0 where the label is ignored); with ``keep``
+    (P,), ``logits`` (1, P, V) are those positions' only and the result is (P,).
+    """
+    shift = logits[0, :-1, :] if keep is None else logits[0]
     if shift.dtype in (torch.float16, torch.bfloat16):
         shift = shift.float()
-    lab = labels[1:]
+    lab = labels[1:] if keep is None else labels[1:][keep]
     logp = torch.log_softmax(shift, dim=-1)
     return -logp.gather(-1, lab.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (lab != IGNORE_INDEX)
 
@@ -121,9 +123,16 @@ def row_unit_grads(
     K = unit_labels.shape[0]
     W, w, k_all = loss_weights(batch["labels"][0].cpu(), unit_labels.cpu())
     hooks = LoraHooks(blocks)
-    logits = hooks.forward(model, batch)
-    c = _token_losses(logits, batch["labels"][0])  # (T-1,)
-    Wd = W.to(device=device, dtype=c.dtype)
+    lab = batch["labels"]
+    keep = supervised_positions(lab) if keeps_logits(model) else None
+    if keep is not None and keep.numel():  # the LM head only at the supervised positions: c_t = 0 elsewhere
+        logits = hooks.forward(model, batch, keep)  # (1, P, V)
+        c = _token_losses(logits, lab[0], keep)  # (P,)
+        Wd = W[:, keep.cpu()].to(device=device, dtype=c.dtype)
+    else:
+        logits = hooks.forward(model, batch)
+        c = _token_losses(logits, lab[0])  # (T-1,)
+        Wd = W.to(device=device, dtype=c.dtype)
     losses = Wd @ c  # (K',)
     seen, hooks._seen = hooks._seen, []
     ys = [y for _, _, y in seen]
