@@ -99,8 +99,8 @@ STORAGE_DTYPE = typer.Option(
 SHARD_SIZE = typer.Option(
     256,
     "--shard-size",
-    help="Rows per index shard file (rounded up to a multiple of --batch-size): "
-    "the unit of work per process and of memory (one shard at a time).",
+    help="Rows per index shard file (rounded up to a multiple of --batch-size; fewer when a shard would pass "
+    "256 MiB): the unit of work per process and of memory (one shard at a time).",
     rich_help_panel=STORAGE,
 )
 MAX_UNITS_PER_ROW = typer.Option(
