@@ -47,7 +47,7 @@ class CleanStream:
         self.inner = inner
 
     def write(self, s) -> int:
-        r"""Write ``s`` with its control and bidi characters shown as ``\uXXXX``."""
+        r"""Write ``s`` with its control and bidi characters shown as ``\u`` escapes (``\u`` and four hex digits)."""
         if isinstance(s, (bytes, bytearray)):
             s = bytes(s).decode("utf-8", "replace")
         self.inner.write(visible(s, keep_cr=True))

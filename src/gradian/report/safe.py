@@ -12,8 +12,8 @@ shows them only through this module:
   into ``\n``.
 * :func:`visible` is the same set shown instead of removed, for a debugger's terminal: each
   character :func:`clean` would remove or turn into ``\n`` (``\r`` alone, U+2028/U+2029, NEL
-  included) becomes its ``\uXXXX`` escape, so ``\x1b[2J`` prints as the six characters
-  ``\u001b`` then ``[2J``. The ``\uXXXX`` form (not ``\x1b``) is chosen because it means
+  included) becomes its ``\u`` escape (``\u`` and four hex digits), so ``\x1b[2J`` prints as the six
+  characters ``\u001b`` then ``[2J``. The ``\u`` form (not ``\x1b``) is chosen because it means
   the same character in JSON and in Python, so an escaped id can be pasted into a ``jq`` or
   Python filter over run.json, and a JSON document printed to a terminal stays valid JSON.
   The CLI's consoles and streams apply it to everything they print
@@ -67,7 +67,8 @@ def _u_escape(m: re.Match) -> str:
 
 
 def visible(s: Any, keep_cr: bool = False) -> str:
-    r"""``str(s)`` with every character :func:`clean` would remove or replace shown as ``\uXXXX``.
+    r"""``str(s)`` with every character :func:`clean` would remove or replace shown as its ``\u`` escape
+    (``\u`` and four hex digits).
 
     ``\r\n`` becomes ``\n`` first; ``\n`` and ``\t`` are kept. ``keep_cr`` keeps a lone ``\r`` too (for
     a stream that carries other programs' progress bars, which redraw with ``\r``); :func:`clean` is
