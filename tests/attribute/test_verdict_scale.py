@@ -32,6 +32,14 @@ def test_verdict_scores_when_nothing_is_harmful():
     assert (verdict_scores(np.zeros(4)) == 0).all()
 
 
+class _Shard(dict):
+    """A shard as ``GradientIndex.iter_shards`` yields it (a ``ShardBlocks``): block -> tensor, and ``n`` rows."""
+
+    @property
+    def n(self) -> int:
+        return next(iter(self.values())).shape[0]
+
+
 class _Index:
     """The two things cluster_tail reads of a GradientIndex: its blocks and its shards."""
 
@@ -40,7 +48,7 @@ class _Index:
         self.G = G
 
     def iter_shards(self, dtype):
-        yield 0, {"b0": self.G.to(dtype)}
+        yield 0, _Shard(b0=self.G.to(dtype))
 
 
 class _Ex:

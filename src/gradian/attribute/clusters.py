@@ -106,8 +106,7 @@ def gather_gradients(index: GradientIndex, rows: Sequence[int]) -> torch.Tensor:
     want = sorted(set(int(r) for r in rows))
     got: dict[int, torch.Tensor] = {}
     for start, shard in index.iter_shards(torch.float64):
-        n_k = next(iter(shard.values())).shape[0]
-        local = [r for r in want if start <= r < start + n_k]
+        local = [r for r in want if start <= r < start + shard.n]
         if local:
             cat = torch.cat([shard[b["name"]][[r - start for r in local]] for b in index.blocks], dim=1)
             for r, v in zip(local, cat):

@@ -142,15 +142,13 @@ def score_index(index: GradientIndex, preconditioned: list[Blocks]) -> list[torc
 
     from gradian import distributed
 
-    outs: list[list[torch.Tensor]] = [
-        [torch.zeros(next(iter(R.values())).shape[0], 0, dtype=torch.float64)] for R in preconditioned
-    ]
+    ms = [next(iter(R.values())).shape[0] for R in preconditioned]
+    outs: list[list[torch.Tensor]] = [[torch.zeros(m, 0, dtype=torch.float64)] for m in ms]  # a rank with no shards
     for _, shard in index.iter_shards(torch.float64, local=True):
-        accs: list[torch.Tensor | None] = [None] * len(preconditioned)
+        accs = [torch.zeros(m, shard.n, dtype=torch.float64) for m in ms]
         for name, G in shard.items():  # each block is read once, for every engine
-            for e, R in enumerate(preconditioned):
-                part = R[name].to(torch.float64) @ G.T  # (m, n_k)
-                accs[e] = part if accs[e] is None else accs[e] + part
-        for e, acc in enumerate(accs):
-            outs[e].append(acc if acc is not None else torch.zeros(outs[e][0].shape[0], 0, dtype=torch.float64))
+            for acc, R in zip(accs, preconditioned):
+                acc += R[name].to(torch.float64) @ G.T  # (m, n_k)
+        for out, acc in zip(outs, accs):
+            out.append(acc)
     return [distributed.gather_cat(torch.cat(o, dim=1), dim=1) for o in outs]

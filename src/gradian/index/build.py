@@ -221,7 +221,7 @@ def build_index(
         named = {}
         for j in range(dist.rank, len(manifest["shards"]), dist.world_size):
             entry = manifest["shards"][j]
-            why = shard_problem(root, entry, manifest["blocks"])[0]
+            why = shard_problem(root, entry, manifest["blocks"])
             if why and why != "the file is missing":
                 named[j] = f"{entry['file']} is corrupt ({why}); rebuilding it"
         for part in distributed.all_gather_objects(named) if dist.enabled else [named]:
@@ -247,7 +247,7 @@ def build_index(
             if c and entry == candidates[0]:
                 continue
             why = None if entry.get("start") == lo and entry["n"] == hi - lo else "its row range does not match"
-            why = why or shard_problem(root, entry, block_meta)[0]
+            why = why or shard_problem(root, entry, block_meta)
             if why is None:
                 chosen = entry
                 break

@@ -213,7 +213,7 @@ def build_jointly(
                 hi = min(totals[kind], lo + shard_size)
                 rec = _read_record(roots[kind], k, layouts[kind])
                 ok = rec is not None and rec.get("start") == lo and rec.get("n") == hi - lo
-                if not (ok and shard_problem(roots[kind], rec, block_meta)[0] is None):
+                if not (ok and shard_problem(roots[kind], rec, block_meta) is None):
                     todo.append(k)
             pending[kind] = todo
     pending = distributed.broadcast_object(pending)

@@ -131,9 +131,14 @@ def read_manifest(root: str | Path) -> dict[str, Any]:
 GRAD_ABS_MAX = 1e30
 
 
-def _implausible(t: torch.Tensor) -> torch.Tensor:
-    """Entries that are NaN, infinite, or beyond :data:`GRAD_ABS_MAX` in magnitude."""
-    return ~torch.isfinite(t) | (t.abs() > GRAD_ABS_MAX)
+def _implausible_rows(t: torch.Tensor) -> tuple[list[int], int]:
+    """``(sorted rows, number of entries)`` of a ``(n, d)`` tensor that are NaN, infinite, or beyond
+    :data:`GRAD_ABS_MAX` in magnitude; ``([], 0)`` when every entry is plausible.
+    """
+    bad = ~torch.isfinite(t) | (t.abs() > GRAD_ABS_MAX)
+    if not bool(bad.any()):
+        return [], 0
+    return sorted({int(r) for r in bad.nonzero()[:, 0].tolist()}), int(bad.sum())
 
 
 def check_shard_finite(per_block: Mapping[str, torch.Tensor], ids: Sequence[Any], noun: str, root: Path) -> None:
@@ -150,10 +155,10 @@ def check_shard_finite(per_block: Mapping[str, torch.Tensor], ids: Sequence[Any]
     bad_rows: set[int] = set()
     bad_blocks = []
     for name, v in per_block.items():
-        nf = _implausible(v)
-        if bool(nf.any()):
+        rows, _ = _implausible_rows(v)
+        if rows:
             bad_blocks.append(name)
-            bad_rows.update(int(r) for r in nf.nonzero()[:, 0].tolist())
+            bad_rows.update(rows)
     if not bad_rows:
         return
     bad = [ids[r] for r in sorted(bad_rows)]
@@ -210,11 +215,10 @@ def _block_problem(b: dict[str, Any], t: torch.Tensor | None, n: int) -> str | N
         return f"block {b['name']} has shape {tuple(t.shape)}, not ({n}, {b['dim']})"
     if not t.is_floating_point():
         return f"block {b['name']} is {t.dtype}, not floating point"
-    bad = _implausible(t)
-    if bool(bad.any()):
-        rows = sorted({int(r) for r in bad.nonzero()[:, 0].tolist()})
+    rows, count = _implausible_rows(t)
+    if rows:
         return (
-            f"block {b['name']} holds {int(bad.sum())} non-finite value(s) (NaN/inf, or beyond "
+            f"block {b['name']} holds {count} non-finite value(s) (NaN/inf, or beyond "
             f"{GRAD_ABS_MAX:g}) in {len(rows)} row(s)"
         )
     return None
@@ -296,19 +300,19 @@ def open_shard(root: Path, entry: dict[str, Any], blocks: list[dict[str, Any]]) 
     return None, f
 
 
-def shard_problem(root: Path, entry: dict[str, Any], blocks: list[dict[str, Any]]) -> tuple[str | None, dict]:
-    """``(why the shard is unusable or None, {})`` for one manifest shard entry: :func:`open_shard`'s checks,
-    then every block's numbers, read one block at a time (memory: one block, not the shard).
+def shard_problem(root: Path, entry: dict[str, Any], blocks: list[dict[str, Any]]) -> str | None:
+    """Why one manifest shard entry is unusable, or None: :func:`open_shard`'s checks, then every block's
+    numbers, read one block at a time (memory: one block, not the shard).
     """
     why, f = open_shard(root, entry, blocks)
     if why:
-        return why, {}
+        return why
     n = int(entry["n"])
     for b in blocks:
         why = _block_problem(b, f.get_tensor(b["name"]), n)
         if why:
-            return why, {}
-    return None, {}
+            return why
+    return None
 
 
 def _write_manifest(root: Path, manifest: dict[str, Any]) -> None:

@@ -102,7 +102,7 @@ class GradientIndex:
 
     def shard_problem(self, k: int) -> str | None:
         """Why shard k cannot be used (missing, sha256 mismatch, unreadable, wrong shape, non-finite), or None."""
-        return shard_problem(self.root, self.manifest["shards"][k], self.blocks)[0]
+        return shard_problem(self.root, self.manifest["shards"][k], self.blocks)
 
     def verify(self, *, collective: bool = False) -> list[int]:
         """Indices of shards that fail :meth:`shard_problem` (their reasons go to :attr:`problems`).
