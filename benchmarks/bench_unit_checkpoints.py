@@ -36,6 +36,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from bench_family import _f  # noqa: E402  (the family table's number format)
+
 SCHEMES = ("trajectory", "first", "last", "first+last")
 
 
@@ -95,10 +97,6 @@ def study(world: Path, adapter: Path, work: Path, project_dim: int, index_root: 
             "fuse_weights": d["fuse_weights"],
         }
     return out
-
-
-def _f(x: Any, spec: str = ".3f") -> str:
-    return "—" if x is None or (isinstance(x, float) and x != x) else format(x, spec)
 
 
 def table(report: dict[str, Any]) -> str:
