@@ -58,7 +58,7 @@ def with_unit_weights(A: dict[str, np.ndarray], uw: np.ndarray) -> dict[str, np.
     for k in A:
         if ".ck" in k and ".unit_" in k:
             t = int(k.split(".ck")[1].split(".")[0])
-            out[k] = A[k] * (uw[t] / w[t])
+            out[k] = A[k] * (uw[t] / w[t] if w[t] > 0 else 0.0)  # a zero-weight checkpoint adds nothing either way
     return out
 
 
