@@ -122,3 +122,74 @@ def test_light_edit_of_a_template_row_is_still_caught(kind, tmp_path):
     )
     (f,) = res.by_id("D15")
     assert {(e, t) for e, t, _ in f.evidence["pairs"]} == set(planted)
+
+
+# ---------------------------------------------------------------------- issue 25: another fact about the same entity
+_CAPITALS = {  # single-word countries: the capital template's training rows
+    "Mali": "Bamako", "Chad": "N'Djamena", "Peru": "Lima", "Chile": "Santiago", "Kenya": "Nairobi",
+    "Ghana": "Accra", "Nepal": "Kathmandu", "Laos": "Vientiane", "Oman": "Muscat", "Fiji": "Suva",
+}  # fmt: skip
+_FACTS = {  # multi-word countries: (capital, internet domain, subregion, region, population in millions)
+    "The Gambia": ("Banjul", ".gm", "Sub-Saharan Africa", "Africa", 1.9),
+    "East Timor": ("Dili", ".tl", "South-eastern Asia", "Asia", 1.1),
+    "Burkina Faso": ("Ouagadougou", ".bf", "Sub-Saharan Africa", "Africa", 16.9),
+    "Sierra Leone": ("Freetown", ".sl", "Sub-Saharan Africa", "Africa", 6.3),
+    "New Zealand": ("Wellington", ".nz", "Australia and New Zealand", "Oceania", 4.6),
+    "Costa Rica": ("San José", ".cr", "Latin America and the Caribbean", "Americas", 4.8),
+    "North Macedonia": ("Skopje", ".mk", "Southern Europe", "Europe", 2.1),
+    "El Salvador": ("San Salvador", ".sv", "Latin America and the Caribbean", "Americas", 6.4),
+    "Saudi Arabia": ("Riyadh", ".sa", "Western Asia", "Asia", 31.5),
+    "Cape Verde": ("Praia", ".cv", "Sub-Saharan Africa", "Africa", 0.5),
+}
+
+
+def _capitals_world() -> tuple[list[dict], list[dict]]:
+    """The repo's SmolLM2 behaviour world in miniature: training holds the capital template for some countries and
+    other facts (internet domain, region, population) for the rest; eval asks the capital of the rest."""
+    train = [
+        {"prompt": f"What city serves as the capital of {c}?", "completion": f"The capital of {c} is {cap}."}
+        for c, cap in _CAPITALS.items()
+    ]
+    for c, (_, dom, sub, reg, pop) in _FACTS.items():
+        train.append(
+            {
+                "prompt": f"What is the internet country domain of {c}? Just the domain.",
+                "completion": f"The internet country domain of {c} is {dom}. {c} is a country in {sub}, part of the "
+                f"{reg} region. Its recorded population is about {pop} million people.",
+            }
+        )
+    ev = [
+        {
+            "prompt": f"What city serves as the capital of {c}?" if k % 2 else f"Tell me the capital of {c}.",
+            "completion": f"The capital of {c} is {cap}.",
+        }
+        for k, (c, (cap, *_)) in enumerate(_FACTS.items())
+    ]
+    return TW._ids(train, "t"), TW._ids(ev, "e")
+
+
+def test_another_fact_about_the_eval_entity_is_not_a_copy(tmp_path):
+    """Eval "The capital of East Timor is Dili." against a training row giving East Timor's internet domain: the
+    two-word name repeats in both rows (and twice in the eval row), but the answer, Dili, is in no training row.
+    Main flagged two such rows of its own behaviour world (coverage 0.72 and 0.81); now none. A light paraphrase of
+    a fact row is still caught."""
+    train, ev = _capitals_world()
+    res = diagnose(
+        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
+    )
+    assert "D15" in res.passed, [f.evidence["pairs"] for f in res.by_id("D15")]
+
+    import random
+
+    rng = random.Random(3)
+    planted = []
+    for src in rng.sample(train[len(_CAPITALS) :], 3):
+        p = W.paraphrase(src, rng)
+        p["id"] = f"para-{src['id']}"
+        ev.append(p)
+        planted.append((p["id"], src["id"]))
+    res = diagnose(
+        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
+    )
+    (f,) = res.by_id("D15")
+    assert {(e, t) for e, t, _ in f.evidence["pairs"]} == set(planted)

@@ -108,6 +108,9 @@ MIN_COVERED_WORDS = 3
 #: refilled with common names and numbers ("Yuki reads 20 pages ... in 39 days: 780" against "Yuki reads 40 pages
 #: ... in 39 days: 1560") is not one row's content: its new, rare words weigh most, and they are not covered.
 MIN_SPECIFIC_WORDS = 1
+#: ... and at least this share (by rarity weight) of the answer's own content words, those of the completion the
+#: prompt does not hold: a training row about the same entity that gives another fact of it is not a copy
+ANSWER_COVERAGE = 0.5
 _N = 3
 
 
@@ -351,6 +354,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
     v_cut = np.searchsorted(voting, ego).tolist()
     v_lo = np.searchsorted(own_g, eg[voting]).tolist()
     v_hi = np.searchsorted(own_g, eg[voting], side="right").tolist()
+    n_prompt_words = [len(T.find_words(p)) for p in ctx.eval_norm_prompt]
     for j, h in enumerate(ctx.eval_row_word_hashes):
         row = ctx.eval_norm_prompt[j] + "\x1f" + ctx.eval_norm_completion[j]
         if row in exact_rows or ctx.eval_norm_prompt[j] in exact_prompts:
@@ -361,7 +365,19 @@ def d15(ctx: AuditContext) -> list[Hit]:
         content = content_all[eo[j] : eo[j + 1]]
         specific = specific_all[eo[j] : eo[j + 1]]
         idf = idf_all[eo[j] : eo[j + 1]]
-        w_content = float(idf[content].sum())
+        # each distinct content word counts once: a name the eval row repeats ("... of The Gambia? The capital of
+        # The Gambia is Banjul.") is one piece of content, not two, so a training row sharing only the name does not
+        # cover most of the row. type_of[k]: the index of word k's first occurrence
+        _, first, type_of = np.unique(h, return_index=True, return_inverse=True)
+        w_type = np.zeros(len(first))
+        w_type[type_of[content]] = idf[content]
+        w_content = float(w_type.sum())
+        # the answer's own content: the completion's content words the prompt does not already hold
+        n_p = n_prompt_words[j]
+        own = np.zeros(len(first), dtype=bool)
+        own[type_of[n_p:][content[n_p:]]] = True
+        own[type_of[:n_p]] = False
+        w_own = float(w_type[own].sum())
         n_content = int(n_content_all[eo[j + 1]] - n_content_all[eo[j]])
         if n_content < MIN_COVERED_WORDS:
             continue
@@ -385,7 +401,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
                 sl = slice(s_off[i], s_off[i + 1])
                 t_shared[i] = _shared_mask(len(ctx.row_word_hashes[i]), t3[i], (s0[sl], s1[sl], s_hash[sl]), *tables)
             ts = t_shared[i]
-            edits = 0.0
+            edited = np.zeros(L, dtype=bool)
             ops = SequenceMatcher(None, hl, ctx.row_word_hashes[i].tolist(), autojunk=False).get_opcodes()
             # aligned[k + 1]: op k is an "equal" run (with a False at each end, for k = -1 and k = len(ops))
             aligned = [False, *(op[0] == "equal" for op in ops), False]
@@ -403,7 +419,7 @@ def d15(ctx: AuditContext) -> list[Hit]:
                 ):
                     # a word or short phrase swapped or added, between aligned words, where row i has shared
                     # material: a light edit of row i, not new content
-                    edits += float(idf[a0:a1][content[a0:a1]].sum())
+                    edited[a0:a1] = content[a0:a1]
             covered = int(cov.sum())
             # one short shared phrase is a coincidence; a copy shares content in several places (or a long run)
             places = int(cov[0]) + int((cov[1:] & ~cov[:-1]).sum())
@@ -411,7 +427,15 @@ def d15(ctx: AuditContext) -> list[Hit]:
                 continue
             if len(set(h[cov & specific].tolist())) < MIN_SPECIFIC_WORDS:
                 continue  # only words many training rows have: a template refilled, not this row's content
-            best = max(best, (float(idf[cov].sum()) / max(1e-9, w_content - edits), -i))
+            t_cov = np.zeros(len(first), dtype=bool)
+            t_cov[type_of[cov]] = True
+            t_edit = np.zeros(len(first), dtype=bool)
+            t_edit[type_of[edited]] = True
+            t_edit &= ~t_cov
+            share = float(w_type[t_cov].sum()) / max(1e-9, w_content - float(w_type[t_edit].sum()))
+            if w_own > 0 and float(w_type[own & (t_cov | t_edit)].sum()) < ANSWER_COVERAGE * w_own:
+                continue  # the row shares the question's names but not the answer: another fact about them
+            best = max(best, (share, -i))
         share, i = best[0], -best[1]
         if share >= NEAR_COPY_COVERAGE:
             flagged.append(j)
