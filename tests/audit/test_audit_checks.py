@@ -347,6 +347,22 @@ def f_c21(w):
     return _yaml_config(w, "sft.yaml", _ULTRACHAT_SFT.format(split="test_sft"))
 
 
+_LF_DPO_ON_SFT = (
+    "model_name_or_path: Qwen/Qwen3-4B-Instruct-2507\nstage: dpo\ndo_train: true\nfinetuning_type: lora\n"
+    "lora_rank: 8\nlora_target: all\npref_beta: 0.1\npref_loss: sigmoid\nlearning_rate: 5.0e-6\n"
+    "adapter_name_or_path: saves/qwen3-4b/lora/sft\n{extra}"
+)
+
+
+def f_c22(w):
+    # LLaMA-Factory examples/train_lora/qwen3_lora_dpo.yaml pointed at the SFT adapter it refines
+    return _yaml_config(w, "qwen3_lora_dpo.yaml", _LF_DPO_ON_SFT.format(extra=""))
+
+
+def f_c22_sync(w):
+    return _yaml_config(w, "dpo.yaml", "use_peft: true\nlora_r: 16\nbeta: 0.1\nsync_ref_model: true\n")
+
+
 def f_c19_inf(w):
     return _yaml_config(
         w,
@@ -564,6 +580,7 @@ FIRE = {
     "C19": [(f_c19, "error"), (f_c19_inf, "error")],
     "C20": [(f_c20, "warning"), (f_c20_prompt, "error")],
     "C21": [(f_c21, "warning")],
+    "C22": [(f_c22, "warning"), (f_c22_sync, "error")],
     "T01": [(f_t01, "error")],
     "T02": [(f_t02, "warning")],
     "T03": [(f_t03, "warning"), (f_t03_rows, "warning")],
@@ -632,6 +649,10 @@ def n_c20(w):
     return _yaml_config(w, "dpo.yaml", _ZEPHYR_DPO.format(beta="0.01", lr="5.0e-6"))
 
 
+def n_c22(w):
+    return _yaml_config(w, "qwen3_lora_dpo.yaml", _LF_DPO_ON_SFT.format(extra="create_new_adapter: true\n"))
+
+
 def n_c21(w):
     return _yaml_config(w, "sft.yaml", _ULTRACHAT_SFT.format(split="train_sft"))
 
@@ -644,6 +665,7 @@ NO_FIRE = {
     "D26": n_pref,
     "D27": n_kto,
     "C21": n_c21,
+    "C22": n_c22,
     "C20": n_c20,
     "D09": n_d09,
     "D10": n_d10,

@@ -647,3 +647,93 @@ def c21(ctx: AuditContext) -> list[Hit]:
         )
         for d in bad
     ]
+
+
+# ---------------------------------------------------------------------- C22
+@check(
+    "C22",
+    "pref_reference",
+    "The preference run's reference model is not the model it starts from",
+    requires=("config",),
+    severity="warning",
+    rank=40,
+    rule="LLaMA-Factory DPO/KTO with LoRA and adapter_name_or_path (an SFT adapter resumed as the trained adapter), "
+    "no create_new_adapter and no ref_model: the reference is the model with its adapter disabled, i.e. the base "
+    "without the SFT adapter (warning); TRL sync_ref_model with a LoRA/QLoRA policy (TRL refuses it: there is no "
+    "separate reference to sync) or with precompute_ref_log_probs (fixed reference log-probs go stale): errors",
+    fix="make the reference the model the run starts from (LLaMA-Factory: create_new_adapter: true, or ref_model + "
+    "ref_model_adapters); TRL: sync_ref_model: false with an adapter or with precompute_ref_log_probs",
+    source="LLaMA-Factory model/adapter.py (adapter_to_merge / adapter_to_resume), train/trainer_utils.py "
+    "create_ref_model (LoRA: no reference model) and train/dpo/trainer.py compute_reference_log_probs "
+    "(disable_adapter); trl trainer/dpo_trainer.py (sync_ref_model with PEFT, with precompute_ref_log_probs)",
+    stages=("preference",),
+)
+def c22(ctx: AuditContext) -> list[Hit]:
+    """C22 (pref_reference): the reference model a DPO/KTO loss is measured against.
+
+    The loss is ``-log σ(β [(log π(y_w|x) - log π_ref(y_w|x)) - (log π(y_l|x) - log π_ref(y_l|x))])``: the policy
+    is held near ``π_ref``. A run meant to refine an SFT model must use that SFT model as ``π_ref``; LLaMA-Factory's
+    LoRA DPO/KTO, when it resumes the SFT adapter, computes ``π_ref`` with the adapter disabled: the base model.
+    """
+    c = ctx.config
+    hits = []
+    if c.trainer not in ("llamafactory", "trl"):
+        raise NotApplicable(f"the reference-model rules read LLaMA-Factory and TRL configs, not {c.trainer or 'this'}")
+    uses_ref = c.stage in ("dpo", "ipo", "kto")  # ORPO/SimPO/CPO have no reference (REF_FREE_STAGES)
+    if c.trainer == "llamafactory" and uses_ref and c.is_lora and c.init_adapters and not c.ref_model:
+        quantized = c.finetuning == "qlora"
+        if not c.create_new_adapter or quantized:
+            resumed = c.init_adapters[-1]
+            merged = c.init_adapters[:-1]
+            base = f"the base model{' with ' + ', '.join(merged) + ' merged' if merged else ''}"
+            why = (
+                "quantization_bit is set, so LLaMA-Factory does not merge adapters and create_new_adapter does not help"
+                if quantized and c.create_new_adapter
+                else "create_new_adapter is not set"
+            )
+            hits.append(
+                Hit(
+                    "warning",
+                    f"the {c.stage.upper()} reference is {base}, not the model the run starts from: {resumed} "
+                    f"({c.source('init_adapters')}) is resumed as the trained adapter ({why}) and no ref_model is "
+                    f"set, so the reference log-probs are computed with that adapter disabled; the loss pulls the "
+                    f"policy back toward the model before {resumed}",
+                    {
+                        "value": resumed,
+                        "threshold": "reference = the starting model",
+                        **c.cite("init_adapters", "create_new_adapter", "ref_model", "stage", "finetuning"),
+                    },
+                    fix=(
+                        ""
+                        if quantized
+                        else "set create_new_adapter: true (the SFT adapter is merged into the base and a new adapter "
+                        "trains on top, so disabling it gives the SFT model), or "
+                    )
+                    + f"set ref_model: <the base> with ref_model_adapters: {resumed}, or export the merged SFT model "
+                    "(llamafactory-cli export) and train the preference stage on it",
+                )
+            )
+    if c.sync_ref_model and c.is_lora:
+        hits.append(
+            Hit(
+                "error",
+                f"sync_ref_model=true ({c.source('sync_ref_model')}) on a {c.finetuning} run: with a PEFT adapter "
+                f"TRL's reference is the policy with its adapter disabled, so there is no reference model to sync "
+                f"and DPOTrainer refuses the run",
+                {"value": True, "threshold": False, **c.cite("sync_ref_model", "finetuning")},
+                fix="set sync_ref_model: false (the adapter-disabled base stays the reference), or train the full "
+                "model with a ref_model if you need TR-DPO",
+            )
+        )
+    if c.sync_ref_model and c.precompute_ref_log_probs:
+        hits.append(
+            Hit(
+                "error",
+                f"sync_ref_model=true ({c.source('sync_ref_model')}) with precompute_ref_log_probs=true "
+                f"({c.source('precompute_ref_log_probs')}): the reference log-probs are computed once, before "
+                f"training, while TR-DPO moves the reference every ref_model_sync_steps; TRL refuses the pair",
+                {"value": True, "threshold": False, **c.cite("sync_ref_model", "precompute_ref_log_probs")},
+                fix="set precompute_ref_log_probs: false, or sync_ref_model: false",
+            )
+        )
+    return hits

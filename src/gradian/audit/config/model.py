@@ -128,6 +128,14 @@ class TrainConfig:
     desirable_weight: float | None = None
     undesirable_weight: float | None = None
     ref_model: str | None = None
+    #: adapters the run starts from, in order (LLaMA-Factory ``adapter_name_or_path``: all but the last are merged
+    #: into the base, the last is resumed as the trained adapter unless ``create_new_adapter``)
+    init_adapters: list[str] | None = None
+    create_new_adapter: bool | None = None
+    #: TRL DPOConfig's TR-DPO switch (the reference is mixed with the policy every ``ref_model_sync_steps``), and its
+    #: fixed-reference precompute
+    sync_ref_model: bool | None = None
+    precompute_ref_log_probs: bool | None = None
     dedup_exact: bool | None = None
     messages_loss: str | None = None
 

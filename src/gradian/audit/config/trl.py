@@ -233,6 +233,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             if r.str_(k):
                 cfg.set("ref_model", r.str_(k), r.where(k))
                 break
+        for k in ("sync_ref_model", "precompute_ref_log_probs"):
+            if r.has(k):
+                cfg.set(k, r.bool_(k), r.where(k))
     if r.has("messages_loss"):
         ml = r.str_("messages_loss")
         if ml != "final_assistant_turn":
