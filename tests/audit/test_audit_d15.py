@@ -107,12 +107,17 @@ def test_light_edit_of_a_template_row_is_still_caught(kind, tmp_path):
     result), plus a light edit of three training rows (a word swapped, one added): each is caught and names its
     source row. (In ``size_qa``/``compare`` every word of a row is in >= 3 rows: an edited row is indistinguishable
     from a new pairing of the same entities, and is not caught, on main either.)"""
+    train, ev = TW.WORLDS[kind]()
+    _assert_planted_edits_caught(tmp_path, train, ev, train, seed=5)
+
+
+def _assert_planted_edits_caught(tmp_path, train: list[dict], ev: list[dict], sources: list[dict], seed: int):
+    """Add a light paraphrase of 3 of ``sources`` (training rows) to ``ev``: D15 flags exactly those 3 pairs."""
     import random
 
-    train, ev = TW.WORLDS[kind]()
-    rng = random.Random(5)
+    rng = random.Random(seed)
     planted = []
-    for src in rng.sample(train, 3):
+    for src in rng.sample(sources, 3):
         p = W.paraphrase(src, rng)
         p["id"] = f"para-{src['id']}"
         ev.append(p)
@@ -178,18 +183,4 @@ def test_another_fact_about_the_eval_entity_is_not_a_copy(tmp_path):
         data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
     )
     assert "D15" in res.passed, [f.evidence["pairs"] for f in res.by_id("D15")]
-
-    import random
-
-    rng = random.Random(3)
-    planted = []
-    for src in rng.sample(train[len(_CAPITALS) :], 3):
-        p = W.paraphrase(src, rng)
-        p["id"] = f"para-{src['id']}"
-        ev.append(p)
-        planted.append((p["id"], src["id"]))
-    res = diagnose(
-        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
-    )
-    (f,) = res.by_id("D15")
-    assert {(e, t) for e, t, _ in f.evidence["pairs"]} == set(planted)
+    _assert_planted_edits_caught(tmp_path, train, ev, train[len(_CAPITALS) :], seed=3)
