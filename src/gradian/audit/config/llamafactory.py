@@ -44,6 +44,8 @@ FIELDS: tuple[Row, ...] = (
     ("train_on_inputs", "train_on_prompt", "bool"),
     ("val_set_size", "val_size", "num"),
     ("chat_template", "template", "str"),
+    ("create_new_adapter", "create_new_adapter", "bool"),
+    ("ref_model", "ref_model", "str"),
 )
 
 DEFAULTS = {
@@ -97,13 +99,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         for k, lf in (("desirable_weight", "kto_chosen_weight"), ("undesirable_weight", "kto_rejected_weight")):
             if r.has(lf):
                 cfg.set(k, r.num(lf), r.where(lf))
-        if r.str_("ref_model"):
-            cfg.set("ref_model", r.str_("ref_model"), r.where("ref_model"))
     ad = r.list_("adapter_name_or_path")
     if ad:
         cfg.set("init_adapters", [ad] if isinstance(ad, str) else ad, r.where("adapter_name_or_path"))
-    if r.has("create_new_adapter"):
-        cfg.set("create_new_adapter", r.bool_("create_new_adapter"), r.where("create_new_adapter"))
     if stage == "pt" and not r.has("packing") and not r.bool_("neat_packing"):
         cfg.set("packing", True, f"{r.where('stage')} (LLaMA-Factory turns packing on for stage pt)")
     ft = r.str_("finetuning_type")
