@@ -4,10 +4,17 @@ Written out by hand for the tests (nothing is fetched at test time); each names 
 follows. Only the keys Audit reads, and a few it must ignore, are kept.
 """
 
-from published_examples import AX_DPO_LORA_8B, LF_QWEN3_LORA_DPO, LF_TRAIN_1E4
+from published_examples import (
+    AX_DPO_LORA_8B,
+    LF_QWEN3_LORA_DPO,
+    LF_TRAIN_1E4,
+    TT_LLAMA31_8B_LORA_DPO,
+    ax_lora_train,
+    lf_v1_sft,
+)
 
 # axolotl, modelled on examples/llama-3/lora-1b-deduplicate-sft.yml (axolotl-ai-cloud/axolotl)
-AXOLOTL_SFT_DEDUP = """\
+AXOLOTL_SFT_DEDUP = f"""\
 base_model: meta-llama/Llama-3.2-1B
 model_type: LlamaForCausalLM
 tokenizer_type: AutoTokenizer
@@ -23,20 +30,7 @@ sequence_len: 4096
 sample_packing: true
 eval_sample_packing: false
 adapter: lora
-lora_r: 32
-lora_alpha: 16
-lora_dropout: 0.05
-lora_target_linear: true
-gradient_accumulation_steps: 4
-micro_batch_size: 2
-num_epochs: 4
-optimizer: adamw_bnb_8bit
-lr_scheduler: cosine
-learning_rate: 0.0002
-bf16: auto
-attn_implementation: flash_attention_2
-warmup_ratio: 0.1
-special_tokens:
+{ax_lora_train(4)}special_tokens:
   pad_token: <|end_of_text|>
 """
 
@@ -65,29 +59,20 @@ output_dir: saves/qwen3-4b/lora/pretrain
 {LF_TRAIN_1E4}"""
 
 # LLaMA-Factory v1, modelled on examples/v1/train_lora/train_lora_sft.yaml (hiyouga/LLaMA-Factory)
-LF_V1 = """\
-model: Qwen/Qwen3-4B
-model_class: llm
-peft_config:
+LF_V1 = (
+    lf_v1_sft(
+        """\
   name: lora
   r: 16
   lora_alpha: 32
   lora_dropout: 0.05
   target_modules: all
-kernel_config:
-  name: auto
-dist_config:
-  name: fsdp2
-  dcp_path: null
-train_dataset: data/v1_sft_demo.yaml
-output_dir: ./outputs/test_lora
-micro_batch_size: 1
-cutoff_len: 2048
-learning_rate: 1.0e-4
-max_steps: 10
-sample_backend: hf
-max_new_tokens: 128
-"""
+""",
+        "./outputs/test_lora",
+        "1.0e-4",
+    )
+    + "sample_backend: hf\nmax_new_tokens: 128\n"
+)
 
 # TRL CLI, modelled on examples/cli_configs/example_config.yaml (huggingface/trl); `trl sft --config`
 TRL_CLI = """\
@@ -139,40 +124,12 @@ loss:
 dtype: bf16
 """
 
-# torchtune, modelled on recipes/configs/llama3_1/8B_lora_dpo_single_device.yaml (pytorch/torchtune)
-TORCHTUNE_DPO = """\
-model:
-  _component_: torchtune.models.llama3_1.lora_llama3_1_8b
-  lora_attn_modules: ['q_proj', 'v_proj', 'output_proj']
-  apply_lora_to_mlp: True
-  apply_lora_to_output: False
-  lora_rank: 8
-  lora_alpha: 16
-  lora_dropout: 0.0
-tokenizer:
-  _component_: torchtune.models.llama3.llama3_tokenizer
-  path: /tmp/Meta-Llama-3.1-8B-Instruct/original/tokenizer.model
-  max_seq_len: 1024
-dataset:
-  _component_: torchtune.datasets.stack_exchange_paired_dataset
-seed: null
-shuffle: True
-batch_size: 4
-optimizer:
-  _component_: torch.optim.AdamW
-  fused: True
-  weight_decay: 0.05
-  lr: 5e-4
-lr_scheduler:
-  _component_: torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup
-  num_warmup_steps: 100
-loss:
-  _component_: torchtune.rlhf.loss.DPOLoss
-epochs: 1
-max_steps_per_epoch: 1000
-gradient_accumulation_steps: 8
-dtype: bf16
-"""
+# torchtune, modelled on recipes/configs/llama3_1/8B_lora_dpo_single_device.yaml (pytorch/torchtune): the
+# settings of published_examples.TT_LLAMA31_8B_LORA_DPO (8B_lora_dpo.yaml) without its output_dir line and the
+# loss's beta and label_smoothing.
+TORCHTUNE_DPO = TT_LLAMA31_8B_LORA_DPO.replace("output_dir: /tmp/torchtune/llama3_1_8B/lora_dpo\n", "").replace(
+    "  beta: 0.1\n  label_smoothing: 0\n", ""
+)
 
 ALL = {
     "axolotl_sft_dedup.yml": AXOLOTL_SFT_DEDUP,

@@ -198,9 +198,31 @@ padding_free: true
 warmup_ratio: 0.1
 """
 
+
+def ax_lora_train(num_epochs: int) -> str:
+    """The LoRA and training lines axolotl's LoRA examples end with (lora_r 32, lora_alpha 16, dropout 0.05 on
+    every linear layer; 4 x 2 batches, adamw_bnb_8bit, cosine at 0.0002, bf16 auto, flash attention, warmup 0.1),
+    at ``num_epochs``: AX_DPO_LORA_8B (4), AX_ORPO_QLORA (1) and published_configs.AXOLOTL_SFT_DEDUP (4)."""
+    return f"""\
+lora_r: 32
+lora_alpha: 16
+lora_dropout: 0.05
+lora_target_linear: true
+gradient_accumulation_steps: 4
+micro_batch_size: 2
+num_epochs: {num_epochs}
+optimizer: adamw_bnb_8bit
+lr_scheduler: cosine
+learning_rate: 0.0002
+bf16: auto
+attn_implementation: flash_attention_2
+warmup_ratio: 0.1
+"""
+
+
 # AX examples/llama-3/instruct-dpo-lora-8b.yml (cases 1 and 2): rl: dpo over fozziethebeat/alpaca_messages_2k_dpo_test
 # (chat_template.default, field_messages: conversation).
-AX_DPO_LORA_8B = """\
+AX_DPO_LORA_8B = f"""\
 base_model: meta-llama/Meta-Llama-3-8B-Instruct
 model_type: LlamaForCausalLM
 tokenizer_type: AutoTokenizer
@@ -229,24 +251,11 @@ output_dir: ./outputs/lora-out
 sequence_len: 4096
 sample_packing: false
 adapter: lora
-lora_r: 32
-lora_alpha: 16
-lora_dropout: 0.05
-lora_target_linear: true
-gradient_accumulation_steps: 4
-micro_batch_size: 2
-num_epochs: 4
-optimizer: adamw_bnb_8bit
-lr_scheduler: cosine
-learning_rate: 0.0002
-bf16: auto
-attn_implementation: flash_attention_2
-warmup_ratio: 0.1
-evals_per_epoch: 4
+{ax_lora_train(4)}evals_per_epoch: 4
 """
 
 # AX examples/mistral/orpo/mistral-qlora-orpo.yml (case 2): rl: orpo with orpo_alpha, chat_template.argilla data.
-AX_ORPO_QLORA = """\
+AX_ORPO_QLORA = f"""\
 base_model: mistralai/Mistral-7B-v0.1
 model_type: MistralForCausalLM
 tokenizer_type: LlamaTokenizer
@@ -264,20 +273,7 @@ output_dir: ./outputs/mistral-qlora-orpo-out
 adapter: qlora
 sequence_len: 4096
 sample_packing: false
-lora_r: 32
-lora_alpha: 16
-lora_dropout: 0.05
-lora_target_linear: true
-gradient_accumulation_steps: 4
-micro_batch_size: 2
-num_epochs: 1
-optimizer: adamw_bnb_8bit
-lr_scheduler: cosine
-learning_rate: 0.0002
-bf16: auto
-attn_implementation: flash_attention_2
-warmup_ratio: 0.1
-"""
+{ax_lora_train(1)}"""
 
 # AX examples/llama-3/qlora-1b-kto.yaml (cases 1 and 2): rl: kto, rl_beta, kto_desirable_weight 0.2.
 AX_KTO_QLORA_1B = """\
@@ -375,28 +371,41 @@ max_samples: 1000
 output_dir: saves/llama3-8b-pro/freeze/sft
 {LF_TRAIN_1E4}"""
 
-# LF examples/v1/train_freeze/train_freeze_sft.yaml (case 7): LLaMA-Factory v1 spells freeze tuning
-# peft_config.name: freeze.
-LF_V1_FREEZE_SFT = """\
+
+def lf_v1_sft(peft_config: str, output_dir: str, learning_rate: str) -> str:
+    """LLaMA-Factory v1's examples/v1/train_*/train_*_sft.yaml, which differ only in their ``peft_config`` block
+    (``peft_config``, its indented lines), ``output_dir`` and ``learning_rate``: Qwen/Qwen3-4B on
+    data/v1_sft_demo.yaml, kernels auto, fsdp2, 10 steps of micro batch 1 at cutoff 2048."""
+    return f"""\
 model: Qwen/Qwen3-4B
 model_class: llm
 peft_config:
-  name: freeze
-  freeze_trainable_layers: 2
-  freeze_trainable_modules: all
-  freeze_extra_modules: null
-kernel_config:
+{peft_config}kernel_config:
   name: auto
 dist_config:
   name: fsdp2
   dcp_path: null
 train_dataset: data/v1_sft_demo.yaml
-output_dir: ./outputs/test_freeze
+output_dir: {output_dir}
 micro_batch_size: 1
 cutoff_len: 2048
-learning_rate: 2.0e-5
+learning_rate: {learning_rate}
 max_steps: 10
 """
+
+
+# LF examples/v1/train_freeze/train_freeze_sft.yaml (case 7): LLaMA-Factory v1 spells freeze tuning
+# peft_config.name: freeze.
+LF_V1_FREEZE_SFT = lf_v1_sft(
+    """\
+  name: freeze
+  freeze_trainable_layers: 2
+  freeze_trainable_modules: all
+  freeze_extra_modules: null
+""",
+    "./outputs/test_freeze",
+    "2.0e-5",
+)
 
 # TT recipes/configs/llama3_1/8B_lora_dpo.yaml (case 2): the loss component is torchtune.rlhf.loss.DPOLoss.
 TT_LLAMA31_8B_LORA_DPO = """\
