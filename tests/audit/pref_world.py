@@ -35,6 +35,27 @@ def _pair(i: int, biased: bool = False) -> tuple[str, str, str]:
     return (q, short_good, long_bad) if i % 2 else (q, long_good, short_bad)
 
 
+def kto_items(n_desirable: int, n_undesirable: int, pair) -> list[tuple[int, str, str, bool]]:
+    """Unpaired preference (KTO) items ``(i, question, answer, label)`` for i < n_desirable + n_undesirable, where
+    ``pair(i)`` gives ``(question, good, bad)``: the first ``n_desirable`` answer well (label True), the rest badly."""
+    out = []
+    for i in range(n_desirable + n_undesirable):
+        q, good, bad = pair(i)
+        label = i < n_desirable
+        out.append((i, q, good if label else bad, label))
+    return out
+
+
+def sharegpt_pair(q: str, good: str, bad: str) -> dict:
+    """One LLaMA-Factory sharegpt preference row: ``conversations`` (one human turn), ``chosen`` / ``rejected`` (one
+    gpt message object each)."""
+    return {
+        "conversations": [{"from": "human", "value": q}],
+        "chosen": {"from": "gpt", "value": good},
+        "rejected": {"from": "gpt", "value": bad},
+    }
+
+
 def trl_rows(n: int = 24, biased: bool = False) -> list[dict]:
     """TRL conversational preference rows with an explicit prompt."""
     out = []
@@ -52,12 +73,10 @@ def trl_rows(n: int = 24, biased: bool = False) -> list[dict]:
 
 def trl_kto_rows(n_desirable: int = 12, n_undesirable: int = 12) -> list[dict]:
     """TRL unpaired preference (KTO) rows: one desirable or undesirable completion each."""
-    out = []
-    for i in range(n_desirable + n_undesirable):
-        q, good, bad = _pair(i % len(CAPITALS))
-        label = i < n_desirable
-        out.append({"prompt": q + f" (#{i})", "completion": good if label else bad, "label": label})
-    return out
+    return [
+        {"prompt": q + f" (#{i})", "completion": answer, "label": label}
+        for i, q, answer, label in kto_items(n_desirable, n_undesirable, lambda i: _pair(i % len(CAPITALS)))
+    ]
 
 
 def axolotl_rows(n: int = 24, biased: bool = False) -> list[dict]:
@@ -71,17 +90,7 @@ def axolotl_rows(n: int = 24, biased: bool = False) -> list[dict]:
 
 def llamafactory_rows(n: int = 24, biased: bool = False) -> list[dict]:
     """LLaMA-Factory sharegpt preference rows."""
-    out = []
-    for i in range(n):
-        q, good, bad = _pair(i, biased)
-        out.append(
-            {
-                "conversations": [{"from": "human", "value": q}],
-                "chosen": {"from": "gpt", "value": good},
-                "rejected": {"from": "gpt", "value": bad},
-            }
-        )
-    return out
+    return [sharegpt_pair(*_pair(i, biased)) for i in range(n)]
 
 
 def plant_pair_faults(rows: list[dict], name: str) -> list[dict]:

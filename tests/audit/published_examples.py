@@ -19,6 +19,8 @@ Sources (read on 2 December 2026):
 
 from __future__ import annotations
 
+from pref_world import kto_items, sharegpt_pair
+
 # ---------------------------------------------------------------------------------------------------- configs
 # AH recipes/zephyr-7b-beta/dpo/config_qlora.yaml (case 2: a TRL DPO QLoRA run at 5e-6). The old handbook layout:
 # dataset_splits names the train and the eval split (train_prefs trains, test_prefs evaluates).
@@ -255,7 +257,7 @@ adapter: lora
 """
 
 # AX examples/mistral/orpo/mistral-qlora-orpo.yml (case 2): rl: orpo with orpo_alpha, chat_template.argilla data.
-AX_ORPO_QLORA = f"""\
+AX_ORPO_QLORA = """\
 base_model: mistralai/Mistral-7B-v0.1
 model_type: MistralForCausalLM
 tokenizer_type: LlamaTokenizer
@@ -273,7 +275,7 @@ output_dir: ./outputs/mistral-qlora-orpo-out
 adapter: qlora
 sequence_len: 4096
 sample_packing: false
-{ax_lora_train(1)}"""
+""" + ax_lora_train(1)
 
 # AX examples/llama-3/qlora-1b-kto.yaml (cases 1 and 2): rl: kto, rl_beta, kto_desirable_weight 0.2.
 AX_KTO_QLORA_1B = """\
@@ -500,15 +502,28 @@ QA = [
 ]
 
 
+def _numbered(n: int, word: str = "question") -> list[tuple[str, str, str]]:
+    """The first ``n`` QA items (cycling), each question numbered ``(<word> i)`` so that no two are the same."""
+    out = []
+    for i in range(n):
+        q, good, bad = QA[i % len(QA)]
+        out.append((f"{q} ({word} {i})", good, bad))
+    return out
+
+
+def _kto_items(n_desirable: int, n_undesirable: int) -> list[tuple[int, str, str, bool]]:
+    """:func:`pref_world.kto_items` over the QA items numbered ``(item i)``."""
+    items = _numbered(n_desirable + n_undesirable, "item")
+    return kto_items(n_desirable, n_undesirable, items.__getitem__)
+
+
 def h4_ultrafeedback_rows(n: int = 12) -> list[dict]:
     """HuggingFaceH4/ultrafeedback_binarized (train_prefs / test_prefs), which AH_ZEPHYR_DPO_QLORA trains on:
     ``prompt`` (string), ``prompt_id``, ``chosen`` and ``rejected`` (the whole conversation: the user turn, then the
     response), ``messages`` (a copy of chosen), ``score_chosen``, ``score_rejected`` (dataset card features; also
     the example row in TRL's ``maybe_extract_prompt``)."""
     out = []
-    for i in range(n):
-        q, good, bad = QA[i % len(QA)]
-        q = f"{q} (question {i})"
+    for i, (q, good, bad) in enumerate(_numbered(n)):
         chosen = [{"role": "user", "content": q}, {"role": "assistant", "content": good}]
         out.append(
             {
@@ -528,87 +543,58 @@ def axolotl_dpo_test_rows(n: int = 12) -> list[dict]:
     """fozziethebeat/alpaca_messages_2k_dpo_test as AX_DPO_LORA_8B maps it (chat_template.default with
     field_messages: conversation): ``conversation`` (message list), ``chosen`` / ``rejected`` (one assistant message
     each) — the row of the issue's "unknown row format (fields: chosen, conversation, rejected)"."""
-    out = []
-    for i in range(n):
-        q, good, bad = QA[i % len(QA)]
-        out.append(
-            {
-                "conversation": [{"role": "user", "content": f"{q} (question {i})"}],
-                "chosen": {"role": "assistant", "content": good},
-                "rejected": {"role": "assistant", "content": bad},
-            }
-        )
-    return out
+    return [
+        {
+            "conversation": [{"role": "user", "content": q}],
+            "chosen": {"role": "assistant", "content": good},
+            "rejected": {"role": "assistant", "content": bad},
+        }
+        for q, good, bad in _numbered(n)
+    ]
 
 
 def argilla_ultrafeedback_rows(n: int = 12) -> list[dict]:
     """argilla/ultrafeedback-binarized-preferences-cleaned as AX_ORPO_QLORA reads it (axolotl docs/rlhf.qmd,
     chat_template.argilla): ``prompt`` (string), ``chosen`` / ``rejected`` (the user turn and the response, "same
     till last content"), plus the dataset's rating and model columns."""
-    out = []
-    for i in range(n):
-        q, good, bad = QA[i % len(QA)]
-        q = f"{q} (question {i})"
-        out.append(
-            {
-                "source": "evol_instruct",
-                "prompt": q,
-                "chosen": [{"role": "user", "content": q}, {"role": "assistant", "content": good}],
-                "chosen-rating": 5.0,
-                "chosen-model": "model-a",
-                "rejected": [{"role": "user", "content": q}, {"role": "assistant", "content": bad}],
-                "rejected-rating": 2.0,
-                "rejected-model": "model-b",
-            }
-        )
-    return out
+    return [
+        {
+            "source": "evol_instruct",
+            "prompt": q,
+            "chosen": [{"role": "user", "content": q}, {"role": "assistant", "content": good}],
+            "chosen-rating": 5.0,
+            "chosen-model": "model-a",
+            "rejected": [{"role": "user", "content": q}, {"role": "assistant", "content": bad}],
+            "rejected-rating": 2.0,
+            "rejected-model": "model-b",
+        }
+        for q, good, bad in _numbered(n)
+    ]
 
 
 def lf_dpo_en_demo_rows(n: int = 12) -> list[dict]:
     """LF data/dpo_en_demo.json (dataset_info.json: ranking, sharegpt, columns messages=conversations, chosen,
     rejected): ``conversations`` of ``from``/``value`` (human turns), ``chosen`` / ``rejected`` one gpt message
     object each."""
-    out = []
-    for i in range(n):
-        q, good, bad = QA[i % len(QA)]
-        out.append(
-            {
-                "conversations": [{"from": "human", "value": f"{q} (question {i})"}],
-                "chosen": {"from": "gpt", "value": good},
-                "rejected": {"from": "gpt", "value": bad},
-            }
-        )
-    return out
+    return [sharegpt_pair(*item) for item in _numbered(n)]
 
 
 def lf_kto_en_demo_rows(n_desirable: int = 6, n_undesirable: int = 6) -> list[dict]:
     """LF data/kto_en_demo.json (dataset_info.json: sharegpt, columns messages=messages, kto_tag=label, role/content
     tags): ``messages`` (a user then an assistant turn) and a bool ``label``."""
-    out = []
-    for i in range(n_desirable + n_undesirable):
-        q, good, bad = QA[i % len(QA)]
-        label = i < n_desirable
-        out.append(
-            {
-                "messages": [
-                    {"content": f"{q} (item {i})", "role": "user"},
-                    {"content": good if label else bad, "role": "assistant"},
-                ],
-                "label": label,
-            }
-        )
-    return out
+    return [
+        {"messages": [{"content": q, "role": "user"}, {"content": answer, "role": "assistant"}], "label": label}
+        for _, q, answer, label in _kto_items(n_desirable, n_undesirable)
+    ]
 
 
 def trl_kto_rows(n_desirable: int = 6, n_undesirable: int = 6) -> list[dict]:
     """argilla/ultrafeedback-binarized-preferences-cleaned-kto as AX_KTO_QLORA_1B reads it (llama3.ultra for KTO):
     ``prompt``, ``completion``, bool ``label`` (TRL's unpaired preference form)."""
-    out = []
-    for i in range(n_desirable + n_undesirable):
-        q, good, bad = QA[i % len(QA)]
-        label = i < n_desirable
-        out.append({"prompt": f"{q} (item {i})", "completion": good if label else bad, "label": label})
-    return out
+    return [
+        {"prompt": q, "completion": answer, "label": label}
+        for _, q, answer, label in _kto_items(n_desirable, n_undesirable)
+    ]
 
 
 def axolotl_custom_rows(n: int = 20) -> list[dict]:
