@@ -83,77 +83,77 @@ def build(out: Path) -> list[dict]:
         rel = [str(Path(a).relative_to(out)) if a.startswith(str(out)) else a for a in args]
         cases.append({"id": cid, "case": what, "args": rel, "show": show, "reads": list(reads)})
 
+    def diagnose_case(cid, what, show, reads=(), *, data=None, evals=None, config=None, tokenizer=False) -> None:
+        """A ``gradian diagnose`` case on files under ``out/cid``: ``data`` and ``evals`` are (file name, rows),
+        written as JSONL; ``config`` is (file name, text); ``tokenizer`` adds the shared tokenizer folder."""
+        args = ["diagnose"]
+        if data is not None:
+            args += ["--data", _jsonl(out / cid / data[0], data[1])]
+        if evals is not None:
+            args += ["--eval", _jsonl(out / cid / evals[0], evals[1])]
+        if config is not None:
+            args += ["--config", _text(out / cid / config[0], config[1])]
+        if tokenizer:
+            args += ["--tokenizer", tok]
+        case(cid, what, args, show, reads)
+
     d = out
     # ------------------------------------------------------------------ 1: preference data
-    data = _jsonl(d / "1a" / "train_prefs.jsonl", P.h4_ultrafeedback_rows(24))
-    cfg = _text(d / "1a" / "recipes/zephyr-7b-beta/dpo/config_qlora.yaml", P.AH_ZEPHYR_DPO_QLORA)
-    case(
+    diagnose_case(
         "1a",
         "1 preference rows: HuggingFaceH4/ultrafeedback_binarized rows + alignment-handbook zephyr DPO QLoRA recipe",
-        ["diagnose", "--data", data, "--config", cfg],
         PREF,
         ["formats", "stage"],
+        data=("train_prefs.jsonl", P.h4_ultrafeedback_rows(24)),
+        config=("recipes/zephyr-7b-beta/dpo/config_qlora.yaml", P.AH_ZEPHYR_DPO_QLORA),
     )
     conv = PW.trl_rows()
     plain = [{k: r[k][0]["content"] for k in ("prompt", "chosen", "rejected")} for r in conv]
-    case(
+    diagnose_case(
         "1b",
         "1 preference rows: TRL standard prompt/chosen/rejected strings",
-        ["diagnose", "--data", _jsonl(d / "1b" / "train.jsonl", plain)],
         PREF,
         ["formats"],
+        data=("train.jsonl", plain),
     )
-    case(
+    diagnose_case(
         "1c",
         "1 preference rows: TRL conversational prompt/chosen/rejected messages",
-        ["diagnose", "--data", _jsonl(d / "1c" / "train.jsonl", conv)],
         PREF,
         ["formats"],
+        data=("train.jsonl", conv),
     )
-    data = _jsonl(d / "1d" / "train.jsonl", P.axolotl_dpo_test_rows(24))
-    cfg = _text(d / "1d" / "examples/llama-3/instruct-dpo-lora-8b.yml", P.AX_DPO_LORA_8B)
-    case(
+    diagnose_case(
         "1d",
         "1 preference rows: axolotl chat_template.default (conversation + chosen/rejected) + its DPO LoRA example",
-        ["diagnose", "--data", data, "--config", cfg],
         PREF,
         ["formats", "stage"],
+        data=("train.jsonl", P.axolotl_dpo_test_rows(24)),
+        config=("examples/llama-3/instruct-dpo-lora-8b.yml", P.AX_DPO_LORA_8B),
     )
-    case(
+    diagnose_case(
         "1e",
         "1 preference rows: axolotl chatml.intel (system/question/chosen/rejected)",
-        ["diagnose", "--data", _jsonl(d / "1e" / "train.jsonl", PW.axolotl_rows())],
         PREF,
         ["formats"],
+        data=("train.jsonl", PW.axolotl_rows()),
     )
-    data, cfg = _lf_tree(
-        d / "1f" / "LLaMA-Factory", P.LF_QWEN3_LORA_DPO, {"dpo_en_demo.json": P.lf_dpo_en_demo_rows(24)}
-    )
-    case(
-        "1f",
-        "1 preference rows: LLaMA-Factory dpo_en_demo (sharegpt ranking) + examples/train_lora/qwen3_lora_dpo.yaml",
-        ["diagnose", "--data", data, "--config", cfg],
-        PREF,
-        ["formats", "stage"],
-    )
-    data, cfg = _lf_tree(
-        d / "1g" / "LLaMA-Factory", P.LF_QWEN3_LORA_KTO, {"kto_en_demo.json": P.lf_kto_en_demo_rows(10, 2)}
-    )
-    case(
-        "1g",
-        "1 KTO rows: LLaMA-Factory kto_en_demo (10 desirable, 2 undesirable) + qwen3_lora_kto.yaml",
-        ["diagnose", "--data", data, "--config", cfg],
-        PREF,
-        ["formats", "stage"],
-    )
-    data = _jsonl(d / "1h" / "kto.jsonl", P.trl_kto_rows(6, 6))
-    cfg = _text(d / "1h" / "examples/llama-3/qlora-1b-kto.yaml", P.AX_KTO_QLORA_1B)
-    case(
+    for cid, what, config, files in [
+        ("1f",
+         "1 preference rows: LLaMA-Factory dpo_en_demo (sharegpt ranking) + examples/train_lora/qwen3_lora_dpo.yaml",
+         P.LF_QWEN3_LORA_DPO, {"dpo_en_demo.json": P.lf_dpo_en_demo_rows(24)}),
+        ("1g", "1 KTO rows: LLaMA-Factory kto_en_demo (10 desirable, 2 undesirable) + qwen3_lora_kto.yaml",
+         P.LF_QWEN3_LORA_KTO, {"kto_en_demo.json": P.lf_kto_en_demo_rows(10, 2)}),
+    ]:  # fmt: skip
+        data, cfg = _lf_tree(d / cid / "LLaMA-Factory", config, files)
+        case(cid, what, ["diagnose", "--data", data, "--config", cfg], PREF, ["formats", "stage"])
+    diagnose_case(
         "1h",
         "1 KTO rows: TRL unpaired prompt/completion/label (6+6) + axolotl qlora-1b-kto.yaml (kto_desirable_weight 0.2)",
-        ["diagnose", "--data", data, "--config", cfg],
         ["D27"],
         ["formats", "stage", "desirable_weight"],
+        data=("kto.jsonl", P.trl_kto_rows(6, 6)),
+        config=("examples/llama-3/qlora-1b-kto.yaml", P.AX_KTO_QLORA_1B),
     )
     ev = _jsonl(
         d / "1i" / "eval.jsonl",
@@ -189,29 +189,26 @@ def build(out: Path) -> list[dict]:
         ("2g", "2 torchtune LoRA DPO at 5e-4 (recipes/configs/llama3_1/8B_lora_dpo.yaml)",
          "TT_LLAMA31_8B_LORA_DPO", "recipes/configs/llama3_1/8B_lora_dpo.yaml"),
     ]:  # fmt: skip
-        cfg = _text(d / cid / fname, getattr(P, name))
-        case(cid, what, ["diagnose", "--config", cfg], ["C01", "C02", "C20"], stage_reads)
+        diagnose_case(cid, what, ["C01", "C02", "C20"], stage_reads, config=(fname, getattr(P, name)))
     no_lr = "\n".join(x for x in P.AH_ZEPHYR_ORPO.splitlines() if not x.startswith("learning_rate:")) + "\n"
-    cfg = _text(d / "2c" / "recipes/zephyr-141b-A35b/orpo/config_full.yaml", no_lr)
-    case(
+    diagnose_case(
         "2c",
         "2 TRL ORPO recipe without a learning_rate: ORPOConfig's default (1e-6), not SFTConfig's (2e-5)",
-        ["diagnose", "--config", cfg],
         ["C01", "C20"],
         ["stage", "learning_rate"],
+        config=("recipes/zephyr-141b-A35b/orpo/config_full.yaml", no_lr),
     )
     bad = (
         P.AH_ZEPHYR_DPO_QLORA.replace("beta: 0.01", "beta: 0")
         .replace("max_prompt_length: 512", "max_prompt_length: 2048")
         .replace("learning_rate: 5.0e-6", "learning_rate: 2.0e-3")
     )
-    cfg = _text(d / "2h" / "dpo.yaml", bad)
-    case(
+    diagnose_case(
         "2h",
         "What to build (stage rules): the DPO recipe with beta 0, max_prompt_length 2048 >= max_length 1024, lr 2e-3",
-        ["diagnose", "--config", cfg],
         ["C01", "C02", "C20"],
         ["stage", "learning_rate", "beta", "max_prompt_length", "max_length"],
+        config=("dpo.yaml", bad),
     )
 
     # ------------------------------------------------------------------ 3: the config's own chat template
@@ -220,87 +217,80 @@ def build(out: Path) -> list[dict]:
     jinja = Path(trl.__file__).parent / "chat_templates" / "qwen3_training.jinja"
     (d / "3a").mkdir(exist_ok=True)
     shutil.copy(jinja, d / "3a" / "qwen3_training.jinja")  # chat_template_path is read relative to the config
-    cfg = _text(d / "3a" / "sft.yaml", P.TRL_SFT_ASSISTANT_ONLY.format(path="qwen3_training.jinja"))
-    case(
+    diagnose_case(
         "3a",
         "3 assistant_only_loss + chat_template_path naming TRL's qwen3_training.jinja ({%- generation %} block)",
-        ["diagnose", "--config", cfg, "--tokenizer", tok],
         ["C09"],
         ["chat_template_path"],
+        config=("sft.yaml", P.TRL_SFT_ASSISTANT_ONLY.format(path="qwen3_training.jinja")),
+        tokenizer=True,
     )
     inline = P.TRL_SFT_ASSISTANT_ONLY.replace(
         "chat_template_path: {path}", "chat_template: " + json.dumps(jinja.read_text())
     )
-    cfg = _text(d / "3b" / "sft.yaml", inline)
-    case(
+    diagnose_case(
         "3b",
         "3 assistant_only_loss + the same template inline as the config's chat_template:",
-        ["diagnose", "--config", cfg, "--tokenizer", tok],
         ["C09"],
         ["chat_template"],
+        config=("sft.yaml", inline),
+        tokenizer=True,
     )
 
     # ------------------------------------------------------------------ 4: the config's own version pins
-    cfg = _text(d / "4a" / "sft.yaml", R3.PACKED_ASSISTANT_ONLY)
-    case(
+    diagnose_case(
         "4a",
         '4 packing_strategy bfd + assistant_only_loss, the config pinning "trl==0.19.1" in a comment',
-        ["diagnose", "--config", cfg],
         ["C11"],
         ["versions"],
+        config=("sft.yaml", R3.PACKED_ASSISTANT_ONLY),
     )
-    cfg = _text(d / "4b" / "sft.yaml", R3.PACKED_ASSISTANT_ONLY.split("\n", 1)[1])
     _text(d / "4b" / "requirements.txt", "peft==0.15.2\ntrl==0.19.0\n")
-    case(
+    diagnose_case(
         "4b",
         "4 the same config unpinned, with a requirements.txt beside it pinning trl==0.19.0",
-        ["diagnose", "--config", cfg],
         ["C11"],
         ["versions"],
+        config=("sft.yaml", R3.PACKED_ASSISTANT_ONLY.split("\n", 1)[1]),
     )
 
     # ------------------------------------------------------------------ 5: test splits trained on
-    cfg = _text(d / "5a" / "recipes/zephyr-7b-beta/sft/config_qlora.yaml", P.AH_ZEPHYR_SFT_QLORA_MIXTURE)
-    case(
+    diagnose_case(
         "5a",
         "5 alignment-handbook zephyr-7b-beta sft/config_qlora.yaml (mixture of ultrachat_200k train_sft + test_sft)",
-        ["diagnose", "--config", cfg],
         ["C21"],
-        [],
+        config=("recipes/zephyr-7b-beta/sft/config_qlora.yaml", P.AH_ZEPHYR_SFT_QLORA_MIXTURE),
     )
-    cfg = _text(d / "5b" / "recipes/smollm2/dpo/config.yaml", P.AH_SMOLLM2_DPO_MIXTURE)
-    case(
+    diagnose_case(
         "5b",
         "5 alignment-handbook smollm2 dpo/config.yaml (mixture of ultrafeedback train_prefs + test_prefs)",
-        ["diagnose", "--config", cfg],
         ["C21"],
-        [],
+        config=("recipes/smollm2/dpo/config.yaml", P.AH_SMOLLM2_DPO_MIXTURE),
     )
-    cfg = _text(d / "5c" / "ax.yaml", R3.AXOLOTL_TEST_SPLIT)
-    case("5c", "5 axolotl datasets[].split: test (tatsu-lab/alpaca)", ["diagnose", "--config", cfg], ["C21"], [])
+    diagnose_case(
+        "5c", "5 axolotl datasets[].split: test (tatsu-lab/alpaca)", ["C21"], config=("ax.yaml", R3.AXOLOTL_TEST_SPLIT)
+    )
 
     # ------------------------------------------------------------------ 6: axolotl custom type: mappings
     rows = [
         {"question": f"What is {k} squared?", "context": "" if k % 2 else "Maths.", "answer": str(k * k)}
         for k in range(12)
     ]
-    data = _jsonl(d / "6a" / "train.jsonl", rows)
-    cfg = _text(d / "6a" / "ax.yml", R3.AXOLOTL_CUSTOM)
-    case(
+    diagnose_case(
         "6a",
         "6 axolotl type: mapping (field_instruction question, field_input context, field_output answer, format)",
-        ["diagnose", "--data", data, "--config", cfg],
         ["D01", "C08", "D08"],
         ["formats"],
+        data=("train.jsonl", rows),
+        config=("ax.yml", R3.AXOLOTL_CUSTOM),
     )
-    data = _jsonl(d / "6b" / "data.jsonl", P.axolotl_custom_rows())
-    cfg = _text(d / "6b" / "ax.yml", P.AX_CUSTOM_INSTRUCT)
-    case(
+    diagnose_case(
         "6b",
         "6 axolotl docs' Custom Instruct Prompt Format (input/output rows, field_input left empty)",
-        ["diagnose", "--data", data, "--config", cfg],
         ["D01", "C08", "D08"],
         ["formats"],
+        data=("data.jsonl", P.axolotl_custom_rows()),
+        config=("ax.yml", P.AX_CUSTOM_INSTRUCT),
     )
 
     # ------------------------------------------------------------------ 7: LLaMA-Factory freeze tuning
@@ -308,16 +298,14 @@ def build(out: Path) -> list[dict]:
         ("7a", "LF_LLAMA3_FREEZE_SFT", "examples/extras/llama_pro/llama3_freeze_sft.yaml"),
         ("7b", "LF_V1_FREEZE_SFT", "examples/v1/train_freeze/train_freeze_sft.yaml"),
     ]:
-        cfg = _text(d / cid / fname, getattr(P, name))
-        case(cid, f"7 LLaMA-Factory {fname} (freeze tuning)", ["diagnose", "--config", cfg], ["C02"],
-             ["finetuning", "learning_rate"])  # fmt: skip
+        what = f"7 LLaMA-Factory {fname} (freeze tuning)"
+        diagnose_case(cid, what, ["C02"], ["finetuning", "learning_rate"], config=(fname, getattr(P, name)))
 
     # ------------------------------------------------------------------ 8: D15 on template data, C08
     for kind in sorted(TW.WORLDS):
         train, ev = TW.WORLDS[kind]()
-        data, evp = _jsonl(d / f"8-{kind}" / "train.jsonl", train), _jsonl(d / f"8-{kind}" / "eval.jsonl", ev)
-        case(f"8-{kind}", f"8 D15 on template data: template_world.{kind} (healthy eval rows)",
-             ["diagnose", "--data", data, "--eval", evp], ["D15", "D14"])  # fmt: skip
+        what = f"8 D15 on template data: template_world.{kind} (healthy eval rows)"
+        diagnose_case(f"8-{kind}", what, ["D15", "D14"], data=("train.jsonl", train), evals=("eval.jsonl", ev))
     for kind in ("macro", "maths"):  # the light edits test_audit_d15 plants (seed 5): still caught
         train, ev = TW.WORLDS[kind]()
         rng = random.Random(5)
@@ -325,37 +313,32 @@ def build(out: Path) -> list[dict]:
             p = CW.paraphrase(src, rng)
             p["id"] = f"para-{src['id']}"
             ev.append(p)
-        data, evp = (
-            _jsonl(d / f"8-{kind}-edits" / "train.jsonl", train),
-            _jsonl(d / f"8-{kind}-edits" / "eval.jsonl", ev),
-        )
-        case(f"8-{kind}-edits", f"8 D15: template_world.{kind} + light edits of 3 training rows (must be caught)",
-             ["diagnose", "--data", data, "--eval", evp], ["D15"])  # fmt: skip
+        what = f"8 D15: template_world.{kind} + light edits of 3 training rows (must be caught)"
+        diagnose_case(f"8-{kind}-edits", what, ["D15"], data=("train.jsonl", train), evals=("eval.jsonl", ev))
     response_rows = [
         {"id": r["id"], "text": r["text"].replace("### Answer:", "### Response:")} for r in R3._qa_text_rows()
     ]
-    data = _jsonl(d / "8c" / "train.jsonl", response_rows)
-    cfg = _text(d / "8c" / "sft.yaml", R3.TRL_COMPLETION_ONLY.replace("### Answer:", "### Response:"))
-    case(
+    diagnose_case(
         "8c",
         "8 C08: '### Response:' text rows + DataCollatorForCompletionOnlyLM(response_template='### Response:')",
-        ["diagnose", "--data", data, "--config", cfg, "--tokenizer", tok],
         ["C08", "C10"],
         ["formats"],
+        data=("train.jsonl", response_rows),
+        config=("sft.yaml", R3.TRL_COMPLETION_ONLY.replace("### Answer:", "### Response:")),
+        tokenizer=True,
     )
-    data = _jsonl(d / "8d" / "train.jsonl", R3._qa_text_rows())
-    cfg = _text(d / "8d" / "sft.yaml", R3.TRL_COMPLETION_ONLY)
-    case(
+    diagnose_case(
         "8d",
         "8 C08: '### Question: ... ### Answer:' text rows + the collator with response_template ' ### Answer:'",
-        ["diagnose", "--data", data, "--config", cfg],
         ["C08", "C10"],
         ["formats"],
+        data=("train.jsonl", R3._qa_text_rows()),
+        config=("sft.yaml", R3.TRL_COMPLETION_ONLY),
     )
     case(
         "8e",
         "8 C08: the same '### Question: ... ### Answer:' text rows, no config (trained on the prompt)",
-        ["diagnose", "--data", data],
+        ["diagnose", "--data", str(d / "8d" / "train.jsonl")],
         ["C08"],
         ["formats"],
     )
