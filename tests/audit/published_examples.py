@@ -447,15 +447,19 @@ gradient_accumulation_steps: 8
 dtype: bf16
 """
 
+
+def ax_our_lora(base_model: str, learning_rate: str = "2.0e-4") -> str:
+    """The lines our own axolotl configs start with where the docs show only a ``datasets`` entry (AX_CUSTOM_INSTRUCT,
+    AX_USER_DEFINED_DPO, test_audit_round3's): ``base_model``, a LoRA adapter at r 16 / alpha 32, ``learning_rate``."""
+    return f"base_model: {base_model}\nadapter: lora\nlora_r: 16\nlora_alpha: 32\nlearning_rate: {learning_rate}\n"
+
+
 # AX docs/dataset-formats/index.qmd, "Custom Instruct Prompt Format" (case 6): rows {"input", "output"} with a
 # type: mapping naming input as the instruction field and leaving field_input and field_system empty. (The base
 # model and adapter lines are ours: the docs show only the datasets entry.)
-AX_CUSTOM_INSTRUCT = """\
-base_model: mistralai/Mistral-7B-Instruct-v0.1
-adapter: lora
-lora_r: 16
-lora_alpha: 32
-learning_rate: 2.0e-4
+AX_CUSTOM_INSTRUCT = (
+    ax_our_lora("mistralai/Mistral-7B-Instruct-v0.1")
+    + """\
 datasets:
   - path: data.jsonl
     type:
@@ -468,6 +472,7 @@ datasets:
         [INST] {instruction} {input} [/INST]
       no_input_format: "[INST] {instruction} [/INST]"
 """
+)
 
 # TRL: a TRL sft script config with assistant_only_loss and chat_template_path naming one of TRL's own training
 # templates (trl/chat_templates/qwen3_training.jinja, which has a {%- generation %} block) (case 3). The path is
@@ -628,12 +633,9 @@ LF_DATASET_INFO = {
 
 # AX docs/rlhf.qmd, "user_defined.default" (case 1): a preference type: mapping. The docs name the fields after
 # their defaults; the test renames them as a user's own set would.
-AX_USER_DEFINED_DPO = """\
-base_model: Qwen/Qwen2.5-0.5B
-adapter: lora
-lora_r: 16
-lora_alpha: 32
-learning_rate: 5.0e-6
+AX_USER_DEFINED_DPO = (
+    ax_our_lora("Qwen/Qwen2.5-0.5B", "5.0e-6")
+    + """\
 rl: dpo
 datasets:
   - path: prefs.jsonl
@@ -647,3 +649,4 @@ datasets:
       chosen_format: "{chosen}"
       rejected_format: "{rejected}"
 """
+)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from published_examples import AH_ZEPHYR_DPO_QLORA, LF_TRAIN_1E4
+from published_examples import AH_ZEPHYR_DPO_QLORA, LF_TRAIN_1E4, ax_our_lora
 
 from gradian.audit import diagnose
 
@@ -188,14 +188,7 @@ max_length: 2048
 """
 
 #: The axolotl LoRA run the two axolotl configs below share, up to its datasets.
-AXOLOTL_QWEN_LORA = """\
-base_model: Qwen/Qwen2.5-0.5B
-adapter: lora
-lora_r: 16
-lora_alpha: 32
-learning_rate: 2.0e-4
-datasets:
-"""
+AXOLOTL_QWEN_LORA = ax_our_lora("Qwen/Qwen2.5-0.5B") + "datasets:\n"
 
 AXOLOTL_TEST_SPLIT = (
     AXOLOTL_QWEN_LORA
