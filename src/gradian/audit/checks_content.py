@@ -143,14 +143,8 @@ def d18(ctx: AuditContext) -> list[Hit]:
             )
         )
     if mism:
-        rate = len(mism) / ctx.n
-        hits.append(
-            Hit(
-                "warning" if rate > 0.05 else "info",
-                f"{pct(len(mism), ctx.n)} answer in a different language from their prompt (threshold 5%)",
-                {"value": round(rate, 4), "threshold": 0.05},
-                row_ids=ids(ctx, mism),
-            )
+        hits += share_hit(
+            ctx, mism, f"{pct(len(mism), ctx.n)} answer in a different language from their prompt (threshold 5%)", 0.05
         )
     return hits
 

@@ -39,12 +39,28 @@ def rate_hit(
     ]
 
 
+def warn_above_hit(
+    ctx: AuditContext, rows, message: str, rate: float, threshold: float, more: dict | None = None
+) -> list[Hit]:
+    """The finding of a rate rule that warns above ``threshold`` and is info at or below it, on the training rows
+    at indices ``rows`` (evidence as :func:`rate_hit`'s).
+    """
+    return rate_hit(ctx, rows, "warning" if rate > threshold else "info", message, rate, threshold, more)
+
+
 def share_hit(ctx: AuditContext, rows, message: str, threshold: float, more: dict | None = None) -> list[Hit]:
     """The finding of a share rule, on the training rows at indices ``rows``: ``rate = len(rows) / n``, a warning
     above ``threshold``, info at or below it (evidence as :func:`rate_hit`'s).
     """
-    rate = len(rows) / ctx.n
-    return rate_hit(ctx, rows, "warning" if rate > threshold else "info", message, rate, threshold, more)
+    return warn_above_hit(ctx, rows, message, len(rows) / ctx.n, threshold, more)
+
+
+def largest_first(groups: list[list[int]]) -> list[int]:
+    """Sort ``groups`` (lists of row indices, each sorted) in place, largest first and then by first row; return
+    their rows in that order.
+    """
+    groups.sort(key=lambda g: (-len(g), g[0]))
+    return [i for g in groups for i in g]
 
 
 def pct(k: int, n: int) -> str:
@@ -349,8 +365,7 @@ def d11(ctx: AuditContext) -> list[Hit]:
     extra = sum(len(g) - 1 for g in dups)
     rate = extra / ctx.n
     sev = "warning" if rate > 0.01 else "info"
-    members = [i for g in dups for i in g]
-    dups.sort(key=lambda g: (-len(g), g[0]))
+    members = largest_first(dups)
     ev = {
         "value": round(rate, 4),
         "threshold": 0.01,
@@ -455,12 +470,10 @@ def d12(ctx: AuditContext) -> list[Hit]:
     clusters = _clusters(pairs, ctx.n)
     extra = sum(len(c) - 1 for c in clusters)
     rate = extra / ctx.n
-    sev = "warning" if rate > 0.05 else "info"
-    clusters.sort(key=lambda c: (-len(c), c[0]))
-    return rate_hit(
+    rows = largest_first(clusters)
+    return warn_above_hit(
         ctx,
-        [i for c in clusters for i in c],
-        sev,
+        rows,
         f"{len(clusters)} clusters of near-duplicate rows (Jaccard >= 0.8); {extra} rows beyond the "
         f"first of each = {100 * rate:.1f}% of rows (threshold 5%)",
         rate,
@@ -499,12 +512,10 @@ def d13(ctx: AuditContext) -> list[Hit]:
     if not conflicts:
         return []
     rate = len(conflicts) / len(by_prompt)
-    sev = "warning" if rate > 0.01 else "info"
-    conflicts.sort(key=lambda g: (-len(g), g[0]))
-    return rate_hit(
+    rows = largest_first(conflicts)
+    return warn_above_hit(
         ctx,
-        [i for g in conflicts for i in g],
-        sev,
+        rows,
         f"{len(conflicts)} of {len(by_prompt)} distinct prompts ({100 * rate:.1f}%; threshold 1%) have "
         f"conflicting targets across {sum(map(len, conflicts))} rows",
         rate,
