@@ -39,6 +39,19 @@ def rate_hit(
     ]
 
 
+def count_hits(
+    ctx: AuditContext, rows, severity: str, says: str, more: dict | None = None, fix: str | None = None
+) -> list[Hit]:
+    """The finding of a count rule (any affected row counts), on the training rows at indices ``rows``: none when
+    ``rows`` is empty, else one with the message ``f"{pct(len(rows), n)} {says}"`` and the evidence
+    ``{"value": len(rows), "threshold": 0, **more}``.
+    """
+    if not rows:
+        return []
+    evidence = {"value": len(rows), "threshold": 0, **(more or {})}
+    return [Hit(severity, f"{pct(len(rows), ctx.n)} {says}", evidence, row_ids=ids(ctx, rows), fix=fix)]
+
+
 def warn_above_hit(
     ctx: AuditContext, rows, message: str, rate: float, threshold: float, more: dict | None = None
 ) -> list[Hit]:
@@ -97,26 +110,12 @@ def d01(ctx: AuditContext) -> list[Hit]:
     minority = [i for i, s in enumerate(schemas) if s != major]
     first_minor = schemas[0] != major
     sev = "error" if first_minor else "warning"
-    msg = (
-        f"{pct(len(minority), ctx.n)} use a schema other than the majority {major!r} "
-        f"(counts: {dict(sorted(counts.items()))})"
-    )
+    msg = f"use a schema other than the majority {major!r} (counts: {dict(sorted(counts.items()))})"
     if first_minor:
         msg += f"; row 0 is {schemas[0]!r}, and TRL sets the loss mode for the whole dataset from the first row"
-    return [
-        Hit(
-            sev,
-            msg,
-            {
-                "value": len(minority),
-                "threshold": 0,
-                "counts": dict(counts),
-                "majority": major,
-                "first_row_schema": schemas[0],
-            },
-            row_ids=ids(ctx, minority),
-        )
-    ]
+    return count_hits(
+        ctx, minority, sev, msg, {"counts": dict(counts), "majority": major, "first_row_schema": schemas[0]}
+    )
 
 
 # ---------------------------------------------------------------------- D02
@@ -144,27 +143,22 @@ def d02(ctx: AuditContext) -> list[Hit]:
             for i, e in enumerate(ctx.examples)
             if e.format not in ("messages", "prompt_completion") and field not in e.raw
         ]
-        if not bad:
-            return []
         fmts = Counter(ctx.examples[i].format for i in bad)
-        return [
-            Hit(
-                "error",
-                f"{pct(len(bad), ctx.n)} have no {field!r} field, and TRL reads language-modeling rows "
-                f"from dataset_text_field={field!r} ({c.source('dataset_text_field')}); their formats: "
-                f"{dict(fmts)}",
-                {
-                    "value": len(bad),
-                    "threshold": 0,
-                    "field": field,
-                    "from": c.source("dataset_text_field"),
-                    "formats": dict(fmts),
-                },
-                row_ids=ids(ctx, bad),
-                fix="convert the rows to prompt/completion or messages (TRL does not read alpaca fields), or "
-                "set dataset_text_field to the field that holds the text",
-            )
-        ]
+        return count_hits(
+            ctx,
+            bad,
+            "error",
+            f"have no {field!r} field, and TRL reads language-modeling rows "
+            f"from dataset_text_field={field!r} ({c.source('dataset_text_field')}); their formats: "
+            f"{dict(fmts)}",
+            {
+                "field": field,
+                "from": c.source("dataset_text_field"),
+                "formats": dict(fmts),
+            },
+            fix="convert the rows to prompt/completion or messages (TRL does not read alpaca fields), or "
+            "set dataset_text_field to the field that holds the text",
+        )
     if c.trainer == "axolotl" and c.datasets:
         entry = None
         if len(c.datasets) == 1:
@@ -189,21 +183,18 @@ def d02(ctx: AuditContext) -> list[Hit]:
         if not bad:
             return []
         where = f"datasets[{entry['index']}]"
-        return [
-            Hit(
-                "error",
-                f"{pct(len(bad), ctx.n)} lack the field(s) {need} that axolotl's {where}.type={typ!r} reads",
-                {
-                    "value": len(bad),
-                    "threshold": 0,
-                    "fields": need,
-                    "type": typ,
-                    "from": f"{Path(c.paths[0]).name}: {where}",
-                },
-                row_ids=ids(ctx, bad),
-                fix=f"set {where}.field_messages (or field) to the field the rows use, or rename it in the data",
-            )
-        ]
+        return count_hits(
+            ctx,
+            bad,
+            "error",
+            f"lack the field(s) {need} that axolotl's {where}.type={typ!r} reads",
+            {
+                "fields": need,
+                "type": typ,
+                "from": f"{Path(c.paths[0]).name}: {where}",
+            },
+            fix=f"set {where}.field_messages (or field) to the field the rows use, or rename it in the data",
+        )
     raise NotApplicable(f"the trainer ({c.trainer or 'unknown'}) does not read a configurable text field")
 
 
@@ -222,17 +213,12 @@ def d02(ctx: AuditContext) -> list[Hit]:
 def d03(ctx: AuditContext) -> list[Hit]:
     """D03 (empty_target): Empty or whitespace-only targets."""
     bad = [i for i, c in enumerate(ctx.completion_texts) if not c.strip()]
-    if not bad:
-        return []
-    return [
-        Hit(
-            "error",
-            f"{pct(len(bad), ctx.n)} have an empty target: they train nothing, or teach the model to "
-            f"answer with nothing",
-            {"value": len(bad), "threshold": 0},
-            row_ids=ids(ctx, bad),
-        )
-    ]
+    return count_hits(
+        ctx,
+        bad,
+        "error",
+        "have an empty target: they train nothing, or teach the model to answer with nothing",
+    )
 
 
 # ---------------------------------------------------------------------- D09
@@ -312,17 +298,14 @@ def d09(ctx: AuditContext) -> list[Hit]:
                 examples.setdefault(key, e.id)
     if chat_rows == 0:
         raise NotApplicable("no chat (messages) rows")
-    if not bad:
-        return []
-    return [
-        Hit(
-            "error",
-            f"{pct(len(bad), ctx.n)} have chat roles a template rejects or silently drops: "
-            + "; ".join(f"{k} ({v})" for k, v in kinds.most_common()),
-            {"value": len(bad), "threshold": 0, "problems": dict(kinds), "first_example": examples},
-            row_ids=ids(ctx, bad),
-        )
-    ]
+    return count_hits(
+        ctx,
+        bad,
+        "error",
+        "have chat roles a template rejects or silently drops: "
+        + "; ".join(f"{k} ({v})" for k, v in kinds.most_common()),
+        {"problems": dict(kinds), "first_example": examples},
+    )
 
 
 # ---------------------------------------------------------------------- D11

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from gradian.audit.checks_config import FULL_LR_HIGH, LORA_LR_HIGH, _lora_config, _require_possible, total_steps
-from gradian.audit.checks_dataset import ids, pct
+from gradian.audit.checks_dataset import count_hits
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
 from gradian.audit.versions import within
@@ -76,19 +76,17 @@ def c08(ctx: AuditContext) -> list[Hit]:
             )
         if c.trains_every_message_turn and ctx.examples is not None:
             msg_rows = [i for i, e in enumerate(ctx.examples) if e.format == "messages"]
-            if msg_rows:
-                hits.append(
-                    Hit(
-                        "warning",
-                        f"{pct(len(msg_rows), ctx.n)} are 'messages' conversations and "
-                        f"assistant_only_loss is off ({c.source('assistant_only_loss')}): TRL trains "
-                        f"on every turn, user turns included",
-                        {"value": len(msg_rows), "threshold": 0, **c.cite("assistant_only_loss")},
-                        row_ids=ids(ctx, msg_rows),
-                        fix="set assistant_only_loss: true (with a {% generation %} template), or convert "
-                        "to prompt/completion rows",
-                    )
-                )
+            hits += count_hits(
+                ctx,
+                msg_rows,
+                "warning",
+                f"are 'messages' conversations and "
+                f"assistant_only_loss is off ({c.source('assistant_only_loss')}): TRL trains "
+                f"on every turn, user turns included",
+                c.cite("assistant_only_loss"),
+                fix="set assistant_only_loss: true (with a {% generation %} template), or convert "
+                "to prompt/completion rows",
+            )
     if ctx.examples is not None:
         rt = c.response_template if c is not None else None
         flat = [
@@ -100,17 +98,14 @@ def c08(ctx: AuditContext) -> list[Hit]:
             # template is trained on the response only (a row without it is C14's)
             and not (rt and rt.strip() and rt.strip() in e.completion_text)
         ]
-        if flat:
-            hits.append(
-                Hit(
-                    "warning",
-                    f"{pct(len(flat), ctx.n)} are 'text' rows holding a flattened prompt and "
-                    f"response: text rows are trained on every token, the prompt included",
-                    {"value": len(flat), "threshold": 0},
-                    row_ids=ids(ctx, flat),
-                    fix="split them into prompt/completion (or messages) rows",
-                )
-            )
+        hits += count_hits(
+            ctx,
+            flat,
+            "warning",
+            "are 'text' rows holding a flattened prompt and "
+            "response: text rows are trained on every token, the prompt included",
+            fix="split them into prompt/completion (or messages) rows",
+        )
     return hits
 
 

@@ -9,7 +9,7 @@ import re
 from collections import Counter
 
 from gradian.audit import text as T
-from gradian.audit.checks_dataset import ids, pct
+from gradian.audit.checks_dataset import count_hits, ids, pct
 from gradian.audit.checks_tokens import _PLAIN_MARKER_FAMILIES, _rendered, end_of_turn
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
@@ -433,16 +433,13 @@ def t02(ctx: AuditContext) -> list[Hit]:
                     bad.append(i)
                     seen[s] += 1
                     break
-        if bad:
-            hits.append(
-                Hit(
-                    "warning",
-                    f"{pct(len(bad), ctx.n)} end in another model's stop string "
-                    f"({dict(seen)}), not this tokenizer's {ti.eos_token!r}",
-                    {"value": len(bad), "threshold": 0, "strings": dict(seen)},
-                    row_ids=ids(ctx, bad),
-                )
-            )
+        hits += count_hits(
+            ctx,
+            bad,
+            "warning",
+            f"end in another model's stop string ({dict(seen)}), not this tokenizer's {ti.eos_token!r}",
+            {"strings": dict(seen)},
+        )
     if not hits and not eot and ctx.examples is None:
         raise NotApplicable("the tokenizer has no chat template and no data was given")
     return hits

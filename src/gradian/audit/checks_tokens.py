@@ -14,7 +14,7 @@ from collections import Counter
 import numpy as np
 
 from gradian.audit import text as T
-from gradian.audit.checks_dataset import ids, pct, rate_hit, share_hit
+from gradian.audit.checks_dataset import count_hits, ids, pct, rate_hit, share_hit
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
 from gradian.audit.versions import before
@@ -111,15 +111,14 @@ def d05(ctx: AuditContext) -> list[Hit]:
     if not bad:
         return []
     plens = [ctx.token_rows[i].tx.prompt_length for i in bad]
-    return [
-        Hit(
-            "error",
-            f"{pct(len(bad), ctx.n)} have prompts of >= max_length={L} tokens ({src}): after "
-            f"truncation they train nothing (prompt lengths {min(plens)}-{max(plens)})",
-            {"value": len(bad), "threshold": 0, "max_length": L, "prompt_lengths": plens[:50]},
-            row_ids=ids(ctx, bad),
-        )
-    ]
+    return count_hits(
+        ctx,
+        bad,
+        "error",
+        f"have prompts of >= max_length={L} tokens ({src}): after "
+        f"truncation they train nothing (prompt lengths {min(plens)}-{max(plens)})",
+        {"max_length": L, "prompt_lengths": plens[:50]},
+    )
 
 
 # ---------------------------------------------------------------------- D06
@@ -241,20 +240,16 @@ def d07(ctx: AuditContext) -> list[Hit]:
     bad = [i for i in _rendered(ctx) if ctx.token_rows[i].tx.input_ids[:2] == [bos, bos]]
     if not bad:
         return []
-    return [
-        Hit(
-            "error",
-            f"{pct(len(bad), ctx.n)} start with BOS twice ({ctx.tok_info.bos_token!r}; the tokenizer "
-            f"adds one and the text has one)",
-            {
-                "value": len(bad),
-                "threshold": 0,
-                "first_ids": list(ctx.token_rows[bad[0]].tx.input_ids[:5]),
-                "adds_bos": ctx.tok_info.adds_bos,
-            },
-            row_ids=ids(ctx, bad),
-        )
-    ]
+    return count_hits(
+        ctx,
+        bad,
+        "error",
+        f"start with BOS twice ({ctx.tok_info.bos_token!r}; the tokenizer adds one and the text has one)",
+        {
+            "first_ids": list(ctx.token_rows[bad[0]].tx.input_ids[:5]),
+            "adds_bos": ctx.tok_info.adds_bos,
+        },
+    )
 
 
 # ---------------------------------------------------------------------- D08
@@ -307,27 +302,22 @@ def d08(ctx: AuditContext) -> list[Hit]:
             hit_marker.append(i)
         found.update(s_hits + m_hits)
     hits = []
-    if hit_special:
-        hits.append(
-            Hit(
-                "error",
-                f"{pct(len(hit_special), ctx.n)} contain special-token strings in their content "
-                f"({', '.join(sorted(s for s in found if s in specials))}); they tokenise to the "
-                f"control tokens themselves (e.g. a premature end of turn)",
-                {"value": len(hit_special), "threshold": 0, "strings": dict(found)},
-                row_ids=ids(ctx, hit_special),
-            )
-        )
-    if hit_marker:
-        hits.append(
-            Hit(
-                "warning",
-                f"{pct(len(hit_marker), ctx.n)} contain chat-template markers in their content "
-                f"({', '.join(sorted(s for s in found if s in markers))})",
-                {"value": len(hit_marker), "threshold": 0, "strings": dict(found)},
-                row_ids=ids(ctx, hit_marker),
-            )
-        )
+    hits += count_hits(
+        ctx,
+        hit_special,
+        "error",
+        f"contain special-token strings in their content "
+        f"({', '.join(sorted(s for s in found if s in specials))}); they tokenise to the "
+        f"control tokens themselves (e.g. a premature end of turn)",
+        {"strings": dict(found)},
+    )
+    hits += count_hits(
+        ctx,
+        hit_marker,
+        "warning",
+        f"contain chat-template markers in their content ({', '.join(sorted(s for s in found if s in markers))})",
+        {"strings": dict(found)},
+    )
     return hits
 
 
