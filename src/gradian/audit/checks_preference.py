@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from gradian.audit import text as T
+from gradian.audit.checks_dataset import pct
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
 from gradian.data.preference import PreferenceExample, without_system
@@ -33,10 +34,6 @@ def _rows(ctx: AuditContext) -> list[PreferenceExample]:
 
 def _ids(rows: list[PreferenceExample], idxs) -> list[str]:
     return [rows[i].id for i in sorted(set(idxs))]
-
-
-def _pct(k: int, n: int) -> str:
-    return f"{k} of {n} rows ({100.0 * k / max(n, 1):.1f}%)"
 
 
 @check(
@@ -71,26 +68,20 @@ def d22(ctx: AuditContext) -> list[Hit]:
             same.append(i)
     hits = []
     what = "completion" if rows[0].is_kto else "chosen"
-    for idxs, name in ((empty_c, f"an empty {what} response"), (empty_r, "an empty rejected response")):
+    for idxs, name, after in (
+        (empty_c, f"an empty {what} response", ""),
+        (empty_r, "an empty rejected response", ""),
+        (same, "chosen identical to rejected", ": zero preference signal"),
+    ):
         if idxs:
             hits.append(
                 Hit(
                     "error",
-                    f"{_pct(len(idxs), len(rows))} have {name} (first: {rows[idxs[0]].where})",
+                    f"{pct(len(idxs), len(rows))} have {name} (first: {rows[idxs[0]].where}){after}",
                     {"value": len(idxs), "threshold": 0, "n_rows": len(rows)},
                     row_ids=_ids(rows, idxs),
                 )
             )
-    if same:
-        hits.append(
-            Hit(
-                "error",
-                f"{_pct(len(same), len(rows))} have chosen identical to rejected (first: {rows[same[0]].where}): "
-                "zero preference signal",
-                {"value": len(same), "threshold": 0, "n_rows": len(rows)},
-                row_ids=_ids(rows, same),
-            )
-        )
     return hits
 
 
@@ -126,7 +117,7 @@ def d23(ctx: AuditContext) -> list[Hit]:
     return [
         Hit(
             "warning",
-            f"{_pct(extra, len(rows))} repeat an earlier row's prompt, chosen and rejected ({len(dup)} groups; "
+            f"{pct(extra, len(rows))} repeat an earlier row's prompt, chosen and rejected ({len(dup)} groups; "
             f"first: {first.where} repeats {rows[dup[0][0]].where})",
             {"value": extra, "threshold": 0, "groups": len(dup), "n_rows": len(rows)},
             row_ids=_ids(rows, [i for g in dup for i in g[1:]]),
@@ -252,7 +243,7 @@ def d25(ctx: AuditContext) -> list[Hit]:
         hits.append(
             Hit(
                 "warning",
-                f"{_pct(len(long_rows), len(rows))} are longer than max_length={max_len} ({src}) with their response "
+                f"{pct(len(long_rows), len(rows))} are longer than max_length={max_len} ({src}) with their response "
                 f"(longest {worst} tokens; first: {rows[long_rows[0]].where})",
                 {"value": len(long_rows), "threshold": 0, "max_length": max_len, "longest": worst},
                 row_ids=_ids(rows, long_rows),
@@ -262,7 +253,7 @@ def d25(ctx: AuditContext) -> list[Hit]:
         hits.append(
             Hit(
                 "warning",
-                f"{_pct(len(long_prompts), len(rows))} have a prompt longer than max_prompt_length={max_prompt} "
+                f"{pct(len(long_prompts), len(rows))} have a prompt longer than max_prompt_length={max_prompt} "
                 f"({cfg.source('max_prompt_length')})",
                 {"value": len(long_prompts), "threshold": 0, "max_prompt_length": max_prompt},
                 row_ids=_ids(rows, long_prompts),
