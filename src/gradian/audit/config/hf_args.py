@@ -1,7 +1,8 @@
 """The HF ``TrainingArguments`` field table (and TRL ``ModelConfig``'s LoRA fields), one for three formats.
 
 TRL, LLaMA-Factory and axolotl each read these rows under their own key names (see :func:`read_hf_args`) and add
-their own keys.
+their own keys. PEFT's ``adapter_config.json`` and LLaMA-Factory v1's ``peft_config`` read the LoRA rows under
+PEFT's names (:data:`PEFT_NAMES`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,23 @@ LORA_ARGS: tuple[Row, ...] = (
     ("load_in_8bit", "load_in_8bit", "bool"),
 )
 
+#: PEFT ``LoraConfig``'s names for the :data:`LORA_ARGS` keys (TRL's ``ModelConfig`` prefixes its LoRA fields;
+#: None: not a ``LoraConfig`` field). ``adapter_config.json`` and LLaMA-Factory v1's ``peft_config`` use them.
+PEFT_NAMES: dict[str, str | None] = {
+    "lora_r": "r",
+    "lora_target_modules": "target_modules",
+    "lora_modules_to_save": "modules_to_save",
+    "load_in_4bit": None,
+    "load_in_8bit": None,
+}
+
+
+def read_max_steps(cfg: TrainConfig, r: Reader) -> None:
+    """Set ``max_steps`` when the file gives a positive one (-1, HF's default, means: train for the epochs)."""
+    ms = r.int_("max_steps")
+    if ms is not None and ms > 0:
+        cfg.set("max_steps", ms, r.where("max_steps"))
+
 
 def read_hf_args(
     cfg: TrainConfig,
@@ -79,9 +97,7 @@ def read_hf_args(
 
     """
     set_many(cfg, r, HF_ARGS + LORA_ARGS, keys)
-    ms = r.int_("max_steps")
-    if ms is not None and ms > 0:  # -1 (HF's default) means: train for num_train_epochs
-        cfg.set("max_steps", ms, r.where("max_steps"))
+    read_max_steps(cfg, r)
     for key in eval_keys:
         if r.has(key):
             cfg.set("eval_strategy", str(r.get(key)).lower().replace("intervalstrategy.", ""), r.where(key))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gradian.audit.config.hf_args import LORA_ARGS, PEFT_NAMES, read_max_steps
 from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, set_many
 
@@ -46,6 +47,10 @@ DEFAULTS = {
 }
 
 
+#: The ``peft_config`` keys read (PEFT ``LoraConfig`` names): r, lora_alpha, lora_dropout, target_modules.
+_PEFT_CONFIG_KEYS = {**PEFT_NAMES, "lora_modules_to_save": None, "use_rslora": None, "use_dora": None}
+
+
 def _claims(raw: dict[str, Any]) -> bool:
     keys = set(raw)
     return (
@@ -72,9 +77,7 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             ("chat_template", "template", "str"),
         ],
     )
-    ms = r.int_("max_steps")
-    if ms is not None and ms > 0:
-        cfg.set("max_steps", ms, r.where("max_steps"))
+    read_max_steps(cfg, r)
     quant = r.get("quant_config")
     bits = None
     if isinstance(quant, dict):
@@ -85,16 +88,7 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         name = (r.str_("peft_config.name") or "").lower()
         if name == "lora":
             cfg.set("finetuning", "qlora" if bits else "lora", r.where("peft_config.name"))
-            set_many(
-                cfg,
-                r,
-                [
-                    ("lora_r", "peft_config.r", "int"),
-                    ("lora_alpha", "peft_config.lora_alpha", "num"),
-                    ("lora_dropout", "peft_config.lora_dropout", "num"),
-                    ("lora_target_modules", "peft_config.target_modules", "list"),
-                ],
-            )
+            set_many(cfg, r, LORA_ARGS, _PEFT_CONFIG_KEYS, prefix="peft_config.")
         elif name:
             cfg.set("finetuning", "full" if name == "full" else name, r.where("peft_config.name"))
     mc = (r.str_("model_class") or "").lower()

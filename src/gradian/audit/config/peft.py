@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gradian.audit.config.hf_args import LORA_ARGS, PEFT_NAMES
 from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, set_many
 
@@ -26,20 +27,7 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("finetuning", pt.lower() or "unknown", r.where("peft_type"))
     else:
         cfg.set("finetuning", "lora", r.where("peft_type"))
-    set_many(
-        cfg,
-        r,
-        [
-            ("base_model", "base_model_name_or_path", "str"),
-            ("lora_r", "r", "int"),
-            ("lora_alpha", "lora_alpha", "num"),
-            ("lora_dropout", "lora_dropout", "num"),
-            ("lora_target_modules", "target_modules", "list"),
-            ("modules_to_save", "modules_to_save", "list"),
-            ("use_rslora", "use_rslora", "bool"),
-            ("use_dora", "use_dora", "bool"),
-        ],
-    )
+    set_many(cfg, r, (("base_model", "base_model_name_or_path", "str"), *LORA_ARGS), PEFT_NAMES)
     if isinstance(cfg.modules_to_save, str):
         cfg.modules_to_save = [cfg.modules_to_save]
     if r.get("trainable_token_indices"):

@@ -213,7 +213,13 @@ class Reader:
 Row = tuple[str, str, str]
 
 
-def set_many(cfg: TrainConfig, r: Reader, rows: Sequence[Row], keys: Mapping[str, str | None] | None = None) -> None:
+def set_many(
+    cfg: TrainConfig,
+    r: Reader,
+    rows: Sequence[Row],
+    keys: Mapping[str, str | None] | None = None,
+    prefix: str = "",
+) -> None:
     """Set each row's field from its key when the file has it.
 
     Args:
@@ -222,12 +228,16 @@ def set_many(cfg: TrainConfig, r: Reader, rows: Sequence[Row], keys: Mapping[str
         rows: the field table.
         keys: the format's own name for a row's key (``{"num_train_epochs": "num_epochs"}``); None: the format
             has no such key, the row is skipped.
+        prefix: the section the keys stand in (``"peft_config."``: the row's key under ``peft_config``).
 
     """
     keys = keys or {}
     for name, key, kind in rows:
         key = keys.get(key, key)
-        if key is None or not r.has(key):
+        if key is None:
+            continue
+        key = prefix + key
+        if not r.has(key):
             continue
         v = {"num": r.num, "int": r.int_, "bool": r.bool_, "str": r.str_, "list": r.list_}[kind](key)
         cfg.set(name, v, r.where(key))
