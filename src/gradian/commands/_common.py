@@ -21,6 +21,7 @@ Data placed in markup strings is still passed through :func:`rich.markup.escape`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import warnings
@@ -396,6 +397,22 @@ def start_distributed(device: str, fields: Callable[[], dict]):
             console.quiet = True
         distributed.check_same_inputs(fields())
     return d
+
+
+@contextlib.contextmanager
+def distributed_job(device: str, base: str, adapter, data, flags: Callable[[], dict]):
+    """Run the block as one torchrun job's share (or alone), and leave the job after it, an error included.
+
+    Joins with :func:`start_distributed`, the ranks' inputs compared as :func:`input_identity` of ``base``,
+    ``adapter``, ``data`` and ``flags()`` (computed only under torchrun); ``distributed.shutdown()`` runs however
+    the block ends. Yields the :class:`gradian.distributed.Dist`.
+    """
+    from gradian import distributed
+
+    try:
+        yield start_distributed(device, lambda: input_identity(base, adapter, data, flags()))
+    finally:
+        distributed.shutdown()
 
 
 def input_identity(base: str, adapter, data, extra: dict | None = None) -> dict:

@@ -474,34 +474,31 @@ def register(app: typer.Typer) -> None:
         grad = dataclasses.replace(grad, tokenize=setup.tokenize_spec())
         specs.grad = grad
         from gradian import distributed
-        from gradian.commands._common import input_identity, start_distributed
+        from gradian.commands._common import distributed_job
         from gradian.index.identity import dataset_identity
 
-        try:
-            start_distributed(
-                device,
-                lambda: input_identity(
-                    base,
-                    adapter,
-                    data,
-                    {
-                        "the eval set": dataset_identity(eval_path).get("sha256")
-                        if (eval_path.is_file() or eval_path.is_dir())
-                        else f"missing: {eval_path}",
-                        "the flags": {
-                            "grad": grad.to_dict(),
-                            "attribute": specs.attribute.to_dict(),
-                            "dtype": dtype,
-                            "eval": specs.eval.to_dict(),
-                            "batch_size": batch_size,
-                            "shard_size": shard_size,
-                            "checkpoints": checkpoints,
-                            "reference_adapter": str(reference_adapter),
-                            "index_dir": str(index_dir) if index_dir else None,
-                        },
-                    },
-                ),
-            )
+        with distributed_job(
+            device,
+            base,
+            adapter,
+            data,
+            lambda: {
+                "the eval set": dataset_identity(eval_path).get("sha256")
+                if (eval_path.is_file() or eval_path.is_dir())
+                else f"missing: {eval_path}",
+                "the flags": {
+                    "grad": grad.to_dict(),
+                    "attribute": specs.attribute.to_dict(),
+                    "dtype": dtype,
+                    "eval": specs.eval.to_dict(),
+                    "batch_size": batch_size,
+                    "shard_size": shard_size,
+                    "checkpoints": checkpoints,
+                    "reference_adapter": str(reference_adapter),
+                    "index_dir": str(index_dir) if index_dir else None,
+                },
+            },
+        ):
             with progress_bar() as pb:
                 run = attribute_run(
                     inputs,
@@ -518,8 +515,6 @@ def register(app: typer.Typer) -> None:
                     save_evidence=save_evidence,
                 )
             distributed.barrier()  # every rank done before the group goes (no rank exits under a live peer)
-        finally:
-            distributed.shutdown()
         if run is None or plan_only:  # a rank other than 0: its share is done, rank 0 reports; or the plan alone
             return
         print_result(EvalResult.from_dict(run["evaluation"]))

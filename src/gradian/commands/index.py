@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
 
         from gradian import distributed
         from gradian.attribute.trajectory import checkpoint_weights, resolve_trajectory
-        from gradian.commands._common import grad_spec_from_options, input_identity, start_distributed
+        from gradian.commands._common import distributed_job, grad_spec_from_options
         from gradian.commands.attribute import checkpoint_selection
         from gradian.data.formats import load_examples
         from gradian.data.tokenize import row_values
@@ -92,25 +92,22 @@ def register(app: typer.Typer) -> None:
         budget = index_budget(ctx, max_index_gb)
         mspec = ModelSpec(base, dtype, device, trust_remote_code)
         examples = load_examples(data)
-        try:
-            start_distributed(
-                device,
-                lambda: input_identity(
-                    base,
-                    adapter,
-                    data,
-                    {
-                        "the flags": {
-                            **spec.to_dict(),
-                            "dtype": dtype,
-                            "batch_size": batch_size,
-                            "shard_size": shard_size,
-                            "checkpoints": checkpoints,
-                            "out": str(out) if out else None,
-                        }
-                    },
-                ),
-            )
+        with distributed_job(
+            device,
+            base,
+            adapter,
+            data,
+            lambda: {
+                "the flags": {
+                    **spec.to_dict(),
+                    "dtype": dtype,
+                    "batch_size": batch_size,
+                    "shard_size": shard_size,
+                    "checkpoints": checkpoints,
+                    "out": str(out) if out else None,
+                }
+            },
+        ):
             ft = load_finetune(mspec, adapter)
             # the saved template dropped when it is the tokenizer's own (the same tokens, the same index id)
             spec = dataclasses.replace(spec, tokenize=spec.tokenize.for_tokenizer(ft.tokenizer))
@@ -210,5 +207,3 @@ def register(app: typer.Typer) -> None:
                 soft_wrap=True,
             )
             distributed.barrier()  # every rank done before the group goes (no rank exits under a live peer)
-        finally:
-            distributed.shutdown()
