@@ -7,6 +7,7 @@ from pathlib import Path
 from gradian.audit.config.hf_args import read_hf_args
 from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, Row, set_many
+from gradian.audit.config.trl import KTO_WEIGHTS
 
 #: Keys only an axolotl config has (detection).
 KEYS = frozenset(
@@ -91,9 +92,7 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             if r.has(k):
                 cfg.set("beta", r.num(k), r.where(k))
                 break
-        for k in ("desirable_weight", "undesirable_weight"):  # examples/llama-3/qlora-1b-kto.yaml
-            if r.has(f"kto_{k}"):
-                cfg.set(k, r.num(f"kto_{k}"), r.where(f"kto_{k}"))
+        set_many(cfg, r, KTO_WEIGHTS, prefix="kto_")  # examples/llama-3/qlora-1b-kto.yaml
     elif r.has("pretraining_dataset"):
         cfg.set("stage", "pt", r.where("pretraining_dataset"))
     if r.has("dataset_exact_deduplication"):

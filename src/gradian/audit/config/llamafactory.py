@@ -5,6 +5,7 @@ from __future__ import annotations
 from gradian.audit.config.hf_args import HF_DEFAULTS, read_hf_args
 from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, Row, set_many
+from gradian.audit.config.trl import KTO_WEIGHTS
 
 #: Keys only a LLaMA-Factory config has (detection).
 KEYS = frozenset(
@@ -96,9 +97,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             cfg.set("stage", stage, r.where("stage"))
         if stage in ("dpo", "kto") and r.has("pref_beta"):
             cfg.set("beta", r.num("pref_beta"), r.where("pref_beta"))
-        for k, lf in (("desirable_weight", "kto_chosen_weight"), ("undesirable_weight", "kto_rejected_weight")):
-            if r.has(lf):
-                cfg.set(k, r.num(lf), r.where(lf))
+        set_many(
+            cfg, r, KTO_WEIGHTS, {"desirable_weight": "kto_chosen_weight", "undesirable_weight": "kto_rejected_weight"}
+        )
     ad = r.list_("adapter_name_or_path")
     if ad:
         cfg.set("init_adapters", [ad] if isinstance(ad, str) else ad, r.where("adapter_name_or_path"))

@@ -55,6 +55,23 @@ FIELDS: tuple[Row, ...] = (
     ("bnb_4bit_compute_dtype", "bnb_4bit_compute_dtype", "str"),
 )
 
+#: KTO's weights of the desirable and undesirable rows (KTOConfig names; LLaMA-Factory and axolotl rename them).
+KTO_WEIGHTS: tuple[Row, ...] = (
+    ("desirable_weight", "desirable_weight", "num"),
+    ("undesirable_weight", "undesirable_weight", "num"),
+)
+#: The preference trainers' fields (DPOConfig, KTOConfig ...), read when the file is one of theirs.
+PREFERENCE_FIELDS: tuple[Row, ...] = (
+    ("beta", "beta", "num"),
+    ("max_prompt_length", "max_prompt_length", "int"),
+    *KTO_WEIGHTS,
+)
+#: How the reference model follows the policy (read after the reference model itself).
+REF_SYNC_FIELDS: tuple[Row, ...] = (
+    ("sync_ref_model", "sync_ref_model", "bool"),
+    ("precompute_ref_log_probs", "precompute_ref_log_probs", "bool"),
+)
+
 #: ``TrainingArguments``' defaults, with ``SFTConfig``'s learning rate and its own fields.
 DEFAULTS = {
     **HF_DEFAULTS,
@@ -219,13 +236,7 @@ def read(cfg: TrainConfig, r: Reader) -> None:
     stage = _stage(r)
     if stage:
         cfg.set("stage", stage[0], stage[1])
-        if r.has("beta"):
-            cfg.set("beta", r.num("beta"), r.where("beta"))
-        if r.has("max_prompt_length"):
-            cfg.set("max_prompt_length", r.int_("max_prompt_length"), r.where("max_prompt_length"))
-        for k in ("desirable_weight", "undesirable_weight"):
-            if r.has(k):
-                cfg.set(k, r.num(k), r.where(k))
+        set_many(cfg, r, PREFERENCE_FIELDS)
         lt = r.raw.get("loss_type")
         if lt is not None:
             cfg.set("loss_type", ",".join(map(str, lt)) if isinstance(lt, list) else str(lt), r.where("loss_type"))
@@ -233,9 +244,7 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             if r.str_(k):
                 cfg.set("ref_model", r.str_(k), r.where(k))
                 break
-        for k in ("sync_ref_model", "precompute_ref_log_probs"):
-            if r.has(k):
-                cfg.set(k, r.bool_(k), r.where(k))
+        set_many(cfg, r, REF_SYNC_FIELDS)
     if r.has("messages_loss"):
         ml = r.str_("messages_loss")
         if ml != "final_assistant_turn":
