@@ -83,26 +83,32 @@ class _Rows:
         return {"input_ids": self.items[i].input_ids, "item": self.items[i]}
 
 
+#: The TrainSpec fields that are TrainingArguments' own names, passed on as they are (the rest: :func:`_training_args`).
+_AS_NAMED = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "num_train_epochs",
+    "lr_scheduler_type",
+    "weight_decay",
+    "max_grad_norm",
+    "logging_steps",
+    "save_strategy",
+    "seed",
+)
+
+
 def _training_args(spec: TrainSpec, output_dir: str, has_eval: bool, use_cpu: bool):
     from transformers import TrainingArguments
 
     params = inspect.signature(TrainingArguments.__init__).parameters
     kw: dict[str, Any] = dict(
         output_dir=output_dir,
-        per_device_train_batch_size=spec.per_device_train_batch_size,
+        **{name: getattr(spec, name) for name in _AS_NAMED},
         per_device_eval_batch_size=spec.per_device_train_batch_size,
-        gradient_accumulation_steps=spec.gradient_accumulation_steps,
-        learning_rate=spec.learning_rate,
-        num_train_epochs=spec.num_train_epochs,
-        lr_scheduler_type=spec.lr_scheduler_type,
-        weight_decay=spec.weight_decay,
-        max_grad_norm=spec.max_grad_norm,
-        logging_steps=spec.logging_steps,
         logging_first_step=True,
-        save_strategy=spec.save_strategy,
         save_only_model=False,
         report_to=[],
-        seed=spec.seed,
         data_seed=spec.seed,
         use_cpu=use_cpu,
         disable_tqdm=True,
