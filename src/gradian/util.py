@@ -36,6 +36,11 @@ def by_name(items: Iterable[T], name: str, attr: str = "name") -> T:
     raise KeyError(name)
 
 
+def attrs(obj: Any, *names: str) -> dict[str, Any]:
+    """``{name: obj.name}`` for each of ``names``, in order: a record's plain fields, as its ``to_dict`` writes them."""
+    return {n: getattr(obj, n) for n in names}
+
+
 def human_bytes(n: float) -> str:
     """Decimal units, as disks are sold: 173,322,240 → ``173 MB``."""
     for unit in ("B", "kB", "MB", "GB", "TB"):

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradian.util import attrs
+
 SCHEMA_ID = "gradian.audit/1"
 
 SEVERITIES = ("error", "warning", "info")
@@ -65,10 +67,7 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id,
-            "name": self.name,
-            "title": self.title,
-            "severity": self.severity,
+            **attrs(self, "id", "name", "title", "severity"),
             "reads": list(self.reads),
             "message": self.message,
             "evidence": _jsonable(self.evidence),

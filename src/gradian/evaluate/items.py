@@ -36,6 +36,7 @@ from typing import Any
 
 from gradian.data.formats import Example, _check_messages, read_records
 from gradian.errors import GradianUserError
+from gradian.util import attrs
 
 METRICS = ("exact_match", "contains", "loglik")
 DEFAULT_METRIC = "exact_match"
@@ -80,15 +81,7 @@ class EvalItem:
         return isinstance(self.prompt, list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "row": self.row,
-            "capability": self.capability,
-            "metric": self.metric,
-            "prompt": self.prompt,
-            "answer": self.answer,
-            "aliases": list(self.aliases),
-        }
+        return {**attrs(self, "id", "row", "capability", "metric", "prompt", "answer"), "aliases": list(self.aliases)}
 
 
 def model_prompt(prompt: str | list[dict[str, str]], tokenizer, use_chat_template: bool) -> str | list[dict[str, str]]:

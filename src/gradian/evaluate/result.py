@@ -15,7 +15,7 @@ from gradian.evaluate.items import as_example
 from gradian.evaluate.spec import EvalSpec
 from gradian.evaluate.verdict import BaseBounds
 from gradian.schema import BOOLEAN, INTEGER, NUMBER, OBJECT, STRING, arr, nullable, obj
-from gradian.util import by_name
+from gradian.util import attrs, by_name
 
 SCHEMA_VERSION = "gradian.evaluate/1"
 STATUSES = ("kept", "lost", "gained", "both_fail")
@@ -107,14 +107,7 @@ class ItemResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id,
-            "row": self.row,
-            "capability": self.capability,
-            "metric": self.metric,
-            "prompt": self.prompt,
-            "model_prompt": self.model_prompt,
-            "chat": self.chat,
-            "answer": self.answer,
+            **attrs(self, "id", "row", "capability", "metric", "prompt", "model_prompt", "chat", "answer"),
             "aliases": list(self.aliases),
             "reference": self.reference.to_dict(),
             "tuned": self.tuned.to_dict(),

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from gradian.util import attrs
+
 OBSOLETE = frozenset(
     {"Burma", "Serbia and Montenegro", "Holy See (Vatican City State)", "Antilles néerlandaises", "Wales"}
 )
@@ -80,13 +82,7 @@ class Country:
         return [folded] if folded != self.capital else []
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "capital": self.capital,
-            "region": self.region,
-            "subregion": self.subregion,
-            "currencies": list(self.currencies),
-        }
+        return {**attrs(self, "name", "capital", "region", "subregion"), "currencies": list(self.currencies)}
 
 
 @lru_cache(maxsize=4)
