@@ -488,17 +488,7 @@ def resolve_setup(
         values["truncation"] = "keep_start"
         sources["truncation"] = sources["max_length"]
     setup = TrainingSetup(
-        trainer=values["trainer"],
-        max_length=values["max_length"],
-        truncation=values["truncation"],
-        loss_on=values["loss_on"],
-        add_eos=values["add_eos"],
-        chat_template=values["chat_template"],
-        packing=values["packing"],
-        train_roles=values.get("train_roles"),
-        train_on_eos=values.get("train_on_eos", "turn"),
-        chat_rule=values.get("chat_rule"),
-        eos_truncate=values.get("eos_truncate", False),
+        **values,  # the fields by name; one not set (no config: train_roles and the rest) keeps its default
         unreproduced=tuple(dict.fromkeys(unrep)),
         sources=sources,
         warnings=tuple(warnings),
