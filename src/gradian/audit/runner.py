@@ -17,6 +17,7 @@ from gradian.audit.versions import parse_versions
 from gradian.data.formats import Example, examples_from_records, load_examples, read_records, to_example
 from gradian.data.preference import PreferenceExample, preference_rows
 from gradian.errors import GradianUserError
+from gradian.util import attrs
 
 _FLAG = {"data": "--data", "eval": "--eval", "config": "--config", "logs": "--logs", "tokenizer": "--tokenizer"}
 
@@ -240,13 +241,9 @@ def _diagnose(data, eval, configs, logs, tokenizer, versions, select, on_check) 
                 frac = round(len(h.row_ids) / n_rows, 4) if h.row_ids and n_rows else None
                 findings.append(
                     Finding(
-                        id=spec.id,
-                        name=spec.name,
-                        title=spec.title,
-                        severity=h.severity,
+                        **attrs(spec, "id", "name", "title"),  # the check's
+                        **attrs(h, "severity", "message", "evidence"),  # the hit's
                         reads=list(spec.reads),
-                        message=h.message,
-                        evidence=h.evidence,
                         fix=h.fix or spec.fix,
                         row_ids=list(h.row_ids),
                         eval_row_ids=list(h.eval_row_ids),

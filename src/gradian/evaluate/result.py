@@ -286,11 +286,8 @@ class EvalResult:
             m = it.base_margin.nats if it.base_margin else None
             out.append(
                 FailingItem(
-                    id=it.id,
-                    capability=it.capability,
-                    metric=it.metric,
+                    **attrs(it, "id", "capability", "metric", "answer"),
                     prompt=it.model_prompt,
-                    answer=it.answer,
                     aliases=list(it.aliases),
                     tuned_answer=it.tuned.answer,
                     reference_answer=it.reference.answer,

@@ -37,6 +37,7 @@ from gradian.evaluate.normalize import TEXT_METRICS, extract_answer, normalize_a
 from gradian.evaluate.result import CapabilityResult, EvalResult, ItemResult, Margin, ModelAnswer
 from gradian.evaluate.spec import EvalSpec
 from gradian.evaluate.verdict import LOGLIK_QUERY_NOTE, base_bounds, decide
+from gradian.util import attrs
 
 #: progress(task, advance, total): ``task`` names the stage, ``advance`` items just finished.
 Progress = Callable[[str, int, int], None]
@@ -289,13 +290,8 @@ def evaluate(
 
     item_results = [
         ItemResult(
-            id=it.id,
-            row=it.row,
-            capability=it.capability,
-            metric=it.metric,
-            prompt=it.prompt,
+            **attrs(it, "id", "row", "capability", "metric", "prompt", "answer"),
             model_prompt=prompts[i],
-            answer=it.answer,
             aliases=list(it.aliases),
             reference=ref[i],
             tuned=tuned[i],
