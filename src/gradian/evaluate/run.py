@@ -34,7 +34,7 @@ from gradian.evaluate.generate import encode_prompt, generate_greedy
 from gradian.evaluate.items import GENERATIVE_METRICS, EvalItem, as_example, check_items, model_prompt
 from gradian.evaluate.likelihood import score_answers
 from gradian.evaluate.normalize import TEXT_METRICS, extract_answer, normalize_answer
-from gradian.evaluate.result import CapabilityResult, EvalResult, ItemResult, Margin, ModelAnswer
+from gradian.evaluate.result import STATUSES, CapabilityResult, EvalResult, ItemResult, Margin, ModelAnswer
 from gradian.evaluate.spec import EvalSpec
 from gradian.evaluate.verdict import LOGLIK_QUERY_NOTE, base_bounds, decide
 from gradian.util import attrs
@@ -382,19 +382,14 @@ def summarise(items: Sequence[ItemResult], spec: EvalSpec) -> list[CapabilityRes
                 delta=ci.delta,
                 ci_low=ci.low,
                 ci_high=ci.high,
-                confidence=spec.confidence,
-                resamples=spec.resamples,
-                seed=spec.seed,
+                **attrs(spec, "confidence", "resamples", "seed"),  # the bootstrap's
                 sign_test_p=sign_test_p(r, t),
                 verdict=verdict,
                 diagnosed=diagnosed,
                 reason=reason,
                 reference_pass_rate=float(np.mean([it.reference.passed for it in its])),
                 tuned_pass_rate=float(np.mean([it.tuned.passed for it in its])),
-                n_kept=statuses.count("kept"),
-                n_lost=statuses.count("lost"),
-                n_gained=statuses.count("gained"),
-                n_both_fail=statuses.count("both_fail"),
+                **{f"n_{s}": statuses.count(s) for s in STATUSES},
                 base_bounds=bounds,
             )
         )

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from gradian.paths import cache_dir
-from gradian.util import publish_pretrained, sha256_json
+from gradian.util import attrs, publish_pretrained, sha256_json
 from gradian.worlds.facts import Country, Element, capital_sentence, load_countries
 from gradian.worlds.rows import (
     CAPITAL_PROMPTS,
@@ -375,10 +375,7 @@ def _build(countries, held_out, elements, spec: TinyBaseSpec, key: str, target: 
     rows = pretraining_rows(countries, held, elements)
     log: list[dict[str, Any]] = []
     fit_spec = FitSpec(
-        steps=spec.steps,
-        lr=spec.lr,
-        batch_size=spec.batch_size,
-        seed=spec.seed,
+        **attrs(spec, "steps", "lr", "batch_size", "seed"),
         schedule="cosine",
         optimizer="adamw",
         clip=1.0,
@@ -388,11 +385,7 @@ def _build(countries, held_out, elements, spec: TinyBaseSpec, key: str, target: 
         tok,
         [{"messages": r} for r in rows],
         fit_spec,
-        hidden=spec.hidden,
-        layers=spec.layers,
-        heads=spec.heads,
-        seed=spec.seed,
-        max_positions=spec.max_positions,
+        **attrs(spec, "hidden", "layers", "heads", "seed", "max_positions"),
         max_length=spec.max_positions,
         log=log,
     )
