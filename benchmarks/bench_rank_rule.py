@@ -66,8 +66,9 @@ def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[st
         "per item, then mean, unfused": default,
         "min of the items' mean, unfused": before,
     }
-    # the rule the run itself ranked by must be one of these: its unfused gradient score, to float32 (a check that
-    # the evidence is read as the run read it; the fused score's BM25 weight moves with float32 ties)
+    # the rule the run itself ranked by must be one of these: its unfused gradient score, to float tolerance (a check
+    # that the evidence is read as the run read it). Evidence files hold float64 since 2026-12-03; in an older
+    # float32 file the fused score's BM25 weight can move with rounded ties.
     gradient = np.asarray(cap["evidence"]["gradient"]["scores"])
     made_with = [r for r in rules if r.endswith("unfused") and np.allclose(rules[r], gradient, rtol=1e-5, atol=1e-6)]
     if not made_with:

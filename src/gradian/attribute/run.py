@@ -499,7 +499,8 @@ def attribute_run(
 
 
 def save_evidence_file(path: Path, evidence: dict[str, CapabilityEvidence]) -> None:
-    """Write the score matrices each capability's verdict was formed from, as safetensors (float32).
+    """Write the score matrices each capability's verdict was formed from, as safetensors (float64, as the run
+    computed them: the fusion gate is a rank correlation, and float32 rounding of tied scores can move it across 0).
 
     Keys, per capability ``c`` (m failing items, n rows, u sentence units):
 
@@ -520,9 +521,9 @@ def save_evidence_file(path: Path, evidence: dict[str, CapabilityEvidence]) -> N
             for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
                 m = getattr(es, kind)
                 if m is not None:
-                    tensors[f"{cap}/{e}/{kind}"] = np.ascontiguousarray(m, dtype=np.float32)
+                    tensors[f"{cap}/{e}/{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
         for r, m in ev.references.items():
-            tensors[f"{cap}/{r}"] = np.ascontiguousarray(m, dtype=np.float32)
+            tensors[f"{cap}/{r}"] = np.ascontiguousarray(m, dtype=np.float64)
         units = units or ev.units
     if units:
         tensors["units/row"] = np.array([u.row for u in units], dtype=np.int64)
