@@ -477,12 +477,8 @@ def register(app: typer.Typer) -> None:
         from gradian.commands._common import distributed_job
         from gradian.index.identity import dataset_identity
 
-        with distributed_job(
-            device,
-            base,
-            adapter,
-            data,
-            lambda: {
+        def same_on_every_rank() -> dict:  # beside the base, adapter and data (computed only under torchrun)
+            return {
                 "the eval set": dataset_identity(eval_path).get("sha256")
                 if (eval_path.is_file() or eval_path.is_dir())
                 else f"missing: {eval_path}",
@@ -497,8 +493,9 @@ def register(app: typer.Typer) -> None:
                     "reference_adapter": str(reference_adapter),
                     "index_dir": str(index_dir) if index_dir else None,
                 },
-            },
-        ):
+            }
+
+        with distributed_job(device, base, adapter, data, same_on_every_rank):
             with progress_bar() as pb:
                 run = attribute_run(
                     inputs,

@@ -92,12 +92,9 @@ def register(app: typer.Typer) -> None:
         budget = index_budget(ctx, max_index_gb)
         mspec = ModelSpec(base, dtype, device, trust_remote_code)
         examples = load_examples(data)
-        with distributed_job(
-            device,
-            base,
-            adapter,
-            data,
-            lambda: {
+
+        def same_on_every_rank() -> dict:  # beside the base, adapter and data (computed only under torchrun)
+            return {
                 "the flags": {
                     **spec.to_dict(),
                     "dtype": dtype,
@@ -106,8 +103,9 @@ def register(app: typer.Typer) -> None:
                     "checkpoints": checkpoints,
                     "out": str(out) if out else None,
                 }
-            },
-        ):
+            }
+
+        with distributed_job(device, base, adapter, data, same_on_every_rank):
             ft = load_finetune(mspec, adapter)
             # the saved template dropped when it is the tokenizer's own (the same tokens, the same index id)
             spec = dataclasses.replace(spec, tokenize=spec.tokenize.for_tokenizer(ft.tokenizer))
