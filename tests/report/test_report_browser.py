@@ -141,7 +141,10 @@ def test_dom_holds_summary_plots_and_escaped_text(page):
     assert "<iframe" not in dom and "<a " not in dom
 
 
-if __name__ == "__main__":  # the docs screenshots: python tests/report/test_report_browser.py RUN_DIR OUT_DIR
+if __name__ == "__main__":
+    # The docs screenshots: PYTHONPATH=tests python tests/report/test_report_browser.py RUN_DIR OUT_DIR [NAME]
+    # without NAME: report-summary.png and report-details.png; with NAME (tiny, quick, worked):
+    # NAME-report-verdict.png (the page from the summary) and NAME-report-drilldown.png (from the rows table on).
     import sys
 
     from gradian.report import render_html, report_for_run
@@ -150,10 +153,19 @@ if __name__ == "__main__":  # the docs screenshots: python tests/report/test_rep
     exe = chromium()
     if exe is None:
         sys.exit("chromium not found")
+    page_html = render_html(report_for_run(run_dir))
     html = out / "report.tmp.html"
-    html.write_text(render_html(report_for_run(run_dir)), encoding="utf-8")
-    a = screenshot(exe, html, out / "report-summary.png", 1100, 1450)
-    b = screenshot(exe, html, out / "report-details.png", 1100, 1450, "header,#summary{display:none}")
+    html.write_text(page_html, encoding="utf-8")
+    if len(sys.argv) > 3:
+        name = sys.argv[3]
+        a = screenshot(exe, html, out / f"{name}-report-verdict.png", 1280, 1500, "header{display:none}")
+        start = page_html.index('<section id="details">') + len('<section id="details">')
+        rows = page_html.index("<h4>Most harmful training rows", start)
+        html.write_text(page_html[:start] + page_html[rows:], encoding="utf-8")
+        b = screenshot(exe, html, out / f"{name}-report-drilldown.png", 1280, 2100, "header,#summary{display:none}")
+    else:
+        a = screenshot(exe, html, out / "report-summary.png", 1100, 1450)
+        b = screenshot(exe, html, out / "report-details.png", 1100, 1450, "header,#summary{display:none}")
     html.unlink()
     for p in (a, b):
         print(p, png_info(p)[:2], p.stat().st_size, "bytes")
