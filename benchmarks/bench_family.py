@@ -49,8 +49,12 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t
 
 
-def train_and_attribute(world: Path, retrain: bool = False, extra: list[str] | None = None) -> dict[str, float]:
-    """``gradian train`` then ``gradian attribute`` on ``world`` with defaults; their wall times (s)."""
+def train_and_attribute(
+    world: Path, retrain: bool = False, extra: list[str] | None = None, run_name: str = "run"
+) -> dict[str, float]:
+    """``gradian train`` (unless ``world/adapter`` exists) then ``gradian attribute`` into ``world/run_name`` with
+    defaults and ``extra``; their wall times (s).
+    """
     base = json.loads((world / "world.json").read_text())["base"]
     g = [sys.executable, "-m", "gradian"]
     times: dict[str, float] = {}
@@ -64,19 +68,21 @@ def train_and_attribute(world: Path, retrain: bool = False, extra: list[str] | N
     times["attribute_s"] = _run(
         g
         + ["attribute", "--base", base, "--adapter", str(world / "adapter"), "--data", str(world / "train.jsonl")]
-        + ["--eval", str(world / "eval.jsonl"), "--config", str(world / "train.yaml"), "--out", str(world / "run")]
+        + ["--eval", str(world / "eval.jsonl"), "--config", str(world / "train.yaml"), "--out", str(world / run_name)]
         + list(extra or []),
-        world / "attribute.log",
+        world / f"attribute{'' if run_name == 'run' else '-' + run_name}.log",
     )
     return times
 
 
-def score_run(world: Path) -> dict[str, Any]:
-    """The scorecard of ``world/run/run.json`` flattened to the table's numbers (``None`` when nothing regressed)."""
+def score_run(world: Path, run_name: str = "run") -> dict[str, Any]:
+    """The scorecard of ``world/run_name/run.json`` flattened to the table's numbers (``None`` when nothing
+    regressed).
+    """
     from gradian.worlds.demo import localise_buried
     from gradian.worlds.scorecard import score_ranking, scorecard
 
-    run = json.loads((world / "run" / "run.json").read_text())
+    run = json.loads((world / run_name / "run.json").read_text())
     truth = json.loads((world / "ground_truth.json").read_text())
     att = run.get("attribution")
     if not att or not att.get("capabilities"):
@@ -94,6 +100,10 @@ def score_run(world: Path) -> dict[str, Any]:
         "p_at_10": d["precision_at_10"],
         "p_at_n": d["precision_at_n_culprits"],
         "localisation": entry["localisation"],
+        "localisation_all": scorecard(run, truth, localise_buried(run, truth, every=True))["capabilities"][
+            cap["capability"]
+        ]["localisation"],
+        "queried_auc": d["queried_culprits"]["auc"],
         "fuse_weights": cap["ranking"].get("fuse_weights"),
     }
     for name, key in (("bm25", "bm25"), ("repsim", "repsim"), ("graddot", "graddot")):
@@ -223,6 +233,12 @@ def main() -> None:
         help="extra flags for every gradian attribute, one string; give it with '=' so a lone flag is not read as "
         "an option of this script (e.g. --attribute-args=--save-evidence, or --attribute-args='--fuse-gate tail')",
     )
+    ap.add_argument(
+        "--run-name",
+        default="run",
+        help="the attribute run's folder inside each world (default run); another name keeps earlier runs, e.g. to "
+        "compare flags on the same adapters and cached indexes",
+    )
     ap.add_argument("--table-from", type=Path, default=None, help="print the tables of an earlier report and stop")
     args = ap.parse_args()
     if args.table_from is not None:
@@ -239,9 +255,9 @@ def main() -> None:
             continue
         world = args.family / v["name"]
         print(f"[{v['name']}] train + attribute ...", flush=True)
-        times = train_and_attribute(world, args.retrain, shlex.split(args.attribute_args))
+        times = train_and_attribute(world, args.retrain, shlex.split(args.attribute_args), args.run_name)
         entry = {k: v[k] for k in ("name", "held_out", "knobs", "resolved", "sizes")} | {"times": times}
-        entry["score"] = score_run(world)
+        entry["score"] = score_run(world, args.run_name)
         if args.units and entry["score"].get("regressed"):
             print(f"[{v['name']}] unit study ...", flush=True)
             entry["units"] = unit_study(world, args.out.parent / f"{args.out.stem}-work" / v["name"])

@@ -2,7 +2,8 @@
 
 The JSON forms of Evaluate (:data:`gradian.evaluate.result.RESULT_JSON_SCHEMA`) and of the report
 (:data:`gradian.report.schema.REPORT_JSON_SCHEMA`) are described with these, so both follow one
-convention: every property of an object is required (a field that may be absent is written as null).
+convention: every property of an object is required (a field that may be absent is written as null), except
+fields added after a format was published, which files written before them lack (``obj(..., optional=)``).
 """
 
 from __future__ import annotations
@@ -27,14 +28,20 @@ def arr(items: dict[str, Any]) -> dict[str, Any]:
     return {"type": "array", "items": items}
 
 
-def obj(props: dict[str, Any], nullable: bool = False) -> dict[str, Any]:
+def obj(props: dict[str, Any], nullable: bool = False, optional: dict[str, Any] | None = None) -> dict[str, Any]:
     """An object with these ``properties``, all of them ``required`` (in the order given).
 
     Args:
         props: ``{name: schema}``.
         nullable: the object may also be null.
+        optional: ``{name: schema}`` of properties that may be absent: fields added after a format was
+            published, which files written before them lack.
     """
-    return {"type": ["object", "null"] if nullable else "object", "required": list(props), "properties": props}
+    out = {"type": ["object", "null"] if nullable else "object", "required": list(props), "properties": props}
+    if optional:  # named, so that problem() still treats the object as one obj() wrote (closed shuts it)
+        out["properties"] = {**props, **optional}
+        out["optional"] = list(optional)
+    return out
 
 
 def finite(schema: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +132,7 @@ def problem(
             for k in schema.get("required", ()):
                 if k not in value:
                     return f"{path + '.' if path else ''}{k}: missing"
-        all_required = bool(props) and list(schema.get("required", ())) == list(props)
+        all_required = bool(props) and [*schema.get("required", ()), *schema.get("optional", ())] == list(props)
         extra = schema.get("additionalProperties", not (shut and all_required))
         for k, v in value.items():
             sub = f"{path}.{k}" if path else str(k)

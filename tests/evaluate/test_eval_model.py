@@ -14,6 +14,7 @@ from gradian.evaluate import (
     RESULT_JSON_SCHEMA,
     EvalResult,
     EvalSpec,
+    as_example,
     evaluate,
     items_from_records,
     load_eval_set,
@@ -134,6 +135,51 @@ def test_base_margin_matches_a_hand_computation(eval_world, poison_result):
         assert m.logp_said == pytest.approx(ls, abs=1e-4) and m.tokens_said == ns
         assert m.logp_gold == pytest.approx(lg, abs=1e-4) and m.tokens_gold == ng
         assert m.nats == pytest.approx(lc - ls, abs=2e-4) and m.gold_nats == pytest.approx(lg - ls, abs=2e-4)
+
+
+def test_shift_of_a_kept_item_is_the_tuned_minus_the_reference_logprob(eval_world, poison_result):
+    """shift.nats = log p_tuned(ref answer) − log p_ref(ref answer), each scored as a margin is (end of turn
+    included), for every kept item and no other."""
+    from gradian.evaluate.likelihood import score_answers
+
+    res, pm, tok = poison_result
+    kept = [it for it in res.items if it.status == "kept"]
+    assert kept and all(it.shift is not None for it in kept)
+    assert all(it.shift is None for it in res.items if it.status != "kept")
+    exs = [as_example(it.id, it.model_prompt, it.reference.answer) for it in kept]
+    tuned = score_answers(pm, tok, exs)
+    with pm.disable_adapter():
+        ref = score_answers(pm, tok, exs)
+    for it, t, r in zip(kept, tuned, ref):
+        assert it.shift.correct == it.reference.answer and it.shift.tokens == r.n_tokens
+        assert it.shift.logp_tuned == pytest.approx(t.logprob, abs=1e-5)
+        assert it.shift.logp_reference == pytest.approx(r.logprob, abs=1e-5)
+        assert it.shift.nats == pytest.approx(t.logprob - r.logprob, abs=1e-5)
+
+
+def test_weakened_items_follow_the_lost_ones_as_cross_entropy_queries(poison_result):
+    from gradian.attribute.queries import failing_item_query
+
+    res, _, _ = poison_result
+    lost = res.failing_items()
+    shifts = sorted(it.shift.nats for it in res.items if it.shift is not None and it.capability == "capitals")
+    tau = -shifts[len(shifts) // 2]  # about half the capitals' kept items fall by more than tau
+    both = res.failing_items(weakened_nats=tau)
+    assert both[: len(lost)] == lost and all(f.kind == "lost" and f.shift_nats is None for f in lost)
+    weak = both[len(lost) :]
+    expect = [
+        it.id for it in res.items if it.capability == "capitals" and it.shift is not None and it.shift.nats < -tau
+    ]
+    assert weak and [f.id for f in weak] == expect
+    for f in weak:
+        it = next(i for i in res.items if i.id == f.id)
+        assert f.kind == "weakened" and f.shift_nats == it.shift.nats < -tau and f.query == "cross_entropy"
+        assert f.correct_completion == it.reference.answer and f.margin is None
+        q = failing_item_query(f)
+        assert q.kind == "cross_entropy" and q.said is None and q.correct == it.reference.answer
+    # the null capability is not regressed: none of its items is queried, weakened or not
+    assert not [f for f in res.failing_items(weakened_nats=0.0) if f.capability != "capitals"]
+    assert res.failing_items(weakened_nats=1e6) == lost
 
 
 def test_margin_uses_the_references_own_words_when_they_differ_from_the_answer(eval_world):

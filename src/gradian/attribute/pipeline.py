@@ -195,6 +195,18 @@ def fuse_scores(
     return out, weights
 
 
+def reference_items(queries: Sequence[Query]) -> np.ndarray:
+    """(m,) bool: the queries a reference engine's capability score averages over.
+
+    BM25 and RepSim look for the rows that resemble what the model *said*. A cross-entropy query beside
+    contrastive ones (a weakened item, ``--weakened``) has no wrong answer, so its reference scores only find
+    the rows that state the correct answer: those items are left out of the mean. A capability whose
+    queries are all cross-entropy (the loglik metric) keeps them all.
+    """
+    said = np.array([q.said is not None for q in queries], dtype=bool)
+    return said if said.any() else np.ones(len(queries), dtype=bool)
+
+
 @dataclass
 class CapabilityEvidence:
     """Everything one capability's verdict is computed from.
@@ -464,7 +476,7 @@ def verdict(
     stats = {e: rank_statistic(es, spec, ev.units, n) for e, es in ev.engines.items()}
     main = stats[names[0]]
     influence = primary.raw.mean(axis=0)
-    ref_caps = {r: m.mean(axis=0) for r, m in ev.references.items()}
+    ref_caps = {r: m[reference_items(queries)].mean(axis=0) for r, m in ev.references.items()}
     fuse_w: dict[str, float] = {}
     rank_scores = main.rows
     if spec.fuse:

@@ -192,6 +192,18 @@ def failing_item_query(item: Any, kind: QueryKind = "contrastive") -> Query:
     Contrastive when both the item (a generative metric: it has what the model said) and ``kind``
     allow it, else cross-entropy; the correct side as :func:`make_query` builds it.
     """
+    rival = getattr(item, "rival", None)
+    if getattr(item, "kind", "lost") == "weakened":  # it still says the right answer: contrast with its rival
+        return make_query(
+            item.id,
+            item.capability,
+            item.prompt,
+            item.answer,
+            rival if kind == "contrastive" else None,
+            item.correct_completion,
+            kind="contrastive" if rival and kind == "contrastive" else "cross_entropy",
+            fallback=item.correct_completion,
+        )
     contrastive = item.query == "contrastive" and kind == "contrastive"
     return make_query(
         item.id,

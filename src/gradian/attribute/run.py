@@ -98,6 +98,35 @@ class RunSpecs:
         check_build_args(self.batch_size, self.shard_size)
 
 
+def _weakened_rivals(ft, ev, regressed: list[str], specs: RunSpecs) -> dict[str, list]:
+    """Per regressed capability, its weakened items (``--weakened``) that have a rival answer, with it set.
+
+    A weakened item without a rival (its answer does not contain an accepted answer, or every nearby
+    continuation still passes) is not queried: a cross-entropy query keeps the format direction, which on the
+    tiny family ranked the culprits as helpful (docs/benchmarks.md "Weakened items").
+    """
+    import dataclasses
+
+    from gradian.attribute.rival import rival_answers
+
+    tau = specs.attribute.weakened_nats
+    if tau is None:
+        return {}
+    out: dict[str, list] = {}
+    for cap in regressed:
+        weak = [f for f in ev.failing_items(cap, weakened_nats=tau) if f.kind == "weakened"]
+        rivals = rival_answers(
+            ft.model,
+            ft.tokenizer,
+            weak,
+            max_new_tokens=specs.eval.max_new_tokens,
+            batch_size=specs.batch_size,
+            normalize=specs.eval.normalize,
+        )
+        out[cap] = [dataclasses.replace(f, rival=r, query="contrastive") for f, r in zip(weak, rivals) if r]
+    return out
+
+
 def _manifest(
     ft,
     inputs: RunInputs,
@@ -359,8 +388,11 @@ def attribute_run(
         timing["data_check"] = time.perf_counter() - tc
         queries = {}
         failing_by_cap = {}
+        weak_rivals = _weakened_rivals(ft, ev, regressed, specs) if main else None
+        weak_rivals = distributed.broadcast_object(weak_rivals)
         for cap in regressed:
             failing = ev.failing_items(cap)
+            failing += weak_rivals.get(cap, [])
             qs = [failing_item_query(f, spec.query) for f in failing]
             if qs:
                 queries[cap] = qs

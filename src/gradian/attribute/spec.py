@@ -52,6 +52,10 @@ class AttributeSpec:
             :func:`gradian.attribute.pipeline.tail_agreement`; not the default until measured on the SmolLM2
             family and the behaviour world, docs/benchmarks.md "Fusion gate").
         bm25, repsim: the reference engines' settings.
+        weakened_nats: also query, beside the lost items, every item the tuned model still passes but whose
+            answer's log-probability fell by more than this many nats against the reference (Evaluate's
+            :class:`~gradian.evaluate.result.Shift`), each as a cross-entropy query ``∇ℓ(correct)``; None:
+            the lost items only.
     """
 
     engine: EngineSpec | str = field(default_factory=DataInfSpec)
@@ -69,6 +73,7 @@ class AttributeSpec:
     fuse_gate: str = "global"
     bm25: BM25Spec = field(default_factory=BM25Spec)
     repsim: RepSimSpec = field(default_factory=RepSimSpec)
+    weakened_nats: float | None = None
 
     def __post_init__(self) -> None:
         from gradian.engines.registry import engine_names, engine_spec
@@ -121,6 +126,18 @@ class AttributeSpec:
         check_choice(self.statistic, STATISTICS, "AttributeSpec", "statistic", flag="--statistic")
         check_choice(self.unit, UNITS, "AttributeSpec", "unit", flag="--unit")
         check_choice(self.fuse_gate, FUSE_GATES, "AttributeSpec", "fuse_gate", flag="--fuse-gate")
+        if self.weakened_nats is not None:
+            from gradian.validate import check_float
+
+            check_float(
+                self.weakened_nats,
+                "AttributeSpec",
+                "weakened_nats",
+                flag="--weakened",
+                lo=0.0,
+                hi=1e6,
+                fix="give a drop in nats, e.g. --weakened 1",
+            )
         for r in self.references:
             check_choice(
                 r,

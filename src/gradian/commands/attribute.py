@@ -391,6 +391,15 @@ def register(app: typer.Typer) -> None:
             "gradient's verdict on the rows the reference ranks most harmful; docs/benchmarks.md 'Fusion gate').",
             rich_help_panel=O.ENGINES,
         ),
+        weakened: float | None = typer.Option(
+            None,
+            "--weakened",
+            metavar="NATS",
+            help="Also query the items the tuned model still passes but holds more than NATS nats less firmly than "
+            "the reference (its answer's log-probability fell; each a cross-entropy query), beside the lost items "
+            "(default: the lost items only; docs/benchmarks.md 'Weakened items').",
+            rich_help_panel=O.VERDICT,
+        ),
         save_evidence: bool = typer.Option(
             False,
             "--save-evidence",
@@ -445,6 +454,7 @@ def register(app: typer.Typer) -> None:
                 references=_names(references),
                 fuse=implied_fuse(ctx, references, fuse),
                 fuse_gate=fuse_gate,
+                weakened_nats=weakened,
             ),
             eval=EvalSpec(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed),
             seed=seed,

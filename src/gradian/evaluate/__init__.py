@@ -39,6 +39,7 @@ _WHERE = {
         "ItemResult",
         "Margin",
         "ModelAnswer",
+        "Shift",
     ),
     "gradian.evaluate.run": ("evaluate", "summarise"),
     "gradian.evaluate.spec": ("EvalSpec",),
@@ -77,6 +78,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, eagerly
         ItemResult,
         Margin,
         ModelAnswer,
+        Shift,
     )
     from gradian.evaluate.run import evaluate, summarise
     from gradian.evaluate.spec import EvalSpec
@@ -98,6 +100,7 @@ __all__ = [
     "NormalizeSpec",
     "RESULT_JSON_SCHEMA",
     "SCHEMA_VERSION",
+    "Shift",
     "as_example",
     "contains",
     "decide",

@@ -75,6 +75,28 @@ class Margin:
 
 
 @dataclass
+class Shift:
+    """How far the tuned model moved off an answer both models give (a ``kept`` item), in nats.
+
+    ``nats = logp_tuned − logp_reference`` of ``correct``, the reference's own passing answer, each
+    summed over the answer's supervised tokens (end of answer included), tuned adapter against the
+    reference (the base, or ``--reference-adapter``). Negative: the tuned model holds the answer less
+    firmly; an item still passed can have been pushed toward failing. Attribution can query such a
+    *weakened* item (``nats < −weakened_nats``) beside the lost ones
+    (:meth:`EvalResult.failing_items`).
+    """
+
+    nats: float
+    correct: str
+    logp_reference: float
+    logp_tuned: float
+    tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
 class ItemResult:
     """Per-item result.
 
@@ -86,6 +108,8 @@ class ItemResult:
             ``gained`` (tuned passes, reference fails), ``both_fail``.
         base_margin: computed for every item the tuned model fails under a generative
             metric; None otherwise.
+        shift: for every ``kept`` item under a generative metric, the tuned model's log-probability
+            of the reference's answer against the reference's (:class:`Shift`); None otherwise.
     """
 
     id: str
@@ -100,6 +124,7 @@ class ItemResult:
     tuned: ModelAnswer
     status: str
     base_margin: Margin | None = None
+    shift: Shift | None = None
 
     @property
     def chat(self) -> bool:
@@ -113,6 +138,7 @@ class ItemResult:
             "tuned": self.tuned.to_dict(),
             "status": self.status,
             "base_margin": self.base_margin.to_dict() if self.base_margin else None,
+            "shift": self.shift.to_dict() if self.shift else None,
         }
 
     @classmethod
@@ -130,6 +156,7 @@ class ItemResult:
             tuned=ModelAnswer(**d["tuned"]),
             status=d["status"],
             base_margin=Margin(**d["base_margin"]) if d.get("base_margin") else None,
+            shift=Shift(**d["shift"]) if d.get("shift") else None,
         )
 
 
@@ -198,7 +225,13 @@ class FailingItem:
             contrastive query, matched in format to ``tuned_answer`` so the query cancels format.
         margin: base preference margin in nats, correct_completion vs tuned_answer (None for loglik).
         thin_margin: ``margin < thin_margin_nats`` (None for loglik).
-        query: ``"contrastive"`` (∇ℓ(correct) − ∇ℓ(said)) or ``"cross_entropy"`` (loglik fallback).
+        query: ``"contrastive"`` (∇ℓ(correct) − ∇ℓ(said)) or ``"cross_entropy"`` (loglik fallback, and
+            every weakened item: the tuned model still says the correct answer, so there is no wrong one).
+        kind: ``"lost"`` (the reference passes, the tuned model fails) or ``"weakened"`` (both pass, but the
+            tuned model's log-probability of the answer fell by more than the threshold: :class:`Shift`).
+        shift_nats: the item's :attr:`Shift.nats` (None when Evaluate computed none: lost and loglik items).
+        rival: a weakened item's nearest wrong answer (:mod:`gradian.attribute.rival`), the other side of its
+            contrastive query; None until attribution finds one (and for lost items).
     """
 
     id: str
@@ -213,6 +246,9 @@ class FailingItem:
     margin: float | None
     thin_margin: bool | None
     query: str
+    kind: str = "lost"
+    shift_nats: float | None = None
+    rival: str | None = None
 
     @property
     def chat(self) -> bool:
@@ -263,13 +299,23 @@ class EvalResult:
     def regressed(self) -> list[CapabilityResult]:
         return [c for c in self.capabilities if c.verdict == "regressed"]
 
-    def failing_items(self, capability: str | None = None, *, include_undiagnosed: bool = False) -> list[FailingItem]:
+    def failing_items(
+        self,
+        capability: str | None = None,
+        *,
+        include_undiagnosed: bool = False,
+        weakened_nats: float | None = None,
+    ) -> list[FailingItem]:
         """Items for attribution: reference passes, tuned fails, in a regressed capability.
 
         Args:
             capability: keep only this capability.
             include_undiagnosed: also return lost items of capabilities that are not
                 ``regressed`` (for inspection; attributing them is attributing noise).
+            weakened_nats: also return, after the lost items, the ``kept`` items whose answer the tuned
+                model holds more than this many nats less firmly than the reference
+                (``shift.nats < −weakened_nats``), as ``kind="weakened"`` cross-entropy queries. None: lost
+                items only.
         """
         caps = {c.name: c for c in self.capabilities}
         if capability is not None and capability not in caps:
@@ -295,6 +341,30 @@ class EvalResult:
                     margin=m,
                     thin_margin=None if m is None else m < thin,
                     query="cross_entropy" if it.metric == "loglik" else "contrastive",
+                )
+            )
+        if weakened_nats is None:
+            return out
+        for it in self.items:
+            if it.shift is None or it.shift.nats >= -weakened_nats:
+                continue
+            if capability is not None and it.capability != capability:
+                continue
+            if not include_undiagnosed and caps[it.capability].verdict != "regressed":
+                continue
+            out.append(
+                FailingItem(
+                    **attrs(it, "id", "capability", "metric", "answer"),
+                    prompt=it.model_prompt,
+                    aliases=list(it.aliases),
+                    tuned_answer=it.tuned.answer,
+                    reference_answer=it.reference.answer,
+                    correct_completion=it.shift.correct,
+                    margin=None,
+                    thin_margin=None,
+                    query="cross_entropy",
+                    kind="weakened",
+                    shift_nats=it.shift.nats,
                 )
             )
         return out
@@ -355,6 +425,12 @@ _margin = obj(
     },
     nullable=True,
 )
+_shift = obj(
+    {"nats": NUMBER, "correct": STRING, "logp_reference": NUMBER, "logp_tuned": NUMBER, "tokens": INTEGER},
+    nullable=True,
+)
+# written since weakened items were added: a reader of an older result meets neither
+_failing_optional = {"kind": {"enum": ["lost", "weakened"]}, "shift_nats": nullable(NUMBER), "rival": nullable(STRING)}
 _bounds = obj(
     {
         "base_fails": INTEGER,
@@ -428,7 +504,8 @@ RESULT_JSON_SCHEMA: dict[str, Any] = {
                         "tuned": _model_answer,
                         "status": {"enum": list(STATUSES)},
                         "base_margin": _margin,
-                    }
+                    },
+                    optional={"shift": _shift},
                 ),
             },
             "failing_items": {
@@ -448,7 +525,8 @@ RESULT_JSON_SCHEMA: dict[str, Any] = {
                         "margin": nullable(NUMBER),
                         "thin_margin": nullable(BOOLEAN),
                         "query": {"enum": ["contrastive", "cross_entropy"]},
-                    }
+                    },
+                    optional=_failing_optional,
                 ),
             },
             "notes": arr(STRING),

@@ -15,7 +15,11 @@ attribution lane can reuse it):
    "correct" is the reference's own passing answer when it has one (same format as
    the tuned answer, so the margin measures the fact, not the phrasing), else the
    eval set's answer; the margin with the bare eval-set answer is kept beside it.
-4. **per capability**: scores, delta, paired-bootstrap CI, verdict, base bounds.
+4. **shifts**: for every generative item both models pass (``kept``), the log-probability of the
+   reference's own answer under the reference and under the tuned model, ``nats = logp_tuned −
+   logp_reference`` (:class:`~gradian.evaluate.result.Shift`): how far the tuned model moved off an
+   answer it still gives. Attribution can query the items it weakened most (``--weakened``).
+5. **per capability**: scores, delta, paired-bootstrap CI, verdict, base bounds.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from gradian.evaluate.generate import encode_prompt, generate_greedy
 from gradian.evaluate.items import GENERATIVE_METRICS, EvalItem, as_example, check_items, model_prompt
 from gradian.evaluate.likelihood import score_answers
 from gradian.evaluate.normalize import TEXT_METRICS, extract_answer, normalize_answer
-from gradian.evaluate.result import STATUSES, CapabilityResult, EvalResult, ItemResult, Margin, ModelAnswer
+from gradian.evaluate.result import STATUSES, CapabilityResult, EvalResult, ItemResult, Margin, ModelAnswer, Shift
 from gradian.evaluate.spec import EvalSpec
 from gradian.evaluate.verdict import LOGLIK_QUERY_NOTE, base_bounds, decide
 from gradian.util import attrs
@@ -185,6 +189,14 @@ def _run_model(
     return answers, t1 - t0, t2 - t1  # type: ignore[return-value]
 
 
+def _scores(model, tokenizer, exs: Sequence, spec: EvalSpec, task: str, progress: Progress | None) -> list:
+    """:func:`score_answers` of ``exs`` with the active model, reported to ``progress`` as ``task``."""
+    if not exs:
+        return []
+    cb = (lambda k: progress(task, k, len(exs))) if progress else None
+    return score_answers(model, tokenizer, exs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb)
+
+
 def _status(ref_pass: bool, tuned_pass: bool) -> str:
     if ref_pass and tuned_pass:
         return "kept"
@@ -244,8 +256,29 @@ def evaluate(
         timing["score"] += s
         with _reference_active(model, reference_adapter) as ref_info:
             ref, g, s = _run_model(model, tokenizer, items, prompts, spec, "reference", progress)
+            t0 = time.perf_counter()
+            kept = [
+                i
+                for i, it in enumerate(items)
+                if it.metric in GENERATIVE_METRICS and ref[i].passed and tuned[i].passed and ref[i].answer
+            ]
+            kept_exs = [as_example(items[i].id, prompts[i], ref[i].answer) for i in kept]
+            ref_kept = _scores(model, tokenizer, kept_exs, spec, "reference: shifts", progress)
+        ref_kept_s = time.perf_counter() - t0
         timing["generate"] += g
-        timing["score"] += s
+        timing["score"] += s + ref_kept_s
+        t0 = time.perf_counter()
+        tuned_kept = _scores(model, tokenizer, kept_exs, spec, "tuned: shifts", progress)
+        shifts: list[Shift | None] = [None] * len(items)
+        for i, r, tk in zip(kept, ref_kept, tuned_kept):
+            shifts[i] = Shift(
+                nats=tk.logprob - r.logprob,
+                correct=ref[i].answer,
+                logp_reference=r.logprob,
+                logp_tuned=tk.logprob,
+                tokens=r.n_tokens,
+            )
+        timing["score"] += time.perf_counter() - t0
 
         # base margins for every generative item the tuned model fails (adapter disabled)
         need = [i for i, it in enumerate(items) if it.metric in GENERATIVE_METRICS and not tuned[i].passed]
@@ -263,11 +296,8 @@ def evaluate(
                     slot[key] = len(exs)
                     exs.append(as_example(items[i].id, prompts[i], text))
                 slots.append((texts, slot))
-            cb = (lambda k: progress("base: margins", k, len(exs))) if progress else None
             with model.disable_adapter():
-                sc = score_answers(
-                    model, tokenizer, exs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb
-                )
+                sc = _scores(model, tokenizer, exs, spec, "base: margins", progress)
             for i, (texts, slot) in zip(need, slots):
                 said, gold = sc[slot["said"]], sc[slot["gold"]]
                 key = "own" if "own" in slot else "gold"
@@ -297,6 +327,7 @@ def evaluate(
             tuned=tuned[i],
             status=_status(ref[i].passed, tuned[i].passed),
             base_margin=margins[i],
+            shift=shifts[i],
         )
         for i, it in enumerate(items)
     ]

@@ -407,6 +407,8 @@ def _attribution(
                     "margin",
                     "thin_margin",
                     "query",
+                    "kind",
+                    "shift_nats",
                 )
             }
             for f in cap.get("failing_items") or []

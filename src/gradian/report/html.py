@@ -401,7 +401,9 @@ def _capability_details(cap: Any, fixes: dict[int, str]) -> Markup:
                     else "",
                 ),
                 _txt(f.get("tuned_answer") if f.get("tuned_answer") is not None else "(loglik: no generation)", 120),
-                M("{}{}").format(
+                M("still passes; weakened {}").format(svg.fmt_num(f.get("shift_nats")))
+                if f.get("kind") == "weakened"
+                else M("{}{}").format(
                     svg.fmt_num(f.get("margin")) if f.get("margin") is not None else "n/a",
                     " (thin)" if f.get("thin_margin") else "",
                 ),

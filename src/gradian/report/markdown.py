@@ -234,7 +234,9 @@ def render_markdown(report: Report) -> str:
                         md_text(pr, 120),
                         md_text(f.get("answer"), 80),
                         md_text(f.get("tuned_answer") if f.get("tuned_answer") is not None else "(loglik)", 80),
-                        (fmt_num(f.get("margin")) if f.get("margin") is not None else "n/a")
+                        f"still passes; weakened {fmt_num(f.get('shift_nats'))}"
+                        if f.get("kind") == "weakened"
+                        else (fmt_num(f.get("margin")) if f.get("margin") is not None else "n/a")
                         + (" (thin)" if f.get("thin_margin") else ""),
                     ]
                 )

@@ -237,6 +237,9 @@ def _details(r: Report, console: Console) -> None:
                     ", said ",
                     (one_line(f.get("tuned_answer"), 40), "red"),
                     f", base margin {fmt_num(f.get('margin'))} nats" if f.get("margin") is not None else "",
+                    f" (still passes; weakened {fmt_num(f.get('shift_nats'))} nats)"
+                    if f.get("kind") == "weakened"
+                    else "",
                 )
             )
     if r.audit is not None:

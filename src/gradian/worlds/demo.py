@@ -107,12 +107,13 @@ def _train_cached(world, folder: Path, say: Say, progress: bool) -> Path:
     return adapter
 
 
-def localise_buried(run: dict[str, Any], truth: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every buried culprit whose target item was lost, with the sentence the verdict blames in it.
+def localise_buried(run: dict[str, Any], truth: dict[str, Any], every: bool = False) -> list[dict[str, Any]]:
+    """Every buried culprit whose target item was queried (lost), with the sentence the verdict blames in it.
 
     Read off the run itself: with span-aware ranking (the default) every row's most harmful sentence
     is in ``row_sentences``, so no extra pass is needed and every culprit is judged, not only the
-    rows that ranked near the top. Empty when the run ranked whole rows.
+    rows that ranked near the top. Empty when the run ranked whole rows. ``every``: all buried culprits,
+    queried or not (a benchmark's denominator that does not move with the query set).
     """
     att = run.get("attribution")
     if not att:
@@ -125,7 +126,7 @@ def localise_buried(run: dict[str, Any], truth: dict[str, Any]) -> list[dict[str
             continue
         lost = {q["item_id"] for q in cap["queries"]}
         for c in truth.get("culprits", []):
-            if c["kind"] != "buried" or c.get("eval_id") not in lost or sents[pos[c["id"]]] is None:
+            if c["kind"] != "buried" or (c.get("eval_id") not in lost and not every) or sents[pos[c["id"]]] is None:
                 continue
             a, b = sents[pos[c["id"]]]
             out.append(
