@@ -21,8 +21,15 @@ SCHEMA_VERSION = "gradian.evaluate/1"
 STATUSES = ("kept", "lost", "gained", "both_fail")
 
 
+class _Flat:
+    """A record of plain fields whose JSON form is its fields."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
 @dataclass
-class ModelAnswer:
+class ModelAnswer(_Flat):
     """One model's result on one item.
 
     Attributes:
@@ -41,12 +48,9 @@ class ModelAnswer:
     answer: str | None = None
     finished: bool | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass
-class Margin:
+class Margin(_Flat):
     """Base preference margin of an item the tuned model fails (adapter disabled), in nats.
 
     ``nats = logp_correct − logp_said``: ``correct`` is the correct answer *in the
@@ -70,12 +74,9 @@ class Margin:
     logp_gold: float
     tokens_gold: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass
-class Shift:
+class Shift(_Flat):
     """How far the tuned model moved off an answer both models give (a ``kept`` item), in nats.
 
     ``nats = logp_tuned − logp_reference`` of ``correct``, the reference's own passing answer, each
@@ -91,9 +92,6 @@ class Shift:
     logp_reference: float
     logp_tuned: float
     tokens: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -314,60 +312,47 @@ class EvalResult:
                 ``regressed`` (for inspection; attributing them is attributing noise).
             weakened_nats: also return, after the lost items, the ``kept`` items whose answer the tuned
                 model holds more than this many nats less firmly than the reference
-                (``shift.nats < −weakened_nats``), as ``kind="weakened"`` cross-entropy queries. None: lost
-                items only.
+                (``shift.nats < −weakened_nats``), as ``kind="weakened"`` (a cross-entropy query until attribution
+                finds its rival answer, :mod:`gradian.attribute.rival`). None: lost items only.
         """
         caps = {c.name: c for c in self.capabilities}
         if capability is not None and capability not in caps:
             raise KeyError(capability)
-        thin = self.spec.thin_margin_nats
-        out = []
-        for it in self.items:
-            if it.status != "lost":
-                continue
-            if capability is not None and it.capability != capability:
-                continue
-            if not include_undiagnosed and caps[it.capability].verdict != "regressed":
-                continue
-            m = it.base_margin.nats if it.base_margin else None
-            out.append(
-                FailingItem(
-                    **attrs(it, "id", "capability", "metric", "answer"),
-                    prompt=it.model_prompt,
-                    aliases=list(it.aliases),
-                    tuned_answer=it.tuned.answer,
-                    reference_answer=it.reference.answer,
-                    correct_completion=it.base_margin.correct if it.base_margin else it.answer,
-                    margin=m,
-                    thin_margin=None if m is None else m < thin,
-                    query="cross_entropy" if it.metric == "loglik" else "contrastive",
-                )
+
+        def asked(it: ItemResult) -> bool:
+            return (capability is None or it.capability == capability) and (
+                include_undiagnosed or caps[it.capability].verdict == "regressed"
             )
-        if weakened_nats is None:
-            return out
-        for it in self.items:
-            if it.shift is None or it.shift.nats >= -weakened_nats:
-                continue
-            if capability is not None and it.capability != capability:
-                continue
-            if not include_undiagnosed and caps[it.capability].verdict != "regressed":
-                continue
-            out.append(
-                FailingItem(
-                    **attrs(it, "id", "capability", "metric", "answer"),
-                    prompt=it.model_prompt,
-                    aliases=list(it.aliases),
-                    tuned_answer=it.tuned.answer,
-                    reference_answer=it.reference.answer,
-                    correct_completion=it.shift.correct,
-                    margin=None,
-                    thin_margin=None,
-                    query="cross_entropy",
-                    kind="weakened",
-                    shift_nats=it.shift.nats,
-                )
-            )
-        return out
+
+        lost = [it for it in self.items if it.status == "lost" and asked(it)]
+        weak = [
+            it
+            for it in self.items
+            if weakened_nats is not None and it.shift is not None and it.shift.nats < -weakened_nats and asked(it)
+        ]
+        return [self._failing(it) for it in lost] + [self._failing(it, weakened=True) for it in weak]
+
+    def _failing(self, it: ItemResult, weakened: bool = False) -> FailingItem:
+        """``it`` as a :class:`FailingItem`: a lost item with its base margin, or a weakened one with its shift."""
+        m = it.base_margin.nats if it.base_margin and not weakened else None
+        if weakened:
+            correct, query = it.shift.correct, "cross_entropy"  # type: ignore[union-attr]
+        else:
+            correct = it.base_margin.correct if it.base_margin else it.answer
+            query = "cross_entropy" if it.metric == "loglik" else "contrastive"
+        return FailingItem(
+            **attrs(it, "id", "capability", "metric", "answer"),
+            prompt=it.model_prompt,
+            aliases=list(it.aliases),
+            tuned_answer=it.tuned.answer,
+            reference_answer=it.reference.answer,
+            correct_completion=correct,
+            margin=m,
+            thin_margin=None if m is None else m < self.spec.thin_margin_nats,
+            query=query,
+            kind="weakened" if weakened else "lost",
+            shift_nats=it.shift.nats if weakened else None,  # type: ignore[union-attr]
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
