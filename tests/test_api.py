@@ -330,6 +330,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "references": ",".join(a.references),
         "fuse": ",".join(a.fuse),
         "fuse_gate": a.fuse_gate,
+        "weakened": a.weakened_nats,
         "damping_scale": None,  # None: the engine spec's own default
         "engine_option": None,
         **_index_option_defaults(g),
