@@ -192,26 +192,16 @@ def failing_item_query(item: Any, kind: QueryKind = "contrastive") -> Query:
     Contrastive when both the item (a generative metric: it has what the model said) and ``kind``
     allow it, else cross-entropy; the correct side as :func:`make_query` builds it.
     """
-    rival = getattr(item, "rival", None)
-    if getattr(item, "kind", "lost") == "weakened":  # it still says the right answer: contrast with its rival
-        return make_query(
-            item.id,
-            item.capability,
-            item.prompt,
-            item.answer,
-            rival if kind == "contrastive" else None,
-            item.correct_completion,
-            kind="contrastive" if rival and kind == "contrastive" else "cross_entropy",
-            fallback=item.correct_completion,
-        )
+    # a weakened item still says the right answer: its wrong side is its rival (None: cross-entropy)
+    weakened = getattr(item, "kind", "lost") == "weakened"
     contrastive = item.query == "contrastive" and kind == "contrastive"
     return make_query(
         item.id,
         item.capability,
         item.prompt,
         item.answer,
-        item.tuned_answer,
-        item.reference_answer,
+        getattr(item, "rival", None) if weakened else item.tuned_answer,
+        item.correct_completion if weakened else item.reference_answer,
         kind="contrastive" if contrastive else "cross_entropy",
         fallback=item.correct_completion,
     )

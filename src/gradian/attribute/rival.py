@@ -83,32 +83,31 @@ def rival_answers(
 
 def _rivals(model, tokenizer, items, max_new_tokens: int, batch_size: int, norm: NormalizeSpec) -> list[str | None]:
     device = next(model.parameters()).device
-    plans: list[tuple[int, list[int], list[int]]] = []  # (item, prefix ids, candidate token ids)
+    plans: list[
+        tuple[int, str, int, list[int], list[int]]
+    ] = []  # (item, its answer, prompt length, prefix, candidates)
     for i, it in enumerate(items):
         said = it.tuned_answer or it.correct_completion
         found = _answer_token(tokenizer, said, [it.answer, *it.aliases])
         if found is None:
             continue
         ids, t = found
-        prefix = encode_prompt(it.prompt, tokenizer, f"eval item {it.id}") + ids[:t]
+        prompt = encode_prompt(it.prompt, tokenizer, f"eval item {it.id}")
+        prefix = prompt + ids[:t]
         logits = model(input_ids=torch.tensor([prefix], device=device)).logits[0, -1]
         top = torch.topk(logits.float(), RIVAL_CANDIDATES + 1).indices.tolist()
-        plans.append((i, prefix, [c for c in top if c != ids[t]][:RIVAL_CANDIDATES]))
-    starts = [prefix + [c] for _, prefix, cands in plans for c in cands]
-    gens = generate_greedy(model, tokenizer, starts, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        plans.append((i, said, len(prompt), prefix, [c for c in top if c != ids[t]][:RIVAL_CANDIDATES]))
+    starts = [prefix + [c] for *_, prefix, cands in plans for c in cands]
+    gens = iter(generate_greedy(model, tokenizer, starts, max_new_tokens=max_new_tokens, batch_size=batch_size))
     out: list[str | None] = [None] * len(items)
-    k = 0
-    for i, prefix, cands in plans:
+    for i, said, n_prompt, prefix, cands in plans:
         it = items[i]
-        n_prompt = len(encode_prompt(it.prompt, tokenizer, f"eval item {it.id}"))
-        for c in cands:
-            g = gens[k]
-            k += 1
+        for c, g in zip(cands, gens):  # this item's continuations, in order of probability
             if out[i] is not None:
                 continue
             text = tokenizer.decode(prefix[n_prompt:] + [c] + g.token_ids, skip_special_tokens=True)
             answer = extract_answer(text, norm)
             wrong = answer.strip() and not TEXT_METRICS[it.metric](text, [it.answer, *it.aliases], norm)
-            if wrong and _substitution(it.tuned_answer or it.correct_completion, answer, it.answer):
+            if wrong and _substitution(said, answer, it.answer):
                 out[i] = answer
     return out

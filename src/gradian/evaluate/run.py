@@ -173,11 +173,7 @@ def _run_model(
             for a in items[i].accepted:
                 exs.append(as_example(items[i].id, prompts[i], a))
                 owner.append(i)
-        task = f"{label}: loglik"
-        cb = (lambda k: progress(task, k, len(exs))) if progress else None
-        scores = score_answers(
-            model, tokenizer, exs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb
-        )
+        scores = _scores(model, tokenizer, exs, spec, f"{label}: loglik", progress)
         best: dict[int, float] = {}
         greedy: dict[int, bool] = {}
         for i, s in zip(owner, scores):
