@@ -346,6 +346,21 @@ def progress_bar() -> _Progress:
     return _Progress()
 
 
+def print_line(text: str) -> None:
+    """Print one line of plain text: markup escaped, nothing highlighted, not wrapped (the library calls' ``say``)."""
+    console.print(escape(text), highlight=False, soft_wrap=True)
+
+
+def write_report_html(run_dir: Path) -> Path:
+    """Render ``run_dir/run.json`` as ``run_dir/report.html`` (atomically) and return the file's path."""
+    from gradian.report import render, report_for_run
+    from gradian.util import atomic_write_text
+
+    path = run_dir / "report.html"
+    atomic_write_text(path, render(report_for_run(run_dir), "html"))
+    return path
+
+
 def grad_spec_from_options(
     max_length: int,
     loss_on: str,

@@ -8,7 +8,14 @@ import typer
 from rich.markup import escape
 
 from gradian.commands import _options as O
-from gradian.commands._common import console, grad_spec_from_options, progress_bar, user_errors
+from gradian.commands._common import (
+    console,
+    grad_spec_from_options,
+    print_line,
+    progress_bar,
+    user_errors,
+    write_report_html,
+)
 from gradian.errors import GradianUserError
 from gradian.report.svg import fmt_verdict
 from gradian.tables import FitTable
@@ -513,7 +520,7 @@ def register(app: typer.Typer) -> None:
                     out,
                     progress=pb.callback(),
                     index_root=index_dir,
-                    say=lambda line: console.print(escape(line), highlight=False, soft_wrap=True),
+                    say=print_line,
                     setup=setup,
                     examples=examples,
                     budget=budget,
@@ -530,13 +537,10 @@ def register(app: typer.Typer) -> None:
         print_attribution(run)
         if run.get("audit"):
             print_audit_errors(run["audit"])
-        from gradian.report import render, report_for_run
-        from gradian.util import atomic_write_text
-
-        atomic_write_text(out / "report.html", render(report_for_run(out), "html"))
+        html = write_report_html(out)
         tm = run["timing"]
         console.print(
             f"[dim]run {run['manifest']['run_id']} in {tm['total']:.1f} s → {escape(str(out / 'run.json'))}, "
-            f"{escape(str(out / 'report.html'))}[/]"
+            f"{escape(str(html))}[/]"
         )
         print_next_steps(run, out)

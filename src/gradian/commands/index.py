@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from gradian.commands import _options as O
-from gradian.commands._common import console, progress_bar, user_errors
+from gradian.commands._common import console, print_line, progress_bar, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -139,12 +139,12 @@ def register(app: typer.Typer) -> None:
             )
             spec = with_dim(spec, distributed.broadcast_object(spec.projection.dim))  # every rank stores rank 0's
             for line in plan.lines():
-                console.print(escape(line), highlight=False, soft_wrap=True)
+                print_line(line)
             if plan_only:
                 return
             check = check_data_matches_adapter(ft, data, items, batch_size=batch_size)  # warns on a mismatch
             if check is not None:
-                console.print(escape(check.line()), highlight=False, soft_wrap=True)
+                print_line(check.line())
             # what `attribute --unit` reads: the row index, and with "sentence" the sentence-unit index too
             from dataclasses import replace
 

@@ -12,6 +12,15 @@ from gradian.commands._common import console, user_errors
 from gradian.defaults import DTYPE, MAX_LENGTH
 
 
+def _override(flag: str, help: str, panel: str = O.SETUP):
+    """A ``gradian train`` flag that overrides one field of the training config.
+
+    Its default, None, means "not given": the ``--config`` value, else the default its ``help`` names
+    (:func:`gradian.trainconfig.spec_from_config` resolves it).
+    """
+    return typer.Option(None, flag, help=help, rich_help_panel=panel)
+
+
 @user_errors
 def train_cmd(
     base: str = typer.Option(
@@ -39,61 +48,35 @@ def train_cmd(
     eval_data: Path | None = typer.Option(
         None, "--eval-data", help="Held-out rows: eval_loss is logged once per epoch.", rich_help_panel=O.INPUTS
     ),
-    epochs: float | None = typer.Option(
-        None, "--epochs", help="num_train_epochs (default 3).", rich_help_panel=O.SETUP
+    epochs: float | None = _override("--epochs", "num_train_epochs (default 3)."),
+    lr: float | None = _override("--lr", "learning_rate (default 2e-4)."),
+    r: int | None = _override("--r", "LoRA rank (default 16)."),
+    alpha: int | None = _override("--alpha", "lora_alpha (default 32)."),
+    dropout: float | None = _override("--dropout", "lora_dropout (default 0.05)."),
+    targets: str | None = _override(
+        "--targets", "Comma-separated LoRA target modules, or all-linear (default: every Llama Linear)."
     ),
-    lr: float | None = typer.Option(None, "--lr", help="learning_rate (default 2e-4).", rich_help_panel=O.SETUP),
-    r: int | None = typer.Option(None, "--r", help="LoRA rank (default 16).", rich_help_panel=O.SETUP),
-    alpha: int | None = typer.Option(None, "--alpha", help="lora_alpha (default 32).", rich_help_panel=O.SETUP),
-    dropout: float | None = typer.Option(
-        None, "--dropout", help="lora_dropout (default 0.05).", rich_help_panel=O.SETUP
-    ),
-    targets: str | None = typer.Option(
-        None,
-        "--targets",
-        help="Comma-separated LoRA target modules, or all-linear (default: every Llama Linear).",
-        rich_help_panel=O.SETUP,
-    ),
-    max_length: int | None = typer.Option(
-        None,
+    max_length: int | None = _override(
         "--max-length",
-        help=f"Truncate rows to this many tokens (default {MAX_LENGTH}, TRL's SFTConfig default; the batches are "
+        f"Truncate rows to this many tokens (default {MAX_LENGTH}, TRL's SFTConfig default; the batches are "
         "padded to their longest row, not to it).",
-        rich_help_panel=O.SETUP,
     ),
-    batch_size: int | None = typer.Option(
-        None, "--batch-size", help="per_device_train_batch_size (default 8).", rich_help_panel=O.SETUP
-    ),
-    grad_accum: int | None = typer.Option(
-        None, "--grad-accum", help="gradient_accumulation_steps (default 1).", rich_help_panel=O.SETUP
-    ),
-    warmup_ratio: float | None = typer.Option(
-        None, "--warmup-ratio", help="Linear warmup fraction (default 0.05).", rich_help_panel=O.SETUP
-    ),
-    scheduler: str | None = typer.Option(
-        None, "--scheduler", help="lr_scheduler_type: linear (default), cosine, constant.", rich_help_panel=O.SETUP
-    ),
+    batch_size: int | None = _override("--batch-size", "per_device_train_batch_size (default 8)."),
+    grad_accum: int | None = _override("--grad-accum", "gradient_accumulation_steps (default 1)."),
+    warmup_ratio: float | None = _override("--warmup-ratio", "Linear warmup fraction (default 0.05)."),
+    scheduler: str | None = _override("--scheduler", "lr_scheduler_type: linear (default), cosine, constant."),
     loss_on_all: bool = typer.Option(
         False,
         "--loss-on-all",
         help="Supervise prompt tokens too (completion_only_loss: false).",
         rich_help_panel=O.SETUP,
     ),
-    seed: int | None = typer.Option(
-        None, "--seed", help="LoRA init, data order and dropout masks (default 0).", rich_help_panel=O.SETUP
+    seed: int | None = _override("--seed", "LoRA init, data order and dropout masks (default 0)."),
+    logging_steps: int | None = _override("--logging-steps", "Log every N optimizer steps (default 1)."),
+    device: str | None = _override(
+        "--device", O.DEVICE_HELP + " The device used is recorded in gradian_train.json.", O.DEVICES
     ),
-    logging_steps: int | None = typer.Option(
-        None, "--logging-steps", help="Log every N optimizer steps (default 1).", rich_help_panel=O.SETUP
-    ),
-    device: str | None = typer.Option(
-        None,
-        "--device",
-        help=O.DEVICE_HELP + " The device used is recorded in gradian_train.json.",
-        rich_help_panel=O.DEVICES,
-    ),
-    dtype: str | None = typer.Option(
-        None, "--dtype", help=f"{DTYPE} (default), bfloat16, float16.", rich_help_panel=O.DEVICES
-    ),
+    dtype: str | None = _override("--dtype", f"{DTYPE} (default), bfloat16, float16.", O.DEVICES),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing non-empty --out folder.", rich_help_panel=O.STORAGE
     ),

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from gradian.commands import _options as O
-from gradian.commands._common import console, user_errors
+from gradian.commands._common import console, user_errors, write_report_html
 from gradian.defaults import DEVICE
 
 
@@ -114,8 +114,6 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Retrain without the blamed rows (and random controls) and re-evaluate: does the capability come back?"""
-        from gradian.report import render, report_for_run
-        from gradian.util import atomic_write_text
         from gradian.verify import VerifySpec, verify_run
 
         spec = VerifySpec(
@@ -132,8 +130,8 @@ def register(app: typer.Typer) -> None:
             say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}", highlight=False, soft_wrap=True),
         )
         print_verification(record)
-        atomic_write_text(run_dir / "report.html", render(report_for_run(run_dir), "html"))
+        html = write_report_html(run_dir)
         console.print(
             f"[dim]verification added to {escape(str(run_dir / 'run.json'))} in {record['seconds']:.0f} s; "
-            f"report: {escape(str(run_dir / 'report.html'))}[/]"
+            f"report: {escape(str(html))}[/]"
         )

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from gradian.commands._common import console, user_errors
+from gradian.commands._common import console, print_line, user_errors
 
 
 @user_errors
@@ -125,7 +125,7 @@ def _family(out: Path, kind: str, seed: int) -> None:
 
     WorldSpec.default(kind)  # a bad --kind is named before anything is written
     with console.status(f"building the {kind} family ({len(FAMILY)} worlds, seed {seed})"):
-        fam = build_family(out, kind, seed, say=lambda s: console.print(escape(s), highlight=False, soft_wrap=True))
+        fam = build_family(out, kind, seed, say=print_line)
     console.print(
         f"[bold]family[/] {escape(str(out))}: {len(fam['variants'])} worlds "
         f"({sum(v['held_out'] for v in fam['variants'])} held out), family.json",
