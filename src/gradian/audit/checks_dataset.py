@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 from gradian.audit import text as T
 from gradian.audit.context import AuditContext
@@ -74,6 +75,16 @@ def largest_first(groups: list[list[int]]) -> list[int]:
     """
     groups.sort(key=lambda g: (-len(g), g[0]))
     return [i for g in groups for i in g]
+
+
+def duplicate_groups(keys) -> list[list[int]]:
+    """The indices of equal ``keys``, one group per key that occurs more than once (groups in the order their key
+    first occurs, each group's indices in order).
+    """
+    groups: dict[Any, list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        groups[k].append(i)
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def pct(k: int, n: int) -> str:
@@ -326,10 +337,7 @@ def d09(ctx: AuditContext) -> list[Hit]:
 )
 def d11(ctx: AuditContext) -> list[Hit]:
     """D11 (dup_exact): Exact duplicate rows."""
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, r in enumerate(ctx.norm_row):
-        groups[r].append(i)
-    dups = [g for g in groups.values() if len(g) > 1]
+    dups = duplicate_groups(ctx.norm_row)
     c = ctx.config
     dedup = bool(c is not None and c.dedup_exact)
     if dedup:

@@ -7,6 +7,7 @@ Each finding lists the affected training example ids in ``row_ids`` and eval ids
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
@@ -15,6 +16,72 @@ from gradian.audit import text as T
 from gradian.audit.checks_dataset import eval_ids, ids, near_dup_pairs
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, check
+
+
+@dataclass
+class ExactMatches:
+    """The eval rows found verbatim in training by :func:`exact_matches`, and the training rows they were found in.
+
+    Attributes:
+        verbatim: eval rows whose prompt + target equals a training row's.
+        same_prompt: the others whose prompt (>= 3 words) equals a training row's.
+        same_target: the others whose target equals a long training target (only when ``target_words`` is given).
+        train_verbatim, train_prompt, train_target: the training rows each kind was found in.
+    """
+
+    verbatim: list[int] = field(default_factory=list)
+    same_prompt: list[int] = field(default_factory=list)
+    same_target: list[int] = field(default_factory=list)
+    train_verbatim: set[int] = field(default_factory=set)
+    train_prompt: set[int] = field(default_factory=set)
+    train_target: set[int] = field(default_factory=set)
+
+
+def exact_matches(
+    train_prompts: list[tuple[str, str]],
+    train_targets: list[str],
+    eval_prompts: list[tuple[str, str]],
+    eval_targets: list[str],
+    target_words: int | None = None,
+) -> ExactMatches:
+    """D14's rule (D24 applies it to prompt + chosen response): each eval row's normalised prompt + target, else
+    its prompt (>= 3 words), else (with ``target_words``) its target, looked up among the training rows'.
+
+    A prompt counts with and without its system turns: a chat row's system prompt is not the item's content, and the
+    same question asked under another (or no) system prompt is the same eval item.
+
+    Args:
+        train_prompts: per training row, its normalised prompt as written and without its system turns.
+        train_targets: per training row, its normalised target.
+        eval_prompts, eval_targets: the same for each eval row.
+        target_words: also match an eval target alone against training targets of at least this many words
+            (None: targets alone are not matched).
+    """
+    rows: dict[str, list[int]] = defaultdict(list)
+    prompts: dict[str, list[int]] = defaultdict(list)
+    targets: dict[str, list[int]] = defaultdict(list)
+    for i, (forms, c) in enumerate(zip(train_prompts, train_targets)):
+        for q in set(forms):
+            rows[q + "\x1f" + c].append(i)
+            if len(q.split(None, 2)) >= 3:  # >= 3 words
+                prompts[q].append(i)
+        if target_words is not None and len(c.split(None, target_words - 1)) >= target_words:
+            targets[c].append(i)
+    m = ExactMatches()
+    for j, (forms, c) in enumerate(zip(eval_prompts, eval_targets)):
+        forms = tuple(dict.fromkeys(forms))
+        row = next((r for r in (q + "\x1f" + c for q in forms) if r in rows), None)
+        prompt = next((q for q in forms if q in prompts), None)
+        if row is not None:
+            m.verbatim.append(j)
+            m.train_verbatim.update(rows[row])
+        elif prompt is not None:
+            m.same_prompt.append(j)
+            m.train_prompt.update(prompts[prompt])
+        elif c in targets:
+            m.same_target.append(j)
+            m.train_target.update(targets[c])
+    return m
 
 
 # ---------------------------------------------------------------------- D14
@@ -33,35 +100,14 @@ from gradian.audit.registry import Hit, check
 )
 def d14(ctx: AuditContext) -> list[Hit]:
     """D14 (contam_exact): Eval rows found verbatim in training."""
-    train_rows: dict[str, list[int]] = defaultdict(list)
-    train_prompts: dict[str, list[int]] = defaultdict(list)
-    train_targets: dict[str, list[int]] = defaultdict(list)
-    # a prompt counts with and without its system turns: a chat row's system prompt is not the item's content,
-    # and the same question asked under another (or no) system prompt is the same eval item
-    for i, (p, p0, c) in enumerate(zip(ctx.norm_prompt, ctx.norm_prompt_without_system, ctx.norm_completion)):
-        for q in {p, p0}:
-            train_rows[q + "\x1f" + c].append(i)
-            if len(q.split(None, 2)) >= 3:  # >= 3 words
-                train_prompts[q].append(i)
-        if len(c.split(None, 7)) >= 8:  # >= 8 words
-            train_targets[c].append(i)
-    full, prompt_only, target_only = [], [], []
-    tr_full, tr_prompt, tr_target = set(), set(), set()
-    for j, (p, p0, c) in enumerate(
-        zip(ctx.eval_norm_prompt, ctx.eval_norm_prompt_without_system, ctx.eval_norm_completion)
-    ):
-        rows = [q + "\x1f" + c for q in dict.fromkeys((p, p0))]
-        row = next((r for r in rows if r in train_rows), None)
-        prompt = next((q for q in dict.fromkeys((p, p0)) if q in train_prompts), None)
-        if row is not None:
-            full.append(j)
-            tr_full.update(train_rows[row])
-        elif prompt is not None:
-            prompt_only.append(j)
-            tr_prompt.update(train_prompts[prompt])
-        elif c in train_targets:
-            target_only.append(j)
-            tr_target.update(train_targets[c])
+    m = exact_matches(
+        list(zip(ctx.norm_prompt, ctx.norm_prompt_without_system)),
+        ctx.norm_completion,
+        list(zip(ctx.eval_norm_prompt, ctx.eval_norm_prompt_without_system)),
+        ctx.eval_norm_completion,
+        target_words=8,
+    )
+    full, prompt_only, target_only = m.verbatim, m.same_prompt, m.same_target
     n_eval = len(ctx.eval_examples)
     hits = []
     if full or prompt_only:
@@ -78,7 +124,7 @@ def d14(ctx: AuditContext) -> list[Hit]:
                     "verbatim": len(full),
                     "same_prompt": len(prompt_only),
                 },
-                row_ids=ids(ctx, tr_full | tr_prompt),
+                row_ids=ids(ctx, m.train_verbatim | m.train_prompt),
                 eval_row_ids=eval_ids(ctx, ev),
             )
         )
@@ -88,7 +134,7 @@ def d14(ctx: AuditContext) -> list[Hit]:
                 "warning",
                 f"{len(target_only)} eval targets (>= 8 words) appear verbatim as training targets",
                 {"value": len(target_only), "threshold": 0, "n_eval": n_eval},
-                row_ids=ids(ctx, tr_target),
+                row_ids=ids(ctx, m.train_target),
                 eval_row_ids=eval_ids(ctx, target_only),
             )
         )

@@ -6,13 +6,12 @@ applicable" on SFT rows; the SFT-row checks say "not applicable" on preference r
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from gradian.audit import text as T
-from gradian.audit.checks_dataset import pct
+from gradian.audit.checks_dataset import duplicate_groups, pct
+from gradian.audit.checks_eval import exact_matches
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
-from gradian.data.preference import PreferenceExample, without_system
+from gradian.data.preference import PreferenceExample
 
 #: TRL's DPOConfig / KTOConfig default ``max_length`` (trl 1.16.0 trainer/dpo_config.py).
 TRL_PREF_MAX_LENGTH = 1024
@@ -34,6 +33,15 @@ def _rows(ctx: AuditContext) -> list[PreferenceExample]:
 
 def _ids(rows: list[PreferenceExample], idxs) -> list[str]:
     return [rows[i].id for i in sorted(set(idxs))]
+
+
+def _count_hit(rows: list[PreferenceExample], idxs: list[int], severity: str, says: str, more: dict) -> Hit:
+    """The finding of a count rule (any affected row counts) on the preference rows at indices ``idxs``: the
+    message ``f"{pct(len(idxs), len(rows))} {says}"`` and the evidence ``{"value": len(idxs), "threshold": 0,
+    **more}`` (:func:`gradian.audit.checks_dataset.count_hits` for preference rows).
+    """
+    evidence = {"value": len(idxs), "threshold": 0, **more}
+    return Hit(severity, f"{pct(len(idxs), len(rows))} {says}", evidence, row_ids=_ids(rows, idxs))
 
 
 @check(
@@ -74,14 +82,8 @@ def d22(ctx: AuditContext) -> list[Hit]:
         (same, "chosen identical to rejected", ": zero preference signal"),
     ):
         if idxs:
-            hits.append(
-                Hit(
-                    "error",
-                    f"{pct(len(idxs), len(rows))} have {name} (first: {rows[idxs[0]].where}){after}",
-                    {"value": len(idxs), "threshold": 0, "n_rows": len(rows)},
-                    row_ids=_ids(rows, idxs),
-                )
-            )
+            says = f"have {name} (first: {rows[idxs[0]].where}){after}"
+            hits.append(_count_hit(rows, idxs, "error", says, {"n_rows": len(rows)}))
     return hits
 
 
@@ -106,10 +108,7 @@ def _key(e: PreferenceExample) -> str:
 def d23(ctx: AuditContext) -> list[Hit]:
     """D23 (pref_duplicates)."""
     rows = _rows(ctx)
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, e in enumerate(rows):
-        groups[_key(e)].append(i)
-    dup = [g for g in groups.values() if len(g) > 1]
+    dup = duplicate_groups(_key(e) for e in rows)
     if not dup:
         return []
     extra = sum(len(g) - 1 for g in dup)
@@ -146,27 +145,14 @@ def d24(ctx: AuditContext) -> list[Hit]:
     is still found.
     """
     rows = _rows(ctx)
-    prompts: dict[str, list[int]] = defaultdict(list)
-    full: dict[str, list[int]] = defaultdict(list)
-    for i, e in enumerate(rows):
-        c = T.normalise(e.chosen_text)
-        for p in {T.normalise(e.prompt_text), T.normalise(e.prompt_without_system)}:
-            full[p + "\x1f" + c].append(i)
-            if len(p.split(None, 2)) >= 3:
-                prompts[p].append(i)
-    verbatim, same_prompt, tr = [], [], set()
+    m = exact_matches(
+        [(T.normalise(e.prompt_text), T.normalise(e.prompt_without_system)) for e in rows],
+        [T.normalise(e.chosen_text) for e in rows],
+        list(zip(ctx.eval_norm_prompt, ctx.eval_norm_prompt_without_system)),
+        ctx.eval_norm_completion,
+    )
+    verbatim, same_prompt, tr = m.verbatim, m.same_prompt, m.train_verbatim | m.train_prompt
     ev_ex = ctx.eval_examples or []
-    for j, (p, c) in enumerate(zip(ctx.eval_norm_prompt, ctx.eval_norm_completion)):
-        forms = [p, T.normalise(without_system(ev_ex[j].prompt))]
-        hit = next((f for f in forms if f + "\x1f" + c in full), None)
-        if hit is not None:
-            verbatim.append(j)
-            tr.update(full[hit + "\x1f" + c])
-            continue
-        hit = next((f for f in forms if f in prompts), None)
-        if hit is not None:
-            same_prompt.append(j)
-            tr.update(prompts[hit])
     ev = verbatim + same_prompt
     if not ev:
         return []
@@ -240,25 +226,14 @@ def d25(ctx: AuditContext) -> list[Hit]:
             long_prompts.append(i)
     hits = []
     if long_rows:
-        hits.append(
-            Hit(
-                "warning",
-                f"{pct(len(long_rows), len(rows))} are longer than max_length={max_len} ({src}) with their response "
-                f"(longest {worst} tokens; first: {rows[long_rows[0]].where})",
-                {"value": len(long_rows), "threshold": 0, "max_length": max_len, "longest": worst},
-                row_ids=_ids(rows, long_rows),
-            )
+        says = (
+            f"are longer than max_length={max_len} ({src}) with their response "
+            f"(longest {worst} tokens; first: {rows[long_rows[0]].where})"
         )
+        hits.append(_count_hit(rows, long_rows, "warning", says, {"max_length": max_len, "longest": worst}))
     if long_prompts:
-        hits.append(
-            Hit(
-                "warning",
-                f"{pct(len(long_prompts), len(rows))} have a prompt longer than max_prompt_length={max_prompt} "
-                f"({cfg.source('max_prompt_length')})",
-                {"value": len(long_prompts), "threshold": 0, "max_prompt_length": max_prompt},
-                row_ids=_ids(rows, long_prompts),
-            )
-        )
+        says = f"have a prompt longer than max_prompt_length={max_prompt} ({cfg.source('max_prompt_length')})"
+        hits.append(_count_hit(rows, long_prompts, "warning", says, {"max_prompt_length": max_prompt}))
     return hits
 
 

@@ -16,6 +16,7 @@ agree with the sequences and masks the attribution lane trains on.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
@@ -213,6 +214,26 @@ def _row(tx: TokenizedExample | None, error: str | None, prompt_ids_len: int | N
     return TokenRow(tx, None, first, last, prompt_ids_len)
 
 
+#: What the batch tokenisation must reproduce of :func:`tokenize_example`'s result (:meth:`AuditContext._tokenize`).
+_TOKENIZED = operator.attrgetter(
+    "input_ids", "labels", "offsets", "text", "completion_char_start", "full_length", "prompt_length"
+)
+
+
+def _row_offsets(lengths: list[int]) -> np.ndarray:
+    """``offsets (n+1,) int64`` of n rows laid end to end, from each row's length: row i is
+    ``flat[offsets[i]:offsets[i+1]]``.
+    """
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def _split_rows(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    """Per row, its part of ``flat`` (views), the rows laid end to end at ``offsets`` (:func:`_row_offsets`)."""
+    return np.split(flat, offsets[1:-1]) if len(offsets) > 1 else []
+
+
 def _plain_backend(tok):
     """The fast tokenizer's Rust backend when calling it directly is equivalent (no truncation/padding set)."""
     be = getattr(tok, "backend_tokenizer", None) if getattr(tok, "is_fast", False) else None
@@ -393,8 +414,7 @@ class AuditContext:
     def _row_word_table(self) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
         pw, cw = self.prompt_words, self.completion_words
         flat = list(chain.from_iterable(chain.from_iterable(zip(pw, cw))))
-        offsets = np.zeros(len(pw) + 1, dtype=np.int64)
-        np.cumsum([len(p) + len(c) for p, c in zip(pw, cw)], out=offsets[1:])
+        offsets = _row_offsets([len(p) + len(c) for p, c in zip(pw, cw)])
         hashes, ids, vocab = T.word_table(flat)
         return hashes, ids, vocab, offsets
 
@@ -415,21 +435,17 @@ class AuditContext:
     @cached_property
     def row_word_hashes(self) -> list[np.ndarray]:
         """Per training row, its words' hashes (views into :attr:`row_word_flat`)."""
-        flat, off = self.row_word_flat
-        return np.split(flat, off[1:-1]) if len(off) > 1 else []
+        return _split_rows(*self.row_word_flat)
 
     @cached_property
     def eval_row_word_flat(self) -> tuple[np.ndarray, np.ndarray]:
         """:attr:`row_word_flat` for the eval rows (:attr:`eval_row_words`)."""
         ws = self.eval_row_words
-        offsets = np.zeros(len(ws) + 1, dtype=np.int64)
-        np.cumsum([len(w) for w in ws], out=offsets[1:])
-        return T.word_hashes(list(chain.from_iterable(ws))), offsets
+        return T.word_hashes(list(chain.from_iterable(ws))), _row_offsets([len(w) for w in ws])
 
     @cached_property
     def eval_row_word_hashes(self) -> list[np.ndarray]:
-        flat, off = self.eval_row_word_flat
-        return np.split(flat, off[1:-1]) if len(off) > 1 else []
+        return _split_rows(*self.eval_row_word_flat)
 
     @cached_property
     def row_segment_lengths(self) -> list[list[int]]:
@@ -619,23 +635,7 @@ class AuditContext:
                     break
                 continue
             got = fast[i][0]
-            if got is None or (
-                got.input_ids,
-                got.labels,
-                got.offsets,
-                got.text,
-                got.completion_char_start,
-                got.full_length,
-                got.prompt_length,
-            ) != (
-                ref.input_ids,
-                ref.labels,
-                ref.offsets,
-                ref.text,
-                ref.completion_char_start,
-                ref.full_length,
-                ref.prompt_length,
-            ):
+            if got is None or _TOKENIZED(got) != _TOKENIZED(ref):
                 break
         else:
             return [_row(tx, err, plen) for tx, err, plen in fast]
