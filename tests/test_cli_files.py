@@ -47,6 +47,9 @@ def test_atomic_writers_and_published_folders_honour_the_umask(tmp_path, mask, w
     """mkstemp/mkdtemp make 0600/0700; what Gradian leaves is what open()/mkdir would make under the umask."""
     import tempfile
 
+    import torch
+    from safetensors.torch import save_file
+
     from gradian.util import atomic_write_bytes, atomic_write_json, atomic_write_text, current_umask, publish_folder
 
     old = os.umask(mask)
@@ -57,12 +60,21 @@ def test_atomic_writers_and_published_folders_honour_the_umask(tmp_path, mask, w
         atomic_write_json(tmp_path / "a.json", {"x": 1})
         tmp = Path(tempfile.mkdtemp(dir=tmp_path))
         assert _mode(tmp) == 0o700
+        # what a library leaves private inside the folder: safetensors' save_file (PEFT's save_pretrained) writes
+        # 0600, and a checkpoint-*/ folder made by mkdtemp is 0700
+        (tmp / "checkpoint-1").mkdir(mode=0o700)
+        save_file({"w": torch.zeros(2)}, str(tmp / "checkpoint-1" / "adapter_model.safetensors"))
+        save_file({"w": torch.zeros(2)}, str(tmp / "adapter_model.safetensors"))
+        assert _mode(tmp / "adapter_model.safetensors") == 0o600  # the library's own mode, whatever the umask
         publish_folder(tmp, tmp_path / "pub")
     finally:
         os.umask(old)
     for name in ("a.bin", "a.txt", "a.json"):
         assert _mode(tmp_path / name) == want_file, name
     assert _mode(tmp_path / "pub") == want_dir
+    assert _mode(tmp_path / "pub" / "checkpoint-1") == want_dir
+    for name in ("adapter_model.safetensors", "checkpoint-1/adapter_model.safetensors"):
+        assert _mode(tmp_path / "pub" / name) == want_file, name
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
 
 

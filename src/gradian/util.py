@@ -217,7 +217,9 @@ def publish_folder(tmp: str | Path, target: str | Path, keep_if: str | None = No
             finished first), ``tmp`` is discarded and ``target`` kept.
 
     Returns:
-        ``target``, with the mode :func:`folder_mode` (``mkdtemp`` makes 0700). A half-written ``target``
+        ``target``. It and every folder inside get :func:`folder_mode` (``mkdtemp`` makes 0700), every file
+        inside :func:`file_mode` (safetensors' ``save_file``, which PEFT's ``save_pretrained`` calls, writes
+        0600), so the published folder reads as if ``mkdir``/``open()`` had made it. A half-written ``target``
         from an interrupted run is replaced.
     """
     import shutil
@@ -226,7 +228,17 @@ def publish_folder(tmp: str | Path, target: str | Path, keep_if: str | None = No
     if keep_if and (target / keep_if).exists():
         shutil.rmtree(tmp, ignore_errors=True)
         return target
-    os.chmod(tmp, folder_mode())
+    fmode, dmode = file_mode(), folder_mode()
+    for root, dirs, files in os.walk(tmp):
+        for name in files:
+            p = os.path.join(root, name)
+            if not os.path.islink(p):
+                os.chmod(p, fmode)
+        for name in dirs:
+            p = os.path.join(root, name)
+            if not os.path.islink(p):
+                os.chmod(p, dmode)
+    os.chmod(tmp, dmode)
     if target.exists():
         shutil.rmtree(target)
     os.replace(tmp, target)
