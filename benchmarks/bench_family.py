@@ -220,6 +220,13 @@ def tables(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def family_variants(family: Path, names: str | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A family's ``family.json`` and its variants in order: those named in ``names`` (comma-separated) or all."""
+    fam = json.loads((family / "family.json").read_text())
+    pick = set(names.split(",")) if names else None
+    return fam, [v for v in fam["variants"] if pick is None or v["name"] in pick]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", type=Path, help="a folder written by gradian world --family")
@@ -247,12 +254,9 @@ def main() -> None:
     if args.family is None or args.out is None:
         ap.error("give --family DIR and --out FILE (or --table-from FILE)")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    fam = json.loads((args.family / "family.json").read_text())
-    pick = set(args.variants.split(",")) if args.variants else None
+    fam, variants = family_variants(args.family, args.variants)
     report: dict[str, Any] = {"family": str(args.family), "kind": fam["kind"], "seed": fam["seed"], "variants": []}
-    for v in fam["variants"]:
-        if pick is not None and v["name"] not in pick:
-            continue
+    for v in variants:
         world = args.family / v["name"]
         print(f"[{v['name']}] train + attribute ...", flush=True)
         times = train_and_attribute(world, args.retrain, shlex.split(args.attribute_args), args.run_name)

@@ -36,7 +36,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_family import _f  # noqa: E402  (the family table's number format)
+from bench_family import _f, family_variants  # noqa: E402  (the family table's number format, --variants)
 
 SCHEMES = ("trajectory", "first", "last", "first+last")
 
@@ -140,13 +140,8 @@ def main() -> None:
         worlds = [(args.world.name, args.world, args.adapter)]
         report: dict[str, Any] = {"world": str(args.world), "variants": []}
     elif args.family is not None:
-        fam = json.loads((args.family / "family.json").read_text())
-        pick = set(args.variants.split(",")) if args.variants else None
-        worlds = [
-            (v["name"], args.family / v["name"], args.family / v["name"] / "adapter")
-            for v in fam["variants"]
-            if pick is None or v["name"] in pick
-        ]
+        fam, variants = family_variants(args.family, args.variants)
+        worlds = [(v["name"], args.family / v["name"], args.family / v["name"] / "adapter") for v in variants]
         report = {"family": str(args.family), "kind": fam["kind"], "variants": []}
     else:
         ap.error("give --family DIR or --world W --adapter A")

@@ -280,3 +280,27 @@ def torchrun_command(nproc: int, *args: str) -> list[str]:
     ``python -m torch.distributed.run --standalone --nproc-per-node=N ARGS`` (``ARGS`` e.g. ``-m gradian index ...``).
     """
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+
+
+def assert_one_line_error(res, needle: str, *, text: str | None = None, fix: str | None = "fix:", starts: str = ""):
+    """Assert that the CLI result ``res`` (a :class:`typer.testing.Result`) is a user error as Gradian reports one:
+    exit code 2, no traceback in its output, and ``text`` (its output unless given, e.g. ``res.stderr``) one
+    non-blank line that holds ``needle``, holds ``fix`` (unless None) and starts with ``starts``. Returns the line."""
+    assert res.exit_code == 2, res.output
+    out = res.output if text is None else text
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], out
+    assert (fix is None or fix in lines[0]) and lines[0].startswith(starts), out
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+#: ChatML whose assistant turns (content and end of turn) stand in a ``{% generation %}`` block (assistant masks),
+#: the shape of TRL's training templates (chat_templates/qwen2_5_training.jinja); no generation prompt.
+CHATML_GEN_TURNS = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n{% generation %}"
+    "{{ m['content'] }}<|im_end|>{% endgeneration %}\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "<|im_end|>\n{% endif %}{% endfor %}"
+)
+#: :data:`CHATML_GEN_TURNS` with the generation prompt (``add_generation_prompt`` opens an assistant turn).
+CHATML_GEN = CHATML_GEN_TURNS + "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

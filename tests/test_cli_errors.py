@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gradian.cli import app
-from gradian_testlib import cli_args
+from gradian_testlib import assert_one_line_error, cli_args
 
 runner = CliRunner()
 
@@ -42,11 +42,8 @@ def _index_args(sf, data=None, adapter=None):
 def test_bad_data_exits_2_with_one_line(saved_finetune, tmp_path, content, needle):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(content)
-    code, out, res = _run(_index_args(saved_finetune, data=bad))
-    assert code == 2, out
-    lines = [ln for ln in out.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and needle in lines[0] and "fix:" in lines[0]
-    assert "Traceback" not in out
+    _, _, res = _run(_index_args(saved_finetune, data=bad))
+    assert_one_line_error(res, needle)
 
 
 def test_adapter_not_fitting_base_exits_2(saved_finetune, tmp_path):

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gradian.cli import app
+from gradian_testlib import assert_one_line_error
 
 sys.path.insert(0, str(Path(__file__).parent / "report"))
 from report_world import real_run  # noqa: E402
@@ -239,9 +240,7 @@ def test_export_user_errors_are_one_line_and_write_nothing(tmp_path, args, msg):
     data = real_run()["world"]["data"]
     before = sorted(p.name for p in tmp_path.rglob("*"))
     res = runner.invoke(app, ["export", str(d), *[a.format(tmp=tmp_path, data=data) for a in args]])
-    assert res.exit_code == 2, res.output
-    lines = [x for x in res.output.splitlines() if x.strip()]
-    assert len(lines) == 1 and msg in lines[0] and "fix:" in lines[0], res.output
+    assert_one_line_error(res, msg)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
@@ -340,6 +339,4 @@ def test_cache_lists_and_removes_indexes(tmp_path, monkeypatch):
 def test_cache_user_errors(tmp_path, monkeypatch, args, msg):
     monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
     res = runner.invoke(app, ["cache", *args])
-    assert res.exit_code == 2, res.output
-    lines = [x for x in res.output.splitlines() if x.strip()]
-    assert len(lines) == 1 and msg in lines[0] and "fix:" in lines[0], res.output
+    assert_one_line_error(res, msg)

@@ -15,6 +15,7 @@ from audit_world import as_conversational, as_messages, clean_trainer_state
 from pref_world import trl_kto_rows, trl_rows
 
 from gradian.audit import all_checks, diagnose
+from gradian_testlib import CHATML_GEN_TURNS
 
 
 def _rows_pc(world, n=None):
@@ -727,11 +728,7 @@ def test_impossible_values_skip_the_checks_that_compute_with_them(world):
 # a training template with a {% generation %} block that covers the end of turn (the shape of TRL's
 # chat_templates/qwen2_5_training.jinja), installed by the config itself (alignment-handbook recipes carry a
 # chat_template: key; TRL's chat_template_path may name a .jinja file)
-_GEN_TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n{% generation %}"
-    "{{ m['content'] }}<|im_end|>{% endgeneration %}\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-    "<|im_end|>\n{% endif %}{% endfor %}"
-)
+_GEN_TEMPLATE = CHATML_GEN_TURNS
 
 
 def test_c09_reads_the_configs_own_chat_template(world):

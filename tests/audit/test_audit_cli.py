@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from gradian.audit.render import checks_markdown
 from gradian.cli import app
+from gradian_testlib import assert_one_line_error
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "checks.md"
 
@@ -114,10 +115,7 @@ def test_user_errors_one_line_exit_2(world, tmp_path, args, needle):
     files["bad_jsonl"].write_text('{"loss": 1}\n{oops}\n')
     files["bad_data"].write_text('{"prompt": "a", "completion": "b"}\n{"prompt": \n')
     res = run(*[a.format(**files) for a in args])
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("error:"), res.output
-    assert "Traceback" not in res.output
+    assert_one_line_error(res, needle, fix=None, starts="error:")
 
 
 def test_docs_diagnose_md_schema_is_current():

@@ -14,12 +14,9 @@ from gradian.audit import context as C
 from gradian.audit import diagnose
 from gradian.audit import tokenizer_fast as F
 from gradian.data.tokenize import TokenizeSpec, tokenize_example
+from gradian_testlib import CHATML_GEN
 
-GEN_TEMPLATE = (  # ChatML with a {% generation %} block (assistant masks), as TRL's training templates have
-    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n{% generation %}"
-    "{{ m['content'] }}<|im_end|>{% endgeneration %}\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-    "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+GEN_TEMPLATE = CHATML_GEN  # ChatML with a {% generation %} block (assistant masks), as TRL's training templates have
 TEXTS = [
     "The capital of France is Paris.",
     "  leading spaces, tabs\tand\nnew lines  ",

@@ -21,16 +21,13 @@ from gradian.audit import tokenizer_fast as F
 from gradian.audit import tokenizer_lite as L
 from gradian.data.formats import to_example
 from gradian.data.tokenize import TokenizeSpec, assistant_spans, render_example, tokenize_example
+from gradian_testlib import CHATML_GEN
 
 pytest.importorskip("transformers")
 if F._transformers_major() != 5:  # pragma: no cover
     pytest.skip("the transformers-free loader serves transformers 5.x folders only", allow_module_level=True)
 
-GEN_TEMPLATE = (  # ChatML with a {% generation %} block (assistant masks), as TRL's training templates have
-    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|im_start|>assistant\n{% generation %}"
-    "{{ m['content'] }}<|im_end|>{% endgeneration %}\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-    "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+GEN_TEMPLATE = CHATML_GEN  # ChatML with a {% generation %} block (assistant masks), as TRL's training templates have
 #: namespace, loop controls, tojson (no HTML escaping), the special-token variables, raise_exception
 FEATURE_TEMPLATE = """{{ bos_token }}{% set ns = namespace(n=0) %}
 {% for m in messages %}

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from gradian.cli import app
 from gradian.errors import GradianUserError
 from gradian.evaluate import load_eval_set
+from gradian_testlib import assert_one_line_error
 
 
 def _write(tmp_path, rows, name="eval.jsonl"):
@@ -115,10 +116,7 @@ def test_cli_bad_eval_file_exits_2_with_one_line(tmp_path, rows, needle):
     res = CliRunner().invoke(
         app, ["evaluate", "--base", str(tmp_path / "nobase"), "--adapter", str(tmp_path / "noad"), "--eval", str(p)]
     )
-    assert res.exit_code == 2, res.output
-    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and needle in lines[0] and "fix:" in lines[0], res.output
-    assert "Traceback" not in res.output
+    assert_one_line_error(res, needle)
 
 
 def test_cli_rejects_too_few_resamples(tmp_path):

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from gradian.cli import app
 from gradian.report import Report, report_json
+from gradian_testlib import assert_one_line_error
 
 runner = CliRunner()
 
@@ -111,8 +112,4 @@ def test_user_errors_are_one_line_exit_2(run_dir, tmp_path, args, msg):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "run.json").write_text(json.dumps({"schema": "gradian.evaluate/1"}))
     res = runner.invoke(app, [a.format(tmp=tmp_path, run=run_dir) for a in args])
-    assert res.exit_code == 2, res.output
-    err = res.stderr if hasattr(res, "stderr") else res.output
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert len(lines) == 1 and msg in lines[0] and "fix:" in lines[0], err
-    assert "Traceback" not in res.output
+    assert_one_line_error(res, msg, text=res.stderr if hasattr(res, "stderr") else res.output)
