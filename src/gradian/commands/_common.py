@@ -351,6 +351,13 @@ def print_line(text: str) -> None:
     console.print(escape(text), highlight=False, soft_wrap=True)
 
 
+def print_step(text: str) -> None:
+    """Print one step of a long command (``▸ text``) as :func:`print_line` does: markup escaped, nothing highlighted,
+    not wrapped, so a piped log keeps one line per step.
+    """
+    console.print(f"[cyan]▸[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
 def write_report_html(run_dir: Path) -> Path:
     """Render ``run_dir/run.json`` as ``run_dir/report.html`` (atomically) and return the file's path."""
     from gradian.report import render, report_for_run

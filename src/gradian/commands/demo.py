@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from gradian.commands._common import console, user_errors
+from gradian.commands._common import console, print_step, user_errors
 from gradian.tables import FitTable
 
 
@@ -125,9 +125,7 @@ def register(app: typer.Typer) -> None:
         check_profile(spec.resolved_profile(), kind, regression)
         from gradian.commands._common import progress_bar
 
-        summary = run_demo(
-            spec, out, say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}"), progress=True, progress_bar=progress_bar
-        )
+        summary = run_demo(spec, out, say=print_step, progress=True, progress_bar=progress_bar)
         print_summary(summary)
         if spec.resolved_profile() == "quick":
             console.print(

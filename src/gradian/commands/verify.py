@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from gradian.commands import _options as O
-from gradian.commands._common import console, user_errors, write_report_html
+from gradian.commands._common import console, print_step, user_errors, write_report_html
 from gradian.defaults import DEVICE
 
 
@@ -127,7 +127,7 @@ def register(app: typer.Typer) -> None:
             trust_remote_code=trust_remote_code,
             allow_changed_inputs=allow_changed_inputs,
             device=device,
-            say=lambda s: console.print(f"[cyan]▸[/] {escape(s)}", highlight=False, soft_wrap=True),
+            say=print_step,
         )
         print_verification(record)
         html = write_report_html(run_dir)
