@@ -83,9 +83,8 @@ def rival_answers(
 
 def _rivals(model, tokenizer, items, max_new_tokens: int, batch_size: int, norm: NormalizeSpec) -> list[str | None]:
     device = next(model.parameters()).device
-    plans: list[
-        tuple[int, str, int, list[int], list[int]]
-    ] = []  # (item, its answer, prompt length, prefix, candidates)
+    # per item with an answer token: (item index, its answer, prompt length, prefix ids, candidate token ids)
+    plans: list[tuple[int, str, int, list[int], list[int]]] = []
     for i, it in enumerate(items):
         said = it.tuned_answer or it.correct_completion
         found = _answer_token(tokenizer, said, [it.answer, *it.aliases])
