@@ -501,6 +501,7 @@ class Attributor:
             batch_size=self.specs.batch_size,
             query_batch_size=self.spec.query_batch_size,
             shard_size=self.specs.shard_size,
+            keep_preconditioned=False,  # only the scores are returned
         )
         got = ev.scores["queries"][es.name]
         return Scores(

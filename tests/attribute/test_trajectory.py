@@ -428,6 +428,18 @@ def test_trajectory_scores_equal_the_weighted_sum_of_independent_checkpoints(run
     for (name, kind), val in want.items():
         got = getattr(ev.scores["capitals"][name], kind)
         np.testing.assert_allclose(got, val, rtol=1e-9, atol=1e-12, err_msg=f"{name}.{kind}")
+    # a sentence run reads its drill-down off the unit scores: no checkpoint's preconditioned queries are kept
+    # (m × Σ d_l float64 per engine and checkpoint); a whole-row run keeps them for its drill-down
+    assert ev.preconditioned == []
+    ev_row = trajectory_scores(
+        ft, traj, data, exs, items, grad, {"capitals": qs}, engines, unit="row", index_root=tmp_path / "a"
+    )
+    assert len(ev_row.preconditioned) == len(traj.checkpoints)
+    for es in engines:  # the final checkpoint's, as the independent build above preconditioned them (R)
+        kept = ev_row.preconditioned[-1][es.name]["capitals"]
+        assert set(kept) == set(R[es.name])
+        for k, v in R[es.name].items():
+            np.testing.assert_allclose(kept[k].numpy(), v.numpy(), rtol=1e-6, atol=1e-9, err_msg=f"{es.name}.{k}")
     # the final adapter's weights are back in place
     fresh = load_finetune(ModelSpec(base), run)
     a, b = lora_state(ft.model), lora_state(fresh.model)

@@ -73,7 +73,8 @@ class TrajectoryEvidence:
         units: the sentence units (``unit="sentence"``), else None.
         indexes: per checkpoint, the index ids used and whether they were reused.
         final_index: the final checkpoint's row index (for clustering).
-        preconditioned: per checkpoint, ``{engine: {capability: Blocks (m, d_l)}}`` (for drill-down).
+        preconditioned: per checkpoint, ``{engine: {capability: Blocks (m, d_l)}}``, for the whole-row
+            drill-down (kept only with ``keep_preconditioned``; otherwise empty).
         timing: seconds per stage.
     """
 
@@ -125,6 +126,7 @@ def trajectory_scores(
     say: Callable[[str], None] | None = None,
     shard_size: int = 256,
     joint: bool = True,
+    keep_preconditioned: bool | None = None,
 ) -> TrajectoryEvidence:
     """Score every capability's queries with every engine at every checkpoint (module docstring).
 
@@ -147,9 +149,16 @@ def trajectory_scores(
             (:mod:`gradian.index.joint`, the default ``--one-pass``; collective under torchrun, byte-identical
             for any number of processes); False (``--separate``): two separate builds. The two paths agree to
             float rounding, not to the bit, and share the index ids.
+        keep_preconditioned: keep every checkpoint's preconditioned queries in the result (the whole-row
+            drill-down re-scores sentences with them). Default: only with ``unit="row"``; a sentence run reads
+            its drill-down off the unit scores. They are m × Σ_l d_l float64 numbers per engine and checkpoint:
+            1.7 GB for 11 queries, 2 engines and 2 checkpoints of an exact SmolLM2-135M all-linear r=16 index.
     """
     from gradian import distributed
     from gradian.finetune import training_index
+
+    if keep_preconditioned is None:
+        keep_preconditioned = unit == "row"
 
     caps = list(queries)
     flat: list[Query] = [q for c in caps for q in queries[c]]
@@ -236,12 +245,14 @@ def trajectory_scores(
                 if eng.needs == "model":
                     indexes[-1].setdefault("engines", {})[es.name] = eng.describe()
             timing[f"queries[{ck.label}]"] = time.perf_counter() - t0
-            pre.append(
-                {
-                    e: {c: {k: v[bounds[i] : bounds[i + 1]] for k, v in R.items()} for i, c in enumerate(caps)}
-                    for e, R in R_all.items()
-                }
-            )
+            if keep_preconditioned:  # m × Σ_l d_l float64 per engine and checkpoint: only when asked for
+                pre.append(
+                    {
+                        e: {c: {k: v[bounds[i] : bounds[i + 1]] for k, v in R.items()} for i, c in enumerate(caps)}
+                        for e, R in R_all.items()
+                    }
+                )
+            del Q  # the raw query gradients: only their preconditioned forms are scored
             t0 = time.perf_counter()
             names = list(R_all)
             raw = [r.numpy() for r in score_index(idx, [R_all[e] for e in names])]

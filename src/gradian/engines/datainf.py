@@ -101,7 +101,9 @@ class DataInf(Engine):
                 C = (G @ Q[name].T) / (self.damping[name] + s).unsqueeze(1)  # (n_k, m)
                 corr[name] += C.T @ G  # (m, d_l)
         corr = {k: distributed.all_reduce_sum(v) for k, v in corr.items()}  # the ranks' partial sums
-        return {k: (Q[k] - corr[k] / self.n) / self.damping[k] for k in Q}
+        # (Q − corr / n) / λ formed in corr's memory (negation is exact: the same bits as the out-of-place form),
+        # so the result costs no third m × d_l copy of the queries
+        return {k: corr[k].div_(self.n).neg_().add_(Q[k]).div_(self.damping[k]) for k in Q}
 
     def describe(self):
         d = super().describe()
