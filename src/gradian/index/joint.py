@@ -323,7 +323,6 @@ def build_jointly(
             # of 12 units of SmolLM2-135M, all linear, r=16)
             row_vecs.append(projector(i, g_row)[0].cpu().to(storage))
             unit_vecs.append(projector(i, g_units).cpu().to(storage))
-            del g_row, g_units
         common = {"truncated": bool(it.truncated), "full_length": int(it.full_length)}
         put("row", j, row_vecs, {"id": it.id, "loss": float(res.row_loss), "n_supervised": it.n_supervised, **common})
         for q, (k, u) in enumerate(zip(ks, us)):
