@@ -34,6 +34,32 @@ HERE = Path(__file__).resolve()
 # --------------------------------------------------------------------------- child: one measured command
 
 
+def _glibc_heap():
+    """A function giving glibc's heap figures in bytes (``mallinfo2``, every arena): ``heap_free``, freed memory
+    malloc keeps in its arenas (the part of the RSS that is neither live data nor returned to the OS, when its
+    pages were touched), and ``mmapped``, the live allocations malloc made with mmap. Empty where there is none.
+    """
+    import ctypes
+
+    names = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in names]
+
+    try:
+        lib = ctypes.CDLL("libc.so.6")
+        fn = lib.mallinfo2
+    except (OSError, AttributeError):
+        return dict
+    fn.restype = MallInfo2
+
+    def heap() -> dict[str, int]:
+        m = fn()
+        return {"heap_free": int(m.fordblks), "mmapped": int(m.hblkhd)}
+
+    return heap
+
+
 def _child(kind: str, args: list[str], report: Path) -> None:
     import threading
 
@@ -42,12 +68,17 @@ def _child(kind: str, args: list[str], report: Path) -> None:
     stats: dict[str, dict[str, float]] = {}
     stage = ["other"]
 
-    def rss() -> int:
+    def status() -> dict[str, int]:
+        """VmRSS and its anonymous / file-backed parts, in bytes (/proc/self/status)."""
+        got = {}
         with open("/proc/self/status") as f:
             for ln in f:
-                if ln.startswith("VmRSS:"):
-                    return int(ln.split()[1]) * 1024
-        return 0
+                key = ln.split(":")[0]
+                if key in ("VmRSS", "RssAnon", "RssFile"):
+                    got[key] = int(ln.split()[1]) * 1024
+        return got
+
+    heap = _glibc_heap()
 
     def rec(name: str) -> dict[str, float]:
         return stats.setdefault(name, {"wall_s": 0.0, "forward": 0, "backward": 0, "tokens": 0, "peak_rss": 0})
@@ -57,7 +88,10 @@ def _child(kind: str, args: list[str], report: Path) -> None:
     def sample() -> None:
         while not stop.is_set():
             r = rec(stage[0])
-            r["peak_rss"] = max(r["peak_rss"], rss())
+            st = status()
+            if st.get("VmRSS", 0) > r["peak_rss"]:  # the peak, and what it was made of
+                r["peak_rss"] = st["VmRSS"]
+                r["peak_parts"] = {"anon": st.get("RssAnon", 0), "file": st.get("RssFile", 0), **heap()}
             stop.wait(0.02)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -243,6 +277,24 @@ def table(result: dict) -> str:
             f"| {label} | **total** | **{total:.1f}** | | **{int(f):,}** | **{int(b):,}** | **{int(tk):,}** | "
             f"**{run['peak_rss'] / 2**20:.0f}** |"
         )
+    parts = [
+        (label, name, v["peak_parts"])
+        for label, run in result["runs"].items()
+        for name in ORDER
+        if (v := run["stages"].get(name)) and v.get("peak_parts")
+    ]
+    if parts:  # what each stage's peak RSS was made of
+        lines += [
+            "",
+            "| run | stage | peak RSS MB | anonymous | file-backed | glibc free chunks (at most) | malloc mmapped |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for label, name, p in parts:
+            rss = result["runs"][label]["stages"][name]["peak_rss"]
+            lines.append(
+                f"| {label} | {name} | {rss / 2**20:.0f} | {p['anon'] / 2**20:.0f} | {p['file'] / 2**20:.0f} | "
+                f"{p.get('heap_free', 0) / 2**20:.0f} | {p.get('mmapped', 0) / 2**20:.0f} |"
+            )
     tr = result["runs"].get("train")
     if tr:
         tb = tr["stages"]["train"]["backward"]
