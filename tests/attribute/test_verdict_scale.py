@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradian.attribute.clusters import ClusterSpec, cluster_tail
+from gradian.attribute.clusters import ClusterSpec, cluster_tail, gradient_cosine
 from gradian.attribute.selection import parse_drop, select
 from gradian.errors import GradianUserError
 from gradian.sign import harm_ranks, scale_verdict, verdict_scores
@@ -44,7 +44,7 @@ class _Index:
     """The two things cluster_tail reads of a GradientIndex: its blocks and its shards."""
 
     def __init__(self, G: torch.Tensor):
-        self.blocks = [{"name": "b0"}]
+        self.blocks = [{"name": "b0", "dim": G.shape[1]}]
         self.G = G
 
     def iter_shards(self, dtype):
@@ -102,6 +102,43 @@ def test_content_keeps_a_culprit_out_of_the_benign_rows_its_gradient_points_at()
     # with the content term the benign rows (which say something else) form their own cluster
     both = cluster_tail(*args, ClusterSpec(tail_share=1.0))
     assert both[0].row_ids == ["r0"] and not any(r in both[0].row_ids for r in ("r3", "r4"))
+
+
+class _ShardedIndex:
+    """An index of several shards and blocks, stored in ``dtype``, read in the dtype asked for."""
+
+    def __init__(self, G: torch.Tensor, dims: list[int], shard_rows: int, dtype: torch.dtype):
+        self.blocks = [{"name": f"b{i}", "dim": d} for i, d in enumerate(dims)]
+        self.parts = torch.split(G.to(dtype), dims, dim=1)
+        self.shard_rows = shard_rows
+
+    def iter_shards(self, dtype):
+        n = self.parts[0].shape[0]
+        for lo in range(0, n, self.shard_rows):
+            yield (
+                lo,
+                _Shard({b["name"]: p[lo : lo + self.shard_rows].to(dtype) for b, p in zip(self.blocks, self.parts)}),
+            )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradient_cosine_is_the_cosine_of_the_concatenated_rows(dtype):
+    """Across shards and blocks, columns summed a chunk at a time, in the rows' own order (repeats allowed):
+    the cosine of the stored rows, as a float64 formula over the whole vectors gives it."""
+    rng = np.random.default_rng(1)
+    dims = [7, 13, 5]
+    G = torch.tensor(rng.normal(size=(11, sum(dims))))
+    G[4] = 0.0  # a zero gradient is similar to no row
+    index = _ShardedIndex(G, dims, shard_rows=3, dtype=dtype)
+    rows = [9, 2, 4, 10, 0, 5, 2]
+    got = gradient_cosine(index, rows, chunk=4)
+    stored = G.to(dtype).double()[rows]
+    unit = stored / stored.norm(dim=1, keepdim=True).clamp(min=1e-30)
+    want = (unit @ unit.T).clamp(-1, 1).numpy()
+    assert got.shape == (len(rows), len(rows))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    assert got[2].tolist() == [0.0] * len(rows)  # row 4, all zero
+    assert got[1, 6] == pytest.approx(1.0) and got[1, 1] == pytest.approx(1.0)  # row 2 twice
 
 
 def _run(scores, clusters, ids):

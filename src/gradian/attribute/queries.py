@@ -289,9 +289,11 @@ def query_gradients(
         batch = collate([r[2] for r in chunk], tokenizer.pad_token_id)
         grads = per_example_grads(model, batch, "hooks", modules)
         for bi, name in enumerate(names):
-            g = proj(bi, grads[name].detach().double()).cpu()  # the model may be on a GPU
+            # popped: a block's (b, o, i) gradients are freed once summed, and none is alive during the next batch
+            g = proj(bi, grads.pop(name).detach().double()).cpu()  # the model may be on a GPU
             for k, (qi, sign, _) in enumerate(chunk):
                 out[name][qi] += sign * g[k]
+            del g
     return out
 
 

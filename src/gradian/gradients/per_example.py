@@ -51,11 +51,14 @@ def _hooks(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]
     losses = per_example_loss(logits, batch["labels"], keep)
     b = batch["input_ids"].shape[0]
     out: dict[str, torch.Tensor] = {}
-    for c in hooks.backward(losses.sum()):
+    captures = hooks.backward(losses.sum())[::-1]
+    while captures:  # in capture order; each (X, G) is freed once its gradient is formed, not after the last one
+        c = captures.pop()
         acc = torch.float32 if c.G.dtype in (torch.float16, torch.bfloat16) else c.G.dtype  # half models: f32 sums
         g = torch.einsum("bto,bti->boi", c.G.to(acc), c.X.to(acc))  # (b, o, i)
         name = blocks[c.block].name
         out[name] = g if name not in out else out[name] + g
+        del c, g
     for blk in blocks:
         if blk.name not in out:  # the block never ran with grad (e.g. a skipped layer)
             wd = blk.module.weight.dtype
