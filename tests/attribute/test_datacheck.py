@@ -104,3 +104,29 @@ def test_bad_run_json_data_check_is_refused(world):
     bad["manifest"]["data_check"]["adapter_loss"] = float("nan")
     with pytest.raises(GradianUserError, match="data_check"):
         check_run(bad)
+
+
+def test_mean_loss_with_the_head_at_the_loss_equals_the_full_logits(world):
+    """The check runs the LM head only at the supervised positions (``logits_to_keep``): the same per-row losses
+    as the full (b, T, V) logits give, to float rounding, and the same vocabulary size."""
+    import torch
+
+    from gradian.attribute.datacheck import _mean_loss
+    from gradian.data.tokenize import collate
+    from gradian.finetune import load_examples, tokenize_training_set
+    from gradian.gradients.loss import keeps_logits, model_inputs, per_example_loss
+    from gradian.index.store import GradSpec
+
+    run, ft = world
+    path = run["manifest"]["paths"]["data"]
+    items = tokenize_training_set(load_examples(path), ft.tokenizer, GradSpec(), path)[:12]
+    assert keeps_logits(ft.model)  # the path under test is taken
+    pad = ft.tokenizer.pad_token_id
+    with torch.no_grad():
+        got, vocab = _mean_loss(ft.model, items, pad, batch_size=5)
+        full = []
+        for s in range(0, len(items), 5):
+            batch = collate(items[s : s + 5], pad)
+            full += per_example_loss(ft.model(**model_inputs(batch)).logits, batch["labels"]).double().tolist()
+    assert got == pytest.approx(sum(full) / len(full), rel=1e-6)
+    assert vocab == ft.model.get_base_model().config.vocab_size
