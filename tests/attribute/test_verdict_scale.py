@@ -41,14 +41,26 @@ class _Shard(dict):
 
 
 class _Index:
-    """The two things cluster_tail reads of a GradientIndex: its blocks and its shards."""
+    """The two things cluster_tail reads of a GradientIndex, its blocks and its shards: ``G`` stored in ``dtype``
+    (default its own) as blocks of ``dims`` columns (default one block) and shards of ``shard_rows`` rows (default
+    one shard), read in the dtype asked for."""
 
-    def __init__(self, G: torch.Tensor):
-        self.blocks = [{"name": "b0", "dim": G.shape[1]}]
-        self.G = G
+    def __init__(
+        self,
+        G: torch.Tensor,
+        dims: list[int] | None = None,
+        shard_rows: int | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        dims = dims or [G.shape[1]]
+        self.blocks = [{"name": f"b{i}", "dim": d} for i, d in enumerate(dims)]
+        self.parts = torch.split(G.to(dtype or G.dtype), dims, dim=1)
+        self.shard_rows = shard_rows or G.shape[0]
 
     def iter_shards(self, dtype):
-        yield 0, _Shard(b0=self.G.to(dtype))
+        for lo in range(0, self.parts[0].shape[0], self.shard_rows):
+            parts = {b["name"]: p[lo : lo + self.shard_rows].to(dtype) for b, p in zip(self.blocks, self.parts)}
+            yield lo, _Shard(parts)
 
 
 class _Ex:
@@ -104,23 +116,6 @@ def test_content_keeps_a_culprit_out_of_the_benign_rows_its_gradient_points_at()
     assert both[0].row_ids == ["r0"] and not any(r in both[0].row_ids for r in ("r3", "r4"))
 
 
-class _ShardedIndex:
-    """An index of several shards and blocks, stored in ``dtype``, read in the dtype asked for."""
-
-    def __init__(self, G: torch.Tensor, dims: list[int], shard_rows: int, dtype: torch.dtype):
-        self.blocks = [{"name": f"b{i}", "dim": d} for i, d in enumerate(dims)]
-        self.parts = torch.split(G.to(dtype), dims, dim=1)
-        self.shard_rows = shard_rows
-
-    def iter_shards(self, dtype):
-        n = self.parts[0].shape[0]
-        for lo in range(0, n, self.shard_rows):
-            yield (
-                lo,
-                _Shard({b["name"]: p[lo : lo + self.shard_rows].to(dtype) for b, p in zip(self.blocks, self.parts)}),
-            )
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gradient_cosine_is_the_cosine_of_the_concatenated_rows(dtype):
     """Across shards and blocks, columns summed a chunk at a time, in the rows' own order (repeats allowed):
@@ -129,7 +124,7 @@ def test_gradient_cosine_is_the_cosine_of_the_concatenated_rows(dtype):
     dims = [7, 13, 5]
     G = torch.tensor(rng.normal(size=(11, sum(dims))))
     G[4] = 0.0  # a zero gradient is similar to no row
-    index = _ShardedIndex(G, dims, shard_rows=3, dtype=dtype)
+    index = _Index(G, dims, shard_rows=3, dtype=dtype)
     rows = [9, 2, 4, 10, 0, 5, 2]
     got = gradient_cosine(index, rows, chunk=4)
     stored = G.to(dtype).double()[rows]

@@ -136,7 +136,7 @@ def test_the_lm_head_runs_only_at_the_supervised_positions_and_nothing_changes(t
     """
     import functools
 
-    import gradian.gradients.per_example as pe
+    import gradian.gradients.loss as loss_mod
 
     model = make_lora_model(tok, arch, dtype=torch.float64)
     batch = _batch(tok, "right", ROWS[:3])  # prompts off the loss (the text row has every token on it)
@@ -154,7 +154,7 @@ def test_the_lm_head_runs_only_at_the_supervised_positions_and_nothing_changes(t
     keep = seen[-1]
     sup = (batch["labels"][:, 1:] != -100).any(0)
     assert keep is not None and torch.equal(keep, sup.nonzero()[:, 0]) and len(keep) < batch["labels"].shape[1] - 1
-    monkeypatch.setattr(pe, "keeps_logits", lambda m: False)
+    monkeypatch.setattr(loss_mod, "keeps_logits", lambda m: False)
     full, full_loss = per_example_grads(model, batch, "hooks", return_losses=True)
     assert seen[-1] is None
     assert _rel_maxdiff(kept, full) <= 1e-12 and torch.allclose(kept_loss, full_loss, rtol=1e-12, atol=0)

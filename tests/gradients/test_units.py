@@ -107,7 +107,7 @@ def test_unit_and_row_gradients_with_many_units_use_one_forward(tok, monkeypatch
 
 
 def test_units_use_the_supervised_logits_only_and_match_the_full_logits(tok, monkeypatch):
-    import gradian.gradients.units as U
+    import gradian.gradients.loss as L
 
     model = make_lora_model(tok, "llama", dtype=torch.float64)
     _, items, units = _rows(tok)
@@ -115,7 +115,7 @@ def test_units_use_the_supervised_logits_only_and_match_the_full_logits(tok, mon
     batch, ul = row_unit_batch(items[j], [u for u in units if u.row == j], tok.pad_token_id)
     blocks = lora_blocks(model)
     kept = row_unit_grads(model, batch, ul, blocks)
-    monkeypatch.setattr(U, "keeps_logits", lambda m: False)
+    monkeypatch.setattr(L, "keeps_logits", lambda m: False)
     full = row_unit_grads(model, batch, ul, blocks)
     for b in blocks:
         assert (

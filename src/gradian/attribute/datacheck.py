@@ -120,20 +120,16 @@ def sample_rows(n_supervised: Sequence[int], key: str, k: int = SAMPLE_ROWS) -> 
 
 def _mean_loss(model, items, pad_token_id: int, batch_size: int) -> tuple[float, int]:
     from gradian.data.tokenize import collate
-    from gradian.gradients.loss import keeps_logits, model_inputs, per_example_loss, supervised_positions
+    from gradian.gradients.loss import head_positions, lm_logits, per_example_loss
 
     device = next(model.parameters()).device
     losses: list[float] = []
     vocab = 0
-    head_at_loss = keeps_logits(model)
     for s in range(0, len(items), batch_size):
         batch = collate(items[s : s + batch_size], pad_token_id)
         batch = {k: v.to(device) for k, v in batch.items()}
-        # the LM head only where the loss is (as the gradient passes): (b, P, V) logits instead of (b, T, V)
-        keep = supervised_positions(batch["labels"]) if head_at_loss else None
-        keep = keep if keep is not None and keep.numel() else None
-        extra = {"logits_to_keep": keep} if keep is not None else {}
-        logits = model(**model_inputs(batch), **extra).logits
+        keep = head_positions(model, batch["labels"])  # the LM head only where the loss is, as the gradient passes
+        logits = lm_logits(model, batch, keep)
         losses += per_example_loss(logits, batch["labels"], keep).double().tolist()
         vocab = int(logits.shape[-1])
     return float(np.mean(losses)), vocab

@@ -293,7 +293,6 @@ def query_gradients(
             g = proj(bi, grads.pop(name).detach().double()).cpu()  # the model may be on a GPU
             for k, (qi, sign, _) in enumerate(chunk):
                 out[name][qi] += sign * g[k]
-            del g
     return out
 
 

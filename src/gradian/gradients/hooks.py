@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from gradian.gradients.lora import LoraBlock
-from gradian.gradients.loss import model_inputs
+from gradian.gradients.loss import lm_logits
 
 
 @dataclass
@@ -80,8 +80,7 @@ class LoraHooks:
         try:
             for k, b in enumerate(self.blocks):
                 handles.append(b.module.register_forward_hook(make_fwd(k)))
-            extra = {"logits_to_keep": keep} if keep is not None else {}
-            return model(**model_inputs(batch), **extra).logits
+            return lm_logits(model, batch, keep)
         finally:
             for h in handles:
                 h.remove()

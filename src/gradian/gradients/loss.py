@@ -86,6 +86,25 @@ def keeps_logits(model: torch.nn.Module) -> bool:
         return False
 
 
+def head_positions(model: torch.nn.Module, labels: torch.Tensor) -> torch.Tensor | None:
+    """(P,) the positions the LM head must run at for the loss on ``labels`` (:func:`supervised_positions`), or None
+    for every position: the model does not take ``logits_to_keep`` (:func:`keeps_logits`), or nothing is supervised
+    (the full logits then give the zero loss its graph).
+    """
+    if not keeps_logits(model):
+        return None
+    keep = supervised_positions(labels)
+    return keep if keep.numel() else None
+
+
+def lm_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], keep: torch.Tensor | None = None) -> torch.Tensor:
+    """The model's logits on ``batch``: (b, T, V), or with ``keep`` (P,) (:func:`head_positions`) those positions'
+    only, (b, P, V), the LM head run nowhere else.
+    """
+    extra = {"logits_to_keep": keep} if keep is not None else {}
+    return model(**model_inputs(batch), **extra).logits
+
+
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The forward kwargs (labels excluded: Gradian computes its own loss)."""
     keys = ("input_ids", "attention_mask", "position_ids")

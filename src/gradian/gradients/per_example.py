@@ -34,7 +34,7 @@ import torch
 
 from gradian.gradients.hooks import LoraHooks
 from gradian.gradients.lora import lora_blocks
-from gradian.gradients.loss import keeps_logits, model_inputs, per_example_loss, supervised_positions
+from gradian.gradients.loss import head_positions, model_inputs, per_example_loss
 
 Method = Literal["hooks", "loop", "vmap"]
 
@@ -44,9 +44,7 @@ def _hooks(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]
     collector; every block's per-example gradient is ``einsum("bto,bti->boi", G, X)``.
     """
     hooks = LoraHooks(blocks)
-    keep = supervised_positions(batch["labels"]) if keeps_logits(model) else None
-    if keep is not None and not keep.numel():  # nothing supervised: the full logits give the zero loss its graph
-        keep = None
+    keep = head_positions(model, batch["labels"])
     logits = hooks.forward(model, batch, keep)  # the LM head only where the loss is
     losses = per_example_loss(logits, batch["labels"], keep)
     b = batch["input_ids"].shape[0]
@@ -58,7 +56,6 @@ def _hooks(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]
         g = torch.einsum("bto,bti->boi", c.G.to(acc), c.X.to(acc))  # (b, o, i)
         name = blocks[c.block].name
         out[name] = g if name not in out else out[name] + g
-        del c, g
     for blk in blocks:
         if blk.name not in out:  # the block never ran with grad (e.g. a skipped layer)
             wd = blk.module.weight.dtype

@@ -39,7 +39,7 @@ import torch
 
 from gradian.gradients.hooks import LoraHooks
 from gradian.gradients.lora import LoraBlock
-from gradian.gradients.loss import IGNORE_INDEX, keeps_logits, supervised_positions
+from gradian.gradients.loss import IGNORE_INDEX, head_positions
 
 
 @dataclass
@@ -124,8 +124,8 @@ def row_unit_grads(
     W, w, k_all = loss_weights(batch["labels"][0].cpu(), unit_labels.cpu())
     hooks = LoraHooks(blocks)
     lab = batch["labels"]
-    keep = supervised_positions(lab) if keeps_logits(model) else None
-    if keep is not None and keep.numel():  # the LM head only at the supervised positions: c_t = 0 elsewhere
+    keep = head_positions(model, lab)
+    if keep is not None:  # the LM head only at the supervised positions: c_t = 0 elsewhere
         logits = hooks.forward(model, batch, keep)  # (1, P, V)
         c = _token_losses(logits, lab[0], keep)  # (P,)
         Wd = W[:, keep.cpu()].to(device=device, dtype=c.dtype)
