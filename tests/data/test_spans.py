@@ -94,7 +94,7 @@ def test_sentence_items_build_each_unit_from_its_row_when_read(tok):
     lazy = SentenceItems(units, rows)
     assert reads == []  # recording the units reads no row
     eager = [unit_item(items[u.row], u) for u in units]
-    assert [it.id for it in eager] == ["a#0-17", "a#18-48", "a#49-69", "b#1-6", "c#all"]
+    assert [it.id for it in eager] == ["a#0-17", "a#18-48", "a#49-69", "b#all", "c#all"]
     assert eager[-1] == replace(items[2], id="c#all")  # the whole row, renamed
     assert list(lazy) == eager
     assert reads == ["a", "b", "c"]  # one read of a row for its consecutive units
@@ -161,12 +161,30 @@ def test_the_budget_changes_no_row_within_it(tok):
     assert two[2:] == sentence_units(exs, items)[3:]  # row b is within the budget: unchanged
     assert two[1].length == sentence_units(exs, items)[2].length  # cut after the last merged sentence
     one = sentence_units(exs, items, max_units=1)
-    assert [(u.row, u.char_start, u.char_end) for u in one] == [(0, spans[0][0], spans[2][1]), (1, 1, 6)]
+    assert [(u.row, u.char_start, u.char_end) for u in one] == [(0, None, None), (1, None, None)]  # whole rows
     for bad in (0, -1, True, 2.5, "8"):
         with pytest.raises(GradianUserError, match=r"--max-units-per-row \(GradSpec.max_units_per_row\)"):
             sentence_units(exs, items, max_units=bad)
         with pytest.raises(GradianUserError, match=r"--max-units-per-row"):
             GradSpec(unit="sentence", max_units_per_row=bad)
+
+
+def test_a_row_with_one_unit_is_the_row_itself(tok):
+    """A one-sentence answer (row b, " Paris") is one whole-row unit: the row's own tokens and labels, its
+    end-of-turn token included, so the one-pass build makes its gradient once (tests/gradients/test_units.py);
+    only rows of two or more sentences are split into sentences."""
+    exs, items = _items(tok)
+    units = sentence_units(exs, items)
+    assert len(split_sentences(exs[1].completion_text)) == 1
+    b = [u for u in units if u.row == 1]
+    assert [(u.char_start, u.char_end, u.suffix()) for u in b] == [(None, None, "#all")]
+    assert (b[0].length, b[0].n_supervised) == (len(items[1].input_ids), items[1].n_supervised)
+    ui = unit_item(items[1], b[0])
+    assert (ui.input_ids, ui.labels) == (items[1].input_ids, items[1].labels)
+    # the sentence alone would have left out a supervised token (the EOS): the reason it cost two vectors
+    mask = items[1].span_mask(*split_sentences(exs[1].completion_text)[0])
+    assert sum(m and lab != IGNORE_INDEX for m, lab in zip(mask, items[1].labels)) < items[1].n_supervised
+    assert all(u.char_start is not None for u in units if u.row == 0)  # row a (3 sentences) is split
 
 
 def test_the_budget_is_identity_of_sentence_indexes_only():
@@ -178,6 +196,8 @@ def test_the_budget_is_identity_of_sentence_indexes_only():
     assert row.identity() == replace(row, max_units_per_row=4).identity()
     assert index_id(sent.identity()) != index_id(replace(sent, max_units_per_row=4).identity())
     assert GradSpec.from_dict(sent.to_dict()) == sent  # it lands in (and is read back from) the manifest
+    # the rule that cuts rows into units is a sentence index's identity too (rule 2: a one-unit row is whole)
+    assert sent.identity()["unit_rule"] == 2 and "unit_rule" not in row.identity()
 
 
 def test_the_size_line_of_a_sentence_index_counts_units(tmp_path):

@@ -7,7 +7,7 @@ import torch
 
 from gradian import per_example_grads
 from gradian.data.formats import to_example
-from gradian.data.spans import sentence_units, unit_item
+from gradian.data.spans import sentence_units, split_sentences, unit_item
 from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
 from gradian.gradients import lora_blocks
 from gradian.gradients.projection import KroneckerProjector, ProjectionSpec
@@ -43,12 +43,15 @@ def test_derived_row_gradient_equals_direct(tok, arch, dtype, tol):
     exs, items, units = _rows(tok)
     blocks = lora_blocks(model)
     proj = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], ProjectionSpec(dim=16, seed=3))
-    multi_seen = False
+    multi_seen = one_seen = False
     for j, it in enumerate(items):
         us = [u for u in units if u.row == j]
         multi_seen |= len(us) == 3
         batch, ul = row_unit_batch(it, us, tok.pad_token_id)
         got = row_unit_grads(model, batch, ul, blocks)
+        if len(split_sentences(exs[j].completion_text)) == 1:  # a one-sentence answer is its own unit: one vector
+            assert [u.char_start for u in us] == [None] and got.passes == 1
+            one_seen = True
         direct, loss = per_example_grads(model, collate([it], tok.pad_token_id), "hooks", return_losses=True)
         assert abs(got.row_loss - float(loss[0])) <= tol * abs(float(loss[0]))
         scale = max(v.abs().max().item() for v in direct.values())
@@ -63,7 +66,7 @@ def test_derived_row_gradient_equals_direct(tok, arch, dtype, tol):
             d = per_example_grads(model, collate([unit_item(it, u)], tok.pad_token_id), "hooks")
             sc = max(v.abs().max().item() for v in d.values())
             assert max((got.units[n][k] - d[n][0]).abs().max().item() for n in d) / sc <= tol
-    assert multi_seen, "one row must have several sentences"
+    assert multi_seen and one_seen, "one row must have several sentences, and one a single sentence"
 
 
 def test_residual_is_one_more_unit_and_a_whole_row_unit_is_computed_once(tok):

@@ -13,8 +13,17 @@ scores every unit like a row and ranks row j, for each failing item q, by its
 most harmful sentence ``min_s score_q(j, s)`` (:func:`row_min`), then averages
 over the items.
 
-Every row has at least one unit: a row whose completion has no sentence with a
-supervised token (e.g. it was truncated away) is one unit with its whole mask.
+Every row has at least one unit. **A row with one unit is the row itself**: a
+row whose completion has one sentence with a supervised token (a one-sentence
+answer), none (e.g. it was truncated away), or a budget of one unit is one
+*whole-row* unit with the row's whole mask (id ``<row id>#all``), end-of-turn
+token included. Its gradient is then the row's, which the one-pass build
+(:mod:`gradian.gradients.units`) makes with one backward vector instead of
+two (the sentence, then the residual of the tokens outside it); a sentence
+index of one-sentence answers holds the row index's gradients. Only rows of
+two or more sentences are split, and only they have a sentence to drill into.
+(Until index format ``UNIT_RULE`` 2 a one-sentence row's unit was its sentence
+alone, without the end-of-turn token.)
 
 A unit's tokens stop at its sentence's last token: under causal attention the
 loss on tokens ≤ t does not depend on tokens after t, so the cut is exact and a
@@ -51,6 +60,10 @@ import numpy as np
 
 from gradian.data.formats import Example
 from gradian.data.tokenize import IGNORE_INDEX, LazyItems, TokenIds, TokenizedExample, row_values
+
+#: The rule that makes a row's units, in the identity of every sentence index (:meth:`GradSpec.identity`):
+#: 2 since 2026-12-04, a row with one unit is the whole row (module docstring); 1 before, its sentence alone.
+UNIT_RULE = 2
 
 #: the default budget of sentence units per row (``GradSpec.max_units_per_row``); the module docstring's rule
 MAX_UNITS_PER_ROW = 32
@@ -173,7 +186,7 @@ def sentence_units(
         toks = _token_spans(it)
         got = _overlaps([(base + a, base + b) for a, b in sents], *toks)
         kept = [(a, b) for (a, b), (n, _) in zip(sents, got) if n]  # sentences with a supervised token
-        if not kept:
+        if len(kept) <= 1 or max_units == 1:  # one unit: the row itself (its gradient is the row's, made once)
             units.append(SentenceUnit(j, None, None, len(it.input_ids), it.n_supervised))
             continue
         if len(kept) <= max_units:  # one unit per sentence

@@ -27,7 +27,8 @@ identity is exact in every case. The gradient is linear in the loss, hence
     g_row = Σ_u w_u g_u + g_res,
 
 a fixed weighted sum; so is any linear map of it (a projection P: P g_row = Σ_u w_u P g_u + P g_res). No
-separate row pass is needed. A row whose one unit is all of S (ρ = 0) is computed once: g_row = g_u.
+separate row pass is needed. A row whose one unit is all of S (ρ = 0) is computed once: g_row = g_u; every row
+with one unit is such a row (:func:`gradian.data.spans.sentence_units`: a one-sentence answer is its own unit).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gradian.data.spans import UNIT_RULE
 from gradian.data.tokenize import TokenizeSpec
 from gradian.errors import GradianUserError
 from gradian.gradients.projection import ProjectionSpec
@@ -86,11 +87,14 @@ class GradSpec:
         """What of the spec decides an index's numbers (hashed into its id).
 
         :meth:`to_dict`, less the unit budget for a row index (it has no sentence units, so a row index's
-        id does not depend on it: row indexes built before the budget existed keep their ids).
+        id does not depend on it: row indexes built before the budget existed keep their ids); a sentence
+        index adds the rule that cuts rows into units (:data:`gradian.data.spans.UNIT_RULE`).
         """
         d = self.to_dict()
         if self.unit == "row":
             del d["max_units_per_row"]
+        else:  # how rows are cut into units (a one-sentence row is its own unit since rule 2)
+            d["unit_rule"] = UNIT_RULE
         return d
 
     @classmethod
