@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,6 +88,33 @@ def test_corrupt_shard_is_detected_and_rebuilt(ft, saved_finetune, tmp_path):
         again, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "x", shard_size=8)
     assert not reused and again.verify() == []
     assert torch.equal(_stacked(again), before)
+
+
+def test_inside_hashed_once_a_shard_is_hashed_once_and_a_changed_one_again(ft, saved_finetune, tmp_path, monkeypatch):
+    """What `gradian attribute` and `gradian index` run in: the shards a build writes are not read back to hash
+    them, one already hashed is not hashed again, and a file replaced in between is; outside it every open hashes."""
+    import gradian.util as util
+    from gradian.index.shards import hashed_once
+
+    seen: list[str] = []
+    real = util.sha256_file
+    monkeypatch.setattr(util, "sha256_file", lambda p, chunk=1 << 20: seen.append(Path(p).name) or real(p, chunk))
+    with hashed_once():
+        idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "h", shard_size=8)
+        for _ in range(3):
+            assert GradientIndex(idx.root).verify() == []
+            _stacked(GradientIndex(idx.root))
+        assert not [f for f in seen if f.startswith("shard-")]  # written by this process: never read to hash
+        shard = idx.root / idx.manifest["shards"][0]["file"]
+        raw = bytearray(shard.read_bytes())
+        raw[-5] ^= 0xFF
+        tmp = shard.with_suffix(".tmp")
+        tmp.write_bytes(bytes(raw))
+        tmp.replace(shard)  # a new file (new inode) in its place
+        assert GradientIndex(idx.root).verify() == [0]  # hashed again, and found corrupt
+    seen.clear()
+    assert GradientIndex(idx.root).verify() == [0] and GradientIndex(idx.root).verify() == [0]
+    assert seen.count(shard.name) == 2  # outside: every open hashes
 
 
 def test_projection_preserves_inner_products_in_expectation(ft, saved_finetune, tmp_path):
@@ -181,6 +209,28 @@ def test_finite_garbage_is_refused_too(ft, saved_finetune, tmp_path):
     _poison_shard(idx, 1, value=3.0e38)
     again = GradientIndex(idx.root)
     assert again.verify() == [1] and "beyond 1e+30" in again.problems[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_the_plausibility_check_flags_what_the_elementwise_rule_flags(dtype):
+    """The check reads a block once (its min and max) and falls back to the element-wise rule, NaN or ±inf
+    anywhere or |x| > GRAD_ABS_MAX, only when an end is not plausible: the same rows and counts either way."""
+    from gradian.index.shards import GRAD_ABS_MAX, _implausible_rows
+
+    def rule(t):
+        bad = ~torch.isfinite(t) | (t.abs() > GRAD_ABS_MAX)
+        return sorted({int(r) for r in bad.nonzero()[:, 0].tolist()}), int(bad.sum())
+
+    big = torch.finfo(dtype).max  # beyond 1e30 where the dtype can hold it (float16 cannot)
+    for put in (None, float("nan"), float("inf"), -float("inf"), big, -big, 1e30, -1e30):
+        t = torch.randn(5, 7, dtype=torch.float64).to(dtype)
+        if put is not None:
+            t[3, 2] = put
+            t[1, 6] = put
+        assert _implausible_rows(t) == rule(t), (dtype, put)
+        if put is not None and (put != put or abs(put) > GRAD_ABS_MAX):
+            assert _implausible_rows(t) == ([1, 3], 2)
+    assert _implausible_rows(torch.zeros(0, 4, dtype=dtype)) == ([], 0)
 
 
 def test_a_shard_is_read_a_block_at_a_time_and_released_when_the_next_is_read(ft, saved_finetune, tmp_path):

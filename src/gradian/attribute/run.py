@@ -20,6 +20,7 @@ from gradian.attribute.pipeline import AttributeSpec, CapabilityEvidence, verdic
 from gradian.attribute.queries import failing_item_query
 from gradian.errors import GradianUserError
 from gradian.index.identity import dataset_identity, file_hash, library_versions
+from gradian.index.shards import hashed_once
 from gradian.index.store import GradSpec
 from gradian.models.load import ModelSpec
 from gradian.runfile import (  # noqa: F401  (re-exported: run.json's schema and checks live in gradian.runfile)
@@ -248,6 +249,7 @@ def run_audit(inputs: RunInputs, tokenizer_path: str | None) -> dict[str, Any]:
     ).to_dict()
 
 
+@hashed_once()  # each index shard is hashed once per run, not at every read (gradian.index.shards)
 def attribute_run(
     inputs: RunInputs,
     specs: RunSpecs,

@@ -150,51 +150,58 @@ def register(app: typer.Typer) -> None:
 
             specs = [replace(spec, unit="row")] + ([spec] if spec.unit == "sentence" else [])
             units = None
+            from gradian.index.shards import hashed_once  # a shard written here is not read back to hash it
+
             if one_pass and spec.unit == "sentence":  # both indexes: one pass per row (gradian.index.joint)
                 from gradian.data.spans import sentence_units
                 from gradian.index.joint import maybe_build_jointly
 
                 units = sentence_units(examples, items, spec.max_units_per_row)
-            for ck, spec in ((c, sp) for c in trajectory.checkpoints for sp in specs):
-                with checkpoint_weights(ft.model, ck), progress_bar() as pb:
-                    if units is not None and spec.unit == "row":
-                        maybe_build_jointly(
+            with hashed_once():  # a shard written or hashed here is not hashed again in this command
+                for ck, spec in ((c, sp) for c in trajectory.checkpoints for sp in specs):
+                    with checkpoint_weights(ft.model, ck), progress_bar() as pb:
+                        if units is not None and spec.unit == "row":
+                            maybe_build_jointly(
+                                ft,
+                                data,
+                                items,
+                                units,
+                                spec,
+                                seed=seed,
+                                parent=out,
+                                checkpoint=ck,
+                                batch_size=batch_size,
+                                shard_size=shard_size,
+                                progress_factory=lambda n, lab=ck.label: pb.task(
+                                    f"row + sentence gradients ({lab})", n
+                                ),
+                                announce=lambda line, lab=ck.label: console.print(
+                                    f"{lab}: {escape(line)}", highlight=False, soft_wrap=True
+                                ),
+                            )
+                        idx, examples, items, reused = training_index(
                             ft,
                             data,
-                            items,
-                            units,
                             spec,
                             seed=seed,
                             parent=out,
-                            checkpoint=ck,
                             batch_size=batch_size,
                             shard_size=shard_size,
-                            progress_factory=lambda n, lab=ck.label: pb.task(f"row + sentence gradients ({lab})", n),
+                            examples=examples,
+                            items=items,
+                            checkpoint=ck,
+                            progress_factory=lambda n, lab=ck.label, u=spec.unit: pb.task(
+                                f"per-{u} gradients ({lab})", n
+                            ),
                             announce=lambda line, lab=ck.label: console.print(
                                 f"{lab}: {escape(line)}", highlight=False, soft_wrap=True
                             ),
                         )
-                    idx, examples, items, reused = training_index(
-                        ft,
-                        data,
-                        spec,
-                        seed=seed,
-                        parent=out,
-                        batch_size=batch_size,
-                        shard_size=shard_size,
-                        examples=examples,
-                        items=items,
-                        checkpoint=ck,
-                        progress_factory=lambda n, lab=ck.label, u=spec.unit: pb.task(f"per-{u} gradients ({lab})", n),
-                        announce=lambda line, lab=ck.label: console.print(
-                            f"{lab}: {escape(line)}", highlight=False, soft_wrap=True
-                        ),
+                    state = "reused (no pass over the training set)" if reused else "built"
+                    console.print(
+                        f"{ck.label}: index [bold]{idx.id}[/] {state}: {idx.n} {spec.unit}s, "
+                        f"{len(idx.blocks)} LoRA blocks → {escape(str(idx.root))}"
                     )
-                state = "reused (no pass over the training set)" if reused else "built"
-                console.print(
-                    f"{ck.label}: index [bold]{idx.id}[/] {state}: {idx.n} {spec.unit}s, {len(idx.blocks)} LoRA blocks "
-                    f"→ {escape(str(idx.root))}"
-                )
             trunc = sum(row_values(items, "truncated"))
             if trunc:
                 console.print(f"[yellow]{trunc} rows were truncated at {max_length} tokens[/]")
