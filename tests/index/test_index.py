@@ -90,7 +90,9 @@ def test_corrupt_shard_is_detected_and_rebuilt(ft, saved_finetune, tmp_path):
     assert torch.equal(_stacked(again), before)
 
 
-def test_inside_hashed_once_a_shard_is_hashed_once_and_a_changed_one_again(ft, saved_finetune, tmp_path, monkeypatch):
+def test_inside_hashed_once_a_shard_is_hashed_and_scanned_once_and_a_changed_one_again(
+    ft, saved_finetune, tmp_path, monkeypatch
+):
     """What `gradian attribute` and `gradian index` run in: the shards a build writes are not read back to hash
     them, one already hashed is not hashed again, and a file replaced in between is; outside it every open hashes."""
     import gradian.util as util
@@ -99,11 +101,19 @@ def test_inside_hashed_once_a_shard_is_hashed_once_and_a_changed_one_again(ft, s
     seen: list[str] = []
     real = util.sha256_file
     monkeypatch.setattr(util, "sha256_file", lambda p, chunk=1 << 20: seen.append(Path(p).name) or real(p, chunk))
+    import gradian.index.shards as shards
+
+    scans: list[str] = []
+    real_block = shards._block_problem
+    monkeypatch.setattr(shards, "_block_problem", lambda b, t, n: scans.append(b["name"]) or real_block(b, t, n))
     with hashed_once():
         idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "h", shard_size=8)
+        scans.clear()
         for _ in range(3):
             assert GradientIndex(idx.root).verify() == []
-            _stacked(GradientIndex(idx.root))
+        assert scans == []  # their numbers were checked when this process wrote them
+        _stacked(GradientIndex(idx.root))
+        assert len(scans) == len(idx.blocks) * len(idx.manifest["shards"])  # a block read to be used: checked
         assert not [f for f in seen if f.startswith("shard-")]  # written by this process: never read to hash
         shard = idx.root / idx.manifest["shards"][0]["file"]
         raw = bytearray(shard.read_bytes())
@@ -115,6 +125,8 @@ def test_inside_hashed_once_a_shard_is_hashed_once_and_a_changed_one_again(ft, s
     seen.clear()
     assert GradientIndex(idx.root).verify() == [0] and GradientIndex(idx.root).verify() == [0]
     assert seen.count(shard.name) == 2  # outside: every open hashes
+    scans.clear()
+    assert GradientIndex(idx.root).verify() == [0] and scans  # and every check reads the numbers
 
 
 def test_projection_preserves_inner_products_in_expectation(ft, saved_finetune, tmp_path):

@@ -20,8 +20,10 @@ engine's fit, scoring, the clusters): on the quick SmolLM2 world every row shard
 and every sentence shard three, about 80 s of a 640 s run. Inside :func:`hashed_once` (what
 ``gradian attribute`` and ``gradian index`` run in) a shard's sha256 is computed once, or taken from
 the bytes this process wrote, and remembered by the file's (path, size, mtime, inode); a file replaced
-or rewritten in between is hashed again. Outside it every open hashes the file, as before. Each
-block's numbers are still checked on every read.
+or rewritten in between is hashed again. So is a whole-file check of its numbers (:func:`shard_problem`,
+which publishing an index runs): a shard this process wrote after checking them, or scanned once, is not
+scanned again. Outside it every open hashes the file and every check reads the numbers, as before. A
+block read to be used (:class:`ShardBlocks`) is always checked.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ FORMAT_VERSION = 1
 #: Inside :func:`hashed_once`: ``{(path, size, mtime_ns, inode): sha256}`` of the shards this process hashed or
 #: wrote; None outside it (every open hashes the file).
 _HASHED: dict[tuple[str, int, int, int], str] | None = None
+#: Inside :func:`hashed_once`: the shard files whose every number this process has checked (when it wrote them,
+#: or by a full scan); a re-check of the whole file (:func:`shard_problem`) skips their numbers.
+_CHECKED: set[tuple[str, int, int, int]] = set()
 
 
 @contextmanager
@@ -60,6 +65,7 @@ def hashed_once() -> Iterator[None]:
         yield
     finally:
         _HASHED = None
+        _CHECKED.clear()
 
 
 def _file_key(p: Path) -> tuple[str, int, int, int]:
@@ -240,11 +246,14 @@ def write_shard(
     rows: Sequence[Mapping[str, Any]],
     layout: dict[str, Any],
     written_by: str | None = None,
+    numbers_checked: bool = False,
 ) -> dict[str, Any]:
     """Write shard ``k`` (its safetensors ``data``), then its own record; returns its manifest entry.
 
     The record comes right after the shard, so a build that dies later keeps this shard (:func:`_read_record`).
-    ``rows`` holds each row's :data:`EXAMPLE_KEYS`; ``written_by``, when given, is the entry's ``"pass"``.
+    ``rows`` holds each row's :data:`EXAMPLE_KEYS`; ``written_by``, when given, is the entry's ``"pass"``;
+    ``numbers_checked``: the caller checked every number of ``data`` (:func:`check_shard_finite`), so within
+    :func:`hashed_once` a re-check of the file does not read them again.
     Raises :class:`gradian.util.DiskFullError` from the writes (the shard's temp file is removed).
     """
     fname = _shard_file(k)
@@ -258,8 +267,11 @@ def write_shard(
     if written_by is not None:
         entry["pass"] = written_by
     atomic_write_bytes(root / fname, data)
-    if _HASHED is not None:  # the bytes just written: no need to read them back to hash them
-        _HASHED[_file_key(root / fname)] = entry["sha256"]
+    if _HASHED is not None:  # the bytes just written: no need to read them back to hash (or check) them
+        key = _file_key(root / fname)
+        _HASHED[key] = entry["sha256"]
+        if numbers_checked:
+            _CHECKED.add(key)
     atomic_write_json(root / _record_file(k), {"layout": layout, "entry": entry})
     return entry
 
@@ -363,11 +375,16 @@ def shard_problem(root: Path, entry: dict[str, Any], blocks: list[dict[str, Any]
     why, f = open_shard(root, entry, blocks)
     if why:
         return why
+    key = _file_key(Path(root) / entry["file"]) if _HASHED is not None else None
+    if key in _CHECKED:  # within hashed_once: this process checked these numbers (written or scanned here)
+        return None
     n = int(entry["n"])
     for b in blocks:
         why = _block_problem(b, f.get_tensor(b["name"]), n)
         if why:
             return why
+    if key is not None:
+        _CHECKED.add(key)
     return None
 
 
