@@ -7,9 +7,10 @@ for each unit read (:class:`gradian.data.spans.SentenceItems` keeps one row; the
 length-sorted, so consecutive reads rarely share a row). On top of that the row index made one more pass
 per row for a gradient that is a fixed weighted sum of the unit gradients.
 
-Here each row is run once: one forward pass, one batched backward over its units' losses (plus the
-residual tokens' loss when there are any), :func:`gradian.gradients.units.row_unit_grads`; the row gradient
-is derived from the units (exact, see that module). Both indexes' shards and shard records are written
+Here each row is run once: one forward pass, then one backward vector per unit's loss over that one graph
+(plus the residual tokens' loss when there are any; a row with one unit is the whole row and needs one),
+:func:`gradian.gradients.units.row_unit_grads`; the row gradient is derived from the units (exact, see that
+module). Both indexes' shards and shard records are written
 exactly as :func:`gradian.index.build.build_index` writes them (same layout, same ids), so the
 ``build_index`` calls that follow find every shard done and only publish the manifests.
 
