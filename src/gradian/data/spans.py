@@ -22,8 +22,8 @@ token included. Its gradient is then the row's, which the one-pass build
 two (the sentence, then the residual of the tokens outside it); a sentence
 index of one-sentence answers holds the row index's gradients. Only rows of
 two or more sentences are split, and only they have a sentence to drill into.
-(Until index format ``UNIT_RULE`` 2 a one-sentence row's unit was its sentence
-alone, without the end-of-turn token.)
+(Before unit rule 2, :data:`UNIT_RULE`, a one-sentence row's unit was its
+sentence alone, without the end-of-turn token.)
 
 A unit's tokens stop at its sentence's last token: under causal attention the
 loss on tokens ≤ t does not depend on tokens after t, so the cut is exact and a
