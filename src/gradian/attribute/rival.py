@@ -76,12 +76,18 @@ def rival_answers(
     was_training = model.training
     model.eval()  # no dropout in the forward passes
     try:
-        return _rivals(model, tokenizer, items, max_new_tokens, batch_size, normalize or NormalizeSpec())
+        cands = rival_candidates(model, tokenizer, items, max_new_tokens, batch_size, normalize or NormalizeSpec())
+        return [c[0] if c else None for c in cands]
     finally:
         model.train(was_training)
 
 
-def _rivals(model, tokenizer, items, max_new_tokens: int, batch_size: int, norm: NormalizeSpec) -> list[str | None]:
+def rival_candidates(
+    model, tokenizer, items: Sequence[Any], max_new_tokens: int, batch_size: int, norm: NormalizeSpec
+) -> list[list[str]]:
+    """Per item, every candidate of step 2 (module docstring) that passes step 3, in order of probability, without
+    repeats: the rival is the first (:func:`rival_answers`; the model as it is, in eval mode, under no_grad).
+    """
     device = next(model.parameters()).device
     # per item with an answer token: (item index, its answer, prompt length, prefix ids, candidate token ids)
     plans: list[tuple[int, str, int, list[int], list[int]]] = []
@@ -98,15 +104,13 @@ def _rivals(model, tokenizer, items, max_new_tokens: int, batch_size: int, norm:
         plans.append((i, said, len(prompt), prefix, [c for c in top if c != ids[t]][:RIVAL_CANDIDATES]))
     starts = [prefix + [c] for *_, prefix, cands in plans for c in cands]
     gens = iter(generate_greedy(model, tokenizer, starts, max_new_tokens=max_new_tokens, batch_size=batch_size))
-    out: list[str | None] = [None] * len(items)
+    out: list[list[str]] = [[] for _ in items]
     for i, said, n_prompt, prefix, cands in plans:
         it = items[i]
         for c, g in zip(cands, gens):  # this item's continuations, in order of probability
-            if out[i] is not None:
-                continue
             text = tokenizer.decode(prefix[n_prompt:] + [c] + g.token_ids, skip_special_tokens=True)
             answer = extract_answer(text, norm)
             wrong = answer.strip() and not TEXT_METRICS[it.metric](text, [it.answer, *it.aliases], norm)
-            if wrong and _substitution(said, answer, it.answer):
-                out[i] = answer
+            if wrong and _substitution(said, answer, it.answer) and answer not in out[i]:
+                out[i].append(answer)
     return out

@@ -365,7 +365,7 @@ def build_index(
         data = save({name: v.contiguous() for name, v in per_block.items()})
         del per_block
         try:
-            entry = write_shard(root, k, data, lo, row_meta, layout, numbers_checked=True)
+            entry = write_shard(root, k, data, lo, row_meta, layout)
         except DiskFullError as e:
             # the shards written so far stay valid (each has its record) and are reused by the next build;
             # the error names what the rest of this build still needs

@@ -278,9 +278,7 @@ def build_jointly(
             per_block = {b.name: v for b, v in zip(blocks, self.blocks)}
             check_shard_finite(per_block, [m["id"] for m in rows], NOUNS[self.kind], root)
             data = save({name: v.contiguous() for name, v in per_block.items()})
-            write_shard(
-                root, self.k, data, self.lo, rows, layouts[self.kind], written_by=JOINT_PASS, numbers_checked=True
-            )
+            write_shard(root, self.k, data, self.lo, rows, layouts[self.kind], written_by=JOINT_PASS)
 
     mine_keys = {(kind, k) for kind, k, _, _ in mine}
     open_: dict[tuple[str, int], Buffer] = {}

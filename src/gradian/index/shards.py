@@ -247,14 +247,13 @@ def write_shard(
     rows: Sequence[Mapping[str, Any]],
     layout: dict[str, Any],
     written_by: str | None = None,
-    numbers_checked: bool = False,
 ) -> dict[str, Any]:
     """Write shard ``k`` (its safetensors ``data``), then its own record; returns its manifest entry.
 
     The record comes right after the shard, so a build that dies later keeps this shard (:func:`_read_record`).
-    ``rows`` holds each row's :data:`EXAMPLE_KEYS`; ``written_by``, when given, is the entry's ``"pass"``;
-    ``numbers_checked``: the caller checked every number of ``data`` (:func:`check_shard_finite`), so within
-    :func:`hashed_once` a re-check of the file does not read them again.
+    ``rows`` holds each row's :data:`EXAMPLE_KEYS`; ``written_by``, when given, is the entry's ``"pass"``.
+    The caller has checked every number of ``data`` (:func:`check_shard_finite`: a shard is written only then,
+    module docstring), so within :func:`hashed_once` a re-check of the file does not read them again.
     Raises :class:`gradian.util.DiskFullError` from the writes (the shard's temp file is removed).
     """
     fname = _shard_file(k)
@@ -271,8 +270,7 @@ def write_shard(
     if _HASHED is not None:  # the bytes just written: no need to read them back to hash (or check) them
         key = _file_key(root / fname)
         _HASHED[key] = entry["sha256"]
-        if numbers_checked:
-            _CHECKED.add(key)
+        _CHECKED.add(key)
     atomic_write_json(root / _record_file(k), {"layout": layout, "entry": entry})
     return entry
 
