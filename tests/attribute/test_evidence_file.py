@@ -48,6 +48,13 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
         for r, a, b, s in zip(T["units/row"], T["units/char_start"], T["units/char_end"], T["units/n_supervised"])
     ]
     assert T[f"{c}/datainf/unit_cosine"].shape == (m, len(units))
+    # each checkpoint's own matrices, unweighted: the trajectory's weighted sum of them is the file's matrix
+    wts = T["trajectory/weights"]
+    assert len(wts) == len(run["attribution"]["trajectory"]["checkpoints"]) >= 2
+    for e in ("datainf", "graddot"):
+        for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
+            total = sum(wt * T[f"{c}/{e}/ck{t}/{kind}"] for t, wt in enumerate(wts))
+            np.testing.assert_allclose(total, T[f"{c}/{e}/{kind}"], rtol=1e-12, atol=1e-12 * np.abs(total).max())
     # the row score: per failing item, the row's most harmful sentence; then the mean over the items; then BM25
     # folded in by the spec's gate
     per_item, _ = row_min(T[f"{c}/datainf/unit_cosine"], units, n)

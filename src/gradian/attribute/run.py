@@ -421,6 +421,7 @@ def attribute_run(
             say=say,
             shard_size=specs.shard_size,
             joint=one_pass,
+            keep_per_checkpoint=save_evidence,  # the evidence file carries each checkpoint's matrices too
         )
         timing.update({f"attribute.{k}": v for k, v in evidence.timing.items()})
         idx = evidence.final_index
@@ -526,7 +527,7 @@ def attribute_run(
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     if save_evidence and run.get("attribution"):
-        save_evidence_file(out_dir / "evidence.safetensors", kept)
+        save_evidence_file(out_dir / "evidence.safetensors", kept, trajectory.weights)
     else:  # an earlier run's matrices would not match this run.json
         (out_dir / "evidence.safetensors").unlink(missing_ok=True)
     atomic_write_json(out_dir / "run.json", run)
@@ -536,14 +537,19 @@ def attribute_run(
     return run
 
 
-def save_evidence_file(path: Path, evidence: dict[str, CapabilityEvidence]) -> None:
+def save_evidence_file(
+    path: Path, evidence: dict[str, CapabilityEvidence], weights: Sequence[float] | None = None
+) -> None:
     """Write the score matrices each capability's verdict was formed from, as safetensors (float64, as the run
     computed them: the fusion gate is a rank correlation, and float32 rounding of tied scores can move it across 0).
 
-    Keys, per capability ``c`` (m failing items, n rows, u sentence units):
+    Keys, per capability ``c`` (m failing items, n rows, u sentence units, T checkpoints):
 
     * ``c/<engine>/raw``, ``c/<engine>/cosine``: (m, n) trajectory-weighted scores per item and row;
     * ``c/<engine>/unit_raw``, ``c/<engine>/unit_cosine``: (m, u) per item and sentence unit (sentence runs);
+    * ``c/<engine>/ck<t>/<kind>``: the same four at checkpoint t alone, unweighted (when the engine kept them;
+      ``raw = Σ_t weights[t] · ck<t>/raw``), so a benchmark can re-weigh the trajectory without a new run;
+    * ``trajectory/weights``: (T,) the checkpoint weights ``w_t`` (when given);
     * ``c/<reference>``: (m, n) a reference engine's scores;
     * ``units/row``, ``units/char_start``, ``units/char_end``, ``units/n_supervised``: (u,) int64 (−1: no span).
 
@@ -560,9 +566,14 @@ def save_evidence_file(path: Path, evidence: dict[str, CapabilityEvidence]) -> N
                 m = getattr(es, kind)
                 if m is not None:
                     tensors[f"{cap}/{e}/{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
+            for t, part in enumerate(es.per_checkpoint or []):
+                for kind, m in part.items():
+                    tensors[f"{cap}/{e}/ck{t}/{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
         for r, m in ev.references.items():
             tensors[f"{cap}/{r}"] = np.ascontiguousarray(m, dtype=np.float64)
         units = units or ev.units
+    if weights is not None:
+        tensors["trajectory/weights"] = np.asarray(list(weights), dtype=np.float64)
     if units:
         tensors["units/row"] = np.array([u.row for u in units], dtype=np.int64)
         for f in ("char_start", "char_end", "n_supervised"):
