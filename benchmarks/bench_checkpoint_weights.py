@@ -1,0 +1,160 @@
+"""Which checkpoints the verdict needs: checkpoint weightings compared on runs saved with ``--save-evidence``.
+
+The default verdict sums each checkpoint's scores with the TracIn weights ``w_t`` (the learning rate over the
+checkpoint's span of steps, :mod:`gradian.attribute.trajectory`). Every checkpoint costs one index build (the
+forward and the sentence units' backward passes over every row), so a verdict that needs fewer checkpoints costs
+proportionally less. ``gradian attribute --save-evidence`` writes every checkpoint's unweighted matrices
+(``c/<engine>/ck<t>/<kind>``) and the weights (``trajectory/weights``); this script re-forms the default verdict
+under other weightings, with the pipeline's own functions:
+
+* rank: ``rank_statistic`` (per item, the row's most harmful sentence, then the items' mean) on the weighted
+  ``unit_cosine``, BM25 folded in by ``fuse_scores`` with the default gate; scored by
+  :func:`gradian.worlds.scorecard.score_ranking` (AUC over all culprits, direct, buried, P@n);
+* drill-down: ``blamed_units`` on the weighted ``unit_raw``; a buried culprit is localised when the blamed
+  sentence overlaps its planted one (lost items' culprits, and all buried culprits in brackets).
+
+Weightings (T checkpoints, in training order): ``lr (default)`` the run's own, ``equal``, ``first``, ``final``,
+``first + final`` (lr weights of those two), ``first two`` (lr weights). "checkpoints" is how many indexes the
+weighting needs, the build's cost relative to the default in brackets.
+
+    python benchmarks/bench_checkpoint_weights.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--json out.json]
+
+The ``lr (default)`` row must reproduce the run's own ``rank_scores`` (checked; a run made with other defaults
+is refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def weightings(w: np.ndarray) -> dict[str, np.ndarray]:
+    """``{name: (T,) weights}``; a zero weight means the checkpoint's index is not needed."""
+    T = len(w)
+    only = np.eye(T)
+    out = {"lr (default)": w, "equal": np.full(T, 1.0 / T), "first": only[0], "final": only[-1]}
+    if T >= 2:
+        out["first + final"] = w * (only[0] + only[-1])
+    if T >= 3:
+        out["first two"] = w * (only[0] + only[1])
+    return out
+
+
+def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, Any]]:
+    """``({weighting: {"rows": (n,) rank scores, "spans": {row: (a, b)}, "checkpoints": k}}, train_ids, facts)``."""
+    from safetensors.numpy import load_file
+
+    from gradian.attribute.evidence import EngineScores
+    from gradian.attribute.pipeline import AttributeSpec, blamed_units, fuse_scores, rank_statistic
+    from gradian.data.spans import SentenceUnit
+
+    run = json.loads((run_dir / "run.json").read_text())
+    att = run["attribution"]
+    cap = att["capabilities"][0]
+    c, e = cap["capability"], cap["engine"]
+    ids = att["train_ids"]
+    n = len(ids)
+    T = load_file(str(run_dir / "evidence.safetensors"))
+    if "trajectory/weights" not in T:
+        raise SystemExit(f"{run_dir}: its evidence has no per-checkpoint matrices (re-run with --save-evidence)")
+    w = T["trajectory/weights"]
+    rows, a, b = T["units/row"].astype(int), T["units/char_start"], T["units/char_end"]
+    units = [SentenceUnit(int(r), 0, 1, 0, 1) for r in rows]  # rank_statistic reads only .row
+    has_span = a >= 0
+    spec = AttributeSpec()
+    bm25 = T[f"{c}/bm25"].mean(0)
+
+    def weighted(kind: str, wt: np.ndarray) -> np.ndarray:
+        return sum(x * T[f"{c}/{e}/ck{t}/{kind}"] for t, x in enumerate(wt) if x != 0)
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, wt in weightings(w).items():
+        es = EngineScores(*(e, *(weighted(k, wt) for k in ("raw", "cosine", "unit_raw", "unit_cosine"))))
+        g = rank_statistic(es, spec, units, n).rows
+        fused, fw = fuse_scores(g, {"bm25": bm25}, spec.fuse_gate) if spec.fuse else (g, {})
+        blamed = blamed_units(es.unit_raw, rows, has_span)
+        spans = {j: (int(a[k]), int(b[k])) for j, (k, _) in blamed.items()}
+        out[name] = {"rows": fused, "spans": spans, "checkpoints": int((wt != 0).sum()), "bm25_weight": fw}
+    if not np.allclose(out["lr (default)"]["rows"], cap["rank_scores"], rtol=1e-5, atol=1e-6):
+        raise SystemExit(f"{run_dir}: the lr weighting does not reproduce the run's rank scores (not a default run?)")
+    facts = {"rows": n, "units": len(rows), "failing_items": int(T[f"{c}/{e}/raw"].shape[0]), "checkpoints": len(w)}
+    return out, ids, facts
+
+
+def localised(spans: dict[int, tuple[int, int]], ids: list[str], truth: dict, lost: set[str]) -> tuple[int, ...]:
+    """(lost hits, lost n, all hits, all n) over the buried culprits."""
+    pos = {rid: j for j, rid in enumerate(ids)}
+    h = [0, 0, 0, 0]
+    for cu in truth["culprits"]:
+        j = pos[cu["id"]]
+        if cu["kind"] != "buried" or j not in spans:
+            continue
+        s = spans[j]
+        hit = int(max(s[0], cu["char_start"]) < min(s[1], cu["char_end"]))
+        h[2] += hit
+        h[3] += 1
+        if cu.get("eval_id") in lost:
+            h[0] += hit
+            h[1] += 1
+    return tuple(h)
+
+
+def main() -> None:
+    from gradian.worlds.scorecard import score_ranking
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pairs", nargs="+", help="RUN WORLD [RUN WORLD ...]")
+    ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    args = ap.parse_args()
+    if len(args.pairs) % 2:
+        ap.error("give RUN WORLD pairs")
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    names: list[str] = []
+    for run_dir, world in zip(args.pairs[::2], args.pairs[1::2]):
+        run_dir, world = Path(run_dir), Path(world)
+        name = world.name if world.name not in names else f"{world.parent.name}/{world.name}"
+        names.append(name)
+        truth = json.loads((world / "ground_truth.json").read_text())
+        run = json.loads((run_dir / "run.json").read_text())
+        lost = {q["item_id"] for q in run["attribution"]["capabilities"][0]["queries"]}
+        res, ids, facts = verdicts(run_dir)
+        print(
+            f"\n## {name}: {facts['rows']} rows, {facts['units']} units, {facts['failing_items']} failing items, "
+            f"{facts['checkpoints']} checkpoints"
+        )
+        print("| weighting | checkpoints | AUC | direct | buried | P@n | localised |")
+        print("|---|---:|---:|---:|---:|---:|---|")
+        for rule, v in res.items():
+            r = score_ranking(v["rows"], ids, truth["culprits"])
+            k = r["auc_by_kind"]
+            loc = localised(v["spans"], ids, truth, lost)
+            cell = {
+                "auc": r["auc"],
+                "direct": k.get("direct"),
+                "buried": k.get("buried"),
+                "p_at_n": r["precision_at_n_culprits"],
+                "localised": loc,
+                "checkpoints": v["checkpoints"],
+                "of": facts["checkpoints"],
+            }
+            table.setdefault(rule, {})[name] = cell
+            f = ["—" if x is None else f"{x:.3f}" for x in (cell["auc"], cell["direct"], cell["buried"])]
+            print(
+                f"| {rule} | {v['checkpoints']}/{facts['checkpoints']} | {f[0]} | {f[1]} | {f[2]} | "
+                f"{cell['p_at_n']:.2f} | {loc[0]}/{loc[1]} ({loc[2]}/{loc[3]}) |"
+            )
+    print("\n| weighting | " + " | ".join(names) + " | worst |\n|---|" + "---:|" * (len(names) + 1))
+    for rule, per in table.items():
+        aucs = [per[w]["auc"] for w in names]
+        print(f"| {rule} | " + " | ".join(f"{x:.3f}" for x in aucs) + f" | {min(aucs):.3f} |")
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=1))
+
+
+if __name__ == "__main__":
+    main()
