@@ -10,8 +10,11 @@
 Each runs in a child process (``PYTHONPATH=SRC``, ``OMP_NUM_THREADS=1``) that wraps Gradian's stage functions
 and counts, per stage (train, plan, evaluate, data check, row index, sentence index, joint row+sentence index,
 scoring = queries + engines + scores, references): wall seconds, **forward passes** and **backward passes**
-over a sequence (a unit's backward vector counts as one), **tokens** forwarded, and **peak RSS** (a thread
-samples ``/proc/self/status`` VmRSS every 20 ms while the stage runs, so a peak shorter than that can be missed).
+over a sequence in a gradient pass (a unit's backward vector counts as one), **tokens** forwarded in those
+passes, **no-grad tokens**: tokens the model forwarded without gradients (Evaluate's generation and scoring, the
+data check, RepSim's states; every call of the token embedding under ``torch.no_grad``, so a generated token
+counts once), and **peak RSS** (a thread samples ``/proc/self/status`` VmRSS every 20 ms while the stage runs, so
+a peak shorter than that can be missed).
 Training's passes are rows × epochs (HF Trainer: one forward+backward per row per epoch, the valid set's
 evaluation not counted) and its tokens the rows' token counts × epochs.
 
@@ -81,7 +84,9 @@ def _child(kind: str, args: list[str], report: Path) -> None:
     heap = _glibc_heap()
 
     def rec(name: str) -> dict[str, float]:
-        return stats.setdefault(name, {"wall_s": 0.0, "forward": 0, "backward": 0, "tokens": 0, "peak_rss": 0})
+        return stats.setdefault(
+            name, {"wall_s": 0.0, "forward": 0, "backward": 0, "tokens": 0, "nograd_tokens": 0, "peak_rss": 0}
+        )
 
     stop = threading.Event()
 
@@ -95,6 +100,17 @@ def _child(kind: str, args: list[str], report: Path) -> None:
             stop.wait(0.02)
 
     threading.Thread(target=sample, daemon=True).start()
+
+    import torch
+
+    def count_nograd(module, inputs):
+        """Tokens the model forwards without gradients: each token-embedding call under no_grad."""
+        if isinstance(module, torch.nn.Embedding) and not torch.is_grad_enabled() and inputs:
+            x = inputs[0]
+            if isinstance(x, torch.Tensor) and not x.is_floating_point():
+                rec(stage[0])["nograd_tokens"] += int(x.numel())
+
+    torch.nn.modules.module.register_module_forward_pre_hook(count_nograd)
 
     def staged(name_of, fn):
         def wrapper(*a, **k):
@@ -256,8 +272,8 @@ ORDER = [
 def table(result: dict) -> str:
     """The Markdown table of one result (train, then each labelled attribute run)."""
     lines = [
-        "| run | stage | wall s | share of the run | forward | backward | tokens | peak RSS MB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| run | stage | wall s | share of the run | forward | backward | tokens | no-grad tokens | peak RSS MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, run in result["runs"].items():
         st = run["stages"]
@@ -268,14 +284,16 @@ def table(result: dict) -> str:
             v = st[name]
             lines.append(
                 f"| {label} | {name} | {v['wall_s']:.1f} | {v['wall_s'] / total:.0%} | {int(v['forward']):,} | "
-                f"{int(v['backward']):,} | {int(v['tokens']):,} | {v['peak_rss'] / 2**20:.0f} |"
+                f"{int(v['backward']):,} | {int(v['tokens']):,} | {int(v.get('nograd_tokens', 0)):,} | "
+                f"{v['peak_rss'] / 2**20:.0f} |"
             )
         f = sum(v["forward"] for v in st.values())
         b = sum(v["backward"] for v in st.values())
         tk = sum(v["tokens"] for v in st.values())
+        ng = sum(v.get("nograd_tokens", 0) for v in st.values())
         lines.append(
             f"| {label} | **total** | **{total:.1f}** | | **{int(f):,}** | **{int(b):,}** | **{int(tk):,}** | "
-            f"**{run['peak_rss'] / 2**20:.0f}** |"
+            f"**{int(ng):,}** | **{run['peak_rss'] / 2**20:.0f}** |"
         )
     parts = [
         (label, name, v["peak_parts"])
