@@ -12,7 +12,10 @@ Rules (``Z = U / s_q`` with ``s_q`` item q's spread over all units):
 * ``mean_q raw`` / ``mean_q cosine``: the items' mean;
 * ``min_q z(std)``, ``min_q z(rms)``: ``s_q`` the standard deviation, the root mean square;
 * ``min_q z(MAD)``: ``s_q`` the median absolute deviation (:func:`gradian.attribute.pipeline.item_scaled`,
-  the default since it was measured here).
+  the default since it was measured here);
+* tried since (session 16, none kept): the same on the cosine, on ``U / ‖g_k‖^0.5`` (half-way between raw and
+  cosine), centred on each row's own median per item, and the sentence that hurts most the one item the whole
+  row hurts most (the row's item-scaled raw influence).
 
     python benchmarks/bench_drilldown_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--engine graddot]
 """
@@ -30,17 +33,38 @@ def _spans_overlap(a, b) -> bool:
     return max(a[0], b[0]) < min(a[1], b[1])
 
 
-def rules(U: np.ndarray, C: np.ndarray) -> dict[str, np.ndarray]:
-    """``{rule: (m, K) matrix}``: each rule's unit score is ``min_q`` (or the mean, for ``mean_q``) of its matrix."""
+def rules(U: np.ndarray, C: np.ndarray, by_row: dict[int, list[int]], S: np.ndarray) -> dict[str, np.ndarray]:
+    """``{rule: (K,) unit score}``: the row's blamed sentence is its unit of lowest score.
+
+    Args:
+        U, C: (m, K) raw influence and cosine of the K sentence units on the m failing items.
+        by_row: the units (with a span) of each row.
+        S: (m, n) the whole rows' raw influence (for the row's most-hurt item).
+    """
     from gradian.attribute.pipeline import item_scaled
 
+    Z, Zc = item_scaled(U), item_scaled(C)
+    with np.errstate(divide="ignore", invalid="ignore"):  # |U| / |C| = ‖g_k‖ · ‖r_q‖: the unit's gradient norm
+        norm = np.nanmedian(np.where(np.abs(C) > 0, np.abs(U) / np.abs(C), np.nan), axis=0)
+    norm = np.where(np.isfinite(norm) & (norm > 0), norm, 1.0)
+    centred = Z.copy()
+    for ks in by_row.values():  # each item's scores less their median over the row's own sentences
+        centred[:, ks] = Z[:, ks] - np.median(Z[:, ks], axis=1, keepdims=True)
+    own = np.zeros(U.shape[1])
+    RZ = item_scaled(S)
+    for j, ks in by_row.items():  # the item the whole row hurts most, then that item's sentence
+        own[ks] = Z[int(np.argmin(RZ[:, j])), ks]
     return {
-        "min_q raw": U,
-        "mean_q raw": U,
-        "mean_q cosine": C,
-        "min_q z(std)": U / (U.std(axis=1, keepdims=True) + 1e-30),
-        "min_q z(rms)": U / (np.sqrt((U**2).mean(axis=1, keepdims=True)) + 1e-30),
-        "min_q z(MAD) (default)": item_scaled(U),
+        "min_q raw": U.min(0),
+        "mean_q raw": U.mean(0),
+        "mean_q cosine": C.mean(0),
+        "min_q z(std)": (U / (U.std(axis=1, keepdims=True) + 1e-30)).min(0),
+        "min_q z(rms)": (U / (np.sqrt((U**2).mean(axis=1, keepdims=True)) + 1e-30)).min(0),
+        "min_q z(MAD) (default)": Z.min(0),
+        "min_q z(MAD) of cosine": Zc.min(0),
+        "min_q z(MAD) of U / ‖g‖^0.5": item_scaled(U / np.sqrt(norm)).min(0),
+        "min_q z(MAD), centred in the row": centred.min(0),
+        "z(MAD) of the row's most-hurt item": own,
     }
 
 
@@ -62,8 +86,7 @@ def localise(run_dir: Path, world: Path, engine: str | None) -> dict[str, dict[s
         if a[k] >= 0:
             by_row.setdefault(int(r), []).append(k)
     out = {}
-    for name, M in rules(T[f"{c}/{e}/unit_raw"], T[f"{c}/{e}/unit_cosine"]).items():
-        per_unit = M.mean(axis=0) if name.startswith("mean_q") else M.min(axis=0)
+    for name, per_unit in rules(T[f"{c}/{e}/unit_raw"], T[f"{c}/{e}/unit_cosine"], by_row, T[f"{c}/{e}/raw"]).items():
         r = {"lost_hits": 0, "lost_n": 0, "all_hits": 0, "all_n": 0}
         for cu in truth["culprits"]:
             ks = by_row.get(pos[cu["id"]]) if cu["kind"] == "buried" else None
