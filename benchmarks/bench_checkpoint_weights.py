@@ -149,9 +149,10 @@ def main() -> None:
                 f"{cell['p_at_n']:.2f} | {loc[0]}/{loc[1]} ({loc[2]}/{loc[3]}) |"
             )
     print("\n| weighting | " + " | ".join(names) + " | worst |\n|---|" + "---:|" * (len(names) + 1))
-    for rule, per in table.items():
-        aucs = [per[w]["auc"] for w in names]
-        print(f"| {rule} | " + " | ".join(f"{x:.3f}" for x in aucs) + f" | {min(aucs):.3f} |")
+    for rule, per in table.items():  # a weighting a shorter trajectory does not have is "—"
+        aucs = [per[w]["auc"] if w in per else None for w in names]
+        cells = ["—" if x is None else f"{x:.3f}" for x in aucs]
+        print(f"| {rule} | " + " | ".join(cells) + f" | {min(x for x in aucs if x is not None):.3f} |")
     if args.json:
         args.json.write_text(json.dumps(table, indent=1))
 
