@@ -331,6 +331,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "fuse": ",".join(a.fuse),
         "fuse_gate": a.fuse_gate,
         "weakened": a.weakened_nats,
+        "drill_weakened": "none" if a.drill_weakened_nats is None else f"{a.drill_weakened_nats:g}",
         "damping_scale": None,  # None: the engine spec's own default
         "engine_option": None,
         **_index_option_defaults(g),

@@ -89,6 +89,17 @@ def _run_json_schema() -> dict[str, Any]:
         "weight",
         "path",
     )
+    query = some(
+        {
+            "item_id": STRING,
+            "capability": STRING,
+            "prompt": RESULT_JSON_SCHEMA["properties"]["items"]["items"]["properties"]["prompt"],
+            "correct": STRING,
+            "said": nullable(STRING),
+            "kind": {"enum": ["contrastive", "cross_entropy"]},
+            "correct_rule": STRING,
+        }
+    )
     capability = some(
         {
             "capability": STRING,
@@ -98,19 +109,8 @@ def _run_json_schema() -> dict[str, Any]:
             "rank_scores": scores,
             "verdict_scores": {**scores, "type": ["array", "null"]},
             "second_scores": {**scores, "type": ["array", "null"]},
-            "queries": arr(  # and each against Query's fields (_record_problem)
-                some(
-                    {
-                        "item_id": STRING,
-                        "capability": STRING,
-                        "prompt": RESULT_JSON_SCHEMA["properties"]["items"]["items"]["properties"]["prompt"],
-                        "correct": STRING,
-                        "said": nullable(STRING),
-                        "kind": {"enum": ["contrastive", "cross_entropy"]},
-                        "correct_rule": STRING,
-                    }
-                )
-            ),
+            "queries": arr(query),  # and each against Query's fields (_record_problem)
+            "drill_queries": arr(query),  # the drill-down's weakened items (--drill-weakened; older runs lack it)
             "ranked": arr(some({"id": STRING, "rank": INTEGER, "score": NUMBER}, "id")),
             "ranking": OBJECT,
             "agreement": some({"engines": arr(STRING)}, "engines", null=True),
@@ -157,6 +157,7 @@ def _run_json_schema() -> dict[str, Any]:
             "per_item_top": mapping(arr(row)),
             "row_sentences": {"type": ["array", "null"], "items": span},
             "failing_items": closed(RESULT_JSON_SCHEMA["properties"]["failing_items"]),
+            "drill_items": closed(RESULT_JSON_SCHEMA["properties"]["failing_items"]),
         },
         "capability",
         "engine",
@@ -439,14 +440,16 @@ def _cross_problem(run: dict[str, Any], inputs: bool) -> str | None:
             for r in rows:
                 if r.get("id") not in known:
                     return f"{at}.per_item_top.{q}: {str(r.get('id'))[:40]!r} is not a row of attribution.train_ids"
-        for j, q in enumerate(cap.get("queries") or []):
-            p = _record_problem(q, Query, f"{at}.queries[{j}]", missing=inputs)
-            if p:
-                return p
-        for j, f in enumerate(cap.get("failing_items") or []):
-            p = _record_problem(f, FailingItem, f"{at}.failing_items[{j}]", derived=("chat",), missing=inputs)
-            if p:
-                return p
+        for key in ("queries", "drill_queries"):
+            for j, q in enumerate(cap.get(key) or []):
+                p = _record_problem(q, Query, f"{at}.{key}[{j}]", missing=inputs)
+                if p:
+                    return p
+        for key in ("failing_items", "drill_items"):
+            for j, f in enumerate(cap.get(key) or []):
+                p = _record_problem(f, FailingItem, f"{at}.{key}[{j}]", derived=("chat",), missing=inputs)
+                if p:
+                    return p
     return None
 
 

@@ -215,11 +215,49 @@ class CapabilityEvidence:
         engines: per gradient engine (primary first), its :class:`EngineScores`.
         references: per reference engine, its (m, n) score matrix.
         units: the sentence units (when the engines scored them).
+        drill: per gradient engine, the scores of the drill-only items (``AttributeSpec.drill_weakened_nats``:
+            weakened items asked about by the sentence drill-down, not by the ranking), or None.
     """
 
     engines: dict[str, EngineScores]
     references: dict[str, np.ndarray] = field(default_factory=dict)
     units: list[SentenceUnit] | None = None
+    drill: dict[str, EngineScores] | None = None
+
+    def with_drill_items(self) -> CapabilityEvidence:
+        """The evidence over the ranked items, then the drill-only ones (m + m_d rows; itself when there are
+        none): what the sentence drill-down reads, so its item index runs over ``queries + drill_queries``.
+        """
+        if not self.drill:
+            return self
+        return CapabilityEvidence(
+            {e: stack_items(es, self.drill[e]) for e, es in self.engines.items()}, self.references, self.units
+        )
+
+
+def stack_items(a: EngineScores, b: EngineScores) -> EngineScores:
+    """``a``'s items then ``b``'s: each matrix (m_a, ·) over (m_b, ·) → (m_a + m_b, ·) (the same rows or units)."""
+
+    def cat(x: np.ndarray | None, y: np.ndarray | None) -> np.ndarray | None:
+        return None if x is None or y is None else np.concatenate([x, y], axis=0)
+
+    kinds = ("raw", "cosine", "unit_raw", "unit_cosine")
+    return EngineScores(a.engine, *(cat(getattr(a, k), getattr(b, k)) for k in kinds))
+
+
+def split_items(es: EngineScores, m: int) -> tuple[EngineScores, EngineScores]:
+    """``es``'s first m items and the rest (the inverse of :func:`stack_items`; per-checkpoint matrices split too)."""
+
+    def part(sl: slice) -> EngineScores:
+        def cut(x: np.ndarray | None) -> np.ndarray | None:
+            return None if x is None else x[sl]
+
+        pc = None
+        if es.per_checkpoint is not None:
+            pc = [{k: v[sl] for k, v in ck.items()} for ck in es.per_checkpoint]
+        return EngineScores(es.engine, cut(es.raw), cut(es.cosine), cut(es.unit_raw), cut(es.unit_cosine), pc)
+
+    return part(slice(0, m)), part(slice(m, None))
 
 
 @dataclass
@@ -237,6 +275,8 @@ class CapabilityAttribution:
             (:func:`gradian.sign.verdict_scores`: a signed share of the harmful total, in percent).
         evidence: per source (``gradient`` = the primary engine, ``lexical``, ``representation``) its
             (n,) capability score and its agreement with the verdict.
+        drill_queries: the drill-only items' queries (:attr:`AttributeSpec.drill_weakened_nats`); a drill-down
+            entry's ``item_id`` may name one of them.
     """
 
     capability: str
@@ -255,6 +295,7 @@ class CapabilityAttribution:
     second_scores: list[float] | None = None
     row_sentences: list[list[int] | None] | None = None
     verdict_scores: list[float] | None = None
+    drill_queries: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -453,15 +494,23 @@ def verdict(
     spec: AttributeSpec,
     cluster_index: GradientIndex,
     drill: Drill | None = None,
+    drill_queries: Sequence[Query] = (),
 ) -> CapabilityAttribution:
     """Rank, check agreement, cluster and drill down one capability (module docstring, steps 3-6).
 
     Args:
         cluster_index: the row index whose gradient directions cluster the harmful tail.
         drill: sentence drill-down for (row, item); default: read off the sentence units.
+        drill_queries: items the sentence drill-down also asks about (``ev.drill`` holds their scores): the
+            blamed sentence of a row is its most harmful one for any of ``queries + drill_queries``
+            (:func:`blamed_units`); the ranking, references and clusters read ``queries`` alone.
     """
     if not queries:
         raise ValueError("a capability needs at least one failing item")
+    if bool(drill_queries) != bool(ev.drill) or (
+        ev.drill and any(es.raw.shape[0] != len(drill_queries) for es in ev.drill.values())
+    ):
+        raise ValueError("drill_queries and the evidence's drill scores must come together, one row per query")
     names = list(ev.engines)
     primary = ev.engines[names[0]]
     n = primary.raw.shape[1]
@@ -471,6 +520,10 @@ def verdict(
             if getattr(es, kind) is not None:
                 of = "sentence units" if kind.startswith("unit") else "training rows"
                 refuse_non_finite(cap, f"{e} {kind.replace('unit_', '')}", getattr(es, kind), of)
+    for e, es in (ev.drill or {}).items():
+        for kind in ("raw", "unit_raw"):
+            if getattr(es, kind) is not None:
+                refuse_non_finite(cap, f"{e} drill-down {kind.replace('unit_', '')}", getattr(es, kind), "units")
     for r, m in ev.references.items():
         refuse_non_finite(cap, r, m)
     stats = {e: rank_statistic(es, spec, ev.units, n) for e, es in ev.engines.items()}
@@ -500,7 +553,9 @@ def verdict(
         for s, v in sources.items()
     }
     units = ev.units
-    by_row = _blamed_by_row(ev, spec) if units is not None else {}
+    ev_all = ev.with_drill_items()  # the drill-down's items: the ranked ones, then the drill-only ones
+    all_queries = list(queries) + list(drill_queries)
+    by_row = _blamed_by_row(ev_all, spec) if units is not None else {}
     blamed = _blamed_sentences(ev, by_row, n) if units is not None else None
     vscore = verdict_scores(rank_scores)
     n_sents = [0] * n
@@ -558,7 +613,8 @@ def verdict(
         o = most_harmful_first(main.per_item[qi])[:5]
         per_item_top[q.item_id] = [{"id": examples[j].id, "score": float(main.per_item[qi][j])} for j in o]
     if drill is None and units is not None:
-        drill = _unit_drill(ev, spec, examples, items)
+        drill = _unit_drill(ev_all, spec, examples, items)
+    per_item_all = main.per_item if ev_all is ev else rank_statistic(ev_all.engines[names[0]], spec, units, n).per_item
     drills = []
     if drill is not None:
         # every listed row with more than one sentence, up to drilldown_rows of them (single-sentence rows
@@ -583,8 +639,8 @@ def verdict(
             drills.append(
                 {
                     "id": examples[j].id,
-                    "item_id": queries[qi].item_id,
-                    "row_score_for_item": float(main.per_item[qi, j]),
+                    "item_id": all_queries[qi].item_id,
+                    "row_score_for_item": float(per_item_all[qi, j]),
                     "verdict_score": float(vscore[j]),
                     "sentences": sd,
                     "top_sentence": sd[0],
@@ -622,6 +678,7 @@ def verdict(
         per_item_top=per_item_top,
         second_scores=[float(x) for x in stats[names[1]].rows] if len(names) > 1 else None,
         row_sentences=None if blamed is None else [None if b is None else list(b) for b in blamed],
+        drill_queries=[q.to_dict() for q in drill_queries],
     )
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gradian.attribute.pipeline import AttributeSpec, CapabilityEvidence, verdict
+from gradian.attribute.pipeline import AttributeSpec, CapabilityEvidence, split_items, verdict
 from gradian.attribute.queries import failing_item_query
 from gradian.errors import GradianUserError
 from gradian.index.identity import dataset_identity, file_hash, library_versions
@@ -99,23 +99,27 @@ class RunSpecs:
         check_build_args(self.batch_size, self.shard_size)
 
 
-def _weakened_rivals(ft, ev, regressed: list[str], specs: RunSpecs) -> dict[str, list]:
-    """Per regressed capability, its weakened items (``--weakened``) that have a rival answer, with it set.
+def _weakened_rivals(ft, ev, regressed: list[str], specs: RunSpecs) -> tuple[dict[str, list], dict[str, list]]:
+    """Per regressed capability, the weakened items that have a rival answer, with it set: ``(ranked, drill)``.
 
-    A weakened item without a rival (its answer does not contain an accepted answer, or every nearby
-    continuation still passes) is not queried: a cross-entropy query keeps the format direction, which on the
-    tiny family ranked the culprits as helpful (docs/benchmarks.md "Weakened items").
+    ``ranked``: those past ``--weakened`` (queried beside the lost items); ``drill``: those past
+    ``--drill-weakened`` and not already ranked (queried by the sentence drill-down only). A weakened item without a
+    rival (its answer does not contain an accepted answer, or every nearby continuation still passes) is not
+    queried: a cross-entropy query keeps the format direction, which on the tiny family ranked the culprits as
+    helpful (docs/benchmarks.md "Weakened items").
     """
     import dataclasses
 
     from gradian.attribute.rival import rival_answers
 
-    tau = specs.attribute.weakened_nats
-    if tau is None:
-        return {}
-    out: dict[str, list] = {}
+    a = specs.attribute
+    taus = [t for t in (a.weakened_nats, a.drill_weakened_nats) if t is not None]
+    if not taus:
+        return {}, {}
+    ranked: dict[str, list] = {}
+    drill: dict[str, list] = {}
     for cap in regressed:
-        weak = [f for f in ev.failing_items(cap, weakened_nats=tau) if f.kind == "weakened"]
+        weak = [f for f in ev.failing_items(cap, weakened_nats=min(taus)) if f.kind == "weakened"]
         rivals = rival_answers(
             ft.model,
             ft.tokenizer,
@@ -124,8 +128,15 @@ def _weakened_rivals(ft, ev, regressed: list[str], specs: RunSpecs) -> dict[str,
             batch_size=specs.batch_size,
             normalize=specs.eval.normalize,
         )
-        out[cap] = [dataclasses.replace(f, rival=r, query="contrastive") for f, r in zip(weak, rivals) if r]
-    return out
+        for f, r in zip(weak, rivals):
+            if not r:
+                continue
+            f = dataclasses.replace(f, rival=r, query="contrastive")
+            if a.weakened_nats is not None and f.shift_nats < -a.weakened_nats:
+                ranked.setdefault(cap, []).append(f)
+            elif a.drill_weakened_nats is not None and f.shift_nats < -a.drill_weakened_nats:
+                drill.setdefault(cap, []).append(f)
+    return ranked, drill
 
 
 def _manifest(
@@ -394,8 +405,9 @@ def attribute_run(
         release_free_memory()
         queries = {}
         failing_by_cap = {}
-        weak_rivals = _weakened_rivals(ft, ev, regressed, specs) if main else None
-        weak_rivals = distributed.broadcast_object(weak_rivals)
+        drill_items: dict[str, list] = {}
+        weak = _weakened_rivals(ft, ev, regressed, specs) if main else None
+        weak_rivals, drill_rivals = distributed.broadcast_object(weak)
         for cap in regressed:
             failing = ev.failing_items(cap)
             failing += weak_rivals.get(cap, [])
@@ -403,6 +415,9 @@ def attribute_run(
             if qs:
                 queries[cap] = qs
                 failing_by_cap[cap] = failing
+                if spec.unit == "sentence":  # the drill-only items need sentence-unit scores
+                    drill_items[cap] = drill_rivals.get(cap, [])
+        drill_qs = {c: [failing_item_query(f, spec.query) for f in fs] for c, fs in drill_items.items()}
         evidence = trajectory_scores(
             ft,
             trajectory,
@@ -410,7 +425,7 @@ def attribute_run(
             examples,
             items,
             specs.grad,
-            queries,
+            {c: qs + drill_qs.get(c, []) for c, qs in queries.items()},  # one pass scores both
             spec.engines,
             unit=spec.unit,
             seed=specs.seed,
@@ -454,16 +469,21 @@ def attribute_run(
         caps = []
         kept: dict[str, CapabilityEvidence] = {}
         for cap, qs in queries.items():
-            cev = CapabilityEvidence(evidence.scores[cap], refs[cap], evidence.units)
+            ranked_scores, drill_scores = {}, {}
+            for e, es in evidence.scores[cap].items():  # the ranked items, then the drill-only ones
+                ranked_scores[e], drill_scores[e] = split_items(es, len(qs))
+            dq = drill_qs.get(cap, [])
+            cev = CapabilityEvidence(ranked_scores, refs[cap], evidence.units, drill_scores if dq else None)
             kept[cap] = cev
             drill = (
                 None
                 if evidence.units is not None
                 else _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec)
             )
-            res = verdict(cev, ft.tokenizer, examples, items, qs, spec, idx, drill)
+            res = verdict(cev, ft.tokenizer, examples, items, qs, spec, idx, drill, drill_queries=dq)
             d = res.to_dict()
             d["failing_items"] = [f.to_dict() for f in failing_by_cap[cap]]
+            d["drill_items"] = [f.to_dict() for f in drill_items.get(cap, [])]
             caps.append(d)
             if progress:
                 progress(f"attribute {cap}", 1, 1)
@@ -550,6 +570,8 @@ def save_evidence_file(
     * ``c/<engine>/ck<t>/<kind>``: the same four at checkpoint t alone, unweighted (when the engine kept them;
       ``raw = Σ_t weights[t] · ck<t>/raw``), so a benchmark can re-weigh the trajectory without a new run;
     * ``trajectory/weights``: (T,) the checkpoint weights ``w_t`` (when given);
+    * ``c/<engine>/drill/<kind>``: the drill-only items' matrices (``--drill-weakened``), in the order of the
+      capability's ``drill_queries``;
     * ``c/<reference>``: (m, n) a reference engine's scores;
     * ``units/row``, ``units/char_start``, ``units/char_end``, ``units/n_supervised``: (u,) int64 (−1: no span).
 
@@ -569,6 +591,11 @@ def save_evidence_file(
             for t, part in enumerate(es.per_checkpoint or []):
                 for kind, m in part.items():
                     tensors[f"{cap}/{e}/ck{t}/{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
+        for e, es in (ev.drill or {}).items():
+            for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
+                m = getattr(es, kind)
+                if m is not None:
+                    tensors[f"{cap}/{e}/drill/{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
         for r, m in ev.references.items():
             tensors[f"{cap}/{r}"] = np.ascontiguousarray(m, dtype=np.float64)
         units = units or ev.units

@@ -56,6 +56,11 @@ class AttributeSpec:
             answer's log-probability fell by more than this many nats against the reference (Evaluate's
             :class:`~gradian.evaluate.result.Shift`), each as a cross-entropy query ``∇ℓ(correct)``; None:
             the lost items only.
+        drill_weakened_nats: the same items (answer log-probability fallen by more than this many nats, with a
+            rival answer), queried for the sentence drill-down only: the sentence a row blames is its most harmful
+            one for any lost *or* such weakened item (:func:`gradian.attribute.pipeline.blamed_units`), while the
+            ranking, the references and verify keep the lost items. None: the lost items only. Items already
+            queried by ``weakened_nats`` are not repeated.
     """
 
     engine: EngineSpec | str = field(default_factory=DataInfSpec)
@@ -74,6 +79,7 @@ class AttributeSpec:
     bm25: BM25Spec = field(default_factory=BM25Spec)
     repsim: RepSimSpec = field(default_factory=RepSimSpec)
     weakened_nats: float | None = None
+    drill_weakened_nats: float | None = None
 
     def __post_init__(self) -> None:
         from gradian.engines.registry import engine_names, engine_spec
@@ -126,18 +132,19 @@ class AttributeSpec:
         check_choice(self.statistic, STATISTICS, "AttributeSpec", "statistic", flag="--statistic")
         check_choice(self.unit, UNITS, "AttributeSpec", "unit", flag="--unit")
         check_choice(self.fuse_gate, FUSE_GATES, "AttributeSpec", "fuse_gate", flag="--fuse-gate")
-        if self.weakened_nats is not None:
-            from gradian.validate import check_float
+        from gradian.validate import check_float
 
-            check_float(
-                self.weakened_nats,
-                "AttributeSpec",
-                "weakened_nats",
-                flag="--weakened",
-                lo=0.0,
-                hi=1e6,
-                fix="give a drop in nats, e.g. --weakened 1",
-            )
+        for name, flag in (("weakened_nats", "--weakened"), ("drill_weakened_nats", "--drill-weakened")):
+            if getattr(self, name) is not None:
+                check_float(
+                    getattr(self, name),
+                    "AttributeSpec",
+                    name,
+                    flag=flag,
+                    lo=0.0,
+                    hi=1e6,
+                    fix=f"give a drop in nats, e.g. {flag} 1",
+                )
         for r in self.references:
             check_choice(
                 r,

@@ -135,6 +135,22 @@ def print_next_steps(run: dict, out: Path) -> None:
     )
 
 
+#: ``--drill-weakened``'s default (AttributeSpec.drill_weakened_nats; tests/test_api.py holds them equal)
+DRILL_WEAKENED = "none"
+
+
+def _nats_or_none(value: str, flag: str) -> float | None:
+    """``"0.25"`` → 0.25; ``"none"`` / ``"off"`` → None; anything else a one-line user error naming ``flag``."""
+    if value.strip().lower() in ("none", "off"):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise GradianUserError(
+            f"{flag} takes a number of nats or 'none', not {value!r}", where=flag, fix=f"e.g. {flag} 0.25"
+        ) from None
+
+
 def _names(value: str) -> tuple[str, ...]:
     """``"bm25,repsim"`` → ("bm25", "repsim"); ``"none"`` or empty → ()."""
     parts = tuple(p.strip() for p in value.split(",") if p.strip())
@@ -403,8 +419,18 @@ def register(app: typer.Typer) -> None:
             "--weakened",
             metavar="NATS",
             help="Also query the items the tuned model still passes but holds more than NATS nats less firmly than "
-            "the reference (its answer's log-probability fell; each a cross-entropy query), beside the lost items "
-            "(default: the lost items only; docs/benchmarks.md 'Weakened items').",
+            "the reference (its answer's log-probability fell; each contrasted with its nearest wrong answer), beside "
+            "the lost items, in the ranking (default: the lost items only; docs/benchmarks.md 'Weakened items').",
+            rich_help_panel=O.VERDICT,
+        ),
+        drill_weakened: str = typer.Option(
+            DRILL_WEAKENED,
+            "--drill-weakened",
+            metavar="NATS",
+            help="The same weakened items, asked about by the sentence drill-down only: a row's highlighted sentence "
+            "is its most harmful one for any lost item or item weakened by more than NATS nats; the ranking keeps "
+            "the lost items ('none': the lost items only; docs/benchmarks.md 'The drill-down asks the weakened "
+            "items too').",
             rich_help_panel=O.VERDICT,
         ),
         save_evidence: bool = typer.Option(
@@ -462,6 +488,7 @@ def register(app: typer.Typer) -> None:
                 fuse=implied_fuse(ctx, references, fuse),
                 fuse_gate=fuse_gate,
                 weakened_nats=weakened,
+                drill_weakened_nats=_nats_or_none(drill_weakened, "--drill-weakened"),
             ),
             eval=EvalSpec(max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed),
             seed=seed,

@@ -130,7 +130,7 @@ def _shape_problem(run: dict[str, Any]) -> str | None:
                 return f"{where}.capability is not a string"
             if not isinstance(a.get("scores"), list) or not all(is_num(x, null=False) for x in a["scores"]):
                 return f"{where}.scores is not a list of numbers"
-            for k in ("clusters", "ranked", "drilldown", "queries", "failing_items"):
+            for k in ("clusters", "ranked", "drilldown", "queries", "failing_items", "drill_queries", "drill_items"):
                 if not dicts(a.get(k) or []):
                     return f"{where}.{k} is not a list of objects"
             for j, c in enumerate(a.get("clusters") or []):
