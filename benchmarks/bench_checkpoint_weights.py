@@ -20,7 +20,8 @@ weighting needs, the build's cost relative to the default in brackets.
     python benchmarks/bench_checkpoint_weights.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--json out.json]
 
 The ``lr (default)`` row must reproduce the run's own ``rank_scores`` (checked; a run made with other defaults
-is refused).
+is refused). A run made with ``--weakened`` is re-formed from its lost items' rows alone (the default's queries; its
+own ranking, which also averaged the weakened items, is then not the comparison).
 """
 
 from __future__ import annotations
@@ -63,14 +64,17 @@ def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[
     if "trajectory/weights" not in T:
         raise SystemExit(f"{run_dir}: its evidence has no per-checkpoint matrices (re-run with --save-evidence)")
     w = T["trajectory/weights"]
+    # a run that ranked weakened items too (--weakened): the default's verdict is re-formed from the lost items' rows
+    kinds = {f["id"]: f.get("kind", "lost") for f in cap.get("failing_items") or []}
+    lost = np.array([kinds.get(q["item_id"], "lost") == "lost" for q in cap["queries"]])
     rows, a, b = T["units/row"].astype(int), T["units/char_start"], T["units/char_end"]
     units = [SentenceUnit(int(r), 0, 1, 0, 1) for r in rows]  # rank_statistic reads only .row
     has_span = a >= 0
     spec = AttributeSpec()
-    bm25 = T[f"{c}/bm25"].mean(0)
+    bm25 = T[f"{c}/bm25"][lost].mean(0)
 
     def weighted(kind: str, wt: np.ndarray) -> np.ndarray:
-        return sum(x * T[f"{c}/{e}/ck{t}/{kind}"] for t, x in enumerate(wt) if x != 0)
+        return sum(x * T[f"{c}/{e}/ck{t}/{kind}"][lost] for t, x in enumerate(wt) if x != 0)
 
     out: dict[str, dict[str, Any]] = {}
     for name, wt in weightings(w).items():
@@ -80,9 +84,9 @@ def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[
         blamed = blamed_units(es.unit_raw, rows, has_span)
         spans = {j: (int(a[k]), int(b[k])) for j, (k, _) in blamed.items()}
         out[name] = {"rows": fused, "spans": spans, "checkpoints": int((wt != 0).sum()), "bm25_weight": fw}
-    if not np.allclose(out["lr (default)"]["rows"], cap["rank_scores"], rtol=1e-5, atol=1e-6):
+    if lost.all() and not np.allclose(out["lr (default)"]["rows"], cap["rank_scores"], rtol=1e-5, atol=1e-6):
         raise SystemExit(f"{run_dir}: the lr weighting does not reproduce the run's rank scores (not a default run?)")
-    facts = {"rows": n, "units": len(rows), "failing_items": int(T[f"{c}/{e}/raw"].shape[0]), "checkpoints": len(w)}
+    facts = {"rows": n, "units": len(rows), "failing_items": int(lost.sum()), "checkpoints": len(w)}
     return out, ids, facts
 
 

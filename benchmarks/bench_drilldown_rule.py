@@ -15,7 +15,9 @@ Rules (``Z = U / s_q`` with ``s_q`` item q's spread over all units):
   the default since it was measured here);
 * tried since (session 16, none kept): the same on the cosine, on ``U / ‖g_k‖^0.5`` (half-way between raw and
   cosine), centred on each row's own median per item, and the sentence that hurts most the one item the whole
-  row hurts most (the row's item-scaled raw influence).
+  row hurts most (the row's item-scaled raw influence);
+* ``lost + weakened items`` (runs made with ``--drill-weakened`` or ``--weakened``): the default's rule over the lost
+  and the weakened items' rows together, what ``--drill-weakened`` blames. Every other rule reads the lost items' rows.
 
     python benchmarks/bench_drilldown_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--engine graddot]
 """
@@ -68,9 +70,25 @@ def rules(U: np.ndarray, C: np.ndarray, by_row: dict[int, list[int]], S: np.ndar
     }
 
 
+def item_rows(run: dict, T: dict, c: str, e: str, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(lost, weakened)``: the lost items' rows of ``c/e/kind`` and the weakened items' (the rows after the lost
+    ones of a ``--weakened`` run, or the ``drill/`` matrix of a ``--drill-weakened`` run; none: an empty matrix).
+    """
+    cap = run["attribution"]["capabilities"][0]
+    M = T[f"{c}/{e}/{kind}"]
+    kinds = {f["id"]: f.get("kind", "lost") for f in cap.get("failing_items") or []}
+    lost = np.array([kinds.get(q["item_id"], "lost") == "lost" for q in cap["queries"]])
+    weak = M[~lost]
+    if f"{c}/{e}/drill/{kind}" in T:
+        weak = np.concatenate([weak, T[f"{c}/{e}/drill/{kind}"]])
+    return M[lost], weak
+
+
 def localise(run_dir: Path, world: Path, engine: str | None) -> dict[str, dict[str, int]]:
     """``{rule: {"lost_hits", "lost_n", "all_hits", "all_n"}}`` for one run."""
     from safetensors.numpy import load_file
+
+    from gradian.attribute.pipeline import item_scaled
 
     run = json.loads((run_dir / "run.json").read_text())
     truth = json.loads((world / "ground_truth.json").read_text())
@@ -80,13 +98,18 @@ def localise(run_dir: Path, world: Path, engine: str | None) -> dict[str, dict[s
     c, e = cap["capability"], engine or cap["engine"]
     pos = {rid: j for j, rid in enumerate(att["train_ids"])}
     rows, a, b = T["units/row"], T["units/char_start"], T["units/char_end"]
-    lost = {q["item_id"] for q in cap["queries"]}
+    kinds = {f["id"]: f.get("kind", "lost") for f in cap.get("failing_items") or []}
+    lost = {q["item_id"] for q in cap["queries"] if kinds.get(q["item_id"], "lost") == "lost"}
     by_row: dict[int, list[int]] = {}
     for k, r in enumerate(rows):
         if a[k] >= 0:
             by_row.setdefault(int(r), []).append(k)
+    (U, Uw), (C, _), (S, _) = (item_rows(run, T, c, e, k) for k in ("unit_raw", "unit_cosine", "raw"))
+    found = rules(U, C, by_row, S)
+    if len(Uw):  # the drill-down asking the weakened items too (--drill-weakened)
+        found["min_q z(MAD), lost + weakened items"] = item_scaled(np.concatenate([U, Uw])).min(0)
     out = {}
-    for name, per_unit in rules(T[f"{c}/{e}/unit_raw"], T[f"{c}/{e}/unit_cosine"], by_row, T[f"{c}/{e}/raw"]).items():
+    for name, per_unit in found.items():
         r = {"lost_hits": 0, "lost_n": 0, "all_hits": 0, "all_n": 0}
         for cu in truth["culprits"]:
             ks = by_row.get(pos[cu["id"]]) if cu["kind"] == "buried" else None
@@ -112,11 +135,14 @@ def main() -> None:
         raise SystemExit("give RUN WORLD pairs")
     pairs = [(Path(args.pairs[i]), Path(args.pairs[i + 1])) for i in range(0, len(args.pairs), 2)]
     res = {str(w): localise(r, w, args.engine) for r, w in pairs}
-    names = list(next(iter(res.values())))
+    names = list(dict.fromkeys(n for v in res.values() for n in v))
     print("| rule | " + " | ".join(Path(w).name for w in res) + " |")
     print("|---|" + "---:|" * len(res))
     for n in names:
-        cells = [f"{v[n]['lost_hits']}/{v[n]['lost_n']} ({v[n]['all_hits']}/{v[n]['all_n']})" for v in res.values()]
+        cells = [
+            f"{v[n]['lost_hits']}/{v[n]['lost_n']} ({v[n]['all_hits']}/{v[n]['all_n']})" if n in v else "—"
+            for v in res.values()
+        ]
         print(f"| {n} | " + " | ".join(cells) + " |")
     print("\ncells: buried culprits of lost items localised (all buried culprits localised)")
 
