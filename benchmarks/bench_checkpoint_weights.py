@@ -26,7 +26,6 @@ own ranking, which also averaged the weakened items, is then not the comparison)
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -48,19 +47,13 @@ def weightings(w: np.ndarray) -> dict[str, np.ndarray]:
 
 def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, Any]]:
     """``({weighting: {"rows": (n,) rank scores, "spans": {row: (a, b)}, "checkpoints": k}}, train_ids, facts)``."""
-    from safetensors.numpy import load_file
-
     from gradian.attribute.evidence import EngineScores
     from gradian.attribute.pipeline import AttributeSpec, blamed_units, fuse_scores, rank_statistic
     from gradian.data.spans import SentenceUnit
+    from runpairs import load_saved
 
-    run = json.loads((run_dir / "run.json").read_text())
-    att = run["attribution"]
-    cap = att["capabilities"][0]
-    c, e = cap["capability"], cap["engine"]
-    ids = att["train_ids"]
+    cap, c, e, ids, T = load_saved(run_dir)
     n = len(ids)
-    T = load_file(str(run_dir / "evidence.safetensors"))
     if "trajectory/weights" not in T:
         raise SystemExit(f"{run_dir}: its evidence has no per-checkpoint matrices (re-run with --save-evidence)")
     w = T["trajectory/weights"]
@@ -109,23 +102,14 @@ def localised(spans: dict[int, tuple[int, int]], ids: list[str], truth: dict, lo
 
 
 def main() -> None:
-    from gradian.worlds.scorecard import score_ranking
+    from runpairs import auc_cell, print_worst, run_world_pairs
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("pairs", nargs="+", help="RUN WORLD [RUN WORLD ...]")
-    ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
-    args = ap.parse_args()
-    if len(args.pairs) % 2:
-        ap.error("give RUN WORLD pairs")
+    args, pairs = run_world_pairs(__doc__.splitlines()[0])
     table: dict[str, dict[str, dict[str, Any]]] = {}
-    names: list[str] = []
-    for run_dir, world in zip(args.pairs[::2], args.pairs[1::2]):
-        run_dir, world = Path(run_dir), Path(world)
-        name = world.name if world.name not in names else f"{world.parent.name}/{world.name}"
-        names.append(name)
-        truth = json.loads((world / "ground_truth.json").read_text())
-        run = json.loads((run_dir / "run.json").read_text())
-        lost = {q["item_id"] for q in run["attribution"]["capabilities"][0]["queries"]}
+    names = [name for _, _, name in pairs]
+    for run_dir, truth, name in pairs:
+        cap = json.loads((run_dir / "run.json").read_text())["attribution"]["capabilities"][0]
+        lost = {f["id"] for f in cap["failing_items"] if f.get("kind", "lost") == "lost"}
         res, ids, facts = verdicts(run_dir)
         print(
             f"\n## {name}: {facts['rows']} rows, {facts['units']} units, {facts['failing_items']} failing items, "
@@ -134,31 +118,15 @@ def main() -> None:
         print("| weighting | checkpoints | AUC | direct | buried | P@n | localised |")
         print("|---|---:|---:|---:|---:|---:|---|")
         for rule, v in res.items():
-            r = score_ranking(v["rows"], ids, truth["culprits"])
-            k = r["auc_by_kind"]
             loc = localised(v["spans"], ids, truth, lost)
-            cell = {
-                "auc": r["auc"],
-                "direct": k.get("direct"),
-                "buried": k.get("buried"),
-                "p_at_n": r["precision_at_n_culprits"],
-                "localised": loc,
-                "checkpoints": v["checkpoints"],
-                "of": facts["checkpoints"],
-            }
+            cell = {**auc_cell(v["rows"], ids, truth["culprits"]), "localised": loc, "checkpoints": v["checkpoints"]}
             table.setdefault(rule, {})[name] = cell
             f = ["—" if x is None else f"{x:.3f}" for x in (cell["auc"], cell["direct"], cell["buried"])]
             print(
                 f"| {rule} | {v['checkpoints']}/{facts['checkpoints']} | {f[0]} | {f[1]} | {f[2]} | "
                 f"{cell['p_at_n']:.2f} | {loc[0]}/{loc[1]} ({loc[2]}/{loc[3]}) |"
             )
-    print("\n| weighting | " + " | ".join(names) + " | worst |\n|---|" + "---:|" * (len(names) + 1))
-    for rule, per in table.items():  # a weighting a shorter trajectory does not have is "—"
-        aucs = [per[w]["auc"] if w in per else None for w in names]
-        cells = ["—" if x is None else f"{x:.3f}" for x in aucs]
-        print(f"| {rule} | " + " | ".join(cells) + f" | {min(x for x in aucs if x is not None):.3f} |")
-    if args.json:
-        args.json.write_text(json.dumps(table, indent=1))
+    print_worst("weighting", table, names, args.json)  # a weighting a shorter trajectory lacks is "—"
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ Rules (``Z = U / s_q`` with ``s_q`` item q's spread over all units):
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -84,14 +83,13 @@ def item_rows(run: dict, T: dict, c: str, e: str, kind: str) -> tuple[np.ndarray
     return M[lost], weak
 
 
-def localise(run_dir: Path, world: Path, engine: str | None) -> dict[str, dict[str, int]]:
+def localise(run_dir: Path, truth: dict, engine: str | None) -> dict[str, dict[str, int]]:
     """``{rule: {"lost_hits", "lost_n", "all_hits", "all_n"}}`` for one run."""
     from safetensors.numpy import load_file
 
     from gradian.attribute.pipeline import item_scaled
 
     run = json.loads((run_dir / "run.json").read_text())
-    truth = json.loads((world / "ground_truth.json").read_text())
     T = load_file(str(run_dir / "evidence.safetensors"))
     att = run["attribution"]
     cap = att["capabilities"][0]
@@ -127,16 +125,15 @@ def localise(run_dir: Path, world: Path, engine: str | None) -> dict[str, dict[s
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("pairs", nargs="+", help="RUN WORLD [RUN WORLD ...]")
-    ap.add_argument("--engine", default=None, help="the engine's matrices to use (default: the run's primary)")
-    args = ap.parse_args()
-    if len(args.pairs) % 2:
-        raise SystemExit("give RUN WORLD pairs")
-    pairs = [(Path(args.pairs[i]), Path(args.pairs[i + 1])) for i in range(0, len(args.pairs), 2)]
-    res = {str(w): localise(r, w, args.engine) for r, w in pairs}
+    from runpairs import run_world_pairs
+
+    def engine(ap):
+        ap.add_argument("--engine", default=None, help="the engine's matrices to use (default: the run's primary)")
+
+    args, pairs = run_world_pairs(__doc__.splitlines()[0], engine)
+    res = {name: localise(r, w, args.engine) for r, w, name in pairs}
     names = list(dict.fromkeys(n for v in res.values() for n in v))
-    print("| rule | " + " | ".join(Path(w).name for w in res) + " |")
+    print("| rule | " + " | ".join(res) + " |")
     print("|---|" + "---:|" * len(res))
     for n in names:
         cells = [
@@ -145,6 +142,8 @@ def main() -> None:
         ]
         print(f"| {n} | " + " | ".join(cells) + " |")
     print("\ncells: buried culprits of lost items localised (all buried culprits localised)")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

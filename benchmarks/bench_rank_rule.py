@@ -22,8 +22,6 @@ The last table it prints has one column per world and the worst world's AUC per 
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -32,20 +30,14 @@ import numpy as np
 
 def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
     """``({rule: (n,) row scores}, train_ids, facts)`` for one saved run (module docstring)."""
-    from safetensors.numpy import load_file
-
     from gradian.attribute.evidence import EngineScores
     from gradian.attribute.pipeline import AttributeSpec, fuse_scores, rank_statistic
     from gradian.attribute.unit_null import corrected_rows
     from gradian.data.spans import SentenceUnit, row_min
+    from runpairs import load_saved
 
-    run = json.loads((run_dir / "run.json").read_text())
-    att = run["attribution"]
-    cap = att["capabilities"][0]
-    c, e = cap["capability"], cap["engine"]
-    ids = att["train_ids"]
+    cap, c, e, ids, T = load_saved(run_dir)
     n = len(ids)
-    T = load_file(str(run_dir / "evidence.safetensors"))
     unit_rows = T["units/row"].astype(int)
     units = [SentenceUnit(int(r), 0, 1, 0, 1) for r in unit_rows]  # rank_statistic reads only .row
     U, S = T[f"{c}/{e}/unit_cosine"], T[f"{c}/{e}/cosine"]
@@ -83,21 +75,12 @@ def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[st
 
 
 def main() -> None:
-    from gradian.worlds.scorecard import score_ranking
+    from runpairs import auc_cell, print_worst, run_world_pairs
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("pairs", nargs="+", help="RUN WORLD [RUN WORLD ...]")
-    ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
-    a = ap.parse_args()
-    if len(a.pairs) % 2:
-        ap.error("give RUN WORLD pairs")
+    a, pairs = run_world_pairs(__doc__.splitlines()[0])
     table: dict[str, dict[str, dict[str, float]]] = {}
-    names = []
-    for run_dir, world in zip(a.pairs[::2], a.pairs[1::2]):
-        run_dir, world = Path(run_dir), Path(world)
-        name = world.name if world.name not in names else f"{world.parent.name}/{world.name}"
-        names.append(name)
-        truth = json.loads((world / "ground_truth.json").read_text())
+    names = [name for _, _, name in pairs]
+    for run_dir, truth, name in pairs:
         rules, ids, facts = rank_rules(run_dir)
         print(
             f"\n## {name}: {facts['rows']} rows, {facts['units']} units, {facts['failing_items']} failing items;"
@@ -105,19 +88,11 @@ def main() -> None:
         )
         print("| rule | AUC | direct | buried | P@n |\n|---|---:|---:|---:|---:|")
         for rule, scores in rules.items():
-            r = score_ranking(scores, ids, truth["culprits"])
-            k = r["auc_by_kind"]
-            cell = {"auc": r["auc"], "direct": k.get("direct"), "buried": k.get("buried")}
-            cell["p_at_n"] = r["precision_at_n_culprits"]
+            cell = auc_cell(scores, ids, truth["culprits"])
             table.setdefault(rule, {})[name] = cell
             f = ["—" if v is None else f"{v:.3f}" for v in (cell["auc"], cell["direct"], cell["buried"])]
             print(f"| {rule} | {f[0]} | {f[1]} | {f[2]} | {cell['p_at_n']:.2f} |")
-    print("\n| rule | " + " | ".join(names) + " | worst |\n|---|" + "---:|" * (len(names) + 1))
-    for rule, per in table.items():
-        aucs = [per[w]["auc"] for w in names]
-        print(f"| {rule} | " + " | ".join(f"{x:.3f}" for x in aucs) + f" | {min(aucs):.3f} |")
-    if a.json:
-        a.json.write_text(json.dumps(table, indent=1))
+    print_worst("rule", table, names, a.json)
 
 
 if __name__ == "__main__":
