@@ -73,6 +73,15 @@ def test_drill_only_items_move_the_blamed_sentence_and_nothing_else(tmp_path):
     # a drill-down entry names the item its sentence hurts most, which may be a drill-only one
     names = {q["item_id"] for q in cap["queries"]} | {q["item_id"] for q in dq}
     assert cap["drilldown"] and all(d["item_id"] in names for d in cap["drilldown"])
+    # the report names a drill-only item as what it is (here the first entry is pointed at one)
+    from gradian.report import build_report, render_markdown
+    from gradian.report.html import render_html
+
+    cap["drilldown"][0]["item_id"] = dq[0]["item_id"]
+    k = sum(d["item_id"] in {q["item_id"] for q in dq} for d in cap["drilldown"])
+    rep = build_report(run)
+    note = "asked by the drill-down only"
+    assert k >= 1 and render_markdown(rep).count(note) == k and render_html(rep).count(note) == k
 
 
 def test_a_drill_only_item_that_a_sentence_hurts_most_moves_the_blame_to_it():

@@ -236,7 +236,9 @@ def excerpt(completion: Any, sentence: dict[str, Any] | None, width: int = 240) 
     }
 
 
-def _drilldown(d: dict[str, Any], stored_text: str | None, row_verdict: float | None = None) -> DrilldownView:
+def _drilldown(
+    d: dict[str, Any], stored_text: str | None, row_verdict: float | None = None, notes: dict[str, str] | None = None
+) -> DrilldownView:
     sents = [dict(x) for x in d.get("sentences") or []]
     top = min((_f(x.get("score")) for x in sents), default=float("nan"))
     for x in sents:  # an older run: the row's verdict score apportioned by the sentence scores (as Attribute does)
@@ -287,6 +289,7 @@ def _drilldown(d: dict[str, Any], stored_text: str | None, row_verdict: float | 
         text_source=source,
         segments=segments,
         sentences=sents,
+        item_note=(notes or {}).get(d.get("item_id", ""), ""),
     )
 
 
@@ -379,6 +382,12 @@ def _attribution(
     from gradian.attribute.selection import select_capability  # the rule verify and the export use
 
     blamed = select_capability(cap, train_ids, "blamed") if cap.get("clusters") else []
+    from gradian.report.svg import fmt_num
+
+    drill_notes = {  # the drill-down's weakened items (--drill-weakened): named as what they are
+        f["id"]: f"still passes; weakened {fmt_num(f.get('shift_nats'))} nats; asked by the drill-down only"
+        for f in cap.get("drill_items") or []
+    }
     return AttributionView(
         engine=cap.get("engine", "?"),
         engines=list(ag["engines"]) if ag else [cap.get("engine", "?")],
@@ -391,7 +400,7 @@ def _attribution(
         explained_share=sum(c.harmful_share for c in clusters if c.explained),
         ranked=ranked,
         drilldown=[
-            _drilldown(d, completion.get(d["id"]), scores[pos[d["id"]]] if d["id"] in pos else None)
+            _drilldown(d, completion.get(d["id"]), scores[pos[d["id"]]] if d["id"] in pos else None, drill_notes)
             for d in cap.get("drilldown") or []
         ],
         failing_items=[

@@ -249,7 +249,7 @@ def _sentence_view(d: Any) -> Markup:
         for k, s in enumerate(sents)
     ]
     return M(
-        '<h4>row <code>{}</code> score {} <span class="legend">against failing item <code>{}</code>; the row&#39;s '
+        '<h4>row <code>{}</code> score {} <span class="legend">against failing item <code>{}</code>{}; the row&#39;s '
         "rank statistic for that item {}{}</span></h4>"
         '<div class="sentences txt">{}</div>'
         '<p class="legend">Red: the sentence degraded the capability (darker = more); the outlined one is the most '
@@ -260,6 +260,7 @@ def _sentence_view(d: Any) -> Markup:
         d.id,
         svg.fmt_verdict(d.verdict_score),
         d.item_id,
+        M(" ({})").format(d.item_note) if d.item_note else "",
         svg.fmt_num(d.row_score_for_item),
         note,
         _join(parts),

@@ -216,9 +216,11 @@ def render_markdown(report: Report) -> str:
                         continue
                     parts.append(f"**{t}**" if seg["sentence"] == 0 else t)
                 s0 = d.sentences[0] if d.sentences else {}
+                item_note = f" ({md_text(d.item_note, 120)})" if d.item_note else ""
                 out.append(
                     f"- {md_text(d.id, 60)} (score {fmt_verdict(d.verdict_score)}, against item "
-                    f"{md_text(d.item_id, 60)}): most harmful sentence, score {fmt_verdict(s0.get('verdict_score'))} "
+                    f"{md_text(d.item_id, 60)}{item_note}): most harmful sentence, score "
+                    f"{fmt_verdict(s0.get('verdict_score'))} "
                     f"(raw {fmt_num(s0.get('score'))}), in bold: " + " ".join(parts)
                 )
             out.append("")

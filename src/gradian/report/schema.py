@@ -74,6 +74,7 @@ _DRILL = obj(
         "segments": arr(obj({"text": _S, "sentence": {"type": ["integer", "null"]}})),
         "sentences": arr(_O),
         "verdict_score": _N,
+        "item_note": _S,
     }
 )
 _ATTRIBUTION = obj(

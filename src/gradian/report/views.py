@@ -157,6 +157,9 @@ class DrilldownView:
     sentences: list[dict[str, Any]]
     #: the row's verdict score; each sentence's ``verdict_score`` is it apportioned by the sentence scores
     verdict_score: float = float("nan")
+    #: what the item is when it is not a lost one: a weakened item the drill-down alone asks about
+    #: (``--drill-weakened``), e.g. ``"still passes; weakened 0.84 nats; asked by the drill-down only"``; else ""
+    item_note: str = ""
 
 
 @dataclass
