@@ -125,6 +125,8 @@ class CapabilityRun:
         per_item_top: per failing item, its 5 most harmful rows.
         row_sentences: per row, the ``[char_start, char_end]`` its verdict blames, or None.
         failing_items: the evaluation's failing items of this capability.
+        drill_queries, drill_items: the weakened items the sentence drill-down alone asked about
+            (``--drill-weakened``; empty otherwise and in older runs), as queries and as failing items.
     """
 
     capability: str = ""
@@ -144,17 +146,21 @@ class CapabilityRun:
     per_item_top: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     row_sentences: list[list[int] | None] | None = None
     failing_items: list[Any] = field(default_factory=list)  # list[gradian.evaluate.FailingItem]
+    drill_queries: list[dict[str, Any]] = field(default_factory=list)
+    drill_items: list[Any] = field(default_factory=list)  # list[gradian.evaluate.FailingItem]
     extra: dict[str, Any] = field(default_factory=dict)
     keys: tuple[str, ...] | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CapabilityRun:
         """Read this part of run.json (keys not typed here are kept in ``extra``)."""
-        return _read_record(cls, d, {"failing_items": lambda fs: [_failing_item(f) for f in fs]})
+        items = lambda fs: [_failing_item(f) for f in fs]  # noqa: E731
+        return _read_record(cls, d, {"failing_items": items, "drill_items": items})
 
     def to_dict(self) -> dict[str, Any]:
         """This part of run.json, as it was read (:meth:`from_dict` inverts it)."""
-        return _write_record(self, {"failing_items": lambda fs: [f.to_dict() for f in fs]})
+        items = lambda fs: [f.to_dict() for f in fs]  # noqa: E731
+        return _write_record(self, {"failing_items": items, "drill_items": items})
 
 
 def _failing_item(d: dict[str, Any]):
