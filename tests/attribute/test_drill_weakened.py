@@ -41,10 +41,10 @@ def test_drill_only_items_move_the_blamed_sentence_and_nothing_else(tmp_path):
             attribute=AttributeSpec(top_k=10, drilldown_rows=6, **attr),
             eval=EvalSpec(resamples=2000, max_new_tokens=12, max_length=MAX_LENGTH),
         )
-        out = tmp_path / f"run-{len(attr)}"
+        out = tmp_path / f"run-{attr['drill_weakened_nats']}"
         return attribute_run(inputs, specs, out, index_root=real["run_dir"] / "index", save_evidence=True), out
 
-    plain, _ = run_with()
+    plain, _ = run_with(drill_weakened_nats=None)
     run, out = run_with(drill_weakened_nats=tau)
     check_run(run)  # run.json's schema holds the new lists
     p, cap = plain["attribution"]["capabilities"][0], run["attribution"]["capabilities"][0]

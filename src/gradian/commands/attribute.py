@@ -136,7 +136,7 @@ def print_next_steps(run: dict, out: Path) -> None:
 
 
 #: ``--drill-weakened``'s default (AttributeSpec.drill_weakened_nats; tests/test_api.py holds them equal)
-DRILL_WEAKENED = "none"
+DRILL_WEAKENED = "0.25"
 
 
 def _nats_or_none(value: str, flag: str) -> float | None:
