@@ -113,7 +113,8 @@ def _weakened_rivals(ft, ev, regressed: list[str], specs: RunSpecs) -> tuple[dic
     from gradian.attribute.rival import rival_answers
 
     a = specs.attribute
-    taus = [t for t in (a.weakened_nats, a.drill_weakened_nats) if t is not None]
+    drill_tau = a.drill_weakened_nats if a.unit == "sentence" else None  # whole-row runs have no sentences to pick
+    taus = [t for t in (a.weakened_nats, drill_tau) if t is not None]
     if not taus:
         return {}, {}
     ranked: dict[str, list] = {}
@@ -134,7 +135,7 @@ def _weakened_rivals(ft, ev, regressed: list[str], specs: RunSpecs) -> tuple[dic
             f = dataclasses.replace(f, rival=r, query="contrastive")
             if a.weakened_nats is not None and f.shift_nats < -a.weakened_nats:
                 ranked.setdefault(cap, []).append(f)
-            elif a.drill_weakened_nats is not None and f.shift_nats < -a.drill_weakened_nats:
+            elif drill_tau is not None and f.shift_nats < -drill_tau:
                 drill.setdefault(cap, []).append(f)
     return ranked, drill
 
@@ -415,8 +416,7 @@ def attribute_run(
             if qs:
                 queries[cap] = qs
                 failing_by_cap[cap] = failing
-                if spec.unit == "sentence":  # the drill-only items need sentence-unit scores
-                    drill_items[cap] = drill_rivals.get(cap, [])
+                drill_items[cap] = drill_rivals.get(cap, [])  # (none in a whole-row run: no sentences to pick)
         drill_qs = {c: [failing_item_query(f, spec.query) for f in fs] for c, fs in drill_items.items()}
         evidence = trajectory_scores(
             ft,
