@@ -515,15 +515,12 @@ def verdict(
     primary = ev.engines[names[0]]
     n = primary.raw.shape[1]
     cap = queries[0].capability
-    for e, es in ev.engines.items():
-        for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
-            if getattr(es, kind) is not None:
-                of = "sentence units" if kind.startswith("unit") else "training rows"
-                refuse_non_finite(cap, f"{e} {kind.replace('unit_', '')}", getattr(es, kind), of)
-    for e, es in (ev.drill or {}).items():
-        for kind in ("raw", "unit_raw"):
-            if getattr(es, kind) is not None:
-                refuse_non_finite(cap, f"{e} drill-down {kind.replace('unit_', '')}", getattr(es, kind), "units")
+    for label, group in (("", ev.engines), (" drill-down", ev.drill or {})):  # the ranked items, the drill-only ones
+        for e, es in group.items():
+            for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
+                if getattr(es, kind) is not None:
+                    of = "sentence units" if kind.startswith("unit") else "training rows"
+                    refuse_non_finite(cap, f"{e}{label} {kind.replace('unit_', '')}", getattr(es, kind), of)
     for r, m in ev.references.items():
         refuse_non_finite(cap, r, m)
     stats = {e: rank_statistic(es, spec, ev.units, n) for e, es in ev.engines.items()}
@@ -614,7 +611,9 @@ def verdict(
         per_item_top[q.item_id] = [{"id": examples[j].id, "score": float(main.per_item[qi][j])} for j in o]
     if drill is None and units is not None:
         drill = _unit_drill(ev_all, spec, examples, items)
-    per_item_all = main.per_item if ev_all is ev else rank_statistic(ev_all.engines[names[0]], spec, units, n).per_item
+    per_item_all = main.per_item  # the drill-down's items' rows: the ranked ones' are computed already
+    if ev.drill:
+        per_item_all = np.vstack([main.per_item, rank_statistic(ev.drill[names[0]], spec, units, n).per_item])
     drills = []
     if drill is not None:
         # every listed row with more than one sentence, up to drilldown_rows of them (single-sentence rows

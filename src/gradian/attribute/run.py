@@ -570,8 +570,8 @@ def save_evidence_file(
     * ``c/<engine>/ck<t>/<kind>``: the same four at checkpoint t alone, unweighted (when the engine kept them;
       ``raw = Σ_t weights[t] · ck<t>/raw``), so a benchmark can re-weigh the trajectory without a new run;
     * ``trajectory/weights``: (T,) the checkpoint weights ``w_t`` (when given);
-    * ``c/<engine>/drill/<kind>``: the drill-only items' matrices (``--drill-weakened``), in the order of the
-      capability's ``drill_queries``;
+    * ``c/<engine>/drill/<kind>`` (and ``drill/ck<t>/<kind>``): the drill-only items' matrices
+      (``--drill-weakened``), in the order of the capability's ``drill_queries``;
     * ``c/<reference>``: (m, n) a reference engine's scores;
     * ``units/row``, ``units/char_start``, ``units/char_end``, ``units/n_supervised``: (u,) int64 (−1: no span).
 
@@ -583,19 +583,14 @@ def save_evidence_file(
     tensors: dict[str, np.ndarray] = {}
     units = None
     for cap, ev in evidence.items():
-        for e, es in ev.engines.items():
-            for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
-                m = getattr(es, kind)
-                if m is not None:
-                    tensors[f"{cap}/{e}/{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
-            for t, part in enumerate(es.per_checkpoint or []):
-                for kind, m in part.items():
-                    tensors[f"{cap}/{e}/ck{t}/{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
-        for e, es in (ev.drill or {}).items():
-            for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
-                m = getattr(es, kind)
-                if m is not None:
-                    tensors[f"{cap}/{e}/drill/{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
+        for prefix, group in (("", ev.engines), ("drill/", ev.drill or {})):  # the ranked items, the drill-only ones
+            for e, es in group.items():
+                parts = [("", {k: getattr(es, k) for k in ("raw", "cosine", "unit_raw", "unit_cosine")})]
+                parts += [(f"ck{t}/", part) for t, part in enumerate(es.per_checkpoint or [])]
+                for sub, mats in parts:
+                    for kind, m in mats.items():
+                        if m is not None:
+                            tensors[f"{cap}/{e}/{prefix}{sub}{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
         for r, m in ev.references.items():
             tensors[f"{cap}/{r}"] = np.ascontiguousarray(m, dtype=np.float64)
         units = units or ev.units

@@ -54,8 +54,8 @@ class AttributeSpec:
         bm25, repsim: the reference engines' settings.
         weakened_nats: also query, beside the lost items, every item the tuned model still passes but whose
             answer's log-probability fell by more than this many nats against the reference (Evaluate's
-            :class:`~gradian.evaluate.result.Shift`), each as a cross-entropy query ``∇ℓ(correct)``; None:
-            the lost items only.
+            :class:`~gradian.evaluate.result.Shift`) and has a rival answer (:mod:`gradian.attribute.rival`), each
+            as the contrastive query ``∇ℓ(correct) − ∇ℓ(rival)``; None: the lost items only.
         drill_weakened_nats: the same items (answer log-probability fallen by more than this many nats, with a
             rival answer), queried for the sentence drill-down only: the sentence a row blames is its most harmful
             one for any lost *or* such weakened item (:func:`gradian.attribute.pipeline.blamed_units`), while the
