@@ -47,8 +47,10 @@ def weightings(w: np.ndarray) -> dict[str, np.ndarray]:
 
 def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, Any]]:
     """``({weighting: {"rows": (n,) rank scores, "spans": {row: (a, b)}, "checkpoints": k}}, train_ids, facts)``."""
+    from gradian.attribute.drilldown import blamed_units
     from gradian.attribute.evidence import EngineScores
-    from gradian.attribute.pipeline import AttributeSpec, blamed_units, fuse_scores, rank_statistic
+    from gradian.attribute.pipeline import AttributeSpec
+    from gradian.attribute.ranking import fuse_scores, rank_statistic
     from gradian.data.spans import SentenceUnit
     from runpairs import load_saved
 

@@ -11,7 +11,7 @@ Rules (``Z = U / s_q`` with ``s_q`` item q's spread over all units):
 * ``min_q raw``: ``argmin_{k ∈ j} min_q U[q, k]`` (the rule before item scaling);
 * ``mean_q raw`` / ``mean_q cosine``: the items' mean;
 * ``min_q z(std)``, ``min_q z(rms)``: ``s_q`` the standard deviation, the root mean square;
-* ``min_q z(MAD)``: ``s_q`` the median absolute deviation (:func:`gradian.attribute.pipeline.item_scaled`,
+* ``min_q z(MAD)``: ``s_q`` the median absolute deviation (:func:`gradian.attribute.drilldown.item_scaled`,
   the default since it was measured here);
 * tried since (session 16, none kept): the same on the cosine, on ``U / ‖g_k‖^0.5`` (half-way between raw and
   cosine), centred on each row's own median per item, and the sentence that hurts most the one item the whole
@@ -42,7 +42,7 @@ def rules(U: np.ndarray, C: np.ndarray, by_row: dict[int, list[int]], S: np.ndar
         by_row: the units (with a span) of each row.
         S: (m, n) the whole rows' raw influence (for the row's most-hurt item).
     """
-    from gradian.attribute.pipeline import item_scaled
+    from gradian.attribute.drilldown import item_scaled
 
     Z, Zc = item_scaled(U), item_scaled(C)
     with np.errstate(divide="ignore", invalid="ignore"):  # |U| / |C| = ‖g_k‖ · ‖r_q‖: the unit's gradient norm
@@ -87,7 +87,7 @@ def localise(run_dir: Path, truth: dict, engine: str | None) -> dict[str, dict[s
     """``{rule: {"lost_hits", "lost_n", "all_hits", "all_n"}}`` for one run."""
     from safetensors.numpy import load_file
 
-    from gradian.attribute.pipeline import item_scaled
+    from gradian.attribute.drilldown import item_scaled
 
     run = json.loads((run_dir / "run.json").read_text())
     T = load_file(str(run_dir / "evidence.safetensors"))

@@ -123,7 +123,8 @@ def unit_study(world: Path, work: Path) -> dict[str, Any]:
     from scipy.stats import spearmanr
 
     from bench_peers import _task, default_ranking, metrics, run_method
-    from gradian.attribute.pipeline import AttributeSpec, fuse_scores
+    from gradian.attribute.pipeline import AttributeSpec
+    from gradian.attribute.ranking import fuse_scores
     from gradian.attribute.unit_null import METHODS, corrected_rows, units_per_row
 
     work.mkdir(parents=True, exist_ok=True)

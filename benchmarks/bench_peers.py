@@ -303,10 +303,10 @@ def _row_min(u: np.ndarray, rows: np.ndarray, n: int) -> tuple[np.ndarray, np.nd
 
 
 def _blamed(U_raw: np.ndarray, rows: np.ndarray, spans: np.ndarray) -> dict[int, tuple]:
-    """The product's drill-down rule (:func:`gradian.attribute.pipeline.blamed_units`): per row, the span of the
+    """The product's drill-down rule (:func:`gradian.attribute.drilldown.blamed_units`): per row, the span of the
     sentence with the most negative item-scaled raw influence.
     """
-    from gradian.attribute.pipeline import blamed_units
+    from gradian.attribute.drilldown import blamed_units
 
     got = blamed_units(U_raw, rows, [sp[0] >= 0 for sp in spans])
     return {j: tuple(int(x) for x in spans[k]) for j, (k, _) in got.items()}
@@ -354,7 +354,8 @@ def default_ranking(A: dict[str, np.ndarray], refs: dict[str, np.ndarray], n: in
     trajectory run's per-checkpoint matrices and the reference run's matrices (no second index pass).
     """
     from gradian.attribute.evidence import EngineScores
-    from gradian.attribute.pipeline import AttributeSpec, fuse_scores, rank_statistic
+    from gradian.attribute.pipeline import AttributeSpec
+    from gradian.attribute.ranking import fuse_scores, rank_statistic
     from gradian.data.spans import SentenceUnit
 
     spec = AttributeSpec()

@@ -31,7 +31,7 @@ def main():
     import numpy as np
 
     from gradian.attribute import AttributeSpec, attribute_capability
-    from gradian.attribute.pipeline import spearman, topk_overlap
+    from gradian.attribute.ranking import spearman, topk_overlap
     from gradian.finetune import training_index
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec

@@ -4,11 +4,11 @@ For each ``RUN WORLD`` pair (a ``gradian attribute ... --save-evidence`` run fol
 world``, whose ``ground_truth.json`` lists the planted culprits), every rule turns the primary engine's item × unit
 scores ``U`` (m failing items × K sentence units, cosine, trajectory-weighted; ``RUN/evidence.safetensors``) into one
 score per row, folds in BM25 by the global agreement gate exactly as the default verdict does
-(:func:`gradian.attribute.pipeline.fuse_scores`), and is scored against the ground truth
+(:func:`gradian.attribute.ranking.fuse_scores`), and is scored against the ground truth
 (:func:`gradian.worlds.scorecard.score_ranking`: AUC over all culprits, direct, buried, and P@n):
 
 * ``per item, then mean`` (the default since 2026-12-02): ``rows_j = mean_q min_{s ∈ j} U[q, s]``
-  (:func:`gradian.attribute.pipeline.rank_statistic`, called on the evidence);
+  (:func:`gradian.attribute.ranking.rank_statistic`, called on the evidence);
 * ``min of the items' mean`` (the default before): ``rows_j = min_{s ∈ j} mean_q U[q, s]``;
 * ``whole row``: ``rows_j = mean_q S[q, j]``, the whole-row cosine (no sentences);
 * ``bottom-2``, ``expected-min``: the unit-count corrections of :mod:`gradian.attribute.unit_null` on
@@ -31,7 +31,8 @@ import numpy as np
 def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
     """``({rule: (n,) row scores}, train_ids, facts)`` for one saved run (module docstring)."""
     from gradian.attribute.evidence import EngineScores
-    from gradian.attribute.pipeline import AttributeSpec, fuse_scores, rank_statistic
+    from gradian.attribute.pipeline import AttributeSpec
+    from gradian.attribute.ranking import fuse_scores, rank_statistic
     from gradian.attribute.unit_null import corrected_rows
     from gradian.data.spans import SentenceUnit, row_min
     from runpairs import load_saved

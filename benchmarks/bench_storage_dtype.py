@@ -46,7 +46,7 @@ def main():
     import torch
 
     from gradian.attribute import AttributeSpec, attribute_capability
-    from gradian.attribute.pipeline import spearman, topk_overlap
+    from gradian.attribute.ranking import spearman, topk_overlap
     from gradian.finetune import training_index
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.store import GradSpec
@@ -117,7 +117,7 @@ def main():
 def synthetic(args) -> None:
     import numpy as np
 
-    from gradian.attribute.pipeline import spearman, topk_overlap
+    from gradian.attribute.ranking import spearman, topk_overlap
     from gradian.data.tokenize import TokenizeSpec
     from gradian.engines import EngineSpec, make_engine, score_index
     from gradian.finetune import load_finetune, training_index

@@ -1,9 +1,9 @@
-"""The drill-down's sentence rule: item-scaled raw influence (pipeline.item_scaled, pipeline.blamed_units)."""
+"""The drill-down's sentence rule: item-scaled raw influence (drilldown.item_scaled, drilldown.blamed_units)."""
 
 import numpy as np
 import pytest
 
-from gradian.attribute.pipeline import blamed_units, item_scaled
+from gradian.attribute.drilldown import blamed_units, item_scaled
 
 
 def test_item_scaled_divides_each_item_by_its_median_absolute_deviation():

@@ -18,7 +18,7 @@ def test_drill_only_items_move_the_blamed_sentence_and_nothing_else(tmp_path):
     from safetensors.numpy import load_file
 
     from gradian.attribute import AttributeSpec
-    from gradian.attribute.pipeline import blamed_units
+    from gradian.attribute.drilldown import blamed_units
     from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
     from gradian.data.tokenize import TokenizeSpec
     from gradian.evaluate import EvalResult, EvalSpec

@@ -17,7 +17,7 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
     from safetensors.numpy import load_file
 
     from gradian.attribute import AttributeSpec
-    from gradian.attribute.pipeline import fuse_scores
+    from gradian.attribute.ranking import fuse_scores
     from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
     from gradian.data.spans import SentenceUnit, row_min
     from gradian.data.tokenize import TokenizeSpec

@@ -1,10 +1,10 @@
-"""The verdict's rank score (pipeline.rank_statistic): per failing item, each row's most harmful sentence, then the
+"""The verdict's rank score (ranking.rank_statistic): per failing item, each row's most harmful sentence, then the
 mean over the items."""
 
 import numpy as np
 
 from gradian.attribute.evidence import EngineScores
-from gradian.attribute.pipeline import rank_statistic
+from gradian.attribute.ranking import rank_statistic
 from gradian.attribute.spec import AttributeSpec
 from gradian.data.spans import SentenceUnit
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradian.attribute.pipeline import fuse_scores, tail_agreement, tail_size, zscore
+from gradian.attribute.ranking import fuse_scores, tail_agreement, tail_size, zscore
 from gradian.engines.lexical import BM25Spec, bm25_scores
 from gradian.engines.repsim import RepSimSpec, repsim_scores
 

@@ -12,17 +12,18 @@ index with :func:`attribute_capability`):
 3. the **influence** of row j is the primary engine's mean over the failing items
    of the raw weighted inner products, under :mod:`gradian.sign` (negative =
    degraded; ``predicted_loss_delta_if_removed = influence / n``);
-4. the **rank score** orders the verdict (:func:`rank_statistic`): the same
+4. the **rank score** orders the verdict (:func:`gradian.attribute.ranking.rank_statistic`): the same
    engine's direction-only (cosine) scores by default, taken per sentence unit,
    reduced per failing item to the row's most harmful sentence and averaged over
    the items (span-aware ranking); same
    sign convention, but not in loss units. Reference engines (BM25, RepSim) can
-   be folded in (``fuse``);
+   be folded in (``fuse``, :func:`gradian.attribute.ranking.fuse_scores`);
 5. the two gradient engines' rank agreement (Spearman, top-k overlap) is the
    confidence — low agreement is reported, never averaged away; the reference
    engines' agreement with the verdict is reported beside it, and every listed
    row says which evidence supports it (gradient, lexical, representation);
-6. the harmful tail is clustered, and the top rows are drilled down to the sentence.
+6. the harmful tail is clustered, and the top rows are drilled down to the sentence
+   (:func:`gradian.attribute.drilldown.blamed_units`).
 """
 
 from __future__ import annotations
@@ -33,19 +34,19 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from gradian.attribute.clusters import cluster_tail, lacks_eos, whitespace_token_ids
-from gradian.attribute.drilldown import SentenceScore
+from gradian.attribute.drilldown import SentenceScore, blamed_units, sentence_view
 from gradian.attribute.evidence import EngineScores
 from gradian.attribute.queries import Query
-from gradian.attribute.spec import FUSE_GATES, AttributeSpec
+from gradian.attribute.ranking import confidence_label, fuse_scores, rank_statistic, spearman, topk_overlap
+from gradian.attribute.spec import AttributeSpec
 from gradian.data.formats import Example
-from gradian.data.spans import SentenceUnit, row_min
+from gradian.data.spans import SentenceUnit
 from gradian.data.tokenize import TokenizedExample, TokenizeSpec
 from gradian.errors import GradianUserError
 from gradian.index.store import GradientIndex
 from gradian.sign import (
     SIGN_CONVENTION,
     VERDICT_SCORE_DOC,
-    auc_lower_is_positive,
     harm_ranks,
     harmful_rows,
     most_harmful_first,
@@ -55,144 +56,6 @@ from gradian.sign import (
 )
 
 EVIDENCE_KIND = {"bm25": "lexical", "repsim": "representation"}
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation of two (n,) score vectors; NaN below 3 rows."""
-    from scipy.stats import spearmanr
-
-    if len(a) < 3:
-        return float("nan")
-    return float(spearmanr(a, b).statistic)
-
-
-def topk_overlap(a: np.ndarray, b: np.ndarray, k: int) -> float:
-    """|top-k most harmful by a ∩ by b| / k."""
-    k = max(1, min(k, len(a)))
-    return len(set(most_harmful_first(a)[:k].tolist()) & set(most_harmful_first(b)[:k].tolist())) / k
-
-
-def confidence_label(rho: float, overlap: float) -> str:
-    """``high`` (ρ ≥ 0.8 and overlap ≥ 0.6), ``medium`` (ρ ≥ 0.5 and overlap ≥ 0.3), else ``low``."""
-    if np.isnan(rho):
-        return "unknown"
-    if rho >= 0.8 and overlap >= 0.6:
-        return "high"
-    if rho >= 0.5 and overlap >= 0.3:
-        return "medium"
-    return "low"
-
-
-@dataclass
-class RankStatistic:
-    """A gradient engine's rank score for one capability.
-
-    Attributes:
-        rows: (n,) the rank score per row (negative = harmful direction).
-        per_item: (m, n) per failing item (its worst sentence per row with ``unit="sentence"``).
-    """
-
-    rows: np.ndarray
-    per_item: np.ndarray
-
-
-def rank_statistic(
-    es: EngineScores, spec: AttributeSpec, units: Sequence[SentenceUnit] | None, n: int
-) -> RankStatistic:
-    """The rank score of one engine (module docstring, step 4).
-
-    ``unit="row"``:      P[q, j] = S[q, j];                    rows_j = mean_q P[q, j]
-    ``unit="sentence"``: P[q, j] = min_{s ∈ j} U[q, s];        rows_j = mean_q P[q, j]
-
-    with S (m, n), U (m, n_units) the engine's ``cosine`` or ``raw`` matrices (``spec.statistic``) over the
-    m failing items. With sentences, each item takes the row's sentence that is most harmful *to that item*,
-    and the row's score is the mean over items of those minima: a long row whose sentences each look a
-    little harmful to different items no longer gets the minimum of their mean, and a buried sentence that
-    hurts one item strongly is not averaged away before the minimum. Until 2026-12-02 the order was the
-    other way round (``min_{s ∈ j} mean_q U[q, s]``); the new order was at or above it on every SmolLM2 and
-    tiny world it was measured on (docs/benchmarks.md "Rank rule: per item, then mean").
-    """
-    if spec.unit == "sentence":
-        U = es.unit_cosine if spec.statistic == "cosine" else es.unit_raw
-        if U is None or units is None:
-            raise ValueError("sentence ranking needs sentence-unit scores (run the evidence with unit='sentence')")
-        per_item, _ = row_min(U, units, n)
-    else:
-        per_item = es.cosine if spec.statistic == "cosine" else es.raw
-    return RankStatistic(per_item.mean(axis=0), per_item)
-
-
-def zscore(x: np.ndarray) -> np.ndarray:
-    """(x − median) / (1.4826 · MAD): a robust standard score (sign kept: negative = below typical)."""
-    med = np.median(x)
-    mad = 1.4826 * np.median(np.abs(x - med))
-    if not mad > 0:
-        sd = x.std()
-        return (x - med) / sd if sd > 0 else np.zeros_like(x)
-    return (x - med) / mad
-
-
-def tail_size(n: int) -> int:
-    """How many of a reference's most harmful rows :func:`tail_agreement` looks at: ``max(5, ⌈0.05·n⌉)``, < n."""
-    return int(min(max(5, int(np.ceil(0.05 * n))), max(1, n - 1)))
-
-
-def tail_agreement(gradient: np.ndarray, reference: np.ndarray, k: int | None = None) -> float:
-    """How far the gradient ranks the reference's k most harmful rows above the rest, in [−1, 1].
-
-        T = the k rows with the lowest reference score (k = :func:`tail_size`)
-        a = 2 · AUC_gradient(T vs the other rows) − 1
-          = 2 · P(gradient_i < gradient_j | i ∈ T, j ∉ T) − 1      (ties half)
-
-    +1: the gradient puts every row the reference blames first above every other row; 0: it ranks
-    them like any row; −1: last. Unlike a correlation over all rows, it does not depend on how the two
-    order the benign bulk, where both are noise: a reference that is right about a part of the data
-    (one-sentence rows stating the wrong answer the model gives) keeps its weight when the gradient
-    confirms that part, and a reference whose top rows the gradient does not confirm (a regression in
-    *how* the model answers, whose words point at benign rows) gets none.
-
-    Args:
-        gradient, reference: (n,) scores, lower = more harmful.
-    """
-    n = len(gradient)
-    if n < 3:
-        return float("nan")
-    k = tail_size(n) if k is None else int(min(max(1, k), n - 1))
-    top = np.zeros(n, dtype=bool)
-    top[np.argsort(reference, kind="stable")[:k]] = True
-    return float(2.0 * auc_lower_is_positive(np.asarray(gradient, dtype=np.float64), top) - 1.0)
-
-
-def fuse_scores(
-    gradient: np.ndarray, references: dict[str, np.ndarray], gate: str = "global"
-) -> tuple[np.ndarray, dict[str, float]]:
-    """Agreement-gated fusion of reference evidence into the gradient's rank score.
-
-        fused_j = z(gradient)_j + Σ_r w_r · z(reference_r)_j,     w_r = max(0, a_r)
-
-    with z a robust standard score (:func:`zscore`) and a_r the reference's agreement with the gradient:
-    ``gate="global"`` (default) ρ_s(gradient, reference_r), the Spearman correlation over all rows;
-    ``gate="tail"`` :func:`tail_agreement`, the gradient's verdict on the rows the reference blames most.
-    A reference whose blamed rows the gradient confirms (a wrong fact the model repeats: its words are
-    in the culprits) sharpens the ranking in proportion; one the gradient does not confirm (a regression
-    in *how* the model answers, where the words point at benign rows) gets weight 0 and leaves the
-    gradient's ranking alone. The global gate also zeroes a reference that is right on a part of the
-    data but orders the rest unlike the gradient (issue 23: weight 0.016 on a world where BM25 ranked
-    the direct culprits best); measured in docs/benchmarks.md.
-
-    Returns:
-        ``(fused (n,), {reference: w_r})``.
-    """
-    if gate not in FUSE_GATES:
-        raise ValueError(f"unknown fusion gate {gate!r}; use one of {FUSE_GATES}")
-    out = zscore(gradient)
-    weights: dict[str, float] = {}
-    for name, v in references.items():
-        a = tail_agreement(gradient, v) if gate == "tail" else spearman(gradient, v)
-        w = max(0.0, a) if np.isfinite(a) else 0.0
-        weights[name] = w
-        out = out + w * zscore(v)
-    return out, weights
 
 
 def reference_items(queries: Sequence[Query]) -> np.ndarray:
@@ -346,63 +209,6 @@ def _unit_drill(
     return drill
 
 
-def item_scaled(U: np.ndarray) -> np.ndarray:
-    """Each failing item's unit scores in units of that item's typical spread: ``Z[q, k] = U[q, k] / s_q``.
-
-    ``s_q = median_k |U[q, k] − median_k U[q, k]|`` is the median absolute deviation of item q's scores over all
-    units k (the bulk's spread, which a few culprit outliers do not inflate as they inflate a standard
-    deviation); an item whose scores are all equal keeps ``s_q = 1``. The sign is kept (no centring), so a
-    negative ``Z`` is still harmful. Raw influence is on a different scale for every item (its query
-    gradient's norm), so ``min_q U[q, k]`` asks which item has the largest gradient rather than which item the
-    unit hurts most for its kind; ``min_q Z[q, k]`` compares the items on one scale.
-
-    Args:
-        U: (m, K) raw influence of K units on m failing items.
-
-    Returns:
-        (m, K) float64.
-    """
-    U = np.asarray(U, dtype=np.float64)
-    med = np.median(U, axis=1, keepdims=True)
-    s = np.median(np.abs(U - med), axis=1, keepdims=True)
-    return U / np.where(s > 0, s, 1.0)
-
-
-def blamed_units(U_raw: np.ndarray, unit_rows: Sequence[int], has_span: Sequence[bool]) -> dict[int, tuple[int, int]]:
-    """The drill-down's rule: per row j, the failing item it hurts most and its most harmful sentence.
-
-    With ``Z = item_scaled(U_raw)`` (:func:`item_scaled`):
-
-        k_j = argmin_{k ∈ j} min_q Z[q, k]        q_j = argmin_q Z[q, k_j]
-
-    i.e. the (item, sentence) pair of the row with the most negative item-scaled raw influence.
-
-    Measured on buried culprits whose target item was lost (``benchmarks/bench_drilldown_rule.py`` on runs made
-    with ``--save-evidence``; docs/benchmarks.md, "Which sentence the drill-down blames"): the full SmolLM2
-    worked example 29 → 41 of 45 against the unscaled ``min_q U_raw`` it replaces, the quick SmolLM2 world
-    14 → 15 of 15, the tiny world and the held-out SmolLM2 heldout-a unchanged (1 of 3, 1 of 2).
-
-    Args:
-        U_raw: (m, K) raw (trajectory-weighted) influence of K sentence units on m failing items.
-        unit_rows: (K,) the row of each unit.
-        has_span: (K,) whether a unit is a sentence (the residual unit of a row has no span and is never blamed).
-
-    Returns:
-        ``{row: (unit index k_j, item index q_j)}`` for every row with at least one sentence unit.
-    """
-    Z = item_scaled(U_raw)
-    best = Z.min(axis=0)  # (K,) the unit's most harmful item-scaled score
-    arg_q = Z.argmin(axis=0)
-    out: dict[int, tuple[int, int]] = {}
-    for k, (r, ok) in enumerate(zip(unit_rows, has_span)):
-        if not ok:
-            continue
-        r = int(r)
-        if r not in out or best[k] < best[out[r][0]]:
-            out[r] = (k, int(arg_q[k]))
-    return out
-
-
 def _blamed_by_row(ev: CapabilityEvidence, spec: AttributeSpec) -> dict[int, tuple[int, int]]:
     units = ev.units or []
     return blamed_units(
@@ -432,27 +238,6 @@ def _drill_item(ev: CapabilityEvidence, spec: AttributeSpec, j: int, blamed: dic
     if j in blamed:
         return blamed[j][1]
     return int(np.argmin(ev.engines[spec.engine.name].raw[:, j]))
-
-
-#: Characters of context shown on each side of a row's blamed sentence.
-SENTENCE_CONTEXT = 80
-
-
-def sentence_view(text: str, a: int, b: int, score: float, n_sentences: int) -> dict[str, Any]:
-    """The blamed sentence of a listed row: its span, text, verdict score and some context on each side.
-
-    ``context_before`` / ``context_after``: up to :data:`SENTENCE_CONTEXT` characters of the completion
-    before ``a`` and after ``b`` (so a long row is shown around its harmful sentence, never cut before it).
-    """
-    return {
-        "char_start": a,
-        "char_end": b,
-        "text": text[a:b][:300],
-        "verdict_score": float(score),
-        "n_sentences": int(n_sentences),
-        "context_before": text[max(0, a - SENTENCE_CONTEXT) : a],
-        "context_after": text[b : b + SENTENCE_CONTEXT],
-    }
 
 
 NON_FINITE_FIX = (

@@ -45,11 +45,11 @@ class AttributeSpec:
             the items) or ``"row"`` (whole rows).
         references: reference engines run beside the gradient engines (``"bm25"``, ``"repsim"``).
         fuse: references folded into the rank score, each weighted by its agreement with the
-            gradient ranking (:func:`gradian.attribute.pipeline.fuse_scores`); empty: the ranking is the
+            gradient ranking (:func:`gradian.attribute.ranking.fuse_scores`); empty: the ranking is the
             gradient engine's alone.
         fuse_gate: how that agreement is measured: ``"global"`` (Spearman over all rows, the default) or
             ``"tail"`` (the gradient's verdict on the rows the reference ranks most harmful,
-            :func:`gradian.attribute.pipeline.tail_agreement`; not the default until measured on the SmolLM2
+            :func:`gradian.attribute.ranking.tail_agreement`; not the default until measured on the SmolLM2
             family and the behaviour world, docs/benchmarks.md "Fusion gate").
         bm25, repsim: the reference engines' settings.
         weakened_nats: also query, beside the lost items, every item the tuned model still passes but whose
@@ -58,7 +58,7 @@ class AttributeSpec:
             as the contrastive query ``∇ℓ(correct) − ∇ℓ(rival)``; None: the lost items only.
         drill_weakened_nats: the same items (answer log-probability fallen by more than this many nats, with a
             rival answer), queried for the sentence drill-down only: the sentence a row blames is its most harmful
-            one for any lost *or* such weakened item (:func:`gradian.attribute.pipeline.blamed_units`), while the
+            one for any lost *or* such weakened item (:func:`gradian.attribute.drilldown.blamed_units`), while the
             ranking, the references and verify keep the lost items. None: the lost items only. Items already
             queried by ``weakened_nats`` are not repeated. The default 0.25 was measured on the tiny family (all
             buried culprits localised 34 → 52 of 73, no world lower) and on the full and quick SmolLM2 worked

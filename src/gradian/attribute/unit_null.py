@@ -2,7 +2,7 @@
 
 They correct the span-aware row statistic ``rows_j = min_{s ∈ j} u_s``, with ``u`` the failing items'
 mean unit score: the default until 2026-12-02, when the default became the per-item minimum averaged over
-the items (:func:`gradian.attribute.pipeline.rank_statistic`). If unit scores were exchangeable noise, a row with
+the items (:func:`gradian.attribute.ranking.rank_statistic`). If unit scores were exchangeable noise, a row with
 ``k`` units would get a lower (more harmful-looking) minimum the larger ``k`` is: the expected minimum of
 ``k`` draws falls with ``k``. Two corrections, both computed from the same unit scores ``u`` (n_units,):
 
@@ -61,7 +61,7 @@ def corrected_rows(
     if (k == 0).any():
         raise ValueError("every row needs at least one unit")
     if method == "expected-min":
-        from gradian.attribute.pipeline import zscore
+        from gradian.attribute.ranking import zscore
 
         z = zscore(u)
         mins = np.full(n, np.inf)
