@@ -272,7 +272,8 @@ def test_graph_reads_the_package():
     """The graph holds every module and the edges one knows are there (so the assertions below bite)."""
     graph = import_graph()
     assert len(graph) > 100
-    assert "gradian.errors" in graph["gradian.attribute.run"]
+    assert "gradian.errors" in graph["gradian.attribute.changes"]
+    assert "gradian.attribute.evidence" in graph["gradian.attribute.run"]
     assert "gradian.runfile" in graph["gradian.report.builders"]
 
 

@@ -302,7 +302,7 @@ class Attributor:
 
         A run folder is data, never code: run.json is checked against its schema
         (:func:`gradian.attribute.run.check_run`) and its recorded input hashes against the files now
-        on disk (:func:`gradian.attribute.run.check_inputs`) before anything is used, and the base
+        on disk (:func:`gradian.attribute.changes.check_inputs`) before anything is used, and the base
         model's own code runs only if this call asks for it, whatever run.json says.
 
         Args:
@@ -316,9 +316,10 @@ class Attributor:
         """
         import warnings
 
-        from gradian.attribute.run import check_inputs, load_run
+        from gradian.attribute.changes import check_inputs
         from gradian.errors import GradianWarning
         from gradian.evaluate import EvalSpec
+        from gradian.runfile import load_run
         from gradian.validate import check_bool
 
         check_bool(trust_remote_code, "Attributor.from_run", "trust_remote_code")

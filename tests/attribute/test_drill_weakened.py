@@ -86,8 +86,8 @@ def test_drill_only_items_move_the_blamed_sentence_and_nothing_else(tmp_path):
 
 def test_a_drill_only_item_that_a_sentence_hurts_most_moves_the_blame_to_it():
     """Row 0 has units 0-2; the lost item blames unit 1, a drill-only item hurts unit 2 far more (in MADs)."""
-    from gradian.attribute.evidence import EngineScores
-    from gradian.attribute.pipeline import AttributeSpec, CapabilityEvidence, _blamed_by_row
+    from gradian.attribute.evidence import CapabilityEvidence, EngineScores
+    from gradian.attribute.pipeline import AttributeSpec, _blamed_by_row
     from gradian.data.spans import SentenceUnit
 
     rng = np.random.default_rng(1)
@@ -123,8 +123,7 @@ def test_the_flag_takes_nats_or_none():
 
 
 def test_stacking_and_splitting_items_are_inverse():
-    from gradian.attribute.evidence import EngineScores
-    from gradian.attribute.pipeline import split_items, stack_items
+    from gradian.attribute.evidence import EngineScores, split_items, stack_items
 
     rng = np.random.default_rng(0)
     es = EngineScores("e", *(rng.normal(size=(5, k)) for k in (7, 7, 11, 11)))

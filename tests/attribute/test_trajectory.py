@@ -556,8 +556,8 @@ def test_a_non_finite_score_never_becomes_a_verdict(where):
     """The one guard before a verdict: a NaN/inf score (whatever produced it) is a one-line error, not a ranking."""
     import numpy as np
 
-    from gradian.attribute.evidence import EngineScores
-    from gradian.attribute.pipeline import AttributeSpec, CapabilityEvidence, verdict
+    from gradian.attribute.evidence import CapabilityEvidence, EngineScores
+    from gradian.attribute.pipeline import AttributeSpec, verdict
     from gradian.attribute.queries import Query
 
     raw, cos = np.full((2, 5), -0.5), np.full((2, 5), -0.1)

@@ -251,13 +251,13 @@ def test_run_identity_hashes_the_samples_files(tmp_path):
 def test_run_manifest_eval_identity_and_changed_inputs(tmp_path):
     """The run's manifest records the folder's hash with the samples, and a later edit of a sample is reported as a
     changed eval set (gradian verify / report refuse or warn on it)."""
-    from gradian.attribute.run import _eval_sha
+    from gradian.attribute.changes import eval_sha
     from gradian.index.identity import dataset_identity
 
     d = _copy(tmp_path)
-    assert _eval_sha(d) == dataset_identity(d)["sha256"]
+    assert eval_sha(d) == dataset_identity(d)["sha256"]
     sp = d / f"samples_symbols_mc_{DATE}.jsonl"
     recs = _lines(sp)
     recs[-1]["doc_id"] = 999
     _write_lines(sp, recs)
-    assert _eval_sha(d) != dataset_identity(_copy(tmp_path / "orig"))["sha256"]
+    assert eval_sha(d) != dataset_identity(_copy(tmp_path / "orig"))["sha256"]

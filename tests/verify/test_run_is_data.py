@@ -178,7 +178,7 @@ def test_from_run_refuses_inputs_that_changed_since_the_run(real, tmp_path):
 
 
 def test_an_unchanged_run_passes_the_input_check(real, tmp_path):
-    from gradian.attribute.run import changed_inputs
+    from gradian.attribute.changes import changed_inputs
 
     assert changed_inputs(real, checkpoints=True) == []
 

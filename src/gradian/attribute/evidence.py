@@ -302,3 +302,106 @@ def trajectory_scores(
         for es in scores[c].values():
             assert es.raw.shape == (len(queries[c]), n)
     return TrajectoryEvidence(scores, units, indexes, final_index, pre, timing)
+
+
+@dataclass
+class CapabilityEvidence:
+    """Everything one capability's verdict is computed from.
+
+    Attributes:
+        engines: per gradient engine (primary first), its :class:`EngineScores`.
+        references: per reference engine, its (m, n) score matrix.
+        units: the sentence units (when the engines scored them).
+        drill: per gradient engine, the scores of the drill-only items (``AttributeSpec.drill_weakened_nats``:
+            weakened items asked about by the sentence drill-down, not by the ranking), or None.
+    """
+
+    engines: dict[str, EngineScores]
+    references: dict[str, np.ndarray] = field(default_factory=dict)
+    units: list[SentenceUnit] | None = None
+    drill: dict[str, EngineScores] | None = None
+
+    def with_drill_items(self) -> CapabilityEvidence:
+        """The evidence over the ranked items, then the drill-only ones (m + m_d rows; itself when there are
+        none): what the sentence drill-down reads, so its item index runs over ``queries + drill_queries``.
+        """
+        if not self.drill:
+            return self
+        return CapabilityEvidence(
+            {e: stack_items(es, self.drill[e]) for e, es in self.engines.items()}, self.references, self.units
+        )
+
+
+def stack_items(a: EngineScores, b: EngineScores) -> EngineScores:
+    """``a``'s items then ``b``'s: each matrix (m_a, ·) over (m_b, ·) → (m_a + m_b, ·) (the same rows or units)."""
+
+    def cat(x: np.ndarray | None, y: np.ndarray | None) -> np.ndarray | None:
+        return None if x is None or y is None else np.concatenate([x, y], axis=0)
+
+    kinds = ("raw", "cosine", "unit_raw", "unit_cosine")
+    return EngineScores(a.engine, *(cat(getattr(a, k), getattr(b, k)) for k in kinds))
+
+
+def split_items(es: EngineScores, m: int) -> tuple[EngineScores, EngineScores]:
+    """``es``'s first m items and the rest (the inverse of :func:`stack_items`; per-checkpoint matrices split too)."""
+
+    def part(sl: slice) -> EngineScores:
+        def cut(x: np.ndarray | None) -> np.ndarray | None:
+            return None if x is None else x[sl]
+
+        pc = None
+        if es.per_checkpoint is not None:
+            pc = [{k: v[sl] for k, v in ck.items()} for ck in es.per_checkpoint]
+        return EngineScores(es.engine, cut(es.raw), cut(es.cosine), cut(es.unit_raw), cut(es.unit_cosine), pc)
+
+    return part(slice(0, m)), part(slice(m, None))
+
+
+def save_evidence_file(
+    path: Path, evidence: dict[str, CapabilityEvidence], weights: Sequence[float] | None = None
+) -> None:
+    """Write the score matrices each capability's verdict was formed from, as safetensors (float64, as the run
+    computed them: the fusion gate is a rank correlation, and float32 rounding of tied scores can move it across 0).
+
+    Keys, per capability ``c`` (m failing items, n rows, u sentence units, T checkpoints):
+
+    * ``c/<engine>/raw``, ``c/<engine>/cosine``: (m, n) trajectory-weighted scores per item and row;
+    * ``c/<engine>/unit_raw``, ``c/<engine>/unit_cosine``: (m, u) per item and sentence unit (sentence runs);
+    * ``c/<engine>/ck<t>/<kind>``: the same four at checkpoint t alone, unweighted (when the engine kept them;
+      ``raw = Σ_t weights[t] · ck<t>/raw``), so a benchmark can re-weigh the trajectory without a new run;
+    * ``trajectory/weights``: (T,) the checkpoint weights ``w_t`` (when given);
+    * ``c/<engine>/drill/<kind>`` (and ``drill/ck<t>/<kind>``): the drill-only items' matrices
+      (``--drill-weakened``), in the order of the capability's ``drill_queries``;
+    * ``c/<reference>``: (m, n) a reference engine's scores;
+    * ``units/row``, ``units/char_start``, ``units/char_end``, ``units/n_supervised``: (u,) int64 (−1: no span).
+
+    Rows are in ``run.json``'s ``attribution.train_ids`` order; items in the capability's ``queries`` order.
+    """
+    import numpy as np
+    from safetensors.numpy import save
+
+    tensors: dict[str, np.ndarray] = {}
+    units = None
+    for cap, ev in evidence.items():
+        for prefix, group in (("", ev.engines), ("drill/", ev.drill or {})):  # the ranked items, the drill-only ones
+            for e, es in group.items():
+                parts = [("", {k: getattr(es, k) for k in ("raw", "cosine", "unit_raw", "unit_cosine")})]
+                parts += [(f"ck{t}/", part) for t, part in enumerate(es.per_checkpoint or [])]
+                for sub, mats in parts:
+                    for kind, m in mats.items():
+                        if m is not None:
+                            tensors[f"{cap}/{e}/{prefix}{sub}{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
+        for r, m in ev.references.items():
+            tensors[f"{cap}/{r}"] = np.ascontiguousarray(m, dtype=np.float64)
+        units = units or ev.units
+    if weights is not None:
+        tensors["trajectory/weights"] = np.asarray(list(weights), dtype=np.float64)
+    if units:
+        tensors["units/row"] = np.array([u.row for u in units], dtype=np.int64)
+        for f in ("char_start", "char_end", "n_supervised"):
+            tensors[f"units/{f}"] = np.array(
+                [-1 if getattr(u, f) is None else getattr(u, f) for u in units], dtype=np.int64
+            )
+    from gradian.util import atomic_write_bytes
+
+    atomic_write_bytes(path, save(tensors))

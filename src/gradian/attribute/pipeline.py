@@ -35,12 +35,11 @@ import numpy as np
 
 from gradian.attribute.clusters import cluster_tail, lacks_eos, whitespace_token_ids
 from gradian.attribute.drilldown import SentenceScore, blamed_units, sentence_view
-from gradian.attribute.evidence import EngineScores
+from gradian.attribute.evidence import CapabilityEvidence, EngineScores
 from gradian.attribute.queries import Query
 from gradian.attribute.ranking import confidence_label, fuse_scores, rank_statistic, spearman, topk_overlap
 from gradian.attribute.spec import AttributeSpec
 from gradian.data.formats import Example
-from gradian.data.spans import SentenceUnit
 from gradian.data.tokenize import TokenizedExample, TokenizeSpec
 from gradian.errors import GradianUserError
 from gradian.index.store import GradientIndex
@@ -68,59 +67,6 @@ def reference_items(queries: Sequence[Query]) -> np.ndarray:
     """
     said = np.array([q.said is not None for q in queries], dtype=bool)
     return said if said.any() else np.ones(len(queries), dtype=bool)
-
-
-@dataclass
-class CapabilityEvidence:
-    """Everything one capability's verdict is computed from.
-
-    Attributes:
-        engines: per gradient engine (primary first), its :class:`EngineScores`.
-        references: per reference engine, its (m, n) score matrix.
-        units: the sentence units (when the engines scored them).
-        drill: per gradient engine, the scores of the drill-only items (``AttributeSpec.drill_weakened_nats``:
-            weakened items asked about by the sentence drill-down, not by the ranking), or None.
-    """
-
-    engines: dict[str, EngineScores]
-    references: dict[str, np.ndarray] = field(default_factory=dict)
-    units: list[SentenceUnit] | None = None
-    drill: dict[str, EngineScores] | None = None
-
-    def with_drill_items(self) -> CapabilityEvidence:
-        """The evidence over the ranked items, then the drill-only ones (m + m_d rows; itself when there are
-        none): what the sentence drill-down reads, so its item index runs over ``queries + drill_queries``.
-        """
-        if not self.drill:
-            return self
-        return CapabilityEvidence(
-            {e: stack_items(es, self.drill[e]) for e, es in self.engines.items()}, self.references, self.units
-        )
-
-
-def stack_items(a: EngineScores, b: EngineScores) -> EngineScores:
-    """``a``'s items then ``b``'s: each matrix (m_a, ·) over (m_b, ·) → (m_a + m_b, ·) (the same rows or units)."""
-
-    def cat(x: np.ndarray | None, y: np.ndarray | None) -> np.ndarray | None:
-        return None if x is None or y is None else np.concatenate([x, y], axis=0)
-
-    kinds = ("raw", "cosine", "unit_raw", "unit_cosine")
-    return EngineScores(a.engine, *(cat(getattr(a, k), getattr(b, k)) for k in kinds))
-
-
-def split_items(es: EngineScores, m: int) -> tuple[EngineScores, EngineScores]:
-    """``es``'s first m items and the rest (the inverse of :func:`stack_items`; per-checkpoint matrices split too)."""
-
-    def part(sl: slice) -> EngineScores:
-        def cut(x: np.ndarray | None) -> np.ndarray | None:
-            return None if x is None else x[sl]
-
-        pc = None
-        if es.per_checkpoint is not None:
-            pc = [{k: v[sl] for k, v in ck.items()} for ck in es.per_checkpoint]
-        return EngineScores(es.engine, cut(es.raw), cut(es.cosine), cut(es.unit_raw), cut(es.unit_cosine), pc)
-
-    return part(slice(0, m)), part(slice(m, None))
 
 
 @dataclass

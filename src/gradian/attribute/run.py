@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from gradian.attribute.pipeline import AttributeSpec, CapabilityEvidence, split_items, verdict
+from gradian.attribute.evidence import CapabilityEvidence, save_evidence_file, split_items
+from gradian.attribute.pipeline import AttributeSpec, verdict
 from gradian.attribute.queries import failing_item_query
-from gradian.errors import GradianUserError
 from gradian.index.identity import dataset_identity, file_hash, library_versions
 from gradian.index.shards import hashed_once
 from gradian.index.store import GradSpec
@@ -557,56 +557,6 @@ def attribute_run(
     return run
 
 
-def save_evidence_file(
-    path: Path, evidence: dict[str, CapabilityEvidence], weights: Sequence[float] | None = None
-) -> None:
-    """Write the score matrices each capability's verdict was formed from, as safetensors (float64, as the run
-    computed them: the fusion gate is a rank correlation, and float32 rounding of tied scores can move it across 0).
-
-    Keys, per capability ``c`` (m failing items, n rows, u sentence units, T checkpoints):
-
-    * ``c/<engine>/raw``, ``c/<engine>/cosine``: (m, n) trajectory-weighted scores per item and row;
-    * ``c/<engine>/unit_raw``, ``c/<engine>/unit_cosine``: (m, u) per item and sentence unit (sentence runs);
-    * ``c/<engine>/ck<t>/<kind>``: the same four at checkpoint t alone, unweighted (when the engine kept them;
-      ``raw = Σ_t weights[t] · ck<t>/raw``), so a benchmark can re-weigh the trajectory without a new run;
-    * ``trajectory/weights``: (T,) the checkpoint weights ``w_t`` (when given);
-    * ``c/<engine>/drill/<kind>`` (and ``drill/ck<t>/<kind>``): the drill-only items' matrices
-      (``--drill-weakened``), in the order of the capability's ``drill_queries``;
-    * ``c/<reference>``: (m, n) a reference engine's scores;
-    * ``units/row``, ``units/char_start``, ``units/char_end``, ``units/n_supervised``: (u,) int64 (−1: no span).
-
-    Rows are in ``run.json``'s ``attribution.train_ids`` order; items in the capability's ``queries`` order.
-    """
-    import numpy as np
-    from safetensors.numpy import save
-
-    tensors: dict[str, np.ndarray] = {}
-    units = None
-    for cap, ev in evidence.items():
-        for prefix, group in (("", ev.engines), ("drill/", ev.drill or {})):  # the ranked items, the drill-only ones
-            for e, es in group.items():
-                parts = [("", {k: getattr(es, k) for k in ("raw", "cosine", "unit_raw", "unit_cosine")})]
-                parts += [(f"ck{t}/", part) for t, part in enumerate(es.per_checkpoint or [])]
-                for sub, mats in parts:
-                    for kind, m in mats.items():
-                        if m is not None:
-                            tensors[f"{cap}/{e}/{prefix}{sub}{kind}"] = np.ascontiguousarray(m, dtype=np.float64)
-        for r, m in ev.references.items():
-            tensors[f"{cap}/{r}"] = np.ascontiguousarray(m, dtype=np.float64)
-        units = units or ev.units
-    if weights is not None:
-        tensors["trajectory/weights"] = np.asarray(list(weights), dtype=np.float64)
-    if units:
-        tensors["units/row"] = np.array([u.row for u in units], dtype=np.int64)
-        for f in ("char_start", "char_end", "n_supervised"):
-            tensors[f"units/{f}"] = np.array(
-                [-1 if getattr(u, f) is None else getattr(u, f) for u in units], dtype=np.int64
-            )
-    from gradian.util import atomic_write_bytes
-
-    atomic_write_bytes(path, save(tensors))
-
-
 def _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec):
     """Sentence drill-down over the trajectory when rows are ranked whole: Σ_t w_t · sentence scores at t."""
     from gradian.attribute.drilldown import SentenceScore, drill_down
@@ -631,90 +581,3 @@ def _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec):
         return sort_most_harmful_first(total.values(), lambda s: s.score)
 
     return drill
-
-
-# ----------------------------------------------------------------------------- the inputs, read back
-
-
-def _eval_sha(path: Path) -> str:
-    return dataset_identity(path)["sha256"]  # the hash the run recorded (lm-eval's samples files included)
-
-
-def changed_inputs(run: dict[str, Any], *, checkpoints: bool = False, need_eval: bool = True) -> list[tuple[str, str]]:
-    """The run's inputs whose content on disk is not what the run recorded: ``[(what, path), ...]``.
-
-    Compares ``manifest.identity`` (the hashes :func:`attribute_run` recorded: the training data, the eval
-    set, the adapter, the base model, the training configs and, with ``checkpoints``, every trajectory
-    checkpoint) with the files now at ``manifest.paths``, hashed the way the index hashes them
-    (:mod:`gradian.index.identity`, memoised by path, size and mtime: an unchanged file is read once).
-    An input the run did not record a hash for is not compared.
-
-    Raises:
-        GradianUserError: an input the run needs is gone (``need_eval``: the eval set counts).
-    """
-    from gradian.index.identity import adapter_unchanged, model_identity
-
-    man = run["manifest"]
-    ident, paths = man["identity"], man["paths"]
-    gone = [("training data", paths["data"]), ("adapter", paths["adapter"])]
-    if need_eval:
-        gone.append(("eval set", paths["eval"]))
-    for what, p in gone:
-        if not Path(p).exists():
-            raise GradianUserError(
-                f"the run's {what} is gone", where=str(p), fix="restore it, or re-run gradian attribute"
-            )
-    out: list[tuple[str, str]] = []
-    if dataset_identity(paths["data"])["sha256"] != ident["dataset"]["sha256"]:
-        out.append(("training data", paths["data"]))
-    if Path(paths["eval"]).exists() and _eval_sha(Path(paths["eval"])) != ident["eval"]["sha256"]:
-        out.append(("eval set", paths["eval"]))
-    if ident.get("adapter") and not adapter_unchanged(paths["adapter"], ident["adapter"]["sha256"]):
-        out.append(("adapter", paths["adapter"]))
-    if (ident.get("base") or {}).get("sha256") and model_identity(paths["base"]).get("sha256") != ident["base"][
-        "sha256"
-    ]:
-        out.append(("base model", paths["base"]))
-    for c in paths.get("configs") or []:
-        want = (ident.get("configs") or {}).get(Path(c).name)
-        if want and Path(c).is_file() and file_hash(c) != want:
-            out.append(("training config", c))
-    traj = (run.get("attribution") or {}).get("trajectory") or {}
-    for c in traj.get("checkpoints") or [] if checkpoints else []:
-        if c.get("adapter_sha256") and not c.get("final"):
-            if not Path(c["path"]).is_dir() or not adapter_unchanged(c["path"], c["adapter_sha256"]):
-                out.append((f"checkpoint (step {c.get('step')})", c["path"]))
-    return out
-
-
-def check_inputs(
-    run: dict[str, Any],
-    *,
-    allow_changed_inputs: bool = False,
-    flag: str = "--allow-changed-inputs",
-    say: Callable[[str], None] | None = None,
-    **kw: Any,
-) -> list[tuple[str, str]]:
-    """:func:`changed_inputs`, as a one-line user error naming the first changed file (unless allowed).
-
-    Args:
-        allow_changed_inputs: go on with the files as they are now; each change is said (``say``).
-        flag: how the caller spells the permission, for the fix.
-        kw: passed to :func:`changed_inputs`.
-
-    Returns:
-        the changed inputs (empty when none changed).
-    """
-    changed = changed_inputs(run, **kw)
-    if changed and not allow_changed_inputs:
-        what, path = changed[0]
-        more = f" (and {len(changed) - 1} more: {', '.join(w for w, _ in changed[1:])})" if len(changed) > 1 else ""
-        raise GradianUserError(
-            f"the run's {what} changed since the run (its sha256 differs from run.json's){more}",
-            where=str(path),
-            fix=f"restore the file the run used, re-run gradian attribute, or pass {flag} to use it as it is now",
-        )
-    for what, path in changed:
-        if say is not None:
-            say(f"note: the run's {what} changed since the run ({path}); using it as it is now ({flag})")
-    return changed

@@ -110,9 +110,9 @@ def export_run(
     Returns:
         the ``gradian.export/1`` record written to ``<stem>.removed.json``.
     """
-    from gradian.attribute.run import load_run
     from gradian.attribute.selection import select
     from gradian.index.identity import dataset_identity
+    from gradian.runfile import load_run
     from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes
 
     run_dir = Path(run_dir)

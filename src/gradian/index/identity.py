@@ -133,7 +133,7 @@ def adapter_identity(adapter_dir: str | Path) -> dict[str, Any]:
 
 def legacy_adapter_sha(adapter_dir: str | Path) -> str:
     """The adapter identity that runs written before the config was read as JSON recorded (the raw bytes' sha256);
-    for :func:`gradian.attribute.run.changed_inputs`, so those runs are not reported as changed.
+    for :func:`gradian.attribute.changes.changed_inputs`, so those runs are not reported as changed.
     """
     files = folder_identity(adapter_dir, ("adapter_config.json",), _ADAPTER_WEIGHTS)
     return sha256_json(files)

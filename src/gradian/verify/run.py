@@ -221,14 +221,15 @@ def prepare_verify(
 
     Raises:
         GradianUserError: run.json is not a valid run (:func:`gradian.attribute.run.check_run`), an input is
-            gone or changed (:func:`gradian.attribute.run.check_inputs`), or the verdict cannot be verified.
+            gone or changed (:func:`gradian.attribute.changes.check_inputs`), or the verdict cannot be verified.
     """
+    from gradian.attribute.changes import check_inputs
     from gradian.attribute.queries import Query
-    from gradian.attribute.run import check_inputs, load_run
     from gradian.data.formats import load_examples, read_records
     from gradian.evaluate import EvalResult, load_eval_set
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
+    from gradian.runfile import load_run
     from gradian.validate import check_bool
     from gradian.verify.retrain import trainer_for, with_run_tokenize
 
@@ -328,7 +329,7 @@ def verify_run(
 
     A run folder is data, never code: run.json is checked against its schema first
     (:func:`gradian.attribute.run.check_run`), its recorded input hashes against the files now on disk
-    (:func:`gradian.attribute.run.check_inputs`), and the base model's code runs only when the caller
+    (:func:`gradian.attribute.changes.check_inputs`), and the base model's code runs only when the caller
     asks for it here (``trust_remote_code``), whatever run.json says.
 
     Args:
