@@ -134,38 +134,80 @@ def folder_mode() -> int:
     return 0o777 & ~current_umask()
 
 
+class AtomicFile:
+    """A file that appears at ``path`` whole or not at all: written to a temp file in the same folder, then
+    :meth:`commit` (mode, fsync, rename) or :meth:`abort` (removed).
+
+    Bytes may be written at any offset (:meth:`write_at`), so a file whose layout is known up front (a shard:
+    header, then each block's rows) can be filled row by row without holding it in memory. The file's mode is
+    :func:`file_mode` (as ``open()`` would make it; ``mkstemp``'s 0600 is not kept). A full disk, in any step,
+    raises :class:`DiskFullError` (folder, ``size`` bytes) after removing the temp file.
+
+    Args:
+        path: where the file appears on :meth:`commit`.
+        size: the file's size in bytes (for the error on a full disk).
+    """
+
+    def __init__(self, path: str | Path, size: int):
+        self.path, self.size = Path(path), int(size)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=str(self.path.parent))
+        except OSError as e:
+            if is_disk_full(e):
+                raise DiskFullError(self.path.parent, self.size, self.path.name, e) from None
+            raise
+        self.f = os.fdopen(fd, "wb")
+
+    def _failed(self, e: BaseException) -> None:
+        self.abort()
+        if is_disk_full(e):
+            raise DiskFullError(self.path.parent, self.size, self.path.name, e) from None  # type: ignore[arg-type]
+        raise e
+
+    def write_at(self, data: bytes | memoryview, offset: int) -> None:
+        """Write ``data`` at byte ``offset`` of the file."""
+        try:
+            self.f.seek(offset)
+            self.f.write(data)
+        except BaseException as e:
+            self._failed(e)
+
+    def commit(self) -> None:
+        """Flush, set the mode, fsync and rename onto ``path`` (readers never see half a file)."""
+        try:
+            self.f.flush()
+            if hasattr(os, "fchmod"):
+                os.fchmod(self.f.fileno(), file_mode())
+            else:  # Windows: only the read-only bit exists
+                os.chmod(self.tmp, file_mode())
+            os.fsync(self.f.fileno())
+            self.f.close()
+            os.replace(self.tmp, self.path)
+        except BaseException as e:
+            self._failed(e)
+
+    def abort(self) -> None:
+        """Close and remove the temp file (``path`` keeps what it held before)."""
+        try:
+            self.f.close()
+        except OSError:
+            pass
+        try:
+            os.unlink(self.tmp)
+        except FileNotFoundError:
+            pass
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, rename: readers never see half a file.
+    """Write to a temp file in the same folder, fsync, rename: readers never see half a file (:class:`AtomicFile`).
 
     The file's mode is :func:`file_mode` (as ``open()`` would make it; ``mkstemp``'s 0600 is not kept).
     A full disk raises :class:`DiskFullError` (folder, bytes) after removing the temp file.
     """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    except OSError as e:
-        if is_disk_full(e):
-            raise DiskFullError(path.parent, len(data), path.name, e) from None
-        raise
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            if hasattr(os, "fchmod"):
-                os.fchmod(f.fileno(), file_mode())
-            else:  # Windows: only the read-only bit exists
-                os.chmod(tmp, file_mode())
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if is_disk_full(e):
-            raise DiskFullError(path.parent, len(data), path.name, e) from None  # type: ignore[arg-type]
-        raise
+    out = AtomicFile(path, len(data))
+    out.write_at(data, 0)
+    out.commit()
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

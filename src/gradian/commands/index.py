@@ -150,7 +150,7 @@ def register(app: typer.Typer) -> None:
 
             specs = [replace(spec, unit="row")] + ([spec] if spec.unit == "sentence" else [])
             units = None
-            from gradian.index.shards import hashed_once  # a shard written here is not read back to hash it
+            from gradian.index.shards import hashed_once  # a shard written here is hashed once, as it is finished
 
             if one_pass and spec.unit == "sentence":  # both indexes: one pass per row (gradian.index.joint)
                 from gradian.data.spans import sentence_units

@@ -12,7 +12,6 @@ processes, and yields identical scores. Peak memory holds one shard.
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from pathlib import Path
@@ -28,15 +27,14 @@ from gradian.index.shards import (
     FORMAT_VERSION,
     MANIFEST,
     CorruptIndexError,
+    ShardStream,
     _layout,
     _read_record,
     _repair,
     _shard_file,
     _write_manifest,
-    check_shard_finite,
     read_manifest,
     shard_problem,
-    write_shard,
 )
 from gradian.index.size import IndexSizeWarning, effective_shard_size, index_unit_name, size_advice, size_estimate
 from gradian.index.store import STORAGE_DTYPES, GradientIndex, GradSpec, default_index_root, index_id, select_blocks
@@ -152,8 +150,6 @@ def build_index(
     Returns:
         the opened :class:`GradientIndex`.
     """
-    from safetensors.torch import save
-
     from gradian import distributed
 
     dist = distributed.current()
@@ -327,57 +323,60 @@ def build_index(
         # Batches are formed from length-sorted rows (less padding, same exact per-row
         # gradients); results are written back in index order.
         order = sorted(range(lo, hi), key=lambda r: (lengths[r], r))
-        # NaN until computed: a row no batch wrote can never pass the finiteness check below
-        per_block = {
-            b.name: torch.full((hi - lo, projector.out_dim(i, b.shape)), math.nan, dtype=storage)
-            for i, b in enumerate(blocks)
-        }
-        filled = torch.zeros(hi - lo, dtype=torch.bool)
-        row_meta: list[dict[str, Any]] = [{}] * (hi - lo)  # each row is read once (a TokenizedRows tokenises it)
-        for s in range(0, len(order), batch_size):
-            rows = order[s : s + batch_size]
-            chunk = [items[r] for r in rows]
-            for r, it in zip(rows, chunk):
-                row_meta[r - lo] = {
-                    "id": it.id,
-                    "n_supervised": it.n_supervised,
-                    "truncated": bool(it.truncated),
-                    "full_length": int(it.full_length),
-                }
-            batch = collate(chunk, pad_token_id)
-            grads, losses = per_example_grads(
-                model, batch, "hooks", list(spec.modules) if spec.modules else None, return_losses=True
-            )
-            dest = torch.tensor([r - lo for r in rows])
-            for i, b in enumerate(blocks):
-                g = grads[b.name].detach().to(torch.float64)
-                if transform is not None:
-                    g = transform(b.name, g)
-                per_block[b.name][dest] = projector(i, g).to(storage).cpu()
-            for r, loss in zip(rows, losses.tolist()):
-                row_meta[r - lo]["loss"] = float(loss)
-            filled[dest] = True
-            if progress:
-                progress(len(rows))
-        if not bool(filled.all()):  # cannot happen with batch_size >= 1; never write such a shard
-            raise RuntimeError(f"shard {k}: {int((~filled).sum())} rows were not computed")
-        check_shard_finite(per_block, [m["id"] for m in row_meta], "row", root)
-        data = save({name: v.contiguous() for name, v in per_block.items()})
-        del per_block
+        # streamed to the shard's file row by row (no shard held in memory); a row never put leaves it unfinished
         try:
-            entry = write_shard(root, k, data, lo, row_meta, layout)
+            stream = ShardStream(
+                root,
+                k,
+                [b.name for b in blocks],
+                [projector.out_dim(i, b.shape) for i, b in enumerate(blocks)],
+                hi - lo,
+                storage,
+            )
+            row_meta: list[dict[str, Any]] = [{}] * (hi - lo)  # each row is read once (a TokenizedRows tokenises it)
+            try:
+                for s in range(0, len(order), batch_size):
+                    rows = order[s : s + batch_size]
+                    chunk = [items[r] for r in rows]
+                    for r, it in zip(rows, chunk):
+                        row_meta[r - lo] = {
+                            "id": it.id,
+                            "n_supervised": it.n_supervised,
+                            "truncated": bool(it.truncated),
+                            "full_length": int(it.full_length),
+                        }
+                    batch = collate(chunk, pad_token_id)
+                    grads, losses = per_example_grads(
+                        model, batch, "hooks", list(spec.modules) if spec.modules else None, return_losses=True
+                    )
+                    projected = []
+                    for i, b in enumerate(blocks):
+                        g = grads[b.name].detach().to(torch.float64)
+                        if transform is not None:
+                            g = transform(b.name, g)
+                        projected.append(projector(i, g).to(storage).cpu())
+                    del grads
+                    for t, r in enumerate(rows):
+                        stream.put(r - lo, [v[t] for v in projected])
+                    for r, loss in zip(rows, losses.tolist()):
+                        row_meta[r - lo]["loss"] = float(loss)
+                    if progress:
+                        progress(len(rows))
+            except BaseException:
+                stream.abort()
+                raise
+            entry = stream.finish(lo, row_meta, layout, "row")
         except DiskFullError as e:
             # the shards written so far stay valid (each has its record) and are reused by the next build;
             # the error names what the rest of this build still needs
             rest = todo[todo.index(k) :]
             raise DiskFullError(
                 root,
-                len(data) + rows_of(rest[1:]) * row_bytes,
+                rows_of(rest) * row_bytes,
                 f"{_shard_file(k)} and the {len(rest) - 1} shard(s) after it",
                 e.os_error,
                 tail=f"{len(written)} shard(s) this build wrote are kept (valid, reused next time), no temp file left",
             ) from e
-        del data
         written[k] = entry
         release_free_memory()
         distributed.fault_point("shard", len(written))

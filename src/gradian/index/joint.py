@@ -25,7 +25,6 @@ identity is kept.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -159,13 +158,11 @@ def build_jointly(
     """
     from dataclasses import replace
 
-    from safetensors.torch import save
-
     from gradian import distributed
     from gradian.gradients.projection import KroneckerProjector
     from gradian.gradients.units import row_unit_grads
-    from gradian.index.build import _check_shared_folder
-    from gradian.index.shards import _layout, _read_record, check_shard_finite, shard_problem, write_shard
+    from gradian.index.build import _check_shared_folder, _clean_stale_temp
+    from gradian.index.shards import ShardStream, _layout, _read_record, shard_problem
     from gradian.index.size import effective_shard_size, size_estimate
     from gradian.index.store import STORAGE_DTYPES, index_id, select_blocks
     from gradian.util import DiskFullError, free_bytes, release_free_memory
@@ -196,6 +193,8 @@ def build_jointly(
         )
     for root in roots.values():
         root.mkdir(parents=True, exist_ok=True)
+        if dist.is_main:
+            _clean_stale_temp(root)
         if dist.enabled:
             _check_shared_folder(root)
     ranges = shard_rows(len(items), [u.row for u in units], shard_size)
@@ -255,30 +254,24 @@ def build_jointly(
     progress = progress_factory(len(need)) if progress_factory is not None else None
 
     class Buffer:
-        """One shard being filled; written (shard, then its record) when its last row arrives."""
+        """One shard being filled, streamed to its file row by row (:class:`ShardStream`: the build holds no shard
+        in memory); committed with its record when its last row arrives.
+        """
 
         def __init__(self, kind: str, k: int):
             self.kind, self.k = kind, k
             self.lo = k * shard_size
             self.hi = min(totals[kind], self.lo + shard_size)
-            self.blocks = [torch.full((self.hi - self.lo, d), math.nan, dtype=storage) for d in dims]
+            self.stream = ShardStream(roots[kind], k, [b.name for b in blocks], dims, self.hi - self.lo, storage)
             self.meta: list[dict[str, Any] | None] = [None] * (self.hi - self.lo)
-            self.left = self.hi - self.lo
 
         def put(self, r: int, vecs: list[torch.Tensor], meta: dict[str, Any]) -> bool:
-            for b, v in zip(self.blocks, vecs):
-                b[r - self.lo] = v.to(storage)
             self.meta[r - self.lo] = meta
-            self.left -= 1
-            return self.left == 0
+            return self.stream.put(r - self.lo, vecs)
 
         def flush(self) -> None:
-            root = roots[self.kind]
             rows: list[dict[str, Any]] = self.meta  # type: ignore[assignment]  # full: its last row arrived
-            per_block = {b.name: v for b, v in zip(blocks, self.blocks)}
-            check_shard_finite(per_block, [m["id"] for m in rows], NOUNS[self.kind], root)
-            data = save({name: v.contiguous() for name, v in per_block.items()})
-            write_shard(root, self.k, data, self.lo, rows, layouts[self.kind], written_by=JOINT_PASS)
+            self.stream.finish(self.lo, rows, layouts[self.kind], NOUNS[self.kind], written_by=JOINT_PASS)
 
     mine_keys = {(kind, k) for kind, k, _, _ in mine}
     open_: dict[tuple[str, int], Buffer] = {}
@@ -302,41 +295,47 @@ def build_jointly(
             written += 1
             distributed.fault_point("shard", written)
 
-    for j in need:
-        it = items[j]
-        ks = list(range(unit_lo[j], unit_lo[j + 1]))
-        if not ks:
-            raise ValueError(f"row {j} has no sentence unit (sentence_units gives every row one)")
-        us = [units[k] for k in ks]
-        batch, ul = row_unit_batch(it, us, pad_token_id)
-        res = row_unit_grads(model, batch, ul, blocks)
-        passes += res.passes
-        tokens += int(batch["input_ids"].shape[1])
-        row_vecs, unit_vecs = [], []
-        for i, b in enumerate(blocks):
-            # popped: each block's raw gradients are freed once their stored forms exist
-            g_row = res.row.pop(b.name).unsqueeze(0)  # (1, o, i) float64
-            g_units = res.units.pop(b.name).detach().to(torch.float64)  # (K, o, i)
-            if transform is not None:
-                g_row, g_units = transform(b.name, g_row), transform(b.name, g_units)
-            # cast to the storage dtype at once (the bytes Buffer.put stores): a float64 copy of every unit's
-            # gradient would otherwise be alive until the row is put (K × Σ d_l × 8 bytes: 0.5 GB for an exact row
-            # of 12 units of SmolLM2-135M, all linear, r=16)
-            row_vecs.append(projector(i, g_row)[0].cpu().to(storage))
-            unit_vecs.append(projector(i, g_units).cpu().to(storage))
-        common = {"truncated": bool(it.truncated), "full_length": int(it.full_length)}
-        put("row", j, row_vecs, {"id": it.id, "loss": float(res.row_loss), "n_supervised": it.n_supervised, **common})
-        for q, (k, u) in enumerate(zip(ks, us)):
-            meta = {
-                "id": it.id + u.suffix(),
-                "loss": float(res.unit_losses[q]),
-                "n_supervised": int((ul[q] != IGNORE_INDEX).sum()),
-                **common,
-            }
-            put("sentence", k, [v[q] for v in unit_vecs], meta)
-        del res, row_vecs, unit_vecs
-        if progress:
-            progress(1)
+    try:
+        for j in need:
+            it = items[j]
+            ks = list(range(unit_lo[j], unit_lo[j + 1]))
+            if not ks:
+                raise ValueError(f"row {j} has no sentence unit (sentence_units gives every row one)")
+            us = [units[k] for k in ks]
+            batch, ul = row_unit_batch(it, us, pad_token_id)
+            res = row_unit_grads(model, batch, ul, blocks)
+            passes += res.passes
+            tokens += int(batch["input_ids"].shape[1])
+            row_vecs, unit_vecs = [], []
+            for i, b in enumerate(blocks):
+                # popped: each block's raw gradients are freed once their stored forms exist
+                g_row = res.row.pop(b.name).unsqueeze(0)  # (1, o, i) float64
+                g_units = res.units.pop(b.name).detach().to(torch.float64)  # (K, o, i)
+                if transform is not None:
+                    g_row, g_units = transform(b.name, g_row), transform(b.name, g_units)
+                # cast to the storage dtype at once (the bytes Buffer.put stores): a float64 copy of every unit's
+                # gradient would otherwise be alive until the row is put (K × Σ d_l × 8 bytes: 0.5 GB for an exact row
+                # of 12 units of SmolLM2-135M, all linear, r=16)
+                row_vecs.append(projector(i, g_row)[0].cpu().to(storage))
+                unit_vecs.append(projector(i, g_units).cpu().to(storage))
+            common = {"truncated": bool(it.truncated), "full_length": int(it.full_length)}
+            row_meta = {"id": it.id, "loss": float(res.row_loss), "n_supervised": it.n_supervised, **common}
+            put("row", j, row_vecs, row_meta)
+            for q, (k, u) in enumerate(zip(ks, us)):
+                meta = {
+                    "id": it.id + u.suffix(),
+                    "loss": float(res.unit_losses[q]),
+                    "n_supervised": int((ul[q] != IGNORE_INDEX).sum()),
+                    **common,
+                }
+                put("sentence", k, [v[q] for v in unit_vecs], meta)
+            del res, row_vecs, unit_vecs
+            if progress:
+                progress(1)
+    except BaseException:  # no half-streamed shard is left behind (its temp file is removed)
+        for buf in open_.values():
+            buf.stream.abort()
+        raise
     if open_:  # cannot happen: every row a shard of this rank needs was computed
         raise RuntimeError(f"shards left unfilled: {sorted(open_)}")
     distributed.barrier()  # every rank's shards are on disk before build_index checks them

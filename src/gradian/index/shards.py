@@ -19,8 +19,8 @@ records check out and computes the rest.
 engine's fit, scoring, the clusters): on the tiny worked world every row shard was hashed 5–6 times and
 every sentence shard 3 times in one run, which on the quick SmolLM2 world's 6 GB of exact shards a
 checkpoint comes to an estimated 80 s of sha256 (at ~520 MB/s) in a 640 s run. Inside :func:`hashed_once` (what
-``gradian attribute`` and ``gradian index`` run in) a shard's sha256 is computed once, or taken from
-the bytes this process wrote, and remembered by the file's (path, size, mtime, inode); a file replaced
+``gradian attribute`` and ``gradian index`` run in) a shard's sha256 is computed once (for a shard this process
+wrote, as it finishes it) and remembered by the file's (path, size, mtime, inode); a file replaced
 or rewritten in between is hashed again. So is a whole-file check of its numbers (:func:`shard_problem`,
 which publishing an index runs): a shard this process wrote after checking them, or scanned once, is not
 scanned again. Outside it every open hashes the file and every check reads the numbers, as before. A
@@ -29,6 +29,7 @@ block read to be used (:class:`ShardBlocks`) is always checked.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import warnings
@@ -40,7 +41,7 @@ from typing import Any, Sequence
 import torch
 
 from gradian.errors import GradianUserError, GradianWarning
-from gradian.util import atomic_write_bytes, atomic_write_json, sha256_bytes
+from gradian.util import atomic_write_json
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -221,13 +222,17 @@ def check_shard_finite(per_block: Mapping[str, torch.Tensor], ids: Sequence[Any]
         if rows:
             bad_blocks.append(name)
             bad_rows.update(rows)
-    if not bad_rows:
-        return
+    if bad_rows:
+        _refuse_implausible(bad_rows, bad_blocks[0], ids, noun, root)
+
+
+def _refuse_implausible(bad_rows: set[int], first_block: str, ids: Sequence[Any], noun: str, root: Path) -> None:
+    """The error of :func:`check_shard_finite`: how many rows are bad, the first block, up to eight ids."""
     bad = [ids[r] for r in sorted(bad_rows)]
     shown = ", ".join(map(str, bad[:8])) + (f" (+{len(bad) - 8})" if len(bad) > 8 else "")
     raise GradianUserError(
         f"the per-example gradients of {len(bad)} {noun}(s) are not finite (NaN/inf, or beyond {GRAD_ABS_MAX:g}), "
-        f"e.g. in {bad_blocks[0]}; "
+        f"e.g. in {first_block}; "
         f"{noun}s {shown}; the shard is not written",
         where=str(root),
         fix="check the base and adapter weights for NaN/inf and train in float32 (float16 overflows); "
@@ -239,40 +244,152 @@ def check_shard_finite(per_block: Mapping[str, torch.Tensor], ids: Sequence[Any]
 EXAMPLE_KEYS = ("id", "loss", "n_supervised", "truncated", "full_length")
 
 
-def write_shard(
+def _record_shard(
     root: Path,
     k: int,
-    data: bytes,
+    sha256: str,
     start: int,
     rows: Sequence[Mapping[str, Any]],
     layout: dict[str, Any],
-    written_by: str | None = None,
+    written_by: str | None,
 ) -> dict[str, Any]:
-    """Write shard ``k`` (its safetensors ``data``), then its own record; returns its manifest entry.
+    """Shard ``k`` is on disk with this ``sha256`` (its numbers checked): remember both within :func:`hashed_once`,
+    write its record and return its manifest entry.
 
     The record comes right after the shard, so a build that dies later keeps this shard (:func:`_read_record`).
     ``rows`` holds each row's :data:`EXAMPLE_KEYS`; ``written_by``, when given, is the entry's ``"pass"``.
-    The caller has checked every number of ``data`` (:func:`check_shard_finite`: a shard is written only then,
-    module docstring), so within :func:`hashed_once` a re-check of the file does not read them again.
-    Raises :class:`gradian.util.DiskFullError` from the writes (the shard's temp file is removed).
     """
     fname = _shard_file(k)
     entry: dict[str, Any] = {
         "file": fname,
-        "sha256": sha256_bytes(data),
+        "sha256": sha256,
         "start": start,
         "n": len(rows),
         "examples": {key: [r[key] for r in rows] for key in EXAMPLE_KEYS},
     }
     if written_by is not None:
         entry["pass"] = written_by
-    atomic_write_bytes(root / fname, data)
     if _HASHED is not None:  # the bytes just written: no need to read them back to hash (or check) them
         key = _file_key(root / fname)
-        _HASHED[key] = entry["sha256"]
+        _HASHED[key] = sha256
         _CHECKED.add(key)
     atomic_write_json(root / _record_file(k), {"layout": layout, "entry": entry})
     return entry
+
+
+#: safetensors' name for each storage dtype.
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def safetensors_layout(
+    names: Sequence[str], shapes: Sequence[tuple[int, ...]], dtype: torch.dtype
+) -> tuple[bytes, list[int]]:
+    """The header ``safetensors.torch.save`` writes for tensors of one dtype, and where each one's bytes start.
+
+    The format: 8 bytes little-endian header length, then the JSON header (tensors in name order, each with
+    ``dtype``, ``shape`` and ``data_offsets`` into the data that follows, no spaces), padded with spaces to a
+    multiple of 8; then the tensors' bytes in the same order. ``tests/index/test_shard_stream.py`` holds the
+    bytes equal to safetensors' own.
+
+    Returns:
+        ``(header bytes, start offset of each tensor in the file)`` (in the order of ``names``).
+    """
+    import json
+    import struct
+
+    width = torch.empty(0, dtype=dtype).element_size()
+    order = sorted(range(len(names)), key=lambda i: names[i])
+    meta, pos = {}, 0
+    begin = [0] * len(names)
+    for i in order:
+        nbytes = width * math.prod(shapes[i])
+        meta[names[i]] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(shapes[i]),
+            "data_offsets": [pos, pos + nbytes],
+        }
+        begin[i] = pos
+        pos += nbytes
+    text = json.dumps(meta, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    head = struct.pack("<Q", len(text)) + text
+    return head, [len(head) + b for b in begin]
+
+
+class ShardStream:
+    """Shard ``k`` written to disk row by row, so a build holds one row's vectors rather than the shard.
+
+    The file is laid out as ``safetensors.torch.save`` of the whole ``(n, d_l)`` blocks would write it (header
+    first, then each block's rows; :func:`safetensors_layout`), byte for byte: the same sha256, so an index built
+    either way is the same index. Each row's numbers are checked as they arrive; :meth:`finish` refuses the shard
+    (the error of :func:`check_shard_finite`, over all its rows) before it is renamed into place, and a shard
+    with a row never put is never finished.
+
+    Args:
+        root: the index folder; ``k``: the shard's number.
+        names: the block names; ``dims``: each block's numbers per row; ``n``: the shard's rows.
+        dtype: the storage dtype.
+    """
+
+    def __init__(self, root: Path, k: int, names: Sequence[str], dims: Sequence[int], n: int, dtype: torch.dtype):
+        from gradian.util import AtomicFile
+
+        self.root, self.k, self.n, self.dtype, self.names = Path(root), k, n, dtype, list(names)
+        self.width = torch.empty(0, dtype=dtype).element_size()
+        self.dims = [int(d) for d in dims]
+        head, self.begin = safetensors_layout(self.names, [(n, d) for d in self.dims], dtype)
+        size = len(head) + n * sum(self.dims) * self.width
+        self.file = AtomicFile(self.root / _shard_file(k), size)
+        self.file.write_at(head, 0)
+        self.left = set(range(n))
+        self.bad_rows: set[int] = set()
+        self.bad_blocks: set[int] = set()
+
+    def put(self, r: int, vecs: Sequence[torch.Tensor]) -> bool:
+        """Write row ``r`` (0-based in the shard): one ``(d_l,)`` vector per block, cast to the storage dtype.
+
+        Returns True when this was the shard's last row still missing.
+        """
+        for i, (v, d) in enumerate(zip(vecs, self.dims)):
+            v = v.detach().reshape(1, d).to(device="cpu", dtype=self.dtype).contiguous()
+            if _implausible_rows(v)[0]:
+                self.bad_rows.add(r)
+                self.bad_blocks.add(i)
+            self.file.write_at(v.view(torch.uint8).numpy().tobytes(), self.begin[i] + r * d * self.width)
+        self.left.discard(r)
+        return not self.left
+
+    def finish(
+        self,
+        start: int,
+        rows: Sequence[Mapping[str, Any]],
+        layout: dict[str, Any],
+        noun: str,
+        written_by: str | None = None,
+    ) -> dict[str, Any]:
+        """Check, commit and record the shard (every row put); returns its manifest entry (:func:`_record_shard`).
+
+        Raises:
+            GradianUserError: a row's numbers are not finite (the temp file is removed; nothing is written).
+        """
+        from gradian.util import sha256_file
+
+        if self.left:  # cannot happen: the builders finish a shard when its last row arrives
+            self.file.abort()
+            raise RuntimeError(f"shard {self.k}: {len(self.left)} rows were not computed")
+        if self.bad_rows:
+            self.file.abort()
+            _refuse_implausible(
+                self.bad_rows, self.names[min(self.bad_blocks)], [m["id"] for m in rows], noun, self.root
+            )
+        self.file.commit()
+        return _record_shard(
+            self.root, self.k, sha256_file(self.root / _shard_file(self.k)), start, rows, layout, written_by
+        )
+
+    def abort(self) -> None:
+        """Remove the unfinished shard's temp file."""
+        self.file.abort()
 
 
 def _block_problem(b: dict[str, Any], t: torch.Tensor | None, n: int) -> str | None:
