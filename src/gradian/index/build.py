@@ -7,7 +7,8 @@ record; rank 0 writes the manifest after a barrier. Writes are atomic (temp file
 Every shard's sha256 is in its record and in the manifest and is checked on load; a corrupt or
 missing shard is reported and rebuilt by :func:`build_index`, never silently used. An interrupted
 build (a killed process, a dead rank) resumes from the shard records, with any number of
-processes, and yields identical scores. Peak memory holds one shard.
+processes, and yields identical scores. A shard is streamed to its file row by row
+(:class:`gradian.index.shards.ShardStream`), so peak memory holds one batch's gradients, not a shard.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def build_index(
 ) -> GradientIndex:
     """Compute per-example training gradients and store them shard by shard.
 
-    Peak memory holds one shard of gradients, whatever the dataset size. Collective under
+    Peak memory holds one batch's gradients (shards are streamed to disk), whatever the dataset size. Collective under
     torchrun (:mod:`gradian.distributed`): every rank calls it with the same arguments; the
     shards still to compute are divided between the ranks, length-balanced, and every rank
     returns the same finished index.
