@@ -17,7 +17,8 @@ Rules (``Z = U / s_q`` with ``s_q`` item q's spread over all units):
   cosine), centred on each row's own median per item, and the sentence that hurts most the one item the whole
   row hurts most (the row's item-scaled raw influence);
 * ``lost + weakened items`` (runs made with ``--drill-weakened`` or ``--weakened``): the default's rule over the lost
-  and the weakened items' rows together, what ``--drill-weakened`` blames. Every other rule reads the lost items' rows.
+  and the weakened items' rows together, what ``--drill-weakened`` blames (and the same centred in the row). Every
+  other rule reads the lost items' rows.
 
     python benchmarks/bench_drilldown_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--engine graddot]
 """
@@ -105,7 +106,11 @@ def localise(run_dir: Path, truth: dict, engine: str | None) -> dict[str, dict[s
     (U, Uw), (C, _), (S, _) = (item_rows(run, T, c, e, k) for k in ("unit_raw", "unit_cosine", "raw"))
     found = rules(U, C, by_row, S)
     if len(Uw):  # the drill-down asking the weakened items too (--drill-weakened)
-        found["min_q z(MAD), lost + weakened items"] = item_scaled(np.concatenate([U, Uw])).min(0)
+        Zw = item_scaled(np.concatenate([U, Uw]))
+        found["min_q z(MAD), lost + weakened items"] = Zw.min(0)
+        for ks in by_row.values():  # and centred in the row, as above
+            Zw[:, ks] = Zw[:, ks] - np.median(Zw[:, ks], axis=1, keepdims=True)
+        found["min_q z(MAD), lost + weakened items, centred in the row"] = Zw.min(0)
     out = {}
     for name, per_unit in found.items():
         r = {"lost_hits": 0, "lost_n": 0, "all_hits": 0, "all_n": 0}
