@@ -334,7 +334,7 @@ class ShardStream:
     def __init__(self, root: Path, k: int, names: Sequence[str], dims: Sequence[int], n: int, dtype: torch.dtype):
         from gradian.util import AtomicFile
 
-        self.root, self.k, self.n, self.dtype, self.names = Path(root), k, n, dtype, list(names)
+        self.root, self.k, self.dtype, self.names = Path(root), k, dtype, list(names)
         self.width = torch.empty(0, dtype=dtype).element_size()
         self.dims = [int(d) for d in dims]
         head, self.begin = safetensors_layout(self.names, [(n, d) for d in self.dims], dtype)
@@ -355,7 +355,8 @@ class ShardStream:
             if _implausible_rows(v)[0]:
                 self.bad_rows.add(r)
                 self.bad_blocks.add(i)
-            self.file.write_at(v.view(torch.uint8).numpy().tobytes(), self.begin[i] + r * d * self.width)
+            # the tensor's own bytes, not a copy (a row's vector is written once per block on the build's hot path)
+            self.file.write_at(memoryview(v.view(torch.uint8).reshape(-1).numpy()), self.begin[i] + r * d * self.width)
         self.left.discard(r)
         return not self.left
 
