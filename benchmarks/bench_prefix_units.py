@@ -10,6 +10,12 @@ never enters the chunks after it. Each row is computed both ways, one after the 
 it prints the wall times and the largest relative difference of the unit gradients (float32).
 
     python benchmarks/bench_prefix_units.py --base BASE --adapter ADAPTER --data train.jsonl [--rows 12] [--threads 1]
+        [--profile]
+
+It first counts the backward tokens of every row of the data both ways (``--rows 0``: only that). ``--profile`` also
+runs the first row once more each way under ``torch.profiler`` (after a warm-up) and prints the time in matrix
+products and the number of operator calls, and splits the whole-row graph's time into its forward pass and its
+backward vectors.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ def main() -> None:
     ap.add_argument("--data", required=True, type=Path)
     ap.add_argument("--rows", type=int, default=12, help="rows with more than one sentence unit, first in the file")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--profile", action="store_true", help="operator counts and the forward / backward split")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
 
@@ -111,6 +118,17 @@ def main() -> None:
     for u in sentence_units(exs, items):
         by_row.setdefault(u.row, []).append(u)
     blocks = select_blocks(ft.model, GradSpec())
+    from gradian.gradients.units import loss_weights
+
+    whole = prefix = 0  # backward tokens over every row of the data: whole-row graph vs each vector's prefix
+    for j in sorted(by_row):
+        batch, ul = row_unit_batch(items[j], by_row[j], ft.tokenizer.pad_token_id)
+        W, _, k_all = loss_weights(batch["labels"][0], ul)
+        T = batch["input_ids"].shape[1]
+        whole += k_all * T
+        prefix += sum(int(torch.nonzero(W[k]).max()) + 1 if bool((W[k] != 0).any()) else T for k in range(k_all))
+    print(f"backward tokens over all {len(by_row)} rows: whole-row graph {whole:,}, prefixes {prefix:,} "
+          f"({prefix / whole:.0%})")  # fmt: skip
     rows = [j for j in sorted(by_row) if len(by_row[j]) > 1][: a.rows]
     t_full = t_pref = err = 0.0
     print(f"{len(blocks)} LoRA blocks; {len(rows)} rows with more than one unit; {a.threads} thread(s)")
@@ -128,8 +146,46 @@ def main() -> None:
             err = max(err, float((want - got[b.name][:K].double()).abs().max() / want.abs().max().clamp(min=1e-30)))
         print(f"row {j}: {K} units, {batch['input_ids'].shape[1]} tokens: whole-row graph {t1 - t0:.2f} s, "
               f"prefix chunks {t2 - t1:.2f} s")  # fmt: skip
+    if not rows:
+        return
     print(f"total: whole-row graph {t_full:.1f} s, prefix chunks {t_pref:.1f} s ({t_pref / t_full:.2f}x); "
           f"largest relative difference of a unit gradient {err:.1e}")  # fmt: skip
+    if a.profile:
+        batch, ul = row_unit_batch(items[rows[0]], by_row[rows[0]], ft.tokenizer.pad_token_id)
+        profile(ft.model, batch, ul, blocks)
+
+
+def profile(model, batch, unit_labels, blocks) -> None:
+    """One row under ``torch.profiler`` each way (mm time, operator calls), and the whole-row graph's split."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from gradian.gradients.hooks import LoraHooks
+    from gradian.gradients.loss import head_positions
+    from gradian.gradients.units import _token_losses, loss_weights, row_unit_grads
+
+    for name, fn in (("whole-row graph", row_unit_grads), ("prefix chunks", prefix_unit_grads)):
+        fn(model, batch, unit_labels, blocks)  # warm-up
+        with torch_profile(activities=[ProfilerActivity.CPU]) as p:
+            fn(model, batch, unit_labels, blocks)
+        ev = p.key_averages()
+        mm = sum(e.self_cpu_time_total for e in ev if e.key == "aten::mm") / 1e6
+        print(f"{name}: aten::mm {mm:.2f} s, {sum(e.count for e in ev)} operator calls")
+    b = dict(batch)
+    b["position_ids"] = (b["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    W, _, k_all = loss_weights(b["labels"][0], unit_labels)
+    hooks = LoraHooks(blocks)
+    t0 = time.perf_counter()
+    keep = head_positions(model, b["labels"])
+    logits = hooks.forward(model, b, keep)
+    c = _token_losses(logits, b["labels"][0], keep) if keep is not None else _token_losses(logits, b["labels"][0])
+    losses = (W[:, keep] if keep is not None else W).to(c.dtype) @ c
+    t1 = time.perf_counter()
+    ys = [y for _, _, y in hooks._seen]
+    for k in range(k_all):
+        torch.autograd.grad(losses[k], ys, retain_graph=k < k_all - 1, allow_unused=True)
+    t2 = time.perf_counter()
+    print(f"whole-row graph, split: forward {t1 - t0:.2f} s, {k_all} backward vectors {(t2 - t1) / k_all:.2f} s each")
 
 
 if __name__ == "__main__":
