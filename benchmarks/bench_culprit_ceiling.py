@@ -7,8 +7,9 @@ attributed capability, the AUC of the verdict's rank scores (lower = more harmfu
 * the culprits whose target eval item the tuned model lost (a query was built from them), against the benign rows;
 * the culprits of items it still answers correctly, against the benign rows;
 
-and the ceiling ``(n_lost · 1 + n_kept · AUC_kept) / (n_lost + n_kept)``: the all-culprit AUC if every culprit of a
-lost item ranked above every benign row while the others kept their AUC.
+how many lost items no planted row targets, and how many the tuned model answered with the capital a direct culprit
+planted for them; and the ceiling ``(n_lost · 1 + n_kept · AUC_kept) / (n_lost + n_kept)``: the all-culprit AUC if
+every culprit of a lost item ranked above every benign row while the others kept their AUC.
 
     python benchmarks/bench_culprit_ceiling.py WORLD RUN [WORLD RUN ...]
 """
@@ -44,8 +45,15 @@ def ceiling(world: Path, run_dir: Path) -> dict[str, float]:
 
     a_kept = auc(of_kept)
     n = len(of_lost) + len(of_kept)
+    targeted = {c.get("eval_id") for c in truth["culprits"]}
+    stated = {c.get("eval_id"): c["stated"].casefold() for c in truth["culprits"] if c.get("stated")}
     return {
         "lost_items": len(lost),
+        "lost_without_culprit": len(lost - targeted),
+        # lost items whose tuned answer says the capital a direct culprit planted for them
+        "said_planted": sum(
+            q["item_id"] in stated and stated[q["item_id"]] in (q.get("said") or "").casefold() for q in cap["queries"]
+        ),  # fmt: skip
         "culprits_of_lost": len(of_lost),
         "culprits_of_kept": len(of_kept),
         "auc_all": auc(of_lost | of_kept),
@@ -59,12 +67,16 @@ def main() -> None:
     args = sys.argv[1:]
     if not args or len(args) % 2:
         sys.exit(__doc__)
-    print("| run | lost items | culprits of lost / kept items | AUC all | of lost | of kept | ceiling |")
+    print(
+        "| run | lost items (no planted culprit; said a planted answer) | culprits of lost / kept items | AUC all "
+        "| of lost | of kept | ceiling |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for world, run_dir in zip(args[::2], args[1::2]):
         c = ceiling(Path(world), Path(run_dir))
         print(
-            f"| {run_dir} | {c['lost_items']} | {c['culprits_of_lost']} / {c['culprits_of_kept']} | {c['auc_all']:.3f} "
+            f"| {run_dir} | {c['lost_items']} ({c['lost_without_culprit']}; {c['said_planted']}) "
+            f"| {c['culprits_of_lost']} / {c['culprits_of_kept']} | {c['auc_all']:.3f} "
             f"| {c['auc_of_lost']:.3f} | {c['auc_of_kept']:.3f} | {c['ceiling']:.3f} |"
         )
 
