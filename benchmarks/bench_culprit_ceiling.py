@@ -46,13 +46,16 @@ def ceiling(world: Path, run_dir: Path) -> dict[str, float]:
     a_kept = auc(of_kept)
     n = len(of_lost) + len(of_kept)
     targeted = {c.get("eval_id") for c in truth["culprits"]}
-    stated = {c.get("eval_id"): c["stated"].casefold() for c in truth["culprits"] if c.get("stated")}
+    stated: dict[str, set[str]] = {}  # per eval item, the capitals its direct culprits state
+    for c in truth["culprits"]:
+        if c.get("stated"):
+            stated.setdefault(c.get("eval_id"), set()).add(c["stated"].casefold())
     return {
         "lost_items": len(lost),
         "lost_without_culprit": len(lost - targeted),
         # lost items whose tuned answer says the capital a direct culprit planted for them
         "said_planted": sum(
-            q["item_id"] in stated and stated[q["item_id"]] in (q.get("said") or "").casefold() for q in cap["queries"]
+            any(w in (q.get("said") or "").casefold() for w in stated.get(q["item_id"], ())) for q in cap["queries"]
         ),  # fmt: skip
         "culprits_of_lost": len(of_lost),
         "culprits_of_kept": len(of_kept),

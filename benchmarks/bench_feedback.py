@@ -31,17 +31,13 @@ from pathlib import Path
 import numpy as np
 
 
-def _soft(rank: np.ndarray) -> np.ndarray:
-    """(n,) ``max(0, −zscore(rank))``: the rows the verdict puts below the median, by how far."""
-    from gradian.attribute.ranking import zscore
-
-    return np.clip(-zscore(np.asarray(rank, dtype=np.float64)), 0.0, None)
-
-
 def seed_weights(rank: np.ndarray, seeds: str) -> np.ndarray:
     """(n,) the seeds' weights w_j (module docstring)."""
-    if seeds.startswith("soft"):
-        return _soft(rank) ** (float(seeds[4:]) if len(seeds) > 4 else 1.0)
+    from gradian.attribute.ranking import zscore
+
+    if seeds.startswith("soft"):  # the rows the verdict puts below the median, by how far
+        below = np.clip(-zscore(np.asarray(rank, dtype=np.float64)), 0.0, None)
+        return below ** (float(seeds[4:]) if len(seeds) > 4 else 1.0)
     if seeds.startswith("top") and seeds.endswith("n"):
         w = np.zeros(len(rank))
         w[np.argsort(rank, kind="stable")[: max(5, math.ceil(float(seeds[3:-1]) * len(rank)))]] = 1.0
@@ -129,10 +125,13 @@ def main() -> None:
     ]
     print("| ranking | " + " | ".join(data) + " | worst | mean |")
     print("|---|" + "---:|" * (len(data) + 2))
+    sims: dict[tuple[str, str], np.ndarray] = {}  # (world, seeds) → f: two reads of every row index, once
     for name, seeds, al in configs:
         cells, aucs = [], []
-        for rank, pos, groups, mats in data.values():
-            s = rank if seeds is None else apply_feedback(rank, feedback(rank, mats, seeds), al)
+        for world, (rank, pos, groups, mats) in data.items():
+            if seeds is not None and (world, seeds) not in sims:
+                sims[world, seeds] = feedback(rank, mats, seeds)
+            s = rank if seeds is None else apply_feedback(rank, sims[world, seeds], al)
             aucs.append(auc(s, pos))
             lo, di = groups["lost"], groups["direct"]
             extra = (
