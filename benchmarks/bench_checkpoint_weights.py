@@ -8,7 +8,7 @@ proportionally less. ``gradian attribute --save-evidence`` writes every checkpoi
 under other weightings, with the pipeline's own functions:
 
 * rank: ``rank_statistic`` (per item, the row's most harmful sentence, then the items' mean) on the weighted
-  ``unit_cosine``, BM25 folded in by ``fuse_scores`` with the default gate; scored by
+  ``unit_cosine``, the default's references folded in by ``fuse_scores`` with its gate (``runpairs.default_fusion``); scored by
   :func:`gradian.worlds.scorecard.score_ranking` (AUC over all culprits, direct, buried, P@n);
 * drill-down: ``blamed_units`` on the weighted ``unit_raw``; a buried culprit is localised when the blamed
   sentence overlaps its planted one (lost items' culprits, and all buried culprits in brackets).
@@ -50,9 +50,9 @@ def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[
     from gradian.attribute.drilldown import blamed_units
     from gradian.attribute.evidence import EngineScores
     from gradian.attribute.pipeline import AttributeSpec
-    from gradian.attribute.ranking import fuse_scores, rank_statistic
+    from gradian.attribute.ranking import rank_statistic
     from gradian.data.spans import SentenceUnit
-    from runpairs import load_saved
+    from runpairs import default_fusion, load_saved
 
     cap, c, e, ids, T = load_saved(run_dir)
     n = len(ids)
@@ -66,7 +66,6 @@ def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[
     units = [SentenceUnit(int(r), 0, 1, 0, 1) for r in rows]  # rank_statistic reads only .row
     has_span = a >= 0
     spec = AttributeSpec()
-    bm25 = T[f"{c}/bm25"][lost].mean(0)
 
     def weighted(kind: str, wt: np.ndarray) -> np.ndarray:
         return sum(x * T[f"{c}/{e}/ck{t}/{kind}"][lost] for t, x in enumerate(wt) if x != 0)
@@ -75,10 +74,10 @@ def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[
     for name, wt in weightings(w).items():
         es = EngineScores(*(e, *(weighted(k, wt) for k in ("raw", "cosine", "unit_raw", "unit_cosine"))))
         g = rank_statistic(es, spec, units, n).rows
-        fused, fw = fuse_scores(g, {"bm25": bm25}, spec.fuse_gate) if spec.fuse else (g, {})
+        fused, fw = default_fusion(g, T, c, lost, spec)
         blamed = blamed_units(es.unit_raw, rows, has_span)
         spans = {j: (int(a[k]), int(b[k])) for j, (k, _) in blamed.items()}
-        out[name] = {"rows": fused, "spans": spans, "checkpoints": int((wt != 0).sum()), "bm25_weight": fw}
+        out[name] = {"rows": fused, "spans": spans, "checkpoints": int((wt != 0).sum()), "fuse_weights": fw}
     if lost.all() and not np.allclose(out["lr (default)"]["rows"], cap["rank_scores"], rtol=1e-5, atol=1e-6):
         raise SystemExit(f"{run_dir}: the lr weighting does not reproduce the run's rank scores (not a default run?)")
     facts = {"rows": n, "units": len(rows), "failing_items": int(lost.sum()), "checkpoints": len(w)}

@@ -16,6 +16,9 @@ Rules (``Z = U / s_q`` with ``s_q`` item q's spread over all units):
 * tried since (session 16, none kept): the same on the cosine, on ``U / ‖g_k‖^0.5`` (half-way between raw and
   cosine), centred on each row's own median per item, and the sentence that hurts most the one item the whole
   row hurts most (the row's item-scaled raw influence);
+* tried in session 19 (not kept): ``Z`` centred across the items, ``min_q (Z[q, k] − mean_q' Z[q', k])`` (and with
+  the median), which discounts a sentence that hurts every item alike (a short sentence of rare tokens such as
+  "Its internet country domain is .my.");
 * ``lost + weakened items`` (runs made with ``--drill-weakened`` or ``--weakened``): the default's rule over the lost
   and the weakened items' rows together, what ``--drill-weakened`` blames (and the same centred in the row). Every
   other rule reads the lost items' rows.
@@ -67,6 +70,8 @@ def rules(U: np.ndarray, C: np.ndarray, by_row: dict[int, list[int]], S: np.ndar
         "min_q z(MAD) of U / ‖g‖^0.5": item_scaled(U / np.sqrt(norm)).min(0),
         "min_q z(MAD), centred in the row": centred.min(0),
         "z(MAD) of the row's most-hurt item": own,
+        "min_q z(MAD), centred across the items (mean)": (Z - Z.mean(axis=0, keepdims=True)).min(0),
+        "min_q z(MAD), centred across the items (median)": (Z - np.median(Z, axis=0, keepdims=True)).min(0),
     }
 
 

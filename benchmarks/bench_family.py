@@ -172,11 +172,17 @@ def _f(x, spec=".3f") -> str:
     return "—" if x is None or (isinstance(x, float) and x != x) else format(x, spec)
 
 
+def _weights(w: dict | None) -> str:
+    """``"0.08 / 0.23"``: the BM25 and RepSim fusion weights (``—`` for a reference the run did not fuse)."""
+    w = w or {}
+    return " / ".join(_f(w.get(r), ".2f") for r in ("bm25", "repsim"))
+
+
 def tables(report: dict[str, Any]) -> str:
     """The Markdown tables of a report (the default per variant; the unit study when it was run)."""
     lines = [
         "| variant | rows | culprits (direct/buried) | failing | AUC | direct | buried | P@10 | P@n | buried loc. "
-        "| BM25 | RepSim | gradient-dot | gradient (unfused) | BM25 weight | train s | attribute s |",
+        "| BM25 | RepSim | gradient-dot | gradient (unfused) | fusion weights (BM25 / RepSim) | train s | attribute s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for v in report["variants"]:
@@ -192,7 +198,7 @@ def tables(report: dict[str, Any]) -> str:
             head + f"{s['n_failing']} | {_f(s['auc'])} | {_f(s['direct'])} | {_f(s['buried'])} | "
             f"{_f(s['p_at_10'], '.2f')} | {_f(s['p_at_n'], '.2f')} | {locs} | {_f(s.get('bm25_auc'))} | "
             f"{_f(s.get('repsim_auc'))} | {_f(s.get('graddot_auc'))} | {_f(s.get('gradient_unfused_auc'))} | "
-            f"{_f((s.get('fuse_weights') or {}).get('bm25'), '.2f')} | {_f(v['times'].get('train_s'), '.0f')} | "
+            f"{_weights(s.get('fuse_weights'))} | {_f(v['times'].get('train_s'), '.0f')} | "
             f"{_f(v['times']['attribute_s'], '.0f')} |"
         )
     studied = [v for v in report["variants"] if v.get("units")]

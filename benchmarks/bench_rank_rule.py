@@ -3,8 +3,8 @@
 For each ``RUN WORLD`` pair (a ``gradian attribute ... --save-evidence`` run folder on a world from ``gradian
 world``, whose ``ground_truth.json`` lists the planted culprits), every rule turns the primary engine's item × unit
 scores ``U`` (m failing items × K sentence units, cosine, trajectory-weighted; ``RUN/evidence.safetensors``) into one
-score per row, folds in BM25 by the global agreement gate exactly as the default verdict does
-(:func:`gradian.attribute.ranking.fuse_scores`), and is scored against the ground truth
+score per row, folds in the default's references (BM25 and RepSim) by its agreement gate exactly as the default
+verdict does (:func:`gradian.attribute.ranking.fuse_scores`, through ``runpairs.default_fusion``), and is scored against the ground truth
 (:func:`gradian.worlds.scorecard.score_ranking`: AUC over all culprits, direct, buried, and P@n):
 
 * ``per item, then mean`` (the default since 2026-12-02): ``rows_j = mean_q min_{s ∈ j} U[q, s]``
@@ -13,7 +13,7 @@ score per row, folds in BM25 by the global agreement gate exactly as the default
 * ``whole row``: ``rows_j = mean_q S[q, j]``, the whole-row cosine (no sentences);
 * ``bottom-2``, ``expected-min``: the unit-count corrections of :mod:`gradian.attribute.unit_null` on
   ``mean_q U``;
-* ``... unfused``: the first two without BM25.
+* ``... unfused``: the first two without the references.
 
     python benchmarks/bench_rank_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--json out.json]
 
@@ -32,20 +32,19 @@ def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[st
     """``({rule: (n,) row scores}, train_ids, facts)`` for one saved run (module docstring)."""
     from gradian.attribute.evidence import EngineScores
     from gradian.attribute.pipeline import AttributeSpec
-    from gradian.attribute.ranking import fuse_scores, rank_statistic
+    from gradian.attribute.ranking import rank_statistic
     from gradian.attribute.unit_null import corrected_rows
     from gradian.data.spans import SentenceUnit, row_min
-    from runpairs import load_saved
+    from runpairs import default_fusion, load_saved
 
     cap, c, e, ids, T = load_saved(run_dir)
     n = len(ids)
     unit_rows = T["units/row"].astype(int)
     units = [SentenceUnit(int(r), 0, 1, 0, 1) for r in unit_rows]  # rank_statistic reads only .row
     U, S = T[f"{c}/{e}/unit_cosine"], T[f"{c}/{e}/cosine"]
-    bm25 = T[f"{c}/bm25"].mean(0)
 
     def fused(g: np.ndarray) -> np.ndarray:
-        return fuse_scores(g, {"bm25": bm25})[0]
+        return default_fusion(g, T, c)[0]
 
     es = EngineScores(e, T[f"{c}/{e}/raw"], S, T[f"{c}/{e}/unit_raw"], U)
     default = rank_statistic(es, AttributeSpec(), units, n).rows

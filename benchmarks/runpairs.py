@@ -85,3 +85,25 @@ def load_saved(run_dir: Path) -> tuple[dict, str, str, list[str], dict]:
         att["train_ids"],
         load_file(str(Path(run_dir) / "evidence.safetensors")),
     )
+
+
+def default_fusion(gradient, T: dict, capability: str, items=None, spec=None):
+    """``(fused (n,), {reference: weight})``: the references the spec fuses (the default's unless ``spec``) folded
+    into a row ranking, as the verdict does (:func:`gradian.attribute.ranking.fuse_scores` with the spec's gate).
+
+    Args:
+        gradient: (n,) the gradient engine's row scores.
+        T: a saved run's evidence tensors; ``T[f"{capability}/{reference}"]`` is (m, n), one row per failing item.
+        items: (m,) bool, the items to average (default: all); a run's own reference scores average the items
+            with a wrong answer (``pipeline.reference_items``), which are all of them in a facts world.
+    """
+    import numpy as np
+
+    from gradian.attribute.pipeline import AttributeSpec
+    from gradian.attribute.ranking import fuse_scores
+
+    spec = spec or AttributeSpec()
+    if not spec.fuse:
+        return np.asarray(gradient), {}
+    refs = {r: (T[f"{capability}/{r}"] if items is None else T[f"{capability}/{r}"][items]).mean(0) for r in spec.fuse}
+    return fuse_scores(gradient, refs, spec.fuse_gate)

@@ -90,9 +90,11 @@ def test_references_none_implies_no_fusion(saved_finetune, tmp_path, monkeypatch
     assert res.exit_code == 0, res.output
     assert spec.references == () and spec.fuse == ()
     res, spec = _attribute_specs(saved_finetune, tmp_path, monkeypatch, "--references", "repsim")
-    assert res.exit_code == 0 and spec.references == ("repsim",) and spec.fuse == ()
+    assert res.exit_code == 0 and spec.references == ("repsim",) and spec.fuse == ("repsim",)
+    res, spec = _attribute_specs(saved_finetune, tmp_path, monkeypatch, "--references", "bm25")
+    assert res.exit_code == 0 and spec.references == ("bm25",) and spec.fuse == ("bm25",)
     res, spec = _attribute_specs(saved_finetune, tmp_path, monkeypatch)
-    assert res.exit_code == 0 and spec.references == ("bm25", "repsim") and spec.fuse == ("bm25",)
+    assert res.exit_code == 0 and spec.references == ("bm25", "repsim") and spec.fuse == ("bm25", "repsim")
     # an explicit --fuse of a reference that does not run is still the user's mistake, named
     res, _ = _attribute_specs(saved_finetune, tmp_path, monkeypatch, "--references", "none", "--fuse", "bm25")
     assert res.exit_code == 2 and "'bm25' is fused but not run" in res.output

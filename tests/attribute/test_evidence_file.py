@@ -55,13 +55,15 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
         for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
             total = sum(wt * T[f"{c}/{e}/ck{t}/{kind}"] for t, wt in enumerate(wts))
             np.testing.assert_allclose(total, T[f"{c}/{e}/{kind}"], rtol=1e-12, atol=1e-12 * np.abs(total).max())
-    # the row score: per failing item, the row's most harmful sentence; then the mean over the items; then BM25
-    # folded in by the spec's gate
+    # the row score: per failing item, the row's most harmful sentence; then the mean over the items; then the
+    # references (BM25 and RepSim by default) folded in by the spec's gate
     per_item, _ = row_min(T[f"{c}/datainf/unit_cosine"], units, n)
     rows = per_item.mean(0)
     np.testing.assert_allclose(rows, cap["evidence"]["gradient"]["scores"], rtol=1e-5, atol=1e-6)
-    fused, weights = fuse_scores(rows, {"bm25": T[f"{c}/bm25"].mean(0)}, cap["ranking"]["fuse_gate"])
-    assert cap["ranking"]["fuse_gate"] == AttributeSpec().fuse_gate and weights == cap["ranking"]["fuse_weights"]
+    spec = AttributeSpec()
+    assert cap["ranking"]["fuse"] == list(spec.fuse) == ["bm25", "repsim"]
+    fused, weights = fuse_scores(rows, {r: T[f"{c}/{r}"].mean(0) for r in spec.fuse}, cap["ranking"]["fuse_gate"])
+    assert cap["ranking"]["fuse_gate"] == spec.fuse_gate and weights == cap["ranking"]["fuse_weights"]
     np.testing.assert_allclose(fused, cap["rank_scores"], rtol=1e-5, atol=1e-5)
     # benchmarks/bench_rank_rule.py reads the same file the same way: the run is recognised as the default rule
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -71,6 +73,13 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
     assert facts["made_with"] == "per item, then mean" and ids == run["attribution"]["train_ids"]
     np.testing.assert_allclose(rules["per item, then mean (default)"], fused, rtol=1e-6, atol=1e-6)
     assert not np.allclose(rules["min of the items' mean (before)"], fused)  # the two rules differ on this world
+    # and benchmarks/bench_fusion.py re-forms the run's own fusion set from run.json alone
+    from bench_fusion import fusions
+
+    sets, fids = fusions(out)
+    assert fids == ids
+    np.testing.assert_allclose(sets["bm25 + repsim"][0], cap["rank_scores"], rtol=1e-5, atol=1e-5)
+    assert sets["bm25 + repsim"][1] == weights and sets["bm25"][1] == {"bm25": weights["bm25"]}
     # a later run into the same folder without the flag does not leave matrices that no longer match
     attribute_run(inputs, specs(), out, index_root=real["run_dir"] / "index")
     assert not (out / "evidence.safetensors").exists() and (out / "run.json").exists()

@@ -77,7 +77,7 @@ class AttributeSpec:
     statistic: str = "cosine"
     unit: str = "sentence"
     references: tuple[str, ...] = REFERENCES
-    fuse: tuple[str, ...] = ("bm25",)
+    fuse: tuple[str, ...] = ("bm25", "repsim")
     fuse_gate: str = "global"
     bm25: BM25Spec = field(default_factory=BM25Spec)
     repsim: RepSimSpec = field(default_factory=RepSimSpec)

@@ -403,7 +403,7 @@ def register(app: typer.Typer) -> None:
             rich_help_panel=O.ENGINES,
         ),
         fuse: str = typer.Option(
-            "bm25",
+            "bm25,repsim",
             help="References folded into the ranking, each weighted by its agreement "
             "with the gradient ranking (comma-separated), or none.",
             rich_help_panel=O.ENGINES,
