@@ -8,8 +8,9 @@ proportionally less. ``gradian attribute --save-evidence`` writes every checkpoi
 under other weightings, with the pipeline's own functions:
 
 * rank: ``rank_statistic`` (per item, the row's most harmful sentence, then the items' mean) on the weighted
-  ``unit_cosine``, the default's references folded in by ``fuse_scores`` with its gate (``runpairs.default_fusion``); scored by
-  :func:`gradian.worlds.scorecard.score_ranking` (AUC over all culprits, direct, buried, P@n);
+  ``unit_cosine``, the default's references folded in by ``fuse_scores`` with its gate
+  (``runpairs.default_fusion``); scored by :func:`gradian.worlds.scorecard.score_ranking` (AUC over all
+  culprits, direct, buried, P@n);
 * drill-down: ``blamed_units`` on the weighted ``unit_raw``; a buried culprit is localised when the blamed
   sentence overlaps its planted one (lost items' culprits, and all buried culprits in brackets).
 

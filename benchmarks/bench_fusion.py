@@ -65,9 +65,8 @@ def main() -> None:
     for run_dir, truth, name in pairs:
         names.append(name)
         sets, ids = fusions(run_dir)
-        print(
-            f"\n**{name}**\n\n| fusion | AUC | direct | buried | P@10 | P@n | weights |\n|---|---:|---:|---:|---:|---:|---|"
-        )
+        print(f"\n**{name}**\n\n| fusion | AUC | direct | buried | P@10 | P@n | weights |")
+        print("|---|---:|---:|---:|---:|---:|---|")
         for s, (rows, w) in sets.items():
             cell = auc_cell(rows, ids, truth["culprits"])
             cell["p_at_10"] = score_ranking(rows, ids, truth["culprits"])["precision_at_10"]

@@ -4,8 +4,9 @@ For each ``RUN WORLD`` pair (a ``gradian attribute ... --save-evidence`` run fol
 world``, whose ``ground_truth.json`` lists the planted culprits), every rule turns the primary engine's item × unit
 scores ``U`` (m failing items × K sentence units, cosine, trajectory-weighted; ``RUN/evidence.safetensors``) into one
 score per row, folds in the default's references (BM25 and RepSim) by its agreement gate exactly as the default
-verdict does (:func:`gradian.attribute.ranking.fuse_scores`, through ``runpairs.default_fusion``), and is scored against the ground truth
-(:func:`gradian.worlds.scorecard.score_ranking`: AUC over all culprits, direct, buried, and P@n):
+verdict does (:func:`gradian.attribute.ranking.fuse_scores`, through ``runpairs.default_fusion``), and is scored
+against the ground truth (:func:`gradian.worlds.scorecard.score_ranking`: AUC over all culprits, direct, buried,
+and P@n):
 
 * ``per item, then mean`` (the default since 2026-12-02): ``rows_j = mean_q min_{s ∈ j} U[q, s]``
   (:func:`gradian.attribute.ranking.rank_statistic`, called on the evidence);
