@@ -18,7 +18,8 @@ Rules (``Z = U / s_q`` with ``s_q`` item q's spread over all units):
   row hurts most (the row's item-scaled raw influence);
 * tried in session 19 (not kept): ``Z`` centred across the items, ``min_q (Z[q, k] − mean_q' Z[q', k])`` (and with
   the median), which discounts a sentence that hurts every item alike (a short sentence of rare tokens such as
-  "Its internet country domain is .my.");
+  "Its internet country domain is .my."), and the mean rule over the lost and weakened items together, what
+  the default (``--drill-weakened``) would blame with it;
 * ``lost + weakened items`` (runs made with ``--drill-weakened`` or ``--weakened``): the default's rule over the lost
   and the weakened items' rows together, what ``--drill-weakened`` blames (and the same centred in the row). Every
   other rule reads the lost items' rows.
@@ -112,7 +113,10 @@ def localise(run_dir: Path, truth: dict, engine: str | None) -> dict[str, dict[s
     found = rules(U, C, by_row, S)
     if len(Uw):  # the drill-down asking the weakened items too (--drill-weakened)
         Zw = item_scaled(np.concatenate([U, Uw]))
-        found["min_q z(MAD), lost + weakened items"] = Zw.min(0)
+        found["min_q z(MAD), lost + weakened items"] = Zw.min(0)  # the default with --drill-weakened
+        found["min_q z(MAD), lost + weakened items, centred across the items (mean)"] = (
+            Zw - Zw.mean(axis=0, keepdims=True)
+        ).min(0)
         for ks in by_row.values():  # and centred in the row, as above
             Zw[:, ks] = Zw[:, ks] - np.median(Zw[:, ks], axis=1, keepdims=True)
         found["min_q z(MAD), lost + weakened items, centred in the row"] = Zw.min(0)

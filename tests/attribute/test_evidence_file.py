@@ -73,6 +73,13 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
     assert facts["made_with"] == "per item, then mean" and ids == run["attribution"]["train_ids"]
     np.testing.assert_allclose(rules["per item, then mean (default)"], fused, rtol=1e-6, atol=1e-6)
     assert not np.allclose(rules["min of the items' mean (before)"], fused)  # the two rules differ on this world
+    # each drill-down opens with the sentence the row blames (both read the item-specific score), and its list is
+    # in that score's order
+    assert cap["drilldown"]
+    for d in cap["drilldown"]:
+        top = d["top_sentence"]
+        assert cap["row_sentences"][ids.index(d["id"])] == [top["char_start"], top["char_end"]]
+        assert [x["score"] for x in d["sentences"]] == sorted(x["score"] for x in d["sentences"])
     # and benchmarks/bench_fusion.py re-forms the run's own fusion set from run.json alone
     from bench_fusion import fusions
 
