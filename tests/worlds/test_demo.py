@@ -26,6 +26,10 @@ def test_demo_runs_end_to_end(demo):
     assert any("plan:" in ln for ln in out_lines) and any("within the budget" in ln for ln in out_lines)
     assert any(ln.startswith("tuned: generate:") and "done in" in ln for ln in out_lines)
     assert any("gradients" in ln and "started" in ln for ln in out_lines)
+    # and the stages between the build and the verdict each say when they start and end
+    for stage in ("data check", "query gradients (final)", "scoring (final)"):
+        assert any(ln.startswith(f"{stage}: 0/") and ln.endswith("started") for ln in out_lines), stage
+        assert any(ln.startswith(f"{stage}: ") and "done in" in ln for ln in out_lines), stage
 
 
 def test_scorecard_is_computed_from_the_run(demo):

@@ -118,7 +118,7 @@ def sample_rows(n_supervised: Sequence[int], key: str, k: int = SAMPLE_ROWS) -> 
     return sorted(int(i) for i in rng.choice(eligible, size=k, replace=False))
 
 
-def _mean_loss(model, items, pad_token_id: int, batch_size: int) -> tuple[float, int]:
+def _mean_loss(model, items, pad_token_id: int, batch_size: int, tick=None) -> tuple[float, int]:
     from gradian.data.tokenize import collate
     from gradian.gradients.loss import head_positions, lm_logits, per_example_loss
 
@@ -132,6 +132,8 @@ def _mean_loss(model, items, pad_token_id: int, batch_size: int) -> tuple[float,
         logits = lm_logits(model, batch, keep)
         losses += per_example_loss(logits, batch["labels"], keep).double().tolist()
         vocab = int(logits.shape[-1])
+        if tick is not None:
+            tick(len(batch["labels"]))
     return float(np.mean(losses)), vocab
 
 
@@ -143,6 +145,7 @@ def check_data_matches_adapter(
     batch_size: int = 8,
     threshold: float = MIN_RELATIVE_DROP,
     warn: bool = True,
+    progress=None,
 ) -> DataCheck | None:
     """Compare the adapter's mean loss on a sample of the training rows with the base model's.
 
@@ -153,6 +156,7 @@ def check_data_matches_adapter(
         batch_size: rows per forward pass.
         threshold: warn when the relative drop is below it.
         warn: issue the :class:`GradianWarning` (False: only return the record).
+        progress: ``progress(task, advance, total)``, called per batch (the rows with the adapter, then without).
 
     Returns:
         The :class:`DataCheck`, or None when no row has a supervised token or the model has no
@@ -174,11 +178,14 @@ def check_data_matches_adapter(
     pad = ft.tokenizer.pad_token_id if ft.tokenizer.pad_token_id is not None else 0
     training = model.training
     model.eval()  # no LoRA dropout
+    tick = (lambda k: progress("data check", k, 2 * len(chosen))) if progress else None
+    if tick is not None:
+        tick(0)
     try:
         with torch.no_grad():
-            adapter_loss, vocab = _mean_loss(model, chosen, pad, batch_size)
+            adapter_loss, vocab = _mean_loss(model, chosen, pad, batch_size, tick)
             with model.disable_adapter():
-                base_loss, _ = _mean_loss(model, chosen, pad, batch_size)
+                base_loss, _ = _mean_loss(model, chosen, pad, batch_size, tick)
     finally:
         model.train(training)
     drop = (base_loss - adapter_loss) / base_loss if base_loss > 0 else 0.0

@@ -224,8 +224,9 @@ def trajectory_scores(
                 final_index = idx
             t0 = time.perf_counter()
             # rank 0 computes the query gradients; every rank preconditions the same numbers
+            qtick = (lambda a, t, lb=ck.label: progress(f"query gradients ({lb})", a, t)) if progress else None
             Q = (
-                query_gradients(ft.model, ft.tokenizer, flat, idx, grad.tokenize, query_batch_size)
+                query_gradients(ft.model, ft.tokenizer, flat, idx, grad.tokenize, query_batch_size, qtick)
                 if distributed.current().is_main
                 else None
             )
@@ -256,15 +257,23 @@ def trajectory_scores(
             del Q  # the raw query gradients: only their preconditioned forms are scored
             t0 = time.perf_counter()
             names = list(R_all)
-            raw = [r.numpy() for r in score_index(idx, [R_all[e] for e in names])]
+            sidx = (
+                _index(replace(grad, unit="sentence"), ck, f"sentence gradients ({ck.label})")
+                if units is not None
+                else None
+            )
+            n_sh = sum(len(ix.local_shards()) for ix in (idx, sidx) if ix is not None)
+            stick = (lambda a, lb=ck.label, t=n_sh: progress(f"scoring ({lb})", a, t)) if progress else None
+            if stick is not None:
+                stick(0)
+            raw = [r.numpy() for r in score_index(idx, [R_all[e] for e in names], stick)]
             g = row_norms(idx)
             got: dict[str, dict[str, np.ndarray]] = {}
             for e, r in zip(names, raw):
                 qn = _norms(R_all[e])
                 got[e] = {"raw": r, "cosine": _safe_div(r, np.outer(qn, g))}
-            if units is not None:
-                sidx = _index(replace(grad, unit="sentence"), ck, f"sentence gradients ({ck.label})")
-                uraw = [r.numpy() for r in score_index(sidx, [R_all[e] for e in names])]
+            if sidx is not None:
+                uraw = [r.numpy() for r in score_index(sidx, [R_all[e] for e in names], stick)]
                 ug = row_norms(sidx)
                 for e, r in zip(names, uraw):
                     got[e]["unit_raw"] = r

@@ -270,10 +270,13 @@ def query_gradients(
     index: GradientIndex,
     tokenize_spec: TokenizeSpec,
     batch_size: int = 8,
+    tick=None,
 ) -> dict[str, torch.Tensor]:
     """Query gradients ``{block: (m, d_l)}`` in the index's (projected) space, float64.
 
-    Contrastive queries are ``g(correct) − g(said)``; cross-entropy ones ``g(correct)``.
+    Contrastive queries are ``g(correct) − g(said)``; cross-entropy ones ``g(correct)``. ``tick(k)``, when given,
+    is called as ``tick(advance, total)``: 0 first, then the number of sequences of each batch, ``total`` the number
+    of sequences (:func:`query_rows`: two per contrastive query).
     """
     import torch
 
@@ -284,6 +287,8 @@ def query_gradients(
     names = [b["name"] for b in index.blocks]
     modules = index.modules
     out = {b["name"]: torch.zeros(len(queries), int(b["dim"]), dtype=torch.float64) for b in index.blocks}
+    if tick is not None:
+        tick(0, len(rows))
     for s in range(0, len(rows), batch_size):
         chunk = rows[s : s + batch_size]
         batch = collate([r[2] for r in chunk], tokenizer.pad_token_id)
@@ -293,6 +298,8 @@ def query_gradients(
             g = proj(bi, grads.pop(name).detach().double()).cpu()  # the model may be on a GPU
             for k, (qi, sign, _) in enumerate(chunk):
                 out[name][qi] += sign * g[k]
+        if tick is not None:
+            tick(len(chunk), len(rows))
     return out
 
 

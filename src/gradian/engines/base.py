@@ -125,7 +125,7 @@ class Engine(ABC):
         return {"engine": self.name, **self.spec.to_dict()}
 
 
-def score_index(index: GradientIndex, preconditioned: list[Blocks]) -> list[torch.Tensor]:
+def score_index(index: GradientIndex, preconditioned: list[Blocks], tick=None) -> list[torch.Tensor]:
     """Raw inner products for several preconditioned query sets in ONE pass over the shards.
 
     Collective under torchrun: each rank scores its block of shards and the scores are gathered
@@ -134,6 +134,7 @@ def score_index(index: GradientIndex, preconditioned: list[Blocks]) -> list[torc
 
     Args:
         preconditioned: per engine, ``{block: (m, d_l)}``.
+        tick: called with 1 after each shard this process scored.
 
     Returns:
         per engine, a (m, n) float64 tensor ``Σ_l r_l G_lᵀ``.
@@ -151,4 +152,6 @@ def score_index(index: GradientIndex, preconditioned: list[Blocks]) -> list[torc
                 acc += R[name].to(torch.float64) @ G.T  # (m, n_k)
         for out, acc in zip(outs, accs):
             out.append(acc)
+        if tick is not None:
+            tick(1)
     return [distributed.gather_cat(torch.cat(o, dim=1), dim=1) for o in outs]
