@@ -35,7 +35,10 @@ class AttributeSpec:
         query: ``"contrastive"`` or ``"cross_entropy"``.
         top_k: rows listed per capability; also the k of the top-k overlaps.
         drilldown_rows: how many of the most harmful rows get sentence scores.
-        query_batch_size: sequences per backward pass for query gradients.
+        query_batch_size: sequences per backward pass for query gradients (2: a pass keeps every LoRA layer's
+            inputs and output gradients and the model's activations for its batch, 1.9 GB for 8 sequences of 62
+            tokens on an all-linear r=16 SmolLM2 adapter, the peak of a whole `gradian attribute` there; 2 keeps
+            0.8 GB less for 7% more query time, docs/benchmarks.md "Memory: the query batch").
         clusters: harmful-tail clustering knobs.
         weighting: checkpoint weights over the trajectory, ``"lr"`` (mean learning rate since the
             previous checkpoint) or ``"equal"``.
@@ -71,7 +74,7 @@ class AttributeSpec:
     query: str = "contrastive"
     top_k: int = 20
     drilldown_rows: int = 10
-    query_batch_size: int = 8
+    query_batch_size: int = 2
     clusters: ClusterSpec = field(default_factory=ClusterSpec)
     weighting: str = "lr"
     statistic: str = "cosine"
