@@ -120,7 +120,7 @@ def trajectory_scores(
     seed: int = 0,
     index_root: str | Path | None = None,
     batch_size: int = 8,
-    query_batch_size: int = 8,
+    query_batch_size: int = 2,
     progress: Progress | None = None,
     keep_per_checkpoint: bool = False,
     say: Callable[[str], None] | None = None,

@@ -269,14 +269,15 @@ def query_gradients(
     queries: Sequence[Query],
     index: GradientIndex,
     tokenize_spec: TokenizeSpec,
-    batch_size: int = 8,
+    batch_size: int = 2,
     tick=None,
 ) -> dict[str, torch.Tensor]:
     """Query gradients ``{block: (m, d_l)}`` in the index's (projected) space, float64.
 
-    Contrastive queries are ``g(correct) − g(said)``; cross-entropy ones ``g(correct)``. ``tick(k)``, when given,
-    is called as ``tick(advance, total)``: 0 first, then the number of sequences of each batch, ``total`` the number
-    of sequences (:func:`query_rows`: two per contrastive query).
+    Contrastive queries are ``g(correct) − g(said)``; cross-entropy ones ``g(correct)``. ``batch_size`` sequences
+    go through one backward pass (``AttributeSpec.query_batch_size``). ``tick``, when given, is called as
+    ``tick(advance, total)``: 0 first, then the number of sequences of each batch, ``total`` the number of sequences
+    (:func:`query_rows`: two per contrastive query).
     """
     import torch
 
