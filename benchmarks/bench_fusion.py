@@ -28,18 +28,18 @@ from pathlib import Path
 import numpy as np
 
 SETS = {"gradient": (), "bm25": ("bm25",), "bm25 + repsim": ("bm25", "repsim")}
-_KEYS = {"bm25": "lexical", "repsim": "representation"}
 
 
 def fusions(run_dir: Path) -> tuple[dict[str, tuple[np.ndarray, dict]], list[str]]:
     """``({set: (rows (n,), weights)}, train_ids)`` for one run (module docstring)."""
+    from gradian.attribute.pipeline import EVIDENCE_KIND
     from gradian.attribute.ranking import fuse_scores
 
     att = json.loads((Path(run_dir) / "run.json").read_text())["attribution"]
     cap = att["capabilities"][0]
     ev = cap["evidence"]
     g = np.asarray(ev["gradient"]["scores"], float)
-    refs = {r: np.asarray(ev[k]["scores"], float) for r, k in _KEYS.items() if k in ev}
+    refs = {r: np.asarray(ev[k]["scores"], float) for r, k in EVIDENCE_KIND.items() if k in ev}
     out: dict[str, tuple[np.ndarray, dict]] = {}
     for name, fuse in SETS.items():
         if all(r in refs for r in fuse):
@@ -56,7 +56,6 @@ def fusions(run_dir: Path) -> tuple[dict[str, tuple[np.ndarray, dict]], list[str
 
 
 def main() -> None:
-    from gradian.worlds.scorecard import score_ranking
     from runpairs import auc_cell, print_worst, run_world_pairs
 
     args, pairs = run_world_pairs(__doc__.splitlines()[0])
@@ -68,9 +67,7 @@ def main() -> None:
         print(f"\n**{name}**\n\n| fusion | AUC | direct | buried | P@10 | P@n | weights |")
         print("|---|---:|---:|---:|---:|---:|---|")
         for s, (rows, w) in sets.items():
-            cell = auc_cell(rows, ids, truth["culprits"])
-            cell["p_at_10"] = score_ranking(rows, ids, truth["culprits"])["precision_at_10"]
-            cell["weights"] = w
+            cell = auc_cell(rows, ids, truth["culprits"]) | {"weights": w}
             table.setdefault(s, {})[name] = cell
             f = [("—" if x is None else f"{x:.3f}") for x in (cell["auc"], cell["direct"], cell["buried"])]
             ws = ", ".join(f"{r} {x:.2f}" for r, x in w.items()) or "—"

@@ -40,7 +40,7 @@ def run_world_pairs(description: str, extra=None) -> tuple[argparse.Namespace, l
 
 
 def auc_cell(scores, ids: list[str], culprits: list[dict]) -> dict:
-    """``{auc, direct, buried, p_at_n}`` of one ranking against the planted culprits (the scorecard's numbers)."""
+    """``{auc, direct, buried, p_at_n, p_at_10}``: one ranking against the planted culprits (the scorecard's)."""
     from gradian.worlds.scorecard import score_ranking
 
     r = score_ranking(scores, ids, culprits)
@@ -50,6 +50,7 @@ def auc_cell(scores, ids: list[str], culprits: list[dict]) -> dict:
         "direct": k.get("direct"),
         "buried": k.get("buried"),
         "p_at_n": r["precision_at_n_culprits"],
+        "p_at_10": r["precision_at_10"],
     }
 
 

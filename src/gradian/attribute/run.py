@@ -399,9 +399,7 @@ def attribute_run(
         from gradian.util import release_free_memory
 
         tc = time.perf_counter()  # is this the adapter's training data? (a warning, before the long build)
-        data_check = check_data_matches_adapter(
-            ft, inputs.data, items, batch_size=specs.batch_size, progress=progress if main else None
-        )
+        data_check = check_data_matches_adapter(ft, inputs.data, items, batch_size=specs.batch_size, progress=progress)
         timing["data_check"] = time.perf_counter() - tc
         # the freed heap of Evaluate's and the data check's forward passes (760 MB kept on the quick SmolLM2 world)
         # goes back to the OS before the long build, which holds its own peak (gradian.util.release_free_memory)
