@@ -68,7 +68,8 @@ class KroneckerProjector:
         import torch
 
         self.spec = spec
-        self.mats: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []
+        self.mats: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # float64, on the CPU
+        self._moved: dict[tuple[str, torch.dtype], dict[int, tuple]] = {}  # (device, dtype) → block → copies
         for idx, ((o, i), kind) in enumerate(zip(shapes, kinds)):
             if spec.dim <= 0:
                 self.mats.append((None, None))
@@ -86,11 +87,27 @@ class KroneckerProjector:
         i = Pi.shape[0] if Pi is not None else shape[1]
         return o * i
 
-    def __call__(self, idx: int, g: torch.Tensor) -> torch.Tensor:
-        """Args: g (b, o, i). Returns (b, k_o·k_i) (flattened; unprojected when dim = 0)."""
+    def matrices(self, idx: int, device, dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Block ``idx``'s ``(P_o, P_i)`` on ``device`` in ``dtype`` (the same numbers, converted). On a CPU they are
+        converted per call (float64, what every caller passes, is no copy at all); on another device each block's
+        pair is copied there once and kept, not sent again for every batch.
+        """
+        import torch
+
         Po, Pi = self.mats[idx]
+        if torch.device(device).type == "cpu":
+            return tuple(None if P is None else P.to(dtype=dtype) for P in (Po, Pi))  # type: ignore[return-value]
+        key = (str(device), dtype)
+        moved = self._moved.setdefault(key, {})
+        if idx not in moved:
+            moved[idx] = tuple(None if P is None else P.to(device=device, dtype=dtype) for P in (Po, Pi))
+        return moved[idx]  # type: ignore[return-value]
+
+    def __call__(self, idx: int, g: torch.Tensor) -> torch.Tensor:
+        """Args: g (b, o, i). Returns (b, k_o·k_i), ``P_o · g · P_iᵀ`` per example (flattened; g when dim = 0)."""
+        Po, Pi = self.matrices(idx, g.device, g.dtype)
         if Pi is not None:
-            g = g @ Pi.to(device=g.device, dtype=g.dtype).T
+            g = g @ Pi.T
         if Po is not None:
-            g = Po.to(device=g.device, dtype=g.dtype) @ g
+            g = Po @ g
         return g.reshape(g.shape[0], -1)
