@@ -126,3 +126,28 @@ def test_units_use_the_supervised_logits_only_and_match_the_full_logits(tok, mon
         )
     assert torch.allclose(kept.unit_losses, full.unit_losses, rtol=1e-12, atol=0)
     assert abs(kept.row_loss - full.row_loss) <= 1e-12 * abs(full.row_loss)
+
+
+@pytest.mark.parametrize("arch,dtype,tol", [("gpt2", torch.float64, 1e-10), ("llama", torch.float32, 1e-5)])
+def test_rows_in_one_batch_equal_each_row_alone(tok, arch, dtype, tol):
+    """Several rows of different lengths and unit counts in one forward (right padding) and one backward per
+    vector index give every row the units, derived row, losses and vector count of its one-row pass."""
+    from gradian.gradients.units import rows_unit_grads
+    from gradian.index.joint import rows_unit_batch
+
+    model = make_lora_model(tok, arch, dtype=dtype)
+    _, items, units = _rows(tok)
+    blocks = lora_blocks(model)
+    per_row = [[u for u in units if u.row == j] for j in range(len(items))]
+    order = [len(items) - 1, 0, 2, 1]  # the three-sentence row first: the others run out of vectors before it
+    assert len({len(per_row[j]) for j in order}) > 1 and len({len(items[j].input_ids) for j in order}) > 1
+    batch, uls = rows_unit_batch([items[j] for j in order], [per_row[j] for j in order], tok.pad_token_id)
+    together = rows_unit_grads(model, batch, uls, blocks)
+    for j, got in zip(order, together):
+        alone = row_unit_grads(model, *row_unit_batch(items[j], per_row[j], tok.pad_token_id), blocks)
+        assert got.passes == alone.passes
+        assert abs(got.row_loss - alone.row_loss) <= tol * abs(alone.row_loss)
+        assert _rel(got.unit_losses, alone.unit_losses) <= tol
+        for b in blocks:
+            assert _rel(got.row[b.name], alone.row[b.name]) <= tol, (j, b.name)
+            assert _rel(got.units[b.name], alone.units[b.name]) <= tol, (j, b.name)

@@ -62,13 +62,17 @@ class RowUnitGrads:
 
 
 def _token_losses(logits: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-    """(T−1,) per-position cross-entropy after the causal shift (0 where the label is ignored); with ``keep``
-    (P,), ``logits`` (1, P, V) are those positions' only and the result is (P,).
+    """(b, T−1) per-position cross-entropy after the causal shift (0 where the label is ignored); with ``keep``
+    (P,), ``logits`` (b, P, V) are those positions' only and the result is (b, P).
+
+    Args:
+        logits: (b, T, V), or (b, P, V) with ``keep``.
+        labels: (b, T) unshifted.
     """
-    shift = logits[0, :-1, :] if keep is None else logits[0]
+    shift = logits[:, :-1, :] if keep is None else logits
     if shift.dtype in (torch.float16, torch.bfloat16):
         shift = shift.float()
-    lab = labels[1:] if keep is None else labels[1:][keep]
+    lab = labels[:, 1:] if keep is None else labels[:, 1:][:, keep]
     logp = torch.log_softmax(shift, dim=-1)
     return -logp.gather(-1, lab.clamp(min=0).unsqueeze(-1)).squeeze(-1) * (lab != IGNORE_INDEX)
 
@@ -115,48 +119,86 @@ def row_unit_grads(
     Returns:
         :class:`RowUnitGrads`; gradients in the accumulation dtype of the hooks path (float32 for a half model).
     """
+    if batch["input_ids"].shape[0] != 1:
+        raise ValueError("row_unit_grads takes one row")
+    return rows_unit_grads(model, batch, [unit_labels], blocks)[0]
+
+
+def rows_unit_grads(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    unit_labels: Sequence[torch.Tensor],
+    blocks: Sequence[LoraBlock],
+) -> list[RowUnitGrads]:
+    """:func:`row_unit_grads` for b rows at once: one forward over the batch, then one backward per vector index.
+
+    Rows of a batch do not interact (causal attention within a row, padding masked), so the backward of
+    ``L_k = Σ_b ℓ_{b,k}`` (the k-th vector of every row that has one) gives each row's own
+    ``G_{b,k} = ∂ℓ_{b,k}/∂y_b`` (b, t, o), and ``g_{b,k} = G_{b,k}ᵀ X_b`` (o, i), as the hooks path gives per-example
+    gradients. The backward passes drop from ``Σ_b K'_b`` to ``max_b K'_b``; each carries the whole batch. Padding
+    tokens get ``G = 0``, so every row's gradient equals its one-row result up to float summation order.
+
+    Args:
+        model: a PEFT LoRA model (eval mode; LoRA weights require grad).
+        batch: b rows, as :func:`gradian.data.tokenize.collate` gives them (``input_ids`` etc. (b, T)).
+        unit_labels: per row, (K_b, T) its units' labels on the batch's T tokens (-100 outside the unit).
+        blocks: the LoRA blocks (:func:`gradian.gradients.lora.lora_blocks`).
+
+    Returns:
+        one :class:`RowUnitGrads` per row, in order.
+    """
     device = blocks[0].module.weight.device
     batch = {k: v.to(device) for k, v in batch.items()}
     if "position_ids" not in batch:
         batch["position_ids"] = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-    if batch["input_ids"].shape[0] != 1:
-        raise ValueError("row_unit_grads takes one row")
-    K = unit_labels.shape[0]
-    W, w, k_all = loss_weights(batch["labels"][0].cpu(), unit_labels.cpu())
-    hooks = LoraHooks(blocks)
     lab = batch["labels"]
+    B = lab.shape[0]
+    if len(unit_labels) != B:
+        raise ValueError(f"{len(unit_labels)} unit-label sets for {B} rows")
+    Ks = [int(u.shape[0]) for u in unit_labels]
+    weights = [loss_weights(lab[b].cpu(), unit_labels[b].cpu()) for b in range(B)]  # (W (K'_b, T-1), w, K'_b)
+    hooks = LoraHooks(blocks)
     keep = head_positions(model, lab)
-    if keep is not None:  # the LM head only at the supervised positions: c_t = 0 elsewhere
-        logits = hooks.forward(model, batch, keep)  # (1, P, V)
-        c = _token_losses(logits, lab[0], keep)  # (P,)
-        Wd = W[:, keep.cpu()].to(device=device, dtype=c.dtype)
+    if keep is not None:  # the LM head only at the supervised positions (of any row): c_t = 0 elsewhere
+        c = _token_losses(hooks.forward(model, batch, keep), lab, keep)  # (b, P)
+        cols = keep.cpu()
     else:
-        logits = hooks.forward(model, batch)
-        c = _token_losses(logits, lab[0])  # (T-1,)
-        Wd = W.to(device=device, dtype=c.dtype)
-    losses = Wd @ c  # (K',)
+        c = _token_losses(hooks.forward(model, batch), lab)  # (b, T-1)
+        cols = slice(None)
+    losses = [W[:, cols].to(device=device, dtype=c.dtype) @ c[b] for b, (W, _, _) in enumerate(weights)]  # (K'_b,)
     seen, hooks._seen = hooks._seen, []
     ys = [y for _, _, y in seen]
-    out: dict[str, torch.Tensor] = {}
-    for blk in blocks:
-        wdt = blk.module.weight.dtype
-        acc = torch.float32 if wdt in (torch.float16, torch.bfloat16) else wdt  # half models: f32 sums
-        out[blk.name] = torch.zeros((k_all, *blk.shape), dtype=acc, device=device)
-    # one backward per vector over the same graph: only one vector's G (t, o) per block is alive at a time
-    for k in range(k_all if ys else 0):
-        Gs = torch.autograd.grad(losses[k], ys, retain_graph=k < k_all - 1, allow_unused=True)
+    k_alls = [k for _, _, k in weights]
+    out: list[dict[str, torch.Tensor]] = []
+    for b in range(B):
+        acc_b: dict[str, torch.Tensor] = {}
+        for blk in blocks:
+            wdt = blk.module.weight.dtype
+            acc = torch.float32 if wdt in (torch.float16, torch.bfloat16) else wdt  # half models: f32 sums
+            acc_b[blk.name] = torch.zeros((k_alls[b], *blk.shape), dtype=acc, device=device)
+        out.append(acc_b)
+    # one backward per vector index over the same graph: only one vector's G (b, t, o) per block is alive at a time
+    k_max = max(k_alls) if ys else 0
+    for k in range(k_max):
+        rows = [b for b in range(B) if k < k_alls[b]]
+        total = losses[rows[0]][k]
+        for b in rows[1:]:
+            total = total + losses[b][k]
+        Gs = torch.autograd.grad(total, ys, retain_graph=k < k_max - 1, allow_unused=True)
         for (kb, X, _), G in zip(seen, Gs):
-            if G is not None:
-                g = out[blocks[kb].name]
-                g[k] += G[0].to(g.dtype).T @ X[0].to(g.dtype)  # (o, i) = Σ_t G_t X_tᵀ
+            if G is None:
+                continue
+            name = blocks[kb].name
+            for b in rows:
+                g = out[b][name]
+                g[k] += G[b].to(g.dtype).T @ X[b].to(g.dtype)  # (o, i) = Σ_t G_t X_tᵀ
         del Gs
-    wd = w.to(device=device, dtype=torch.float64)
-    units: dict[str, torch.Tensor] = {}
-    row: dict[str, torch.Tensor] = {}
-    for blk in blocks:
-        g = out[blk.name]
-        units[blk.name] = g[:K]
-        row[blk.name] = torch.einsum("k,koi->oi", wd, g.to(torch.float64))  # float64
-    lossd = losses.detach().to(torch.float64)
-    row_loss = float((w.to(lossd.device) * lossd).sum())
-    return RowUnitGrads(units, row, losses.detach()[:K], row_loss, k_all)
+    res = []
+    for b, (_, w, k_all) in enumerate(weights):
+        wd = w.to(device=device, dtype=torch.float64)
+        units = {blk.name: out[b][blk.name][: Ks[b]] for blk in blocks}
+        row = {blk.name: torch.einsum("k,koi->oi", wd, out[b][blk.name].to(torch.float64)) for blk in blocks}
+        lossd = losses[b].detach().to(torch.float64)
+        row_loss = float((w.to(lossd.device) * lossd).sum())
+        res.append(RowUnitGrads(units, row, losses[b].detach()[: Ks[b]], row_loss, k_all))
+    return res

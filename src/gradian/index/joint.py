@@ -46,17 +46,34 @@ def row_unit_batch(
     Args:
         it: the tokenised row; units: its :class:`~gradian.data.spans.SentenceUnit` s, in order.
     """
+    batch, (ul,) = rows_unit_batch([it], [units], pad_token_id)
+    return batch, ul
+
+
+def rows_unit_batch(
+    items: Sequence[TokenizedExample], units: Sequence[Sequence], pad_token_id: int
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """The rows as one right-padded batch (b, T), and per row its units' labels (K_b, T) on the batch's T tokens
+    (-100 outside the unit and on padding): the input of :func:`gradian.gradients.units.rows_unit_grads`.
+
+    Args:
+        items: the tokenised rows; units: per row its :class:`~gradian.data.spans.SentenceUnit` s, in order (an
+            empty list: the whole row is its one unit).
+    """
     from gradian.data.spans import unit_item
 
-    batch = collate([it], pad_token_id)
+    batch = collate(list(items), pad_token_id)
     T = batch["input_ids"].shape[1]
-    ul = torch.full((max(1, len(units)), T), IGNORE_INDEX, dtype=torch.long)
-    if not units:  # no unit given: the whole row is its one unit
-        ul[0] = batch["labels"][0]
-    for k, u in enumerate(units):
-        labs = unit_item(it, u).labels
-        ul[k, : len(labs)] = torch.tensor(list(labs), dtype=torch.long)
-    return batch, ul
+    uls = []
+    for b, (it, us) in enumerate(zip(items, units)):
+        ul = torch.full((max(1, len(us)), T), IGNORE_INDEX, dtype=torch.long)
+        if not us:  # no unit given: the whole row is its one unit
+            ul[0] = batch["labels"][b]
+        for k, u in enumerate(us):
+            labs = unit_item(it, u).labels
+            ul[k, : len(labs)] = torch.tensor(list(labs), dtype=torch.long)
+        uls.append(ul)
+    return batch, uls
 
 
 def _complete(root: Path, iid: str) -> bool:
