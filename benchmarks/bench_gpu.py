@@ -195,73 +195,88 @@ def sha(folder: Path) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*.safetensors"))}
 
 
-def cli(work: Path, n: int, max_gb: float) -> list[str]:
-    """``gradian train`` then ``gradian index`` (row, sentence, torchrun) on CUDA, each its own process."""
-    tok, model = base_model()
-    base, data = work / "base", work / "train.jsonl"
-    model.save_pretrained(base)
-    tok.save_pretrained(base)
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows(n, seed=7)))
-    del model
+def cli(work: Path, n: int, n_sentence: int, max_gb: float) -> list[str]:
+    """``gradian train`` then ``gradian index`` (row, torchrun, sentence) on CUDA, each its own process; each table
+    row is printed as soon as it is measured (a run cut short keeps what it measured).
+    """
     from gradian.data.formats import to_example
     from gradian.data.tokenize import TokenizeSpec, tokenize_example
 
-    tokens = sum(
-        len(tokenize_example(to_example(r, i, "bench"), tok, TokenizeSpec(max_length=256)).input_ids)
-        for i, r in enumerate(rows(n, seed=7))
-    )
+    tok, model = base_model()
+    base = work / "base"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    del model
+    data: dict[str, Path] = {}
+    tokens: dict[str, int] = {}
+    for name, k in (("train", n), ("sentence", min(n, n_sentence))):
+        data[name] = work / f"{name}.jsonl"
+        data[name].write_text("".join(json.dumps(r) + "\n" for r in rows(n, seed=7)[:k]))
+        tokens[name] = sum(
+            len(tokenize_example(to_example(r, i, "bench"), tok, TokenizeSpec(max_length=256)).input_ids)
+            for i, r in enumerate(rows(n, seed=7)[:k])
+        )
     env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIAN_CACHE=str(work / "cache"), PYTHONUNBUFFERED="1")
     gradian = [sys.executable, "-m", "gradian"]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m", "gradian"]
+    out: list[str] = []
+
+    def say(*lines: str) -> None:
+        out.extend(lines)
+        print("\n".join(lines), flush=True)
 
     def go(name: str, cmd: list[str]) -> float:
         t = time.perf_counter()
         res = subprocess.run(cmd, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t
         (work / f"{name}.log").write_text(res.stdout + res.stderr)
-        print(f"[{name}] {wall:.1f} s, exit {res.returncode}", flush=True)
         if res.returncode != 0:
             raise SystemExit(f"{name} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
         return wall
 
-    out = ["", f"## cli: {n} rows, {tokens} tokens, on {DEVICE} (SmolLM2-135M shape, LoRA r=16 all-linear)", ""]
-    out += ["Each command is a fresh process: its wall time includes the start, the imports and the model load.", ""]
+    say("", f"## cli: on {DEVICE} (SmolLM2-135M shape, LoRA r=16 all-linear), rows ≤ 256 tokens", "")
+    say("Each command is a fresh process: its wall time includes the start, the imports and the model load.", "")
+    say("| command | rows | row tokens | wall (s) | index rows (+ units) | rows/s | row tokens/s | projection | MB |")
+    say("|---|---:|---:|---:|---:|---:|---:|---|---:|")
     adapter = work / "adapter"
-    t_train = go(
-        "train",
-        [*gradian, "train", "--base", str(base), "--data", str(data), "--out", str(adapter), "--epochs", "1"]
-        + ["--r", "16", "--alpha", "32", "--targets", ",".join(TARGETS), "--max-length", "256", "--device", DEVICE],
+    train = [*gradian, "train", "--base", str(base), "--data", str(data["train"]), "--out", str(adapter)]
+    train += ["--epochs", "1", "--r", "16", "--alpha", "32", "--targets", ",".join(TARGETS), "--max-length", "256"]
+    wall = go("train", [*train, "--device", DEVICE])
+    say(
+        f"| gradian train, 1 epoch, float32 | {n} | {tokens['train']} | {wall:.1f} | — | {n / wall:.1f} "
+        f"| {tokens['train'] / wall:.0f} | — | — |"
     )
-    common = ["--base", str(base), "--adapter", str(adapter), "--data", str(data), "--checkpoints", "final"]
-    common += ["--max-length", "256", "--device", DEVICE, "--dtype", "bfloat16", "--max-index-gb", str(max_gb)]
-    out += ["| command | wall (s) | units | units/s | row tokens/s | projection | index MB |"]
-    out += ["|---|---:|---:|---:|---:|---|---:|"]
-    rate = f"{n / t_train:.1f} | {tokens / t_train:.0f}"
-    out.append(f"| gradian train, 1 epoch, float32 | {t_train:.1f} | {n} | {rate} | — | — |")
+    common = ["--base", str(base), "--adapter", str(adapter), "--checkpoints", "final", "--max-length", "256"]
+    common += ["--device", DEVICE, "--dtype", "bfloat16", "--max-index-gb", str(max_gb)]
     folders = {}
-    for name, cmd in (
-        ("index-row", [*gradian, "index", *common, "--unit", "row"]),
-        ("index-sentence", [*gradian, "index", *common, "--unit", "sentence"]),
-        ("index-row-torchrun", [*torchrun, "index", *common, "--unit", "row"]),
+    for name, launcher, unit, which in (
+        ("index-row", gradian, "row", "train"),
+        ("index-row-torchrun", torchrun, "row", "train"),
+        ("index-sentence", gradian, "sentence", "sentence"),
     ):
         folders[name] = work / name
-        wall = go(name, [*cmd, "--out", str(folders[name])])
+        cmd = [*launcher, "index", *common, "--data", str(data[which]), "--unit", unit, "--out", str(folders[name])]
+        wall = go(name, cmd)
         mans = [json.loads(m.read_text()) for m in sorted(folders[name].glob("*/manifest.json"))]
-        units = " + ".join(str(m["n_examples"]) for m in mans)  # the sentence command: derived rows + units
+        counts = sorted(int(m["n_examples"]) for m in mans)  # the sentence command writes derived rows + units
         proj = json.dumps(mans[0]["grad_spec"].get("projection", {}))
         mb = sum(p.stat().st_size for p in folders[name].rglob("*")) / 1e6
-        per_s = max(m["n_examples"] for m in mans) / wall
-        out.append(f"| {name} | {wall:.1f} | {units} | {per_s:.1f} | {tokens / wall:.0f} | `{proj}` | {mb:.0f} |")
+        k = counts[0]
+        say(
+            f"| {name} | {k} | {tokens[which]} | {wall:.1f} | {' + '.join(map(str, counts))} | {k / wall:.1f} "
+            f"| {tokens[which] / wall:.0f} | `{proj}` | {mb:.0f} |"
+        )
     same = sha(folders["index-row"]) == sha(folders["index-row-torchrun"])
-    out += ["", f"torchrun (1 rank, NCCL) shards byte-identical to the plain run: **{same}**"]
+    say("", f"torchrun (1 rank, NCCL) row shards byte-identical to the plain run: **{same}**")
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("/tmp/gradian-gpu-check"))
-    ap.add_argument("--rows", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=256, help="rows of train and the row indexes")
+    ap.add_argument("--sentence-rows", type=int, default=64, help="the first rows, for the sentence index")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", default="1,8,32", help="batch sizes of the speed table")
     ap.add_argument(
         "--max-index-gb",
@@ -284,17 +299,20 @@ def main() -> None:
         "",
     ]
     lines = head
+    print("\n".join(head), flush=True)
     parts = {
         "exact": lambda: exact(args.out),
         "speed": lambda: speed(args.out, args.repeats, [int(b) for b in args.batches.split(",")]),
     }
-    parts["cli"] = lambda: cli(args.out, args.rows, args.max_index_gb)
+    parts["cli"] = lambda: cli(args.out, args.rows, args.sentence_rows, args.max_index_gb)
     for p in args.parts.split(","):
         t = time.perf_counter()
-        lines += parts[p]()
-        print("\n".join(lines), flush=True)
+        new = parts[p]()
+        if p != "cli":  # cli prints its rows as it measures them
+            print("\n".join(new), flush=True)
+        lines += new
         print(f"[{p}] {time.perf_counter() - t:.1f} s", flush=True)
-    (args.out / "gpu_check.md").write_text("\n".join(lines) + "\n")
+        (args.out / "gpu_check.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

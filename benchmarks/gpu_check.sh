@@ -3,7 +3,9 @@
 #   1. the `gpu` tests (bf16 hooks = loop on CUDA, the index / queries / drill-down on CUDA; the 2-GPU
 #      torchrun test needs two devices and is skipped on one);
 #   2. benchmarks/bench_gpu.py: hooks = loop = vmap on CUDA at SmolLM2-135M's shape, their speed,
-#      `gradian train` vs `gradian index` (row, sentence) throughput, and torchrun on the GPU.
+#      `gradian train` vs `gradian index` (row, torchrun, sentence) throughput through the CLI;
+#   3. benchmarks/bench_joint_batch.py on the adapter step 2 trained: the sentence pass one row at a time
+#      against 4 and 8 rows per forward (slower on a CPU; on a GPU it decides the default).
 # Usage: benchmarks/gpu_check.sh [OUT_DIR]   (OUT_DIR default /tmp/gradian-gpu-check)
 # Needs CUDA, this checkout on PYTHONPATH (src/) and the packages of constraints.txt.
 set -uo pipefail
@@ -23,4 +25,10 @@ t1=$(date +%s)
 bench_rc=${PIPESTATUS[0]}
 cp "$out/work/gpu_check.md" "$out/" 2>/dev/null || true
 echo "[bench_gpu] exit $bench_rc, $(( $(date +%s) - t1 )) s"
-exit $(( tests_rc || bench_rc ))
+t2=$(date +%s)
+"$py" benchmarks/bench_joint_batch.py --base "$out/work/base" --adapter "$out/work/adapter" \
+  --data "$out/work/sentence.jsonl" --rows 32 --batches 1,4,8 --repeats 2 --max-length 256 \
+  --device cuda --dtype bfloat16 2>&1 | tee "$out/bench-joint-batch.log"
+joint_rc=${PIPESTATUS[0]}
+echo "[bench_joint_batch] exit $joint_rc, $(( $(date +%s) - t2 )) s"
+exit $(( tests_rc || bench_rc || joint_rc ))
