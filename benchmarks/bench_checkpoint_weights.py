@@ -50,10 +50,9 @@ def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[
     """``({weighting: {"rows": (n,) rank scores, "spans": {row: (a, b)}, "checkpoints": k}}, train_ids, facts)``."""
     from gradian.attribute.drilldown import blamed_units
     from gradian.attribute.evidence import EngineScores
-    from gradian.attribute.pipeline import AttributeSpec
     from gradian.attribute.ranking import rank_statistic
     from gradian.data.spans import SentenceUnit
-    from runpairs import default_fusion, load_saved
+    from runpairs import default_fusion, load_saved, run_spec
 
     cap, c, e, ids, T = load_saved(run_dir)
     n = len(ids)
@@ -66,7 +65,7 @@ def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[
     rows, a, b = T["units/row"].astype(int), T["units/char_start"], T["units/char_end"]
     units = [SentenceUnit(int(r), 0, 1, 0, 1) for r in rows]  # rank_statistic reads only .row
     has_span = a >= 0
-    spec = AttributeSpec()
+    spec = run_spec(run_dir)  # the run's own rank rule (its row weight), so "lr (default)" is its verdict
 
     def weighted(kind: str, wt: np.ndarray) -> np.ndarray:
         return sum(x * T[f"{c}/{e}/ck{t}/{kind}"][lost] for t, x in enumerate(wt) if x != 0)

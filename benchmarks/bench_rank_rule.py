@@ -8,13 +8,20 @@ verdict does (:func:`gradian.attribute.ranking.fuse_scores`, through ``runpairs.
 against the ground truth (:func:`gradian.worlds.scorecard.score_ranking`: AUC over all culprits, direct, buried,
 and P@n):
 
-* ``per item, then mean`` (the default since 2026-12-02): ``rows_j = mean_q min_{s ∈ j} U[q, s]``
-  (:func:`gradian.attribute.ranking.rank_statistic`, called on the evidence);
+* the default (since 2026-12-06): ``u_j = mean_q min_{s ∈ j} U[q, s]`` plus ``row_weight`` (0.5) × the whole
+  row's ``w_j = mean_q S[q, j]``, each over its robust scale (:func:`gradian.attribute.ranking.rank_statistic`,
+  called on the evidence), and the same with the other weights of ``ROW_WEIGHTS``;
+* ``per item, then mean`` (the default 2026-12-02 to 2026-12-06): ``u_j`` alone;
 * ``min of the items' mean`` (the default before): ``rows_j = min_{s ∈ j} mean_q U[q, s]``;
 * ``whole row``: ``rows_j = mean_q S[q, j]``, the whole-row cosine (no sentences);
 * ``bottom-2``, ``expected-min``: the unit-count corrections of :mod:`gradian.attribute.unit_null` on
   ``mean_q U``;
-* ``... unfused``: the first two without the references.
+* ``per item, weighted by ...``: the default's per-item matrix ``P[q, j] = min_{s ∈ j} U[q, s]`` averaged over the
+  items with weights ``w_q`` instead of equally (an item with no culprit behind it should add less noise):
+  ``its tail`` ``w_q = max(0, −mean of the k lowest z(P_q))`` (z the robust standard score, k =
+  ``tail_size(n)``), ``its lowest z`` ``w_q = max(0, −min_j z(P_q)_j)``, ``the consensus``
+  ``w_q = max(0, ρ_s(P_q, mean_q P_q))``; and ``z per item, then mean`` (each item's row scores standardised);
+* ``... unfused``: the default, ``per item, then mean`` and ``min of the items' mean`` without the references.
 
     python benchmarks/bench_rank_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--json out.json]
 
@@ -28,12 +35,28 @@ from typing import Any
 
 import numpy as np
 
+ROW_WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.7, 1.0)  # beside the default's: the sweep it was chosen from
+
+
+def item_weights(P: np.ndarray) -> dict[str, np.ndarray]:
+    """``{name: (m,) weights}`` of the failing items, from their per-item row scores ``P`` (m, n) (module docstring)."""
+    from gradian.attribute.ranking import spearman, tail_size, zscore
+
+    Z = np.stack([zscore(p) for p in P])
+    k = tail_size(P.shape[1])
+    consensus = P.mean(0)
+    return {
+        "its tail": np.maximum(-np.sort(Z, axis=1)[:, :k].mean(1), 0),
+        "its lowest z": np.maximum(-Z.min(1), 0),
+        "the consensus": np.array([max(0.0, spearman(p, consensus)) for p in P]),
+    }
+
 
 def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
     """``({rule: (n,) row scores}, train_ids, facts)`` for one saved run (module docstring)."""
     from gradian.attribute.evidence import EngineScores
     from gradian.attribute.pipeline import AttributeSpec
-    from gradian.attribute.ranking import rank_statistic
+    from gradian.attribute.ranking import rank_statistic, zscore
     from gradian.attribute.unit_null import corrected_rows
     from gradian.data.spans import SentenceUnit, row_min
     from runpairs import default_fusion, load_saved
@@ -49,16 +72,27 @@ def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[st
 
     es = EngineScores(e, T[f"{c}/{e}/raw"], S, T[f"{c}/{e}/unit_raw"], U)
     default = rank_statistic(es, AttributeSpec(), units, n).rows
+    sentence = rank_statistic(es, AttributeSpec(row_weight=0.0), units, n)  # the sentence statistic alone
     before, _ = row_min(U.mean(0), units, n)
+    P = sentence.per_item  # (m, n)
     rules = {
-        "per item, then mean (default)": fused(default),
-        "min of the items' mean (before)": fused(before),
+        f"per item, then mean, + {AttributeSpec().row_weight:g} x whole row (default)": fused(default),
+        "per item, then mean (before 2026-12-06)": fused(sentence.rows),
+        "min of the items' mean (before 2026-12-02)": fused(before),
         "whole row": fused(S.mean(0)),
         "bottom-2": fused(corrected_rows(U.mean(0), unit_rows, n, "bottom-m", 2)),
         "expected-min": fused(corrected_rows(U.mean(0), unit_rows, n, "expected-min")),
-        "per item, then mean, unfused": default,
-        "min of the items' mean, unfused": before,
     }
+    for lam in ROW_WEIGHTS:
+        rules[f"per item, then mean, + {lam:g} x whole row"] = fused(
+            rank_statistic(es, AttributeSpec(row_weight=lam), units, n).rows
+        )
+    for rule, w in item_weights(P).items():
+        rules[f"per item, weighted by {rule}"] = fused((w[:, None] * P).sum(0) / max(float(w.sum()), 1e-300))
+    rules["z per item, then mean"] = fused(np.stack([zscore(p) for p in P]).mean(0))
+    rules["default, unfused"] = default
+    rules["per item, then mean, unfused"] = sentence.rows
+    rules["min of the items' mean, unfused"] = before
     # the rule the run itself ranked by must be one of these: its unfused gradient score, to float tolerance (a check
     # that the evidence is read as the run read it). Evidence files hold float64 since 2026-12-03; in an older
     # float32 file the fused score's BM25 weight can move with rounded ties.

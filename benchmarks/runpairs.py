@@ -88,6 +88,18 @@ def load_saved(run_dir: Path) -> tuple[dict, str, str, list[str], dict]:
     )
 
 
+def run_spec(run_dir: Path):
+    """The :class:`~gradian.attribute.pipeline.AttributeSpec` a saved run was made with (its manifest's), so a
+    re-formed verdict is that run's own rule, whatever the default is today.
+    """
+    import json
+
+    from gradian.attribute.pipeline import AttributeSpec
+
+    run = json.loads((Path(run_dir) / "run.json").read_text())
+    return AttributeSpec.from_dict(run["manifest"]["identity"]["specs"]["attribute"])
+
+
 def default_fusion(gradient, T: dict, capability: str, items=None, spec=None):
     """``(fused (n,), {reference: weight})``: the references the spec fuses (the default's unless ``spec``) folded
     into a row ranking, as the verdict does (:func:`gradian.attribute.ranking.fuse_scores` with the spec's gate).

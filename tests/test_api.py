@@ -329,6 +329,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "unit": a.unit,
         "references": ",".join(a.references),
         "fuse": ",".join(a.fuse),
+        "row_weight": a.row_weight,
         "fuse_gate": a.fuse_gate,
         "weakened": a.weakened_nats,
         "drill_weakened": "none" if a.drill_weakened_nats is None else f"{a.drill_weakened_nats:g}",

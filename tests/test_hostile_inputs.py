@@ -167,6 +167,8 @@ def test_modules_that_select_nothing(saved_finetune):
         (["--engine", "ekfac", "--engine-option", "fisher=sampled"], "fisher"),
         (["--engine", "ekfac", "--engine-option", "nope=1"], "--engine-option"),
         (["--second-engine", "kronfluence"], "--second-engine"),
+        (["--row-weight", "-0.5"], "--row-weight"),
+        (["--row-weight", "nan"], "--row-weight"),
     ],
 )
 def test_attribute_flags(tmp_path, extra, needle):

@@ -55,12 +55,19 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
         for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
             total = sum(wt * T[f"{c}/{e}/ck{t}/{kind}"] for t, wt in enumerate(wts))
             np.testing.assert_allclose(total, T[f"{c}/{e}/{kind}"], rtol=1e-12, atol=1e-12 * np.abs(total).max())
-    # the row score: per failing item, the row's most harmful sentence; then the mean over the items; then the
-    # references (BM25 and RepSim by default) folded in by the spec's gate
+    # the row score: per failing item, the row's most harmful sentence; then the mean over the items, u; plus half
+    # the whole row's score w, each over its robust scale; then the references (BM25 and RepSim by default) folded in
+    # by the spec's gate
     per_item, _ = row_min(T[f"{c}/datainf/unit_cosine"], units, n)
-    rows = per_item.mean(0)
-    np.testing.assert_allclose(rows, cap["evidence"]["gradient"]["scores"], rtol=1e-5, atol=1e-6)
+    u, whole = per_item.mean(0), T[f"{c}/datainf/cosine"].mean(0)
     spec = AttributeSpec()
+    assert spec.row_weight == cap["ranking"]["row_weight"] == 0.5
+
+    def scale(x):
+        return 1.4826 * np.median(np.abs(x - np.median(x)))
+
+    rows = u / scale(u) + 0.5 * whole / scale(whole)
+    np.testing.assert_allclose(rows, cap["evidence"]["gradient"]["scores"], rtol=1e-5, atol=1e-6)
     assert cap["ranking"]["fuse"] == list(spec.fuse) == ["bm25", "repsim"]
     fused, weights = fuse_scores(rows, {r: T[f"{c}/{r}"].mean(0) for r in spec.fuse}, cap["ranking"]["fuse_gate"])
     assert cap["ranking"]["fuse_gate"] == spec.fuse_gate and weights == cap["ranking"]["fuse_weights"]
@@ -70,9 +77,10 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
     from bench_rank_rule import rank_rules
 
     rules, ids, facts = rank_rules(out)
-    assert facts["made_with"] == "per item, then mean" and ids == run["attribution"]["train_ids"]
-    np.testing.assert_allclose(rules["per item, then mean (default)"], fused, rtol=1e-6, atol=1e-6)
-    assert not np.allclose(rules["min of the items' mean (before)"], fused)  # the two rules differ on this world
+    assert facts["made_with"] == "default" and ids == run["attribution"]["train_ids"]
+    np.testing.assert_allclose(rules["per item, then mean, + 0.5 x whole row (default)"], fused, rtol=1e-6, atol=1e-6)
+    for before in ("per item, then mean (before 2026-12-06)", "min of the items' mean (before 2026-12-02)"):
+        assert not np.allclose(rules[before], fused)  # the rules differ on this world
     # each drill-down opens with the sentence the row blames (both read the item-specific score), and its list is
     # in that score's order
     assert cap["drilldown"]

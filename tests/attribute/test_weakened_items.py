@@ -18,6 +18,7 @@ def test_weakened_items_are_queried_after_the_lost_ones_and_averaged_with_them(t
     from safetensors.numpy import load_file
 
     from gradian.attribute import AttributeSpec
+    from gradian.attribute.ranking import robust_scale
     from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
     from gradian.data.spans import SentenceUnit, row_min
     from gradian.data.tokenize import TokenizeSpec
@@ -68,8 +69,10 @@ def test_weakened_items_are_queried_after_the_lost_ones_and_averaged_with_them(t
         SentenceUnit(int(r), None if a < 0 else int(a), None if b < 0 else int(b), 0, int(s))
         for r, a, b, s in zip(T["units/row"], T["units/char_start"], T["units/char_end"], T["units/n_supervised"])
     ]
-    per_item, _ = row_min(T[f"{c}/datainf/unit_cosine"], units, n)
-    np.testing.assert_allclose(per_item.mean(0), cap["evidence"]["gradient"]["scores"], rtol=1e-5, atol=1e-6)
+    per_item, _ = row_min(T[f"{c}/datainf/unit_cosine"], units, n)  # (m, n): every queried item, lost or weakened
+    u, whole = per_item.mean(0), T[f"{c}/datainf/cosine"].mean(0)
+    rows = u / robust_scale(u) + AttributeSpec().row_weight * whole / robust_scale(whole)
+    np.testing.assert_allclose(rows, cap["evidence"]["gradient"]["scores"], rtol=1e-5, atol=1e-6)
     # the report names them as what they are
     from gradian.report import build_report, render_markdown
 

@@ -393,6 +393,7 @@ def verdict(
         ranking={
             "statistic": spec.statistic,
             "unit": spec.unit,
+            "row_weight": spec.row_weight,
             "fuse": list(spec.fuse),
             "fuse_weights": fuse_w,
             "fuse_gate": spec.fuse_gate,
@@ -419,6 +420,8 @@ def _describe_rank(spec: AttributeSpec) -> str:
         if spec.unit == "sentence"
         else "whole rows, mean over the failing items"
     )
+    if spec.unit == "sentence" and spec.row_weight > 0:
+        where += f", plus {spec.row_weight:g} × the whole row's score (each on its robust scale)"
     how = "on the rows it blames most" if spec.fuse_gate == "tail" else "over all rows"
     fused = f", with {', '.join(spec.fuse)} folded in by its agreement with the gradient {how}" if spec.fuse else ""
     return f"{what}, learning-rate weighted over the checkpoints, {where}{fused}"

@@ -64,24 +64,41 @@ def rank_statistic(
     """The rank score of one engine (module docstring, step 4).
 
     ``unit="row"``:      P[q, j] = S[q, j];                    rows_j = mean_q P[q, j]
-    ``unit="sentence"``: P[q, j] = min_{s ∈ j} U[q, s];        rows_j = mean_q P[q, j]
+    ``unit="sentence"``: P[q, j] = min_{s ∈ j} U[q, s];        u_j = mean_q P[q, j],   w_j = mean_q S[q, j]
+                         rows_j = u_j / σ(u) + λ · w_j / σ(w)      (λ = ``spec.row_weight``; rows = u when λ = 0)
 
     with S (m, n), U (m, n_units) the engine's ``cosine`` or ``raw`` matrices (``spec.statistic``) over the
-    m failing items. With sentences, each item takes the row's sentence that is most harmful *to that item*,
-    and the row's score is the mean over items of those minima: a long row whose sentences each look a
-    little harmful to different items no longer gets the minimum of their mean, and a buried sentence that
-    hurts one item strongly is not averaged away before the minimum. Until 2026-12-02 the order was the
-    other way round (``min_{s ∈ j} mean_q U[q, s]``); the new order was at or above it on every SmolLM2 and
-    tiny world it was measured on (docs/benchmarks.md "Rank rule: per item, then mean").
+    m failing items, and σ the robust scale (:func:`robust_scale`). With sentences, each item takes the row's
+    sentence that is most harmful *to that item*, and u is the mean over items of those minima: a long row whose
+    sentences each look a little harmful to different items no longer gets the minimum of their mean, and a buried
+    sentence that hurts one item strongly is not averaged away before the minimum. Until 2026-12-02 the order was
+    the other way round (``min_{s ∈ j} mean_q U[q, s]``; docs/benchmarks.md "Rank rule: per item, then mean").
+    A minimum over a row's sentences favours rows with many sentences; the whole row's score w has no such bias
+    but dilutes a buried sentence, so the two are added on one scale (docs/benchmarks.md "The whole row beside its
+    worst sentence"). Dividing by σ without centring keeps the sign (negative = the harmful direction); the
+    fusion (:func:`fuse_scores`) standardises the result again, so a shift would not change the verdict.
     """
     if spec.unit == "sentence":
         U = es.unit_cosine if spec.statistic == "cosine" else es.unit_raw
         if U is None or units is None:
             raise ValueError("sentence ranking needs sentence-unit scores (run the evidence with unit='sentence')")
         per_item, _ = row_min(U, units, n)
-    else:
-        per_item = es.cosine if spec.statistic == "cosine" else es.raw
+        rows = per_item.mean(axis=0)
+        if spec.row_weight > 0:
+            whole = (es.cosine if spec.statistic == "cosine" else es.raw).mean(axis=0)
+            rows = rows / robust_scale(rows) + spec.row_weight * whole / robust_scale(whole)
+        return RankStatistic(rows, per_item)
+    per_item = es.cosine if spec.statistic == "cosine" else es.raw
     return RankStatistic(per_item.mean(axis=0), per_item)
+
+
+def robust_scale(x: np.ndarray) -> float:
+    """1.4826 · MAD(x) (the standard deviation of normal data), else the standard deviation, else 1."""
+    mad = 1.4826 * float(np.median(np.abs(x - np.median(x))))
+    if mad > 0:
+        return mad
+    sd = float(np.std(x))
+    return sd if sd > 0 else 1.0
 
 
 def zscore(x: np.ndarray) -> np.ndarray:

@@ -46,6 +46,12 @@ class AttributeSpec:
             normalisation of the training and query gradients) or ``"raw"`` (the influence itself).
         unit: ``"sentence"`` (rank a row by its most harmful sentence for each failing item, averaged over
             the items) or ``"row"`` (whole rows).
+        row_weight: with ``unit="sentence"``, the weight of the whole row's score beside that sentence statistic,
+            each divided by its robust scale (:func:`gradian.attribute.ranking.rank_statistic`); 0: the sentence
+            statistic alone (the rule until 2026-12-06). The most harmful of a row's sentences favours rows with
+            many sentences (more chances to look harmful); the whole row does not, but dilutes a buried sentence.
+            0.5 was chosen by the worst of the tiny family and the quick and full SmolLM2 worked examples, then
+            checked on four SmolLM2 worlds (docs/benchmarks.md "The whole row beside its worst sentence").
         references: reference engines run beside the gradient engines (``"bm25"``, ``"repsim"``).
         fuse: references folded into the rank score, each weighted by its agreement with the
             gradient ranking (:func:`gradian.attribute.ranking.fuse_scores`); empty: the ranking is the
@@ -79,6 +85,7 @@ class AttributeSpec:
     weighting: str = "lr"
     statistic: str = "cosine"
     unit: str = "sentence"
+    row_weight: float = 0.5
     references: tuple[str, ...] = REFERENCES
     fuse: tuple[str, ...] = ("bm25", "repsim")
     fuse_gate: str = "global"
@@ -140,6 +147,15 @@ class AttributeSpec:
         check_choice(self.fuse_gate, FUSE_GATES, "AttributeSpec", "fuse_gate", flag="--fuse-gate")
         from gradian.validate import check_float
 
+        check_float(
+            self.row_weight,
+            "AttributeSpec",
+            "row_weight",
+            flag="--row-weight",
+            lo=0.0,
+            hi=100.0,
+            fix="e.g. --row-weight 0.5 (0: the sentence statistic alone)",
+        )
         for name, flag in (("weakened_nats", "--weakened"), ("drill_weakened_nats", "--drill-weakened")):
             if getattr(self, name) is not None:
                 check_float(
@@ -178,7 +194,9 @@ class AttributeSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttributeSpec:
-        """The inverse of :meth:`to_dict` (a run manifest's ``specs.attribute``); unknown keys are ignored."""
+        """The inverse of :meth:`to_dict` (a run manifest's ``specs.attribute``); unknown keys are ignored. A manifest
+        written before ``row_weight`` existed ranked by the sentence statistic alone: it reads as ``row_weight=0``.
+        """
         from gradian.engines.registry import engine_spec
         from gradian.validate import spec_kwargs
 
@@ -193,7 +211,7 @@ class AttributeSpec:
             "bm25": BM25Spec,
             "repsim": RepSimSpec,
         }
-        return cls(**spec_kwargs(cls, d, nested, ("references", "fuse")))
+        return cls(**spec_kwargs(cls, {"row_weight": 0.0, **d}, nested, ("references", "fuse")))
 
     @property
     def engines(self) -> list[EngineSpec]:

@@ -414,6 +414,13 @@ def register(app: typer.Typer) -> None:
             "gradient's verdict on the rows the reference ranks most harmful; docs/benchmarks.md 'Fusion gate').",
             rich_help_panel=O.ENGINES,
         ),
+        row_weight: float = typer.Option(
+            0.5,
+            "--row-weight",
+            help="With --unit sentence: the weight of each row's whole-row score beside its most harmful sentence's, "
+            "on one scale (0: the sentence alone; docs/benchmarks.md 'The whole row beside its worst sentence').",
+            rich_help_panel=O.VERDICT,
+        ),
         weakened: float | None = typer.Option(
             None,
             "--weakened",
@@ -484,6 +491,7 @@ def register(app: typer.Typer) -> None:
                 weighting=weighting,
                 statistic=statistic,
                 unit=unit,
+                row_weight=row_weight,
                 references=_names(references),
                 fuse=implied_fuse(ctx, references, fuse),
                 fuse_gate=fuse_gate,
