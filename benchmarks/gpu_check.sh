@@ -27,7 +27,7 @@ cp "$out/work/gpu_check.md" "$out/" 2>/dev/null || true
 echo "[bench_gpu] exit $bench_rc, $(( $(date +%s) - t1 )) s"
 t2=$(date +%s)
 "$py" benchmarks/bench_joint_batch.py --base "$out/work/base" --adapter "$out/work/adapter" \
-  --data "$out/work/sentence.jsonl" --rows 32 --batches 1,4,8 --repeats 2 --max-length 256 \
+  --data "$out/work/sentence.jsonl" --rows 16 --batches 1,4,8 --repeats 1 --max-length 256 \
   --device cuda --dtype bfloat16 2>&1 | tee "$out/bench-joint-batch.log"
 joint_rc=${PIPESTATUS[0]}
 echo "[bench_joint_batch] exit $joint_rc, $(( $(date +%s) - t2 )) s"
