@@ -21,6 +21,8 @@ and P@n):
   ``its tail`` ``w_q = max(0, −mean of the k lowest z(P_q))`` (z the robust standard score, k =
   ``tail_size(n)``), ``its lowest z`` ``w_q = max(0, −min_j z(P_q)_j)``, ``the consensus``
   ``w_q = max(0, ρ_s(P_q, mean_q P_q))``; and ``z per item, then mean`` (each item's row scores standardised);
+* ``default, tail gate``: the default's rank score with the references weighted by the tail gate
+  (:func:`gradian.attribute.ranking.tail_agreement`) instead of the global Spearman;
 * ``... unfused``: the default, ``per item, then mean`` and ``min of the items' mean`` without the references.
 
     python benchmarks/bench_rank_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--json out.json]
@@ -90,6 +92,7 @@ def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[st
     for rule, w in item_weights(P).items():
         rules[f"per item, weighted by {rule}"] = fused((w[:, None] * P).sum(0) / max(float(w.sum()), 1e-300))
     rules["z per item, then mean"] = fused(np.stack([zscore(p) for p in P]).mean(0))
+    rules["default, tail gate"] = default_fusion(default, T, c, None, AttributeSpec(fuse_gate="tail"))[0]
     rules["default, unfused"] = default
     rules["per item, then mean, unfused"] = sentence.rows
     rules["min of the items' mean, unfused"] = before
