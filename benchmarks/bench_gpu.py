@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import time
@@ -146,44 +145,33 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def timed(fns: dict, repeats: int) -> dict:
-    """Median wall time of each function after one warm-up, the runs interleaved."""
-    for fn in fns.values():
+def synced(fn):
+    """``fn`` then a wait for the device, so that a wall clock around it times the GPU's work, not its queueing."""
+
+    def run() -> None:
         fn()
-    ts: dict = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            sync()
-            t = time.perf_counter()
-            fn()
-            sync()
-            ts[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in ts.items()}
+        sync()
+
+    return run
 
 
 def speed(work: Path, repeats: int, batches: list[int]) -> list[str]:
-    from gradian.gradients import per_example_grads, per_example_loss
+    from bench_per_example_grads import plain_forward_backward, timed_round_robin
+    from gradian.gradients import per_example_grads
 
     tok, model = build(work, torch.bfloat16)
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def plain(batch):
-        logits = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}).logits
-        torch.autograd.grad(per_example_loss(logits, batch["labels"]).sum(), params)
 
     out = ["", "## speed: bfloat16 on CUDA, sequences ≤ 256 tokens (median of runs, interleaved)", ""]
     out += ["| batch | plain fwd+bwd (ms) | hooks (ms) | loop (ms) | hooks / plain | loop / hooks |"]
     out += ["|---:|---:|---:|---:|---:|---:|"]
     for b in batches:
         batch = {k: v.to(DEVICE) for k, v in batch_of(tok, b, 256, seed=b).items()}
-        t = timed(
-            {
-                "plain": lambda batch=batch: plain(batch),
-                "hooks": lambda batch=batch: per_example_grads(model, batch, "hooks"),
-                "loop": lambda batch=batch: per_example_grads(model, batch, "loop"),
-            },
-            repeats,
-        )
+        fns = {
+            "plain": lambda batch=batch: plain_forward_backward(model, batch),
+            "hooks": lambda batch=batch: per_example_grads(model, batch, "hooks"),
+            "loop": lambda batch=batch: per_example_grads(model, batch, "loop"),
+        }
+        t = timed_round_robin({k: synced(fn) for k, fn in fns.items()}, repeats)
         out.append(
             f"| {b} | {1e3 * t['plain']:.1f} | {1e3 * t['hooks']:.1f} | {1e3 * t['loop']:.1f} "
             f"| {t['hooks'] / t['plain']:.2f}x | {t['loop'] / t['hooks']:.2f}x |"
