@@ -67,6 +67,7 @@ def main() -> None:
         return out, passes
 
     ref, _ = run(1)  # warm-up and the reference
+    scale = max(v.abs().max().item() for r in ref for v in r.values())
     times: dict[int, list[float]] = {b: [] for b in sizes}
     passes: dict[int, int] = {}
     gap: dict[int, float] = {}
@@ -75,7 +76,6 @@ def main() -> None:
             t = time.perf_counter()
             got, passes[b] = run(b)
             times[b].append(time.perf_counter() - t)
-            scale = max(v.abs().max().item() for r in ref for v in r.values())
             gap[b] = max((g[k] - r[k]).abs().max().item() for g, r in zip(got, ref) for k in r) / scale
     n_tok = sum(len(it.input_ids) for it in items)
     print(
