@@ -34,19 +34,33 @@ from typing import Any
 import numpy as np
 
 
-def weightings(w: np.ndarray) -> dict[str, np.ndarray]:
-    """``{name: (T,) weights}``; a zero weight means the checkpoint's index is not needed."""
+def weightings(w: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{name: ((T,) row weights, (T,) sentence-unit weights)}``; a zero weight means that checkpoint's index
+    (row, or sentence) is not needed.
+
+    The "rows all, sentences X" weightings keep every checkpoint's row scores (the whole-row term and the
+    references' gate) and take the sentence units (the worst-sentence statistic and the drill-down) from one
+    checkpoint: a row-only pass (one forward and one backward per row, in batches) at the others, instead of
+    the joint pass's K' backward vectors per row.
+    """
     T = len(w)
     only = np.eye(T)
-    out = {"lr (default)": w, "equal": np.full(T, 1.0 / T), "first": only[0], "final": only[-1]}
+    out = {name: (x, x) for name, x in (("lr (default)", w), ("equal", np.full(T, 1.0 / T)))}
+    out |= {"first": (only[0], only[0]), "final": (only[-1], only[-1])}
     if T >= 2:
-        out["first + final"] = w * (only[0] + only[-1])
+        out["first + final"] = (w * (only[0] + only[-1]),) * 2
     if T >= 3:
-        out["first two"] = w * (only[0] + only[1])
+        out["first two"] = (w * (only[0] + only[1]),) * 2
+    if T >= 2:
+        out["rows all, sentences first"] = (w, w * only[0])
+        out["rows all, sentences final"] = (w, w * only[-1])
+    if T >= 3:
+        out["rows all, sentences middle"] = (w, w * only[T // 2])
+        out["rows all, sentences first + final"] = (w, w * (only[0] + only[-1]))
     return out
 
 
-def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, Any]]:
+def verdicts(run_dir: Path, today: bool = False) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, Any]]:
     """``({weighting: {"rows": (n,) rank scores, "spans": {row: (a, b)}, "checkpoints": k}}, train_ids, facts)``."""
     from gradian.attribute.drilldown import blamed_units
     from gradian.attribute.evidence import EngineScores
@@ -66,19 +80,34 @@ def verdicts(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str], dict[
     units = [SentenceUnit(int(r), 0, 1, 0, 1) for r in rows]  # rank_statistic reads only .row
     has_span = a >= 0
     spec = run_spec(run_dir)  # the run's own rank rule (its row weight), so "lr (default)" is its verdict
+    if today:  # today's default rank rule and fusion on a run made before them (no reproduction check)
+        from gradian.attribute.spec import AttributeSpec
+
+        spec = AttributeSpec()
 
     def weighted(kind: str, wt: np.ndarray) -> np.ndarray:
         return sum(x * T[f"{c}/{e}/ck{t}/{kind}"][lost] for t, x in enumerate(wt) if x != 0)
 
     out: dict[str, dict[str, Any]] = {}
-    for name, wt in weightings(w).items():
-        es = EngineScores(*(e, *(weighted(k, wt) for k in ("raw", "cosine", "unit_raw", "unit_cosine"))))
+    for name, (wr, wu) in weightings(w).items():
+        es = EngineScores(
+            e, weighted("raw", wr), weighted("cosine", wr), weighted("unit_raw", wu), weighted("unit_cosine", wu)
+        )
         g = rank_statistic(es, spec, units, n).rows
         fused, fw = default_fusion(g, T, c, lost, spec)
         blamed = blamed_units(es.unit_raw, rows, has_span)
         spans = {j: (int(a[k]), int(b[k])) for j, (k, _) in blamed.items()}
-        out[name] = {"rows": fused, "spans": spans, "checkpoints": int((wt != 0).sum()), "fuse_weights": fw}
-    if lost.all() and not np.allclose(out["lr (default)"]["rows"], cap["rank_scores"], rtol=1e-5, atol=1e-6):
+        out[name] = {
+            "rows": fused,
+            "spans": spans,
+            "checkpoints": f"{int((wr != 0).sum())}+{int((wu != 0).sum())}",
+            "fuse_weights": fw,
+        }
+    if (
+        not today
+        and lost.all()
+        and not np.allclose(out["lr (default)"]["rows"], cap["rank_scores"], rtol=1e-5, atol=1e-6)
+    ):
         raise SystemExit(f"{run_dir}: the lr weighting does not reproduce the run's rank scores (not a default run?)")
     facts = {"rows": n, "units": len(rows), "failing_items": int(lost.sum()), "checkpoints": len(w)}
     return out, ids, facts
@@ -105,18 +134,21 @@ def localised(spans: dict[int, tuple[int, int]], ids: list[str], truth: dict, lo
 def main() -> None:
     from runpairs import auc_cell, print_worst, run_world_pairs
 
-    args, pairs = run_world_pairs(__doc__.splitlines()[0])
+    def extra(ap):
+        ap.add_argument("--today", action="store_true", help="re-form under today's default rule, not the run's own")
+
+    args, pairs = run_world_pairs(__doc__.splitlines()[0], extra)
     table: dict[str, dict[str, dict[str, Any]]] = {}
     names = [name for _, _, name in pairs]
     for run_dir, truth, name in pairs:
         cap = json.loads((run_dir / "run.json").read_text())["attribution"]["capabilities"][0]
         lost = {f["id"] for f in cap["failing_items"] if f.get("kind", "lost") == "lost"}
-        res, ids, facts = verdicts(run_dir)
+        res, ids, facts = verdicts(run_dir, args.today)
         print(
             f"\n## {name}: {facts['rows']} rows, {facts['units']} units, {facts['failing_items']} failing items, "
             f"{facts['checkpoints']} checkpoints"
         )
-        print("| weighting | checkpoints | AUC | direct | buried | P@n | localised |")
+        print("| weighting | row + sentence indexes | AUC | direct | buried | P@n | localised |")
         print("|---|---:|---:|---:|---:|---:|---|")
         for rule, v in res.items():
             loc = localised(v["spans"], ids, truth, lost)
@@ -124,7 +156,7 @@ def main() -> None:
             table.setdefault(rule, {})[name] = cell
             f = ["—" if x is None else f"{x:.3f}" for x in (cell["auc"], cell["direct"], cell["buried"])]
             print(
-                f"| {rule} | {v['checkpoints']}/{facts['checkpoints']} | {f[0]} | {f[1]} | {f[2]} | "
+                f"| {rule} | {v['checkpoints']} of {facts['checkpoints']} | {f[0]} | {f[1]} | {f[2]} | "
                 f"{cell['p_at_n']:.2f} | {loc[0]}/{loc[1]} ({loc[2]}/{loc[3]}) |"
             )
     print_worst("weighting", table, names, args.json)  # a weighting a shorter trajectory lacks is "—"
