@@ -20,11 +20,17 @@ Rules (``Z = U / s_q`` with ``s_q`` item q's spread over all units):
   the median), which discounts a sentence that hurts every item alike (a short sentence of rare tokens such as
   "Its internet country domain is .my."), and the mean rule over the lost and weakened items together, what
   the default (``--drill-weakened``) would blame with it;
+* tried in session 21 (not kept; ``--lexical``): the words of the lost item's question, the row's sentence that
+  BM25 (the product's :func:`gradian.engines.lexical.bm25_scores`, ``said`` mode, the units' texts as documents)
+  finds closest to the question (``prompt``), to the question and the model's answer (``prompt + said``), and added
+  to the gradient's item-scaled score, ``min_q (Z[q, k] + λ · L[q, k])`` (L ∈ [−1, 0] per item, −1 the most
+  relevant). In the facts worlds a buried culprit's planted sentence is the only sentence of its row that states a
+  capital, so the question's words alone find it: a property of the worlds, not evidence about a rule;
 * ``lost + weakened items`` (runs made with ``--drill-weakened`` or ``--weakened``): the default's rule over the lost
   and the weakened items' rows together, what ``--drill-weakened`` blames (and the same centred in the row). Every
   other rule reads the lost items' rows.
 
-    python benchmarks/bench_drilldown_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--engine graddot]
+    python benchmarks/bench_drilldown_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--engine graddot] [--lexical]
 """
 
 from __future__ import annotations
@@ -90,8 +96,33 @@ def item_rows(run: dict, T: dict, c: str, e: str, kind: str) -> tuple[np.ndarray
     return M[lost], weak
 
 
-def localise(run_dir: Path, truth: dict, engine: str | None) -> dict[str, dict[str, int]]:
-    """``{rule: {"lost_hits", "lost_n", "all_hits", "all_n"}}`` for one run."""
+def lexical_rules(Z: np.ndarray, qs: list[dict], texts: list[str]) -> dict[str, np.ndarray]:
+    """``{rule: (K,) unit score}`` from the words of the lost items' questions (module docstring, session 21).
+
+    Args:
+        Z: (m, K) the gradient's item-scaled unit scores of the m lost items.
+        qs: the m lost items' query records (run.json ``queries``: ``prompt``, ``said``).
+        texts: the K units' sentence texts ("" for a unit without a span).
+    """
+    from gradian.engines.lexical import BM25Spec, bm25_scores
+
+    def prompt(q: dict) -> str:
+        p = q["prompt"]
+        return " ".join(m["content"] for m in p) if isinstance(p, list) else str(p)
+
+    said = BM25Spec(mode="said")
+    L = bm25_scores(texts, [prompt(q) for q in qs], [None] * len(qs), said)  # (m, K), −1 = most relevant
+    Ls = bm25_scores(texts, [f"{prompt(q)}\n{q.get('said') or ''}" for q in qs], [None] * len(qs), said)
+    out = {"the question's words alone": L.min(0), "the question's and the answer's words alone": Ls.min(0)}
+    for lam in (1.0, 2.0, 4.0):
+        out[f"min_q z(MAD) + {lam:g} × the question's words"] = (Z + lam * L).min(0)
+    return out
+
+
+def localise(run_dir: Path, truth: dict, engine: str | None, world: Path | None = None) -> dict[str, dict[str, int]]:
+    """``{rule: {"lost_hits", "lost_n", "all_hits", "all_n"}}`` for one run (with ``world``, the lexical rules too:
+    the units' texts are read from its ``train.jsonl``).
+    """
     from safetensors.numpy import load_file
 
     from gradian.attribute.drilldown import item_scaled
@@ -111,6 +142,13 @@ def localise(run_dir: Path, truth: dict, engine: str | None) -> dict[str, dict[s
             by_row.setdefault(int(r), []).append(k)
     (U, Uw), (C, _), (S, _) = (item_rows(run, T, c, e, k) for k in ("unit_raw", "unit_cosine", "raw"))
     found = rules(U, C, by_row, S)
+    if world is not None:
+        from gradian.data.formats import load_examples
+
+        text = {ex.id: ex.completion_text for ex in load_examples(world / "train.jsonl")}
+        units = [text[att["train_ids"][int(r)]][a[k] : b[k]] if a[k] >= 0 else "" for k, r in enumerate(rows)]
+        qs = [q for q in cap["queries"] if kinds.get(q["item_id"], "lost") == "lost"]
+        found |= lexical_rules(item_scaled(U), qs, units)
     if len(Uw):  # the drill-down asking the weakened items too (--drill-weakened)
         Zw = item_scaled(np.concatenate([U, Uw]))
         found["min_q z(MAD), lost + weakened items"] = Zw.min(0)  # the default with --drill-weakened
@@ -143,9 +181,11 @@ def main() -> None:
 
     def engine(ap):
         ap.add_argument("--engine", default=None, help="the engine's matrices to use (default: the run's primary)")
+        ap.add_argument("--lexical", action="store_true", help="also the rules from the questions' words")
 
     args, pairs = run_world_pairs(__doc__.splitlines()[0], engine)
-    res = {name: localise(r, w, args.engine) for r, w, name in pairs}
+    worlds = [Path(w) if args.lexical else None for w in args.pairs[1::2]]
+    res = {name: localise(r, w, args.engine, wd) for (r, w, name), wd in zip(pairs, worlds)}
     names = list(dict.fromkeys(n for v in res.values() for n in v))
     print("| rule | " + " | ".join(res) + " |")
     print("|---|" + "---:|" * len(res))
