@@ -81,6 +81,48 @@ def test_index_queries_and_drilldown_run_on_cuda_in_bfloat16(saved_finetune, tmp
     assert len(res.scores) == len(exs) and all(abs(x) < float("inf") for x in res.scores)
 
 
+def test_the_joint_build_batches_rows_on_cuda_and_matches_one_row_on_the_cpu(tok, tmp_path):
+    """On CUDA the one-pass row + sentence build with 4 rows a forward (the shard entries say so), float32 with
+    TF32 off, equals the CPU's one-row build to float rounding."""
+    import copy
+
+    from safetensors.torch import load_file
+
+    from gradian.data.formats import to_example
+    from gradian.data.spans import sentence_units
+    from gradian.data.tokenize import TokenizeSpec, tokenize_example
+    from gradian.gradients.projection import ProjectionSpec
+    from gradian.index.joint import JOINT_PASS, build_jointly
+    from gradian.index.store import GradSpec
+
+    rows = [*ROWS, {"id": "m", "prompt": "Facts.", "completion": " Paris is in France. Tokyo is big. Fe"}] * 3
+    exs = [to_example({**r, "id": f"{r['id']}-{i}"}, i, "t") for i, r in enumerate(rows)]
+    items = [tokenize_example(e, tok, TokenizeSpec(max_length=64)) for e in exs]
+    units = sentence_units(exs, items)
+    spec = GradSpec(projection=ProjectionSpec(dim=8, seed=1))
+    ids = {u: {"test": "joint-cuda", "unit": u} for u in ("row", "sentence")}
+    cpu = make_lora_model(tok, "llama")
+    gpu = copy.deepcopy(cpu).cuda()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        roots = {}
+        for name, model, b in (("cpu", cpu, 1), ("cuda", gpu, 4)):
+            roots[name] = {u: tmp_path / f"{name}-{u}" for u in ("row", "sentence")}
+            build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=roots[name]["row"],
+                          sentence_root=roots[name]["sentence"], pad_token_id=tok.pad_token_id, batch_size=4,
+                          shard_size=8, per_forward=b)  # fmt: skip
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    for u in ("row", "sentence"):
+        entries = [json.loads(p.read_text())["entry"] for p in sorted(roots["cuda"][u].glob("shard-*.json"))]
+        assert entries and {e["pass"] for e in entries} == {f"{JOINT_PASS}, 4 rows a forward"}
+        for p in sorted(roots["cpu"][u].glob("shard-*.safetensors")):
+            a, b = load_file(str(p)), load_file(str(roots["cuda"][u] / p.name))
+            for key in a:
+                assert float((a[key] - b[key]).abs().max() / a[key].abs().max().clamp(min=1e-30)) < 1e-4, (u, key)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_two_gpus_under_torchrun_equal_one(saved_finetune, tmp_path):
     """``torchrun --nproc-per-node 2 -m gradian index --device cuda --dtype bfloat16`` gives the index of one GPU."""

@@ -6,6 +6,7 @@ tests/distributed/test_torchrun.py; here the pieces it rests on are checked in o
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 
@@ -149,3 +150,57 @@ def test_a_joint_build_with_non_finite_gradients_writes_no_shard(setup, tmp_path
         with torch.no_grad():
             p.copy_(keep)
     assert not list(r.glob("shard-*")) and not list(s.glob("shard-*"))
+
+
+@pytest.mark.parametrize("per_forward", [1, 3])
+def test_row_groups_batch_a_row_with_the_same_rows_whatever_is_missing(per_forward):
+    """Every needed row is in exactly one group; a row's group does not depend on which rows are needed."""
+    import random
+
+    from gradian.index.joint import row_groups
+
+    rng = random.Random(0)
+    lengths = [rng.randrange(5, 60) for _ in range(23)]
+    every = row_groups(list(range(23)), lengths, 8, per_forward)
+    assert sorted(j for g in every for j in g) == list(range(23))
+    assert all(len(g) <= per_forward and len({j // 8 for j in g}) == 1 for g in every)  # never across a shard block
+    of = {j: tuple(g) for g in every for j in g}
+    for need in ([3, 4, 5], [0, 22], [9, 10, 11, 12, 13, 14, 15, 16]):
+        part = row_groups(need, lengths, 8, per_forward)
+        assert {j for g in part for j in g} >= set(need)
+        assert all(tuple(g) == of[g[0]] for g in part)  # the same groups as the whole build's
+    if per_forward == 1:
+        assert row_groups([5, 2, 7], lengths, 8, 1) == [[5], [2], [7]]  # alone, in the order asked
+
+
+def test_a_batched_joint_build_equals_the_one_row_build_and_resumes_to_its_own_bytes(setup, tmp_path):
+    """3 rows a forward (``--rows-per-forward 3``) gives the one-row numbers to float32 rounding; deleting shards
+    and resuming rewrites them byte for byte; the shard entries say how many rows shared a forward."""
+    from safetensors.torch import load_file
+
+    from gradian.index.joint import JOINT_PASS, build_jointly
+
+    model, items, units, spec, ids, kw = setup
+    one = {"row": tmp_path / "1r", "sentence": tmp_path / "1s"}
+    three = {"row": tmp_path / "3r", "sentence": tmp_path / "3s"}
+    for roots, b in ((one, 1), (three, 3)):
+        build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=roots["row"],
+                      sentence_root=roots["sentence"], per_forward=b, **kw)  # fmt: skip
+    for u in one:
+        files = sorted(p.name for p in one[u].glob("shard-*.safetensors"))
+        assert files and files == sorted(p.name for p in three[u].glob("shard-*.safetensors"))
+        for name in files:
+            a, b = load_file(str(one[u] / name)), load_file(str(three[u] / name))
+            for key in a:
+                scale = a[key].abs().max().clamp(min=1e-30)
+                assert float((a[key] - b[key]).abs().max() / scale) < 1e-5, (u, name, key)
+        entries = [json.loads(p.read_text()) for p in sorted(three[u].glob("shard-*.json"))]
+        assert {e["entry"]["pass"] for e in entries} == {f"{JOINT_PASS}, 3 rows a forward"}
+    want = {u: _shards(r) for u, r in three.items()}
+    for u, k in [("row", 1), ("sentence", 2)]:
+        for p in three[u].glob(f"shard-{k:05d}.*"):
+            p.unlink()
+    again = build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=three["row"],
+                          sentence_root=three["sentence"], per_forward=3, **kw)  # fmt: skip
+    assert 0 < again["rows"] < len(items)
+    assert {u: _shards(r) for u, r in three.items()} == want

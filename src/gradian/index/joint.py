@@ -16,11 +16,12 @@ exactly as :func:`gradian.index.build.build_index` writes them (same layout, sam
 
 This is the default whenever a checkpoint's row and sentence indexes are both built (``--one-pass``; the
 separate builds are ``--separate``), in one process, under torchrun and when resuming: only the missing
-shards are computed, split between the ranks (:func:`build_jointly`). Since every row is computed alone, the
-bytes do not depend on the number of processes. The index ids are those of the separate builds: the
-numbers agree with theirs to float rounding (about 1e-7 relative in float32), not to the bit, and each
-shard entry says which path wrote it (``"pass"``, :data:`JOINT_PASS`); docs/how-it-works.md says why one
-identity is kept.
+shards are computed, split between the ranks (:func:`build_jointly`). A row is computed alone (by default), or
+in a batch with the same other rows every time (:func:`row_groups`), so the bytes do not depend on the number
+of processes. The index ids are those of the separate builds: the numbers agree with
+theirs to float rounding (about 1e-7 relative in float32), not to the bit, and each shard entry says which
+path wrote it (``"pass"``, :data:`JOINT_PASS`, with the rows per forward when more than one);
+docs/how-it-works.md says why one identity is kept.
 """
 
 from __future__ import annotations
@@ -121,6 +122,30 @@ def shard_rows(n_rows: int, unit_rows: Sequence[int], shard_size: int) -> dict[s
     return {"row": rows, "sentence": sent}
 
 
+def row_groups(need: Sequence[int], lengths: Sequence[int], shard_size: int, per_forward: int) -> list[list[int]]:
+    """The batches of rows the one-pass build runs, covering every row of ``need``.
+
+    One row per forward: each row of ``need`` alone, in order. More: the rows of each row-shard block
+    ``[k·S, (k+1)·S)`` (S = ``shard_size``) sorted by length, cut into groups of ``per_forward``, and every group
+    holding a needed row. The groups depend only on the lengths, S and ``per_forward``, never on which shards are
+    missing or on the number of processes, so a resumed build and any number of ranks batch a row with the same
+    rows and write the same bytes (a group's extra rows are computed and dropped: at most ``per_forward − 1`` a
+    block edge).
+    """
+    if per_forward <= 1:
+        return [[j] for j in need]
+    wanted = set(need)
+    n = len(lengths)
+    out = []
+    for lo in range(0, n, shard_size):
+        block = sorted(range(lo, min(n, lo + shard_size)), key=lambda j: (int(lengths[j]), j))
+        for s in range(0, len(block), per_forward):
+            g = block[s : s + per_forward]
+            if wanted.intersection(g):
+                out.append(g)
+    return out
+
+
 def assign_jobs(jobs: Sequence[tuple[str, int, int, int]], lengths: Sequence[int], world_size: int) -> list[list[int]]:
     """Split the pending shards ``(kind, k, row lo, row hi)`` between ranks: consecutive in row order,
     balanced by the tokens of the rows they need (:func:`gradian.distributed.contiguous_blocks`).
@@ -151,6 +176,7 @@ def build_jointly(
     transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
     progress_factory: Callable[[int], Callable[[int], None]] | None = None,
     announce: Callable[[str], None] | None = None,
+    per_forward: int = 1,
 ) -> dict[str, float]:
     """Write every missing shard (and record) of the row index and the sentence index in one pass per row.
 
@@ -158,8 +184,9 @@ def build_jointly(
     shard size), which finds the shards done and writes the manifest. Collective under torchrun: rank 0
     reads which shards are done (their records), the missing ones are split between the ranks
     (:func:`assign_jobs`), each rank computes the rows its shards need and writes those shards. A shard's
-    bytes depend only on its rows' numbers, and a row is computed alone (a batch of one), so one process,
-    any number of ranks and a resumed build write the same bytes.
+    bytes depend only on its rows' numbers, and a row is computed alone (a batch of one) or with the rows
+    :func:`row_groups` gives it whichever shards are missing, so one process, any number of ranks
+    and a resumed build write the same bytes.
 
     Args:
         units: :func:`gradian.data.spans.sentence_units` of ``items`` (row order).
@@ -168,6 +195,11 @@ def build_jointly(
             and to each unit gradient, before projection.
         progress_factory: called once with the number of rows this rank computes; returns the callback
             called with the rows just done.
+        per_forward: rows per forward pass (:func:`row_groups`; ``--rows-per-forward``). One by default: on a
+            CPU batching rows is 1.55–2.48× slower at 4–8 rows (``benchmarks/bench_joint_batch.py``, 2 cores: the
+            backward passes are compute-bound and padding adds work), and each backward holds the b rows' ``G`` of
+            every block at once. On an accelerator, whose passes at these sizes are launch-bound, b rows should cost
+            about one (the backward passes drop from ``Σ_b K'_b`` to ``max_b K'_b`` a batch); not yet measured there.
 
     Returns:
         ``{"rows", "units", "passes", "tokens", "seconds"}`` of this rank: rows and units computed, backward
@@ -177,7 +209,7 @@ def build_jointly(
 
     from gradian import distributed
     from gradian.gradients.projection import KroneckerProjector
-    from gradian.gradients.units import row_unit_grads
+    from gradian.gradients.units import rows_unit_grads
     from gradian.index.build import _check_shared_folder, _clean_stale_temp
     from gradian.index.shards import ShardStream, _layout, _read_record, shard_problem
     from gradian.index.size import effective_shard_size, size_estimate
@@ -269,6 +301,7 @@ def build_jointly(
             f"its units){extra}{split}"
         )
     progress = progress_factory(len(need)) if progress_factory is not None else None
+    written_by = JOINT_PASS if per_forward == 1 else f"{JOINT_PASS}, {per_forward} rows a forward"
 
     class Buffer:
         """One shard being filled, streamed to its file row by row (:class:`ShardStream`: the build holds no shard
@@ -288,7 +321,7 @@ def build_jointly(
 
         def flush(self) -> None:
             rows: list[dict[str, Any]] = self.meta  # type: ignore[assignment]  # full: its last row arrived
-            self.stream.finish(self.lo, rows, layouts[self.kind], NOUNS[self.kind], written_by=JOINT_PASS)
+            self.stream.finish(self.lo, rows, layouts[self.kind], NOUNS[self.kind], written_by=written_by)
 
     mine_keys = {(kind, k) for kind, k, _, _ in mine}
     open_: dict[tuple[str, int], Buffer] = {}
@@ -312,43 +345,50 @@ def build_jointly(
             written += 1
             distributed.fault_point("shard", written)
 
+    def store(j: int, ks: list[int], us: list, ul: torch.Tensor, res) -> None:
+        it = items[j]
+        row_vecs, unit_vecs = [], []
+        for i, b in enumerate(blocks):
+            # popped: each block's raw gradients are freed once their stored forms exist
+            g_row = res.row.pop(b.name).unsqueeze(0)  # (1, o, i) float64
+            g_units = res.units.pop(b.name).detach().to(torch.float64)  # (K, o, i)
+            if transform is not None:
+                g_row, g_units = transform(b.name, g_row), transform(b.name, g_units)
+            # cast to the storage dtype at once (the bytes Buffer.put stores): a float64 copy of every unit's
+            # gradient would otherwise be alive until the row is put (K × Σ d_l × 8 bytes: 0.5 GB for an exact row
+            # of 12 units of SmolLM2-135M, all linear, r=16)
+            row_vecs.append(projector(i, g_row)[0].cpu().to(storage))
+            unit_vecs.append(projector(i, g_units).cpu().to(storage))
+        common = {"truncated": bool(it.truncated), "full_length": int(it.full_length)}
+        row_meta = {"id": it.id, "loss": float(res.row_loss), "n_supervised": it.n_supervised, **common}
+        put("row", j, row_vecs, row_meta)
+        for q, (k, u) in enumerate(zip(ks, us)):
+            meta = {
+                "id": it.id + u.suffix(),
+                "loss": float(res.unit_losses[q]),
+                "n_supervised": int((ul[q] != IGNORE_INDEX).sum()),
+                **common,
+            }
+            put("sentence", k, [v[q] for v in unit_vecs], meta)
+
+    needed = set(need)
     try:
-        for j in need:
-            it = items[j]
-            ks = list(range(unit_lo[j], unit_lo[j + 1]))
-            if not ks:
-                raise ValueError(f"row {j} has no sentence unit (sentence_units gives every row one)")
-            us = [units[k] for k in ks]
-            batch, ul = row_unit_batch(it, us, pad_token_id)
-            res = row_unit_grads(model, batch, ul, blocks)
-            passes += res.passes
-            tokens += int(batch["input_ids"].shape[1])
-            row_vecs, unit_vecs = [], []
-            for i, b in enumerate(blocks):
-                # popped: each block's raw gradients are freed once their stored forms exist
-                g_row = res.row.pop(b.name).unsqueeze(0)  # (1, o, i) float64
-                g_units = res.units.pop(b.name).detach().to(torch.float64)  # (K, o, i)
-                if transform is not None:
-                    g_row, g_units = transform(b.name, g_row), transform(b.name, g_units)
-                # cast to the storage dtype at once (the bytes Buffer.put stores): a float64 copy of every unit's
-                # gradient would otherwise be alive until the row is put (K × Σ d_l × 8 bytes: 0.5 GB for an exact row
-                # of 12 units of SmolLM2-135M, all linear, r=16)
-                row_vecs.append(projector(i, g_row)[0].cpu().to(storage))
-                unit_vecs.append(projector(i, g_units).cpu().to(storage))
-            common = {"truncated": bool(it.truncated), "full_length": int(it.full_length)}
-            row_meta = {"id": it.id, "loss": float(res.row_loss), "n_supervised": it.n_supervised, **common}
-            put("row", j, row_vecs, row_meta)
-            for q, (k, u) in enumerate(zip(ks, us)):
-                meta = {
-                    "id": it.id + u.suffix(),
-                    "loss": float(res.unit_losses[q]),
-                    "n_supervised": int((ul[q] != IGNORE_INDEX).sum()),
-                    **common,
-                }
-                put("sentence", k, [v[q] for v in unit_vecs], meta)
-            del res, row_vecs, unit_vecs
+        for group in row_groups(need, lengths, shard_size, per_forward):
+            per_row = []
+            for j in group:
+                ks = list(range(unit_lo[j], unit_lo[j + 1]))
+                if not ks:
+                    raise ValueError(f"row {j} has no sentence unit (sentence_units gives every row one)")
+                per_row.append((ks, [units[k] for k in ks]))
+            batch, uls = rows_unit_batch([items[j] for j in group], [us for _, us in per_row], pad_token_id)
+            results = rows_unit_grads(model, batch, uls, blocks)
+            for j, (ks, us), ul, res in zip(group, per_row, uls, results):
+                passes += res.passes
+                tokens += len(items[j].input_ids)
+                store(j, ks, us, ul, res)
+            del results
             if progress:
-                progress(1)
+                progress(sum(1 for j in group if j in needed))
     except BaseException:  # no half-streamed shard is left behind (its temp file is removed)
         for buf in open_.values():
             buf.stream.abort()
