@@ -22,7 +22,8 @@ and P@n):
   ``tail_size(n)``), ``its lowest z`` ``w_q = max(0, −min_j z(P_q)_j)``, ``the consensus``
   ``w_q = max(0, ρ_s(P_q, mean_q P_q))``; and ``z per item, then mean`` (each item's row scores standardised);
 * ``default, tail gate``: the default's rank score with the references weighted by the tail gate
-  (:func:`gradian.attribute.ranking.tail_agreement`) instead of the global Spearman;
+  (:func:`gradian.attribute.ranking.tail_agreement`) instead of the global Spearman; ``default, per-item ...
+  gate`` (session 21): each reference's weight from its agreement with the gradient item by item (:func:`item_gated`);
 * ``... unfused``: the default, ``per item, then mean`` and ``min of the items' mean`` without the references.
 
     python benchmarks/bench_rank_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--json out.json]
@@ -52,6 +53,27 @@ def item_weights(P: np.ndarray) -> dict[str, np.ndarray]:
         "its lowest z": np.maximum(-Z.min(1), 0),
         "the consensus": np.array([max(0.0, spearman(p, consensus)) for p in P]),
     }
+
+
+def item_gated(g: np.ndarray, P: np.ndarray, T: dict, c: str, gate: str) -> np.ndarray:
+    """The default fusion, each reference weighted by its per-item agreement with the gradient (session 21).
+
+        w_r = max(0, mean_q a(P[q], R_r[q])),   fused = z(g) + Σ_r w_r · z(mean_q R_r[q])
+
+    with a the Spearman correlation (``gate="spearman"``) or :func:`gradian.attribute.ranking.tail_agreement`
+    (``"tail"``), P (m, n) the gradient's per-item statistic and R_r (m, n) the reference's per-item scores: a
+    reference trusted where it agrees with the gradient item by item, not on the items' mean.
+    """
+    from gradian.attribute.pipeline import AttributeSpec
+    from gradian.attribute.ranking import spearman, tail_agreement, zscore
+
+    agree = spearman if gate == "spearman" else tail_agreement
+    out = zscore(g)
+    for r in AttributeSpec().fuse:
+        R = T[f"{c}/{r}"]
+        a = float(np.nanmean([agree(P[q], R[q]) for q in range(min(len(P), len(R)))]))
+        out = out + (max(0.0, a) if np.isfinite(a) else 0.0) * zscore(R.mean(0))
+    return out
 
 
 def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[str, Any]]:
@@ -93,6 +115,8 @@ def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[st
         rules[f"per item, weighted by {rule}"] = fused((w[:, None] * P).sum(0) / max(float(w.sum()), 1e-300))
     rules["z per item, then mean"] = fused(np.stack([zscore(p) for p in P]).mean(0))
     rules["default, tail gate"] = default_fusion(default, T, c, None, AttributeSpec(fuse_gate="tail"))[0]
+    rules["default, per-item Spearman gate"] = item_gated(default, P, T, c, "spearman")
+    rules["default, per-item tail gate"] = item_gated(default, P, T, c, "tail")
     rules["default, unfused"] = default
     rules["per item, then mean, unfused"] = sentence.rows
     rules["min of the items' mean, unfused"] = before
