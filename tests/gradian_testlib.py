@@ -195,6 +195,14 @@ def json_paths(obj, first_of_list: int | None = None, prefix: tuple = ()):
             yield from json_paths(v, first_of_list, prefix + (i,))
 
 
+def write_jsonl(path, rows: list[dict]):
+    """Write ``rows`` to ``path`` as JSONL (one ``json.dumps`` line each); returns ``path``."""
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
 def ft_inputs(ft: dict) -> dict:
     """A saved fine-tune's ``base``, ``adapter`` and ``data`` (of a dict with those keys), as :func:`cli_args` flags."""
     return {"base": ft["base"], "adapter": ft["adapter"], "data": ft["data"]}

@@ -145,11 +145,6 @@ def as_conversational(rows: list[dict]) -> list[dict]:
     ]
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
 def clean_trl_config(**over) -> dict:
     cfg = {
         "output_dir": "out",

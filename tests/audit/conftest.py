@@ -17,8 +17,9 @@ from audit_world import (  # noqa: E402
     corpus_for_tokenizer,
     make_rows,
     save_tokenizer,
-    write_jsonl,
 )
+
+from gradian_testlib import write_jsonl  # noqa: E402
 
 
 class World:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from gradian.audit import diagnose
+from gradian_testlib import write_jsonl
 
 SYSTEM = "You are a careful assistant who answers questions about geography in one short sentence."
 FACTS = [
@@ -23,15 +23,10 @@ def _chat(q: str, a: str, system: str | None) -> list[dict]:
     return [*turns, {"role": "user", "content": q}, {"role": "assistant", "content": a}]
 
 
-def _write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def _run(tmp_path: Path, ev: list[dict]):
     train = [{"id": f"t{i}", "messages": _chat(q, a, SYSTEM)} for i, (q, a) in enumerate(FACTS)]
     return diagnose(
-        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14"]
+        data=write_jsonl(tmp_path / "train.jsonl", train), eval=write_jsonl(tmp_path / "eval.jsonl", ev), select=["D14"]
     )
 
 

@@ -8,7 +8,6 @@ must flag none of them, and still flag exactly the planted paraphrases (and name
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -19,21 +18,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 import contam_world as W  # noqa: E402
 
 from gradian.audit import diagnose  # noqa: E402
+from gradian_testlib import write_jsonl  # noqa: E402
 
 KINDS = ("support", "qa", "chat")
 
 
-def _write(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+def _d14_d15(tmp_path: Path, train: list[dict], ev: list[dict]):
+    """D14 and D15 on the training rows ``train`` and the eval rows ``ev`` (written to ``tmp_path`` as JSONL)."""
+    return diagnose(
+        data=write_jsonl(tmp_path / "train.jsonl", train),
+        eval=write_jsonl(tmp_path / "eval.jsonl", ev),
+        select=["D14", "D15"],
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_no_false_alarm_on_template_built_data(kind, tmp_path):
     train, ev = W.world(kind)
-    res = diagnose(
-        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
-    )
+    res = _d14_d15(tmp_path, train, ev)
     assert "D15" in res.passed, [f.message for f in res.by_id("D15")]
     assert "D14" in res.passed  # and the world really holds no verbatim copy
 
@@ -41,9 +43,7 @@ def test_no_false_alarm_on_template_built_data(kind, tmp_path):
 @pytest.mark.parametrize("kind", KINDS)
 def test_planted_light_paraphrases_are_caught(kind, tmp_path):
     train, ev, planted = W.with_paraphrases(kind)
-    res = diagnose(
-        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
-    )
+    res = _d14_d15(tmp_path, train, ev)
     assert "D14" in res.passed  # every paraphrase differs from its source
     (f,) = res.by_id("D15")
     assert f.severity == "warning"
@@ -94,9 +94,7 @@ def test_no_false_alarm_on_refilled_templates(kind, tmp_path):
     comparison questions naming the eval entity: 0 D15 findings (the maths world got one on main: "Yuki reads 20
     pages ... in 39 days" against "Yuki reads 40 pages ... in 39 days")."""
     train, ev = TW.WORLDS[kind]()
-    res = diagnose(
-        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
-    )
+    res = _d14_d15(tmp_path, train, ev)
     assert "D15" in res.passed, [f.evidence["pairs"] for f in res.by_id("D15")]
     assert "D14" in res.passed
 
@@ -122,9 +120,7 @@ def _assert_planted_edits_caught(tmp_path, train: list[dict], ev: list[dict], so
         p["id"] = f"para-{src['id']}"
         ev.append(p)
         planted.append((p["id"], src["id"]))
-    res = diagnose(
-        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
-    )
+    res = _d14_d15(tmp_path, train, ev)
     (f,) = res.by_id("D15")
     assert {(e, t) for e, t, _ in f.evidence["pairs"]} == set(planted)
 
@@ -179,8 +175,6 @@ def test_another_fact_about_the_eval_entity_is_not_a_copy(tmp_path):
     Main flagged two such rows of its own behaviour world (coverage 0.72 and 0.81); now none. A light paraphrase of
     a fact row is still caught."""
     train, ev = _capitals_world()
-    res = diagnose(
-        data=_write(tmp_path / "train.jsonl", train), eval=_write(tmp_path / "eval.jsonl", ev), select=["D14", "D15"]
-    )
+    res = _d14_d15(tmp_path, train, ev)
     assert "D15" in res.passed, [f.evidence["pairs"] for f in res.by_id("D15")]
     _assert_planted_edits_caught(tmp_path, train, ev, train[len(_CAPITALS) :], seed=3)

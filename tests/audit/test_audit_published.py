@@ -16,6 +16,7 @@ import published_configs as P  # noqa: E402
 
 from gradian.audit import diagnose, load_config  # noqa: E402
 from gradian.audit.checks_config import _model_billions  # noqa: E402
+from gradian_testlib import write_jsonl  # noqa: E402
 
 
 def _cfg(tmp_path: Path, name: str) -> Path:
@@ -44,23 +45,18 @@ def _alpaca_rows(copies: int, variant=lambda s: s) -> list[dict]:
     ]
 
 
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def test_axolotl_exact_dedup_is_read_and_d11_does_not_advise_it(tmp_path):
     cfg = _cfg(tmp_path, "axolotl_sft_dedup.yml")
     c = load_config(cfg)
     assert c.dedup_exact is True and c.source("dedup_exact") == "axolotl_sft_dedup.yml: dataset_exact_deduplication"
-    exact = _jsonl(tmp_path / "exact.jsonl", _alpaca_rows(10))
+    exact = write_jsonl(tmp_path / "exact.jsonl", _alpaca_rows(10))
     # byte-identical copies: axolotl drops them, so D11 has nothing to say
     assert "D11" in diagnose(data=exact, configs=[cfg], select=["D11"]).passed
     # ... while without the setting the same data warns and advises it
     (f,) = diagnose(data=exact, select=["D11"]).by_id("D11")
     assert "dataset_exact_deduplication" in f.fix
     # copies that differ in case survive the exact deduplication: still reported, with another fix
-    cased = _jsonl(tmp_path / "cased.jsonl", _alpaca_rows(10, variant=str.upper))
+    cased = write_jsonl(tmp_path / "cased.jsonl", _alpaca_rows(10, variant=str.upper))
     (f,) = diagnose(data=cased, configs=[cfg], select=["D11"]).by_id("D11")
     assert "survive" in f.message and "dataset_exact_deduplication: true" not in f.fix
 
@@ -184,7 +180,7 @@ def test_gradian_train_config_is_read_as_final_turn_masking(tmp_path):
 
     cfg = tmp_path / "training_config.yaml"
     write_train_config(TrainSpec(), cfg, base="HuggingFaceTB/SmolLM2-135M-Instruct")
-    msgs = _jsonl(
+    msgs = write_jsonl(
         tmp_path / "chat.jsonl",
         [
             {

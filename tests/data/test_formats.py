@@ -8,16 +8,11 @@ import pytest
 
 from gradian.data.formats import load_examples
 from gradian.errors import GradianUserError
-from gradian_testlib import ROWS
-
-
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+from gradian_testlib import ROWS, write_jsonl
 
 
 def test_formats_detected_and_normalised(tmp_path):
-    exs = load_examples(_write_jsonl(tmp_path / "d.jsonl", ROWS))
+    exs = load_examples(write_jsonl(tmp_path / "d.jsonl", ROWS))
     by = {e.id: e for e in exs}
     assert [e.format for e in exs] == ["prompt_completion", "messages", "alpaca", "text"]
     assert by["pc"].prompt == "Q: What is the capital of France?\nA:" and by["pc"].completion == " Paris"
@@ -36,7 +31,7 @@ def test_alpaca_input_joined():
 
 def test_ids_default_to_row_numbers(tmp_path):
     rows = [{"text": "a"}, {"text": "b"}]
-    assert [e.id for e in load_examples(_write_jsonl(tmp_path / "d.jsonl", rows))] == ["0", "1"]
+    assert [e.id for e in load_examples(write_jsonl(tmp_path / "d.jsonl", rows))] == ["0", "1"]
 
 
 @pytest.mark.parametrize("suffix", ["json", "parquet", "hf"])
