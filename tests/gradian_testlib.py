@@ -203,6 +203,14 @@ def write_jsonl(path, rows: list[dict]):
     return path
 
 
+def copy_adapter_command(run: dict) -> str:
+    """A ``gradian verify --train-command`` that "retrains" by copying the run's own adapter (fast, no training)."""
+    import shlex
+
+    py, src = shlex.quote(sys.executable), shlex.quote(run["manifest"]["paths"]["adapter"])
+    return f"{py} -c 'import shutil,sys; shutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True)' {src} {{out}}"
+
+
 def ft_inputs(ft: dict) -> dict:
     """A saved fine-tune's ``base``, ``adapter`` and ``data`` (of a dict with those keys), as :func:`cli_args` flags."""
     return {"base": ft["base"], "adapter": ft["adapter"], "data": ft["data"]}

@@ -17,13 +17,7 @@ from pathlib import Path
 import pytest
 
 from gradian.errors import GradianUserError, GradianWarning
-from gradian_testlib import cli_result
-
-
-@pytest.fixture()
-def cache(demo, monkeypatch):
-    monkeypatch.setenv("GRADIAN_CACHE", str(demo[0] / "cache"))
-    return demo[0] / "cache"
+from gradian_testlib import cli_result, copy_adapter_command
 
 
 @pytest.fixture()
@@ -45,13 +39,6 @@ def _write_run(folder: Path, run: dict) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "run.json").write_text(json.dumps(run))
     return folder
-
-
-def _copy_adapter_command(run: dict) -> str:
-    """A --train-command that "retrains" by copying the run's own adapter (fast, no training)."""
-    py = shlex_quote(sys.executable)
-    src = shlex_quote(run["manifest"]["paths"]["adapter"])
-    return f"{py} -c 'import shutil,sys; shutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True)' {src} {{out}}"
 
 
 def shlex_quote(s: str) -> str:
@@ -94,7 +81,7 @@ def test_a_run_json_asking_for_remote_code_runs_none(real, tmp_path, monkeypatch
     run_dir = _remote_code_run(real, tmp_path, marker)
 
     code, lines, out = cli_result(
-        ["verify", run_dir, "--controls", "0", "--seed-band", "0", "--train-command", _copy_adapter_command(real)]
+        ["verify", run_dir, "--controls", "0", "--seed-band", "0", "--train-command", copy_adapter_command(real)]
     )
     assert code == 0, out
     assert "verify runs the base folder's code only if you pass it" in out

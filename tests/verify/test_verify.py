@@ -14,13 +14,6 @@ from gradian_testlib import cli_result, gradian_cache
 
 
 @pytest.fixture()
-def cache(demo, monkeypatch):
-    root = demo[0]
-    monkeypatch.setenv("GRADIAN_CACHE", str(root / "cache"))
-    return root / "cache"
-
-
-@pytest.fixture()
 def run_dir(demo, tmp_path, cache):
     """A private copy of the demo's poisoned run (verify writes into run.json)."""
     src = demo[0] / "out" / "poisoned"

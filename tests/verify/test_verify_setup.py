@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import sys
 import traceback
@@ -17,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "report"))
 from report_world import real_run  # noqa: E402
 
 from gradian.cli import app  # noqa: E402
+from gradian_testlib import copy_adapter_command  # noqa: E402
 
 
 @pytest.fixture()
@@ -28,15 +28,9 @@ def run_dir(tmp_path, monkeypatch):
     return dst, real["run"]
 
 
-def _copy_adapter_command(run: dict) -> str:
-    """A --train-command that "retrains" by copying the run's own adapter (fast, no training)."""
-    py, src = shlex.quote(sys.executable), shlex.quote(run["manifest"]["paths"]["adapter"])
-    return f"{py} -c 'import shutil,sys; shutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True)' {src} {{out}}"
-
-
 def test_verify_names_the_flagged_setup_before_retraining(run_dir):
     dst, run = run_dir
-    cmd = _copy_adapter_command(run)
+    cmd = copy_adapter_command(run)
     res = CliRunner().invoke(app, ["verify", str(dst), "--controls", "0", "--seed-band", "0", "--train-command", cmd])
     out = res.output + (
         "".join(traceback.format_exception(*res.exc_info)) if res.exc_info and res.exception is not None else ""
