@@ -80,9 +80,7 @@ def train_cmd(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing non-empty --out folder.", rich_help_panel=O.STORAGE
     ),
-    trust_remote_code: bool = typer.Option(
-        False, "--trust-remote-code", help="Run the model's own code (off by default).", rich_help_panel=O.DEVICES
-    ),
+    trust_remote_code: bool = O.TRUST_REMOTE_CODE,
 ) -> None:
     """Train a LoRA adapter and leave behind what a TRL run does."""
     from gradian.train import read_train_record, read_trainer_state, train_lora
