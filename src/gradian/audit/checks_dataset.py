@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from gradian.audit import text as T
 from gradian.audit.context import AuditContext
@@ -421,23 +421,31 @@ def _near_dup_pairs(ctx: AuditContext, threshold: float) -> list[tuple[int, int,
     return out
 
 
-def _clusters(pairs, n) -> list[list[int]]:
+def group_roots(n: int, pairs: Iterable[tuple]) -> list[int]:
+    """Union-find over the rows ``0..n-1``: each row's group, named by its smallest row, once the rows ``a`` and
+    ``b`` of every pair ``(a, b, ...)`` of ``pairs`` are joined (in any order: the groups are the same).
+    """
     parent = list(range(n))
 
-    def find(x):
+    def find(x: int) -> int:
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
 
-    for a, b, _ in pairs:
+    for a, b, *_ in pairs:
         ra, rb = find(a), find(b)
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
+    return [find(x) for x in range(n)]
+
+
+def _clusters(pairs, n) -> list[list[int]]:
+    root = group_roots(n, pairs)
     groups: dict[int, list[int]] = defaultdict(list)
     for a, b, _ in pairs:
         for x in (a, b):
-            groups[find(x)].append(x)
+            groups[root[x]].append(x)
     return [sorted(set(g)) for g in groups.values()]
 
 

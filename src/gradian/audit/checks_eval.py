@@ -13,7 +13,7 @@ from itertools import chain
 import numpy as np
 
 from gradian.audit import text as T
-from gradian.audit.checks_dataset import eval_ids, ids, near_dup_pairs
+from gradian.audit.checks_dataset import eval_ids, group_roots, ids, near_dup_pairs
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, check
 
@@ -166,24 +166,9 @@ def row_representatives(ctx: AuditContext) -> np.ndarray:
     """
     if "row_reps" in ctx.memo:
         return ctx.memo["row_reps"]
-    parent = list(range(ctx.n))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
     first: dict[str, int] = {}
-    for i, r in enumerate(ctx.norm_row):
-        j = first.setdefault(r, i)
-        if j != i:
-            parent[find(i)] = find(j)
-    for a, b, _ in near_dup_pairs(ctx):
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    reps = np.array([find(i) for i in range(ctx.n)], dtype=np.int64)
+    copies = [(i, first.setdefault(r, i)) for i, r in enumerate(ctx.norm_row)]  # each row and its first copy
+    reps = np.array(group_roots(ctx.n, chain(copies, near_dup_pairs(ctx))), dtype=np.int64)
     ctx.memo["row_reps"] = reps
     return reps
 
