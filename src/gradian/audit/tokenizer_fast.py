@@ -70,7 +70,8 @@ MODEL_TYPES: dict[str, tuple[str | None, bool]] = {
 BACKEND_ID_ORGS = ("deepseek-ai/", "allenai/", "google/", "naver-clova-ix/", "salesforce/", "stepfun-ai/")
 
 
-def _json(path: Path) -> dict[str, Any] | None:
+def json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in the file ``path``; None when it is missing, unreadable or not an object."""
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -97,7 +98,7 @@ def fast_tokenizer_class(folder: str | Path) -> tuple[str | None, str]:
         return None, "transformers is not 5.x"
     if not p.is_dir() or not (p / "tokenizer.json").is_file():
         return None, "no tokenizer.json (a slow-only or GGUF tokenizer)"
-    tc = _json(p / "tokenizer_config.json")
+    tc = json_object(p / "tokenizer_config.json")
     if tc is None:
         return None, "no readable tokenizer_config.json"
     if "auto_map" in tc:
@@ -107,7 +108,7 @@ def fast_tokenizer_class(folder: str | Path) -> tuple[str | None, str]:
         return None, "tokenizer_config.json names no tokenizer_class"
     cfg: dict[str, Any] = {}
     if (p / "config.json").exists():
-        got = _json(p / "config.json")
+        got = json_object(p / "config.json")
         if got is None:
             return None, "config.json is not a readable JSON object"
         cfg = got

@@ -67,16 +67,9 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _ADDED_KEYS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
 
 
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def lite_reason(folder: str | Path) -> tuple[dict[str, Any] | None, str]:
     """What :class:`LiteTokenizer` needs to load ``folder`` (None when it does not serve it), and why (one phrase)."""
-    from gradian.audit.tokenizer_fast import fast_tokenizer_class
+    from gradian.audit.tokenizer_fast import fast_tokenizer_class, json_object
 
     p = Path(folder)
     cls, why = fast_tokenizer_class(p)
@@ -90,7 +83,7 @@ def lite_reason(folder: str | Path) -> tuple[dict[str, Any] | None, str]:
         return None, "jinja2 < 3.1.6 (transformers refuses it)"
     if (p / "additional_chat_templates").exists() or (p / "chat_template.json").exists():
         return None, "several chat templates"
-    tc = _json(p / "tokenizer_config.json")
+    tc = json_object(p / "tokenizer_config.json")
     other = sorted(set(tc) - CONFIG_KEYS)
     if other:
         return None, f"tokenizer_config.json sets {other[0]!r}"
@@ -100,7 +93,7 @@ def lite_reason(folder: str | Path) -> tuple[dict[str, Any] | None, str]:
         (p / f).exists() for f in ("special_tokens_map.json", "added_tokens.json")
     ):
         return None, "special_tokens_map.json / added_tokens.json without added_tokens_decoder"
-    tj = _json(p / "tokenizer.json")
+    tj = json_object(p / "tokenizer.json")
     if not isinstance(tj, dict) or tj.get("truncation") is not None or tj.get("padding") is not None:
         return None, "tokenizer.json sets truncation or padding (or is unreadable)"
     if tj.get("post_processor") is None:
