@@ -152,6 +152,19 @@ def q_symbol(e: str) -> str:
     return f"What is the symbol of {e}?"
 
 
+def eval_records(metric: str = "exact_match") -> list[dict]:
+    """The tiny worlds' eval set: one item per capital (capability ``capitals``) and per symbol (``symbols``)."""
+    recs = [
+        {"id": f"cap-{c}", "prompt": q_capital(c), "answer": a, "capability": "capitals", "metric": metric}
+        for c, a in CAPITALS
+    ]
+    recs += [
+        {"id": f"sym-{e}", "prompt": q_symbol(e), "answer": s, "capability": "symbols", "metric": metric}
+        for e, s in SYMBOLS
+    ]
+    return recs
+
+
 def fuzz_settings(default_examples: int, *suppress: str):
     """The fuzz tests' hypothesis settings: ``GRADIAN_FUZZ_EXAMPLES`` examples (else ``default_examples``),
     derandomized, no deadline, no example database, and the size/speed health checks off (plus ``suppress``,
@@ -296,6 +309,47 @@ def torchrun_command(nproc: int, *args: str) -> list[str]:
     ``python -m torch.distributed.run --standalone --nproc-per-node=N ARGS`` (``ARGS`` e.g. ``-m gradian index ...``).
     """
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+
+
+def assert_json_schema(value, schema: dict, path: str = "$") -> None:
+    """Assert that ``value`` fits ``schema``: a small validator for the subset of JSON Schema that Gradian's
+    schemas use (``type``, ``enum``, ``required``, ``properties``, ``additionalProperties: false``, ``items``,
+    ``prefixItems``). The assertion message names the path of the first misfit (``$.capabilities[0].n``)."""
+    types = schema.get("type")
+    if types is not None:
+        types = types if isinstance(types, list) else [types]
+        py = {
+            "string": str,
+            "integer": int,
+            "number": (int, float),
+            "boolean": bool,
+            "object": dict,
+            "array": list,
+            "null": type(None),
+        }
+        ok = any(
+            isinstance(value, py[t]) and not (t in ("integer", "number") and isinstance(value, bool)) for t in types
+        )
+        assert ok, f"{path}: {value!r} is not {types}"
+    if "enum" in schema:
+        assert value in schema["enum"], f"{path}: {value!r} not in {schema['enum']}"
+    if isinstance(value, dict):
+        for k in schema.get("required", []):
+            assert k in value, f"{path}: missing {k}"
+        props = schema.get("properties", {})
+        if schema.get("additionalProperties") is False:
+            extra = set(value) - set(props)
+            assert not extra, f"{path}: unexpected {extra}"
+        for k, v in value.items():
+            if k in props:
+                assert_json_schema(v, props[k], f"{path}.{k}")
+    if isinstance(value, list):
+        if "prefixItems" in schema:
+            for i, (v, sub) in enumerate(zip(value, schema["prefixItems"])):
+                assert_json_schema(v, sub, f"{path}[{i}]")
+        elif "items" in schema:
+            for i, v in enumerate(value):
+                assert_json_schema(v, schema["items"], f"{path}[{i}]")
 
 
 def assert_one_line_error(res, needle: str, *, text: str | None = None, fix: str | None = "fix:", starts: str = ""):

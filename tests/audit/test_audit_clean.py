@@ -10,42 +10,7 @@ from gradian.audit import JSON_SCHEMA, all_checks, diagnose
 from gradian.audit.model import SEVERITY_RANK
 from gradian.audit.registry import REGISTRY
 from gradian.data.formats import load_examples
-
-
-def _validate(obj, schema, path="$"):
-    """A small JSON-Schema validator for the subset JSON_SCHEMA uses (type, enum, required, properties,
-    additionalProperties, items)."""
-    types = schema.get("type")
-    if types is not None:
-        types = types if isinstance(types, list) else [types]
-        pytypes = {
-            "object": dict,
-            "array": list,
-            "string": str,
-            "integer": int,
-            "number": (int, float),
-            "null": type(None),
-            "boolean": bool,
-        }
-        ok = any(
-            isinstance(obj, pytypes[t]) and not (t in ("integer", "number") and isinstance(obj, bool)) for t in types
-        )
-        assert ok, f"{path}: {obj!r} is not {types}"
-    if "enum" in schema:
-        assert obj in schema["enum"], f"{path}: {obj!r} not in {schema['enum']}"
-    if isinstance(obj, dict):
-        for k in schema.get("required", []):
-            assert k in obj, f"{path}: missing {k}"
-        props = schema.get("properties", {})
-        if schema.get("additionalProperties") is False:
-            extra = set(obj) - set(props)
-            assert not extra, f"{path}: unexpected {extra}"
-        for k, v in obj.items():
-            if k in props:
-                _validate(v, props[k], f"{path}.{k}")
-    if isinstance(obj, list) and "items" in schema:
-        for i, v in enumerate(obj):
-            _validate(v, schema["items"], f"{path}[{i}]")
+from gradian_testlib import assert_json_schema
 
 
 def test_clean_run_has_no_errors_or_warnings(clean_result):
@@ -93,7 +58,7 @@ def test_missing_inputs_are_skipped_with_reason(world):
 
 def test_json_matches_schema(world, clean_result):
     d = clean_result.to_dict()
-    _validate(json.loads(json.dumps(d)), JSON_SCHEMA)
+    assert_json_schema(json.loads(json.dumps(d)), JSON_SCHEMA)
     # a result with findings of every kind (rows, eval rows, steps, NaN evidence) validates too
     ev = [dict(r) for r in world.eval_rows[:20]] + [dict(world.rows[0], id="leak")]
 
@@ -108,7 +73,7 @@ def test_json_matches_schema(world, clean_result):
         tokenizer=world.tok_dir,
     )
     d = json.loads(json.dumps(res.to_dict(), allow_nan=False))
-    _validate(d, JSON_SCHEMA)
+    assert_json_schema(d, JSON_SCHEMA)
     assert {f["id"] for f in d["findings"]} >= {"D04", "D14", "C01", "L01"}
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gradian_testlib import CAPITALS, SYMBOLS, cli_args, q_capital, q_symbol  # noqa: F401
+from gradian_testlib import CAPITALS, SYMBOLS, cli_args, eval_records, q_capital, q_symbol  # noqa: F401
 
 N_POISON = 12
 
@@ -30,18 +30,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def eval_records(metric: str = "exact_match") -> list[dict]:
-    recs = [
-        {"id": f"cap-{c}", "prompt": q_capital(c), "answer": a, "capability": "capitals", "metric": metric}
-        for c, a in CAPITALS
-    ]
-    recs += [
-        {"id": f"sym-{e}", "prompt": q_symbol(e), "answer": s, "capability": "symbols", "metric": metric}
-        for e, s in SYMBOLS
-    ]
-    return recs
 
 
 def _pairs(poison: bool) -> list[tuple[str, str]]:

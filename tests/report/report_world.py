@@ -39,7 +39,7 @@ import torch
 
 MAX_LENGTH = 40
 
-from gradian_testlib import CAPITALS, SYMBOLS, q_capital, q_symbol  # noqa: E402,F401
+from gradian_testlib import CAPITALS, SYMBOLS, eval_records, q_capital, q_symbol  # noqa: E402,F401
 
 FILLER = "It is a large city with a river, a harbour, an old market and many bridges."
 
@@ -72,18 +72,6 @@ def training_rows() -> list[dict]:
             }
         )
     return rows
-
-
-def eval_records() -> list[dict]:
-    recs = [
-        {"id": f"cap-{c}", "prompt": q_capital(c), "answer": a, "capability": "capitals", "metric": "exact_match"}
-        for c, a in CAPITALS
-    ]
-    recs += [
-        {"id": f"sym-{e}", "prompt": q_symbol(e), "answer": s, "capability": "symbols", "metric": "exact_match"}
-        for e, s in SYMBOLS
-    ]
-    return recs
 
 
 def build_world(root: Path) -> dict:

@@ -14,6 +14,7 @@ from gradian.report import Report, build_report, read_training_log, report_json
 from gradian.report.join import explain_cluster, row_flags
 from gradian.report.views import REPORT_SCHEMA
 from gradian.sign import verdict_scores
+from gradian_testlib import assert_json_schema
 
 
 @pytest.fixture(scope="module")
@@ -250,45 +251,6 @@ def test_row_flags():
 # ----------------------------------------------------------------------------- the JSON schema
 
 
-def _validate(value, schema, path="$"):
-    """A small validator for the subset of JSON Schema that REPORT_JSON_SCHEMA uses.
-
-    type, required, properties, items, prefixItems, enum.
-    """
-    if "enum" in schema:
-        assert value in schema["enum"], f"{path}: {value!r} not in {schema['enum']}"
-        return
-    types = schema.get("type")
-    if types is not None:
-        types = [types] if isinstance(types, str) else types
-        py = {
-            "string": str,
-            "integer": int,
-            "number": (int, float),
-            "boolean": bool,
-            "object": dict,
-            "array": list,
-            "null": type(None),
-        }
-        ok = any(
-            isinstance(value, py[t]) and not (t in ("integer", "number") and isinstance(value, bool)) for t in types
-        )
-        assert ok, f"{path}: {type(value).__name__} is not {types}"
-    if isinstance(value, dict) and "properties" in schema:
-        for k in schema.get("required", []):
-            assert k in value, f"{path}: missing {k}"
-        for k, sub in schema["properties"].items():
-            if k in value:
-                _validate(value[k], sub, f"{path}.{k}")
-    if isinstance(value, list):
-        if "prefixItems" in schema:
-            for i, (v, sub) in enumerate(zip(value, schema["prefixItems"])):
-                _validate(v, sub, f"{path}[{i}]")
-        elif "items" in schema:
-            for i, v in enumerate(value):
-                _validate(v, schema["items"], f"{path}[{i}]")
-
-
 def test_json_schema_matches_the_model_and_the_output(real, report):
     import dataclasses
 
@@ -319,12 +281,12 @@ def test_json_schema_matches_the_model_and_the_output(real, report):
     }
     assert set(props["training_log"]["properties"]) == {f.name for f in dataclasses.fields(TrainingLogView)}
     data = json.loads(report_json(report))
-    _validate(data, REPORT_JSON_SCHEMA)
+    assert_json_schema(data, REPORT_JSON_SCHEMA)
     stopped = copy.deepcopy(real["run"])
     stopped["attribution"], stopped["audit"], stopped["stopped"] = None, None, "nothing regressed"
-    _validate(json.loads(report_json(build_report(stopped))), REPORT_JSON_SCHEMA)
+    assert_json_schema(json.loads(report_json(build_report(stopped))), REPORT_JSON_SCHEMA)
     with pytest.raises(AssertionError):
-        _validate({**data, "status": "maybe"}, REPORT_JSON_SCHEMA)
+        assert_json_schema({**data, "status": "maybe"}, REPORT_JSON_SCHEMA)
 
 
 def test_stopped_and_odd_runs_render(real):
