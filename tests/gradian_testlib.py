@@ -224,6 +224,12 @@ def copy_adapter_command(run: dict) -> str:
     return f"{py} -c 'import shutil,sys; shutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True)' {src} {{out}}"
 
 
+def index_matrix(idx) -> torch.Tensor:
+    """(n, d) every gradient a :class:`~gradian.index.store.GradientIndex` stores, shard after shard, its LoRA
+    blocks side by side in ``idx.blocks`` order."""
+    return torch.cat([torch.cat([s[b["name"]] for b in idx.blocks], dim=1) for _, s in idx.iter_shards()])
+
+
 def ft_inputs(ft: dict) -> dict:
     """A saved fine-tune's ``base``, ``adapter`` and ``data`` (of a dict with those keys), as :func:`cli_args` flags."""
     return {"base": ft["base"], "adapter": ft["adapter"], "data": ft["data"]}

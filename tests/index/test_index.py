@@ -9,26 +9,14 @@ import pytest
 import torch
 
 from gradian.data.tokenize import TokenizeSpec, collate
-from gradian.finetune import load_finetune, training_index
+from gradian.finetune import training_index
 from gradian.gradients import per_example_grads
 from gradian.gradients.projection import ProjectionSpec
 from gradian.index.shards import CorruptShardError
 from gradian.index.store import GradientIndex, GradSpec
-from gradian.models.load import ModelSpec
-from gradian_testlib import forward_calls
-
-
-@pytest.fixture(scope="module")
-def ft(saved_finetune):
-    return load_finetune(ModelSpec(str(saved_finetune["base"])), saved_finetune["adapter"])
-
+from gradian_testlib import forward_calls, index_matrix
 
 SPEC = GradSpec(tokenize=TokenizeSpec(max_length=64))
-
-
-def _stacked(idx):
-    parts = [torch.cat([s[b["name"]] for b in idx.blocks], dim=1) for _, s in idx.iter_shards()]
-    return torch.cat(parts)
 
 
 def test_stored_gradients_are_the_per_example_gradients(ft, saved_finetune, tmp_path):
@@ -40,7 +28,7 @@ def test_stored_gradients_are_the_per_example_gradients(ft, saved_finetune, tmp_
     assert [s["n"] for s in idx.manifest["shards"]] == [8, 4]  # shard size 5 rounds up to 2 batches of 4
     ref = per_example_grads(ft.model, collate(items, ft.tokenizer.pad_token_id), "loop")
     want = torch.cat([ref[b["name"]].reshape(len(items), -1).double() for b in idx.blocks], dim=1)
-    got = _stacked(idx)
+    got = index_matrix(idx)
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()  # float32 storage
 
 
@@ -69,12 +57,12 @@ def test_resume_after_interruption_is_identical(ft, saved_finetune, tmp_path):
         done = build_index(ft.model, items, ident, SPEC, root=tmp_path / "r", **kw)
     assert done.complete and len(calls) == 4  # only the 8 missing examples, 2 per batch
     full = build_index(ft.model, items, ident, SPEC, root=tmp_path / "f", **kw)
-    assert torch.equal(_stacked(done), _stacked(full))
+    assert torch.equal(index_matrix(done), index_matrix(full))
 
 
 def test_corrupt_shard_is_detected_and_rebuilt(ft, saved_finetune, tmp_path):
     idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "x", shard_size=8)
-    before = _stacked(idx)
+    before = index_matrix(idx)
     shard = idx.root / idx.manifest["shards"][0]["file"]
     raw = bytearray(shard.read_bytes())
     raw[-5] ^= 0xFF
@@ -87,7 +75,7 @@ def test_corrupt_shard_is_detected_and_rebuilt(ft, saved_finetune, tmp_path):
     with pytest.warns(IndexRepairWarning, match=r"shard-00000\.safetensors is corrupt \(sha256 mismatch"):
         again, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "x", shard_size=8)
     assert not reused and again.verify() == []
-    assert torch.equal(_stacked(again), before)
+    assert torch.equal(index_matrix(again), before)
 
 
 def test_inside_hashed_once_a_shard_is_hashed_and_scanned_once_and_a_changed_one_again(
@@ -113,7 +101,7 @@ def test_inside_hashed_once_a_shard_is_hashed_and_scanned_once_and_a_changed_one
         for _ in range(3):
             assert GradientIndex(idx.root).verify() == []
         assert scans == []  # their numbers were checked when this process wrote them
-        _stacked(GradientIndex(idx.root))
+        index_matrix(GradientIndex(idx.root))
         assert len(scans) == len(idx.blocks) * len(idx.manifest["shards"])  # a block read to be used: checked
         written = [f for f in seen if f.startswith("shard-")]
         assert sorted(written) == sorted(s["file"] for s in idx.manifest["shards"])  # once each, when written
@@ -135,7 +123,7 @@ def test_projection_preserves_inner_products_in_expectation(ft, saved_finetune, 
     exact, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "e")
     proj_spec = GradSpec(tokenize=TokenizeSpec(max_length=64), projection=ProjectionSpec(dim=64, seed=1))
     proj, *_ = training_index(ft, saved_finetune["data"], proj_spec, root=tmp_path / "p")
-    ge, gp = _stacked(exact), _stacked(proj)
+    ge, gp = index_matrix(exact), index_matrix(proj)
     assert gp.shape[1] < ge.shape[1]
     ke, kp = ge @ ge.T, gp @ gp.T
     # the Gram matrices agree up to JL noise: high correlation of off-diagonal entries
@@ -167,7 +155,7 @@ def test_non_finite_shard_is_refused_reported_and_rebuilt(ft, saved_finetune, tm
     from gradian.index.shards import IndexRepairWarning
 
     idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "n", shard_size=8)
-    clean = _stacked(idx)
+    clean = index_matrix(idx)
     _poison_shard(idx, 0)
     again = GradientIndex(idx.root)
     assert again.complete and again.verify() == [0] and "non-finite" in again.problems[0]
@@ -175,7 +163,7 @@ def test_non_finite_shard_is_refused_reported_and_rebuilt(ft, saved_finetune, tm
         dict(again.load_shard(0))  # a block is read, checked and refused when it is used
     with pytest.warns(IndexRepairWarning, match=r"shard-00000\.safetensors is corrupt \(block .* non-finite"):
         rebuilt, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "n", shard_size=8)
-    assert not reused and rebuilt.verify() == [] and torch.equal(_stacked(rebuilt), clean)
+    assert not reused and rebuilt.verify() == [] and torch.equal(index_matrix(rebuilt), clean)
     assert "non-finite" in rebuilt.manifest["repairs"][0]["what"]
 
 
@@ -183,14 +171,14 @@ def test_truncated_manifest_is_rebuilt(ft, saved_finetune, tmp_path):
     from gradian.index.shards import CorruptIndexError, IndexRepairWarning
 
     idx, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "t")
-    clean = _stacked(idx)
+    clean = index_matrix(idx)
     m = idx.root / "manifest.json"
     m.write_text(m.read_text()[: len(m.read_text()) // 2])
     with pytest.raises(CorruptIndexError):
         GradientIndex(idx.root)
     with pytest.warns(IndexRepairWarning, match="manifest.json cannot be read"):
         again, _, _, reused = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "t")
-    assert not reused and torch.equal(_stacked(again), clean)
+    assert not reused and torch.equal(index_matrix(again), clean)
 
 
 def test_a_bad_batch_size_never_writes_an_index(ft, saved_finetune, tmp_path):
@@ -279,5 +267,5 @@ def test_wide_gradients_get_fewer_rows_per_shard_and_the_same_numbers(ft, saved_
     cut, *_ = training_index(ft, saved_finetune["data"], SPEC, root=tmp_path / "c", batch_size=2)
     assert cut.id == whole.id and cut.n == whole.n
     assert [s["n"] for s in cut.manifest["shards"]] == [2] * (whole.n // 2) + [whole.n % 2] * (whole.n % 2)
-    a, b = _stacked(cut), _stacked(whole)  # other batches (length-sorted within a shard): float rounding apart
+    a, b = index_matrix(cut), index_matrix(whole)  # other batches (length-sorted within a shard): float rounding apart
     assert float((a - b).abs().max() / b.abs().max()) <= 1e-5

@@ -5,24 +5,17 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import torch
 
 from gradian.data.formats import load_examples
 from gradian.data.tokenize import TokenizeSpec
 from gradian.distributed import contiguous_blocks, partition
-from gradian.finetune import index_identity, load_finetune, tokenize_training_set, training_index
+from gradian.finetune import index_identity, tokenize_training_set, training_index
 from gradian.index.build import build_index
 from gradian.index.store import GradientIndex, GradSpec
-from gradian.models.load import ModelSpec
-from gradian_testlib import cli_args, forward_calls, ft_inputs
+from gradian_testlib import cli_args, forward_calls, ft_inputs, index_matrix
 
 SPEC = GradSpec(tokenize=TokenizeSpec(max_length=64))
-
-
-@pytest.fixture(scope="module")
-def ft(saved_finetune):
-    return load_finetune(ModelSpec(str(saved_finetune["base"])), saved_finetune["adapter"])
 
 
 def test_partition_is_deterministic_length_balanced_and_complete():
@@ -48,10 +41,6 @@ def test_contiguous_blocks_cover_every_shard_once_in_order():
             assert max(rows) - min(rows) <= 2 * 256
 
 
-def _stacked(idx):
-    return torch.cat([torch.cat([s[b["name"]] for b in idx.blocks], dim=1) for _, s in idx.iter_shards()])
-
-
 def test_a_build_without_its_manifest_resumes_from_the_shard_records(ft, saved_finetune, tmp_path):
     """The manifest is written once, at the end; a build that died before it (a killed rank) left
     each finished shard with its own record, and the next build computes only the rest."""
@@ -67,7 +56,7 @@ def test_a_build_without_its_manifest_resumes_from_the_shard_records(ft, saved_f
         done = build_index(ft.model, items, ident, SPEC, root=tmp_path / "r", **kw)
     assert done.complete and len(calls) == 2  # only the last shard (4 rows, 2 per batch)
     full = build_index(ft.model, items, ident, SPEC, root=tmp_path / "f", **kw)
-    assert torch.equal(_stacked(done), _stacked(full))
+    assert torch.equal(index_matrix(done), index_matrix(full))
     assert [s["sha256"] for s in done.manifest["shards"]] == [s["sha256"] for s in full.manifest["shards"]]
 
 
@@ -99,7 +88,7 @@ def test_bfloat16_storage_halves_the_index_and_ranks_like_float32(ft, saved_fine
         for k, i in (("f32", f32), ("bf16", bf16))
     }
     assert size["bf16"] < 0.55 * size["f32"]
-    a, b = _stacked(f32), _stacked(bf16)
+    a, b = index_matrix(f32), index_matrix(bf16)
     assert ((a - b).abs() <= 2**-8 * a.abs()).all()  # round to nearest with 8 significant bits
     q = a[0] - a[1]  # any query direction
     err = (a @ q - b @ q).abs()
