@@ -12,10 +12,11 @@ projections (``init_lora_weights=False``, so both factors are non-zero):
   interleaved; the ratios say what per-example gradients cost over a training step;
 * **cli**: the model saved as a local HF folder, ``gradian train`` (1 epoch on CUDA) and, on its
   adapter, ``gradian index --device cuda --dtype bfloat16`` with the run plan's own projection, by
-  row and by sentence (one pass: the sentence units and the row index derived from them): wall time,
-  units (the larger index's) and row tokens per second from launch to exit (the process start and
-  the model load included); then the row index again under ``torchrun --nproc-per-node 1`` (the
-  NCCL process-group path), whose shards must equal the plain run's byte for byte.
+  row and by sentence (one pass: the sentence units and the row index derived from them), the sentence
+  one again with ``--rows-per-forward 8``: wall time, units (the larger index's) and row tokens per
+  second from launch to exit (the process start and the model load included); then the row index again
+  under ``torchrun --nproc-per-node 1`` (the NCCL process-group path), whose shards must equal the plain
+  run's byte for byte.
 
     python benchmarks/bench_gpu.py --out /tmp/gpu-check          # needs CUDA
 
@@ -237,13 +238,15 @@ def cli(work: Path, n: int, n_sentence: int, max_gb: float) -> list[str]:
     common = ["--base", str(base), "--adapter", str(adapter), "--checkpoints", "final", "--max-length", "256"]
     common += ["--device", DEVICE, "--dtype", "bfloat16", "--max-index-gb", str(max_gb)]
     folders = {}
-    for name, launcher, unit, which in (
-        ("index-row", gradian, "row", "train"),
-        ("index-row-torchrun", torchrun, "row", "train"),
-        ("index-sentence", gradian, "sentence", "sentence"),
+    for name, launcher, unit, which, extra in (
+        ("index-row", gradian, "row", "train", []),
+        ("index-row-torchrun", torchrun, "row", "train", []),
+        ("index-sentence", gradian, "sentence", "sentence", []),
+        ("index-sentence-8-rows-a-forward", gradian, "sentence", "sentence", ["--rows-per-forward", "8"]),
     ):
         folders[name] = work / name
         cmd = [*launcher, "index", *common, "--data", str(data[which]), "--unit", unit, "--out", str(folders[name])]
+        cmd += extra
         wall = go(name, cmd)
         mans = [json.loads(m.read_text()) for m in sorted(folders[name].glob("*/manifest.json"))]
         counts = sorted(int(m["n_examples"]) for m in mans)  # the sentence command writes derived rows + units

@@ -3,9 +3,10 @@
 #   1. the `gpu` tests (bf16 hooks = loop on CUDA, the index / queries / drill-down on CUDA; the 2-GPU
 #      torchrun test needs two devices and is skipped on one);
 #   2. benchmarks/bench_gpu.py: hooks = loop = vmap on CUDA at SmolLM2-135M's shape, their speed,
-#      `gradian train` vs `gradian index` (row, torchrun, sentence) throughput through the CLI;
+#      `gradian train` vs `gradian index` (row, torchrun, sentence, sentence with --rows-per-forward 8)
+#      throughput through the CLI;
 #   3. benchmarks/bench_joint_batch.py on the adapter step 2 trained: the sentence pass one row at a time
-#      against 4 and 8 rows per forward (slower on a CPU; on a GPU it decides the default).
+#      against 4 and 8 rows per forward (slower on a CPU; on a GPU it decides --rows-per-forward's default).
 # Usage: benchmarks/gpu_check.sh [OUT_DIR]   (OUT_DIR default /tmp/gradian-gpu-check)
 # Needs CUDA, this checkout on PYTHONPATH (src/) and the packages of constraints.txt.
 set -uo pipefail

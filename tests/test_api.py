@@ -339,6 +339,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "max_units_per_row": g.max_units_per_row,
         "batch_size": r.batch_size,
         "shard_size": r.shard_size,
+        "rows_per_forward": r.rows_per_forward,
         "seed": r.seed,
         "max_new_tokens": e.max_new_tokens,
         **_model_option_defaults(m),
@@ -407,6 +408,7 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
     from gradian.attribute.run import attribute_run
     from gradian.evaluate import EvalSpec
     from gradian.finetune import training_index
+    from gradian.index.joint import build_jointly
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
 
@@ -421,6 +423,7 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         "seed": g.projection.seed,
         "batch_size": build["batch_size"].default,
         "shard_size": build["shard_size"].default,
+        "rows_per_forward": inspect.signature(build_jointly).parameters["per_forward"].default,
         # the one-pass row + sentence build: the default of `attribute` too
         "one_pass": inspect.signature(attribute_run).parameters["one_pass"].default,
         **model,

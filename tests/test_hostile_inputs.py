@@ -84,10 +84,11 @@ def _specs():
         (lambda: TrainSpec(num_train_epochs=math.nan), "num_train_epochs"),
         (lambda: check_build_args(-3), "--batch-size"),
         (lambda: check_build_args(8, 0), "shard_size"),
+        (lambda: check_build_args(8, 256, 0), "--rows-per-forward"),
     ]
 
 
-@pytest.mark.parametrize("k", range(30))
+@pytest.mark.parametrize("k", range(36))
 def test_specs_refuse_bad_values_with_one_line(k):
     make, needle = _specs()[k]
     with pytest.raises(GradianUserError) as ei:
@@ -107,7 +108,7 @@ def test_spec_defaults_are_valid():
     GradSpec(), AttributeSpec(), EvalSpec(), ModelSpec("m"), TrainSpec()
     for cls in engines().values():
         cls.spec_class()  # every registered engine's defaults are valid
-    assert len(_specs()) == 35
+    assert len(_specs()) == 36  # the parametrize above covers every one
 
 
 def test_train_errors_name_the_flag_or_the_file_key(tmp_path):
@@ -139,6 +140,7 @@ def _index(sf, *extra):
     [
         (["--batch-size", "-3"], "--batch-size"),
         (["--batch-size", "0"], "--batch-size"),
+        (["--rows-per-forward", "0"], "--rows-per-forward"),
         (["--device", "tpu"], "--device"),
         (["--project-dim", "-4"], "--project-dim"),
         (["--seed", "-1"], "--seed"),
@@ -169,6 +171,7 @@ def test_modules_that_select_nothing(saved_finetune):
         (["--second-engine", "kronfluence"], "--second-engine"),
         (["--row-weight", "-0.5"], "--row-weight"),
         (["--row-weight", "nan"], "--row-weight"),
+        (["--rows-per-forward", "-1"], "--rows-per-forward"),
     ],
 )
 def test_attribute_flags(tmp_path, extra, needle):

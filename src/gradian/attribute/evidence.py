@@ -125,6 +125,7 @@ def trajectory_scores(
     keep_per_checkpoint: bool = False,
     say: Callable[[str], None] | None = None,
     shard_size: int = 256,
+    rows_per_forward: int = 1,
     joint: bool = True,
     keep_preconditioned: bool | None = None,
 ) -> TrajectoryEvidence:
@@ -145,6 +146,7 @@ def trajectory_scores(
             ``<root>/<index id>``.
         say: called with one line per index build (its size estimate), before it starts.
         shard_size: rows per index shard.
+        rows_per_forward: rows per forward pass of that one-pass build (``--rows-per-forward``).
         joint: with sentence units, build each checkpoint's row and sentence indexes in one pass per row
             (:mod:`gradian.index.joint`, the default ``--one-pass``; collective under torchrun, byte-identical
             for any number of processes); False (``--separate``): two separate builds. The two paths agree to
@@ -208,6 +210,7 @@ def trajectory_scores(
             shard_size=shard_size,
             progress_factory=(lambda k_: lambda a: progress(label, a, k_)) if progress else None,
             announce=(lambda line: say(f"{label}: {line}")) if say else None,
+            per_forward=rows_per_forward,
         )
 
     for ck in trajectory.checkpoints:

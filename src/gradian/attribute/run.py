@@ -74,6 +74,8 @@ class RunSpecs:
         seed: bootstrap and projection seed.
         batch_size: rows per backward pass when building the index.
         shard_size: rows per index shard.
+        rows_per_forward: rows per forward pass of the one-pass row + sentence build
+            (:func:`gradian.index.joint.build_jointly`; 1: each row alone, the fastest on a CPU).
     """
 
     model: ModelSpec
@@ -83,6 +85,7 @@ class RunSpecs:
     seed: int = 0
     batch_size: int = 8
     shard_size: int = 256
+    rows_per_forward: int = 1
 
     def __post_init__(self) -> None:
         from gradian.index.build import check_build_args
@@ -96,7 +99,7 @@ class RunSpecs:
 
             check_type(self.eval, EvalSpec, "RunSpecs", "eval")
         check_seed(self.seed, "RunSpecs")
-        check_build_args(self.batch_size, self.shard_size)
+        check_build_args(self.batch_size, self.shard_size, self.rows_per_forward)
 
 
 def _weakened_rivals(ft, ev, regressed: list[str], specs: RunSpecs) -> tuple[dict[str, list], dict[str, list]]:
@@ -435,6 +438,7 @@ def attribute_run(
             progress=progress,
             say=say,
             shard_size=specs.shard_size,
+            rows_per_forward=specs.rows_per_forward,
             joint=one_pass,
             keep_per_checkpoint=save_evidence,  # the evidence file carries each checkpoint's matrices too
         )

@@ -96,6 +96,14 @@ STORAGE_DTYPE = typer.Option(
     "(2-byte types halve the index; ranking cost in docs/benchmarks.md).",
     rich_help_panel=STORAGE,
 )
+ROWS_PER_FORWARD = typer.Option(
+    1,
+    "--rows-per-forward",
+    help="Rows per forward pass of the sentence build (one forward per row, one backward per sentence). 1, the "
+    "fastest on a CPU; on a GPU, where a pass costs about the same for 1 or 8 rows, e.g. 8 (it holds 8 rows' "
+    "activations and gradients at once). Does not change the numbers beyond float rounding.",
+    rich_help_panel=DEVICES,
+)
 SHARD_SIZE = typer.Option(
     256,
     "--shard-size",

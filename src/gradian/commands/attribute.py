@@ -376,6 +376,7 @@ def register(app: typer.Typer) -> None:
         ),
         storage_dtype: str = O.STORAGE_DTYPE,
         shard_size: int = O.SHARD_SIZE,
+        rows_per_forward: int = O.ROWS_PER_FORWARD,
         max_new_tokens: int = O.MAX_NEW_TOKENS,
         dtype: str = O.DTYPE,
         device: str = O.DEVICE,
@@ -478,7 +479,7 @@ def register(app: typer.Typer) -> None:
             optimizer=optimizer,
             max_units_per_row=max_units_per_row,
         )
-        check_build_args(batch_size, shard_size)
+        check_build_args(batch_size, shard_size, rows_per_forward)
         budget = index_budget(ctx, max_index_gb)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),
@@ -502,6 +503,7 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             batch_size=batch_size,
             shard_size=shard_size,
+            rows_per_forward=rows_per_forward,
         )
         inputs = RunInputs(
             base,
@@ -541,6 +543,7 @@ def register(app: typer.Typer) -> None:
                     "eval": specs.eval.to_dict(),
                     "batch_size": batch_size,
                     "shard_size": shard_size,
+                    "rows_per_forward": rows_per_forward,
                     "checkpoints": checkpoints,
                     "reference_adapter": str(reference_adapter),
                     "index_dir": str(index_dir) if index_dir else None,

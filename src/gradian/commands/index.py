@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
         storage_dtype: str = O.STORAGE_DTYPE,
         batch_size: int = typer.Option(8, help="Examples per backward pass.", rich_help_panel=O.DEVICES),
         shard_size: int = O.SHARD_SIZE,
+        rows_per_forward: int = O.ROWS_PER_FORWARD,
         dtype: str = O.DTYPE,
         device: str = O.DEVICE,
         trust_remote_code: bool = O.TRUST_REMOTE_CODE,
@@ -86,7 +87,7 @@ def register(app: typer.Typer) -> None:
             saved = adapter_template(adapter)
             tokenize = dataclasses.replace(spec.tokenize, chat_template=saved[0] if saved else None)
         spec = dataclasses.replace(spec, tokenize=tokenize)
-        check_build_args(batch_size, shard_size)
+        check_build_args(batch_size, shard_size, rows_per_forward)
         from gradian.commands.attribute import index_budget
 
         budget = index_budget(ctx, max_index_gb)
@@ -100,6 +101,7 @@ def register(app: typer.Typer) -> None:
                     "dtype": dtype,
                     "batch_size": batch_size,
                     "shard_size": shard_size,
+                    "rows_per_forward": rows_per_forward,
                     "checkpoints": checkpoints,
                     "out": str(out) if out else None,
                 }
@@ -178,6 +180,7 @@ def register(app: typer.Typer) -> None:
                                 announce=lambda line, lab=ck.label: console.print(
                                     f"{lab}: {escape(line)}", highlight=False, soft_wrap=True
                                 ),
+                                per_forward=rows_per_forward,
                             )
                         idx, examples, items, reused = training_index(
                             ft,

@@ -42,9 +42,9 @@ from gradian.index.store import STORAGE_DTYPES, GradientIndex, GradSpec, default
 from gradian.util import DiskFullError, free_bytes, release_free_memory
 
 
-def check_build_args(batch_size: Any, shard_size: Any = 256) -> None:
-    """``batch_size`` and ``shard_size`` must be whole numbers >= 1 (a batch size below 1 would leave
-    rows uncomputed).
+def check_build_args(batch_size: Any, shard_size: Any = 256, rows_per_forward: Any = 1) -> None:
+    """``batch_size``, ``shard_size`` and ``rows_per_forward`` must be whole numbers >= 1 (a batch size below 1
+    would leave rows uncomputed).
     """
     from gradian.validate import check_int
 
@@ -52,6 +52,15 @@ def check_build_args(batch_size: Any, shard_size: Any = 256) -> None:
         batch_size, "build_index", "batch_size", flag="--batch-size", lo=1, hi=1_000_000, fix="use e.g. --batch-size 8"
     )
     check_int(shard_size, "build_index", "shard_size", lo=1, hi=100_000_000, fix="use e.g. 256")
+    check_int(
+        rows_per_forward,
+        "build_index",
+        "rows_per_forward",
+        flag="--rows-per-forward",
+        lo=1,
+        hi=1_000_000,
+        fix="use 1 on a CPU, e.g. 8 on a GPU",
+    )
 
 
 def _shard_costs(lengths: Sequence[int], n_shards: int, shard_size: int, batch_size: int) -> list[int]:

@@ -210,12 +210,13 @@ def build_jointly(
     from gradian import distributed
     from gradian.gradients.projection import KroneckerProjector
     from gradian.gradients.units import rows_unit_grads
-    from gradian.index.build import _check_shared_folder, _clean_stale_temp
+    from gradian.index.build import _check_shared_folder, _clean_stale_temp, check_build_args
     from gradian.index.shards import ShardStream, _layout, _read_record, shard_problem
     from gradian.index.size import effective_shard_size, size_estimate
     from gradian.index.store import STORAGE_DTYPES, index_id, select_blocks
     from gradian.util import DiskFullError, free_bytes, release_free_memory
 
+    check_build_args(batch_size, shard_size, per_forward)
     dist = distributed.current()
     t0 = time.perf_counter()
     blocks = select_blocks(model, replace(grad, unit="row"))
@@ -238,6 +239,7 @@ def build_jointly(
                 "the number of rows and sentence units": (len(items), len(units)),
                 "the batch size": batch_size,
                 "the shard size": shard_size,
+                "the rows per forward": per_forward,
             }
         )
     for root in roots.values():
@@ -419,6 +421,7 @@ def maybe_build_jointly(
     shard_size: int = 256,
     progress_factory: Callable[[int], Callable[[int], None]] | None = None,
     announce: Callable[[str], None] | None = None,
+    per_forward: int = 1,
 ) -> dict[str, float] | None:
     """Build a checkpoint's missing row and sentence shards in one pass per row (None: both already complete).
 
@@ -453,4 +456,5 @@ def maybe_build_jointly(
         transform=transform,
         progress_factory=progress_factory,
         announce=announce,
+        per_forward=per_forward,
     )
