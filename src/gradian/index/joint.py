@@ -18,10 +18,10 @@ This is the default whenever a checkpoint's row and sentence indexes are both bu
 separate builds are ``--separate``), in one process, under torchrun and when resuming: only the missing
 shards are computed, split between the ranks (:func:`build_jointly`). A row is computed alone (by default), or
 in a batch with the same other rows every time (:func:`row_groups`), so the bytes do not depend on the number
-of processes. The index ids are those of the separate builds: the numbers agree with
-theirs to float rounding (about 1e-7 relative in float32), not to the bit, and each shard entry says which
-path wrote it (``"pass"``, :data:`JOINT_PASS`, with the rows per forward when more than one);
-docs/how-it-works.md says why one identity is kept.
+of processes. The index ids are those of the separate builds: the numbers agree with theirs to float
+rounding (about 1e-7 relative in float32), not to the bit, and each shard entry says which path wrote it
+(``"pass"``, :data:`JOINT_PASS`, with the rows per forward when more than one); docs/how-it-works.md says
+why one identity is kept.
 """
 
 from __future__ import annotations
