@@ -163,6 +163,26 @@ def test_two_processes_give_the_index_and_the_verdict_of_one(world, single):
     assert "shards over 2 processes" in res.stdout
 
 
+def test_three_rows_a_forward_write_the_same_bytes_with_one_process_or_two(world):
+    """`--rows-per-forward 3`: the groups of rows are fixed by the shard blocks, not by who computes them, so two
+    ranks write the shards one process writes, byte for byte, and the entries say how the rows were run."""
+    shards = {}
+    for nproc in (1, 2):
+        root = world["root"] / f"rows-per-forward-{nproc}"
+        args = [*_index_args(world, root / "index", "final"), "--rows-per-forward", "3"]
+        res = _run(args, _env(root / "cache"), nproc=nproc)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        mans = {p.parent.name: json.loads(p.read_text()) for p in (root / "index").glob("*/manifest.json")}
+        assert len(mans) == 2 and all(m["complete"] for m in mans.values())  # the row and the sentence index
+        assert {s.get("pass") for m in mans.values() for s in m["shards"]} == {f"{JOINT_PASS}, 3 rows a forward"}
+        shards[nproc] = {
+            (name, s["file"]): (root / "index" / name / s["file"]).read_bytes()
+            for name, m in mans.items()
+            for s in m["shards"]
+        }
+    assert shards[1] == shards[2] and len(shards[1]) >= 8
+
+
 def test_a_dead_rank_leaves_its_shards_and_one_process_resumes(world, single):
     """Rank 1 is SIGKILLed right after its first shard; torchrun stops rank 0. A single-process
     run then keeps every finished shard (not recomputed) and gives the scores of the clean run."""
