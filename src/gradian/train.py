@@ -271,7 +271,11 @@ def train_lora(
         bias="none",
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(model, lcfg)
+    with warnings.catch_warnings():
+        # PEFT asks transformers' deprecated ``is_gradient_checkpointing`` (a FutureWarning the user can do nothing
+        # about; the one inside trainer.train() is silenced below too)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        model = get_peft_model(model, lcfg)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
