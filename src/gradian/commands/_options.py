@@ -99,9 +99,9 @@ STORAGE_DTYPE = typer.Option(
 ROWS_PER_FORWARD = typer.Option(
     1,
     "--rows-per-forward",
-    help="Rows per forward pass of the sentence build (one forward per row, one backward per sentence). 1, the "
-    "fastest on a CPU; on a GPU, where a pass costs about the same for 1 or 8 rows, e.g. 8 (it holds 8 rows' "
-    "activations and gradients at once). Does not change the numbers beyond float rounding.",
+    help="Rows sharing each forward and backward pass of the sentence build (a row needs one backward per "
+    "sentence; b rows share them). 1, the fastest on a CPU; on a GPU, where a pass costs about the same for 1 or 8 "
+    "rows, e.g. 8 (it holds 8 rows' activations and gradients at once). The numbers agree to float rounding.",
     rich_help_panel=DEVICES,
 )
 SHARD_SIZE = typer.Option(
