@@ -115,6 +115,19 @@ REAL_CAPITALS = [
 ]
 
 
+def sentence_rows(tok) -> tuple[list, list]:
+    """``(items, units)``: :data:`ROWS` and a three-sentence row, three times over (21 rows), tokenised to 64
+    tokens, and their sentence units: what the one-pass row + sentence build tests run on."""
+    from gradian.data.formats import to_example
+    from gradian.data.spans import sentence_units
+    from gradian.data.tokenize import TokenizeSpec, tokenize_example
+
+    rows = [*ROWS, {"id": "m", "prompt": "Facts.", "completion": " Paris is in France. Tokyo is big. Fe"}] * 3
+    exs = [to_example({**r, "id": f"{r['id']}-{i}"}, i, "t") for i, r in enumerate(rows)]
+    items = [tokenize_example(e, tok, TokenizeSpec(max_length=64)) for e in exs]
+    return items, sentence_units(exs, items)
+
+
 def capital_rows(n=48):
     """Capital Q/A rows; every fifth states the wrong capital 'Lyon'."""
     rows = []

@@ -88,17 +88,12 @@ def test_the_joint_build_batches_rows_on_cuda_and_matches_one_row_on_the_cpu(tok
 
     from safetensors.torch import load_file
 
-    from gradian.data.formats import to_example
-    from gradian.data.spans import sentence_units
-    from gradian.data.tokenize import TokenizeSpec, tokenize_example
     from gradian.gradients.projection import ProjectionSpec
     from gradian.index.joint import JOINT_PASS, build_jointly
     from gradian.index.store import GradSpec
+    from gradian_testlib import sentence_rows
 
-    rows = [*ROWS, {"id": "m", "prompt": "Facts.", "completion": " Paris is in France. Tokyo is big. Fe"}] * 3
-    exs = [to_example({**r, "id": f"{r['id']}-{i}"}, i, "t") for i, r in enumerate(rows)]
-    items = [tokenize_example(e, tok, TokenizeSpec(max_length=64)) for e in exs]
-    units = sentence_units(exs, items)
+    items, units = sentence_rows(tok)
     spec = GradSpec(projection=ProjectionSpec(dim=8, seed=1))
     ids = {u: {"test": "joint-cuda", "unit": u} for u in ("row", "sentence")}
     cpu = make_lora_model(tok, "llama")

@@ -19,16 +19,10 @@ from gradian_testlib import make_lora_model
 
 @pytest.fixture(scope="module")
 def setup(tok):
-    from gradian.data.formats import to_example
-    from gradian.data.spans import sentence_units
-    from gradian.data.tokenize import TokenizeSpec, tokenize_example
-    from gradian_testlib import ROWS
+    from gradian_testlib import sentence_rows
 
     model = make_lora_model(tok, "llama")  # float32: where rounding would show if a row's numbers varied
-    rows = [*ROWS, {"id": "m", "prompt": "Facts.", "completion": " Paris is in France. Tokyo is big. Fe"}] * 3
-    exs = [to_example({**r, "id": f"{r['id']}-{i}"}, i, "t") for i, r in enumerate(rows)]
-    items = [tokenize_example(e, tok, TokenizeSpec(max_length=64)) for e in exs]
-    units = sentence_units(exs, items)
+    items, units = sentence_rows(tok)
     spec = GradSpec(projection=ProjectionSpec(dim=8, seed=1))
     ids = {u: {"test": "joint-resume", "unit": u} for u in ("row", "sentence")}
     return model, items, units, spec, ids, dict(pad_token_id=tok.pad_token_id, batch_size=2, shard_size=4)
