@@ -198,3 +198,20 @@ def test_one_pass_trajectory_scores_equal_the_separate_builds(saved_finetune, tm
         for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
             a, b = getattr(got[True].scores["capitals"][e], kind), getattr(got[False].scores["capitals"][e], kind)
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * np.abs(b).max(), err_msg=f"{e}.{kind}")
+
+
+def test_the_warm_up_times_the_rows_per_forward_the_build_runs(tok):
+    """With b rows a forward the warm-up runs at least b rows, b at a time; its work tokens (Σ row tokens × the
+    row's backward vectors) do not depend on how the rows were batched, so a faster batched pass is a higher rate."""
+    from gradian.index.plan import warmup
+    from gradian_testlib import sentence_rows
+
+    model = make_lora_model(tok, "llama")
+    items, units = sentence_rows(tok)
+    spec = GradSpec(projection=ProjectionSpec(dim=8, seed=1))
+    one = warmup(model, items, spec, tok.pad_token_id, units, rows=3)
+    three = warmup(model, items, spec, tok.pad_token_id, units, rows=2, per_forward=3)
+    assert one["examples"] == three["examples"] == 3
+    assert one["work_tokens"] == three["work_tokens"] > 0 and three["seconds"] > 0
+    rows = warmup(model, items, spec, tok.pad_token_id, None, rows=2, per_forward=3)  # the row path: unaffected
+    assert rows["examples"] == 2

@@ -353,6 +353,7 @@ def attribute_run(
         parent=index_root,
         budget=budget if budget is not None else IndexBudget(),
         joint=one_pass and specs.attribute.unit == "sentence",
+        per_forward=specs.rows_per_forward,
     )
     dim = distributed.broadcast_object(chosen.projection.dim)  # every rank stores what rank 0 planned
     if dim != specs.grad.projection.dim:

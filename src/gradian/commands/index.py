@@ -138,6 +138,7 @@ def register(app: typer.Typer) -> None:
                 parent=out,
                 budget=budget,
                 joint=one_pass and spec.unit == "sentence",
+                per_forward=rows_per_forward,
             )
             spec = with_dim(spec, distributed.broadcast_object(spec.projection.dim))  # every rank stores rank 0's
             for line in plan.lines():

@@ -323,13 +323,15 @@ def warmup(
     pad_token_id: int,
     units: Sequence | None = None,
     rows: int = 4,
+    per_forward: int = 1,
 ) -> dict[str, Any]:
     """Time a few rows' gradients on the path the build takes; returns ``{"examples", "work_tokens", "seconds"}``.
 
     Rows path (``units`` None): one :func:`~gradian.gradients.per_example.per_example_grads` batch of ``rows``
-    rows, projected; work tokens = padded tokens. Sentence path: :func:`~gradian.gradients.units.row_unit_grads`
-    per row, projected; work tokens = Σ row tokens × its backward vectors (units, plus the residual). One row is
-    run first, untimed (first-call overheads).
+    rows, projected; work tokens = padded tokens. Sentence path: :func:`~gradian.gradients.units.rows_unit_grads`
+    on ``per_forward`` rows at a time (``--rows-per-forward``; at least that many rows are timed), projected; work
+    tokens = Σ row tokens × its backward vectors (units, plus the residual), so a batched pass shows as a higher
+    rate. One row is run first, untimed (first-call overheads).
     """
     import torch
 
@@ -339,7 +341,7 @@ def warmup(
 
     blocks = select_blocks(model, spec)
     proj = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], spec.projection)
-    n = min(rows, len(items))
+    n = min(max(rows, per_forward if units is not None else 0), len(items))
     picks = list(range(n))
     if units is None:
         from gradian.gradients.per_example import per_example_grads
@@ -354,8 +356,8 @@ def warmup(
             return int(batch["input_ids"].numel())
 
     else:
-        from gradian.gradients.units import row_unit_grads
-        from gradian.index.joint import row_unit_batch
+        from gradian.gradients.units import rows_unit_grads
+        from gradian.index.joint import rows_unit_batch
 
         by_row: dict[int, list] = {}
         for u in units:
@@ -364,13 +366,16 @@ def warmup(
 
         def run(ix: list[int]) -> int:
             tok = 0
-            for j in ix:
-                batch, ul = row_unit_batch(items[j], by_row.get(j, []), pad_token_id)
-                r = row_unit_grads(model, batch, ul, blocks)
-                for i, b in enumerate(blocks):
-                    proj(i, r.units[b.name].detach().to(torch.float64))
-                    proj(i, r.row[b.name].unsqueeze(0))
-                tok += int(batch["input_ids"].shape[1]) * r.passes
+            for s in range(0, len(ix), max(1, per_forward)):
+                group = ix[s : s + max(1, per_forward)]
+                batch, uls = rows_unit_batch(
+                    [items[j] for j in group], [by_row.get(j, []) for j in group], pad_token_id
+                )
+                for j, r in zip(group, rows_unit_grads(model, batch, uls, blocks)):
+                    for i, b in enumerate(blocks):
+                        proj(i, r.units[b.name].detach().to(torch.float64))
+                        proj(i, r.row[b.name].unsqueeze(0))
+                    tok += len(items[j].input_ids) * r.passes
             return tok
 
     if n == 0:
@@ -410,6 +415,7 @@ def run_plan(
     budget: IndexBudget = IndexBudget(),
     joint: bool = False,
     warm_rows: int = 2,
+    per_forward: int = 1,
 ) -> tuple[RunPlan, Any]:
     """The plan of a run's index builds, with its warm-up estimate; returns ``(plan, grad with the chosen dim)``.
 
@@ -420,6 +426,7 @@ def run_plan(
         units: the index units built per checkpoint (``("row",)``, ``("row", "sentence")``, ``("sentence",)``).
         parent: the indexes' parent folder (``--index-dir`` / ``--out``; None: the cache).
         joint: the row and sentence indexes of a checkpoint are built in one pass (:mod:`gradian.index.joint`).
+        per_forward: that pass's rows per forward (``--rows-per-forward``), which the warm-up times as the build runs.
     """
     from gradian.data.tokenize import row_values
     from gradian.finetune import index_identity
@@ -476,6 +483,8 @@ def run_plan(
         if (ck.label, "sentence") in todo:
             work += sum(u.length for u in sent or [])
     if work:
-        warm = warmup(ft.model, items, chosen, ft.tokenizer.pad_token_id, sent if joint else None, warm_rows)
+        warm = warmup(
+            ft.model, items, chosen, ft.tokenizer.pad_token_id, sent if joint else None, warm_rows, per_forward
+        )
         add_estimate(plan, warm, work, joint)
     return plan, chosen
