@@ -24,6 +24,8 @@ and P@n):
 * ``default, tail gate``: the default's rank score with the references weighted by the tail gate
   (:func:`gradian.attribute.ranking.tail_agreement`) instead of the global Spearman; ``default, per-item ...
   gate`` (session 21): each reference's weight from its agreement with the gradient item by item (:func:`item_gated`);
+* ``default, the items' ...`` (session 21): the default with the median, the 20% trimmed mean or the most harmed
+  item's standard score over the items instead of their mean (:func:`item_aggregates`);
 * ``... unfused``: the default, ``per item, then mean`` and ``min of the items' mean`` without the references.
 
     python benchmarks/bench_rank_rule.py RUN1 WORLD1 [RUN2 WORLD2 ...] [--json out.json]
@@ -53,6 +55,31 @@ def item_weights(P: np.ndarray) -> dict[str, np.ndarray]:
         "its lowest z": np.maximum(-Z.min(1), 0),
         "the consensus": np.array([max(0.0, spearman(p, consensus)) for p in P]),
     }
+
+
+def item_aggregates() -> dict[str, Any]:
+    """``{name: f}``, f taking an (m, n) per-item matrix to (n,) row scores instead of the mean over the m items
+    (session 21): the median, the 20% trimmed mean, and the most harmed item's robust standard score.
+    """
+    from scipy.stats import trim_mean
+
+    from gradian.attribute.ranking import robust_scale
+
+    def lowest_z(M: np.ndarray) -> np.ndarray:
+        return np.stack([m / robust_scale(m) for m in M]).min(0)
+
+    return {
+        "median": lambda M: np.median(M, axis=0),
+        "20% trimmed mean": lambda M: trim_mean(M, 0.2, axis=0),
+        "lowest z": lowest_z,
+    }
+
+
+def combined(u: np.ndarray, w: np.ndarray, row_weight: float = 0.5) -> np.ndarray:
+    """The default's ``u/σ(u) + λ·w/σ(w)`` of a sentence statistic u and a whole-row score w (both (n,))."""
+    from gradian.attribute.ranking import robust_scale
+
+    return u / robust_scale(u) + row_weight * w / robust_scale(w)
 
 
 def item_gated(g: np.ndarray, P: np.ndarray, T: dict, c: str, gate: str) -> np.ndarray:
@@ -114,6 +141,8 @@ def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[st
     for rule, w in item_weights(P).items():
         rules[f"per item, weighted by {rule}"] = fused((w[:, None] * P).sum(0) / max(float(w.sum()), 1e-300))
     rules["z per item, then mean"] = fused(np.stack([zscore(p) for p in P]).mean(0))
+    for rule, agg in item_aggregates().items():  # the default with another aggregate over the items than the mean
+        rules[f"default, the items' {rule}"] = fused(combined(agg(P), agg(S)))
     rules["default, tail gate"] = default_fusion(default, T, c, None, AttributeSpec(fuse_gate="tail"))[0]
     rules["default, per-item Spearman gate"] = item_gated(default, P, T, c, "spearman")
     rules["default, per-item tail gate"] = item_gated(default, P, T, c, "tail")
