@@ -246,6 +246,7 @@ def test_specs_validate_themselves_with_the_clis_one_line_errors():
         (lambda: NormalizeSpec(casefold="yes"), "NormalizeSpec.casefold"),
         (lambda: RunSpecs(model=ModelSpec("b"), seed=-1), "--seed (RunSpecs.seed)"),
         (lambda: RunSpecs(model=ModelSpec("b"), shard_size=0), "build_index.shard_size"),
+        (lambda: RunSpecs(model=ModelSpec("b"), rows_per_forward=0), "--rows-per-forward"),
         (lambda: RunSpecs(model="b"), "RunSpecs.model"),
     ]
     for make, where in bad:
@@ -397,6 +398,7 @@ def test_the_attributors_defaults_are_the_specs():
         r.batch_size,
         r.shard_size,
     )
+    assert sig["rows_per_forward"].default == r.rows_per_forward
     assert sig["checkpoints"].default == RunInputs.__dataclass_fields__["checkpoints"].default
 
 

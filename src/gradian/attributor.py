@@ -186,7 +186,8 @@ class Attributor:
         reference_adapter: compare against this adapter instead of the base.
         configs, logs: training configs and the trainer log, for the Audit lane of :meth:`attribute`.
         index_dir: parent folder of the gradient indexes (default: the cache).
-        seed, batch_size, shard_size: as ``gradian attribute --seed/--batch-size/--shard-size``.
+        seed, batch_size, shard_size, rows_per_forward: as ``gradian attribute --seed/--batch-size/--shard-size/
+            --rows-per-forward``.
     """
 
     def __init__(
@@ -206,6 +207,7 @@ class Attributor:
         seed: int = 0,
         batch_size: int = 8,
         shard_size: int = 256,
+        rows_per_forward: int = 1,
     ) -> None:
         from gradian.attribute.trajectory import checkpoint_selection
         from gradian.evaluate import EvalSpec
@@ -248,6 +250,7 @@ class Attributor:
             seed=seed,
             batch_size=batch_size,
             shard_size=shard_size,
+            rows_per_forward=rows_per_forward,
         )
         self.adapter = Path(adapter)
         self.data = Path(data)
