@@ -155,12 +155,12 @@ def _child(kind: str, args: list[str], report: Path) -> None:
 
         return wrapper
 
-    def count_units(fn):
+    def count_units(fn):  # rows_unit_grads: b rows per forward (the build, the plan's warm-up)
         def wrapper(model, batch, unit_labels, *a, **k):
             out = fn(model, batch, unit_labels, *a, **k)
             r = rec(stage[0])
-            r["forward"] += 1
-            r["backward"] += int(out.passes)
+            r["forward"] += len(out)  # sequences forwarded, as count_grads counts them
+            r["backward"] += sum(int(o.passes) for o in out)  # backward vectors, one per unit (and residual)
             r["tokens"] += int(batch["attention_mask"].sum())
             return out
 
@@ -186,7 +186,7 @@ def _child(kind: str, args: list[str], report: Path) -> None:
         except ImportError:
             pass
     patch("gradian.gradients.per_example", "per_example_grads", count_grads)
-    patch("gradian.gradients.units", "row_unit_grads", count_units)
+    patch("gradian.gradients.units", "rows_unit_grads", count_units)  # row_unit_grads calls it too
 
     def index_stage(model, items, identity, spec, *a, **k):
         return "sentence index" if getattr(spec, "unit", "row") == "sentence" else "row index"
