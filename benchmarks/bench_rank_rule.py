@@ -75,13 +75,6 @@ def item_aggregates() -> dict[str, Any]:
     }
 
 
-def combined(u: np.ndarray, w: np.ndarray, row_weight: float = 0.5) -> np.ndarray:
-    """The default's ``u/σ(u) + λ·w/σ(w)`` of a sentence statistic u and a whole-row score w (both (n,))."""
-    from gradian.attribute.ranking import robust_scale
-
-    return u / robust_scale(u) + row_weight * w / robust_scale(w)
-
-
 def item_gated(g: np.ndarray, P: np.ndarray, T: dict, c: str, gate: str) -> np.ndarray:
     """The default fusion, each reference weighted by its per-item agreement with the gradient (session 21).
 
@@ -107,7 +100,7 @@ def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[st
     """``({rule: (n,) row scores}, train_ids, facts)`` for one saved run (module docstring)."""
     from gradian.attribute.evidence import EngineScores
     from gradian.attribute.pipeline import AttributeSpec
-    from gradian.attribute.ranking import rank_statistic, zscore
+    from gradian.attribute.ranking import rank_statistic, with_whole_row, zscore
     from gradian.attribute.unit_null import corrected_rows
     from gradian.data.spans import SentenceUnit, row_min
     from runpairs import default_fusion, load_saved
@@ -142,7 +135,7 @@ def rank_rules(run_dir: Path) -> tuple[dict[str, np.ndarray], list[str], dict[st
         rules[f"per item, weighted by {rule}"] = fused((w[:, None] * P).sum(0) / max(float(w.sum()), 1e-300))
     rules["z per item, then mean"] = fused(np.stack([zscore(p) for p in P]).mean(0))
     for rule, agg in item_aggregates().items():  # the default with another aggregate over the items than the mean
-        rules[f"default, the items' {rule}"] = fused(combined(agg(P), agg(S)))
+        rules[f"default, the items' {rule}"] = fused(with_whole_row(agg(P), agg(S), AttributeSpec().row_weight))
     rules["default, tail gate"] = default_fusion(default, T, c, None, AttributeSpec(fuse_gate="tail"))[0]
     rules["default, per-item Spearman gate"] = item_gated(default, P, T, c, "spearman")
     rules["default, per-item tail gate"] = item_gated(default, P, T, c, "tail")

@@ -86,10 +86,17 @@ def rank_statistic(
         rows = per_item.mean(axis=0)
         if spec.row_weight > 0:
             whole = (es.cosine if spec.statistic == "cosine" else es.raw).mean(axis=0)
-            rows = rows / robust_scale(rows) + spec.row_weight * whole / robust_scale(whole)
+            rows = with_whole_row(rows, whole, spec.row_weight)
         return RankStatistic(rows, per_item)
     per_item = es.cosine if spec.statistic == "cosine" else es.raw
     return RankStatistic(per_item.mean(axis=0), per_item)
+
+
+def with_whole_row(u: np.ndarray, w: np.ndarray, row_weight: float) -> np.ndarray:
+    """``u / σ(u) + λ · w / σ(w)``: a sentence statistic u (n,) beside the whole rows' score w (n,), each on its
+    robust scale σ (:func:`robust_scale`, not centred: the sign is kept), λ = ``row_weight``.
+    """
+    return u / robust_scale(u) + row_weight * w / robust_scale(w)
 
 
 def robust_scale(x: np.ndarray) -> float:
