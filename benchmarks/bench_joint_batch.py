@@ -10,8 +10,10 @@ one-row ones.
     python benchmarks/bench_joint_batch.py --base BASE --adapter ADAPTER --data train.jsonl --rows 32 --batches 1,4,8
 
 Prints per batch size: seconds per row (median of --repeats), backward passes, and the largest relative gap
-``max|a − b| / max|b|`` of its unit gradients to batch size 1. The rows are the first --rows of the data (in file
-order, as the build takes them), grouped in file order.
+``max|a − b| / max|b|`` of its unit gradients to batch size 1. The rows are the first --rows of the data, grouped
+as the build groups them (``gradian.index.joint.row_groups``: sorted by length within each block of 256 rows; until
+session 21 this script grouped them in file order, which padded more, and docs/benchmarks.md's CPU table of session 20
+was measured that way).
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ def main() -> None:
 
     from gradian.data.formats import load_examples
     from gradian.data.spans import sentence_units
-    from gradian.data.tokenize import TokenizeSpec
+    from gradian.data.tokenize import TokenizeSpec, row_values
     from gradian.finetune import load_finetune, tokenize_training_set
     from gradian.gradients.units import rows_unit_grads
-    from gradian.index.joint import rows_unit_batch
+    from gradian.index.joint import row_groups, rows_unit_batch
     from gradian.index.store import GradSpec, select_blocks
     from gradian.models.load import ModelSpec
 
@@ -55,13 +57,17 @@ def main() -> None:
     sizes = [int(b) for b in args.batches.split(",")]
     pad = ft.tokenizer.pad_token_id
 
-    def run(b: int) -> tuple[list, int]:
-        out, passes = [], 0
-        for lo in range(0, len(items), b):
-            batch, uls = rows_unit_batch(items[lo : lo + b], per_row[lo : lo + b], pad)
+    lengths = row_values(items, "length")
+
+    def run(b: int) -> tuple[list, int]:  # the rows grouped as the build groups them (--rows-per-forward b)
+        out: list = [None] * len(items)
+        passes = 0
+        for group in row_groups(range(len(items)), lengths, 256, b):
+            batch, uls = rows_unit_batch([items[j] for j in group], [per_row[j] for j in group], pad)
             res = rows_unit_grads(ft.model, batch, uls, blocks)
             passes += max(r.passes for r in res)
-            out += [{k: v.cpu() for k, v in r.units.items()} for r in res]
+            for j, r in zip(group, res):
+                out[j] = {k: v.cpu() for k, v in r.units.items()}
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         return out, passes

@@ -196,10 +196,11 @@ def build_jointly(
         progress_factory: called once with the number of rows this rank computes; returns the callback
             called with the rows just done.
         per_forward: rows per forward pass (:func:`row_groups`; ``--rows-per-forward``). One by default: on a
-            CPU batching rows is 1.55–2.48× slower at 4–8 rows (``benchmarks/bench_joint_batch.py``, 2 cores: the
-            backward passes are compute-bound and padding adds work), and each backward holds the b rows' ``G`` of
-            every block at once. On an accelerator, whose passes at these sizes are launch-bound, b rows should cost
-            about one (the backward passes drop from ``Σ_b K'_b`` to ``max_b K'_b`` a batch); not yet measured there.
+            CPU batching rows is no faster (``benchmarks/bench_joint_batch.py``, 2 cores, grouped as here: 0.92–1.25×
+            the one-row time at 4 rows, 1.19–1.41× at 8; the backward passes are compute-bound and padding adds
+            work), and each backward holds the b rows' ``G`` of every block at once. On an accelerator, whose
+            passes at these sizes are launch-bound, b rows should cost about one (the backward passes drop from
+            ``Σ_b K'_b`` to ``max_b K'_b`` a batch); not yet measured there.
 
     Returns:
         ``{"rows", "units", "passes", "tokens", "seconds"}`` of this rank: rows and units computed, backward
