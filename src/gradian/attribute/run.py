@@ -75,7 +75,7 @@ class RunSpecs:
         batch_size: rows per backward pass when building the index.
         shard_size: rows per index shard.
         rows_per_forward: rows per forward pass of the one-pass row + sentence build
-            (:func:`gradian.index.joint.build_jointly`; 1: each row alone, the fastest on a CPU).
+            (:func:`gradian.index.joint.build_jointly`; 1: each row alone; batching is no faster on a CPU).
     """
 
     model: ModelSpec
