@@ -338,6 +338,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "engine_option": None,
         **_index_option_defaults(g),
         "max_units_per_row": g.max_units_per_row,
+        "unit_grads": g.unit_grads,
         "batch_size": r.batch_size,
         "shard_size": r.shard_size,
         "rows_per_forward": r.rows_per_forward,
@@ -422,6 +423,7 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         # one concept, one default: `index --unit` builds what `attribute --unit` (AttributeSpec.unit) reads
         "unit": AttributeSpec().unit,
         "max_units_per_row": g.max_units_per_row,
+        "unit_grads": g.unit_grads,
         "seed": g.projection.seed,
         "batch_size": build["batch_size"].default,
         "shard_size": build["shard_size"].default,
@@ -555,6 +557,7 @@ def test_attributor_checks_every_argument_when_built(tmp_path):
         (lambda: AttributeSpec(statistic="mean"), "--statistic"),
         (lambda: AttributeSpec(weighting="loss"), "--weighting"),
         (lambda: GradSpec(max_units_per_row=0), "--max-units-per-row"),
+        (lambda: GradSpec(unit_grads="approx"), "--unit-grads"),
     ):
         with pytest.raises(GradianUserError) as e:
             make()

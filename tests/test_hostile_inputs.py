@@ -43,7 +43,7 @@ def _specs():
     from gradian.engines.ekfac import EkfacSpec
     from gradian.evaluate import EvalSpec
     from gradian.gradients.projection import ProjectionSpec
-    from gradian.index.build import check_build_args
+    from gradian.index.build import check_build_args, check_unit_grads
     from gradian.index.store import GradSpec
     from gradian.models.load import ModelSpec
     from gradian.trainconfig import TrainSpec
@@ -85,10 +85,12 @@ def _specs():
         (lambda: check_build_args(-3), "--batch-size"),
         (lambda: check_build_args(8, 0), "shard_size"),
         (lambda: check_build_args(8, 256, 0), "--rows-per-forward"),
+        (lambda: GradSpec(unit_grads="approx"), "--unit-grads"),
+        (lambda: check_unit_grads(GradSpec(unit="sentence", unit_grads="positions"), one_pass=False), "--separate"),
     ]
 
 
-@pytest.mark.parametrize("k", range(36))
+@pytest.mark.parametrize("k", range(38))
 def test_specs_refuse_bad_values_with_one_line(k):
     make, needle = _specs()[k]
     with pytest.raises(GradianUserError) as ei:
@@ -108,7 +110,7 @@ def test_spec_defaults_are_valid():
     GradSpec(), AttributeSpec(), EvalSpec(), ModelSpec("m"), TrainSpec()
     for cls in engines().values():
         cls.spec_class()  # every registered engine's defaults are valid
-    assert len(_specs()) == 36  # the parametrize above covers every one
+    assert len(_specs()) == 38  # the parametrize above covers every one
 
 
 def test_train_errors_name_the_flag_or_the_file_key(tmp_path):
@@ -145,6 +147,8 @@ def _index(sf, *extra):
         (["--project-dim", "-4"], "--project-dim"),
         (["--seed", "-1"], "--seed"),
         (["--modules", " , "], "--modules"),
+        (["--unit-grads", "approx"], "--unit-grads"),
+        (["--unit", "sentence", "--unit-grads", "positions", "--separate"], "--separate"),
     ],
 )
 def test_index_flags(saved_finetune, extra, needle):
@@ -172,6 +176,8 @@ def test_modules_that_select_nothing(saved_finetune):
         (["--row-weight", "-0.5"], "--row-weight"),
         (["--row-weight", "nan"], "--row-weight"),
         (["--rows-per-forward", "-1"], "--rows-per-forward"),
+        (["--unit-grads", "approx"], "--unit-grads"),
+        (["--unit-grads", "positions", "--separate"], "--separate"),
     ],
 )
 def test_attribute_flags(tmp_path, extra, needle):

@@ -200,6 +200,19 @@ def test_the_budget_is_identity_of_sentence_indexes_only():
     assert sent.identity()["unit_rule"] == 2 and "unit_rule" not in row.identity()
 
 
+def test_unit_gradients_split_by_position_are_identity_of_sentence_indexes_only():
+    """``--unit-grads positions`` changes a sentence index's numbers (its own id) but not the row index's; an exact
+    sentence index keeps the id it had before the choice existed (the field is left out of its identity)."""
+    from gradian.index.store import GradSpec, index_id
+
+    row, sent = GradSpec(), GradSpec(unit="sentence")
+    split = replace(sent, unit_grads="positions")
+    assert "unit_grads" not in sent.identity() and "unit_grads" not in row.identity()
+    assert index_id(split.identity()) != index_id(sent.identity())
+    assert row.identity() == replace(row, unit_grads="positions").identity()
+    assert GradSpec.from_dict(split.to_dict()) == split
+
+
 def test_the_size_line_of_a_sentence_index_counts_units(tmp_path):
     from gradian.index.size import size_advice, size_estimate
     from gradian.index.store import GradSpec

@@ -151,3 +151,81 @@ def test_rows_in_one_batch_equal_each_row_alone(tok, arch, dtype, tol):
         for b in blocks:
             assert _rel(got.row[b.name], alone.row[b.name]) <= tol, (j, b.name)
             assert _rel(got.units[b.name], alone.units[b.name]) <= tol, (j, b.name)
+
+
+def _masked_weight_grad(model, batch, block, positions: torch.Tensor) -> torch.Tensor:
+    """``∂ℓ_row/∂W`` of one LoRA matrix counting only its use at ``positions`` (T,) bool, by plain autograd on the
+    weight: the block's output is ``y.detach() + m ⊙ (y − y.detach())`` (same values; the weight's local gradient
+    only where m = 1, every other path untouched). Independent of the hooks' G and X."""
+    from gradian.gradients.loss import per_example_loss
+
+    m = positions.to(block.module.weight.dtype).view(1, -1, 1)
+    h = block.module.register_forward_hook(lambda mod, inp, out: out.detach() + m * (out - out.detach()))
+    try:
+        model.zero_grad(set_to_none=True)
+        loss = per_example_loss(model(**{k: v for k, v in batch.items() if k != "labels"}).logits, batch["labels"])
+        loss.sum().backward()
+        return block.module.weight.grad.detach().clone()
+    finally:
+        h.remove()
+        model.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("arch,dtype,tol", [("gpt2", torch.float64, 1e-10), ("llama", torch.float64, 1e-6)])
+def test_units_split_by_position_are_the_rows_gradient_at_their_positions(tok, arch, dtype, tol):
+    """``--unit-grads positions``: one backward per row; the row gradient is the direct one, a one-unit row's unit
+    is its row, and unit u of a row of several is ``(1/w_u) Σ_{t∈P_u} G_t X_tᵀ``, checked against autograd on the
+    weight with the gradient let through only at the unit's positions (its labels shifted by one)."""
+    model = make_lora_model(tok, arch, dtype=dtype)
+    exs, items, units = _rows(tok)
+    blocks = lora_blocks(model)
+    seen_multi = False
+    for j, it in enumerate(items):
+        us = [u for u in units if u.row == j]
+        batch, ul = row_unit_batch(it, us, tok.pad_token_id)
+        got = row_unit_grads(model, batch, ul, blocks, split="positions")
+        exact = row_unit_grads(model, batch, ul, blocks)
+        assert got.passes == 1 and abs(got.row_loss - exact.row_loss) <= tol * abs(exact.row_loss)
+        assert _rel(got.unit_losses, exact.unit_losses) <= tol
+        direct = per_example_grads(model, collate([it], tok.pad_token_id), "hooks")
+        for b in blocks:
+            assert _rel(got.row[b.name], direct[b.name][0]) <= tol, (j, b.name)
+        if len(us) == 1:  # its unit is the row itself, exactly as the exact split has it
+            for b in blocks:
+                assert _rel(got.units[b.name][0], exact.units[b.name][0]) <= tol
+            continue
+        seen_multi = True
+        labels = batch["labels"][0]
+        n_s = int((labels[1:] != -100).sum())
+        differs = 0.0
+        for k in range(len(us)):
+            pos = torch.zeros(labels.shape[0], dtype=torch.bool)
+            pos[:-1] = ul[k, 1:] != -100  # position t predicts token t+1
+            w_k = int(pos.sum()) / n_s
+            for b in blocks:
+                want = _masked_weight_grad(model, batch, b, pos) / w_k
+                assert _rel(got.units[b.name][k], want) <= tol, (j, k, b.name)
+                differs = max(differs, _rel(got.units[b.name][k], exact.units[b.name][k]))
+        assert differs > 1e-3  # an approximation of the unit's own gradient, not the same numbers
+    assert seen_multi
+
+
+def test_units_split_by_position_in_one_batch_equal_each_row_alone(tok):
+    from gradian.gradients.units import rows_unit_grads
+    from gradian.index.joint import rows_unit_batch
+
+    model = make_lora_model(tok, "gpt2", dtype=torch.float64)
+    _, items, units = _rows(tok)
+    blocks = lora_blocks(model)
+    per_row = [[u for u in units if u.row == j] for j in range(len(items))]
+    order = [len(items) - 1, 0, 2, 1]
+    batch, uls = rows_unit_batch([items[j] for j in order], [per_row[j] for j in order], tok.pad_token_id)
+    together = rows_unit_grads(model, batch, uls, blocks, "positions")
+    for j, got in zip(order, together):
+        alone = row_unit_grads(model, *row_unit_batch(items[j], per_row[j], tok.pad_token_id), blocks, "positions")
+        assert got.passes == alone.passes == 1
+        for b in blocks:
+            assert _rel(got.row[b.name], alone.row[b.name]) <= 1e-10
+            assert _rel(got.units[b.name], alone.units[b.name]) <= 1e-10
+    with pytest.raises(ValueError, match="split must be one of"):
+        rows_unit_grads(model, batch, uls, blocks, "approx")

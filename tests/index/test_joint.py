@@ -198,3 +198,31 @@ def test_a_batched_joint_build_equals_the_one_row_build_and_resumes_to_its_own_b
                           sentence_root=three["sentence"], per_forward=3, **kw)  # fmt: skip
     assert 0 < again["rows"] < len(items)
     assert {u: _shards(r) for u, r in three.items()} == want
+
+
+def test_a_joint_build_split_by_position_keeps_the_row_index_and_writes_its_own_units(setup, tmp_path):
+    """``--unit-grads positions``: one backward a row; its row shards equal the exact build's (float32 rounding),
+    its unit shards hold the row's gradient split by position (not the exact units), and its entries say so."""
+    from safetensors.torch import load_file
+
+    from gradian.index.joint import JOINT_PASS, SPLIT_PASS, build_jointly
+
+    model, items, units, spec, ids, kw = setup
+    split = replace(spec, unit_grads="positions")
+    exact = {"row": tmp_path / "er", "sentence": tmp_path / "es"}
+    pos = {"row": tmp_path / "pr", "sentence": tmp_path / "ps"}
+    got = {}
+    for roots, sp in ((exact, spec), (pos, split)):
+        got[sp.unit_grads] = build_jointly(model, items, units, ids["row"], ids["sentence"], sp,
+                                           row_root=roots["row"], sentence_root=roots["sentence"], **kw)  # fmt: skip
+    assert got["positions"]["passes"] == len(items) < got["exact"]["passes"]
+    gap = {}
+    for u in exact:
+        gap[u] = 0.0
+        for p in sorted(exact[u].glob("shard-*.safetensors")):
+            a, b = load_file(str(p)), load_file(str(pos[u] / p.name))
+            for key in a:
+                gap[u] = max(gap[u], float((a[key] - b[key]).abs().max() / a[key].abs().max().clamp(min=1e-30)))
+        entries = [json.loads(p.read_text()) for p in sorted(pos[u].glob("shard-*.json"))]
+        assert {e["entry"]["pass"] for e in entries} == {SPLIT_PASS} != {JOINT_PASS}
+    assert gap["row"] < 1e-5 and gap["sentence"] > 1e-2, gap

@@ -215,3 +215,48 @@ def test_the_warm_up_times_the_rows_per_forward_the_build_runs(tok):
     assert one["work_tokens"] == three["work_tokens"] > 0 and three["seconds"] > 0
     rows = warmup(model, items, spec, tok.pad_token_id, None, rows=2, per_forward=3)  # the row path: unaffected
     assert rows["examples"] == 2
+
+
+def test_units_split_by_position_score_rows_alike_and_plan_one_backward_a_row(saved_finetune, tmp_path):
+    """``--unit-grads positions`` through the run: the row index (same id) scores as the exact build does, the
+    sentence index has an id of its own, and the plan counts one backward per row."""
+    import numpy as np
+
+    from gradian.attribute.evidence import trajectory_scores
+    from gradian.attribute.queries import make_query
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.data.formats import load_examples
+    from gradian.data.tokenize import TokenizeSpec, row_values
+    from gradian.engines import DataInfSpec
+    from gradian.finetune import load_finetune, tokenize_training_set
+    from gradian.index.plan import run_plan
+    from gradian.models.load import ModelSpec
+
+    data = saved_finetune["data"]
+    exact = GradSpec(tokenize=TokenizeSpec(max_length=64))
+    split = replace(exact, unit_grads="positions")
+    ft = load_finetune(ModelSpec(str(saved_finetune["base"])), saved_finetune["adapter"])
+    exs = load_examples(data)
+    items = tokenize_training_set(exs, ft.tokenizer, exact, data)
+    qs = [make_query("q1", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Tokyo")]
+    trajectory = resolve_trajectory(saved_finetune["adapter"])
+    got, plans = {}, {}
+    for g in (exact, split):
+        root = tmp_path / g.unit_grads
+        plans[g.unit_grads] = run_plan(ft, data, exs, items, g, trajectory.checkpoints, ("row", "sentence"),
+                                       parent=root, joint=True)[0]  # fmt: skip
+        got[g.unit_grads] = trajectory_scores(ft, trajectory, data, exs, items, g, {"capitals": qs}, [DataInfSpec()],
+                                              unit="sentence", index_root=root, joint=True)  # fmt: skip
+    e, p = got["exact"], got["positions"]
+    assert e.indexes[0]["row"]["id"] == p.indexes[0]["row"]["id"]
+    assert e.indexes[0]["sentence"]["id"] != p.indexes[0]["sentence"]["id"]
+    a, b = e.scores["capitals"]["datainf"], p.scores["capitals"]["datainf"]
+    np.testing.assert_allclose(b.raw, a.raw, rtol=1e-4, atol=1e-6 * np.abs(a.raw).max())
+    # every row here is one sentence, so each unit is its row: the split gives the exact unit scores (the rows of
+    # several sentences, where it does not, are tests/index/test_joint.py's and tests/gradients/test_units.py's)
+    assert a.unit_raw.shape[1] == len(items)
+    np.testing.assert_allclose(b.unit_raw, a.unit_raw, rtol=1e-4, atol=1e-6 * np.abs(a.unit_raw).max())
+    n_ck = len(trajectory.checkpoints)
+    work = n_ck * sum(row_values(items, "length"))  # one backward a row (here, one unit a row: exact's too)
+    assert plans["positions"].work_tokens == work == plans["exact"].work_tokens
+    assert "split into the sentence units" in "\n".join(plans["positions"].lines())

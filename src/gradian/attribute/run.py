@@ -318,7 +318,11 @@ def attribute_run(
     from gradian.models.load import resolve_device
 
     device = resolve_device(specs.model.device)  # auto: cuda, else mps, else cpu; manifest.device records it
-    # cheap validation first: bad data or eval files fail before a model is loaded
+    # cheap validation first: bad flags, data or eval files fail before a model is loaded
+    if specs.attribute.unit == "sentence":
+        from gradian.index.build import check_unit_grads
+
+        check_unit_grads(specs.grad, one_pass)
     examples = load_examples(inputs.data) if examples is None else examples
     eval_items = load_eval_set(inputs.eval)
     if setup is None:

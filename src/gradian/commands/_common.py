@@ -378,6 +378,7 @@ def grad_spec_from_options(
     optimizer: str = "none",
     unit: str = "row",
     max_units_per_row: int = 32,
+    unit_grads: str = "exact",
 ):
     """CLI options into a :class:`gradian.index.store.GradSpec` (the specs validate every field:
     a bad value is a one-line error naming the flag).
@@ -401,6 +402,7 @@ def grad_spec_from_options(
         optimizer=optimizer,
         unit=unit,
         max_units_per_row=max_units_per_row,
+        unit_grads=unit_grads,
     )
 
 

@@ -119,6 +119,13 @@ MAX_UNITS_PER_ROW = typer.Option(
     "consecutive sentences (docs/how-it-works.md). Bounds what one long row adds to the index.",
     rich_help_panel=STORAGE,
 )
+UNIT_GRADS = typer.Option(
+    "exact",  # GradSpec.unit_grads (tests/test_api.py holds them equal)
+    "--unit-grads",
+    help="Sentence units: exact (each unit's own gradient, one backward per unit) | positions (the row's gradient "
+    "split by the positions that predict each unit: one backward per row, an approximation; docs/how-it-works.md).",
+    rich_help_panel=STORAGE,
+)
 OPTIMIZER = typer.Option(
     "none",
     "--optimizer",

@@ -398,6 +398,7 @@ def register(app: typer.Typer) -> None:
         unit: str = O.UNIT,
         optimizer: str = O.OPTIMIZER,
         max_units_per_row: int = O.MAX_UNITS_PER_ROW,
+        unit_grads: str = O.UNIT_GRADS,
         references: str = typer.Option(
             "bm25,repsim",
             help="Reference engines run beside the gradient engines: comma-separated bm25, repsim, or none.",
@@ -464,7 +465,7 @@ def register(app: typer.Typer) -> None:
         from gradian.attribute.run import RunInputs, RunSpecs, attribute_run
         from gradian.commands.evaluate import print_result
         from gradian.evaluate import EvalResult, EvalSpec
-        from gradian.index.build import check_build_args
+        from gradian.index.build import check_build_args, check_unit_grads
         from gradian.models.load import ModelSpec
 
         index_dir = O.one_of_alias(index_dir, index_dir_old, "--index", "--index-dir")
@@ -478,8 +479,11 @@ def register(app: typer.Typer) -> None:
             seed,
             optimizer=optimizer,
             max_units_per_row=max_units_per_row,
+            unit_grads=unit_grads,
         )
         check_build_args(batch_size, shard_size, rows_per_forward)
+        if unit == "sentence":
+            check_unit_grads(grad, one_pass)
         budget = index_budget(ctx, max_index_gb)
         specs = RunSpecs(
             model=ModelSpec(base, dtype, device, trust_remote_code),

@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
         unit: str = O.UNIT,
         optimizer: str = O.OPTIMIZER,
         max_units_per_row: int = O.MAX_UNITS_PER_ROW,
+        unit_grads: str = O.UNIT_GRADS,
         seed: int = typer.Option(0, help="Seed (projection).", rich_help_panel=O.ENGINES),
         max_index_gb: float | None = O.MAX_INDEX_GB,
         plan_only: bool = O.PLAN_ONLY,
@@ -67,7 +68,7 @@ def register(app: typer.Typer) -> None:
         from gradian.data.formats import load_examples
         from gradian.data.tokenize import row_values
         from gradian.finetune import load_finetune, tokenize_training_set, training_index
-        from gradian.index.build import check_build_args
+        from gradian.index.build import check_build_args, check_unit_grads
         from gradian.index.store import select_blocks
         from gradian.models.load import ModelSpec
 
@@ -79,8 +80,19 @@ def register(app: typer.Typer) -> None:
             max_length, loss_on = tokenize.max_length, tokenize.loss_on
         # every flag and the data are checked before the model is loaded
         spec = grad_spec_from_options(
-            max_length, loss_on, modules, project_dim, storage_dtype, seed, optimizer, unit, max_units_per_row
+            max_length,
+            loss_on,
+            modules,
+            project_dim,
+            storage_dtype,
+            seed,
+            optimizer,
+            unit,
+            max_units_per_row,
+            unit_grads,
         )
+        if spec.unit == "sentence":
+            check_unit_grads(spec, one_pass)
         if tokenize is None:  # no config: the chat template saved beside the adapter still renders chat rows
             from gradian.data.setup import adapter_template
 

@@ -29,6 +29,18 @@ identity is exact in every case. The gradient is linear in the loss, hence
 a fixed weighted sum; so is any linear map of it (a projection P: P g_row = Σ_u w_u P g_u + P g_res). No
 separate row pass is needed. A row whose one unit is all of S (ρ = 0) is computed once: g_row = g_u; every row
 with one unit is such a row (:func:`gradian.data.spans.sentence_units`: a one-sentence answer is its own unit).
+
+**The row's gradient split by position** (``split="positions"``, ``--unit-grads positions``; an approximation,
+not the unit's own gradient). One backward of the row's loss gives ``G = ∂ℓ_row/∂y`` (t, o), hence the exact
+``g_row = Gᵀ X``. A unit u is predicted from its own positions ``P_u = {t : token t+1 ∈ u}``; its gradient is taken as
+the part of the row's gradient that flows through the LoRA weights at those positions, on the unit's loss scale:
+
+    g̃_u = (1/w_u) Σ_{t∈P_u} G_t X_tᵀ,        Σ_u w_u g̃_u = Σ_{t ∈ ∪P_u} G_t X_tᵀ  (the rest: prompt, residual).
+
+Against the exact ``g_u = Σ_s (∂ℓ_u/∂y_s) X_sᵀ`` it keeps, at the unit's positions, what the later tokens' losses
+pull through them (attention), and drops what the unit's loss pulls through the earlier positions (the prompt,
+the sentences before it). One backward per row instead of K'; the row gradient stays exact; a one-unit row's
+unit is its row gradient, exactly. Measured in docs/benchmarks.md ("Sentence units from one backward").
 """
 
 from __future__ import annotations
@@ -42,6 +54,9 @@ from gradian.gradients.hooks import LoraHooks
 from gradian.gradients.lora import LoraBlock
 from gradian.gradients.loss import IGNORE_INDEX, head_positions
 
+#: how a unit's gradient is formed (``GradSpec.unit_grads``, ``--unit-grads``; module docstring)
+SPLITS = ("exact", "positions")
+
 
 @dataclass
 class RowUnitGrads:
@@ -51,7 +66,7 @@ class RowUnitGrads:
         units: ``{block name: (K, o, i)}`` the K units' gradients (in the order of ``unit_labels``).
         row: ``{block name: (o, i)}`` the row's gradient, ``Σ_u w_u g_u + g_res``.
         unit_losses: (K,) each unit's mean token loss; ``row_loss`` the row's.
-        passes: backward vectors used (K, plus one when the row has a residual).
+        passes: backward vectors used (K, plus one when the row has a residual; 1 with ``split="positions"``).
     """
 
     units: dict[str, torch.Tensor]
@@ -107,6 +122,7 @@ def row_unit_grads(
     batch: dict[str, torch.Tensor],
     unit_labels: torch.Tensor,
     blocks: Sequence[LoraBlock],
+    split: str = "exact",
 ) -> RowUnitGrads:
     """Every unit's gradient of one row from one forward and one backward per vector (module docstring).
 
@@ -115,13 +131,14 @@ def row_unit_grads(
         batch: ONE row, as :func:`gradian.data.tokenize.collate` gives it (``input_ids`` etc. (1, T)).
         unit_labels: (K, T) the units' labels on the row's tokens.
         blocks: the LoRA blocks (:func:`gradian.gradients.lora.lora_blocks`).
+        split: ``"exact"`` (each unit's own gradient) or ``"positions"`` (the row's gradient split by position).
 
     Returns:
         :class:`RowUnitGrads`; gradients in the accumulation dtype of the hooks path (float32 for a half model).
     """
     if batch["input_ids"].shape[0] != 1:
         raise ValueError("row_unit_grads takes one row")
-    return rows_unit_grads(model, batch, [unit_labels], blocks)[0]
+    return rows_unit_grads(model, batch, [unit_labels], blocks, split)[0]
 
 
 def rows_unit_grads(
@@ -129,6 +146,7 @@ def rows_unit_grads(
     batch: dict[str, torch.Tensor],
     unit_labels: Sequence[torch.Tensor],
     blocks: Sequence[LoraBlock],
+    split: str = "exact",
 ) -> list[RowUnitGrads]:
     """:func:`row_unit_grads` for b rows at once: one forward over the batch, then one backward per vector index.
 
@@ -143,10 +161,14 @@ def rows_unit_grads(
         batch: b rows, as :func:`gradian.data.tokenize.collate` gives them (``input_ids`` etc. (b, T)).
         unit_labels: per row, (K_b, T) its units' labels on the batch's T tokens (-100 outside the unit).
         blocks: the LoRA blocks (:func:`gradian.gradients.lora.lora_blocks`).
+        split: ``"exact"``, or ``"positions"``: one backward of ``Σ_b ℓ_row,b`` and every unit's gradient the row's
+            split by position (module docstring), ``g̃_{b,u} = (1/w_u) Σ_{t∈P_u} G_{b,t} X_{b,t}ᵀ``.
 
     Returns:
         one :class:`RowUnitGrads` per row, in order.
     """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, not {split!r}")
     device = blocks[0].module.weight.device
     batch = {k: v.to(device) for k, v in batch.items()}
     if "position_ids" not in batch:
@@ -167,15 +189,15 @@ def rows_unit_grads(
         cols = slice(None)
     losses = [W[:, cols].to(device=device, dtype=c.dtype) @ c[b] for b, (W, _, _) in enumerate(weights)]  # (K'_b,)
     seen, hooks._seen = hooks._seen, []
+    if split == "positions":
+        return _split_by_position(seen, blocks, lab, unit_labels, weights, losses, Ks)
     ys = [y for _, _, y in seen]
     k_alls = [k for _, _, k in weights]
     out: list[dict[str, torch.Tensor]] = []
     for b in range(B):
         acc_b: dict[str, torch.Tensor] = {}
         for blk in blocks:
-            wdt = blk.module.weight.dtype
-            acc = torch.float32 if wdt in (torch.float16, torch.bfloat16) else wdt  # half models: f32 sums
-            acc_b[blk.name] = torch.zeros((k_alls[b], *blk.shape), dtype=acc, device=device)
+            acc_b[blk.name] = torch.zeros((k_alls[b], *blk.shape), dtype=_accumulation_dtype(blk), device=device)
         out.append(acc_b)
     # one backward per vector index over the same graph: only one vector's G (b, t, o) per block is alive at a time
     k_max = max(k_alls) if ys else 0
@@ -201,4 +223,62 @@ def rows_unit_grads(
         lossd = losses[b].detach().to(torch.float64)
         row_loss = float((w.to(lossd.device) * lossd).sum())
         res.append(RowUnitGrads(units, row, losses[b].detach()[: Ks[b]], row_loss, k_all))
+    return res
+
+
+def _accumulation_dtype(block: LoraBlock) -> torch.dtype:
+    """float32 sums for a half-precision LoRA weight, its own dtype otherwise (as the hooks path)."""
+    wdt = block.module.weight.dtype
+    return torch.float32 if wdt in (torch.float16, torch.bfloat16) else wdt
+
+
+def _split_by_position(
+    seen: list[tuple[int, torch.Tensor, torch.Tensor]],
+    blocks: Sequence[LoraBlock],
+    lab: torch.Tensor,
+    unit_labels: Sequence[torch.Tensor],
+    weights: list[tuple[torch.Tensor, torch.Tensor, int]],
+    losses: list[torch.Tensor],
+    Ks: list[int],
+) -> list[RowUnitGrads]:
+    """``split="positions"`` of :func:`rows_unit_grads`: one backward of ``Σ_b ℓ_row,b`` over the captured outputs.
+
+    Row b's loss is ``ℓ_row = Σ_k w_k ℓ_k`` (the row weights of :func:`loss_weights`, residual included), so
+    ``G = ∂(Σ_b ℓ_row,b)/∂y`` (b, t, o) is each row's own ``∂ℓ_row/∂y`` (rows do not interact). Then
+    ``g_row = G_bᵀ X_b`` and ``g̃_u = (1/w_u) Σ_{t∈P_u} G_{b,t} X_{b,t}ᵀ`` with ``P_u`` the unit's positions (its labels
+    shifted by one); a row with one unit and no residual gets ``g_row`` as its unit.
+    """
+    device = blocks[0].module.weight.device
+    row_losses = [(w.to(device=device, dtype=losses[b].dtype) * losses[b]).sum() for b, (_, w, _) in enumerate(weights)]
+    Gs = torch.autograd.grad(torch.stack(row_losses).sum(), [y for _, _, y in seen], allow_unused=True)
+    res = []
+    for b, (_, w, k_all) in enumerate(weights):
+        K = Ks[b]
+        whole = K == 1 and k_all == 1  # the unit is all of S: its gradient is the row's
+        S = (lab[b, 1:] != IGNORE_INDEX).cpu()
+        M = ((unit_labels[b][:, 1:] != IGNORE_INDEX).cpu() & S).to(torch.float64)  # (K, T-1) the units' positions
+        scale = (M / w[:K].clamp(min=1e-30).unsqueeze(-1)).to(device)  # (K, T-1): 1/w_u on P_u
+        units: dict[str, torch.Tensor] = {}
+        row: dict[str, torch.Tensor] = {}
+        for (kb, X, _), G in zip(seen, Gs):
+            blk = blocks[kb]
+            acc = _accumulation_dtype(blk)
+            if G is None:  # a block the loss does not reach: zero gradients
+                zero = torch.zeros(blk.shape, dtype=acc, device=device)
+                row[blk.name], units[blk.name] = zero.to(torch.float64), zero.expand(K, *blk.shape).clone()
+                continue
+            Gb, Xb = G[b].to(acc), X[b].to(acc)  # (T, o), (T, i)
+            g_row = Gb.T @ Xb  # (o, i)
+            row[blk.name] = g_row.to(torch.float64)
+            if whole:
+                units[blk.name] = g_row.unsqueeze(0)
+            else:  # position T-1 predicts nothing: P_u ⊆ [0, T-2]
+                units[blk.name] = torch.einsum("kt,to,ti->koi", scale.to(acc), Gb[:-1], Xb[:-1])
+        for blk in blocks:  # a block that did not run (no capture) contributes zeros, as the exact path
+            if blk.name not in row:
+                acc = _accumulation_dtype(blk)
+                row[blk.name] = torch.zeros(blk.shape, dtype=torch.float64, device=device)
+                units[blk.name] = torch.zeros((K, *blk.shape), dtype=acc, device=device)
+        row_loss = float(row_losses[b].detach())
+        res.append(RowUnitGrads(units, row, losses[b].detach()[:K], row_loss, 1))
     return res

@@ -63,6 +63,19 @@ def check_build_args(batch_size: Any, shard_size: Any = 256, rows_per_forward: A
     )
 
 
+def check_unit_grads(spec: Any, one_pass: bool) -> None:
+    """A sentence index of unit gradients split by position (``--unit-grads positions``) is made by the one-pass
+    row + sentence build only (:mod:`gradian.index.joint`): one error line before anything is loaded.
+    """
+    if spec.unit_grads != "exact" and not one_pass:
+        raise GradianUserError(
+            f"--unit-grads {spec.unit_grads} splits each row's gradient in the one-pass build; --separate builds each "
+            "unit's exact gradient on its own",
+            where="--unit-grads / --separate",
+            fix="drop --separate, or use --unit-grads exact",
+        )
+
+
 def _shard_costs(lengths: Sequence[int], n_shards: int, shard_size: int, batch_size: int) -> list[int]:
     """Per shard, the padded tokens its length-sorted batches hold (what a backward pass costs)."""
     out = []
@@ -269,6 +282,8 @@ def build_index(
         _repair(root, scratch, what, emit)
     repairs = scratch["repairs"]
     pending = [k for k in range(n_shards) if shards[k] is None]
+    if pending and spec.unit == "sentence":  # computed here, a unit's gradient is its own: exact only
+        check_unit_grads(spec, one_pass=False)
     if dist.is_main:
         _clean_stale_temp(root)
         if pending and manifest.get("complete"):

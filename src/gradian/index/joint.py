@@ -22,6 +22,10 @@ of processes. The index ids are those of the separate builds: the numbers agree 
 rounding (about 1e-7 relative in float32), not to the bit, and each shard entry says which path wrote it
 (``"pass"``, :data:`JOINT_PASS`, with the rows per forward when more than one); docs/how-it-works.md says
 why one identity is kept.
+
+With ``--unit-grads positions`` (``GradSpec.unit_grads``) each row takes one backward: its row gradient is direct,
+and its units' gradients are that gradient split by position (:mod:`gradian.gradients.units`; an approximation, a
+sentence index id of its own, shard entries :data:`SPLIT_PASS`).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate, row_v
 
 #: the ``pass`` field of every shard entry this module writes (kept in the manifest: which path computed it)
 JOINT_PASS = "one pass per row (sentence units; row derived)"
+#: the same with ``--unit-grads positions``: one backward per row, its gradient split by position into the units
+SPLIT_PASS = "one pass per row (row gradient; sentence units split by position)"
 NOUNS = {"row": "row", "sentence": "sentence unit"}  # what one row of each index is, for messages
 
 
@@ -298,13 +304,19 @@ def build_jointly(
         done = n_all - len(jobs)
         extra = f"; {done} of {n_all} shards already built" if done else ""
         split = f"; {len(jobs)} shards over {dist.world_size} processes" if dist.enabled else ""
+        how = (
+            "the row gradient is derived from its units"
+            if grad.unit_grads == "exact"
+            else "one backward a row; the units' gradients are the row's split by position"
+        )
         announce(
             f"indexes {ids['row']} (rows) + {ids['sentence']} (sentence units): "
-            f"{len(items):,} rows and {len(units):,} units in one pass per row (the row gradient is derived from "
-            f"its units){extra}{split}"
+            f"{len(items):,} rows and {len(units):,} units in one pass per row ({how}){extra}{split}"
         )
     progress = progress_factory(len(need)) if progress_factory is not None else None
-    written_by = JOINT_PASS if per_forward == 1 else f"{JOINT_PASS}, {per_forward} rows a forward"
+    written_by = JOINT_PASS if grad.unit_grads == "exact" else SPLIT_PASS
+    if per_forward > 1:
+        written_by = f"{written_by}, {per_forward} rows a forward"
 
     class Buffer:
         """One shard being filled, streamed to its file row by row (:class:`ShardStream`: the build holds no shard
@@ -384,7 +396,7 @@ def build_jointly(
                     raise ValueError(f"row {j} has no sentence unit (sentence_units gives every row one)")
                 per_row.append((ks, [units[k] for k in ks]))
             batch, uls = rows_unit_batch([items[j] for j in group], [us for _, us in per_row], pad_token_id)
-            results = rows_unit_grads(model, batch, uls, blocks)
+            results = rows_unit_grads(model, batch, uls, blocks, grad.unit_grads)
             for j, (ks, us), ul, res in zip(group, per_row, uls, results):
                 passes += res.passes
                 tokens += len(items[j].input_ids)

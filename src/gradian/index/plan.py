@@ -119,6 +119,8 @@ class RunPlan:
         warmup: ``{"examples", "work_tokens", "seconds"}`` of the timed warm-up (None: not measured).
         estimate_s: the estimated seconds of the index builds still to do (None: no warm-up).
         root: where the indexes live.
+        work_tokens, joint, unit_grads: the estimate's work (tokens × backward passes), whether rows and sentence
+            units are built in one pass, and how the units' gradients are formed (``GradSpec.unit_grads``).
     """
 
     indexes: list[PlannedIndex]
@@ -134,6 +136,7 @@ class RunPlan:
     estimate_s: float | None = None
     work_tokens: int = 0
     joint: bool = False
+    unit_grads: str = "exact"
 
     def lines(self) -> list[str]:
         """A few lines for the terminal: each index, the sum against the budget, the choice, the estimate."""
@@ -146,6 +149,8 @@ class RunPlan:
         out.append(f"  projection: {self.projection['why']}")
         if self.estimate_s is not None and self.warmup is not None:
             how = "sentence units and rows in one pass per row" if self.joint else "one pass per row or unit"
+            if self.joint and self.unit_grads != "exact":
+                how = "one backward a row, its gradient split into the sentence units"
             out.append(
                 f"  time: est. {_duration(self.estimate_s)} for {self.work_tokens:,} work tokens ({how}; warm-up: "
                 f"{self.warmup['examples']} rows in {self.warmup['seconds']:.2f} s)"
@@ -371,7 +376,7 @@ def warmup(
                 batch, uls = rows_unit_batch(
                     [items[j] for j in group], [by_row.get(j, []) for j in group], pad_token_id
                 )
-                for j, r in zip(group, rows_unit_grads(model, batch, uls, blocks)):
+                for j, r in zip(group, rows_unit_grads(model, batch, uls, blocks, spec.unit_grads)):
                     for i, b in enumerate(blocks):
                         proj(i, r.units[b.name].detach().to(torch.float64))
                         proj(i, r.row[b.name].unsqueeze(0))
@@ -386,11 +391,14 @@ def warmup(
     return {"examples": n, "work_tokens": tokens, "seconds": time.perf_counter() - t}
 
 
-def add_estimate(plan: RunPlan, warm: dict[str, Any], work_tokens: int, joint: bool) -> RunPlan:
+def add_estimate(
+    plan: RunPlan, warm: dict[str, Any], work_tokens: int, joint: bool, unit_grads: str = "exact"
+) -> RunPlan:
     """``plan`` with the time estimate: ``seconds / warm-up work tokens × work_tokens`` (still to build)."""
     plan.warmup = warm
     plan.work_tokens = int(work_tokens)
     plan.joint = joint
+    plan.unit_grads = unit_grads
     rate = warm["seconds"] / warm["work_tokens"] if warm.get("work_tokens") else 0.0
     plan.estimate_s = rate * work_tokens
     return plan
@@ -473,6 +481,9 @@ def run_plan(
         unit_sup[u.row] += u.n_supervised
     for ck in checkpoints:
         both = (ck.label, "row") in todo and (ck.label, "sentence") in todo
+        if joint and both and grad.unit_grads != "exact":  # one backward a row, split by position
+            work += sum(lengths)
+            continue
         if joint and both:
             work += sum(
                 t * (k + (1 if s > us else 0)) for t, k, s, us in zip(lengths, per_row_units, row_sup, unit_sup)
@@ -486,5 +497,5 @@ def run_plan(
         warm = warmup(
             ft.model, items, chosen, ft.tokenizer.pad_token_id, sent if joint else None, warm_rows, per_forward
         )
-        add_estimate(plan, warm, work, joint)
+        add_estimate(plan, warm, work, joint, grad.unit_grads)
     return plan, chosen

@@ -13,6 +13,9 @@ from gradian.data.tokenize import TokenizeSpec
 from gradian.errors import GradianUserError
 from gradian.gradients.projection import ProjectionSpec
 
+#: How a sentence unit's gradient is formed (:data:`gradian.gradients.units.SPLITS`; that module imports torch).
+UNIT_GRADS = ("exact", "positions")
+
 #: The dtypes a gradient index can store (:data:`gradian.index.store.STORAGE_DTYPES` maps them to torch's).
 STORAGE_DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64")
 
@@ -37,6 +40,11 @@ class GradSpec:
         max_units_per_row: a sentence index's budget of units per row (``--max-units-per-row``): a row
             with more supervised sentences has this many units of consecutive sentences
             (:mod:`gradian.data.spans`). Identity of sentence indexes only (:meth:`identity`).
+        unit_grads: how a sentence unit's gradient is formed (``--unit-grads``): ``"exact"``, the gradient of the
+            unit's own loss (one backward vector per unit), or ``"positions"``, the row's gradient split by the
+            positions that predict the unit's tokens (one backward per row; an approximation,
+            :mod:`gradian.gradients.units`). Identity of sentence indexes only, and only when not exact (the ids
+            of exact indexes are those from before the choice existed).
     """
 
     tokenize: TokenizeSpec = field(default_factory=TokenizeSpec)
@@ -46,6 +54,7 @@ class GradSpec:
     optimizer: str = "none"
     unit: str = "row"
     max_units_per_row: int = 32  # gradian.data.spans.MAX_UNITS_PER_ROW (tests hold them equal)
+    unit_grads: str = "exact"  # gradian.gradients.units.SPLITS (tests hold them equal)
 
     def __post_init__(self) -> None:
         from gradian.validate import check_choice, check_int, check_type, where
@@ -67,6 +76,7 @@ class GradSpec:
         check_choice(self.storage_dtype, STORAGE_DTYPE_NAMES, "GradSpec", "storage_dtype", flag="--storage-dtype")
         check_choice(self.optimizer, ("none", "adam"), "GradSpec", "optimizer", flag="--optimizer")
         check_choice(self.unit, ("row", "sentence"), "GradSpec", "unit", flag="--unit")
+        check_choice(self.unit_grads, UNIT_GRADS, "GradSpec", "unit_grads", flag="--unit-grads")
         check_int(
             self.max_units_per_row,
             "GradSpec",
@@ -86,11 +96,14 @@ class GradSpec:
     def identity(self) -> dict[str, Any]:
         """What of the spec decides an index's numbers (hashed into its id).
 
-        :meth:`to_dict`, less the unit budget for a row index (it has no sentence units, so a row index's
-        id does not depend on it: row indexes built before the budget existed keep their ids); a sentence
-        index adds the rule that cuts rows into units (:data:`gradian.data.spans.UNIT_RULE`).
+        :meth:`to_dict`, less the unit budget and the unit gradients' form for a row index (it has no sentence
+        units, so a row index's id does not depend on them: row indexes built before they existed keep their ids)
+        and the form when it is exact; a sentence index adds the rule that cuts rows into units
+        (:data:`gradian.data.spans.UNIT_RULE`).
         """
         d = self.to_dict()
+        if self.unit == "row" or self.unit_grads == "exact":
+            del d["unit_grads"]
         if self.unit == "row":
             del d["max_units_per_row"]
         else:  # how rows are cut into units (a one-sentence row is its own unit since rule 2)
