@@ -256,8 +256,9 @@ def _split_by_position(
         K = Ks[b]
         whole = K == 1 and k_all == 1  # the unit is all of S: its gradient is the row's
         S = (lab[b, 1:] != IGNORE_INDEX).cpu()
-        M = ((unit_labels[b][:, 1:] != IGNORE_INDEX).cpu() & S).to(torch.float64)  # (K, T-1) the units' positions
-        scale = (M / w[:K].clamp(min=1e-30).unsqueeze(-1)).to(device)  # (K, T-1): 1/w_u on P_u
+        M = (unit_labels[b][:, 1:] != IGNORE_INDEX).cpu() & S  # (K, T-1) the units' positions
+        where = [torch.nonzero(M[k]).squeeze(-1).to(device) for k in range(K)]  # P_u (Σ_u |P_u| ≤ T: one pass)
+        inv_w = (1.0 / w[:K].clamp(min=1e-30)).tolist()
         units: dict[str, torch.Tensor] = {}
         row: dict[str, torch.Tensor] = {}
         for (kb, X, _), G in zip(seen, Gs):
@@ -272,8 +273,8 @@ def _split_by_position(
             row[blk.name] = g_row.to(torch.float64)
             if whole:
                 units[blk.name] = g_row.unsqueeze(0)
-            else:  # position T-1 predicts nothing: P_u ⊆ [0, T-2]
-                units[blk.name] = torch.einsum("kt,to,ti->koi", scale.to(acc), Gb[:-1], Xb[:-1])
+            else:  # position t < T-1 predicts token t+1: g̃_u = (1/w_u) G[P_u]ᵀ X[P_u]
+                units[blk.name] = torch.stack([(Gb[p].T @ Xb[p]) * iw for p, iw in zip(where, inv_w)])
         for blk in blocks:  # a block that did not run (no capture) contributes zeros, as the exact path
             if blk.name not in row:
                 acc = _accumulation_dtype(blk)
