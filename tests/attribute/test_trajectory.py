@@ -369,7 +369,7 @@ def test_trajectory_scores_equal_the_weighted_sum_of_independent_checkpoints(run
     from gradian.models.load import ModelSpec
 
     base, data = str(saved_finetune["base"]), saved_finetune["data"]
-    grad = GradSpec(tokenize=TokenizeSpec(max_length=64))
+    grad = GradSpec(tokenize=TokenizeSpec(max_length=64), unit_grads="exact")  # the separate builds' units
     qs = [
         make_query("q1", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Tokyo"),
         make_query(
@@ -405,7 +405,7 @@ def test_trajectory_scores_equal_the_weighted_sum_of_independent_checkpoints(run
     for ck in traj.checkpoints:
         alone = load_finetune(ModelSpec(base), ck.path)  # a fresh model with this checkpoint's adapter
         for unit in ("row", "sentence"):
-            g = GradSpec(tokenize=grad.tokenize, unit=unit)
+            g = GradSpec(tokenize=grad.tokenize, unit=unit, unit_grads="exact")
             idx, *_ = training_index(
                 alone, data, g, root=tmp_path / "b" / f"{ck.step}-{unit}", examples=exs, items=items
             )
@@ -477,7 +477,7 @@ def test_adam_preconditioning_is_the_same_in_one_pass_and_in_separate_builds(run
     qs = [make_query("q1", "capitals", "Q: What is the capital of France?\nA:", "Paris", " Tokyo")]
     got = {}
     for optimizer, joint in (("adam", False), ("adam", True), ("none", False)):
-        grad = GradSpec(tokenize=TokenizeSpec(max_length=64), optimizer=optimizer)
+        grad = GradSpec(tokenize=TokenizeSpec(max_length=64), optimizer=optimizer, unit_grads="exact")
         items = tokenize_training_set(exs, ft.tokenizer, grad, data)
         got[optimizer, joint] = trajectory_scores(
             ft,

@@ -205,12 +205,17 @@ def test_unit_gradients_split_by_position_are_identity_of_sentence_indexes_only(
     sentence index keeps the id it had before the choice existed (the field is left out of its identity)."""
     from gradian.index.store import GradSpec, index_id
 
-    row, sent = GradSpec(), GradSpec(unit="sentence")
+    row, sent = GradSpec(), GradSpec(unit="sentence", unit_grads="exact")
     split = replace(sent, unit_grads="positions")
+    assert GradSpec(unit="sentence") == split  # the default since 2026-12-06
     assert "unit_grads" not in sent.identity() and "unit_grads" not in row.identity()
     assert index_id(split.identity()) != index_id(sent.identity())
     assert row.identity() == replace(row, unit_grads="positions").identity()
     assert GradSpec.from_dict(split.to_dict()) == split
+    from gradian.gradients.units import SPLITS
+    from gradian.index.spec import UNIT_GRADS
+
+    assert SPLITS == UNIT_GRADS  # the torch-free spec's choices are the gradient code's
 
 
 def test_the_size_line_of_a_sentence_index_counts_units(tmp_path):

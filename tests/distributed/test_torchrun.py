@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from gradian.index.joint import JOINT_PASS
+from gradian.index.joint import JOINT_PASS, SPLIT_PASS
 from gradian_testlib import cli_args, torchrun_command
 
 TIMEOUT = 900
@@ -134,7 +134,7 @@ def test_two_processes_give_the_index_and_the_verdict_of_one(world, single):
         assert ma["complete"] and mb["complete"]
         assert [s["sha256"] for s in ma["shards"]] == [s["sha256"] for s in mb["shards"]]
         assert ma["shards"] == mb["shards"]  # per-row metadata too (ids, losses)
-        assert {sh.get("pass") for sh in ma["shards"]} == {JOINT_PASS}  # the default: one pass per row, both
+        assert {sh.get("pass") for sh in ma["shards"]} == {SPLIT_PASS}  # the default: one pass per row, both
         for s in ma["shards"]:
             assert (ra / s["file"]).read_bytes() == (rb / s["file"]).read_bytes()
         n_shards += len(ma["shards"])
@@ -165,11 +165,12 @@ def test_two_processes_give_the_index_and_the_verdict_of_one(world, single):
 
 def test_three_rows_a_forward_write_the_same_bytes_with_one_process_or_two(world):
     """`--rows-per-forward 3`: the groups of rows are fixed by the shard blocks, not by who computes them, so two
-    ranks write the shards one process writes, byte for byte, and the entries say how the rows were run."""
+    ranks write the shards one process writes, byte for byte, and the entries say how the rows were run (with exact
+    unit gradients: one backward vector per unit; the default split is the test above's)."""
     shards = {}
     for nproc in (1, 2):
         root = world["root"] / f"rows-per-forward-{nproc}"
-        args = [*_index_args(world, root / "index", "final"), "--rows-per-forward", "3"]
+        args = [*_index_args(world, root / "index", "final"), "--rows-per-forward", "3", "--unit-grads", "exact"]
         res = _run(args, _env(root / "cache"), nproc=nproc)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         mans = {p.parent.name: json.loads(p.read_text()) for p in (root / "index").glob("*/manifest.json")}

@@ -32,14 +32,22 @@ def _shards(root):
     return {p.name: p.read_bytes() for p in sorted(root.glob("shard-*"))}
 
 
-def test_a_resumed_joint_build_writes_the_bytes_of_a_fresh_one(setup, tmp_path):
+def _written_by(spec) -> str:
+    from gradian.index.joint import JOINT_PASS, SPLIT_PASS
+
+    return JOINT_PASS if spec.unit_grads == "exact" else SPLIT_PASS
+
+
+@pytest.mark.parametrize("unit_grads", ["positions", "exact"])
+def test_a_resumed_joint_build_writes_the_bytes_of_a_fresh_one(setup, tmp_path, unit_grads):
     """Shards deleted from a finished joint build are recomputed alone (only the rows they need), byte-identical;
     the kept ones are not rewritten; publishing keeps each entry's ``pass``; a complete pair computes nothing."""
     from gradian.data.spans import SentenceItems
     from gradian.index.build import build_index
-    from gradian.index.joint import JOINT_PASS, build_jointly
+    from gradian.index.joint import build_jointly
 
     model, items, units, spec, ids, kw = setup
+    spec = replace(spec, unit_grads=unit_grads)
     a = {"row": tmp_path / "ar", "sentence": tmp_path / "as"}
     full = build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=a["row"],
                          sentence_root=a["sentence"], **kw)  # fmt: skip
@@ -76,7 +84,7 @@ def test_a_resumed_joint_build_writes_the_bytes_of_a_fresh_one(setup, tmp_path):
     }
     for u, idx in got.items():
         assert idx.complete and not idx.manifest.get("repairs")
-        assert {s["pass"] for s in idx.manifest["shards"]} == {JOINT_PASS}, u
+        assert {s["pass"] for s in idx.manifest["shards"]} == {_written_by(spec)}, u
     assert {u: _shards(r) for u, r in b.items()} == want  # publishing adds the manifest, rewrites no shard
     nothing = build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=b["row"],
                             sentence_root=b["sentence"], **kw)  # fmt: skip
@@ -167,14 +175,16 @@ def test_row_groups_batch_a_row_with_the_same_rows_whatever_is_missing(per_forwa
         assert row_groups([5, 2, 7], lengths, 8, 1) == [[5], [2], [7]]  # alone, in the order asked
 
 
-def test_a_batched_joint_build_equals_the_one_row_build_and_resumes_to_its_own_bytes(setup, tmp_path):
+@pytest.mark.parametrize("unit_grads", ["positions", "exact"])
+def test_a_batched_joint_build_equals_the_one_row_build_and_resumes_to_its_own_bytes(setup, tmp_path, unit_grads):
     """3 rows a forward (``--rows-per-forward 3``) gives the one-row numbers to float32 rounding; deleting shards
     and resuming rewrites them byte for byte; the shard entries say how many rows shared a forward."""
     from safetensors.torch import load_file
 
-    from gradian.index.joint import JOINT_PASS, build_jointly
+    from gradian.index.joint import build_jointly
 
     model, items, units, spec, ids, kw = setup
+    spec = replace(spec, unit_grads=unit_grads)
     one = {"row": tmp_path / "1r", "sentence": tmp_path / "1s"}
     three = {"row": tmp_path / "3r", "sentence": tmp_path / "3s"}
     for roots, b in ((one, 1), (three, 3)):
@@ -189,7 +199,7 @@ def test_a_batched_joint_build_equals_the_one_row_build_and_resumes_to_its_own_b
                 scale = a[key].abs().max().clamp(min=1e-30)
                 assert float((a[key] - b[key]).abs().max() / scale) < 1e-5, (u, name, key)
         entries = [json.loads(p.read_text()) for p in sorted(three[u].glob("shard-*.json"))]
-        assert {e["entry"]["pass"] for e in entries} == {f"{JOINT_PASS}, 3 rows a forward"}
+        assert {e["entry"]["pass"] for e in entries} == {f"{_written_by(spec)}, 3 rows a forward"}
     want = {u: _shards(r) for u, r in three.items()}
     for u, k in [("row", 1), ("sentence", 2)]:
         for p in three[u].glob(f"shard-{k:05d}.*"):
@@ -208,6 +218,7 @@ def test_a_joint_build_split_by_position_keeps_the_row_index_and_writes_its_own_
     from gradian.index.joint import JOINT_PASS, SPLIT_PASS, build_jointly
 
     model, items, units, spec, ids, kw = setup
+    spec = replace(spec, unit_grads="exact")
     split = replace(spec, unit_grads="positions")
     exact = {"row": tmp_path / "er", "sentence": tmp_path / "es"}
     pos = {"row": tmp_path / "pr", "sentence": tmp_path / "ps"}

@@ -121,7 +121,8 @@ def test_joint_build_equals_the_two_separate_builds(tok, tmp_path):
     exs = [to_example({**r, "id": f"{r['id']}-{i}"}, i, "t") for i, r in enumerate(rows)]
     items = [tokenize_example(e, tok, TokenizeSpec(max_length=64)) for e in exs]
     units = sentence_units(exs, items)
-    spec = GradSpec(projection=ProjectionSpec(dim=8, seed=1), storage_dtype="float64")
+    # exact units: the separate sentence build computes each unit's own gradient
+    spec = GradSpec(projection=ProjectionSpec(dim=8, seed=1), storage_dtype="float64", unit_grads="exact")
     ids = {u: {"test": "joint", "unit": u} for u in ("row", "sentence")}
     kw = dict(pad_token_id=tok.pad_token_id, batch_size=2, shard_size=4)
     build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=tmp_path / "jr",
@@ -171,7 +172,7 @@ def test_one_pass_trajectory_scores_equal_the_separate_builds(saved_finetune, tm
     from gradian.models.load import ModelSpec
 
     data = saved_finetune["data"]
-    grad = GradSpec(tokenize=TokenizeSpec(max_length=64))
+    grad = GradSpec(tokenize=TokenizeSpec(max_length=64), unit_grads="exact")  # as the separate builds
     ft = load_finetune(ModelSpec(str(saved_finetune["base"])), saved_finetune["adapter"])
     exs = load_examples(data)
     items = tokenize_training_set(exs, ft.tokenizer, grad, data)
@@ -233,7 +234,7 @@ def test_units_split_by_position_score_rows_alike_and_plan_one_backward_a_row(sa
     from gradian.models.load import ModelSpec
 
     data = saved_finetune["data"]
-    exact = GradSpec(tokenize=TokenizeSpec(max_length=64))
+    exact = GradSpec(tokenize=TokenizeSpec(max_length=64), unit_grads="exact")
     split = replace(exact, unit_grads="positions")
     ft = load_finetune(ModelSpec(str(saved_finetune["base"])), saved_finetune["adapter"])
     exs = load_examples(data)

@@ -120,10 +120,11 @@ MAX_UNITS_PER_ROW = typer.Option(
     rich_help_panel=STORAGE,
 )
 UNIT_GRADS = typer.Option(
-    "exact",  # GradSpec.unit_grads (tests/test_api.py holds them equal)
+    "positions",  # GradSpec.unit_grads (tests/test_api.py holds them equal)
     "--unit-grads",
-    help="Sentence units: exact (each unit's own gradient, one backward per unit) | positions (the row's gradient "
-    "split by the positions that predict each unit: one backward per row, an approximation; docs/how-it-works.md).",
+    help="Sentence units: positions (the row's gradient split by the positions that predict each unit: one backward "
+    "per row, an approximation; docs/how-it-works.md) | exact (each unit's own gradient: one backward per unit, "
+    "2-3x the index build's time; needed by --separate).",
     rich_help_panel=STORAGE,
 )
 OPTIMIZER = typer.Option(

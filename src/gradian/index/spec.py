@@ -40,11 +40,11 @@ class GradSpec:
         max_units_per_row: a sentence index's budget of units per row (``--max-units-per-row``): a row
             with more supervised sentences has this many units of consecutive sentences
             (:mod:`gradian.data.spans`). Identity of sentence indexes only (:meth:`identity`).
-        unit_grads: how a sentence unit's gradient is formed (``--unit-grads``): ``"exact"``, the gradient of the
-            unit's own loss (one backward vector per unit), or ``"positions"``, the row's gradient split by the
-            positions that predict the unit's tokens (one backward per row; an approximation,
-            :mod:`gradian.gradients.units`). Identity of sentence indexes only, and only when not exact (the ids
-            of exact indexes are those from before the choice existed).
+        unit_grads: how a sentence unit's gradient is formed (``--unit-grads``): ``"positions"`` (the default since
+            2026-12-06), the row's gradient split by the positions that predict the unit's tokens (one backward per
+            row; an approximation, :mod:`gradian.gradients.units`), or ``"exact"``, the gradient of the unit's own
+            loss (one backward vector per unit). Identity of sentence indexes only, and only when not exact (the
+            ids of exact indexes are those from before the choice existed).
     """
 
     tokenize: TokenizeSpec = field(default_factory=TokenizeSpec)
@@ -54,7 +54,7 @@ class GradSpec:
     optimizer: str = "none"
     unit: str = "row"
     max_units_per_row: int = 32  # gradian.data.spans.MAX_UNITS_PER_ROW (tests hold them equal)
-    unit_grads: str = "exact"  # gradian.gradients.units.SPLITS (tests hold them equal)
+    unit_grads: str = "positions"  # one of gradian.gradients.units.SPLITS (tests hold them equal)
 
     def __post_init__(self) -> None:
         from gradian.validate import check_choice, check_int, check_type, where
