@@ -33,8 +33,8 @@ test: lint
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 
-# The quick profile: a smaller SmolLM2 world of its own (15 min on 2 cores: 6 min 0 s from a fresh clone on quiet
-# cores, 36 min on loaded ones: docs/worked-example.md#the-quick-profile-make-demo).
+# The quick profile: a smaller SmolLM2 world of its own (15 min on 2 cores: 4 min 37 s from a fresh clone on quiet
+# cores, 36 min on loaded ones with the exact units of before: docs/worked-example.md#the-quick-profile-make-demo).
 demo: $(STAMP)
 	$(BIN)/gradian demo
 

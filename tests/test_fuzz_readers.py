@@ -13,6 +13,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -107,7 +108,14 @@ def _write(suffix: str, data: bytes | str) -> Path:
     return Path(name)
 
 
-_TMP = tempfile.mkdtemp(prefix="gradian_fuzz_")
+_TMP = tempfile.mkdtemp(prefix="gradian_fuzz_")  # module-wide (hypothesis examples cannot take tmp_path)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_tmp():
+    """The module's scratch folder goes when its tests are done (it was left in /tmp by every run, 5 MB each)."""
+    yield
+    shutil.rmtree(_TMP, ignore_errors=True)
 
 
 def _only_user_errors(fn, *args, **kwargs):
