@@ -5,7 +5,9 @@ row at a time that is ``Σ_rows K'`` backward passes of one sequence each; with 
 ``max K'`` passes per batch, each over b sequences. Compute-bound (a CPU) the two should cost about the same; bound
 by per-kernel overhead (a GPU at this size, docs/benchmarks.md "GPU check") the batched pass should be up to b×
 cheaper. This script times both on a real adapter's rows, interleaved, and checks the batched gradients equal the
-one-row ones.
+one-row ones. With ``--unit-grads positions`` (the build's default since session 22) a row is one backward, so b
+rows a forward are one backward pass instead of b; ``--unit-grads exact`` times the per-unit vectors (the figures of
+sessions 20 and 21).
 
     python benchmarks/bench_joint_batch.py --base BASE --adapter ADAPTER --data train.jsonl --rows 32 --batches 1,4,8
 
@@ -24,36 +26,22 @@ import time
 
 import torch
 
+from adapter_rows import add_adapter_rows_args, load_adapter_rows
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True)
-    ap.add_argument("--adapter", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--rows", type=int, default=32)
+    add_adapter_rows_args(ap, rows=32)
     ap.add_argument("--batches", default="1,4,8")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-length", type=int, default=1024)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--unit-grads", default="positions", help="positions (the build's default) | exact")
     args = ap.parse_args()
 
-    from gradian.data.formats import load_examples
-    from gradian.data.spans import sentence_units
-    from gradian.data.tokenize import TokenizeSpec, row_values
-    from gradian.finetune import load_finetune, tokenize_training_set
+    from gradian.data.tokenize import row_values
     from gradian.gradients.units import rows_unit_grads
     from gradian.index.joint import row_groups, rows_unit_batch
-    from gradian.index.store import GradSpec, select_blocks
-    from gradian.models.load import ModelSpec
 
-    ft = load_finetune(ModelSpec(args.base, args.dtype, args.device), args.adapter)
-    spec = GradSpec(tokenize=TokenizeSpec(max_length=args.max_length))
-    exs = load_examples(args.data)[: args.rows]
-    items = list(tokenize_training_set(exs, ft.tokenizer, spec, args.data))
-    units = sentence_units(exs, items)
-    per_row = [[u for u in units if u.row == j] for j in range(len(items))]
-    blocks = select_blocks(ft.model, spec)
+    r = load_adapter_rows(args)
+    ft, items, units, per_row, blocks = r.ft, r.items, r.units, r.per_row, r.blocks
     sizes = [int(b) for b in args.batches.split(",")]
     pad = ft.tokenizer.pad_token_id
 
@@ -64,7 +52,7 @@ def main() -> None:
         passes = 0
         for group in row_groups(range(len(items)), lengths, 256, b):
             batch, uls = rows_unit_batch([items[j] for j in group], [per_row[j] for j in group], pad)
-            res = rows_unit_grads(ft.model, batch, uls, blocks)
+            res = rows_unit_grads(ft.model, batch, uls, blocks, args.unit_grads)
             passes += max(r.passes for r in res)
             for j, r in zip(group, res):
                 out[j] = {k: v.cpu() for k, v in r.units.items()}

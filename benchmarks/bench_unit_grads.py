@@ -19,35 +19,19 @@ import time
 
 import torch
 
+from adapter_rows import add_adapter_rows_args, load_adapter_rows
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True)
-    ap.add_argument("--adapter", required=True)
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--rows", type=int, default=30)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-length", type=int, default=1024)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="float32")
+    add_adapter_rows_args(ap, rows=30)
     args = ap.parse_args()
 
-    from gradian.data.formats import load_examples
-    from gradian.data.spans import sentence_units
-    from gradian.data.tokenize import TokenizeSpec
-    from gradian.finetune import load_finetune, tokenize_training_set
     from gradian.gradients.units import rows_unit_grads
     from gradian.index.joint import rows_unit_batch
-    from gradian.index.store import GradSpec, select_blocks
-    from gradian.models.load import ModelSpec
 
-    ft = load_finetune(ModelSpec(args.base, args.dtype, args.device), args.adapter)
-    spec = GradSpec(tokenize=TokenizeSpec(max_length=args.max_length))
-    exs = load_examples(args.data)[: args.rows]
-    items = list(tokenize_training_set(exs, ft.tokenizer, spec, args.data))
-    units = sentence_units(exs, items)
-    per_row = [[u for u in units if u.row == j] for j in range(len(items))]
-    blocks = select_blocks(ft.model, spec)
+    r = load_adapter_rows(args)
+    ft, items, units, per_row, blocks = r.ft, r.items, r.units, r.per_row, r.blocks
     batches = [rows_unit_batch([it], [us], ft.tokenizer.pad_token_id) for it, us in zip(items, per_row)]
 
     def run(split: str) -> tuple[list, float, int]:
