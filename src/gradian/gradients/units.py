@@ -259,27 +259,24 @@ def _split_by_position(
         M = (unit_labels[b][:, 1:] != IGNORE_INDEX).cpu() & S  # (K, T-1) the units' positions
         where = [torch.nonzero(M[k]).squeeze(-1).to(device) for k in range(K)]  # P_u (Σ_u |P_u| ≤ T: one pass)
         inv_w = (1.0 / w[:K].clamp(min=1e-30)).tolist()
-        units: dict[str, torch.Tensor] = {}
-        row: dict[str, torch.Tensor] = {}
+        # zeros for a block that did not run or that the loss does not reach, as the exact path; a block applied
+        # more than once in the forward sums its applications, as there
+        row = {blk.name: torch.zeros(blk.shape, dtype=torch.float64, device=device) for blk in blocks}
+        units = {
+            blk.name: torch.zeros((K, *blk.shape), dtype=_accumulation_dtype(blk), device=device) for blk in blocks
+        }
         for (kb, X, _), G in zip(seen, Gs):
+            if G is None:
+                continue
             blk = blocks[kb]
             acc = _accumulation_dtype(blk)
-            if G is None:  # a block the loss does not reach: zero gradients
-                zero = torch.zeros(blk.shape, dtype=acc, device=device)
-                row[blk.name], units[blk.name] = zero.to(torch.float64), zero.expand(K, *blk.shape).clone()
-                continue
             Gb, Xb = G[b].to(acc), X[b].to(acc)  # (T, o), (T, i)
             g_row = Gb.T @ Xb  # (o, i)
-            row[blk.name] = g_row.to(torch.float64)
+            row[blk.name] += g_row.to(torch.float64)
             if whole:
-                units[blk.name] = g_row.unsqueeze(0)
+                units[blk.name][0] += g_row
             else:  # position t < T-1 predicts token t+1: g̃_u = (1/w_u) G[P_u]ᵀ X[P_u]
-                units[blk.name] = torch.stack([(Gb[p].T @ Xb[p]) * iw for p, iw in zip(where, inv_w)])
-        for blk in blocks:  # a block that did not run (no capture) contributes zeros, as the exact path
-            if blk.name not in row:
-                acc = _accumulation_dtype(blk)
-                row[blk.name] = torch.zeros(blk.shape, dtype=torch.float64, device=device)
-                units[blk.name] = torch.zeros((K, *blk.shape), dtype=acc, device=device)
+                units[blk.name] += torch.stack([(Gb[p].T @ Xb[p]) * iw for p, iw in zip(where, inv_w)])
         row_loss = float(row_losses[b].detach())
         res.append(RowUnitGrads(units, row, losses[b].detach()[:K], row_loss, 1))
     return res
