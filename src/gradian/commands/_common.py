@@ -378,7 +378,7 @@ def grad_spec_from_options(
     optimizer: str = "none",
     unit: str = "row",
     max_units_per_row: int = 32,
-    unit_grads: str = "exact",
+    unit_grads: str = "positions",
 ):
     """CLI options into a :class:`gradian.index.store.GradSpec` (the specs validate every field:
     a bad value is a one-line error naming the flag).

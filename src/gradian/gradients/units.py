@@ -190,7 +190,7 @@ def rows_unit_grads(
     losses = [W[:, cols].to(device=device, dtype=c.dtype) @ c[b] for b, (W, _, _) in enumerate(weights)]  # (K'_b,)
     seen, hooks._seen = hooks._seen, []
     if split == "positions":
-        return _split_by_position(seen, blocks, lab, unit_labels, weights, losses, Ks)
+        return _split_by_position(seen, blocks, weights, losses, Ks)
     ys = [y for _, _, y in seen]
     k_alls = [k for _, _, k in weights]
     out: list[dict[str, torch.Tensor]] = []
@@ -235,8 +235,6 @@ def _accumulation_dtype(block: LoraBlock) -> torch.dtype:
 def _split_by_position(
     seen: list[tuple[int, torch.Tensor, torch.Tensor]],
     blocks: Sequence[LoraBlock],
-    lab: torch.Tensor,
-    unit_labels: Sequence[torch.Tensor],
     weights: list[tuple[torch.Tensor, torch.Tensor, int]],
     losses: list[torch.Tensor],
     Ks: list[int],
@@ -245,19 +243,18 @@ def _split_by_position(
 
     Row b's loss is ``ℓ_row = Σ_k w_k ℓ_k`` (the row weights of :func:`loss_weights`, residual included), so
     ``G = ∂(Σ_b ℓ_row,b)/∂y`` (b, t, o) is each row's own ``∂ℓ_row/∂y`` (rows do not interact). Then
-    ``g_row = G_bᵀ X_b`` and ``g̃_u = (1/w_u) Σ_{t∈P_u} G_{b,t} X_{b,t}ᵀ`` with ``P_u`` the unit's positions (its labels
-    shifted by one); a row with one unit and no residual gets ``g_row`` as its unit.
+    ``g_row = G_bᵀ X_b`` and ``g̃_u = (1/w_u) Σ_{t∈P_u} G_{b,t} X_{b,t}ᵀ`` with ``P_u`` the unit's positions: the
+    non-zero columns of its row of ``W`` (its labels shifted by one, within the row's supervised tokens); a row with
+    one unit and no residual gets ``g_row`` as its unit.
     """
     device = blocks[0].module.weight.device
     row_losses = [(w.to(device=device, dtype=losses[b].dtype) * losses[b]).sum() for b, (_, w, _) in enumerate(weights)]
     Gs = torch.autograd.grad(torch.stack(row_losses).sum(), [y for _, _, y in seen], allow_unused=True)
     res = []
-    for b, (_, w, k_all) in enumerate(weights):
+    for b, (W, w, k_all) in enumerate(weights):
         K = Ks[b]
         whole = K == 1 and k_all == 1  # the unit is all of S: its gradient is the row's
-        S = (lab[b, 1:] != IGNORE_INDEX).cpu()
-        M = (unit_labels[b][:, 1:] != IGNORE_INDEX).cpu() & S  # (K, T-1) the units' positions
-        where = [torch.nonzero(M[k]).squeeze(-1).to(device) for k in range(K)]  # P_u (Σ_u |P_u| ≤ T: one pass)
+        where = [torch.nonzero(W[k]).squeeze(-1).to(device) for k in range(K)]  # P_u (Σ_u |P_u| ≤ T: one pass)
         inv_w = (1.0 / w[:K].clamp(min=1e-30)).tolist()
         # zeros for a block that did not run or that the loss does not reach, as the exact path; a block applied
         # more than once in the forward sums its applications, as there
