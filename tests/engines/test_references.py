@@ -106,3 +106,38 @@ def test_zscore_is_robust_and_keeps_the_sign():
     z = zscore(x)
     assert z[2] == 0 and z[0] < 0 < z[3] and np.isfinite(z).all()
     assert np.all(zscore(np.ones(5)) == 0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_repsim_states_run_the_head_at_one_position_and_equal_the_full_forward(tok, arch, monkeypatch):
+    """RepSim needs the last hidden state, not the logits: the forward asks for the LM head at the last position
+    only (``logits_to_keep=1``), and the pooled states equal those of the full (b, T, V) forward to the bit."""
+    import functools
+
+    from gradian.data.formats import to_example
+    from gradian.data.tokenize import TokenizeSpec, tokenize_example
+    from gradian.engines import repsim
+    from gradian.gradients import loss as loss_mod
+    from gradian_testlib import ROWS, make_lora_model
+
+    model = make_lora_model(tok, arch, dtype=torch.float64).eval()
+    items = [tokenize_example(to_example(r, i, "t"), tok, TokenizeSpec(max_length=64)) for i, r in enumerate(ROWS)]
+    inner = model.get_base_model()
+    fwd = inner.forward
+    seen = []
+
+    @functools.wraps(fwd)  # keeps the signature, which keeps_logits reads
+    def spy(*a, **k):
+        out = fwd(*a, **k)
+        seen.append((k.get("logits_to_keep"), out.logits.shape[1]))
+        return out
+
+    monkeypatch.setattr(inner, "forward", spy)
+    kept = repsim.pooled_states(model, items, tok.pad_token_id, batch_size=2)
+    assert seen and all(keep == 1 and t == 1 for keep, t in seen)
+    monkeypatch.setattr(loss_mod, "keeps_logits", lambda m: False)
+    seen.clear()
+    full = repsim.pooled_states(model, items, tok.pad_token_id, batch_size=2)
+    assert all(keep is None and t > 1 for keep, t in seen)
+    assert kept.shape[0] == len(items)
+    assert torch.equal(kept, full) and float(kept.abs().max()) > 0

@@ -61,8 +61,11 @@ def pooled_states(
     """
     import torch
 
-    from gradian.gradients.loss import model_inputs
+    from gradian.gradients.loss import keeps_logits, model_inputs
 
+    # the states only: the LM head at the last position alone (not (b, T, V) logits, 8 x 300 x 49,152 floats a
+    # batch for SmolLM2), where the model takes ``logits_to_keep``; the hidden states are the same either way
+    head = {"logits_to_keep": 1} if keeps_logits(model) else {}
     with torch.no_grad():  # as a decorator it would import torch with this module
         lengths = row_values(items, "length")
         order = sorted(range(len(items)), key=lambda r: (lengths[r], r))
@@ -71,7 +74,7 @@ def pooled_states(
         for s in range(0, len(order), batch_size):
             rows = order[s : s + batch_size]
             batch = {k: v.to(device) for k, v in collate([items[r] for r in rows], pad_token_id).items()}
-            hs = model(**model_inputs(batch), output_hidden_states=True).hidden_states[-1].double()  # (b, T, d)
+            hs = model(**model_inputs(batch), **head, output_hidden_states=True).hidden_states[-1].double()  # (b, T, d)
             # the token at t is supervised when labels[t] != -100 (HF labels are not yet shifted)
             w = (batch["labels"] != IGNORE_INDEX).double()  # (b, T)
             pooled = (hs * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp(min=1.0)
