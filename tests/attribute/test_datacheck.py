@@ -107,8 +107,11 @@ def test_bad_run_json_data_check_is_refused(world):
 
 
 def test_mean_loss_with_the_head_at_the_loss_equals_the_full_logits(world):
-    """The check runs the LM head only at the supervised positions (``logits_to_keep``): the same per-row losses
-    as the full (b, T, V) logits give, to float rounding, and the same vocabulary size."""
+    """The check runs the LM head only at the supervised positions (``logits_to_keep``), over length-sorted
+    batches: the same mean loss as the full (b, T, V) logits in row order give, to float rounding, and the same
+    vocabulary size."""
+    import functools
+
     import torch
 
     from gradian.attribute.datacheck import _mean_loss
@@ -122,8 +125,23 @@ def test_mean_loss_with_the_head_at_the_loss_equals_the_full_logits(world):
     items = tokenize_training_set(load_examples(path), ft.tokenizer, GradSpec(), path)[:12]
     assert keeps_logits(ft.model)  # the path under test is taken
     pad = ft.tokenizer.pad_token_id
-    with torch.no_grad():
+    inner = ft.model.get_base_model()
+    fwd = inner.forward
+    widths = []
+
+    @functools.wraps(fwd)  # keeps the signature, which keeps_logits reads
+    def spy(*a, **k):
+        widths.append(k["input_ids"].shape[1])
+        return fwd(*a, **k)
+
+    lengths = sorted(len(it.input_ids) for it in items)
+    assert lengths != [len(it.input_ids) for it in items]  # the rows come unsorted: the sort is under test
+    with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inner, "forward", spy)
         got, vocab = _mean_loss(ft.model, items, pad, batch_size=5)
+    # length-sorted batches: each as wide as its longest row, the least padding for this batch size
+    assert widths == [max(lengths[s : s + 5]) for s in range(0, len(lengths), 5)]
+    with torch.no_grad():
         full = []
         for s in range(0, len(items), 5):
             batch = collate(items[s : s + 5], pad)

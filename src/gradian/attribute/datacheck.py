@@ -125,6 +125,9 @@ def _mean_loss(model, items, pad_token_id: int, batch_size: int, tick=None) -> t
     device = next(model.parameters()).device
     losses: list[float] = []
     vocab = 0
+    # length-sorted batches: less padding (the quick SmolLM2 world's sample: 3,064 tokens a pass against 4,344 in
+    # row order, 2,295 real); the mean over rows does not depend on the order
+    items = sorted(items, key=lambda it: len(it.input_ids))
     for s in range(0, len(items), batch_size):
         batch = collate(items[s : s + batch_size], pad_token_id)
         batch = {k: v.to(device) for k, v in batch.items()}
