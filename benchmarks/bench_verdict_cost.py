@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -324,6 +325,9 @@ def table(result: dict) -> str:
                 f"\n{label}: {int(b):,} backward passes = {b / tb:.2f}× training's {int(tb):,}; wall "
                 f"{run['wall_s']:.1f} s = {run['wall_s'] / tr['wall_s']:.2f}× training's {tr['wall_s']:.1f} s"
             )
+            proj = run.get("plan", {}).get("projection")
+            if proj:  # the storage the run plan chose: arms compare only at the same
+                lines.append(f"{label}: storage {proj.get('why', proj)}; {run['plan'].get('budget_source', '')}")
     return "\n".join(lines)
 
 
@@ -342,6 +346,12 @@ def main() -> None:
         action="store_true",
         help="keep OUT/adapter and OUT/train.report.json from an earlier run instead of training again (the "
         "report says so)",
+    )
+    ap.add_argument(
+        "--keep-caches",
+        action="store_true",
+        help="keep each arm's index cache (OUT/cache-N); by default it is removed once the arm is done, so every "
+        "arm's run plan sees the same free disk and chooses the same storage",
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, help=argparse.SUPPRESS)
@@ -383,6 +393,9 @@ def main() -> None:
         runs[label]["index_ids"] = [
             {u: v["id"] for u, v in c.get("index", {}).items()} for c in run["attribution"]["trajectory"]["checkpoints"]
         ]
+        runs[label]["plan"] = {k: v for k, v in run["manifest"].get("plan", {}).items() if k != "indexes"}
+        if not a.keep_caches:  # the next arm's plan must see the same free disk as this one did
+            shutil.rmtree(cache, ignore_errors=True)
     result = {"world": str(world), "runs": runs, "threads": 1}
     (out / "verdict_cost.json").write_text(json.dumps(result, indent=1))
     print(table(result))
