@@ -131,7 +131,7 @@ def test_projection_preserves_inner_products_in_expectation(ft, saved_finetune, 
     corr = torch.corrcoef(torch.stack([ke[iu[0], iu[1]], kp[iu[0], iu[1]]]))[0, 1]
     assert corr > 0.8
     meta = json.loads((proj.root / "manifest.json").read_text())
-    assert meta["identity"]["grad_spec"]["projection"] == {"dim": 64, "seed": 1}
+    assert meta["identity"]["grad_spec"]["projection"] == {"dim": 64, "seed": 1, "compute": "float32"}
 
 
 # ---------------------------------------------------------------------- integrity (issue 12)

@@ -379,7 +379,7 @@ def build_index(
                         g = grads[b.name].detach().to(torch.float64)
                         if transform is not None:
                             g = transform(b.name, g)
-                        projected.append(projector(i, g).to(storage).cpu())
+                        projected.append(projector.stored(i, g, spec.storage_dtype).cpu())
                     del grads
                     for t, r in enumerate(rows):
                         stream.put(r - lo, [v[t] for v in projected])

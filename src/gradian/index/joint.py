@@ -372,8 +372,8 @@ def build_jointly(
             # cast to the storage dtype at once (the bytes Buffer.put stores): a float64 copy of every unit's
             # gradient would otherwise be alive until the row is put (K × Σ d_l × 8 bytes: 0.5 GB for an exact row
             # of 12 units of SmolLM2-135M, all linear, r=16)
-            row_vecs.append(projector(i, g_row)[0].cpu().to(storage))
-            unit_vecs.append(projector(i, g_units).cpu().to(storage))
+            row_vecs.append(projector.stored(i, g_row, grad.storage_dtype)[0].cpu())
+            unit_vecs.append(projector.stored(i, g_units, grad.storage_dtype).cpu())
         common = {"truncated": bool(it.truncated), "full_length": int(it.full_length)}
         row_meta = {"id": it.id, "loss": float(res.row_loss), "n_supervised": it.n_supervised, **common}
         put("row", j, row_vecs, row_meta)

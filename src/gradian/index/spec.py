@@ -11,7 +11,7 @@ from typing import Any
 from gradian.data.spans import UNIT_RULE
 from gradian.data.tokenize import TokenizeSpec
 from gradian.errors import GradianUserError
-from gradian.gradients.projection import ProjectionSpec
+from gradian.gradients.projection import ProjectionSpec, projection_dtype
 
 #: How a sentence unit's gradient is formed (:data:`gradian.gradients.units.SPLITS`; that module imports torch).
 UNIT_GRADS = ("exact", "positions")
@@ -96,12 +96,15 @@ class GradSpec:
     def identity(self) -> dict[str, Any]:
         """What of the spec decides an index's numbers (hashed into its id).
 
-        :meth:`to_dict`, less the unit budget and the unit gradients' form for a row index (it has no sentence
-        units, so a row index's id does not depend on them: row indexes built before they existed keep their ids)
-        and the form when it is exact; a sentence index adds the rule that cuts rows into units
-        (:data:`gradian.data.spans.UNIT_RULE`).
+        :meth:`to_dict` with, for a projected index, the precision its projection is computed in
+        (:func:`gradian.gradients.projection.projection_dtype`; an exact index keeps its id), less the unit budget
+        and the unit gradients' form for a row index (it has no sentence units, so a row index's id does not depend
+        on them: row indexes built before they existed keep their ids) and the form when it is exact; a sentence
+        index adds the rule that cuts rows into units (:data:`gradian.data.spans.UNIT_RULE`).
         """
         d = self.to_dict()
+        if self.projection.dim > 0:  # the precision it is projected in (an exact index is not: its id is unchanged)
+            d["projection"]["compute"] = projection_dtype(self.storage_dtype)
         if self.unit == "row" or self.unit_grads == "exact":
             del d["unit_grads"]
         if self.unit == "row":
