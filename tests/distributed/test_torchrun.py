@@ -46,6 +46,10 @@ def _env(cache: Path, **extra: str) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         COLUMNS="200",
     )
+    # torchrun's agent leaves a torchelastic_* folder in the temp dir at every launch: keep it in the test's own
+    tmp = Path(cache).parent / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env["TMPDIR"] = str(tmp)
     env.update(extra)
     return env
 

@@ -128,6 +128,7 @@ def test_two_gpus_under_torchrun_equal_one(saved_finetune, tmp_path):
         PYTHONPATH=str(Path(gradian.__file__).resolve().parents[1]),
         GRADIAN_CACHE=str(tmp_path / "c"),
         HF_HUB_OFFLINE="1",
+        TMPDIR=str(tmp_path),  # torchrun's agent leaves a torchelastic_* folder in the temp dir at every launch
     )
     args = cli_args(
         "index",
