@@ -123,7 +123,7 @@ class KroneckerProjector:
         :func:`projection_dtype` (g converted first), then every block is cast to the storage dtype.
 
         Args:
-            g: (b, o, i), float64 (the builds accumulate in it).
+            g: (b, o, i), float64 or float32 (the builds' sums).
             storage_dtype: the index's ``--storage-dtype`` name.
 
         Returns:

@@ -366,9 +366,11 @@ def build_jointly(
         for i, b in enumerate(blocks):
             # popped: each block's raw gradients are freed once their stored forms exist
             g_row = res.row.pop(b.name).unsqueeze(0)  # (1, o, i) float64
-            g_units = res.units.pop(b.name).detach().to(torch.float64)  # (K, o, i)
+            # (K, o, i) in the model's accumulation dtype: float64 only for the optimizer's transform; a float32
+            # unit cast or projected as it is gives the bytes its float64 copy gave, without the copy
+            g_units = res.units.pop(b.name).detach()
             if transform is not None:
-                g_row, g_units = transform(b.name, g_row), transform(b.name, g_units)
+                g_row, g_units = transform(b.name, g_row), transform(b.name, g_units.to(torch.float64))
             # cast to the storage dtype at once (the bytes Buffer.put stores): a float64 copy of every unit's
             # gradient would otherwise be alive until the row is put (K × Σ d_l × 8 bytes: 0.5 GB for an exact row
             # of 12 units of SmolLM2-135M, all linear, r=16)
