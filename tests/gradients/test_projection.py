@@ -52,6 +52,10 @@ def test_an_index_projects_in_float32_unless_it_stores_float64():
     assert float((got.double() - ref).abs().max() / ref.abs().max()) < 1e-6
     assert torch.equal(proj.stored(0, g, "float64"), ref)
     assert torch.equal(proj.stored(0, g, "bfloat16"), proj(0, g.float()).bfloat16())
+    # a build keeps only the float32 matrices: the same draws, the same stored numbers, no float64 copy
+    kept = KroneckerProjector([(4, 96), (96, 4)], ["A", "B"], ProjectionSpec(dim=32, seed=5), keep="float32")
+    assert kept.mats[0][1].dtype == torch.float32 and torch.equal(kept.mats[0][1], proj.mats[0][1].float())
+    assert torch.equal(kept.stored(0, g, "float32"), got) and not kept._moved
     whole = KroneckerProjector([(4, 96)], ["A"], ProjectionSpec(dim=0))
     assert torch.equal(whole.stored(0, g, "float32"), g.reshape(3, -1).float())
 

@@ -79,11 +79,16 @@ def projected_numbers(shape: tuple[int, int], kind: str, dim: int) -> int:
 class KroneckerProjector:
     """Projects per-example block gradients (b, o, i) → (b, k_o·k_i)."""
 
-    def __init__(self, shapes: list[tuple[int, int]], kinds: list[str], spec: ProjectionSpec):
+    def __init__(self, shapes: list[tuple[int, int]], kinds: list[str], spec: ProjectionSpec, keep: str = "float64"):
+        """Draw each block's matrix (float64, seeded by ``(spec.seed, block index)``) and keep it in ``keep``: an
+        index build keeps only the dtype it projects in (:func:`projection_dtype`), not a float64 copy beside it
+        (156 MB of float32 against 312 MB of float64 for SmolLM2-135M all-linear r=16 at dim 2048).
+        """
         import torch
 
         self.spec = spec
-        self.mats: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # float64, on the CPU
+        self.keep = getattr(torch, keep)
+        self.mats: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # in ``keep``, on the CPU
         self._moved: dict[tuple[str, torch.dtype], dict[int, tuple]] = {}  # (device, dtype) → block → copies
         for idx, ((o, i), kind) in enumerate(zip(shapes, kinds)):
             if spec.dim <= 0:
@@ -93,7 +98,7 @@ class KroneckerProjector:
             r = o if kind == "A" else i
             wide = i if kind == "A" else o
             k = max(1, min(wide, spec.dim // max(r, 1)))
-            P = torch.randn(k, wide, generator=gen, dtype=torch.float64) / k**0.5
+            P = (torch.randn(k, wide, generator=gen, dtype=torch.float64) / k**0.5).to(self.keep)
             self.mats.append((None, P) if kind == "A" else (P, None))
 
     def out_dim(self, idx: int, shape: tuple[int, int]) -> int:
@@ -103,14 +108,14 @@ class KroneckerProjector:
         return o * i
 
     def matrices(self, idx: int, device, dtype) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Block ``idx``'s ``(P_o, P_i)`` on ``device`` in ``dtype`` (the same numbers, converted). float64 on a CPU
-        is the drawn matrices themselves; any other device or dtype is converted once per block and kept, not again
+        """Block ``idx``'s ``(P_o, P_i)`` on ``device`` in ``dtype`` (the same numbers, converted). The kept dtype on a
+        CPU is the matrices themselves; any other device or dtype is converted once per block and kept, not again
         for every row or batch.
         """
         import torch
 
         Po, Pi = self.mats[idx]
-        if torch.device(device).type == "cpu" and dtype == torch.float64:
+        if torch.device(device).type == "cpu" and dtype == self.keep:
             return Po, Pi
         key = (str(device), dtype)
         moved = self._moved.setdefault(key, {})

@@ -23,7 +23,7 @@ import torch
 from gradian.data.tokenize import TokenizedExample, collate, row_values
 from gradian.errors import GradianUserError
 from gradian.gradients.per_example import per_example_grads
-from gradian.gradients.projection import KroneckerProjector
+from gradian.gradients.projection import KroneckerProjector, projection_dtype
 from gradian.index.shards import (
     FORMAT_VERSION,
     MANIFEST,
@@ -194,7 +194,9 @@ def build_index(
     root.mkdir(parents=True, exist_ok=True)
     if dist.enabled:
         _check_shared_folder(root)
-    projector = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], spec.projection)
+    projector = KroneckerProjector(
+        [b.shape for b in blocks], [b.kind for b in blocks], spec.projection, keep=projection_dtype(spec.storage_dtype)
+    )
     storage = STORAGE_DTYPES[spec.storage_dtype]
     block_meta = [
         {"name": b.name, "kind": b.kind, "layer": b.layer, "shape": list(b.shape), "dim": projector.out_dim(i, b.shape)}

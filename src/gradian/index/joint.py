@@ -215,7 +215,7 @@ def build_jointly(
     from dataclasses import replace
 
     from gradian import distributed
-    from gradian.gradients.projection import KroneckerProjector
+    from gradian.gradients.projection import KroneckerProjector, projection_dtype
     from gradian.gradients.units import rows_unit_grads
     from gradian.index.build import _check_shared_folder, _clean_stale_temp, check_build_args
     from gradian.index.shards import ShardStream, _layout, _read_record, shard_problem
@@ -227,7 +227,9 @@ def build_jointly(
     dist = distributed.current()
     t0 = time.perf_counter()
     blocks = select_blocks(model, replace(grad, unit="row"))
-    projector = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], grad.projection)
+    projector = KroneckerProjector(
+        [b.shape for b in blocks], [b.kind for b in blocks], grad.projection, keep=projection_dtype(grad.storage_dtype)
+    )
     storage = STORAGE_DTYPES[grad.storage_dtype]
     block_meta = [
         {"name": b.name, "kind": b.kind, "layer": b.layer, "shape": list(b.shape), "dim": projector.out_dim(i, b.shape)}

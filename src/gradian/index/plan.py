@@ -341,11 +341,12 @@ def warmup(
     import torch
 
     from gradian.data.tokenize import collate
-    from gradian.gradients.projection import KroneckerProjector
+    from gradian.gradients.projection import KroneckerProjector, projection_dtype
     from gradian.index.store import select_blocks
 
     blocks = select_blocks(model, spec)
-    proj = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], spec.projection)
+    keep = projection_dtype(spec.storage_dtype)  # as the build projects and stores
+    proj = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], spec.projection, keep=keep)
     n = min(max(rows, per_forward if units is not None else 0), len(items))
     picks = list(range(n))
     if units is None:
@@ -357,7 +358,7 @@ def warmup(
             batch = collate([items[i] for i in ix], pad_token_id)
             g = per_example_grads(model, batch, "hooks", mods)
             for i, b in enumerate(blocks):
-                proj(i, g[b.name].detach().to(torch.float64))
+                proj.stored(i, g[b.name].detach().to(torch.float64), spec.storage_dtype)
             return int(batch["input_ids"].numel())
 
     else:
@@ -378,8 +379,8 @@ def warmup(
                 )
                 for j, r in zip(group, rows_unit_grads(model, batch, uls, blocks, spec.unit_grads)):
                     for i, b in enumerate(blocks):
-                        proj(i, r.units[b.name].detach().to(torch.float64))
-                        proj(i, r.row[b.name].unsqueeze(0))
+                        proj.stored(i, r.units[b.name].detach(), spec.storage_dtype)
+                        proj.stored(i, r.row[b.name].unsqueeze(0), spec.storage_dtype)
                     tok += len(items[j].input_ids) * r.passes
             return tok
 
