@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
             "--quick/--full",
             help="quick: a smaller SmolLM2 world of its own, 2 epochs (a first run in about 15 min on 2 cores; "
             "the default for --kind smollm2 --regression facts). full: the worked example of "
-            "docs/worked-example.md (about an hour). The tiny and behaviour worlds have one size.",
+            "docs/worked-example.md (about half an hour). The tiny and behaviour worlds have one size.",
         ),
     ) -> None:
         """Run the worked example end to end: world → train → evaluate/attribute/audit → report → scorecard."""
@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
         if spec.resolved_profile() == "quick":
             console.print(
                 "[dim]quick profile (a smaller world of its own); the worked example of docs/worked-example.md "
-                "is `gradian demo --full` (make demo-full, about an hour on 2 cores)[/]"
+                "is `gradian demo --full` (make demo-full, about half an hour)[/]"
             )
         # the last line names the folder it wrote (as every command's does)
         console.print(f"\nreports: {escape(str(out))}/*/report.html · scorecard: {escape(str(out))}/*/scorecard.json")

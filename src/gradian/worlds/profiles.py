@@ -1,8 +1,9 @@
 """Demo profiles: the world and training config ``gradian demo`` builds (issue 26, the demo decision).
 
 * ``"full"``: the worked example of ``docs/worked-example.md``, exactly as ``gradian world --kind smollm2``
-  writes it (:meth:`WorldSpec.default` and :func:`default_train_spec`): 276 rows, 3 epochs, about an hour
-  on 2 cores with an empty cache. ``gradian demo --full`` / ``make demo-full``.
+  writes it (:meth:`WorldSpec.default` and :func:`default_train_spec`): 276 rows, 3 epochs, about half an
+  hour with an empty cache (training 707 s and the verdict 1,000 s on one thread, 2026-12-06).
+  ``gradian demo --full`` / ``make demo-full``.
 * ``"quick"``: ``make demo``'s default for SmolLM2 (facts world): a smaller world of its own, sized so
   that a first run with an empty cache fits 15 minutes on 2 quiet cores. It is the same generator,
   seeded the same way; only the sizes below and the training schedule change:
