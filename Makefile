@@ -38,7 +38,7 @@ test-slow: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/gradian demo
 
-# The full worked example of docs/worked-example.md (about half an hour with an empty cache: training 707 s and the verdict 1,000 s on one thread, 2026-12-06).
+# The full worked example of docs/worked-example.md (about half an hour with an empty cache: training 608 s and the verdict 1,000 s on one thread, 2026-12-06).
 demo-full: $(STAMP)
 	$(BIN)/gradian demo --full
 

@@ -2,7 +2,7 @@
 
 * ``"full"``: the worked example of ``docs/worked-example.md``, exactly as ``gradian world --kind smollm2``
   writes it (:meth:`WorldSpec.default` and :func:`default_train_spec`): 276 rows, 3 epochs, about half an
-  hour with an empty cache (training 707 s and the verdict 1,000 s on one thread, 2026-12-06).
+  hour with an empty cache (training 608 s and the verdict 1,000 s on one thread, 2026-12-06).
   ``gradian demo --full`` / ``make demo-full``.
 * ``"quick"``: ``make demo``'s default for SmolLM2 (facts world): a smaller world of its own, sized so
   that a first run with an empty cache fits 15 minutes on 2 quiet cores. It is the same generator,
