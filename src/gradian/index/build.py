@@ -125,6 +125,20 @@ def _check_shared_folder(root: Path) -> None:
         )
 
 
+def block_projection(blocks: Sequence, spec: GradSpec) -> tuple[KroneckerProjector, torch.dtype, list[dict[str, Any]]]:
+    """What a build of ``spec`` stores its blocks with: the projector (its matrices kept in the precision it projects
+    in, :func:`gradian.gradients.projection.projection_dtype`), the storage dtype, and each block's manifest entry
+    (``name``, ``kind``, ``layer``, ``shape``, and ``dim``, the numbers it stores).
+    """
+    shapes, kinds = [b.shape for b in blocks], [b.kind for b in blocks]
+    projector = KroneckerProjector(shapes, kinds, spec.projection, keep=projection_dtype(spec.storage_dtype))
+    block_meta = [
+        {"name": b.name, "kind": b.kind, "layer": b.layer, "shape": list(b.shape), "dim": projector.out_dim(i, b.shape)}
+        for i, b in enumerate(blocks)
+    ]
+    return projector, STORAGE_DTYPES[spec.storage_dtype], block_meta
+
+
 def build_index(
     model: torch.nn.Module,
     items: Sequence[TokenizedExample],
@@ -194,14 +208,7 @@ def build_index(
     root.mkdir(parents=True, exist_ok=True)
     if dist.enabled:
         _check_shared_folder(root)
-    projector = KroneckerProjector(
-        [b.shape for b in blocks], [b.kind for b in blocks], spec.projection, keep=projection_dtype(spec.storage_dtype)
-    )
-    storage = STORAGE_DTYPES[spec.storage_dtype]
-    block_meta = [
-        {"name": b.name, "kind": b.kind, "layer": b.layer, "shape": list(b.shape), "dim": projector.out_dim(i, b.shape)}
-        for i, b in enumerate(blocks)
-    ]
+    projector, storage, block_meta = block_projection(blocks, spec)
     row_bytes = sum(int(m["dim"]) for m in block_meta) * storage.itemsize
     shard_size = effective_shard_size(shard_size, batch_size, row_bytes)
     n_shards = (len(items) + shard_size - 1) // shard_size

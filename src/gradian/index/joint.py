@@ -215,26 +215,18 @@ def build_jointly(
     from dataclasses import replace
 
     from gradian import distributed
-    from gradian.gradients.projection import KroneckerProjector, projection_dtype
     from gradian.gradients.units import rows_unit_grads
-    from gradian.index.build import _check_shared_folder, _clean_stale_temp, check_build_args
+    from gradian.index.build import _check_shared_folder, _clean_stale_temp, block_projection, check_build_args
     from gradian.index.shards import ShardStream, _layout, _read_record, shard_problem
     from gradian.index.size import effective_shard_size, size_estimate
-    from gradian.index.store import STORAGE_DTYPES, index_id, select_blocks
+    from gradian.index.store import index_id, select_blocks
     from gradian.util import DiskFullError, free_bytes, release_free_memory
 
     check_build_args(batch_size, shard_size, per_forward)
     dist = distributed.current()
     t0 = time.perf_counter()
     blocks = select_blocks(model, replace(grad, unit="row"))
-    projector = KroneckerProjector(
-        [b.shape for b in blocks], [b.kind for b in blocks], grad.projection, keep=projection_dtype(grad.storage_dtype)
-    )
-    storage = STORAGE_DTYPES[grad.storage_dtype]
-    block_meta = [
-        {"name": b.name, "kind": b.kind, "layer": b.layer, "shape": list(b.shape), "dim": projector.out_dim(i, b.shape)}
-        for i, b in enumerate(blocks)
-    ]
+    projector, storage, block_meta = block_projection(blocks, grad)
     dims = [int(m["dim"]) for m in block_meta]
     shard_size = effective_shard_size(shard_size, batch_size, sum(dims) * storage.itemsize)  # as build_index
     ids = {"row": index_id(row_identity), "sentence": index_id(sentence_identity)}
