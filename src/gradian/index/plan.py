@@ -341,12 +341,11 @@ def warmup(
     import torch
 
     from gradian.data.tokenize import collate
-    from gradian.gradients.projection import KroneckerProjector, projection_dtype
+    from gradian.index.build import block_projection
     from gradian.index.store import select_blocks
 
     blocks = select_blocks(model, spec)
-    keep = projection_dtype(spec.storage_dtype)  # as the build projects and stores
-    proj = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], spec.projection, keep=keep)
+    proj, _, _ = block_projection(blocks, spec)  # as the build projects and stores
     n = min(max(rows, per_forward if units is not None else 0), len(items))
     picks = list(range(n))
     if units is None:
