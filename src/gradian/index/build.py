@@ -385,9 +385,9 @@ def build_index(
                     )
                     projected = []
                     for i, b in enumerate(blocks):
-                        g = grads[b.name].detach().to(torch.float64)
+                        g = grads[b.name].detach()  # float64 only for the optimizer's transform, as the joint build
                         if transform is not None:
-                            g = transform(b.name, g)
+                            g = transform(b.name, g.to(torch.float64))
                         projected.append(projector.stored(i, g, spec.storage_dtype).cpu())
                     del grads
                     for t, r in enumerate(rows):

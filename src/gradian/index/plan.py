@@ -338,8 +338,6 @@ def warmup(
     tokens = Σ row tokens × its backward vectors (units, plus the residual), so a batched pass shows as a higher
     rate. One row is run first, untimed (first-call overheads).
     """
-    import torch
-
     from gradian.data.tokenize import collate
     from gradian.index.build import block_projection
     from gradian.index.store import select_blocks
@@ -357,7 +355,7 @@ def warmup(
             batch = collate([items[i] for i in ix], pad_token_id)
             g = per_example_grads(model, batch, "hooks", mods)
             for i, b in enumerate(blocks):
-                proj.stored(i, g[b.name].detach().to(torch.float64), spec.storage_dtype)
+                proj.stored(i, g[b.name].detach(), spec.storage_dtype)
             return int(batch["input_ids"].numel())
 
     else:
