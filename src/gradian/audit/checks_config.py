@@ -158,23 +158,20 @@ def total_steps(ctx: AuditContext) -> tuple[int | None, str]:
 
 
 # ---------------------------------------------------------------------- C19
-@check(
-    "C19",
-    "impossible_value",
-    "A config value no trainer can run with",
-    requires=("config",),
-    severity="error",
-    rank=50,
-    rule="learning_rate <= 0, num_epochs <= 0 (without max_steps), a batch size or gradient accumulation <= 0, "
-    "max_length <= 0, lora_r or lora_alpha <= 0, lora_dropout outside [0, 1), warmup_ratio outside [0, 1], "
-    "warmup_steps < 0, or any of them not finite (inf, nan); any is an error, and the checks that compute "
-    "with that value are skipped instead of passing",
-    fix="set the value the run actually used (e.g. learning_rate 2e-4, num_train_epochs 1-3, batch size >= 1, "
-    "lora_r 8-64)",
-    source="transformers TrainingArguments / PEFT LoraConfig validation (the trainer refuses or trains nothing)",
-)
-def c19(ctx: AuditContext) -> list[Hit]:
-    """C19 (impossible_value): A config value no trainer can run with."""
+@check("C19", requires=("config",), severity="error", rank=50)
+def impossible_value(ctx: AuditContext) -> list[Hit]:
+    """A config value no trainer can run with.
+
+    Rule: learning_rate <= 0, num_epochs <= 0 (without max_steps), a batch size or gradient accumulation <= 0,
+    max_length <= 0, lora_r or lora_alpha <= 0, lora_dropout outside [0, 1), warmup_ratio outside [0, 1], warmup_steps <
+    0, or any of them not finite (inf, nan); any is an error, and the checks that compute with that value are skipped
+    instead of passing
+
+    Fix: set the value the run actually used (e.g. learning_rate 2e-4, num_train_epochs 1-3, batch size >= 1, lora_r
+    8-64)
+
+    Source: transformers TrainingArguments / PEFT LoraConfig validation (the trainer refuses or trains nothing)
+    """
     c = ctx.config
     bad = impossible_values(c)
     if not bad:
@@ -198,20 +195,16 @@ def c19(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C01
-@check(
-    "C01",
-    "lr_fullft_on_lora",
-    "Full fine-tuning learning rate on a LoRA run",
-    requires=("config",),
-    severity="warning",
-    rank=50,
-    rule=f"LoRA/QLoRA with learning_rate < {LORA_LR_LOW:g} (TRL's SFTConfig default 2e-5 is a full fine-tuning rate)",
-    fix="use 1e-4 to 2e-4 for LoRA",
-    source="trl docs sft_trainer.md (adapters ~1e-4; SFTConfig default 2e-5); lora_without_regret.md",
-    stages=("sft", "pretraining"),
-)
-def c01(ctx: AuditContext) -> list[Hit]:
-    """C01 (lr_fullft_on_lora): Full fine-tuning learning rate on a LoRA run."""
+@check("C01", requires=("config",), severity="warning", rank=50, stages=("sft", "pretraining"))
+def lr_fullft_on_lora(ctx: AuditContext) -> list[Hit]:
+    """Full fine-tuning learning rate on a LoRA run.
+
+    Rule: LoRA/QLoRA with learning_rate < {LORA_LR_LOW:g} (TRL's SFTConfig default 2e-5 is a full fine-tuning rate)
+
+    Fix: use 1e-4 to 2e-4 for LoRA
+
+    Source: trl docs sft_trainer.md (adapters ~1e-4; SFTConfig default 2e-5); lora_without_regret.md
+    """
     c = _lora_config(ctx)
     if c.learning_rate is None:
         raise NotApplicable("learning rate unknown")
@@ -230,22 +223,17 @@ def c01(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C02
-@check(
-    "C02",
-    "lr_too_high",
-    "Learning rate far too high",
-    requires=("config",),
-    severity="error",
-    rank=50,
-    rule=f"LoRA (and LLaMA-Factory freeze tuning) lr > {LORA_LR_HIGH:g} (> {LORA_LR_HIGH_BIG:g} for models >= 13B) "
-    f"warns, > 4x that errors; full "
-    f"fine-tuning lr > {FULL_LR_HIGH:g} warns, > 4x errors",
-    fix="lower the learning rate (LoRA 1e-4 to 2e-4; full fine-tuning 1e-5 to 2e-5)",
-    source="artidoro/qlora README; Unsloth guide",
-    stages=("sft", "pretraining", "rl", "other"),  # preference stages: C20, with their own ranges
-)
-def c02(ctx: AuditContext) -> list[Hit]:
-    """C02 (lr_too_high): Learning rate far too high."""
+@check("C02", requires=("config",), severity="error", rank=50, stages=("sft", "pretraining", "rl", "other"))
+def lr_too_high(ctx: AuditContext) -> list[Hit]:
+    """Learning rate far too high.
+
+    Rule: LoRA (and LLaMA-Factory freeze tuning) lr > {LORA_LR_HIGH:g} (> {LORA_LR_HIGH_BIG:g} for models >= 13B) warns,
+    > 4x that errors; full fine-tuning lr > {FULL_LR_HIGH:g} warns, > 4x errors
+
+    Fix: lower the learning rate (LoRA 1e-4 to 2e-4; full fine-tuning 1e-5 to 2e-5)
+
+    Source: artidoro/qlora README; Unsloth guide
+    """
     c = ctx.config
     lr = c.learning_rate
     if lr is None:
@@ -271,21 +259,17 @@ def c02(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C03
-@check(
-    "C03",
-    "too_many_epochs",
-    "Too many epochs for the data size",
-    requires=("config",),
-    reads=("data",),
-    severity="error",
-    rank=50,
-    rule="epochs > 3 warns; >= 5 epochs with fewer than 2,000 rows errors (12 x 400 fires); epochs implied by "
-    "max_steps count",
-    fix="train 1-3 epochs, and stop at the best eval loss",
-    source="Unsloth guide ('more than 3 generally not optimal'); fast.ai/W&B 'Can LLMs learn from a single example?'",
-)
-def c03(ctx: AuditContext) -> list[Hit]:
-    """C03 (too_many_epochs): Too many epochs for the data size."""
+@check("C03", requires=("config",), reads=("data",), severity="error", rank=50)
+def too_many_epochs(ctx: AuditContext) -> list[Hit]:
+    """Too many epochs for the data size.
+
+    Rule: epochs > 3 warns; >= 5 epochs with fewer than 2,000 rows errors (12 x 400 fires); epochs implied by max_steps
+    count
+
+    Fix: train 1-3 epochs, and stop at the best eval loss
+
+    Source: Unsloth guide ('more than 3 generally not optimal'); fast.ai/W&B 'Can LLMs learn from a single example?'
+    """
     c = ctx.config
     _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
     epochs, src = c.num_epochs, c.source("num_epochs")
@@ -311,20 +295,17 @@ def c03(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C04
-@check(
-    "C04",
-    "step_budget",
-    "Step budget too small or mis-set",
-    requires=("config", "data"),
-    severity="error",
-    rank=50,
-    rule="effective batch > rows (error); total optimiser steps < 30 (warning); max_steps > 0 silently "
-    "overrides num_train_epochs (info); one device assumed",
-    fix="lower the batch / gradient accumulation, or train more steps; remove max_steps to train by epochs",
-    source="tf TrainingArguments (max_steps overrides num_train_epochs); heuristic step floor",
-)
-def c04(ctx: AuditContext) -> list[Hit]:
-    """C04 (step_budget): Step budget too small or mis-set."""
+@check("C04", requires=("config", "data"), severity="error", rank=50)
+def step_budget(ctx: AuditContext) -> list[Hit]:
+    """Step budget too small or mis-set.
+
+    Rule: effective batch > rows (error); total optimiser steps < 30 (warning); max_steps > 0 silently overrides
+    num_train_epochs (info); one device assumed
+
+    Fix: lower the batch / gradient accumulation, or train more steps; remove max_steps to train by epochs
+
+    Source: tf TrainingArguments (max_steps overrides num_train_epochs); heuristic step floor
+    """
     c = ctx.config
     _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
     eb = c.effective_batch()
@@ -366,21 +347,17 @@ def c04(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C05
-@check(
-    "C05",
-    "warmup",
-    "Warmup longer than sensible",
-    requires=("config",),
-    reads=("data",),
-    severity="error",
-    rank=50,
-    rule="warmup steps >= total steps (error); warmup ratio > 0.2 (warning); warmup_steps and warmup_ratio both "
-    "set (warning: axolotl refuses, transformers uses the steps)",
-    fix="warm up for 3-10% of the steps, with one of warmup_steps / warmup_ratio",
-    source="axolotl validation.py check_warmup; tf TrainingArguments",
-)
-def c05(ctx: AuditContext) -> list[Hit]:
-    """C05 (warmup): Warmup longer than sensible."""
+@check("C05", requires=("config",), reads=("data",), severity="error", rank=50)
+def warmup(ctx: AuditContext) -> list[Hit]:
+    """Warmup longer than sensible.
+
+    Rule: warmup steps >= total steps (error); warmup ratio > 0.2 (warning); warmup_steps and warmup_ratio both set
+    (warning: axolotl refuses, transformers uses the steps)
+
+    Fix: warm up for 3-10% of the steps, with one of warmup_steps / warmup_ratio
+
+    Source: axolotl validation.py check_warmup; tf TrainingArguments
+    """
     c = ctx.config
     _require_possible(
         ctx,
@@ -424,21 +401,17 @@ def c05(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C06
-@check(
-    "C06",
-    "max_len_default",
-    "max_length left at the trainer's default",
-    requires=("config",),
-    reads=("data", "tokenizer"),
-    severity="warning",
-    rank=20,
-    rule="max_length unset, so the trainer's default applies (TRL 1024, axolotl 512, LLaMA-Factory 2048): info; "
-    "a warning when the data's p95 length (with a tokenizer) exceeds it",
-    fix="set max_length explicitly, at or above the data's p99 length",
-    source="trl v0.12 'default to 1024' warning; axolotl config.py; LLaMA-Factory data_args.py",
-)
-def c06(ctx: AuditContext) -> list[Hit]:
-    """C06 (max_len_default): max_length left at the trainer's default."""
+@check("C06", requires=("config",), reads=("data", "tokenizer"), severity="warning", rank=20)
+def max_len_default(ctx: AuditContext) -> list[Hit]:
+    """max_length left at the trainer's default.
+
+    Rule: max_length unset, so the trainer's default applies (TRL 1024, axolotl 512, LLaMA-Factory 2048): info; a
+    warning when the data's p95 length (with a tokenizer) exceeds it
+
+    Fix: set max_length explicitly, at or above the data's p99 length
+
+    Source: trl v0.12 'default to 1024' warning; axolotl config.py; LLaMA-Factory data_args.py
+    """
     c = ctx.config
     if not c.is_default("max_length"):
         return []

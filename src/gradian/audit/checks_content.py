@@ -19,20 +19,17 @@ from gradian.audit.registry import Hit, NotApplicable, check
 
 
 # ---------------------------------------------------------------------- D16
-@check(
-    "D16",
-    "answer_in_prompt",
-    "The target is already in its prompt",
-    requires=("data",),
-    severity="warning",
-    rank=40,
-    rule="the normalised target (>= 20 characters) appears verbatim inside its own prompt; > 5% warns, any is "
-    "info (**H**)",
-    fix="check for leakage: the model learns to copy, not to answer",
-    source="heuristic",
-)
-def d16(ctx: AuditContext) -> list[Hit]:
-    """D16 (answer_in_prompt): The target is already in its prompt."""
+@check("D16", requires=("data",), severity="warning", rank=40)
+def answer_in_prompt(ctx: AuditContext) -> list[Hit]:
+    """The target is already in its prompt.
+
+    Rule: the normalised target (>= 20 characters) appears verbatim inside its own prompt; > 5% warns, any is info
+    (**H**)
+
+    Fix: check for leakage: the model learns to copy, not to answer
+
+    Source: heuristic
+    """
     bad = [i for i, (p, c) in enumerate(zip(ctx.norm_prompt, ctx.norm_completion)) if len(c) >= 20 and c in p]
     if not bad:
         return []
@@ -42,21 +39,17 @@ def d16(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D17
-@check(
-    "D17",
-    "length_outliers",
-    "Target length outliers",
-    requires=("data",),
-    reads=("tokenizer",),
-    severity="warning",
-    rank=40,
-    rule="robust z-score of log target length > 5 (median/MAD, MAD floored at 0.1); tokens when a tokenizer is "
-    "given, characters otherwise; > 1% of rows warns, any is info",
-    fix="inspect the outliers: split very long targets, drop stubs",
-    source="FastChat split_long_conversation",
-)
-def d17(ctx: AuditContext) -> list[Hit]:
-    """D17 (length_outliers): Target length outliers."""
+@check("D17", requires=("data",), reads=("tokenizer",), severity="warning", rank=40)
+def length_outliers(ctx: AuditContext) -> list[Hit]:
+    """Target length outliers.
+
+    Rule: robust z-score of log target length > 5 (median/MAD, MAD floored at 0.1); tokens when a tokenizer is given,
+    characters otherwise; > 1% of rows warns, any is info
+
+    Fix: inspect the outliers: split very long targets, drop stubs
+
+    Source: FastChat split_long_conversation
+    """
     if ctx.tokenizer is not None:
         unit = "tokens"
         lens = [(tr.tx.full_length - tr.tx.prompt_length) if tr.tx is not None else None for tr in ctx.token_rows]
@@ -90,21 +83,18 @@ def d17(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D18
-@check(
-    "D18",
-    "language_mix",
-    "Unexpected language mix",
-    requires=("data",),
-    severity="warning",
-    rank=40,
-    rule="language per row by script, and for Latin script by a stopword vote (en/fr/de/es/it/pt/nl): a "
-    "minority language in 1-20% of rows, or prompt and target in different languages in > 5% of rows, "
-    "warns; smaller shares are info (**H**)",
-    fix="filter the rows in the wrong language (or ignore this for translation data)",
-    source="FastChat optional_clean --skip-lang; DialogStudio ShareGPT README",
-)
-def d18(ctx: AuditContext) -> list[Hit]:
-    """D18 (language_mix): Unexpected language mix."""
+@check("D18", requires=("data",), severity="warning", rank=40)
+def language_mix(ctx: AuditContext) -> list[Hit]:
+    """Unexpected language mix.
+
+    Rule: language per row by script, and for Latin script by a stopword vote (en/fr/de/es/it/pt/nl): a minority
+    language in 1-20% of rows, or prompt and target in different languages in > 5% of rows, warns; smaller shares are
+    info (**H**)
+
+    Fix: filter the rows in the wrong language (or ignore this for translation data)
+
+    Source: FastChat optional_clean --skip-lang; DialogStudio ShareGPT README
+    """
     langs, mism = [], []
     # only stopwords vote: each prompt's and completion's stopwords, in order, picked from the flat word table
     wid, vocab = ctx.row_word_ids
@@ -150,20 +140,17 @@ def d18(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D20
-@check(
-    "D20",
-    "boilerplate_noise",
-    "Refusal boilerplate, HTML or mojibake",
-    requires=("data",),
-    severity="warning",
-    rank=40,
-    rule="targets matching refusal/AI-disclaimer patterns ('as an AI language model', 'OpenAI'), or rows with "
-    "HTML tags/entities or mojibake ('Ã©', 'â€™', U+FFFD); > 1% warns, any is info",
-    fix="filter or clean these rows (ftfy fixes mojibake; strip HTML)",
-    source="FastChat clean_sharegpt; airoboros-style filter lists",
-)
-def d20(ctx: AuditContext) -> list[Hit]:
-    """D20 (boilerplate_noise): Refusal boilerplate, HTML or mojibake."""
+@check("D20", requires=("data",), severity="warning", rank=40)
+def boilerplate_noise(ctx: AuditContext) -> list[Hit]:
+    """Refusal boilerplate, HTML or mojibake.
+
+    Rule: targets matching refusal/AI-disclaimer patterns ('as an AI language model', 'OpenAI'), or rows with HTML
+    tags/entities or mojibake ('Ã©', 'â€™', U+FFFD); > 1% warns, any is info
+
+    Fix: filter or clean these rows (ftfy fixes mojibake; strip HTML)
+
+    Source: FastChat clean_sharegpt; airoboros-style filter lists
+    """
     kinds: dict[str, list[int]] = defaultdict(list)
     for i, (p, c) in enumerate(zip(ctx.prompt_texts, ctx.completion_texts)):
         if T.refusal_in(c):

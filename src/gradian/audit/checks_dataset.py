@@ -99,20 +99,17 @@ def _schema(ex) -> str:
 
 
 # ---------------------------------------------------------------------- D01
-@check(
-    "D01",
-    "format_mixed",
-    "Rows mix dataset schemas",
-    requires=("data",),
-    severity="error",
-    rank=10,
-    rule="rows whose schema (messages / prompt+completion / alpaca / text) differs from the majority: any warns; "
-    "error when row 0 is in the minority (TRL picks the loss mode from the first row only)",
-    fix="normalise every row to one schema (e.g. all messages, or all prompt/completion)",
-    source="trl sft_trainer.py decides the dataset type from next(iter(train_dataset))",
-)
-def d01(ctx: AuditContext) -> list[Hit]:
-    """D01 (format_mixed): Rows mix dataset schemas."""
+@check("D01", requires=("data",), severity="error", rank=10)
+def format_mixed(ctx: AuditContext) -> list[Hit]:
+    """Rows mix dataset schemas.
+
+    Rule: rows whose schema (messages / prompt+completion / alpaca / text) differs from the majority: any warns; error
+    when row 0 is in the minority (TRL picks the loss mode from the first row only)
+
+    Fix: normalise every row to one schema (e.g. all messages, or all prompt/completion)
+
+    Source: trl sft_trainer.py decides the dataset type from next(iter(train_dataset))
+    """
     schemas = [_schema(e) for e in ctx.examples]
     counts = Counter(schemas)
     if len(counts) < 2:
@@ -130,22 +127,17 @@ def d01(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D02
-@check(
-    "D02",
-    "text_field_missing",
-    "The trainer's text/messages field is missing from rows",
-    requires=("data", "config"),
-    severity="error",
-    rank=10,
-    rule="TRL: language-modeling rows (not messages, not prompt/completion) lack dataset_text_field "
-    "(default 'text'); axolotl: rows lack the field its datasets[].type reads (field_messages, field, "
-    "instruction/output); any",
-    fix="rename the field in the data, or set dataset_text_field / field_messages to the field the rows have",
-    source="trl sft_config.py dataset_text_field; axolotl datasets[].field_messages",
-    stages=("sft", "pretraining"),
-)
-def d02(ctx: AuditContext) -> list[Hit]:
-    """D02 (text_field_missing): The trainer's text/messages field is missing from rows."""
+@check("D02", requires=("data", "config"), severity="error", rank=10, stages=("sft", "pretraining"))
+def text_field_missing(ctx: AuditContext) -> list[Hit]:
+    """The trainer's text/messages field is missing from rows.
+
+    Rule: TRL: language-modeling rows (not messages, not prompt/completion) lack dataset_text_field (default 'text');
+    axolotl: rows lack the field its datasets[].type reads (field_messages, field, instruction/output); any
+
+    Fix: rename the field in the data, or set dataset_text_field / field_messages to the field the rows have
+
+    Source: trl sft_config.py dataset_text_field; axolotl datasets[].field_messages
+    """
     c = ctx.config
     if c.trainer == "trl":
         field = c.dataset_text_field or "text"
@@ -210,19 +202,16 @@ def d02(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D03
-@check(
-    "D03",
-    "empty_target",
-    "Empty or whitespace-only targets",
-    requires=("data",),
-    severity="error",
-    rank=10,
-    rule="the completion / output / final assistant turn is empty or whitespace; any",
-    fix="drop these rows or fill in their targets",
-    source="axolotl utils/trainer.py drops 'samples with no trainable tokens'; trl PR #6320",
-)
-def d03(ctx: AuditContext) -> list[Hit]:
-    """D03 (empty_target): Empty or whitespace-only targets."""
+@check("D03", requires=("data",), severity="error", rank=10)
+def empty_target(ctx: AuditContext) -> list[Hit]:
+    """Empty or whitespace-only targets.
+
+    Rule: the completion / output / final assistant turn is empty or whitespace; any
+
+    Fix: drop these rows or fill in their targets
+
+    Source: axolotl utils/trainer.py drops 'samples with no trainable tokens'; trl PR #6320
+    """
     bad = [i for i, c in enumerate(ctx.completion_texts) if not c.strip()]
     return count_hits(
         ctx,
@@ -277,20 +266,17 @@ def role_problems(roles: list[str]) -> list[str]:
     return probs
 
 
-@check(
-    "D09",
-    "role_order",
-    "Chat roles unknown or out of order",
-    requires=("data",),
-    severity="error",
-    rank=10,
-    rule="unknown role, system turn not first, first turn not the user, two user/assistant turns in a row, or "
-    "last turn not the assistant; any",
-    fix="remap roles to system/user/assistant, merge consecutive turns, and end each conversation with the assistant",
-    source="templates that raise 'Conversation roles must alternate' (tf#34494); FastChat filter_sharegpt.py",
-)
-def d09(ctx: AuditContext) -> list[Hit]:
-    """D09 (role_order): Chat roles unknown or out of order."""
+@check("D09", requires=("data",), severity="error", rank=10)
+def role_order(ctx: AuditContext) -> list[Hit]:
+    """Chat roles unknown or out of order.
+
+    Rule: unknown role, system turn not first, first turn not the user, two user/assistant turns in a row, or last turn
+    not the assistant; any
+
+    Fix: remap roles to system/user/assistant, merge consecutive turns, and end each conversation with the assistant
+
+    Source: templates that raise 'Conversation roles must alternate' (tf#34494); FastChat filter_sharegpt.py
+    """
     bad: list[int] = []
     kinds: Counter = Counter()
     examples: dict[str, str] = {}
@@ -320,23 +306,19 @@ def d09(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D11
-@check(
-    "D11",
-    "dup_exact",
-    "Exact duplicate rows",
-    requires=("data",),
-    reads=("config",),
-    severity="warning",
-    rank=40,
-    rule="rows identical after NFC, casefold and whitespace normalisation; extra copies > 1% of rows warns, "
-    "any is info. With axolotl's dataset_exact_deduplication on, byte-identical copies are dropped by the "
-    "trainer and not counted; copies that differ in case or whitespace survive it and still count",
-    fix="deduplicate (axolotl: dataset_exact_deduplication: true), or keep the copies only if the upweighting "
-    "is intended",
-    source="axolotl dataset_exact_deduplication (sha256 of each prepared row); cleanlab Datalab near_duplicate",
-)
-def d11(ctx: AuditContext) -> list[Hit]:
-    """D11 (dup_exact): Exact duplicate rows."""
+@check("D11", requires=("data",), reads=("config",), severity="warning", rank=40)
+def dup_exact(ctx: AuditContext) -> list[Hit]:
+    """Exact duplicate rows.
+
+    Rule: rows identical after NFC, casefold and whitespace normalisation; extra copies > 1% of rows warns, any is info.
+    With axolotl's dataset_exact_deduplication on, byte-identical copies are dropped by the trainer and not counted;
+    copies that differ in case or whitespace survive it and still count
+
+    Fix: deduplicate (axolotl: dataset_exact_deduplication: true), or keep the copies only if the upweighting is
+    intended
+
+    Source: axolotl dataset_exact_deduplication (sha256 of each prepared row); cleanlab Datalab near_duplicate
+    """
     dups = duplicate_groups(ctx.norm_row)
     c = ctx.config
     dedup = bool(c is not None and c.dedup_exact)
@@ -449,20 +431,17 @@ def _clusters(pairs, n) -> list[list[int]]:
     return [sorted(set(g)) for g in groups.values()]
 
 
-@check(
-    "D12",
-    "dup_near",
-    "Near-duplicate rows",
-    requires=("data",),
-    severity="warning",
-    rank=40,
-    rule="MinHash over word 5-gram shingles, verified by exact Jaccard >= 0.8 (exact copies excluded); rows "
-    "beyond the first in each cluster > 5% warns, any is info",
-    fix="deduplicate near-copies (keep one per cluster) unless the variation is the point",
-    source="NeMo Curator fuzzy deduplication (Jaccard 0.8)",
-)
-def d12(ctx: AuditContext) -> list[Hit]:
-    """D12 (dup_near): Near-duplicate rows."""
+@check("D12", requires=("data",), severity="warning", rank=40)
+def dup_near(ctx: AuditContext) -> list[Hit]:
+    """Near-duplicate rows.
+
+    Rule: MinHash over word 5-gram shingles, verified by exact Jaccard >= 0.8 (exact copies excluded); rows beyond the
+    first in each cluster > 5% warns, any is info
+
+    Fix: deduplicate near-copies (keep one per cluster) unless the variation is the point
+
+    Source: NeMo Curator fuzzy deduplication (Jaccard 0.8)
+    """
     pairs = near_dup_pairs(ctx)
     if not pairs:
         return []
@@ -487,20 +466,17 @@ def d12(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D13
-@check(
-    "D13",
-    "conflicting_targets",
-    "One prompt, different targets",
-    requires=("data",),
-    severity="warning",
-    rank=40,
-    rule="the same normalised prompt appears with two or more different targets; > 1% of distinct prompts warns, "
-    "any is info (**H**)",
-    fix="reconcile the targets (keep the correct one), or make the prompts say what differs",
-    source="cleanlab label issues (analogue, heuristic)",
-)
-def d13(ctx: AuditContext) -> list[Hit]:
-    """D13 (conflicting_targets): One prompt, different targets."""
+@check("D13", requires=("data",), severity="warning", rank=40)
+def conflicting_targets(ctx: AuditContext) -> list[Hit]:
+    """One prompt, different targets.
+
+    Rule: the same normalised prompt appears with two or more different targets; > 1% of distinct prompts warns, any is
+    info (**H**)
+
+    Fix: reconcile the targets (keep the correct one), or make the prompts say what differs
+
+    Source: cleanlab label issues (analogue, heuristic)
+    """
     by_prompt: dict[str, list[int]] = defaultdict(list)
     for i, (e, p) in enumerate(zip(ctx.examples, ctx.norm_prompt)):
         if e.format != "text" and p:

@@ -85,21 +85,17 @@ def exact_matches(
 
 
 # ---------------------------------------------------------------------- D14
-@check(
-    "D14",
-    "contam_exact",
-    "Eval rows found verbatim in training",
-    requires=("data", "eval"),
-    severity="error",
-    rank=30,
-    rule="an eval row's normalised prompt+target, or its prompt (>= 3 words), equals a training row's, with or "
-    "without the prompts' system turns: any is an error; a long eval target (>= 8 words) found as a training "
-    "target warns",
-    fix="remove the contaminated rows from the training set (or from the eval set) and re-run",
-    source="lm-eval-harness docs/decontamination.md; saurabhav88/EnviousWispr#2547",
-)
-def d14(ctx: AuditContext) -> list[Hit]:
-    """D14 (contam_exact): Eval rows found verbatim in training."""
+@check("D14", requires=("data", "eval"), severity="error", rank=30)
+def contam_exact(ctx: AuditContext) -> list[Hit]:
+    """Eval rows found verbatim in training.
+
+    Rule: an eval row's normalised prompt+target, or its prompt (>= 3 words), equals a training row's, with or without
+    the prompts' system turns: any is an error; a long eval target (>= 8 words) found as a training target warns
+
+    Fix: remove the contaminated rows from the training set (or from the eval set) and re-run
+
+    Source: lm-eval-harness docs/decontamination.md; saurabhav88/EnviousWispr#2547
+    """
     m = exact_matches(
         list(zip(ctx.norm_prompt, ctx.norm_prompt_without_system)),
         ctx.norm_completion,
@@ -313,27 +309,24 @@ def _shared_mask(
     return shared
 
 
-@check(
-    "D15",
-    "contam_near",
-    "Eval rows nearly copied from training",
-    requires=("data", "eval"),
-    severity="warning",
-    rank=30,
-    rule=f"an eval row (not already an exact match, D14) whose content is mostly (>= {NEAR_COPY_COVERAGE:.0%} of its "
-    f"content weighed by idf over training rows, >= {MIN_COVERED_WORDS} words, >= {MIN_SPECIFIC_WORDS} of them in < "
-    f"{SHARED_MIN_ROWS} training rows) one training row's. Content: the words outside shared material, i.e. "
-    f"outside every word {_N}-gram and every sentence/line found in >= {SHARED_MIN_ROWS} distinct training rows "
-    f"(template sentences, recombined macros, system prompts, entity names with their prompt template; exact "
-    f"and near-duplicate copies counted once). The eval row is aligned word by word with each candidate row "
-    f"(one sharing its rare 3-grams): content inside a run of >= 2 aligned words is covered; words that "
-    f"replace the row's shared material are light edits, not new content. > 1% of eval rows warns, any is info",
-    fix="decontaminate: drop the training rows that overlap the eval set",
-    source="lm-eval-harness docs/decontamination.md (n-gram overlap, GPT-3 App. C); coverage rule and "
-    "shared-material filter **H**",
-)
-def d15(ctx: AuditContext) -> list[Hit]:
-    """D15 (contam_near): Eval rows nearly copied from training."""
+@check("D15", requires=("data", "eval"), severity="warning", rank=30)
+def contam_near(ctx: AuditContext) -> list[Hit]:
+    """Eval rows nearly copied from training.
+
+    Rule: an eval row (not already an exact match, D14) whose content is mostly (>= {NEAR_COPY_COVERAGE:.0%} of its
+    content weighed by idf over training rows, >= {MIN_COVERED_WORDS} words, >= {MIN_SPECIFIC_WORDS} of them in <
+    {SHARED_MIN_ROWS} training rows) one training row's. Content: the words outside shared material, i.e. outside every
+    word {_N}-gram and every sentence/line found in >= {SHARED_MIN_ROWS} distinct training rows (template sentences,
+    recombined macros, system prompts, entity names with their prompt template; exact and near-duplicate copies counted
+    once). The eval row is aligned word by word with each candidate row (one sharing its rare 3-grams): content inside a
+    run of >= 2 aligned words is covered; words that replace the row's shared material are light edits, not new content.
+    > 1% of eval rows warns, any is info
+
+    Fix: decontaminate: drop the training rows that overlap the eval set
+
+    Source: lm-eval-harness docs/decontamination.md (n-gram overlap, GPT-3 App. C); coverage rule and shared-material
+    filter **H**
+    """
     from difflib import SequenceMatcher
 
     exact_rows = set(ctx.norm_row)
@@ -498,21 +491,17 @@ def d15(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D21
-@check(
-    "D21",
-    "no_eval_split",
-    "No held-out eval set",
-    requires=("data",),
-    reads=("eval", "config"),
-    severity="warning",
-    rank=30,
-    rule="no eval set given and the config holds none out (val_set_size / val_size / eval_strategy); info, "
-    "a warning when the training set has fewer than 200 rows",
-    fix="hold out 5-10% of the rows and watch eval loss (pass it here with --eval)",
-    source="Unsloth fine-tuning guide (watch the eval loss)",
-)
-def d21(ctx: AuditContext) -> list[Hit]:
-    """D21 (no_eval_split): No held-out eval set."""
+@check("D21", requires=("data",), reads=("eval", "config"), severity="warning", rank=30)
+def no_eval_split(ctx: AuditContext) -> list[Hit]:
+    """No held-out eval set.
+
+    Rule: no eval set given and the config holds none out (val_set_size / val_size / eval_strategy); info, a warning
+    when the training set has fewer than 200 rows
+
+    Fix: hold out 5-10% of the rows and watch eval loss (pass it here with --eval)
+
+    Source: Unsloth fine-tuning guide (watch the eval loss)
+    """
     if ctx.eval_examples is not None:
         return []
     c = ctx.config

@@ -43,19 +43,16 @@ def _warmup_end(ctx: AuditContext) -> int:
 
 
 # ---------------------------------------------------------------------- L01
-@check(
-    "L01",
-    "nan_inf",
-    "NaN or inf in the logs",
-    requires=("logs",),
-    severity="error",
-    rank=70,
-    rule="any NaN/inf in loss, eval_loss, grad_norm or learning_rate",
-    fix="use bf16 instead of fp16, lower the learning rate, clip gradients (max_grad_norm 1.0)",
-    source="google/gemma_pytorch#24; tf#27809",
-)
-def l01(ctx: AuditContext) -> list[Hit]:
-    """L01 (nan_inf): NaN or inf in the logs."""
+@check("L01", requires=("logs",), severity="error", rank=70)
+def nan_inf(ctx: AuditContext) -> list[Hit]:
+    """NaN or inf in the logs.
+
+    Rule: any NaN/inf in loss, eval_loss, grad_norm or learning_rate
+
+    Fix: use bf16 instead of fp16, lower the learning rate, clip gradients (max_grad_norm 1.0)
+
+    Source: google/gemma_pytorch#24; tf#27809
+    """
     log = ctx.logs
     bad: dict[str, list[int]] = {}
     for key, src in (("loss", "train"), ("grad_norm", "train"), ("learning_rate", "train"), ("eval_loss", "eval")):
@@ -77,19 +74,16 @@ def l01(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- L02
-@check(
-    "L02",
-    "zero_loss",
-    "Loss collapsed to zero",
-    requires=("logs",),
-    severity="error",
-    rank=70,
-    rule="train or eval loss <= 1e-4 on >= 2 consecutive logs",
-    fix="check the loss mask (all labels -100?), padding and fp16 overflow",
-    source="shibing624/MedicalGPT#252; trl PR #550",
-)
-def l02(ctx: AuditContext) -> list[Hit]:
-    """L02 (zero_loss): Loss collapsed to zero."""
+@check("L02", requires=("logs",), severity="error", rank=70)
+def zero_loss(ctx: AuditContext) -> list[Hit]:
+    """Loss collapsed to zero.
+
+    Rule: train or eval loss <= 1e-4 on >= 2 consecutive logs
+
+    Fix: check the loss mask (all labels -100?), padding and fp16 overflow
+
+    Source: shibing624/MedicalGPT#252; trl PR #550
+    """
     hits = []
     for key, src in (("loss", "train"), ("eval_loss", "eval")):
         pts = ctx.logs.series(key, src)
@@ -115,21 +109,17 @@ def l02(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- L03
-@check(
-    "L03",
-    "loss_spike",
-    "Loss spikes after warmup",
-    requires=("logs",),
-    reads=("config",),
-    severity="warning",
-    rank=70,
-    rule="after warmup, train loss > 2x the median of the previous 10 logs: >= 3 consecutive such logs warn, "
-    "isolated ones are info; info only under group_by_length (periodic swings)",
-    fix="lower the learning rate, clip gradients, and inspect the batches at those steps",
-    source="axolotl loss_watchdog_threshold (~2x start); group_by_length description",
-)
-def l03(ctx: AuditContext) -> list[Hit]:
-    """L03 (loss_spike): Loss spikes after warmup."""
+@check("L03", requires=("logs",), reads=("config",), severity="warning", rank=70)
+def loss_spike(ctx: AuditContext) -> list[Hit]:
+    """Loss spikes after warmup.
+
+    Rule: after warmup, train loss > 2x the median of the previous 10 logs: >= 3 consecutive such logs warn, isolated
+    ones are info; info only under group_by_length (periodic swings)
+
+    Fix: lower the learning rate, clip gradients, and inspect the batches at those steps
+
+    Source: axolotl loss_watchdog_threshold (~2x start); group_by_length description
+    """
     pts = _logged(ctx, "loss", 8, "only {n} finite train-loss logs (needs 8)")
     w = _warmup_end(ctx)
     flagged = []
@@ -167,19 +157,16 @@ def l03(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- L04
-@check(
-    "L04",
-    "grad_explosion",
-    "Gradient-norm explosions",
-    requires=("logs",),
-    severity="warning",
-    rank=70,
-    rule="grad_norm > 10x the running median of the previous logs (after 5), or > 100",
-    fix="lower the learning rate and clip gradients (max_grad_norm 1.0)",
-    source="google/gemma_pytorch#24",
-)
-def l04(ctx: AuditContext) -> list[Hit]:
-    """L04 (grad_explosion): Gradient-norm explosions."""
+@check("L04", requires=("logs",), severity="warning", rank=70)
+def grad_explosion(ctx: AuditContext) -> list[Hit]:
+    """Gradient-norm explosions.
+
+    Rule: grad_norm > 10x the running median of the previous logs (after 5), or > 100
+
+    Fix: lower the learning rate and clip gradients (max_grad_norm 1.0)
+
+    Source: google/gemma_pytorch#24
+    """
     pts = _logged(ctx, "grad_norm", 1, "no grad_norm logged")
     flagged = []
     for k, p in enumerate(pts):
@@ -202,20 +189,17 @@ def l04(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- L05
-@check(
-    "L05",
-    "overfit",
-    "Eval loss rising while train loss falls",
-    requires=("logs",),
-    severity="warning",
-    rank=70,
-    rule="after its minimum, eval_loss rises on >= 2 consecutive evals and ends >= 5% above the minimum, while "
-    "train loss at the end is below train loss at the best step",
-    fix="stop at the best step (load_best_model_at_end, early stopping), or train fewer epochs",
-    source="fast.ai/W&B 'Can LLMs learn from a single example?'; Unsloth guide",
-)
-def l05(ctx: AuditContext) -> list[Hit]:
-    """L05 (overfit): Eval loss rising while train loss falls."""
+@check("L05", requires=("logs",), severity="warning", rank=70)
+def overfit(ctx: AuditContext) -> list[Hit]:
+    """Eval loss rising while train loss falls.
+
+    Rule: after its minimum, eval_loss rises on >= 2 consecutive evals and ends >= 5% above the minimum, while train
+    loss at the end is below train loss at the best step
+
+    Fix: stop at the best step (load_best_model_at_end, early stopping), or train fewer epochs
+
+    Source: fast.ai/W&B 'Can LLMs learn from a single example?'; Unsloth guide
+    """
     ev = _finite(ctx.logs.series("eval_loss", "eval"))
     if len(ev) < 3:
         raise NotApplicable(f"only {len(ev)} eval_loss logs (needs 3)")
@@ -258,19 +242,16 @@ def l05(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- L06
-@check(
-    "L06",
-    "epoch_staircase",
-    "Train loss drops in steps at epoch boundaries",
-    requires=("logs",),
-    severity="warning",
-    rank=70,
-    rule="mean train loss in the first 5% of epoch k >= 2 is > 25% below the mean of the last logs of epoch k-1",
-    fix="fewer epochs or a lower learning rate: the model is memorising rows it has seen",
-    source="fast.ai/W&B report; arXiv 2410.10056",
-)
-def l06(ctx: AuditContext) -> list[Hit]:
-    """L06 (epoch_staircase): Train loss drops in steps at epoch boundaries."""
+@check("L06", requires=("logs",), severity="warning", rank=70)
+def epoch_staircase(ctx: AuditContext) -> list[Hit]:
+    """Train loss drops in steps at epoch boundaries.
+
+    Rule: mean train loss in the first 5% of epoch k >= 2 is > 25% below the mean of the last logs of epoch k-1
+
+    Fix: fewer epochs or a lower learning rate: the model is memorising rows it has seen
+
+    Source: fast.ai/W&B report; arXiv 2410.10056
+    """
     pts = [p for p in _finite(ctx.logs.series("loss")) if p.epoch is not None]
     if len(pts) < 8 or pts[-1].epoch < 1.02:
         raise NotApplicable("no epoch-tagged train logs beyond the first epoch")
@@ -303,20 +284,17 @@ def l06(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- L07
-@check(
-    "L07",
-    "memorised",
-    "Training set memorised",
-    requires=("logs",),
-    severity="warning",
-    rank=70,
-    rule="final train loss < 0.2 or mean_token_accuracy > 0.97, with final eval_loss / train loss > 1.5 "
-    "(warning); without eval logs, info (**H**)",
-    fix="train less (fewer epochs, lower lr, smaller rank), or add data",
-    source="heuristic",
-)
-def l07(ctx: AuditContext) -> list[Hit]:
-    """L07 (memorised): Training set memorised."""
+@check("L07", requires=("logs",), severity="warning", rank=70)
+def memorised(ctx: AuditContext) -> list[Hit]:
+    """Training set memorised.
+
+    Rule: final train loss < 0.2 or mean_token_accuracy > 0.97, with final eval_loss / train loss > 1.5 (warning);
+    without eval logs, info (**H**)
+
+    Fix: train less (fewer epochs, lower lr, smaller rank), or add data
+
+    Source: heuristic
+    """
     tr = _logged(ctx, "loss", 3, "fewer than 3 finite train-loss logs")
     t_end = statistics.mean(p.value for p in tr[-3:])
     acc = _finite(ctx.logs.series("mean_token_accuracy"))
@@ -350,19 +328,16 @@ def l07(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- L08
-@check(
-    "L08",
-    "no_learning",
-    "Loss does not go down",
-    requires=("logs",),
-    severity="warning",
-    rank=70,
-    rule="mean loss over the last 10% of train logs >= 0.95x the first 10%, over >= 100 steps and >= 10 logs",
-    fix="check the learning rate, the loss mask, and that the adapter's parameters are trainable",
-    source="PEFT troubleshooting ('Training runs but the model does not improve')",
-)
-def l08(ctx: AuditContext) -> list[Hit]:
-    """L08 (no_learning): Loss does not go down."""
+@check("L08", requires=("logs",), severity="warning", rank=70)
+def no_learning(ctx: AuditContext) -> list[Hit]:
+    """Loss does not go down.
+
+    Rule: mean loss over the last 10% of train logs >= 0.95x the first 10%, over >= 100 steps and >= 10 logs
+
+    Fix: check the learning rate, the loss mask, and that the adapter's parameters are trainable
+
+    Source: PEFT troubleshooting ('Training runs but the model does not improve')
+    """
     tr = _finite(ctx.logs.series("loss"))
     if len(tr) < 10 or tr[-1].step - tr[0].step < 100:
         raise NotApplicable("fewer than 10 train logs or 100 steps")
@@ -382,21 +357,17 @@ def l08(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- L09
-@check(
-    "L09",
-    "loss_scale",
-    "Loss on the wrong scale",
-    requires=("logs",),
-    reads=("config",),
-    severity="warning",
-    rank=70,
-    rule="first logged train loss > 8 on a pretrained LM (**H**); with gradient accumulation G > 1 and first "
-    "loss / G in a normal range, the loss was summed over micro-batches",
-    fix="check that the tokenizer matches the model; upgrade transformers (>= 4.48 fixed the accumulated loss scale)",
-    source="tf#37197, tf PR #35438, LF#7443",
-)
-def l09(ctx: AuditContext) -> list[Hit]:
-    """L09 (loss_scale): Loss on the wrong scale."""
+@check("L09", requires=("logs",), reads=("config",), severity="warning", rank=70)
+def loss_scale(ctx: AuditContext) -> list[Hit]:
+    """Loss on the wrong scale.
+
+    Rule: first logged train loss > 8 on a pretrained LM (**H**); with gradient accumulation G > 1 and first loss / G in
+    a normal range, the loss was summed over micro-batches
+
+    Fix: check that the tokenizer matches the model; upgrade transformers (>= 4.48 fixed the accumulated loss scale)
+
+    Source: tf#37197, tf PR #35438, LF#7443
+    """
     tr = _logged(ctx, "loss", 1, "no finite train loss logged")
     first = tr[0].value
     if first <= 8:
@@ -413,21 +384,17 @@ def l09(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- L10
-@check(
-    "L10",
-    "lr_schedule",
-    "Learning-rate schedule off",
-    requires=("logs",),
-    reads=("config",),
-    severity="error",
-    rank=70,
-    rule="logged lr stays <= 1e-8 (error); peak logged lr < 0.5x the configured lr (warning); on a finished "
-    "linear/cosine run, the last lr > the schedule's value at that point + 5% of peak (warning)",
-    fix="fix warmup and the scheduler (warmup shorter than the run, a decaying schedule)",
-    source="shibing624/MedicalGPT#252 (lr stuck at 1.05e-07)",
-)
-def l10(ctx: AuditContext) -> list[Hit]:
-    """L10 (lr_schedule): Learning-rate schedule off."""
+@check("L10", requires=("logs",), reads=("config",), severity="error", rank=70)
+def lr_schedule(ctx: AuditContext) -> list[Hit]:
+    """Learning-rate schedule off.
+
+    Rule: logged lr stays <= 1e-8 (error); peak logged lr < 0.5x the configured lr (warning); on a finished
+    linear/cosine run, the last lr > the schedule's value at that point + 5% of peak (warning)
+
+    Fix: fix warmup and the scheduler (warmup shorter than the run, a decaying schedule)
+
+    Source: shibing624/MedicalGPT#252 (lr stuck at 1.05e-07)
+    """
     lr = _logged(ctx, "learning_rate", 3, "fewer than 3 learning_rate logs")
     peak = max(p.value for p in lr)
     steps = [p.step for p in lr]
@@ -472,21 +439,17 @@ def l10(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- L11
-@check(
-    "L11",
-    "incomplete",
-    "The run did not finish",
-    requires=("logs",),
-    reads=("config",),
-    severity="warning",
-    rank=70,
-    rule="trainer_state global_step < max_steps (warning); no final summary (train_runtime/train_loss) in the "
-    "log of a run that did not reach max_steps or num_train_epochs (info)",
-    fix="resume from the last checkpoint (resume_from_checkpoint) or check why it stopped",
-    source="transformers TrainerState fields",
-)
-def l11(ctx: AuditContext) -> list[Hit]:
-    """L11 (incomplete): The run did not finish."""
+@check("L11", requires=("logs",), reads=("config",), severity="warning", rank=70)
+def incomplete(ctx: AuditContext) -> list[Hit]:
+    """The run did not finish.
+
+    Rule: trainer_state global_step < max_steps (warning); no final summary (train_runtime/train_loss) in the log of a
+    run that did not reach max_steps or num_train_epochs (info)
+
+    Fix: resume from the last checkpoint (resume_from_checkpoint) or check why it stopped
+
+    Source: transformers TrainerState fields
+    """
     log = ctx.logs
     gs = log.global_step
     ms = log.state.get("max_steps") or (ctx.config.max_steps if ctx.config is not None else None)

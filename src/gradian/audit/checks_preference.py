@@ -44,23 +44,19 @@ def _count_hit(rows: list[PreferenceExample], idxs: list[int], severity: str, sa
     return Hit(severity, f"{pct(len(idxs), len(rows))} {says}", evidence, row_ids=_ids(rows, idxs))
 
 
-@check(
-    "D22",
-    "pref_empty_or_identical",
-    "Preference rows with an empty or identical chosen/rejected response",
-    requires=("data",),
-    severity="error",
-    rank=10,
-    rule="a pair whose chosen or rejected response is empty (after stripping), or whose chosen equals its rejected "
-    "(normalised text), or a KTO row with an empty completion: any is an error",
-    fix="drop or repair these rows: an identical pair has zero preference margin and an empty response teaches "
-    "the model to stop (or nothing)",
-    source="the DPO loss (Rafailov et al. 2023) compares log-ratios of chosen and rejected: equal responses give "
-    "no signal; TRL docs, dataset formats (preference)",
-    preference=True,
-)
-def d22(ctx: AuditContext) -> list[Hit]:
-    """D22 (pref_empty_or_identical)."""
+@check("D22", requires=("data",), severity="error", rank=10, preference=True)
+def pref_empty_or_identical(ctx: AuditContext) -> list[Hit]:
+    """Preference rows with an empty or identical chosen/rejected response.
+
+    Rule: a pair whose chosen or rejected response is empty (after stripping), or whose chosen equals its rejected
+    (normalised text), or a KTO row with an empty completion: any is an error
+
+    Fix: drop or repair these rows: an identical pair has zero preference margin and an empty response teaches the model
+    to stop (or nothing)
+
+    Source: the DPO loss (Rafailov et al. 2023) compares log-ratios of chosen and rejected: equal responses give no
+    signal; TRL docs, dataset formats (preference)
+    """
     rows = _rows(ctx)
     empty_c, empty_r, same = [], [], []
     for i, e in enumerate(rows):
@@ -92,21 +88,17 @@ def _key(e: PreferenceExample) -> str:
     return "\x1f".join((T.normalise(e.prompt_text), T.normalise(e.chosen_text), T.normalise(e.rejected_text), label))
 
 
-@check(
-    "D23",
-    "pref_duplicates",
-    "Duplicated preference rows",
-    requires=("data",),
-    severity="warning",
-    rank=40,
-    rule="rows with the same normalised prompt + chosen + rejected (KTO: prompt + completion + label) beyond the first "
-    "copy: any warns",
-    fix="deduplicate: a repeated pair is weighted once per copy in the preference loss",
-    source="same rule as D11 (exact duplicates), on the preference fields (**H**)",
-    preference=True,
-)
-def d23(ctx: AuditContext) -> list[Hit]:
-    """D23 (pref_duplicates)."""
+@check("D23", requires=("data",), severity="warning", rank=40, preference=True)
+def pref_duplicates(ctx: AuditContext) -> list[Hit]:
+    """Duplicated preference rows.
+
+    Rule: rows with the same normalised prompt + chosen + rejected (KTO: prompt + completion + label) beyond the first
+    copy: any warns
+
+    Fix: deduplicate: a repeated pair is weighted once per copy in the preference loss
+
+    Source: same rule as D11 (exact duplicates), on the preference fields (**H**)
+    """
     rows = _rows(ctx)
     dup = duplicate_groups(_key(e) for e in rows)
     if not dup:
@@ -124,21 +116,16 @@ def d23(ctx: AuditContext) -> list[Hit]:
     ]
 
 
-@check(
-    "D24",
-    "pref_contamination",
-    "Eval rows found verbatim in preference training rows",
-    requires=("data", "eval"),
-    severity="error",
-    rank=30,
-    rule="an eval row's normalised prompt (>= 3 words), or prompt + target, equals a training row's prompt (+ chosen "
-    "response), with or without their system turns: any is an error (D14's rule, on prompt + chosen)",
-    fix="remove the contaminated rows from the training set (or from the eval set) and re-run",
-    source="lm-eval-harness docs/decontamination.md (as D14)",
-    preference=True,
-)
-def d24(ctx: AuditContext) -> list[Hit]:
-    """D24 (pref_contamination).
+@check("D24", requires=("data", "eval"), severity="error", rank=30, preference=True)
+def pref_contamination(ctx: AuditContext) -> list[Hit]:
+    """Eval rows found verbatim in preference training rows.
+
+    Rule: an eval row's normalised prompt (>= 3 words), or prompt + target, equals a training row's prompt (+ chosen
+    response), with or without their system turns: any is an error (D14's rule, on prompt + chosen)
+
+    Fix: remove the contaminated rows from the training set (or from the eval set) and re-run
+
+    Source: lm-eval-harness docs/decontamination.md (as D14)
 
     Each prompt is keyed twice: as written, and without its system turns (a chat prompt's ``system`` messages), so
     an eval row asking a training row's question without the training set's system prompt (or with another one)
@@ -189,23 +176,18 @@ def _n_tokens(tok, prompt, response) -> tuple[int, int]:
     return n_p, n_p + len(tok(rtext, add_special_tokens=False)["input_ids"]) + 1  # + EOS
 
 
-@check(
-    "D25",
-    "pref_truncated",
-    "Preference rows cut by max_length / max_prompt_length",
-    requires=("data", "tokenizer"),
-    reads=("config",),
-    severity="warning",
-    rank=20,
-    rule="prompt + chosen or prompt + rejected longer than max_length (the config's, else TRL DPOConfig's 1024), or "
-    "a prompt longer than max_prompt_length (when the config sets it): any warns",
-    fix="raise max_length (and max_prompt_length), or drop/shorten the long rows: a truncated pair is compared on "
-    "cut responses, often where they no longer differ",
-    source="TRL DPOConfig max_length (default 1024, keep_start; trl 1.16.0 trainer/dpo_config.py); same failure as D04",
-    preference=True,
-)
-def d25(ctx: AuditContext) -> list[Hit]:
-    """D25 (pref_truncated)."""
+@check("D25", requires=("data", "tokenizer"), reads=("config",), severity="warning", rank=20, preference=True)
+def pref_truncated(ctx: AuditContext) -> list[Hit]:
+    """Preference rows cut by max_length / max_prompt_length.
+
+    Rule: prompt + chosen or prompt + rejected longer than max_length (the config's, else TRL DPOConfig's 1024), or a
+    prompt longer than max_prompt_length (when the config sets it): any warns
+
+    Fix: raise max_length (and max_prompt_length), or drop/shorten the long rows: a truncated pair is compared on cut
+    responses, often where they no longer differ
+
+    Source: TRL DPOConfig max_length (default 1024, keep_start; trl 1.16.0 trainer/dpo_config.py); same failure as D04
+    """
     rows = _rows(ctx)
     cfg = ctx.config
     if cfg is not None and cfg.max_length is not None and cfg.max_length > 0:
@@ -237,23 +219,21 @@ def d25(ctx: AuditContext) -> list[Hit]:
     return hits
 
 
-@check(
-    "D26",
-    "pref_length_bias",
-    "Chosen responses systematically longer than rejected",
-    requires=("data",),
-    severity="warning",
-    rank=40,
-    rule=f"over >= {MIN_PAIRS} pairs with distinct responses: chosen has more words than rejected in > "
-    f"{LONGER_SHARE:.0%} of pairs, or mean chosen words / mean rejected words > {MEAN_RATIO} (**H**)",
-    fix="balance lengths (pair long with long), or use a length-controlled loss (e.g. TRL DPO's ld_alpha, SimPO's "
-    "length normalisation): otherwise the model learns that longer is better",
-    source="Singhal et al. 2023, A Long Way to Go: Investigating Length Correlations in RLHF (arXiv 2310.03716); "
-    "Park et al. 2024, Disentangling Length from Quality in DPO (arXiv 2403.19159); thresholds **H**",
-    preference=True,
-)
-def d26(ctx: AuditContext) -> list[Hit]:
-    """D26 (pref_length_bias): share of pairs with the longer chosen, and the mean length ratio."""
+@check("D26", requires=("data",), severity="warning", rank=40, preference=True)
+def pref_length_bias(ctx: AuditContext) -> list[Hit]:
+    """Chosen responses systematically longer than rejected.
+
+    Rule: over >= {MIN_PAIRS} pairs with distinct responses: chosen has more words than rejected in > {LONGER_SHARE:.0%}
+    of pairs, or mean chosen words / mean rejected words > {MEAN_RATIO} (**H**)
+
+    Fix: balance lengths (pair long with long), or use a length-controlled loss (e.g. TRL DPO's ld_alpha, SimPO's length
+    normalisation): otherwise the model learns that longer is better
+
+    Source: Singhal et al. 2023, A Long Way to Go: Investigating Length Correlations in RLHF (arXiv 2310.03716); Park et
+    al. 2024, Disentangling Length from Quality in DPO (arXiv 2403.19159); thresholds **H**
+
+    share of pairs with the longer chosen, and the mean length ratio.
+    """
     rows = _rows(ctx)
     if rows[0].is_kto:
         raise NotApplicable("KTO rows are unpaired (no rejected response to compare lengths with)")
@@ -281,24 +261,21 @@ def d26(ctx: AuditContext) -> list[Hit]:
     ]
 
 
-@check(
-    "D27",
-    "kto_label_balance",
-    "KTO desirable/undesirable imbalance",
-    requires=("data",),
-    severity="error",
-    rank=40,
-    rule="KTO rows: only one label present is an error; (desirable_weight x n_desirable) / (undesirable_weight x "
-    "n_undesirable) outside [1, 4/3] warns (the config's weights: TRL desirable_weight/undesirable_weight, axolotl "
-    "kto_desirable_weight/kto_undesirable_weight, LLaMA-Factory kto_chosen_weight/kto_rejected_weight; else 1.0)",
-    fix="set KTOConfig desirable_weight / undesirable_weight so that (desirable_weight x n_desirable) / "
-    "(undesirable_weight x n_undesirable) is between 1 and 4/3, or rebalance the rows",
-    source="TRL docs, KTO Trainer (desirable_weight/undesirable_weight: ratio 1:1 to 4:3); Ethayarajh et al. 2024, "
-    "KTO (arXiv 2402.01306)",
-    preference=True,
-)
-def d27(ctx: AuditContext) -> list[Hit]:
-    """D27 (kto_label_balance): ratio = (w_d x n_desirable) / (w_u x n_undesirable), the weights from the config
+@check("D27", requires=("data",), severity="error", rank=40, preference=True)
+def kto_label_balance(ctx: AuditContext) -> list[Hit]:
+    """KTO desirable/undesirable imbalance.
+
+    Rule: KTO rows: only one label present is an error; (desirable_weight x n_desirable) / (undesirable_weight x
+    n_undesirable) outside [1, 4/3] warns (the config's weights: TRL desirable_weight/undesirable_weight, axolotl
+    kto_desirable_weight/kto_undesirable_weight, LLaMA-Factory kto_chosen_weight/kto_rejected_weight; else 1.0)
+
+    Fix: set KTOConfig desirable_weight / undesirable_weight so that (desirable_weight x n_desirable) /
+    (undesirable_weight x n_undesirable) is between 1 and 4/3, or rebalance the rows
+
+    Source: TRL docs, KTO Trainer (desirable_weight/undesirable_weight: ratio 1:1 to 4:3); Ethayarajh et al. 2024, KTO
+    (arXiv 2402.01306)
+
+    ratio = (w_d x n_desirable) / (w_u x n_undesirable), the weights from the config
     (1.0 when unset).
     """
     rows = _rows(ctx)

@@ -31,25 +31,20 @@ _RESPONSE_MARKERS = (
 )
 
 
-@check(
-    "C08",
-    "loss_on_prompt",
-    "The loss covers the prompt",
-    requires=(),
-    reads=("config", "data"),
-    severity="warning",
-    rank=20,
-    rule="train_on_inputs / train_on_prompt / train_on_input true, completion_only_loss false, TRL on "
-    "'messages' rows without assistant_only_loss (every turn is trained), or 'text' rows that hold a "
-    "flattened prompt and response ('### Response:', '### Answer:', '<|im_start|>assistant', '[/INST]' ...) "
-    "unless the config's DataCollatorForCompletionOnlyLM response_template is in the row",
-    fix="train on completions only: prompt/completion rows with completion_only_loss, assistant_only_loss for "
-    "conversations, or train_on_inputs: false",
-    source="trl sft_config.py (completion_only_loss); axolotl training.py (train_on_inputs default false)",
-    stages=("sft",),
-)
-def c08(ctx: AuditContext) -> list[Hit]:
-    """C08 (loss_on_prompt): The loss covers the prompt."""
+@check("C08", requires=(), reads=("config", "data"), severity="warning", rank=20, stages=("sft",))
+def loss_on_prompt(ctx: AuditContext) -> list[Hit]:
+    """The loss covers the prompt.
+
+    Rule: train_on_inputs / train_on_prompt / train_on_input true, completion_only_loss false, TRL on 'messages' rows
+    without assistant_only_loss (every turn is trained), or 'text' rows that hold a flattened prompt and response ('###
+    Response:', '### Answer:', '<|im_start|>assistant', '[/INST]' ...) unless the config's
+    DataCollatorForCompletionOnlyLM response_template is in the row
+
+    Fix: train on completions only: prompt/completion rows with completion_only_loss, assistant_only_loss for
+    conversations, or train_on_inputs: false
+
+    Source: trl sft_config.py (completion_only_loss); axolotl training.py (train_on_inputs default false)
+    """
     if ctx.config is None and ctx.examples is None:
         raise NotApplicable("needs --config or --data")
     c = ctx.config
@@ -110,23 +105,18 @@ def c08(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C11
-@check(
-    "C11",
-    "packing_with_completion_mask",
-    "Packing with completion-only masking",
-    requires=("config",),
-    reads=("data",),
-    severity="error",
-    rank=20,
-    rule="packing with a response_template collator (TRL <= 0.14 errors, later silently wrong): error; "
-    "completion/assistant-only loss with packing on TRL 0.18-0.19 (masks dropped): error; TRL version "
-    "unknown: warning; packing_strategy 'wrapped' (rows cut across boundaries): warning",
-    fix="upgrade to TRL >= 0.20 and use packing_strategy 'bfd', or turn packing off",
-    source="trl#1163; trl#3728, fixed in PR #3749 (v0.20)",
-    stages=("sft",),
-)
-def c11(ctx: AuditContext) -> list[Hit]:
-    """C11 (packing_with_completion_mask): Packing with completion-only masking."""
+@check("C11", requires=("config",), reads=("data",), severity="error", rank=20, stages=("sft",))
+def packing_with_completion_mask(ctx: AuditContext) -> list[Hit]:
+    """Packing with completion-only masking.
+
+    Rule: packing with a response_template collator (TRL <= 0.14 errors, later silently wrong): error;
+    completion/assistant-only loss with packing on TRL 0.18-0.19 (masks dropped): error; TRL version unknown: warning;
+    packing_strategy 'wrapped' (rows cut across boundaries): warning
+
+    Fix: upgrade to TRL >= 0.20 and use packing_strategy 'bfd', or turn packing off
+
+    Source: trl#1163; trl#3728, fixed in PR #3749 (v0.20)
+    """
     c = ctx.config
     if not c.packing:
         raise NotApplicable("packing is off")
@@ -192,20 +182,16 @@ _VARLEN = (
 )
 
 
-@check(
-    "C12",
-    "packing_no_varlen_attn",
-    "Packing without variable-length attention",
-    requires=("config",),
-    severity="warning",
-    rank=60,
-    rule="packing / padding_free / sample_packing without flash or flex attention: packed rows attend to each other",
-    fix="set attn_implementation: flash_attention_2 (or flex_attention); LLaMA-Factory: neat_packing: true",
-    source="trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention",
-    stages=("sft", "preference", "rl", "other"),
-)
-def c12(ctx: AuditContext) -> list[Hit]:
-    """C12 (packing_no_varlen_attn): Packing without variable-length attention."""
+@check("C12", requires=("config",), severity="warning", rank=60, stages=("sft", "preference", "rl", "other"))
+def packing_no_varlen_attn(ctx: AuditContext) -> list[Hit]:
+    """Packing without variable-length attention.
+
+    Rule: packing / padding_free / sample_packing without flash or flex attention: packed rows attend to each other
+
+    Fix: set attn_implementation: flash_attention_2 (or flex_attention); LLaMA-Factory: neat_packing: true
+
+    Source: trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention
+    """
     c = ctx.config
     if not (c.packing or c.padding_free):
         raise NotApplicable("packing and padding_free are off")
@@ -229,21 +215,17 @@ def c12(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C13
-@check(
-    "C13",
-    "lora_alpha_rank",
-    "Unusual LoRA rank / alpha",
-    requires=("config",),
-    reads=("data",),
-    severity="warning",
-    rank=50,
-    rule="without rsLoRA: alpha/r outside [0.5, 4] is info, outside [0.25, 8] warns; r > 64 with < 1,000 rows "
-    "warns; r < 4 is info",
-    fix="r 16-32 with alpha r to 2r (or use_rslora for large r)",
-    source="PEFT LoraConfig use_rslora help; Unsloth guide; axolotl examples",
-)
-def c13(ctx: AuditContext) -> list[Hit]:
-    """C13 (lora_alpha_rank): Unusual LoRA rank / alpha."""
+@check("C13", requires=("config",), reads=("data",), severity="warning", rank=50)
+def lora_alpha_rank(ctx: AuditContext) -> list[Hit]:
+    """Unusual LoRA rank / alpha.
+
+    Rule: without rsLoRA: alpha/r outside [0.5, 4] is info, outside [0.25, 8] warns; r > 64 with < 1,000 rows warns; r <
+    4 is info
+
+    Fix: r 16-32 with alpha r to 2r (or use_rslora for large r)
+
+    Source: PEFT LoraConfig use_rslora help; Unsloth guide; axolotl examples
+    """
     c = _lora_config(ctx)
     _require_possible(ctx, "lora_r", "lora_alpha")
     r, a = c.lora_r, c.lora_alpha
@@ -301,19 +283,16 @@ _ATTN = {
 }
 
 
-@check(
-    "C14",
-    "narrow_targets",
-    "LoRA targets attention only, or repeats modules",
-    requires=("config",),
-    severity="warning",
-    rank=50,
-    rule="target_modules lists a module twice (warning), or covers attention projections only (info)",
-    fix="target all linear layers ('all-linear'; axolotl lora_target_linear: true)",
-    source="trl lora_without_regret.md; a torchtune config variant listing v_proj twice",
-)
-def c14(ctx: AuditContext) -> list[Hit]:
-    """C14 (narrow_targets): LoRA targets attention only, or repeats modules."""
+@check("C14", requires=("config",), severity="warning", rank=50)
+def narrow_targets(ctx: AuditContext) -> list[Hit]:
+    """LoRA targets attention only, or repeats modules.
+
+    Rule: target_modules lists a module twice (warning), or covers attention projections only (info)
+
+    Fix: target all linear layers ('all-linear'; axolotl lora_target_linear: true)
+
+    Source: trl lora_without_regret.md; a torchtune config variant listing v_proj twice
+    """
     c = _lora_config(ctx)
     t = c.lora_target_modules
     if c.lora_target_linear:
@@ -346,21 +325,17 @@ def c14(ctx: AuditContext) -> list[Hit]:
 _BF16_NATIVE = re.compile(r"llama-?3|qwen|gemma|mistral|mixtral|phi-?3|phi-?4|smollm|olmo|deepseek", re.IGNORECASE)
 
 
-@check(
-    "C16",
-    "precision_risk",
-    "Risky precision settings",
-    requires=("config",),
-    reads=("tokenizer",),
-    severity="error",
-    rank=60,
-    rule="bf16 and fp16 both on, or 4/8-bit quantisation without an adapter (error); fp16 on a bf16-native "
-    "model (config.json torch_dtype, or the model name), or 4-bit with float16 compute (warning)",
-    fix="use bf16 (or fp32 on hardware without bf16); train quantised models through LoRA only",
-    source="qlora README (known issue 3); google/gemma_pytorch#24; axolotl peft.py validate_adapter",
-)
-def c16(ctx: AuditContext) -> list[Hit]:
-    """C16 (precision_risk): Risky precision settings."""
+@check("C16", requires=("config",), reads=("tokenizer",), severity="error", rank=60)
+def precision_risk(ctx: AuditContext) -> list[Hit]:
+    """Risky precision settings.
+
+    Rule: bf16 and fp16 both on, or 4/8-bit quantisation without an adapter (error); fp16 on a bf16-native model
+    (config.json torch_dtype, or the model name), or 4-bit with float16 compute (warning)
+
+    Fix: use bf16 (or fp32 on hardware without bf16); train quantised models through LoRA only
+
+    Source: qlora README (known issue 3); google/gemma_pytorch#24; axolotl peft.py validate_adapter
+    """
     c = ctx.config
     hits = []
     cite = c.cite("bf16", "fp16", "load_in_4bit", "load_in_8bit")
@@ -402,22 +377,18 @@ def c16(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C17
-@check(
-    "C17",
-    "eval_misconfig",
-    "Evaluation mis-configured",
-    requires=("config",),
-    reads=("eval", "data"),
-    severity="error",
-    rank=60,
-    rule="an eval set exists but eval_strategy is 'no' (warning); eval_steps > total steps (warning); "
-    "load_best_model_at_end with eval and save strategies that differ, or save_steps not a multiple of "
-    "eval_steps (error: transformers refuses)",
-    fix="set eval_strategy (and save_strategy) to 'steps' with eval_steps dividing save_steps",
-    source="tf TrainingArguments __post_init__",
-)
-def c17(ctx: AuditContext) -> list[Hit]:
-    """C17 (eval_misconfig): Evaluation mis-configured."""
+@check("C17", requires=("config",), reads=("eval", "data"), severity="error", rank=60)
+def eval_misconfig(ctx: AuditContext) -> list[Hit]:
+    """Evaluation mis-configured.
+
+    Rule: an eval set exists but eval_strategy is 'no' (warning); eval_steps > total steps (warning);
+    load_best_model_at_end with eval and save strategies that differ, or save_steps not a multiple of eval_steps (error:
+    transformers refuses)
+
+    Fix: set eval_strategy (and save_strategy) to 'steps' with eval_steps dividing save_steps
+
+    Source: tf TrainingArguments __post_init__
+    """
     c = ctx.config
     if c.trainer not in ("trl", "hf", "llamafactory", "axolotl"):
         raise NotApplicable(f"{c.trainer or 'this trainer'} does not use TrainingArguments' eval settings")
@@ -474,19 +445,16 @@ def c17(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C18
-@check(
-    "C18",
-    "big_batch_lora",
-    "Large effective batch for LoRA",
-    requires=("config",),
-    severity="warning",
-    rank=50,
-    rule="LoRA effective batch (micro batch x grad accumulation, 1 device) > 32 is info, > 128 warns",
-    fix="keep LoRA's effective batch at 32 or below",
-    source="trl lora_without_regret.md (LoRA is less tolerant of large batches)",
-)
-def c18(ctx: AuditContext) -> list[Hit]:
-    """C18 (big_batch_lora): Large effective batch for LoRA."""
+@check("C18", requires=("config",), severity="warning", rank=50)
+def big_batch_lora(ctx: AuditContext) -> list[Hit]:
+    """Large effective batch for LoRA.
+
+    Rule: LoRA effective batch (micro batch x grad accumulation, 1 device) > 32 is info, > 128 warns
+
+    Fix: keep LoRA's effective batch at 32 or below
+
+    Source: trl lora_without_regret.md (LoRA is less tolerant of large batches)
+    """
     c = _lora_config(ctx)
     _require_possible(ctx, "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
     eb = c.effective_batch()
@@ -524,30 +492,24 @@ PREF_BETA_HIGH = 1.0
 REF_FREE_STAGES = ("orpo", "simpo", "cpo")
 
 
-@check(
-    "C20",
-    "preference_settings",
-    "Preference-tuning settings out of range",
-    requires=("config",),
-    severity="warning",
-    rank=50,
-    rule=f"a DPO/ORPO/KTO/CPO run (TRL's preference fields, axolotl rl:, LLaMA-Factory stage): learning_rate > "
-    f"{PREF_LR_HIGH_FULL:g} on a full fine-tune or > {PREF_LR_HIGH_LORA:g} on LoRA warns, 4x that "
-    f"errors (ORPO/SimPO/CPO, which have no reference model and include the SFT loss, and reward models: "
-    f"SFT's {FULL_LR_HIGH:g} / {LORA_LR_HIGH:g}; C02 does not run on preference stages) (each trainer's own "
-    f"default learning rate when unset: DPO/KTO/ORPO/CPO 1e-6, reward 1e-4); beta <= 0 is an error, beta > "
-    f"{PREF_BETA_HIGH:g} warns (not for SimPO); max_prompt_length >= max_length leaves no room for the response: "
-    "an error (**H** ranges)",
-    fix="use the published ranges: full DPO/KTO ~5e-7 to 1e-6, LoRA DPO/KTO 5e-6 to 5e-4; beta 0.01 to 0.5; "
-    "max_prompt_length below max_length",
-    source="trl trainer/dpo_config.py, kto_config.py, experimental/orpo/orpo_config.py (defaults); "
-    "alignment-handbook recipes (zephyr-7b-beta dpo full and qlora, zephyr-141b orpo); LoRA DPO/KTO examples "
-    "shipped by axolotl (llama-3 instruct-dpo-lora-8b, qlora-1b-kto: 2e-4), torchtune (llama3_1 8B_lora_dpo: 5e-4) "
-    "and LLaMA-Factory (qwen3_lora_dpo, qwen3_lora_kto: 5e-6)",
-    stages=("preference",),
-)
-def c20(ctx: AuditContext) -> list[Hit]:
-    """C20 (preference_settings): Preference-tuning settings out of range.
+@check("C20", requires=("config",), severity="warning", rank=50, stages=("preference",))
+def preference_settings(ctx: AuditContext) -> list[Hit]:
+    """Preference-tuning settings out of range.
+
+    Rule: a DPO/ORPO/KTO/CPO run (TRL's preference fields, axolotl rl:, LLaMA-Factory stage): learning_rate >
+    {PREF_LR_HIGH_FULL:g} on a full fine-tune or > {PREF_LR_HIGH_LORA:g} on LoRA warns, 4x that errors (ORPO/SimPO/CPO,
+    which have no reference model and include the SFT loss, and reward models: SFT's {FULL_LR_HIGH:g} /
+    {LORA_LR_HIGH:g}; C02 does not run on preference stages) (each trainer's own default learning rate when unset:
+    DPO/KTO/ORPO/CPO 1e-6, reward 1e-4); beta <= 0 is an error, beta > {PREF_BETA_HIGH:g} warns (not for SimPO);
+    max_prompt_length >= max_length leaves no room for the response: an error (**H** ranges)
+
+    Fix: use the published ranges: full DPO/KTO ~5e-7 to 1e-6, LoRA DPO/KTO 5e-6 to 5e-4; beta 0.01 to 0.5;
+    max_prompt_length below max_length
+
+    Source: trl trainer/dpo_config.py, kto_config.py, experimental/orpo/orpo_config.py (defaults); alignment-handbook
+    recipes (zephyr-7b-beta dpo full and qlora, zephyr-141b orpo); LoRA DPO/KTO examples shipped by axolotl (llama-3
+    instruct-dpo-lora-8b, qlora-1b-kto: 2e-4), torchtune (llama3_1 8B_lora_dpo: 5e-4) and LLaMA-Factory (qwen3_lora_dpo,
+    qwen3_lora_kto: 5e-6)
 
     The learning-rate bound depends on what trains: a full fine-tune warns above :data:`PREF_LR_HIGH_FULL`, a LoRA
     run above :data:`PREF_LR_HIGH_LORA`, the top of the LoRA DPO/KTO rates the frameworks ship in their own examples
@@ -613,22 +575,19 @@ def c20(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C21
-@check(
-    "C21",
-    "trains_on_test_split",
-    "A published test split is used for training",
-    requires=("config",),
-    severity="warning",
-    rank=30,
-    rule="a training dataset split named test* (test, test_sft, test_prefs ...) in TRL dataset_train_split, "
-    "alignment-handbook dataset_mixture.datasets[].split (every entry is trained on) or axolotl datasets[].split: "
-    "any warns. The old handbook dataset_splits list trains on its *train* names only (test_* is its eval set)",
-    fix="train on the train split (train_sft, train_prefs ...); if you evaluate on that benchmark, the test rows "
-    "you trained on contaminate it",
-    source="HuggingFaceH4/ultrachat_200k and ultrafeedback_binarized split names (train_*/test_*); heuristic",
-)
-def c21(ctx: AuditContext) -> list[Hit]:
-    """C21 (trains_on_test_split): A published test split is used for training."""
+@check("C21", requires=("config",), severity="warning", rank=30)
+def trains_on_test_split(ctx: AuditContext) -> list[Hit]:
+    """A published test split is used for training.
+
+    Rule: a training dataset split named test* (test, test_sft, test_prefs ...) in TRL dataset_train_split,
+    alignment-handbook dataset_mixture.datasets[].split (every entry is trained on) or axolotl datasets[].split: any
+    warns. The old handbook dataset_splits list trains on its *train* names only (test_* is its eval set)
+
+    Fix: train on the train split (train_sft, train_prefs ...); if you evaluate on that benchmark, the test rows you
+    trained on contaminate it
+
+    Source: HuggingFaceH4/ultrachat_200k and ultrafeedback_binarized split names (train_*/test_*); heuristic
+    """
     c = ctx.config
     if not c.train_splits:
         raise NotApplicable("the config names no training split")
@@ -645,26 +604,23 @@ def c21(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C22
-@check(
-    "C22",
-    "pref_reference",
-    "The preference run's reference model is not the model it starts from",
-    requires=("config",),
-    severity="warning",
-    rank=40,
-    rule="LLaMA-Factory DPO/KTO with LoRA and adapter_name_or_path (an SFT adapter resumed as the trained adapter), "
-    "no create_new_adapter and no ref_model: the reference is the model with its adapter disabled, i.e. the base "
-    "without the SFT adapter (warning); TRL sync_ref_model with a LoRA/QLoRA policy (TRL refuses it: there is no "
-    "separate reference to sync) or with precompute_ref_log_probs (fixed reference log-probs go stale): errors",
-    fix="make the reference the model the run starts from (LLaMA-Factory: create_new_adapter: true, or ref_model + "
-    "ref_model_adapters); TRL: sync_ref_model: false with an adapter or with precompute_ref_log_probs",
-    source="LLaMA-Factory model/adapter.py (adapter_to_merge / adapter_to_resume), train/trainer_utils.py "
-    "create_ref_model (LoRA: no reference model) and train/dpo/trainer.py compute_reference_log_probs "
-    "(disable_adapter); trl trainer/dpo_trainer.py (sync_ref_model with PEFT, with precompute_ref_log_probs)",
-    stages=("preference",),
-)
-def c22(ctx: AuditContext) -> list[Hit]:
-    """C22 (pref_reference): the reference model a DPO/KTO loss is measured against.
+@check("C22", requires=("config",), severity="warning", rank=40, stages=("preference",))
+def pref_reference(ctx: AuditContext) -> list[Hit]:
+    """The preference run's reference model is not the model it starts from.
+
+    Rule: LLaMA-Factory DPO/KTO with LoRA and adapter_name_or_path (an SFT adapter resumed as the trained adapter), no
+    create_new_adapter and no ref_model: the reference is the model with its adapter disabled, i.e. the base without the
+    SFT adapter (warning); TRL sync_ref_model with a LoRA/QLoRA policy (TRL refuses it: there is no separate reference
+    to sync) or with precompute_ref_log_probs (fixed reference log-probs go stale): errors
+
+    Fix: make the reference the model the run starts from (LLaMA-Factory: create_new_adapter: true, or ref_model +
+    ref_model_adapters); TRL: sync_ref_model: false with an adapter or with precompute_ref_log_probs
+
+    Source: LLaMA-Factory model/adapter.py (adapter_to_merge / adapter_to_resume), train/trainer_utils.py
+    create_ref_model (LoRA: no reference model) and train/dpo/trainer.py compute_reference_log_probs (disable_adapter);
+    trl trainer/dpo_trainer.py (sync_ref_model with PEFT, with precompute_ref_log_probs)
+
+    the reference model a DPO/KTO loss is measured against.
 
     The loss is ``-log σ(β [(log π(y_w|x) - log π_ref(y_w|x)) - (log π(y_l|x) - log π_ref(y_l|x))])``: the policy
     is held near ``π_ref``. A run meant to refine an SFT model must use that SFT model as ``π_ref``; LLaMA-Factory's

@@ -17,21 +17,17 @@ from gradian.audit.versions import before
 
 
 # ---------------------------------------------------------------------- C07
-@check(
-    "C07",
-    "max_len_over_model",
-    "max_length beyond the model's context",
-    requires=("config", "tokenizer"),
-    reads=("data",),
-    severity="error",
-    rank=20,
-    rule="the run's max_length > max_position_embeddings (config.json) or the tokenizer's model_max_length; "
-    "or, with no truncation, rows longer than that; any",
-    fix="cap max_length at the model's context length (or use a RoPE-scaled model)",
-    source="LF#5952",
-)
-def c07(ctx: AuditContext) -> list[Hit]:
-    """C07 (max_len_over_model): max_length beyond the model's context."""
+@check("C07", requires=("config", "tokenizer"), reads=("data",), severity="error", rank=20)
+def max_len_over_model(ctx: AuditContext) -> list[Hit]:
+    """max_length beyond the model's context.
+
+    Rule: the run's max_length > max_position_embeddings (config.json) or the tokenizer's model_max_length; or, with no
+    truncation, rows longer than that; any
+
+    Fix: cap max_length at the model's context length (or use a RoPE-scaled model)
+
+    Source: LF#5952
+    """
     ti = ctx.tok_info
     limit, lsrc = (
         (ti.max_position_embeddings, "config.json max_position_embeddings")
@@ -73,22 +69,17 @@ def c07(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- C09
-@check(
-    "C09",
-    "assistant_mask_template",
-    "assistant_only_loss with a template that cannot mask",
-    requires=("config", "tokenizer"),
-    severity="warning",
-    rank=20,
-    rule="assistant_only_loss=true and the template the run trained with (the run's saved template, a .jinja "
-    "chat_template_path, else the tokenizer's) has no {% generation %} block TRL can patch in, or the last "
-    "non-whitespace token of its assistant mask is not an added token (TRL is_chat_template_stop_token_trained)",
-    fix="use a training chat template whose {% generation %} block covers the end-of-turn token",
-    source="trl PR #4201; trl sft_trainer.py 'the model may not learn to stop'; marin-community/marin#7237",
-    stages=("sft",),
-)
-def c09(ctx: AuditContext) -> list[Hit]:
-    """C09 (assistant_mask_template): assistant_only_loss with a template that cannot mask.
+@check("C09", requires=("config", "tokenizer"), severity="warning", rank=20, stages=("sft",))
+def assistant_mask_template(ctx: AuditContext) -> list[Hit]:
+    """assistant_only_loss with a template that cannot mask.
+
+    Rule: assistant_only_loss=true and the template the run trained with (the run's saved template, a .jinja
+    chat_template_path, else the tokenizer's) has no {% generation %} block TRL can patch in, or the last non-whitespace
+    token of its assistant mask is not an added token (TRL is_chat_template_stop_token_trained)
+
+    Fix: use a training chat template whose {% generation %} block covers the end-of-turn token
+
+    Source: trl PR #4201; trl sft_trainer.py 'the model may not learn to stop'; marin-community/marin#7237
 
     Judges the template the run trained with (:attr:`AuditContext.training_template`) by TRL
     1.16's rules: without ``{% generation %}`` markers TRL swaps in its training template for the
@@ -181,22 +172,18 @@ def _trl_training_template(tok, tpl: str) -> str | None:
 _PAD_MASKING = ("DataCollatorForLanguageModeling", "DataCollatorForCompletionOnlyLM")
 
 
-@check(
-    "C10",
-    "pad_is_eos",
-    "Pad token is EOS and the collator masks pads",
-    requires=("tokenizer",),
-    reads=("config",),
-    severity="error",
-    rank=20,
-    rule="pad id == EOS id (or no pad token, so trainers use EOS) with a collator that masks labels by pad id "
-    "(transformers DataCollatorForLanguageModeling, TRL's DataCollatorForCompletionOnlyLM, TRL < 0.16): "
-    "error; with the collator unknown: info",
-    fix="give the tokenizer a separate pad token (e.g. '<|finetune_right_pad_id|>' or a new '<pad>')",
-    source="trl#1623, trl PR #3091, mlabonne/llm-course#33, open-r1 PR #494",
-)
-def c10(ctx: AuditContext) -> list[Hit]:
-    """C10 (pad_is_eos): Pad token is EOS and the collator masks pads."""
+@check("C10", requires=("tokenizer",), reads=("config",), severity="error", rank=20)
+def pad_is_eos(ctx: AuditContext) -> list[Hit]:
+    """Pad token is EOS and the collator masks pads.
+
+    Rule: pad id == EOS id (or no pad token, so trainers use EOS) with a collator that masks labels by pad id
+    (transformers DataCollatorForLanguageModeling, TRL's DataCollatorForCompletionOnlyLM, TRL < 0.16): error; with the
+    collator unknown: info
+
+    Fix: give the tokenizer a separate pad token (e.g. '<|finetune_right_pad_id|>' or a new '<pad>')
+
+    Source: trl#1623, trl PR #3091, mlabonne/llm-course#33, open-r1 PR #494
+    """
     ti = ctx.tok_info
     c = ctx.config
     pad_id = ti.pad_id
@@ -263,24 +250,19 @@ _EMBED_NAMES = (
 )
 
 
-@check(
-    "C15",
-    "new_tokens_untrained",
-    "New tokens with frozen embeddings",
-    requires=("config",),
-    reads=("tokenizer",),
-    severity="error",
-    rank=20,
-    rule="tokens are added (config tokens/new_special_tokens, a chat template cloned from a tokenizer: a "
-    "chat_template_path that is not a .jinja/.j2 file, or the training template's "
-    "markers missing from the tokenizer) while a LoRA run trains neither embed_tokens/lm_head "
-    "(modules_to_save) nor trainable_token_indices; any",
-    fix="add embed_tokens and lm_head to modules_to_save (or set trainable_token_indices), or use the model's "
-    "own chat template",
-    source="axolotl loaders/utils.py; trl sft_trainer.py warning; PEFT troubleshooting.md",
-)
-def c15(ctx: AuditContext) -> list[Hit]:
-    """C15 (new_tokens_untrained): New tokens with frozen embeddings."""
+@check("C15", requires=("config",), reads=("tokenizer",), severity="error", rank=20)
+def new_tokens_untrained(ctx: AuditContext) -> list[Hit]:
+    """New tokens with frozen embeddings.
+
+    Rule: tokens are added (config tokens/new_special_tokens, a chat template cloned from a tokenizer: a
+    chat_template_path that is not a .jinja/.j2 file, or the training template's markers missing from the tokenizer)
+    while a LoRA run trains neither embed_tokens/lm_head (modules_to_save) nor trainable_token_indices; any
+
+    Fix: add embed_tokens and lm_head to modules_to_save (or set trainable_token_indices), or use the model's own chat
+    template
+
+    Source: axolotl loaders/utils.py; trl sft_trainer.py warning; PEFT troubleshooting.md
+    """
     c = ctx.config
     if not c.is_lora:
         raise NotApplicable(
@@ -326,20 +308,17 @@ def c15(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- T01
-@check(
-    "T01",
-    "chat_template_missing",
-    "Chat rows without a usable chat template",
-    requires=("data", "tokenizer"),
-    severity="error",
-    rank=20,
-    rule="conversational rows and a tokenizer with no chat_template, or a template that rejects the rows "
-    "(error); a template with no add_generation_prompt branch (warning); any",
-    fix="set a chat template (TRL: clone_chat_template / chat_template_path), or fix the rows the template rejects",
-    source="trl docs (conversational datasets need a chat template); LF#5213",
-)
-def t01(ctx: AuditContext) -> list[Hit]:
-    """T01 (chat_template_missing): Chat rows without a usable chat template."""
+@check("T01", requires=("data", "tokenizer"), severity="error", rank=20)
+def chat_template_missing(ctx: AuditContext) -> list[Hit]:
+    """Chat rows without a usable chat template.
+
+    Rule: conversational rows and a tokenizer with no chat_template, or a template that rejects the rows (error); a
+    template with no add_generation_prompt branch (warning); any
+
+    Fix: set a chat template (TRL: clone_chat_template / chat_template_path), or fix the rows the template rejects
+
+    Source: trl docs (conversational datasets need a chat template); LF#5213
+    """
     chat = [i for i, e in enumerate(ctx.examples) if e.is_chat]
     if not chat:
         raise NotApplicable("no conversational rows")
@@ -390,23 +369,19 @@ _FOREIGN_STOPS = (
 )
 
 
-@check(
-    "T02",
-    "eos_vs_end_of_turn",
-    "EOS differs from the template's end-of-turn",
-    requires=("tokenizer",),
-    reads=("data",),
-    severity="warning",
-    rank=20,
-    rule="the template ends assistant turns with a token that is neither the tokenizer's EOS nor a generation "
-    "stop id (e.g. Qwen base <|endoftext|> vs <|im_end|>; Llama-3 <|end_of_text|> vs <|eot_id|>); or targets "
-    "end in another model's stop string; any",
-    fix="set SFTConfig.eos_token (or the tokenizer's eos_token) to the template's end-of-turn token, and list it "
-    "in generation_config.eos_token_id",
-    source="trl sft_trainer.md (eos_token); meta-llama/llama3#104; vllm#4180; uns#5386",
-)
-def t02(ctx: AuditContext) -> list[Hit]:
-    """T02 (eos_vs_end_of_turn): EOS differs from the template's end-of-turn."""
+@check("T02", requires=("tokenizer",), reads=("data",), severity="warning", rank=20)
+def eos_vs_end_of_turn(ctx: AuditContext) -> list[Hit]:
+    """EOS differs from the template's end-of-turn.
+
+    Rule: the template ends assistant turns with a token that is neither the tokenizer's EOS nor a generation stop id
+    (e.g. Qwen base <|endoftext|> vs <|im_end|>; Llama-3 <|end_of_text|> vs <|eot_id|>); or targets end in another
+    model's stop string; any
+
+    Fix: set SFTConfig.eos_token (or the tokenizer's eos_token) to the template's end-of-turn token, and list it in
+    generation_config.eos_token_id
+
+    Source: trl sft_trainer.md (eos_token); meta-llama/llama3#104; vllm#4180; uns#5386
+    """
     ti = ctx.tok_info
     hits = []
     eot = end_of_turn(ctx)
@@ -446,22 +421,18 @@ def t02(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- T03
-@check(
-    "T03",
-    "template_mismatch",
-    "Training template differs from the model's template",
-    requires=("tokenizer",),
-    reads=("config", "data"),
-    severity="warning",
-    rank=20,
-    rule="the training template (axolotl chat_template / LLaMA-Factory template, or markers written into "
-    "'text' rows) belongs to a different family than the tokenizer's chat template (chatml, llama3, "
-    "llama2/mistral, gemma, phi3, alpaca, ...); any",
-    fix="train and serve with one template: use the tokenizer's own (axolotl chat_template: tokenizer_default)",
-    source="uns#2160; LLaMA-Factory 'template' help text",
-)
-def t03(ctx: AuditContext) -> list[Hit]:
-    """T03 (template_mismatch): Training template differs from the model's template."""
+@check("T03", requires=("tokenizer",), reads=("config", "data"), severity="warning", rank=20)
+def template_mismatch(ctx: AuditContext) -> list[Hit]:
+    """Training template differs from the model's template.
+
+    Rule: the training template (axolotl chat_template / LLaMA-Factory template, or markers written into 'text' rows)
+    belongs to a different family than the tokenizer's chat template (chatml, llama3, llama2/mistral, gemma, phi3,
+    alpaca, ...); any
+
+    Fix: train and serve with one template: use the tokenizer's own (axolotl chat_template: tokenizer_default)
+
+    Source: uns#2160; LLaMA-Factory 'template' help text
+    """
     model_fam = T.template_family(ctx.tok_info.chat_template)
     hits = []
     c = ctx.config

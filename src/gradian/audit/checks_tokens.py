@@ -36,21 +36,17 @@ def _pctl(vals, q) -> int:
 
 
 # ---------------------------------------------------------------------- D04
-@check(
-    "D04",
-    "truncated",
-    "Rows longer than max_length",
-    requires=("data", "tokenizer"),
-    reads=("config",),
-    severity="error",
-    rank=20,
-    rule="rendered tokens (template + EOS) > the run's max_length (config, else TRL's default 1024): any warns, "
-    "> 2% of rows errors",
-    fix="raise max_length to at least the p99 length, or split/drop the long rows",
-    source="trl sft_config.py truncation_mode keep_start cuts the completion and EOS; LF#3143",
-)
-def d04(ctx: AuditContext) -> list[Hit]:
-    """D04 (truncated): Rows longer than max_length."""
+@check("D04", requires=("data", "tokenizer"), reads=("config",), severity="error", rank=20)
+def truncated(ctx: AuditContext) -> list[Hit]:
+    """Rows longer than max_length.
+
+    Rule: rendered tokens (template + EOS) > the run's max_length (config, else TRL's default 1024): any warns, > 2% of
+    rows errors
+
+    Fix: raise max_length to at least the p99 length, or split/drop the long rows
+
+    Source: trl sft_config.py truncation_mode keep_start cuts the completion and EOS; LF#3143
+    """
     L, src = _need_max_length(ctx)
     rows = _rendered(ctx)
     lens = [ctx.token_rows[i].tx.full_length for i in rows]
@@ -92,20 +88,16 @@ def d04(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D05
-@check(
-    "D05",
-    "prompt_fills_window",
-    "The prompt fills the whole window",
-    requires=("data", "tokenizer"),
-    reads=("config",),
-    severity="error",
-    rank=20,
-    rule="the first supervised token lies at or beyond max_length, so the truncated row trains 0 tokens; any",
-    fix="shorten the prompts (or raise max_length), or drop these rows",
-    source="tf#34494; trl PR #6320 (rows with no trainable tokens)",
-)
-def d05(ctx: AuditContext) -> list[Hit]:
-    """D05 (prompt_fills_window): The prompt fills the whole window."""
+@check("D05", requires=("data", "tokenizer"), reads=("config",), severity="error", rank=20)
+def prompt_fills_window(ctx: AuditContext) -> list[Hit]:
+    """The prompt fills the whole window.
+
+    Rule: the first supervised token lies at or beyond max_length, so the truncated row trains 0 tokens; any
+
+    Fix: shorten the prompts (or raise max_length), or drop these rows
+
+    Source: tf#34494; trl PR #6320 (rows with no trainable tokens)
+    """
     L, src = _need_max_length(ctx)
     bad = [i for i in _rendered(ctx) if ctx.token_rows[i].last_sup >= 0 and ctx.token_rows[i].first_sup >= L]
     if not bad:
@@ -170,22 +162,17 @@ def _last_content_token(tx, last_sup: int) -> int | None:
     return None
 
 
-@check(
-    "D06",
-    "no_eos",
-    "Targets do not end with EOS / end-of-turn",
-    requires=("data", "tokenizer"),
-    reads=("config",),
-    severity="error",
-    rank=20,
-    rule="the last supervised non-whitespace token is not EOS, the template's end-of-turn or a generation stop "
-    "id, under the trainer's EOS rule (TRL < 0.16 appends no EOS to plain text): > 10% errors, > 1% warns, "
-    "any is info",
-    fix="append the EOS token to every target (or upgrade TRL to >= 0.16, which appends it), or use the chat template",
-    source="trl#1623, trl#931, trl PR #3091",
-)
-def d06(ctx: AuditContext) -> list[Hit]:
-    """D06 (no_eos): Targets do not end with EOS / end-of-turn."""
+@check("D06", requires=("data", "tokenizer"), reads=("config",), severity="error", rank=20)
+def no_eos(ctx: AuditContext) -> list[Hit]:
+    """Targets do not end with EOS / end-of-turn.
+
+    Rule: the last supervised non-whitespace token is not EOS, the template's end-of-turn or a generation stop id, under
+    the trainer's EOS rule (TRL < 0.16 appends no EOS to plain text): > 10% errors, > 1% warns, any is info
+
+    Fix: append the EOS token to every target (or upgrade TRL to >= 0.16, which appends it), or use the chat template
+
+    Source: trl#1623, trl#931, trl PR #3091
+    """
     stops = stop_ids(ctx)
     if not stops:
         raise NotApplicable("the tokenizer has no EOS token")
@@ -220,20 +207,17 @@ def d06(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D07
-@check(
-    "D07",
-    "double_bos",
-    "BOS token twice at the start",
-    requires=("data", "tokenizer"),
-    severity="error",
-    rank=20,
-    rule="the tokenised row starts with two BOS ids (text that already begins with the BOS string, tokenised "
-    "with add_special_tokens=True); any",
-    fix="strip the BOS string from the text, or tokenise with add_special_tokens=False",
-    source="OpenRLHF#393; deepseek-ai/DeepSeek-R1#151; alignment-handbook#127",
-)
-def d07(ctx: AuditContext) -> list[Hit]:
-    """D07 (double_bos): BOS token twice at the start."""
+@check("D07", requires=("data", "tokenizer"), severity="error", rank=20)
+def double_bos(ctx: AuditContext) -> list[Hit]:
+    """BOS token twice at the start.
+
+    Rule: the tokenised row starts with two BOS ids (text that already begins with the BOS string, tokenised with
+    add_special_tokens=True); any
+
+    Fix: strip the BOS string from the text, or tokenise with add_special_tokens=False
+
+    Source: OpenRLHF#393; deepseek-ai/DeepSeek-R1#151; alignment-handbook#127
+    """
     bos = ctx.tok_info.bos_id
     if bos is None:
         raise NotApplicable("the tokenizer has no BOS token")
@@ -256,22 +240,18 @@ def d07(ctx: AuditContext) -> list[Hit]:
 _PLAIN_MARKER_FAMILIES = ("alpaca", "vicuna")  # plain text, not control strings
 
 
-@check(
-    "D08",
-    "control_tokens_in_content",
-    "Special / template tokens inside message content",
-    requires=("data",),
-    reads=("tokenizer",),
-    severity="error",
-    rank=20,
-    rule="prompt, target or message content contains a special-token string of the tokenizer (error), or a "
-    "well-known template marker such as <|im_end|>, [INST], <start_of_turn> (warning); a target's trailing "
-    "EOS is allowed; 'text' rows are left to C08/T03; any",
-    fix="escape or remove these strings, or tokenise content with split_special_tokens=True",
-    source="PrimeIntellect-ai/renderers PR #116; FranxYao/Long-Context-Data-Engineering#14",
-)
-def d08(ctx: AuditContext) -> list[Hit]:
-    """D08 (control_tokens_in_content): Special / template tokens inside message content."""
+@check("D08", requires=("data",), reads=("tokenizer",), severity="error", rank=20)
+def control_tokens_in_content(ctx: AuditContext) -> list[Hit]:
+    """Special / template tokens inside message content.
+
+    Rule: prompt, target or message content contains a special-token string of the tokenizer (error), or a well-known
+    template marker such as <|im_end|>, [INST], <start_of_turn> (warning); a target's trailing EOS is allowed; 'text'
+    rows are left to C08/T03; any
+
+    Fix: escape or remove these strings, or tokenise content with split_special_tokens=True
+
+    Source: PrimeIntellect-ai/renderers PR #116; FranxYao/Long-Context-Data-Engineering#14
+    """
     specials = set()
     if ctx.tokenizer is not None:
         specials = {s for s in ctx.tok_info.special_strings if len(s) >= 3}
@@ -322,24 +302,18 @@ def d08(ctx: AuditContext) -> list[Hit]:
 
 
 # ---------------------------------------------------------------------- D10
-@check(
-    "D10",
-    "response_marker_missing",
-    "Response template not found in rows",
-    requires=("data", "config"),
-    reads=("tokenizer",),
-    severity="error",
-    rank=20,
-    rule="with DataCollatorForCompletionOnlyLM's response_template set: rows whose token ids (tokenised in "
-    "context) do not contain the template's ids (string search without a tokenizer) get every label masked; "
-    "> 1% errors, any warns",
-    fix="pass the response template as the token ids it has in context (tokenise it with its preceding "
-    "characters and drop those), or move to prompt/completion data (TRL >= 0.20)",
-    source="trl#1820, trl#588, trl#980 ('Could not find response key')",
-    stages=("sft",),
-)
-def d10(ctx: AuditContext) -> list[Hit]:
-    """D10 (response_marker_missing): Response template not found in rows."""
+@check("D10", requires=("data", "config"), reads=("tokenizer",), severity="error", rank=20, stages=("sft",))
+def response_marker_missing(ctx: AuditContext) -> list[Hit]:
+    """Response template not found in rows.
+
+    Rule: with DataCollatorForCompletionOnlyLM's response_template set: rows whose token ids (tokenised in context) do
+    not contain the template's ids (string search without a tokenizer) get every label masked; > 1% errors, any warns
+
+    Fix: pass the response template as the token ids it has in context (tokenise it with its preceding characters and
+    drop those), or move to prompt/completion data (TRL >= 0.20)
+
+    Source: trl#1820, trl#588, trl#980 ('Could not find response key')
+    """
     rt = ctx.config.response_template
     if not rt:
         raise NotApplicable("no response_template in the config (no DataCollatorForCompletionOnlyLM)")
@@ -392,22 +366,18 @@ def _contains(hay: list[int], needle: list[int]) -> bool:
 
 
 # ---------------------------------------------------------------------- D19
-@check(
-    "D19",
-    "boundary_whitespace",
-    "Prompt/target boundary tokens merge",
-    requires=("data", "tokenizer"),
-    severity="warning",
-    rank=20,
-    rule="tokens(prompt) is not a prefix of tokens(prompt + target): the boundary token merges, and the mask "
-    "starts at the common prefix; > 5% warns, any is info",
-    fix="end prompts with the separator (space/newline) and start targets without it, so the boundary is a "
-    "token boundary",
-    source="trl sft_trainer.py warning 'Mismatch between tokenized prompt and the start of tokenized "
-    "prompt+completion'",
-)
-def d19(ctx: AuditContext) -> list[Hit]:
-    """D19 (boundary_whitespace): Prompt/target boundary tokens merge."""
+@check("D19", requires=("data", "tokenizer"), severity="warning", rank=20)
+def boundary_whitespace(ctx: AuditContext) -> list[Hit]:
+    """Prompt/target boundary tokens merge.
+
+    Rule: tokens(prompt) is not a prefix of tokens(prompt + target): the boundary token merges, and the mask starts at
+    the common prefix; > 5% warns, any is info
+
+    Fix: end prompts with the separator (space/newline) and start targets without it, so the boundary is a token
+    boundary
+
+    Source: trl sft_trainer.py warning 'Mismatch between tokenized prompt and the start of tokenized prompt+completion'
+    """
     plens = ctx.prompt_token_lengths
     bad, diffs = [], []
     for i, pl in enumerate(plens):

@@ -1,10 +1,31 @@
 """The one registry of Audit checks.
 
 A check is a function ``fn(ctx) -> list[Hit]`` decorated with :func:`check`,
-which records its stable id, title, the inputs it needs (``requires``: the
-check is skipped, with the reason, when one is missing), the inputs it reads
-(``reads``, a superset of ``requires``), the rule with its threshold, the fix,
-the source that backs it, and its fix-first ``rank``.
+which records its stable id, the inputs it needs (``requires``: the check is
+skipped, with the reason, when one is missing), the inputs it reads (``reads``,
+a superset of ``requires``), its worst severity and its fix-first ``rank``. The
+function's name is the check's name, and its docstring is the check's
+documentation, read into the registry (:func:`doc_fields`)::
+
+    @check("C10", requires=("tokenizer",), reads=("config",), severity="error", rank=20)
+    def pad_is_eos(ctx: AuditContext) -> list[Hit]:
+
+with the docstring::
+
+    Pad token is EOS and the collator masks pads.
+
+    Rule: pad id == EOS id ... with a collator that masks labels by pad id: error
+
+    Fix: give the tokenizer a separate pad token
+
+    Source: trl#1623
+
+The summary line (less its period) is the title; the paragraphs that begin
+``Rule:``, ``Fix:`` and ``Source:`` are the rule with its thresholds, the
+default fix and what backs it, each joined onto one line. ``{NAME}`` or
+``{NAME:spec}`` in them is the module constant ``NAME`` formatted with
+``spec`` (``{LORA_LR_LOW:g}``), so a threshold is written once. Any other
+paragraph is a note for the reader.
 
 A check returns :class:`Hit` objects (severity, message, evidence, affected
 ids); the runner turns them into :class:`gradian.audit.model.Finding`. A
@@ -29,6 +50,8 @@ Fix-first ranks (lower = fix first; findings sort by severity, then rank):
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -121,22 +144,52 @@ class CheckSpec:
 REGISTRY: dict[str, CheckSpec] = {}
 
 
+#: The docstring paragraphs :func:`check` reads, and the :class:`CheckSpec` field each fills.
+DOC_FIELDS = {"Rule": "rule", "Fix": "fix", "Source": "source"}
+_CONSTANT = re.compile(r"\{([A-Za-z_]\w*)(?::([^{}]*))?\}")
+
+
+def doc_fields(fn: Callable[..., Any]) -> dict[str, str]:
+    """A check's title, rule, fix and source, from its docstring (see module docstring).
+
+    Raises:
+        ValueError: the docstring has no summary line ending in a period, misses a field or repeats one, or
+            names a constant the module does not define.
+    """
+    where = f"{fn.__module__}.{fn.__name__}"
+    paras = [" ".join(p.split("\n")) for p in re.split(r"\n\s*\n", inspect.cleandoc(fn.__doc__ or ""))]
+    if not paras[0].endswith("."):
+        raise ValueError(f"{where}: the docstring's summary line (the title) must end with a period")
+    out = {"title": paras[0][:-1]}
+    for p in paras[1:]:
+        label, sep, text = p.partition(": ")
+        if sep and label in DOC_FIELDS:
+            if DOC_FIELDS[label] in out:
+                raise ValueError(f"{where}: two '{label}:' paragraphs")
+
+            def constant(m: re.Match, label: str = label) -> str:
+                if m[1] not in fn.__globals__:
+                    raise ValueError(f"{where}: '{label}:' names {{{m[1]}}}, which the module does not define")
+                return format(fn.__globals__[m[1]], m[2] or "")
+
+            out[DOC_FIELDS[label]] = _CONSTANT.sub(constant, text)
+    missing = [k for k, v in DOC_FIELDS.items() if v not in out]
+    if missing:
+        raise ValueError(f"{where}: the docstring has no {', '.join(repr(k + ':') for k in missing)} paragraph")
+    return out
+
+
 def check(
     id: str,
-    name: str,
-    title: str,
     *,
     requires: tuple[str, ...],
     reads: tuple[str, ...] = (),
     severity: str,
-    rule: str,
-    fix: str,
-    source: str,
     rank: int,
     stages: tuple[str, ...] = STAGE_KINDS,
     preference: bool = False,
 ):
-    """Register a check function (see module docstring)."""
+    """Register a check function; its name and docstring give the rest (see module docstring)."""
 
     def deco(fn: Callable[[AuditContext], list[Hit]]):
         if id in REGISTRY:
@@ -151,19 +204,16 @@ def check(
             raise ValueError(f"{id}: unknown stage kind in {stages}")
         REGISTRY[id] = CheckSpec(
             id=id,
-            name=name,
-            title=title,
+            name=fn.__name__,
             requires=tuple(requires),
             reads=all_reads,
             severity=severity,
-            rule=rule,
-            fix=fix,
-            source=source,
             rank=rank,
             fn=fn,
             module=fn.__module__.rsplit(".", 1)[-1],
             stages=tuple(k for k in STAGE_KINDS if k in stages),
             preference=preference,
+            **doc_fields(fn),
         )
         return fn
 
