@@ -237,3 +237,54 @@ def test_a_joint_build_split_by_position_keeps_the_row_index_and_writes_its_own_
         entries = [json.loads(p.read_text()) for p in sorted(pos[u].glob("shard-*.json"))]
         assert {e["entry"]["pass"] for e in entries} == {SPLIT_PASS} != {JOINT_PASS}
     assert gap["row"] < 1e-5 and gap["sentence"] > 1e-2, gap
+
+
+@pytest.mark.parametrize("unit_grads", ["positions", "exact"])
+def test_the_final_build_pools_repsim_states_equal_to_repsims_own_forward(setup, tmp_path, unit_grads, monkeypatch):
+    """The joint build hands RepSim each row's state from the row's own forward: the bits RepSim's one-row forward
+    gives, so RepSim forwards only the rows the build did not compute, and its states do not depend on which
+    cache was warm. Resumed (half the shards kept), the build pools only the rows it computes."""
+    import torch
+
+    from gradian.engines import repsim
+    from gradian.index.joint import build_jointly
+
+    monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
+    model, items, units, spec, ids, kw = setup
+    spec = replace(spec, unit_grads=unit_grads)
+    roots = {"row": tmp_path / "r", "sentence": tmp_path / "s"}
+    states: dict = {}
+    build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=roots["row"],
+                  sentence_root=roots["sentence"], states=states, **kw)  # fmt: skip
+    assert sorted(states) == list(range(len(items)))
+    own = repsim.pooled_states(model, items, kw["pad_token_id"], 1)  # RepSim's own one-row forwards
+    assert torch.equal(torch.stack([states[j] for j in range(len(items))]), own) and float(own.abs().max()) > 0
+
+    forwarded = []
+    real = repsim.pooled_states
+    monkeypatch.setattr(repsim, "pooled_states", lambda m, its, *a: forwarded.append(len(its)) or real(m, its, *a))
+    part = {j: states[j] for j in range(0, len(items), 2)}
+    h = repsim.cached_train_states(model, items, kw["pad_token_id"], {"t": unit_grads}, known=part)
+    assert forwarded == [len(items) - len(part)]  # only the rows the build did not pool
+    assert torch.equal(h, own)
+    forwarded.clear()
+    assert torch.equal(repsim.cached_train_states(model, items, kw["pad_token_id"], {"t": unit_grads}), own)
+    assert forwarded == []  # cached under the same key
+
+    for p in sorted(roots["row"].glob("shard-00000*")) + sorted(roots["sentence"].glob("shard-*")):
+        p.unlink()  # the first row shard and every sentence shard: their rows are computed again
+    again: dict = {}
+    build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=roots["row"],
+                  sentence_root=roots["sentence"], states=again, **kw)  # fmt: skip
+    assert again and all(torch.equal(v, own[j]) for j, v in again.items())
+
+
+def test_no_states_are_pooled_where_they_would_not_be_repsims_bits(setup, tmp_path):
+    """Several rows a forward pad them: their states are not the one-row bits, so none are handed over."""
+    from gradian.index.joint import build_jointly
+
+    model, items, units, spec, ids, kw = setup
+    states: dict = {}
+    build_jointly(model, items, units, ids["row"], ids["sentence"], spec, row_root=tmp_path / "r",
+                  sentence_root=tmp_path / "s", states=states, per_forward=2, **kw)  # fmt: skip
+    assert states == {}

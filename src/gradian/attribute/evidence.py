@@ -76,6 +76,8 @@ class TrajectoryEvidence:
         preconditioned: per checkpoint, ``{engine: {capability: Blocks (m, d_l)}}``, for the whole-row
             drill-down (kept only with ``keep_preconditioned``; otherwise empty).
         timing: seconds per stage.
+        final_states: with ``row_states``, RepSim's state of each row the final adapter's joint build computed
+            (row -> (d,) float64; :func:`gradian.index.joint.build_jointly`); empty when nothing was built there.
     """
 
     scores: dict[str, dict[str, EngineScores]]
@@ -84,6 +86,7 @@ class TrajectoryEvidence:
     final_index: GradientIndex
     preconditioned: list[dict[str, dict[str, Blocks]]]
     timing: dict[str, float] = field(default_factory=dict)
+    final_states: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def row_norms(index: GradientIndex) -> np.ndarray:
@@ -128,6 +131,7 @@ def trajectory_scores(
     rows_per_forward: int = 1,
     joint: bool = True,
     keep_preconditioned: bool | None = None,
+    row_states: bool = False,
 ) -> TrajectoryEvidence:
     """Score every capability's queries with every engine at every checkpoint (module docstring).
 
@@ -155,6 +159,8 @@ def trajectory_scores(
             drill-down re-scores sentences with them). Default: only with ``unit="row"``; a sentence run reads
             its drill-down off the unit scores. They are m × Σ_l d_l float64 numbers per engine and checkpoint:
             1.7 GB for 11 queries, 2 engines and 2 checkpoints of an exact SmolLM2-135M all-linear r=16 index.
+        row_states: RepSim will read the final adapter's row states: its joint build pools them on its way
+            (:attr:`TrajectoryEvidence.final_states`).
     """
     from gradian import distributed
     from gradian.finetune import training_index
@@ -173,6 +179,7 @@ def trajectory_scores(
     pre: list[dict[str, dict[str, Blocks]]] = []
     timing: dict[str, float] = {}
     final_index: GradientIndex | None = None
+    final_states: dict[int, torch.Tensor] = {}
 
     def _index(spec: GradSpec, ck, label: str) -> GradientIndex:
         pf = (lambda k_: lambda a: progress(label, a, k_)) if progress else None
@@ -211,6 +218,7 @@ def trajectory_scores(
             progress_factory=(lambda k_: lambda a: progress(label, a, k_)) if progress else None,
             announce=(lambda line: say(f"{label}: {line}")) if say else None,
             per_forward=rows_per_forward,
+            states=final_states if (row_states and ck.final) else None,
         )
 
     for ck in trajectory.checkpoints:
@@ -313,7 +321,7 @@ def trajectory_scores(
     for c in caps:
         for es in scores[c].values():
             assert es.raw.shape == (len(queries[c]), n)
-    return TrajectoryEvidence(scores, units, indexes, final_index, pre, timing)
+    return TrajectoryEvidence(scores, units, indexes, final_index, pre, timing, final_states)
 
 
 @dataclass

@@ -37,6 +37,7 @@ def reference_scores(
     *,
     batch_size: int = 8,
     progress: Progress | None = None,
+    known_states: dict[int, Any] | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """``{capability: {engine: (m, n)}}`` for the reference engines in ``names``.
 
@@ -47,6 +48,9 @@ def reference_scores(
         ft: the loaded fine-tune, with the final adapter's weights (RepSim's representations).
         spec: the :class:`gradian.attribute.pipeline.AttributeSpec` (its ``bm25``/``repsim`` settings).
         identity: the content identity of (adapter, dataset, tokenisation) that keys RepSim's cache.
+        batch_size: queries per forward of RepSim's query states (the training rows go one a forward).
+        known_states: RepSim's training-row states the final checkpoint's index build pooled on its way (row ->
+            (d,) float64; :func:`gradian.engines.repsim.cached_train_states`): those rows need no forward here.
     """
     from gradian import distributed
 
@@ -57,8 +61,9 @@ def reference_scores(
     if "repsim" in names:  # the one pass over the training rows: shared by the ranks
         from gradian.engines.repsim import cached_train_states
 
-        pf = (lambda k: progress("representations", k, len(items))) if progress else None
-        H = cached_train_states(ft.model, items, ft.tokenizer.pad_token_id, identity, batch_size, pf)
+        todo = len(items) - len(known_states or {})  # the rows the index build did not give their states
+        pf = (lambda k: progress("representations", k, todo)) if progress and todo else None
+        H = cached_train_states(ft.model, items, ft.tokenizer.pad_token_id, identity, pf, known_states)
     if not distributed.current().is_main:
         return {}
     said = {c: [f"{_prompt_text(q.prompt)}\n{q.said or ''}" for q in qs] for c, qs in queries.items()}

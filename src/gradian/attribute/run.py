@@ -446,6 +446,7 @@ def attribute_run(
             rows_per_forward=specs.rows_per_forward,
             joint=one_pass,
             keep_per_checkpoint=save_evidence,  # the evidence file carries each checkpoint's matrices too
+            row_states="repsim" in spec.references,  # the final build's forward gives RepSim its row states
         )
         timing.update({f"attribute.{k}": v for k, v in evidence.timing.items()})
         idx = evidence.final_index
@@ -470,7 +471,9 @@ def attribute_run(
             },
             batch_size=specs.batch_size,
             progress=progress,
+            known_states=evidence.final_states,
         )
+        evidence.final_states = {}  # (n, d) float64 numbers, read once
         timing["references"] = time.perf_counter() - t
         if not main:
             return None  # the collective steps are done; rank 0 forms the verdict

@@ -15,8 +15,11 @@ the model said):
     ``said``      mode:  score_j = − cos(h_w, h_j)
     ``contrast``  mode:  score_j = cos(h_c, h_j) − cos(h_w, h_j)
 
-Training representations need one forward pass without gradients (shared by the ranks under
-torchrun); they are cached by content (adapter, dataset, tokenisation) like the gradient index.
+Training representations need one forward pass without gradients, one row a pass (shared by the ranks under
+torchrun); they are cached by content (adapter, dataset, tokenisation) like the gradient index. The final
+checkpoint's joint index build forwards every row alone at the same weights, so when it runs (one process, one row a
+forward, on a CPU) it pools the same states on its way (:attr:`gradian.gradients.units.RowUnitGrads.state`, equal to
+the bit: ``tests/engines/test_references.py``) and RepSim computes only the rows it did not.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate, row_values
+from gradian.data.tokenize import TokenizedExample, collate, row_values
 
 if TYPE_CHECKING:  # torch comes where the engine computes: its spec is read without it
     import torch
@@ -61,7 +64,7 @@ def pooled_states(
     """
     import torch
 
-    from gradian.gradients.loss import keeps_logits, model_inputs
+    from gradian.gradients.loss import keeps_logits, model_inputs, supervised_mean
 
     # the states only: the LM head at the last position alone (not (b, T, V) logits, 8 x 300 x 49,152 floats a
     # batch for SmolLM2), where the model takes ``logits_to_keep``; the hidden states are the same either way
@@ -74,10 +77,8 @@ def pooled_states(
         for s in range(0, len(order), batch_size):
             rows = order[s : s + batch_size]
             batch = {k: v.to(device) for k, v in collate([items[r] for r in rows], pad_token_id).items()}
-            hs = model(**model_inputs(batch), **head, output_hidden_states=True).hidden_states[-1].double()  # (b, T, d)
-            # the token at t is supervised when labels[t] != -100 (HF labels are not yet shifted)
-            w = (batch["labels"] != IGNORE_INDEX).double()  # (b, T)
-            pooled = (hs * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp(min=1.0)
+            hs = model(**model_inputs(batch), **head, output_hidden_states=True).hidden_states[-1]  # (b, T, d)
+            pooled = supervised_mean(hs, batch["labels"])
             if out is None:
                 out = torch.zeros(len(items), hs.shape[-1], dtype=torch.float64)
             out[torch.tensor(rows)] = pooled.cpu()
@@ -86,9 +87,11 @@ def pooled_states(
         return out if out is not None else torch.zeros(0, 0, dtype=torch.float64)
 
 
-#: rows per block of :func:`cached_train_states`: blocks, not ranks, decide the batches, so the
-#: states do not depend on the number of processes
+#: rows per block of :func:`cached_train_states`: blocks, not ranks, decide the work of each process
 STATE_BLOCK = 256
+#: the version of the cached states' computation (in their cache key): 3 = one row a forward (the joint build's
+#: forward gives the same bits); 2 = length-sorted batches of 8
+STATES_VERSION = 3
 
 
 def cached_train_states(
@@ -96,14 +99,16 @@ def cached_train_states(
     items,
     pad_token_id: int,
     identity: dict[str, Any],
-    batch_size: int = 8,
     progress: Callable[[int], None] | None = None,
+    known: dict[int, torch.Tensor] | None = None,
 ) -> torch.Tensor | None:
-    """:func:`pooled_states` of the training rows, cached under ``<cache>/repsim/<id>.safetensors``.
+    """:func:`pooled_states` of the training rows, one row a forward, cached under ``<cache>/repsim/<id>.safetensors``.
 
-    Computed in blocks of :data:`STATE_BLOCK` rows. Collective under torchrun: each rank computes a
-    contiguous run of blocks and rank 0 gathers them, writes the cache and returns the (n, d)
-    states; the other ranks return None.
+    One row a forward (no padding) gives each row's state whatever rows are computed beside it, so the states the
+    joint index build pooled at the final adapter's weights (``known``: row -> (d,)) stand in for those rows:
+    only the others are computed. Collective under torchrun: the rows are computed in blocks of
+    :data:`STATE_BLOCK`, each rank a contiguous run of blocks, and rank 0 gathers them, writes the cache and returns
+    the (n, d) states; the other ranks return None.
     """
     import torch
     from safetensors.torch import load_file, save
@@ -113,7 +118,7 @@ def cached_train_states(
     from gradian.util import atomic_write_bytes, sha256_json
 
     d = distributed.current()
-    key = sha256_json({"repsim": 2, **identity})[:16]
+    key = sha256_json({"repsim": STATES_VERSION, **identity})[:16]
     path = Path(cache_dir()) / "repsim" / f"{key}.safetensors"
     hit: torch.Tensor | None = None
     if d.is_main and path.exists():
@@ -125,17 +130,24 @@ def cached_train_states(
             pass
     if distributed.broadcast_object(hit is not None):
         return hit
+    known = dict(known or {})
+    if d.enabled:  # the build shares its states in one process only (gradian.index.joint.build_jointly)
+        known = {}
     starts = list(range(0, len(items), STATE_BLOCK))
     sizes = [min(STATE_BLOCK, len(items) - s) for s in starts]
     mine = distributed.contiguous_blocks(sizes, d.world_size)[d.rank]
-    parts = [torch.zeros(0, 0, dtype=torch.float64)]
+    parts: list[tuple[int, torch.Tensor]] = []
     for b in mine:
-        parts.append(pooled_states(model, items[starts[b] : starts[b] + sizes[b]], pad_token_id, batch_size, progress))
-    gathered = distributed.gather_objects_to_main([p for p in parts if p.numel()])
+        todo = [j for j in range(starts[b], starts[b] + sizes[b]) if j not in known]
+        if todo:
+            h = pooled_states(model, [items[j] for j in todo], pad_token_id, 1, progress)
+            parts.extend(zip(todo, h))
+    gathered = distributed.gather_objects_to_main(parts)
     if not d.is_main:
         return None
-    blocks = [p for rank_parts in gathered for p in rank_parts]  # type: ignore[union-attr]
-    h = torch.cat(blocks) if blocks else torch.zeros(0, 0, dtype=torch.float64)
+    rows = dict(known)
+    rows.update((j, h) for rank_parts in gathered for j, h in rank_parts)  # type: ignore[union-attr]
+    h = torch.stack([rows[j] for j in range(len(items))]) if items else torch.zeros(0, 0, dtype=torch.float64)
     atomic_write_bytes(path, save({"h": h.contiguous()}))
     return h
 

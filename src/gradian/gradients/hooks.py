@@ -62,10 +62,15 @@ class LoraHooks:
         self._seen: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (block index, X, y)
 
     def forward(
-        self, model: torch.nn.Module, batch: dict[str, torch.Tensor], keep: torch.Tensor | None = None
+        self,
+        model: torch.nn.Module,
+        batch: dict[str, torch.Tensor],
+        keep: torch.Tensor | None = None,
+        states: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Run the model on ``batch`` (its forward kwargs) with the hooks on; returns the logits (b, T, V), or
-        with ``keep`` (P,) positions only those positions' logits (b, P, V) (``logits_to_keep``).
+        with ``keep`` (P,) positions only those positions' logits (b, P, V) (``logits_to_keep``); ``states``, when
+        given, gets the last hidden state (b, T, d) (:func:`gradian.gradients.loss.lm_logits`).
         """
         self._seen = []
         handles = []
@@ -80,7 +85,7 @@ class LoraHooks:
         try:
             for k, b in enumerate(self.blocks):
                 handles.append(b.module.register_forward_hook(make_fwd(k)))
-            return lm_logits(model, batch, keep)
+            return lm_logits(model, batch, keep, states)
         finally:
             for h in handles:
                 h.remove()

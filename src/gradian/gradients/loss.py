@@ -13,6 +13,8 @@ per-example gradients can be read off one backward pass.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 IGNORE_INDEX = -100
@@ -97,12 +99,39 @@ def head_positions(model: torch.nn.Module, labels: torch.Tensor) -> torch.Tensor
     return keep if keep.numel() else None
 
 
-def lm_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor], keep: torch.Tensor | None = None) -> torch.Tensor:
+def lm_logits(
+    model: torch.nn.Module,
+    batch: dict[str, torch.Tensor],
+    keep: torch.Tensor | None = None,
+    states: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
     """The model's logits on ``batch``: (b, T, V), or with ``keep`` (P,) (:func:`head_positions`) those positions'
     only, (b, P, V), the LM head run nowhere else.
+
+    Args:
+        states: when given, the last hidden state (b, T, d) (``output_hidden_states``' last, as RepSim reads it:
+            :func:`supervised_mean`) is appended to it, detached.
     """
-    extra = {"logits_to_keep": keep} if keep is not None else {}
-    return model(**model_inputs(batch), **extra).logits
+    extra: dict[str, Any] = {"logits_to_keep": keep} if keep is not None else {}
+    if states is not None:
+        extra["output_hidden_states"] = True
+    out = model(**model_inputs(batch), **extra)
+    if states is not None:
+        states.append(out.hidden_states[-1].detach())
+    return out.logits
+
+
+def supervised_mean(hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each row's hidden states averaged over its supervised tokens: (b, d) float64.
+
+    ``h_j = (1/|S_j|) Σ_{t ∈ S_j} H[j, t]`` with ``S_j`` the tokens whose label is not -100 (HF labels, not yet
+    shifted: the states at the tokens the loss predicts); a row with none gives zeros.
+
+    Args:
+        hidden: (b, T, d), e.g. the last hidden state; labels: (b, T).
+    """
+    w = (labels != IGNORE_INDEX).double()  # (b, T)
+    return (hidden.double() * w.unsqueeze(-1)).sum(1) / w.sum(1, keepdim=True).clamp(min=1.0)
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -52,7 +52,7 @@ import torch
 
 from gradian.gradients.hooks import LoraHooks
 from gradian.gradients.lora import LoraBlock
-from gradian.gradients.loss import IGNORE_INDEX, head_positions
+from gradian.gradients.loss import IGNORE_INDEX, head_positions, supervised_mean
 
 #: how a unit's gradient is formed (``GradSpec.unit_grads``, ``--unit-grads``; module docstring)
 SPLITS = ("exact", "positions")
@@ -67,6 +67,8 @@ class RowUnitGrads:
         row: ``{block name: (o, i)}`` the row's gradient, ``Σ_u w_u g_u + g_res``.
         unit_losses: (K,) each unit's mean token loss; ``row_loss`` the row's.
         passes: backward vectors used (K, plus one when the row has a residual; 1 with ``split="positions"``).
+        state: with ``states=True``, the row's last hidden state mean-pooled over its supervised tokens (d,) float64
+            (:func:`gradian.gradients.loss.supervised_mean`: RepSim's representation of the row); else None.
     """
 
     units: dict[str, torch.Tensor]
@@ -74,6 +76,7 @@ class RowUnitGrads:
     unit_losses: torch.Tensor
     row_loss: float
     passes: int
+    state: torch.Tensor | None = None
 
 
 def _token_losses(logits: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -147,6 +150,7 @@ def rows_unit_grads(
     unit_labels: Sequence[torch.Tensor],
     blocks: Sequence[LoraBlock],
     split: str = "exact",
+    states: bool = False,
 ) -> list[RowUnitGrads]:
     """:func:`row_unit_grads` for b rows at once: one forward over the batch, then one backward per vector index.
 
@@ -163,6 +167,8 @@ def rows_unit_grads(
         blocks: the LoRA blocks (:func:`gradian.gradients.lora.lora_blocks`).
         split: ``"exact"``, or ``"positions"``: one backward of ``Σ_b ℓ_row,b`` and every unit's gradient the row's
             split by position (module docstring), ``g̃_{b,u} = (1/w_u) Σ_{t∈P_u} G_{b,t} X_{b,t}ᵀ``.
+        states: also pool each row's last hidden state from the same forward (:attr:`RowUnitGrads.state`), so
+            RepSim needs no forward of its own over the rows this pass computes.
 
     Returns:
         one :class:`RowUnitGrads` per row, in order.
@@ -181,16 +187,21 @@ def rows_unit_grads(
     weights = [loss_weights(lab[b].cpu(), unit_labels[b].cpu()) for b in range(B)]  # (W (K'_b, T-1), w, K'_b)
     hooks = LoraHooks(blocks)
     keep = head_positions(model, lab)
+    hidden: list[torch.Tensor] | None = [] if states else None
     if keep is not None:  # the LM head only at the supervised positions (of any row): c_t = 0 elsewhere
-        c = _token_losses(hooks.forward(model, batch, keep), lab, keep)  # (b, P)
+        c = _token_losses(hooks.forward(model, batch, keep, hidden), lab, keep)  # (b, P)
         cols = keep.cpu()
     else:
-        c = _token_losses(hooks.forward(model, batch), lab)  # (b, T-1)
+        c = _token_losses(hooks.forward(model, batch, None, hidden), lab)  # (b, T-1)
         cols = slice(None)
+    pooled = supervised_mean(hidden[0], lab).cpu() if hidden else None  # (b, d)
     losses = [W[:, cols].to(device=device, dtype=c.dtype) @ c[b] for b, (W, _, _) in enumerate(weights)]  # (K'_b,)
     seen, hooks._seen = hooks._seen, []
     if split == "positions":
-        return _split_by_position(seen, blocks, weights, losses, Ks)
+        res = _split_by_position(seen, blocks, weights, losses, Ks)
+        for b, r in enumerate(res):
+            r.state = pooled[b] if pooled is not None else None
+        return res
     ys = [y for _, _, y in seen]
     k_alls = [k for _, _, k in weights]
     out: list[dict[str, torch.Tensor]] = []
@@ -222,7 +233,8 @@ def rows_unit_grads(
         row = {blk.name: torch.einsum("k,koi->oi", wd, out[b][blk.name].to(torch.float64)) for blk in blocks}
         lossd = losses[b].detach().to(torch.float64)
         row_loss = float((w.to(lossd.device) * lossd).sum())
-        res.append(RowUnitGrads(units, row, losses[b].detach()[: Ks[b]], row_loss, k_all))
+        state = pooled[b] if pooled is not None else None
+        res.append(RowUnitGrads(units, row, losses[b].detach()[: Ks[b]], row_loss, k_all, state))
     return res
 
 

@@ -183,6 +183,7 @@ def build_jointly(
     progress_factory: Callable[[int], Callable[[int], None]] | None = None,
     announce: Callable[[str], None] | None = None,
     per_forward: int = 1,
+    states: dict[int, torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Write every missing shard (and record) of the row index and the sentence index in one pass per row.
 
@@ -207,6 +208,11 @@ def build_jointly(
             work), and each backward holds the b rows' ``G`` of every block at once. On an accelerator, whose
             passes at these sizes are launch-bound, b rows should cost about one (the backward passes drop from
             ``Σ_b K'_b`` to ``max_b K'_b`` a batch); not yet measured there.
+        states: when given (the final adapter's build), filled with RepSim's state of every row computed here (row
+            -> (d,) float64, :attr:`gradian.gradients.units.RowUnitGrads.state`), pooled from the row's own forward,
+            so that :func:`gradian.engines.repsim.cached_train_states` need not forward it again. Only where that is
+            the bits RepSim's own one-row forward gives (tested on a CPU): one process, one row a forward, a CPU
+            model; elsewhere it stays empty.
 
     Returns:
         ``{"rows", "units", "passes", "tokens", "seconds"}`` of this rank: rows and units computed, backward
@@ -383,6 +389,7 @@ def build_jointly(
             put("sentence", k, [v[q] for v in unit_vecs], meta)
 
     needed = set(need)
+    pool = states is not None and per_forward == 1 and not dist.enabled and blocks[0].module.weight.device.type == "cpu"
     try:
         for group in row_groups(need, lengths, shard_size, per_forward):
             per_row = []
@@ -392,10 +399,12 @@ def build_jointly(
                     raise ValueError(f"row {j} has no sentence unit (sentence_units gives every row one)")
                 per_row.append((ks, [units[k] for k in ks]))
             batch, uls = rows_unit_batch([items[j] for j in group], [us for _, us in per_row], pad_token_id)
-            results = rows_unit_grads(model, batch, uls, blocks, grad.unit_grads)
+            results = rows_unit_grads(model, batch, uls, blocks, grad.unit_grads, states=pool)
             for j, (ks, us), ul, res in zip(group, per_row, uls, results):
                 passes += res.passes
                 tokens += len(items[j].input_ids)
+                if pool:
+                    states[j] = res.state  # type: ignore[index]
                 store(j, ks, us, ul, res)
             del results
             if progress:
@@ -431,11 +440,13 @@ def maybe_build_jointly(
     progress_factory: Callable[[int], Callable[[int], None]] | None = None,
     announce: Callable[[str], None] | None = None,
     per_forward: int = 1,
+    states: dict[int, torch.Tensor] | None = None,
 ) -> dict[str, float] | None:
     """Build a checkpoint's missing row and sentence shards in one pass per row (None: both already complete).
 
     Collective under torchrun (every rank calls it alike). ``ft``'s model holds ``checkpoint``'s weights. The two
     :func:`gradian.finetune.training_index` calls that follow publish the manifests (their shards are done).
+    ``states``: :func:`build_jointly`'s (RepSim's row states, pooled on the way).
     """
     from gradian import distributed
 
@@ -466,4 +477,5 @@ def maybe_build_jointly(
         progress_factory=progress_factory,
         announce=announce,
         per_forward=per_forward,
+        states=states,
     )
