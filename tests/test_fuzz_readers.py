@@ -567,6 +567,12 @@ ALL_PATHS = [p for p in json_paths(_valid_run()) if p]
 )
 @example(mutations=[(("evaluation",), False, {"capabilities": 3})], whole=None)
 @example(mutations=[(("schema",), False, "gradian.run/1")], whole=[1, 2, 3])
+# found by this fuzz: a ranked row's number of another type passed the schema and failed in the Markdown table
+@example(
+    mutations=[(("attribution", "capabilities", 0, "ranked", 0, "predicted_loss_delta_if_removed"), False, [])],
+    whole=None,
+)
+@example(mutations=[(("attribution", "capabilities", 0, "ranked", 0, "support"), False, {"gradient": 1})], whole=None)
 def test_report_run_loader(mutations, whole):
     from gradian.report import render, report_for_run
 

@@ -111,7 +111,24 @@ def _run_json_schema() -> dict[str, Any]:
             "second_scores": {**scores, "type": ["array", "null"]},
             "queries": arr(query),  # and each against Query's fields (_record_problem)
             "drill_queries": arr(query),  # the drill-down's weakened items (--drill-weakened; older runs lack it)
-            "ranked": arr(some({"id": STRING, "rank": INTEGER, "score": NUMBER}, "id")),
+            "ranked": arr(
+                some(
+                    {
+                        "id": STRING,
+                        "rank": INTEGER,
+                        "score": NUMBER,
+                        "rank_score": NUMBER,
+                        "verdict_score": NUMBER,
+                        "predicted_loss_delta_if_removed": NUMBER,
+                        "tokens": INTEGER,
+                        "truncated": BOOLEAN,
+                        "completion": STRING,
+                        "support": mapping(some({"percentile": NUMBER, "supports": BOOLEAN})),
+                        "sentence": OBJECT,
+                    },
+                    "id",
+                )
+            ),
             "ranking": OBJECT,
             "agreement": some({"engines": arr(STRING)}, "engines", null=True),
             "evidence": mapping(some({"engine": STRING, "scores": scores}, "scores")),

@@ -39,9 +39,9 @@ VERDICT_COLOUR = {"regressed": RED, "improved": GREEN, "within_noise": GREY}
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif"
 
 
-def fmt_num(x: float, digits: int = 3) -> str:
-    """Compact number: ``-3.8e+05``, ``0.0123``, ``12.3``; ``n/a`` for NaN/None."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+def fmt_num(x: Any, digits: int = 3) -> str:
+    """Compact number: ``-3.8e+05``, ``0.0123``, ``12.3``; ``n/a`` for NaN, None or anything but a number."""
+    if not isinstance(x, (int, float)) or (isinstance(x, float) and not math.isfinite(x)):
         return "n/a"
     ax = abs(x)
     if ax != 0 and (ax >= 1e4 or ax < 1e-3):
