@@ -19,7 +19,7 @@ Training representations need one forward pass without gradients, one row a pass
 torchrun); they are cached by content (adapter, dataset, tokenisation) like the gradient index. The final
 checkpoint's joint index build forwards every row alone at the same weights, so when it runs (one process, one row a
 forward, on a CPU) it pools the same states on its way (:attr:`gradian.gradients.units.RowUnitGrads.state`, equal to
-the bit: ``tests/engines/test_references.py``) and RepSim computes only the rows it did not.
+the bit: ``tests/index/test_joint.py``) and RepSim computes only the rows it did not.
 """
 
 from __future__ import annotations
@@ -136,17 +136,18 @@ def cached_train_states(
     starts = list(range(0, len(items), STATE_BLOCK))
     sizes = [min(STATE_BLOCK, len(items) - s) for s in starts]
     mine = distributed.contiguous_blocks(sizes, d.world_size)[d.rank]
-    parts: list[tuple[int, torch.Tensor]] = []
+    parts: list[tuple[list[int], torch.Tensor]] = []  # (rows, their (k, d) states): whole blocks travel to rank 0
     for b in mine:
         todo = [j for j in range(starts[b], starts[b] + sizes[b]) if j not in known]
         if todo:
-            h = pooled_states(model, [items[j] for j in todo], pad_token_id, 1, progress)
-            parts.extend(zip(todo, h))
+            parts.append((todo, pooled_states(model, [items[j] for j in todo], pad_token_id, 1, progress)))
     gathered = distributed.gather_objects_to_main(parts)
     if not d.is_main:
         return None
     rows = dict(known)
-    rows.update((j, h) for rank_parts in gathered for j, h in rank_parts)  # type: ignore[union-attr]
+    for rank_parts in gathered:  # type: ignore[union-attr]
+        for js, hs in rank_parts:
+            rows.update(zip(js, hs))
     h = torch.stack([rows[j] for j in range(len(items))]) if items else torch.zeros(0, 0, dtype=torch.float64)
     atomic_write_bytes(path, save({"h": h.contiguous()}))
     return h
