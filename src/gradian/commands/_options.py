@@ -46,6 +46,21 @@ REFERENCE_ADAPTER = typer.Option(
     help="Compare against this adapter (an earlier checkpoint) instead of the base.",
     rich_help_panel=INPUTS,
 )
+
+
+def configs(use: str, panel: str | None = SETUP):
+    """The repeatable ``--config`` option of a command that reads the user's training configs; ``use``: what the
+    command reads them for (one sentence fragment).
+    """
+    return typer.Option(
+        None,
+        "--config",
+        help="Training config(s), repeatable: TRL/HF TrainingArguments JSON/YAML, axolotl, LLaMA-Factory or "
+        f"torchtune YAML, PEFT adapter_config.json or the adapter folder; {use}.",
+        rich_help_panel=panel,
+    )
+
+
 CHECKPOINTS = typer.Option(
     None,
     "--checkpoints",

@@ -326,12 +326,8 @@ def register(app: typer.Typer) -> None:
         adapter: Path = O.ADAPTER,
         data: Path = O.DATA,
         eval_path: Path = O.EVAL,
-        config: list[Path] | None = typer.Option(
-            None,
-            "--config",
-            help="Training config(s): the Audit lane, and the tokenisation (max length, loss mask) the gradients "
-            "use (repeatable).",
-            rich_help_panel=O.SETUP,
+        config: list[Path] | None = O.configs(
+            "what the Audit lane checks, and the tokenisation (max length, loss mask) the gradients use"
         ),
         logs: Path | None = typer.Option(
             None, help="trainer_state.json (or JSONL logs) for the Audit lane.", rich_help_panel=O.SETUP

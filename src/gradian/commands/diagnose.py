@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from gradian.commands import _options as O
 from gradian.commands._common import console, err_console, user_errors
 from gradian.errors import GradianUserError
 
@@ -33,12 +34,7 @@ def register(app: typer.Typer) -> None:
             help="Eval set, for contamination checks: the file `gradian attribute --eval` takes "
             "(prompt/messages + answer), or training-format rows.",
         ),
-        config: list[Path] | None = typer.Option(
-            None,
-            "--config",
-            help="Training config, repeatable: TRL/HF TrainingArguments JSON/YAML, axolotl, LLaMA-Factory or "
-            "torchtune YAML, PEFT adapter_config.json or the adapter folder.",
-        ),
+        config: list[Path] | None = O.configs("what the config checks read", panel=None),
         logs: Path | None = typer.Option(
             None,
             help="The training output folder (its last checkpoint's trainer_state.json is read), "

@@ -21,12 +21,7 @@ def register(app: typer.Typer) -> None:
         base: str = O.BASE,
         adapter: Path = O.ADAPTER,
         data: Path = O.DATA,
-        config: list[Path] | None = typer.Option(
-            None,
-            "--config",
-            help="Training config(s): the tokenisation (max length, loss mask) of the run.",
-            rich_help_panel=O.SETUP,
-        ),
+        config: list[Path] | None = O.configs("the tokenisation (max length, loss mask) the gradients use"),
         max_length: int = O.MAX_LENGTH,
         loss_on: str = O.LOSS_ON,
         modules: str | None = O.MODULES,

@@ -159,20 +159,18 @@ class ItemResult:
 
 
 @dataclass
-class CapabilityResult:
-    """Per-capability summary with its verdict.
+class CapabilityDelta:
+    """A capability's measured change: the part of :class:`CapabilityResult` that every report shows
+    (:class:`gradian.report.views.CapabilityView` extends it too).
 
     Attributes:
+        name, metric: the capability and its metric (``exact_match``, ``contains``, ``loglik``).
         unit: ``"accuracy"`` (exact_match/contains: scores are pass rates) or
             ``"nats"`` (loglik: scores are mean log-likelihoods).
+        n: items scored.
         reference_score, tuned_score: mean item score.
         delta: ``tuned_score − reference_score``.
         ci_low, ci_high: paired-bootstrap CI of ``delta`` at ``confidence``.
-        sign_test_p: exact two-sided sign test on the paired differences (cross-check).
-        verdict: ``regressed`` | ``improved`` | ``within_noise``.
-        diagnosed: True only for ``regressed`` (its lost items go to attribution).
-        reason: one sentence explaining the verdict ("... includes zero: within noise, not diagnosed").
-        n_kept, n_lost, n_gained, n_both_fail: item status counts.
     """
 
     name: str
@@ -185,6 +183,21 @@ class CapabilityResult:
     ci_low: float
     ci_high: float
     confidence: float
+
+
+@dataclass
+class CapabilityResult(CapabilityDelta):
+    """Per-capability summary with its verdict (:class:`CapabilityDelta`'s fields first).
+
+    Attributes:
+        resamples, seed: the paired bootstrap's.
+        sign_test_p: exact two-sided sign test on the paired differences (cross-check).
+        verdict: ``regressed`` | ``improved`` | ``within_noise``.
+        diagnosed: True only for ``regressed`` (its lost items go to attribution).
+        reason: one sentence explaining the verdict ("... includes zero: within noise, not diagnosed").
+        n_kept, n_lost, n_gained, n_both_fail: item status counts.
+    """
+
     resamples: int
     seed: int
     sign_test_p: float

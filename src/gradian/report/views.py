@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from gradian.evaluate.result import CapabilityDelta
 from gradian.runfile import RUN_SCHEMA
 from gradian.util import by_name
 
@@ -187,19 +188,11 @@ class AttributionView:
 
 
 @dataclass
-class CapabilityView:
-    """One capability: the Evaluate verdict, its qualifiers, and its attribution when regressed."""
+class CapabilityView(CapabilityDelta):
+    """One capability: its measured change (:class:`~gradian.evaluate.result.CapabilityDelta`), the Evaluate
+    verdict, its qualifiers, and its attribution when regressed.
+    """
 
-    name: str
-    metric: str
-    unit: str
-    n: int
-    reference_score: float
-    tuned_score: float
-    delta: float
-    ci_low: float
-    ci_high: float
-    confidence: float
     verdict: str
     diagnosed: bool
     reason: str

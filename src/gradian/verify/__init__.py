@@ -1,5 +1,14 @@
 """Verify lane: test a verdict by retraining without the blamed rows (``gradian verify``)."""
 
-from gradian.verify.run import Prepared, Retrain, VerifySpec, blamed_rows, plan, prepare_verify, verify_run
+from gradian.verify.run import (
+    Prepared,
+    Retrain,
+    VerifyInputs,
+    VerifySpec,
+    blamed_rows,
+    plan,
+    prepare_verify,
+    verify_run,
+)
 
-__all__ = ["Prepared", "Retrain", "VerifySpec", "blamed_rows", "plan", "prepare_verify", "verify_run"]
+__all__ = ["Prepared", "Retrain", "VerifySpec", "blamed_rows", "plan", "prepare_verify", "verify_run", "VerifyInputs"]

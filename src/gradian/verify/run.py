@@ -33,12 +33,15 @@ import json
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict
 
 import numpy as np
 
 from gradian.errors import GradianUserError
 from gradian.util import atomic_write_json, sha256_bytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Unpack
 
 Say = Callable[[str], None]
 
@@ -206,6 +209,24 @@ class Prepared:
     queries: dict[str, list[Any]]
 
 
+class VerifyInputs(TypedDict, total=False):
+    """What a verify takes beside the run folder and its :class:`VerifySpec` (``gradian verify``'s flags).
+
+    Attributes:
+        config: the training config to retrain with (None: the adapter's ``training_config.yaml``, else the run's).
+        train_command: the user's own trainer, a command line with ``{data}``, ``{out}``, ``{seed}``, ``{base}``.
+        trust_remote_code: let transformers run the base folder's own code (``--trust-remote-code``).
+        allow_changed_inputs: retrain on inputs whose content changed since the run (``--allow-changed-inputs``).
+        device: where to load the model (None: the device the run recorded).
+    """
+
+    config: str | Path | None
+    train_command: str | None
+    trust_remote_code: bool
+    allow_changed_inputs: bool
+    device: str | None
+
+
 def prepare_verify(
     run_dir: str | Path,
     spec: VerifySpec = VerifySpec(),
@@ -318,12 +339,8 @@ def verify_run(
     run_dir: str | Path,
     spec: VerifySpec = VerifySpec(),
     *,
-    config: str | Path | None = None,
-    train_command: str | None = None,
-    trust_remote_code: bool = False,
-    allow_changed_inputs: bool = False,
-    device: str | None = None,
     say: Say = print,
+    **inputs: Unpack[VerifyInputs],
 ) -> dict[str, Any]:
     """Retrain, re-evaluate and compare (module docstring); add ``verification`` to ``RUN_DIR/run.json``.
 
@@ -333,9 +350,7 @@ def verify_run(
     asks for it here (``trust_remote_code``), whatever run.json says.
 
     Args:
-        trust_remote_code: let transformers run the base folder's own code (``--trust-remote-code``).
-        allow_changed_inputs: retrain on inputs whose content changed since the run (``--allow-changed-inputs``).
-        device: where to load the model (None: the device the run recorded).
+        inputs: what :func:`prepare_verify` takes beside the run (:class:`VerifyInputs`).
 
     Returns:
         the verification record (also written into run.json, atomically, with the rest unchanged).
@@ -348,23 +363,14 @@ def verify_run(
     from gradian.verify.retrain import retrain_cached
 
     t0 = time.perf_counter()
-    p = prepare_verify(
-        run_dir,
-        spec,
-        config=config,
-        train_command=train_command,
-        trust_remote_code=trust_remote_code,
-        allow_changed_inputs=allow_changed_inputs,
-        device=device,
-        say=say,
-    )
+    p = prepare_verify(run_dir, spec, say=say, **inputs)
     run_dir, run, retrains, trainer, items, tokenize = p.run_dir, p.run, p.retrains, p.trainer, p.items, p.tokenize
     records, examples, base_ident, queries, eval_spec = p.records, p.examples, p.base_identity, p.queries, p.eval_spec
     by_id, n = p.by_id, p.n
     say(
         f"verify: {len(retrains)} retrains ({', '.join(r.name for r in retrains)}) with {trainer.describe()['trainer']}"
     )
-    flagged = flagged_setup(run, config)
+    flagged = flagged_setup(run, inputs.get("config"))
     if flagged:  # before the first retrain: the retrains inherit what Audit flagged
         say(flagged["line"])
 
