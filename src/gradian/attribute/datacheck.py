@@ -21,9 +21,9 @@ row's supervised tokens). The rows are probably not the ones the adapter was tra
 It is a warning, not an error: a run can legitimately show a small drop (an adapter trained for
 very few steps or at a tiny learning rate, a dataset much larger than the sample).
 
-Cost: ``2 · ceil(n / batch_size)`` forward passes under ``torch.no_grad()``, no backward. Under
-torchrun every rank runs the same passes on the same rows (no collective, so no rank can wait on
-another); only rank 0 prints the warning and writes run.json.
+Cost: ``2 · ceil(n / batch_size)`` forward passes under ``torch.no_grad()``, no backward (``batch_size``: the run's
+``--rows-per-forward``, 1 by default, since padding is work on a CPU). Under torchrun every rank runs the same passes
+on the same rows (no collective, so no rank can wait on another); only rank 0 prints the warning and writes run.json.
 """
 
 from __future__ import annotations

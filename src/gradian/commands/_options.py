@@ -115,9 +115,9 @@ ROWS_PER_FORWARD = typer.Option(
     1,
     "--rows-per-forward",
     help="Rows sharing each forward and backward pass of the sentence build (a row needs one backward per "
-    "sentence; b rows share them). 1 on a CPU, where batching is no faster; on a GPU, where a pass costs about the "
-    "same for 1 or 8 rows, e.g. 8 (it holds 8 rows' activations and gradients at once). The numbers agree to float "
-    "rounding.",
+    "sentence; b rows share them), and each forward of the data check. 1 on a CPU, where batching is no faster; "
+    "on a GPU, where a pass costs about the same for 1 or 8 rows, e.g. 8 (it holds 8 rows' activations and "
+    "gradients at once). The numbers agree to float rounding.",
     rich_help_panel=DEVICES,
 )
 SHARD_SIZE = typer.Option(

@@ -152,7 +152,7 @@ def register(app: typer.Typer) -> None:
                 print_line(line)
             if plan_only:
                 return
-            check = check_data_matches_adapter(ft, data, items, batch_size=batch_size)  # warns on a mismatch
+            check = check_data_matches_adapter(ft, data, items, batch_size=rows_per_forward)  # warns on a mismatch
             if check is not None:
                 print_line(check.line())
             # what `attribute --unit` reads: the row index, and with "sentence" the sentence-unit index too
