@@ -64,6 +64,10 @@ class EngineScores:
     per_checkpoint: list[dict[str, np.ndarray]] | None = None
 
 
+#: The score matrices an :class:`EngineScores` holds, each (m, ·) per failing item.
+MATRIX_KINDS = ("raw", "cosine", "unit_raw", "unit_cosine")
+
+
 @dataclass
 class TrajectoryEvidence:
     """What :func:`trajectory_scores` computed.
@@ -308,11 +312,8 @@ def trajectory_scores(
         c: {
             e: EngineScores(
                 e,
-                acc[c][e]["raw"],
-                acc[c][e]["cosine"],
-                acc[c][e].get("unit_raw"),
-                acc[c][e].get("unit_cosine"),
-                per_ck[c][e] if keep_per_checkpoint else None,
+                **{k: acc[c][e].get(k) for k in MATRIX_KINDS},
+                per_checkpoint=per_ck[c][e] if keep_per_checkpoint else None,
             )
             for e in acc[c]
         }
@@ -358,8 +359,7 @@ def stack_items(a: EngineScores, b: EngineScores) -> EngineScores:
     def cat(x: np.ndarray | None, y: np.ndarray | None) -> np.ndarray | None:
         return None if x is None or y is None else np.concatenate([x, y], axis=0)
 
-    kinds = ("raw", "cosine", "unit_raw", "unit_cosine")
-    return EngineScores(a.engine, *(cat(getattr(a, k), getattr(b, k)) for k in kinds))
+    return EngineScores(a.engine, **{k: cat(getattr(a, k), getattr(b, k)) for k in MATRIX_KINDS})
 
 
 def split_items(es: EngineScores, m: int) -> tuple[EngineScores, EngineScores]:
@@ -372,7 +372,7 @@ def split_items(es: EngineScores, m: int) -> tuple[EngineScores, EngineScores]:
         pc = None
         if es.per_checkpoint is not None:
             pc = [{k: v[sl] for k, v in ck.items()} for ck in es.per_checkpoint]
-        return EngineScores(es.engine, cut(es.raw), cut(es.cosine), cut(es.unit_raw), cut(es.unit_cosine), pc)
+        return EngineScores(es.engine, **{k: cut(getattr(es, k)) for k in MATRIX_KINDS}, per_checkpoint=pc)
 
     return part(slice(0, m)), part(slice(m, None))
 
@@ -405,7 +405,7 @@ def save_evidence_file(
     for cap, ev in evidence.items():
         for prefix, group in (("", ev.engines), ("drill/", ev.drill or {})):  # the ranked items, the drill-only ones
             for e, es in group.items():
-                parts = [("", {k: getattr(es, k) for k in ("raw", "cosine", "unit_raw", "unit_cosine")})]
+                parts = [("", {k: getattr(es, k) for k in MATRIX_KINDS})]
                 parts += [(f"ck{t}/", part) for t, part in enumerate(es.per_checkpoint or [])]
                 for sub, mats in parts:
                     for kind, m in mats.items():

@@ -35,7 +35,7 @@ import numpy as np
 
 from gradian.attribute.clusters import cluster_tail, lacks_eos, whitespace_token_ids
 from gradian.attribute.drilldown import SentenceScore, blamed_units, sentence_view
-from gradian.attribute.evidence import CapabilityEvidence, EngineScores
+from gradian.attribute.evidence import MATRIX_KINDS, CapabilityEvidence, EngineScores
 from gradian.attribute.queries import Query
 from gradian.attribute.ranking import confidence_label, fuse_scores, rank_statistic, spearman, topk_overlap
 from gradian.attribute.spec import AttributeSpec
@@ -248,7 +248,7 @@ def verdict(
     cap = queries[0].capability
     for label, group in (("", ev.engines), (" drill-down", ev.drill or {})):  # the ranked items, the drill-only ones
         for e, es in group.items():
-            for kind in ("raw", "cosine", "unit_raw", "unit_cosine"):
+            for kind in MATRIX_KINDS:
                 if getattr(es, kind) is not None:
                     of = "sentence units" if kind.startswith("unit") else "training rows"
                     refuse_non_finite(cap, f"{e}{label} {kind.replace('unit_', '')}", getattr(es, kind), of)
