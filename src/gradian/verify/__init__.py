@@ -11,4 +11,4 @@ from gradian.verify.run import (
     verify_run,
 )
 
-__all__ = ["Prepared", "Retrain", "VerifySpec", "blamed_rows", "plan", "prepare_verify", "verify_run", "VerifyInputs"]
+__all__ = ["Prepared", "Retrain", "VerifyInputs", "VerifySpec", "blamed_rows", "plan", "prepare_verify", "verify_run"]
