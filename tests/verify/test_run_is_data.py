@@ -262,3 +262,14 @@ def test_the_demos_real_runs_pass_the_check_whole(demo, cache):
         assert att.run.run_id == d["manifest"]["run_id"] and att.model_spec.trust_remote_code is False
     code, lines, out = cli_result(["verify", demo[0] / "out" / "null", "--train-command", "false"])
     _one_error(code, lines, out, "attributed nothing")
+
+
+def test_verify_inputs_are_prepare_verify_s_keywords():
+    """verify_run passes its VerifyInputs through to prepare_verify: the TypedDict names exactly prepare_verify's
+    keyword parameters (less ``say``), so neither can gain or lose one alone."""
+    import inspect
+
+    from gradian.verify import VerifyInputs, prepare_verify
+
+    kw = [p.name for p in inspect.signature(prepare_verify).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    assert [k for k in kw if k != "say"] == list(VerifyInputs.__annotations__)

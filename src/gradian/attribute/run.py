@@ -77,8 +77,7 @@ class RunSpecs:
         rows_per_forward: rows per forward pass of the one-pass row + sentence build
             (:func:`gradian.index.joint.build_jointly`) and of the data check
             (:func:`gradian.attribute.datacheck.check_data_matches_adapter`); 1: each row alone, since batching is no
-            faster on a CPU (the data check's 32 rows: 11.5 s a pass at 1 row against 13.4 s at 8 on the full worked
-            example, one thread; padding is work there).
+            faster on a CPU, where padding is work (docs/benchmarks.md "The data check one row a forward").
     """
 
     model: ModelSpec
