@@ -254,6 +254,12 @@ def without_data_check(lines: list[str]) -> list[str]:
     return [ln for ln in lines if not ln.startswith("data check on") and "not be the data the adapter" not in ln]
 
 
+def without_setup(lines: list[str]) -> list[str]:
+    """:func:`without_data_check`, less the lines naming the run's training setup (``run folder: read …``,
+    ``training setup: …``), which a run prints before its work when its adapter folder holds the trainer's config."""
+    return [ln for ln in without_data_check(lines) if not ln.startswith(("run folder: ", "training setup: "))]
+
+
 def small_train_spec(**over):
     """The tests' small, fast LoRA fine-tune: lr 5e-3, batch 4, r 4, alpha 8, 64 tokens, a log every step, seed 0
     (``over`` sets the rest, e.g. ``num_train_epochs``)."""

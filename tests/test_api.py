@@ -311,8 +311,11 @@ def _model_option_defaults(m) -> dict:
 
 def test_the_attribute_commands_defaults_are_the_specs():
     """Every `gradian attribute` option that sets a spec field defaults to that field's default (stated once)."""
+    import inspect
+
     from gradian.attribute import AttributeSpec
     from gradian.attribute.run import RunInputs, RunSpecs
+    from gradian.attributor import Attributor
     from gradian.commands.attribute import checkpoint_selection
     from gradian.evaluate import EvalSpec
     from gradian.index.store import GradSpec
@@ -353,6 +356,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "eval_path",
         "config",
         "logs",
+        "run_folder",  # Attributor(run_folder=True): --run-folder/--no-run-folder (checked below)
         "reference_adapter",
         "out",
         "index_dir",
@@ -371,6 +375,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
 
     assert params["max_index_gb"] is None and IndexBudget().max_bytes is None and params["plan_only"] is False
     assert params["one_pass"] is True and params["save_evidence"] is False
+    assert params["run_folder"] is inspect.signature(Attributor.__init__).parameters["run_folder"].default is True
     # the options that feed two specs agree in both
     assert e.batch_size == r.batch_size and e.seed == r.seed and g.projection.seed == r.seed
     assert checkpoint_selection(params["checkpoints"]) == RunInputs.__dataclass_fields__["checkpoints"].default
@@ -441,7 +446,11 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         **model,
     }
     for command, fields, inputs in (
-        ("index", index, {"base", "adapter", "data", "config", "out", "checkpoints", "max_index_gb", "plan_only"}),
+        (
+            "index",
+            index,
+            {"base", "adapter", "data", "config", "run_folder", "out", "checkpoints", "max_index_gb", "plan_only"},
+        ),
         ("evaluate", evaluate, {"base", "adapter", "eval_path", "reference_adapter", "out"}),
     ):
         params = _params(command)
@@ -587,3 +596,36 @@ def test_a_query_whose_answer_is_truncated_away_is_refused(tok):
         line = e.value.one_line()
         assert line.startswith(f"query {q.item_id} (Query.prompt): query {q.item_id!r}: the correct answer is")
         assert "tokens and max_length is 64" in line and "--max-length" in line and "\n" not in line
+
+
+def test_attributor_reads_the_trainer_s_folder_as_gradian_index_does(saved_finetune, tmp_path, monkeypatch):
+    """An adapter folder holding the trainer's training_config.yaml: Attributor.index() tokenises with it, as
+    `gradian index` does, so it reuses that index (one id); run_folder=False keeps Gradian's defaults."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from gradian.attributor import Attributor
+    from gradian.cli import app
+    from gradian.trainconfig import TrainSpec, write_train_config
+
+    monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
+    adapter = tmp_path / "adapter"
+    shutil.copytree(saved_finetune["adapter"], adapter)
+    write_train_config(TrainSpec(max_length=40), adapter / "training_config.yaml", base=str(saved_finetune["base"]))
+    base, data = saved_finetune["base"], saved_finetune["data"]
+    res = CliRunner().invoke(
+        app,
+        ["index", "--base", str(base), "--adapter", str(adapter), "--data", str(data)]
+        + ["--checkpoints", "final", "--unit", "row", "--out", str(tmp_path / "idx")],
+    )
+    assert res.exit_code == 0, res.output
+    (manifest,) = (tmp_path / "idx").rglob("manifest.json")
+    cli_id = manifest.parent.name  # an index folder is named by its content id
+    att = Attributor(base, adapter, data, index_dir=tmp_path / "idx")
+    assert att.configs == (adapter / "training_config.yaml",)
+    idx = att.index()
+    assert att.index_reused and idx.id == cli_id and att.grad.tokenize.max_length == 40
+    assert att.setup.sources["max_length"] == "training_config.yaml: max_length"
+    plain = Attributor(base, adapter, data, index_dir=tmp_path / "idx", run_folder=False)
+    assert plain.configs == () and plain.setup.max_length == 1024

@@ -38,6 +38,7 @@ from gradian.sign import SIGN_CONVENTION, most_harmful_first, predicted_loss_del
 
 if TYPE_CHECKING:
     from gradian.data.formats import Example
+    from gradian.data.setup import TrainingSetup
     from gradian.data.tokenize import TokenizedExample
     from gradian.engines.base import EngineSpec
     from gradian.evaluate import EvalResult, EvalSpec, FailingItem
@@ -184,7 +185,11 @@ class Attributor:
         checkpoints: the trajectory: ``"auto"`` (``checkpoint-*`` folders beside the adapter),
             ``"final"``, or a list of checkpoint folders.
         reference_adapter: compare against this adapter instead of the base.
-        configs, logs: training configs and the trainer log, for the Audit lane of :meth:`attribute`.
+        configs, logs: training configs and the trainer log: the configs set the tokenisation (max length, loss
+            mask, template) every step uses (:attr:`setup`), and both feed the Audit lane of :meth:`attribute`.
+        run_folder: when ``configs`` (``logs``) are not given, read the ones the trainer left beside the adapter
+            (:func:`gradian.audit.config.runfolder.find_run_folder`), as ``gradian attribute`` does without
+            ``--no-run-folder``; False: Gradian's defaults.
         index_dir: parent folder of the gradient indexes (default: the cache).
         seed, batch_size, shard_size, rows_per_forward: as ``gradian attribute --seed/--batch-size/--shard-size/
             --rows-per-forward``.
@@ -203,6 +208,7 @@ class Attributor:
         reference_adapter: str | Path | None = None,
         configs: Sequence[str | Path] = (),
         logs: str | Path | None = None,
+        run_folder: bool = True,
         index_dir: str | Path | None = None,
         seed: int = 0,
         batch_size: int = 8,
@@ -256,6 +262,16 @@ class Attributor:
         self.data = Path(data)
         self.checkpoints = checkpoints
         self.reference_adapter = Path(reference_adapter) if reference_adapter is not None else None
+        if run_folder:  # what the trainer left beside the adapter, for what was not given
+            import warnings
+
+            from gradian.audit.config.runfolder import find_run_folder
+            from gradian.errors import GradianWarning
+
+            found = find_run_folder(adapter, configs=not configs, logs=logs is None)
+            configs, logs = (configs or found.configs), (logs if logs is not None else found.logs)
+            if found.note and not configs:
+                warnings.warn(found.note, GradianWarning, stacklevel=2)
         self.configs = tuple(Path(c) for c in configs)
         self.logs = Path(logs) if logs is not None else None
         self.index_dir = Path(index_dir) if index_dir is not None else None
@@ -265,6 +281,8 @@ class Attributor:
         #: the eval set of the last evaluate() / attribute()
         self.eval_path: Path | None = None
         self._ft: FineTune | None = None
+        self._run_ft: FineTune | None = None
+        self._setup: TrainingSetup | None = None
         self._examples: list[Example] | None = None
         self._items: list[TokenizedExample] | None = None
         self._index: GradientIndex | None = None
@@ -368,6 +386,7 @@ class Attributor:
                 reference_adapter=ident.get("reference_adapter"),
                 configs=paths.get("configs") or (),
                 logs=paths.get("logs"),
+                run_folder=False,  # the run's own inputs, as it recorded them
                 index_dir=index_dir,
                 seed=specs.get("seed", 0),
                 **extra,
@@ -409,11 +428,36 @@ class Attributor:
         """(n,) the training rows' ids: the columns of every score matrix."""
         return [e.id for e in self.examples]
 
+    @property
+    def setup(self) -> TrainingSetup:
+        """The run's training setup (:func:`gradian.attribute.run.resolve_run_setup`): from :attr:`configs`, the chat
+        template saved beside the adapter and ``grad.tokenize``'s own fields; resolved once.
+
+        Resolving it sets :attr:`grad`'s tokenisation, so :meth:`index`, :meth:`scores`, :meth:`evaluate` and
+        :meth:`attribute` all take the trainer's tokens (and share one index id with ``gradian index`` and
+        ``gradian attribute`` on the same inputs).
+        """
+        if self._setup is None:
+            from gradian.attribute.run import resolve_run_setup
+
+            self._setup = resolve_run_setup(self.configs, self.adapter, self.specs, self.examples)
+        return self._setup
+
+    def _ft_as_trained(self) -> FineTune:
+        """:attr:`finetune` with the run's chat template (:attr:`setup`), as every lane renders rows and prompts."""
+        if self._run_ft is None:
+            from gradian.attribute.run import apply_template
+
+            self.setup  # noqa: B018 (resolving it sets grad.tokenize, which apply_template reads)
+            self._run_ft = apply_template(self.finetune, self.specs)
+        return self._run_ft
+
     def _tokenized(self) -> list[TokenizedExample]:
         if self._items is None:
             from gradian.finetune import tokenize_training_set
 
-            self._items = tokenize_training_set(self.examples, self.finetune.tokenizer, self.grad, self.data)
+            ft = self._ft_as_trained()
+            self._items = tokenize_training_set(self.examples, ft.tokenizer, self.grad, self.data)
         return self._items
 
     # ------------------------------------------------------------------ the steps
@@ -427,7 +471,7 @@ class Attributor:
             return self._index
         from gradian.finetune import training_index
 
-        ft = self.finetune
+        ft = self._ft_as_trained()
         grad = replace(self.grad, unit="row")
         idx, _, _, reused = training_index(
             ft,
@@ -453,7 +497,7 @@ class Attributor:
         from gradian.evaluate import evaluate, load_eval_set
 
         items = load_eval_set(eval_path)
-        ft = self.finetune
+        ft = self._ft_as_trained()
         self.evaluation = evaluate(
             ft.model, ft.tokenizer, items, reference_adapter=self.reference_adapter, spec=self.specs.eval
         )
@@ -488,7 +532,7 @@ class Attributor:
 
         qs = self._queries(queries)
         es = self._engine(engine)
-        ft = self.finetune
+        ft = self._ft_as_trained()
         trajectory = resolve_trajectory(self.adapter, self.checkpoints, weighting=self.spec.weighting)
         ev = trajectory_scores(
             ft,
@@ -541,7 +585,15 @@ class Attributor:
             self.reference_adapter,
             checkpoints=self.checkpoints,
         )
-        d = attribute_run(inputs, self.specs, out, index_root=self.index_dir, ft=self.finetune)
+        d = attribute_run(
+            inputs,
+            self.specs,
+            out,
+            index_root=self.index_dir,
+            ft=self.finetune,
+            setup=self.setup,
+            examples=self.examples,
+        )
         if d is None:  # a rank other than 0 under torchrun: rank 0 holds the run
             return None
         run = Run.from_dict(d)

@@ -450,10 +450,10 @@ def _cli(args):
     from typer.testing import CliRunner
 
     from gradian.cli import app
-    from gradian_testlib import without_data_check
+    from gradian_testlib import without_setup
 
     res = CliRunner().invoke(app, [str(a) for a in args])
-    lines = without_data_check([ln for ln in res.output.strip().splitlines() if ln.strip()])
+    lines = without_setup([ln for ln in res.output.strip().splitlines() if ln.strip()])
     return res.exit_code, lines, res.output
 
 

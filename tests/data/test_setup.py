@@ -183,3 +183,40 @@ def test_index_config_sets_the_tokenisation_and_a_contradicting_flag_warns(saved
     lines = [ln for ln in res.output.splitlines() if "--max-length 64 overrides sft.yaml: max_length" in ln]
     assert len(lines) == 1, res.output
     assert grad_spec(tmp_path / "b")["max_length"] == 64
+
+
+def test_index_reads_the_config_the_trainer_left_beside_the_adapter(saved_finetune, tmp_path, monkeypatch):
+    """Without --config, `gradian index` reads the adapter folder's training_config.yaml (as `gradian train` leaves
+    it), says so in one line, and tokenises with it; --no-run-folder keeps Gradian's defaults; --config wins."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+    from gradian.trainconfig import TrainSpec, write_train_config
+
+    monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
+    adapter = tmp_path / "adapter"
+    shutil.copytree(saved_finetune["adapter"], adapter)
+    write_train_config(TrainSpec(max_length=40), adapter / "training_config.yaml", base=str(saved_finetune["base"]))
+    args = ["index", "--base", str(saved_finetune["base"]), "--adapter", str(adapter)]
+    args += ["--data", str(saved_finetune["data"]), "--checkpoints", "final", "--unit", "row"]
+
+    def max_length(out):
+        (m,) = out.rglob("manifest.json")
+        return json.loads(m.read_text())["grad_spec"]["tokenize"]["max_length"]
+
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "a")])
+    assert res.exit_code == 0, res.output
+    assert f"run folder: read {adapter / 'training_config.yaml'}" in res.output
+    assert "training setup: max_length 40 (training_config.yaml: max_length)" in res.output
+    assert max_length(tmp_path / "a") == 40
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "b"), "--no-run-folder"])
+    assert res.exit_code == 0, res.output
+    assert "run folder" not in res.output and max_length(tmp_path / "b") == TokenizeSpec().max_length
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("model_name_or_path: base\nmax_length: 48\n")
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "c"), "--config", str(cfg)])
+    assert res.exit_code == 0, res.output
+    assert "run folder" not in res.output and max_length(tmp_path / "c") == 48

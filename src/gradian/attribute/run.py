@@ -195,10 +195,10 @@ def _manifest(
     }
 
 
-def resolve_run_setup(inputs: RunInputs, specs: RunSpecs, examples) -> Any:
+def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, examples) -> Any:
     """The run's :class:`~gradian.data.setup.TrainingSetup` when the caller did not resolve one (the Python API).
 
-    Resolved as ``gradian attribute --config`` does: from ``inputs.configs`` (none: Gradian's defaults), the
+    Resolved as ``gradian attribute --config`` does: from ``configs`` (none: Gradian's defaults), the
     rows' most common format and the chat template saved beside the adapter. A ``specs.grad.tokenize`` field that
     differs from :class:`TokenizeSpec`'s default counts as given explicitly (it beats the config and is named as the
     source); the others take the config's value. ``specs.grad`` is then set to the setup's tokenisation, so the
@@ -213,11 +213,11 @@ def resolve_run_setup(inputs: RunInputs, specs: RunSpecs, examples) -> Any:
     flags = {k: getattr(tok, k) for k in ("max_length", "loss_on", "add_eos") if getattr(tok, k) != getattr(default, k)}
     fmt, chat = examples_format(examples)
     config = None
-    if inputs.configs:
+    if configs:
         from gradian.audit.config import load_config
 
-        config = load_config([str(c) for c in inputs.configs])
-    setup = resolve_setup(config, fmt, chat=chat, flags=flags, saved_template=adapter_template(inputs.adapter))
+        config = load_config([str(c) for c in configs])
+    setup = resolve_setup(config, fmt, chat=chat, flags=flags, saved_template=adapter_template(adapter))
     sources = {k: (f"given: GradSpec.tokenize.{k}" if k in flags else v) for k, v in setup.sources.items()}
     setup = dataclasses.replace(setup, sources=sources)
     if tok.chat_template is not None:  # a template given in the spec beats the run's
@@ -233,7 +233,7 @@ def resolve_run_setup(inputs: RunInputs, specs: RunSpecs, examples) -> Any:
     return setup
 
 
-def _apply_template(ft, specs: RunSpecs):
+def apply_template(ft, specs: RunSpecs):
     """The run's training template (``specs.grad.tokenize.chat_template``) in every lane.
 
     Dropped from the spec when it is the tokenizer's own (the same tokens, so the index id is the one a run without
@@ -328,14 +328,14 @@ def attribute_run(
     examples = load_examples(inputs.data) if examples is None else examples
     eval_items = load_eval_set(inputs.eval)
     if setup is None:
-        setup = resolve_run_setup(inputs, specs, examples)
+        setup = resolve_run_setup(inputs.configs, inputs.adapter, specs, examples)
     audit = run_audit(inputs, inputs.base if Path(inputs.base).is_dir() else None) if main else None
     timing["audit"] = time.perf_counter() - t0
 
     t = time.perf_counter()
     if ft is None:
         ft = load_finetune(specs.model, inputs.adapter)
-    ft = _apply_template(ft, specs)
+    ft = apply_template(ft, specs)
     timing["load"] = time.perf_counter() - t
 
     # the run plan, before any work: every index, its size, the budget (it may choose the projection), the time

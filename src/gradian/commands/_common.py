@@ -351,6 +351,24 @@ def print_line(text: str) -> None:
     console.print(escape(text), highlight=False, soft_wrap=True)
 
 
+def run_folder_inputs(
+    adapter: Path, config: list[Path] | None, logs: Path | None, *, read: bool, want_logs: bool = True
+) -> tuple[list[Path], Path | None]:
+    """``--config`` and ``--logs``, or (``read``: ``--run-folder``) what the trainer left beside the adapter
+    (:func:`gradian.audit.config.runfolder.find_run_folder`), with one line naming the files read.
+    """
+    config = list(config or [])
+    if not read or (config and (logs is not None or not want_logs)):
+        return config, logs
+    from gradian.audit.config.runfolder import find_run_folder
+
+    found = find_run_folder(adapter, configs=not config, logs=want_logs and logs is None)
+    line = found.line()
+    if line:
+        print_line(line)
+    return (config or list(found.configs)), (logs if logs is not None else found.logs)
+
+
 def print_step(text: str) -> None:
     """Print one step of a long command (``▸ text``) as :func:`print_line` does: markup escaped, nothing highlighted,
     not wrapped, so a piped log keeps one line per step.

@@ -61,6 +61,14 @@ def configs(use: str, panel: str | None = SETUP):
     )
 
 
+RUN_FOLDER = typer.Option(
+    True,
+    "--run-folder/--no-run-folder",
+    help="Without --config: read the training config the trainer left beside the adapter (gradian train's "
+    "training_config.yaml, torchtune's torchtune_config.yaml, LLaMA-Factory's training_args.yaml, axolotl's model "
+    "card); attribute without --logs also reads its trainer_state.json. --no-run-folder: Gradian's defaults.",
+    rich_help_panel=SETUP,
+)
 CHECKPOINTS = typer.Option(
     None,
     "--checkpoints",

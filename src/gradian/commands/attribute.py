@@ -13,6 +13,7 @@ from gradian.commands._common import (
     grad_spec_from_options,
     print_line,
     progress_bar,
+    run_folder_inputs,
     user_errors,
     write_report_html,
 )
@@ -332,6 +333,7 @@ def register(app: typer.Typer) -> None:
         logs: Path | None = typer.Option(
             None, help="trainer_state.json (or JSONL logs) for the Audit lane.", rich_help_panel=O.SETUP
         ),
+        run_folder: bool = O.RUN_FOLDER,
         reference_adapter: Path | None = O.REFERENCE_ADAPTER,
         out: Path = typer.Option(
             Path("gradian-run"),
@@ -505,6 +507,8 @@ def register(app: typer.Typer) -> None:
             shard_size=shard_size,
             rows_per_forward=rows_per_forward,
         )
+        # the trainer's own config and log beside the adapter, unless --config / --logs name others
+        config, logs = run_folder_inputs(adapter, config, logs, read=run_folder)
         inputs = RunInputs(
             base,
             adapter,

@@ -93,11 +93,12 @@ def register(app: typer.Typer) -> None:
 
         from gradian.audit import diagnose
 
+        configs = with_run_configs(list(config or []))
         with console.status("running checks ...") if fmt == "text" and out is None else _Null():
             result = diagnose(
                 data=data,
                 eval=eval,
-                configs=list(config or []),
+                configs=configs,
                 logs=logs,
                 tokenizer=tokenizer,
                 versions=list(versions or []),
@@ -132,3 +133,24 @@ class _Null:
 
     def __exit__(self, *exc):
         return False
+
+
+def with_run_configs(configs: list[Path]) -> list[Path]:
+    """``--config`` with, for each adapter folder among them, the trainer's config found in it
+    (:func:`gradian.audit.config.runfolder.find_run_folder`), named in one note on stderr (stdout may be JSON).
+    """
+    from gradian.audit.config.runfolder import find_run_folder
+
+    out = list(configs)
+    for c in configs:
+        if Path(c).is_dir():
+            more = [p for p in find_run_folder(c, logs=False).configs if p not in out]
+            if more:
+                err_console.print(
+                    f"[yellow]note:[/] {escape(str(c))} is a run folder: also read "
+                    + ", ".join(escape(str(p)) for p in more),
+                    highlight=False,
+                    soft_wrap=True,
+                )
+            out += more
+    return out

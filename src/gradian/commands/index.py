@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from gradian.commands import _options as O
-from gradian.commands._common import console, print_line, progress_bar, user_errors
+from gradian.commands._common import console, print_line, progress_bar, run_folder_inputs, user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
         adapter: Path = O.ADAPTER,
         data: Path = O.DATA,
         config: list[Path] | None = O.configs("the tokenisation (max length, loss mask) the gradients use"),
+        run_folder: bool = O.RUN_FOLDER,
         max_length: int = O.MAX_LENGTH,
         loss_on: str = O.LOSS_ON,
         modules: str | None = O.MODULES,
@@ -68,6 +69,7 @@ def register(app: typer.Typer) -> None:
         from gradian.models.load import ModelSpec
 
         tokenize = None
+        config, _ = run_folder_inputs(adapter, config, None, read=run_folder, want_logs=False)
         if config:  # the run's own tokenisation (flags given on the command line still win)
             from gradian.commands.attribute import apply_training_setup
 

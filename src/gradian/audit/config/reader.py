@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gradian.audit.config.model import META_FIELDS, TrainConfig
+from gradian.audit.config.runfolder import MODEL_CARD, axolotl_card
 from gradian.errors import GradianUserError
 from gradian.safeio import parse_json, parse_yaml, read_text, short_repr
 
@@ -327,7 +328,11 @@ def read_config(path: str | Path) -> TrainConfig:
             )
         versions = framework_versions(p / "README.md")
         p = cfg_path
-    raw, text = read_mapping(p)
+    if p.name == MODEL_CARD and p.is_file():  # an axolotl model card: the config it holds
+        raw, text, card_versions = _card_config(p)
+        versions.update(card_versions)
+    else:
+        raw, text = read_mapping(p)
     if text.startswith(GRADIAN_TRAIN_HEADER) and "use_peft" in raw:
         # written by gradian train (older versions wrote no messages_loss field, but always this header line)
         raw[BY_GRADIAN_TRAIN] = True
@@ -455,6 +460,31 @@ def apply_defaults(cfg: TrainConfig) -> None:
 _FW_RE = re.compile(
     r"^\s*[-*]\s*(TRL|Transformers|PEFT|Pytorch|PyTorch|Datasets|Tokenizers)\s*:?\s*v?([0-9][\w.+-]*)", re.IGNORECASE
 )
+
+
+def _card_config(path: Path) -> tuple[dict[str, Any], str, dict[str, str]]:
+    """``(settings, YAML text, versions)`` of the axolotl config an axolotl model card holds
+    (:func:`gradian.audit.config.runfolder.axolotl_card`).
+
+    Raises:
+        GradianUserError: the card holds no axolotl config, or its YAML is malformed or not a mapping.
+    """
+    card = axolotl_card(path)
+    if card is None:
+        raise GradianUserError(
+            "this model card holds no axolotl config block",
+            where=str(path),
+            fix="pass the training config file itself",
+        )
+    text, version = card
+    obj = parse_yaml(text, f"{path} (axolotl config)")
+    if not isinstance(obj, dict) or any(not isinstance(k, str) for k in obj):
+        raise GradianUserError(
+            "the axolotl config in this model card is not a mapping of settings",
+            where=str(path),
+            fix="pass the training config file itself",
+        )
+    return obj, text, ({"axolotl": version} if version else {})
 
 
 def framework_versions(readme: Path) -> dict[str, str]:

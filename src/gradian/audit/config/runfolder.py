@@ -1,0 +1,137 @@
+"""The training config and trainer log a trainer leaves in its output folder, found beside the adapter.
+
+A run is read as it was trained only when Gradian reads the trainer's own settings (max length, loss mask,
+template). When ``--config`` (``--logs``) is not given, ``gradian attribute`` and ``gradian index`` read what the
+trainer left beside the adapter (``--no-run-folder`` turns it off), and say which files they read:
+
+=========================  ===================================================================================
+file                       written by
+=========================  ===================================================================================
+``training_config.yaml``   ``gradian train`` (TRL names)
+``torchtune_config.yaml``  torchtune 0.6.1: the default ``DiskLogger``'s ``log_config`` calls
+                           ``training.metric_logging.save_config``, which writes ``{output_dir}/torchtune_config.yaml``;
+                           the adapter is saved in ``{output_dir}/epoch_N/``
+``training_args.yaml``     LLaMA-Factory 0.9.5's web UI: ``webui.common.save_cmd`` writes the run's arguments to
+                           ``{output_dir}/training_args.yaml``
+``README.md``              axolotl 0.19.0: ``train.setup_model_card`` writes the raw config into the model card, in a
+                           "See axolotl config" block after "axolotl version: `X`"
+=========================  ===================================================================================
+
+An HF ``Trainer`` or TRL run leaves only ``training_args.bin``, a pickle, which Gradian never reads: then nothing is
+found, and :func:`find_run_configs` says to pass ``--config``. The trainer log is ``trainer_state.json`` in the folder
+or in its last ``checkpoint-N/`` (:func:`gradian.audit.logs.find_trainer_state` reads either).
+
+The adapter folder is searched first, then its parent when the adapter is a ``checkpoint-N`` (HF) or ``epoch_N``
+(torchtune) folder; the first folder holding any of the files is used, so two runs' files are never mixed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradian.errors import GradianUserError
+from gradian.safeio import read_text
+
+#: The config files a trainer writes into its output folder, in the order they are read (see the module docstring).
+RUN_CONFIG_FILES = ("training_config.yaml", "torchtune_config.yaml", "training_args.yaml")
+
+#: axolotl's model card: its config in a "See axolotl config" block (axolotl 0.19.0 ``train.setup_model_card``).
+MODEL_CARD = "README.md"
+
+_AXOLOTL_BLOCK = re.compile(
+    r"<summary>See axolotl config</summary>\s*(?:axolotl version: `(?P<version>[^`\n]*)`\s*)?"
+    r"```ya?ml\n(?P<yaml>.*?)\n```",
+    re.S,
+)
+
+#: A checkpoint folder inside a run's output folder: HF ``checkpoint-N``, torchtune ``epoch_N``.
+_CHECKPOINT_NAME = re.compile(r"checkpoint-\d+|epoch_\d+")
+
+
+def axolotl_card(path: str | Path) -> tuple[str, str | None] | None:
+    """``(YAML text, axolotl version or None)`` of the config an axolotl model card holds; None when it holds none.
+
+    Raises:
+        GradianUserError: the file cannot be read (not a regular file, too large, not UTF-8).
+    """
+    m = _AXOLOTL_BLOCK.search(read_text(path, "model card"))
+    if m is None:
+        return None
+    return m.group("yaml"), (m.group("version") or None)
+
+
+def _run_folders(adapter: Path) -> list[Path]:
+    """The folders to search: the adapter's, then its parent when it is a checkpoint of a run."""
+    folders = [adapter]
+    if _CHECKPOINT_NAME.fullmatch(adapter.name):
+        folders.append(adapter.parent)
+    return folders
+
+
+def _configs_in(folder: Path) -> list[Path]:
+    found = [folder / name for name in RUN_CONFIG_FILES if (folder / name).is_file()]
+    card = folder / MODEL_CARD
+    if card.is_file():
+        try:
+            if axolotl_card(card) is not None:
+                found.append(card)
+        except GradianUserError:  # a model card that cannot be read holds no config we could use
+            pass
+    return found
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """What a trainer left beside an adapter.
+
+    Attributes:
+        configs: its training config files (:data:`RUN_CONFIG_FILES`, an axolotl model card), in reading order.
+        logs: the folder whose ``trainer_state.json`` (or last ``checkpoint-N/trainer_state.json``) is the log.
+        note: one line when only a pickled ``training_args.bin`` was there (nothing Gradian reads).
+    """
+
+    configs: tuple[Path, ...] = ()
+    logs: Path | None = None
+    note: str | None = None
+
+    def line(self) -> str | None:
+        """One line naming what was read (None: nothing found and nothing to say)."""
+        read = [str(p) for p in self.configs] + ([f"{self.logs} (trainer log)"] if self.logs is not None else [])
+        if not read:
+            return self.note
+        return "run folder: read " + ", ".join(read) + " (beside the adapter; --config / --logs read others)"
+
+
+def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = True) -> RunFolder:
+    """The training config files and trainer log beside ``adapter`` (see the module docstring).
+
+    Args:
+        configs, logs: look for each (False: the caller was given its own).
+    """
+    from gradian.audit.logs import checkpoints as checkpoint_folders
+
+    adapter = Path(adapter)
+    if not adapter.is_dir():
+        return RunFolder()
+    found: list[Path] = []
+    log: Path | None = None
+    pickled: Path | None = None
+    for folder in _run_folders(adapter):
+        if configs and not found:
+            found = _configs_in(folder)
+            if not found and pickled is None and (folder / "training_args.bin").is_file():
+                pickled = folder / "training_args.bin"
+        if logs and log is None:
+            if (folder / "trainer_state.json").is_file() or any(
+                (c / "trainer_state.json").is_file() for c in checkpoint_folders(folder)
+            ):
+                log = folder
+    note = None
+    if configs and not found and pickled is not None:
+        note = (
+            f"run folder: {pickled} is a pickle, which Gradian never reads, so the run's max length and loss mask "
+            "are Gradian's defaults; pass the trainer's config with --config (TRL: training_args.to_json_string())"
+        )
+    return RunFolder(tuple(found), log, note)

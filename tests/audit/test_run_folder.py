@@ -1,0 +1,197 @@
+"""What a trainer leaves beside its adapter, found and read (``gradian.audit.config.runfolder``).
+
+The fixtures are written in each trainer's own layout, from its source at the version the readers follow (the
+wheels, ``pip download --no-deps``, unpacked and read; nothing vendored):
+
+* torchtune 0.6.1 ``training/metric_logging.py`` ``save_config``: ``{output_dir}/torchtune_config.yaml``; the
+  checkpointer saves the adapter in ``{output_dir}/epoch_{N}/``.
+* LLaMA-Factory 0.9.5 ``webui/common.py`` ``save_cmd``: ``safe_dump`` of the cleaned web-UI arguments to
+  ``{output_dir}/training_args.yaml`` (``extras/constants.py`` ``TRAINING_ARGS``).
+* axolotl 0.19.0 ``train.py`` ``setup_model_card``: the raw config in the model card, in a "See axolotl config"
+  ``<details>`` block after "axolotl version: `X`".
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gradian.audit.config import load_config, read_config
+from gradian.audit.config.runfolder import axolotl_card, find_run_folder
+from gradian.errors import GradianUserError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from published_configs import TORCHTUNE_QWEN  # noqa: E402
+
+AXOLOTL_YAML = """base_model: HuggingFaceTB/SmolLM2-135M-Instruct
+datasets:
+  - path: train.jsonl
+    type: chat_template
+sequence_len: 192
+adapter: lora
+lora_r: 16
+lora_alpha: 32
+lora_target_linear: true
+micro_batch_size: 2
+num_epochs: 3
+learning_rate: 0.0002
+output_dir: ./out
+"""
+
+LLAMAFACTORY_ARGS = """bf16: true
+cutoff_len: 96
+dataset: capitals
+dataset_dir: data
+do_train: true
+finetuning_type: lora
+gradient_accumulation_steps: 8
+learning_rate: 5.0e-05
+lora_alpha: 16
+lora_dropout: 0
+lora_rank: 8
+lora_target: all
+lr_scheduler_type: cosine
+model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct
+num_train_epochs: 3.0
+output_dir: saves/Qwen2.5-0.5B-Instruct/lora/train_2026-12-07
+packing: false
+per_device_train_batch_size: 2
+stage: sft
+template: qwen
+"""
+
+# torchtune's published Qwen2.5 LoRA recipe (published_configs.TORCHTUNE_QWEN) with a max_seq_len set
+TORCHTUNE_CONFIG = TORCHTUNE_QWEN.replace("max_seq_len: null", "max_seq_len: 80")
+
+
+def axolotl_model_card(yaml_text: str, version: str = "0.19.0") -> str:
+    """A model card as axolotl 0.19.0 leaves it: transformers' card with axolotl's badge and config block."""
+    block = (
+        f"\n<details><summary>See axolotl config</summary>\n\naxolotl version: `{version}`\n```yaml\n{yaml_text}\n```"
+        "\n\n</details><br>\n"
+    )
+    return (
+        "---\nlibrary_name: peft\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\ntags:\n- axolotl\n"
+        "- generated_from_trainer\n---\n\n<!-- This model card has been generated automatically according to the "
+        'information the Trainer had access to. -->\n\n[<img src="https://example/axolotl-badge-web.png"/>]'
+        f"(https://github.com/axolotl-ai-cloud/axolotl){block}\n# out\n\n### Framework versions\n\n- PEFT 0.17.1\n"
+    )
+
+
+def _adapter(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16}))
+    return folder
+
+
+def test_gradian_train_folder_gives_its_config_and_its_log(tmp_path):
+    from gradian.trainconfig import TrainSpec, write_train_config
+
+    out = _adapter(tmp_path / "adapter")
+    write_train_config(TrainSpec(max_length=256), out / "training_config.yaml", base="base")
+    (out / "trainer_state.json").write_text(json.dumps({"log_history": []}))
+    found = find_run_folder(out)
+    assert found.configs == (out / "training_config.yaml",) and found.logs == out and found.note is None
+    assert str(out / "training_config.yaml") in found.line() and "trainer log" in found.line()
+    assert load_config(list(found.configs)).max_length == 256
+
+
+def test_hf_output_folder_log_is_its_last_checkpoint_s_and_the_pickle_is_never_read(tmp_path):
+    out = _adapter(tmp_path / "out")
+    for step in (10, 20):
+        (out / f"checkpoint-{step}").mkdir()
+        (out / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"log_history": []}))
+    (out / "training_args.bin").write_bytes(b"\x80\x04 not a pickle anyone may open")
+    found = find_run_folder(out)
+    assert found.configs == () and found.logs == out
+    assert "training_args.bin is a pickle" in found.note and "--config" in found.note
+    assert found.line().startswith("run folder: read ")  # the log was read; the note is only for nothing at all
+    assert "pickle" in find_run_folder(out, logs=False).line()
+
+
+def test_torchtune_config_is_found_above_its_epoch_folder(tmp_path):
+    out = tmp_path / "lora_single_device"
+    adapter = _adapter(out / "epoch_0")
+    (out / "torchtune_config.yaml").write_text(TORCHTUNE_CONFIG)
+    found = find_run_folder(adapter)
+    assert found.configs == (out / "torchtune_config.yaml",)
+    cfg = load_config(list(found.configs))
+    assert cfg.trainer == "torchtune" and cfg.max_length == 80
+
+
+def test_a_folder_of_another_name_does_not_search_its_parent(tmp_path):
+    (tmp_path / "torchtune_config.yaml").write_text(TORCHTUNE_CONFIG)
+    assert find_run_folder(_adapter(tmp_path / "my_adapter")).configs == ()
+
+
+def test_the_adapter_s_own_folder_wins_and_two_runs_are_not_mixed(tmp_path):
+    from gradian.trainconfig import TrainSpec, write_train_config
+
+    out = tmp_path / "run"
+    adapter = _adapter(out / "checkpoint-30")
+    (out / "torchtune_config.yaml").write_text(TORCHTUNE_CONFIG)
+    write_train_config(TrainSpec(max_length=128), adapter / "training_config.yaml", base="base")
+    assert find_run_folder(adapter).configs == (adapter / "training_config.yaml",)
+
+
+def test_llamafactory_web_ui_arguments(tmp_path):
+    out = _adapter(tmp_path / "train_2026-12-07")
+    (out / "training_args.yaml").write_text(LLAMAFACTORY_ARGS)
+    found = find_run_folder(out)
+    assert found.configs == (out / "training_args.yaml",)
+    cfg = load_config(list(found.configs))
+    assert (cfg.trainer, cfg.max_length, cfg.lora_r) == ("llamafactory", 96, 8)
+
+
+def test_axolotl_model_card_is_read_as_its_config(tmp_path):
+    out = _adapter(tmp_path / "out")
+    (out / "README.md").write_text(axolotl_model_card(AXOLOTL_YAML))
+    found = find_run_folder(out)
+    assert found.configs == (out / "README.md",)
+    assert axolotl_card(out / "README.md") == (AXOLOTL_YAML, "0.19.0")
+    cfg = read_config(out / "README.md")
+    assert cfg.formats == ["axolotl"] and cfg.max_length == 192 and cfg.lora_r == 16
+    assert cfg.versions["axolotl"] == "0.19.0"
+    assert cfg.sources["max_length"] == "README.md: sequence_len"  # the file name, as for every config
+
+
+def test_a_model_card_without_axolotl_s_block_is_not_a_config(tmp_path):
+    out = _adapter(tmp_path / "out")
+    (out / "README.md").write_text("---\nlibrary_name: peft\n---\n\n### Framework versions\n\n- PEFT 0.17.1\n")
+    assert find_run_folder(out).configs == ()
+    with pytest.raises(GradianUserError, match="holds no axolotl config block"):
+        read_config(out / "README.md")
+
+
+def test_a_malformed_config_in_a_model_card_is_one_line_naming_the_card(tmp_path):
+    out = _adapter(tmp_path / "out")
+    (out / "README.md").write_text(axolotl_model_card("base_model: [x\nsequence_len: 1"))
+    assert find_run_folder(out).configs == (out / "README.md",)  # found: it is axolotl's block, if broken
+    with pytest.raises(GradianUserError, match="README.md"):
+        read_config(out / "README.md")
+
+
+def test_nothing_beside_an_adapter_is_nothing_to_say(tmp_path):
+    found = find_run_folder(_adapter(tmp_path / "a"))
+    assert found.configs == () and found.logs is None and found.line() is None
+    assert find_run_folder(tmp_path / "missing").line() is None
+
+
+def test_diagnose_reads_the_trainer_s_config_in_a_run_folder_given_as_config(tmp_path):
+    """`gradian diagnose --config OUT`: the adapter's adapter_config.json and the trainer's config beside it, named
+    in a note on stderr (stdout stays the report, here JSON)."""
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    out = _adapter(tmp_path / "train_2026-12-07")
+    (out / "training_args.yaml").write_text(LLAMAFACTORY_ARGS)
+    res = CliRunner().invoke(app, ["diagnose", "--config", str(out), "--format", "json"])
+    assert res.exit_code in (0, 1), res.output
+    assert f"is a run folder: also read {out / 'training_args.yaml'}" in res.stderr
+    report = json.loads(res.stdout)
+    assert report["config"]["formats"] == ["peft", "llamafactory"]
+    assert report["config"]["values"]["max_length"]["from"] == "training_args.yaml: cutoff_len"
