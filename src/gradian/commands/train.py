@@ -148,6 +148,13 @@ def train_cmd(
         highlight=False,
         soft_wrap=True,
     )
+    console.print(  # attribute reads the config and log above from the adapter folder
+        f"next: gradian attribute --base {escape(str(base))} --adapter {escape(str(folder))} --data "
+        f"{escape(str(data))} --eval EVAL.jsonl --out run    # EVAL.jsonl: the eval set that got worse "
+        "(docs/evaluate.md)",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -117,6 +117,13 @@ def world_cmd(
         highlight=False,
         soft_wrap=True,
     )
+    # attribute reads the training_config.yaml and trainer_state.json train leaves in the adapter folder
+    console.print(
+        f"then: gradian attribute --base {escape(str(w.base))} --adapter {escape(str(w.out / 'adapter'))} "
+        f"--data {escape(str(w.train))} --eval {escape(str(w.eval))} --out {escape(str(w.out / 'run'))}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _family(out: Path, kind: str, seed: int) -> None:

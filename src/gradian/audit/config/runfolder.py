@@ -98,10 +98,15 @@ class RunFolder:
 
     def line(self) -> str | None:
         """One line naming what was read (None: nothing found and nothing to say)."""
-        read = [str(p) for p in self.configs] + ([f"{self.logs} (trainer log)"] if self.logs is not None else [])
+        read = [f"{p} (training config)" for p in self.configs]
+        if self.logs is not None:
+            top = self.logs / "trainer_state.json"
+            read.append(
+                f"{top} (trainer log)" if top.is_file() else f"{self.logs}'s last checkpoint-N/trainer_state.json"
+            )
         if not read:
             return self.note
-        return "run folder: read " + ", ".join(read) + " (beside the adapter; --config / --logs read others)"
+        return "run folder: read " + ", ".join(read) + "; --config / --logs read others"
 
 
 def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = True) -> RunFolder:
