@@ -205,6 +205,39 @@ def test_attribute_takes_its_setup_from_the_trl_run(run, tmp_path, monkeypatch):
     assert "chat template (" in " ".join(res.output.split())
 
 
+def test_without_config_a_trl_folder_says_its_settings_are_in_a_pickle(run, tmp_path, monkeypatch):
+    """`gradian index --adapter OUT` without --config on the real TRL folder: TRL leaves its settings only in
+    training_args.bin; the file is never opened (no pickle is loaded), one line says so and asks for --config, and
+    the run goes on with Gradian's defaults and the template TRL saved."""
+    import pickle
+
+    import torch
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    assert (run["out"] / "training_args.bin").is_file()
+
+    def refuse(*a, **k):
+        raise AssertionError("a pickle was loaded")
+
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    args = ["index", "--base", str(run["base"]), "--adapter", str(run["out"]), "--data", str(run["data"])]
+    args += ["--checkpoints", "final", "--unit", "row", "--out", str(tmp_path / "idx")]
+    res = CliRunner().invoke(app, args, env={"GRADIAN_CACHE": str(tmp_path / "cache")})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert f"run folder: {run['out'] / 'training_args.bin'} is a pickle, which Gradian never reads" in text
+    assert "pass the trainer's config with --config" in text
+    (manifest,) = (tmp_path / "idx").rglob("manifest.json")
+    tokenize = json.loads(manifest.read_text())["grad_spec"]["tokenize"]
+    from trl_run import TEMPLATE
+
+    assert tokenize["max_length"] == 1024 and tokenize["chat_template"] == TEMPLATE
+
+
 def test_attribute_supervises_trl_s_own_tokens_for_the_run(run, tmp_path):
     """The supervised tokens of the gradients equal TRL's own for this run, row by row: TRL 1.16's SFTTrainer
     preparation and collator with the run's template and config (tests/data/trl_parity.py) next to Gradian's
