@@ -220,3 +220,18 @@ def test_index_reads_the_config_the_trainer_left_beside_the_adapter(saved_finetu
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "c"), "--config", str(cfg)])
     assert res.exit_code == 0, res.output
     assert "run folder" not in res.output and max_length(tmp_path / "c") == 48
+
+
+def test_rows_the_trainer_held_out_are_stated_as_not_reproduced(tmp_path):
+    """axolotl's val_set_size and LLaMA-Factory's val_size hold rows of the training data out (their own split,
+    after their own loading): the setup says every row is scored anyway; none held out, nothing said."""
+    ax = "base_model: x\nsequence_len: 300\nadapter: lora\ndatasets:\n  - path: d.jsonl\n    type: chat_template\n"
+    s = resolve_setup(_cfg(tmp_path, "ax.yaml", ax + "val_set_size: 0.05\n"), "messages")
+    assert "rows" in s.unreproduced
+    (note,) = [n for n in s.notes if n.startswith("held-out rows")]
+    assert "ax.yaml: val_set_size" in note and "0.05 of the rows" in note and "axolotl" in note
+    assert "rows" not in resolve_setup(_cfg(tmp_path, "ax0.yaml", ax), "messages").unreproduced
+    lf = "stage: sft\nfinetuning_type: lora\ncutoff_len: 256\ntemplate: qwen\n"
+    s = resolve_setup(_cfg(tmp_path, "lf.yaml", lf + "val_size: 200\n"), "messages")
+    assert any("llamafactory held out 200 rows" in n for n in s.notes)
+    assert "rows" not in resolve_setup(_cfg(tmp_path, "lf0.yaml", lf), "messages").unreproduced

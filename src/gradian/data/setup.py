@@ -216,6 +216,26 @@ def _torchtune_chat(cfg: TrainConfig) -> tuple[str | None, str, list[str]]:
     return rule, f"{where} ({SOURCES[rule]})", notes
 
 
+def _held_out_note(cfg: TrainConfig, trainer: str | None) -> str | None:
+    """A note when the trainer held some of the training rows out for evaluation, or None.
+
+    axolotl 0.19.0 (``utils/data/shared.py`` ``create_train_validation_split``: ``train_test_split(test_size=
+    val_set_size, shuffle=False)`` of the dataset as it prepared it) and LLaMA-Factory 0.9.5
+    (``data/data_utils.py`` ``split_dataset``: ``train_test_split(test_size=val_size, seed=seed)``) train on the
+    rest only: a fraction (below 1) or a count of rows, chosen after their own loading, filtering and shuffling,
+    which Gradian does not replay. So every row of ``--data`` is scored, the held-out ones too.
+    """
+    size = cfg.val_set_size
+    if trainer not in ("axolotl", "llamafactory") or not size or size <= 0:
+        return None
+    what = f"{size:g} of the rows" if size < 1 else f"{int(size)} rows"
+    return (
+        f"held-out rows ({cfg.source('val_set_size') or 'config'}): {trainer} held out {what} for evaluation and "
+        "trained on the rest; Gradian scores every row of --data, the held-out ones too (they cannot have harmed "
+        "the run: pass --data without them to leave them out)"
+    )
+
+
 def _axolotl_mask(cfg: TrainConfig) -> tuple[tuple[str, ...], str, str, list[str]]:
     """``(train_roles, train_on_eos, source, notes)`` of an axolotl run's chat mask (axolotl 0.19.0
     ``prompt_strategies/chat_template.py`` ``load``: ``roles_to_train`` defaults to ``["assistant"]``,
@@ -462,6 +482,10 @@ def resolve_setup(
         if tnote:
             unrep.append("chat_template")
             notes.append(tnote)
+        held = _held_out_note(c, name)
+        if held:
+            unrep.append("rows")
+            notes.append(held)
         values["packing"] = bool(c.packing)
         sources["packing"] = c.source("packing") or "not said (assumed off)"
         if c.packing:
