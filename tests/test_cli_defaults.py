@@ -151,7 +151,9 @@ def test_train_defaults_to_auto_and_records_the_device(saved_finetune, tmp_path)
     assert json.loads((out / "gradian_train.json").read_text())["device"] == want
     assert load_train_config(out / "training_config.yaml")["device"] == "auto"
     assert f"on {want} (--device auto)" in " ".join(res.output.split())
-    assert res.output.strip().splitlines()[-1].startswith("adapter: ")  # the last line names the folder
+    *_, folder, after = res.output.strip().splitlines()
+    assert folder.startswith(f"adapter: {out} ")  # the folder it wrote, then the next command, which takes it
+    assert after.startswith(f"next: gradian attribute --base {sf['base']} --adapter {out} --data {sf['data']} ")
 
 
 def _attribute_args(sf, tmp_path) -> list[str]:

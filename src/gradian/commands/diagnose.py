@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
 
         from gradian.audit import diagnose
 
-        configs = with_run_configs(list(config or []))
+        configs = with_run_configs(list(config or []))  # before the spinner: it may print a note
         with console.status("running checks ...") if fmt == "text" and out is None else _Null():
             result = diagnose(
                 data=data,
