@@ -130,3 +130,35 @@ def test_cli_missing_adapter_exits_2(tmp_path):
     p = _write(tmp_path, [{"prompt": "q", "answer": "a", "capability": "c"}])
     res = CliRunner().invoke(app, ["evaluate", "--base", "b", "--adapter", str(tmp_path / "nope"), "--eval", str(p)])
     assert res.exit_code == 2 and "adapter folder not found" in res.output
+
+
+def test_evaluate_renders_with_the_template_saved_beside_the_adapter(saved_finetune, tmp_path, monkeypatch):
+    """`gradian evaluate` prompts the models with the chat template the run saved beside its adapter (as
+    `gradian attribute`'s Evaluate lane does), and says so; an adapter folder without one keeps the tokenizer's."""
+    import shutil
+
+    import gradian.evaluate as ev_module
+    from gradian.cli import app
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(saved_finetune["adapter"], adapter)
+    template = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
+    (adapter / "chat_template.jinja").write_text(template)
+    ev = tmp_path / "eval.jsonl"
+    item = {"id": "e0", "prompt": "The capital of France is", "answer": "Paris", "capability": "capitals"}
+    ev.write_text(json.dumps({**item, "metric": "contains"}) + "\n")
+    seen = []
+    real = ev_module.evaluate
+
+    def spy(model, tok, *a, **k):
+        seen.append(tok.chat_template)
+        return real(model, tok, *a, **k)
+
+    monkeypatch.setattr(ev_module, "evaluate", spy)
+    base = ["evaluate", "--base", str(saved_finetune["base"]), "--eval", str(ev), "--max-new-tokens", "2"]
+    res = CliRunner().invoke(app, [*base, "--adapter", str(adapter)])
+    assert res.exit_code == 0, res.output
+    assert seen == [template] and f"chat template: the run's ({adapter / 'chat_template.jinja'})" in res.output
+    res = CliRunner().invoke(app, [*base, "--adapter", str(saved_finetune["adapter"])])
+    assert res.exit_code == 0, res.output
+    assert seen[1] != template and "chat template" not in res.output

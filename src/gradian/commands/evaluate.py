@@ -172,6 +172,7 @@ def evaluate_cmd(
         peft_model, _cfg, notes = load_adapter(model, adapter, base)
     for n in notes:
         console.print(f"[yellow]note:[/] {escape(n)}")
+    tokenizer = run_template(tokenizer, adapter)
     t_loaded = time.perf_counter()
 
     from gradian.commands._common import rich_progress
@@ -210,6 +211,21 @@ def evaluate_cmd(
     if out is not None:
         atomic_write_json(out, result.to_dict())
         console.print(f"wrote {escape(str(out))}")
+
+
+def run_template(tokenizer, adapter: Path):
+    """``tokenizer`` rendering prompts with the chat template the run saved beside its adapter (printed, with its
+    source), as ``gradian attribute``'s Evaluate lane renders them; ``tokenizer`` itself when the run saved none or
+    the tokenizer's own (:func:`gradian.data.setup.adapter_template`).
+    """
+    from gradian.data.setup import adapter_template
+    from gradian.data.tokenize import with_chat_template
+
+    saved = adapter_template(adapter)
+    if saved is None or saved[0] == getattr(tokenizer, "chat_template", None):
+        return tokenizer
+    console.print(f"chat template: the run's ({escape(saved[1])})", highlight=False, soft_wrap=True)
+    return with_chat_template(tokenizer, saved[0])
 
 
 def register(app: typer.Typer) -> None:
