@@ -270,8 +270,8 @@ class Attributor:
 
             found = find_run_folder(adapter, configs=not configs, logs=logs is None)
             configs, logs = (configs or found.configs), (logs if logs is not None else found.logs)
-            if found.note and not configs:
-                warnings.warn(found.note, GradianWarning, stacklevel=2)
+            for note in found.notes:  # a file found and not used, or settings only in a pickle
+                warnings.warn(note, GradianWarning, stacklevel=2)
         self.configs = tuple(Path(c) for c in configs)
         self.logs = Path(logs) if logs is not None else None
         self.index_dir = Path(index_dir) if index_dir is not None else None

@@ -94,8 +94,10 @@ def test_gradian_train_folder_gives_its_config_and_its_log(tmp_path):
     write_train_config(TrainSpec(max_length=256), out / "training_config.yaml", base="base")
     (out / "trainer_state.json").write_text(json.dumps({"log_history": []}))
     found = find_run_folder(out)
-    assert found.configs == (out / "training_config.yaml",) and found.logs == out and found.note is None
-    assert str(out / "training_config.yaml") in found.line() and "trainer log" in found.line()
+    assert found.configs == (out / "training_config.yaml",) and found.logs == out and found.notes == ()
+    (line,) = found.lines()
+    assert f"{out / 'training_config.yaml'} (training config)" in line
+    assert f"{out / 'trainer_state.json'} (trainer log)" in line
     assert load_config(list(found.configs)).max_length == 256
 
 
@@ -107,9 +109,10 @@ def test_hf_output_folder_log_is_its_last_checkpoint_s_and_the_pickle_is_never_r
     (out / "training_args.bin").write_bytes(b"\x80\x04 not a pickle anyone may open")
     found = find_run_folder(out)
     assert found.configs == () and found.logs == out
-    assert "training_args.bin is a pickle" in found.note and "--config" in found.note
-    assert found.line().startswith("run folder: read ")  # the log was read; the note is only for nothing at all
-    assert "pickle" in find_run_folder(out, logs=False).line()
+    read, note = found.lines()
+    assert read == f"run folder: read {out}'s last checkpoint-N/trainer_state.json; --config / --logs read others"
+    assert "training_args.bin is a pickle" in note and "--config" in note
+    assert find_run_folder(out, logs=False).lines() == [note]
 
 
 def test_torchtune_config_is_found_above_its_epoch_folder(tmp_path):
@@ -166,18 +169,25 @@ def test_a_model_card_without_axolotl_s_block_is_not_a_config(tmp_path):
         read_config(out / "README.md")
 
 
-def test_a_malformed_config_in_a_model_card_is_one_line_naming_the_card(tmp_path):
+def test_a_file_found_that_does_not_read_is_not_used_and_says_why(tmp_path):
+    """A malformed axolotl block, or a config of no known format: found, not used, one note each naming the file
+    and what is wrong (an explicit --config with the same file is refused instead)."""
     out = _adapter(tmp_path / "out")
     (out / "README.md").write_text(axolotl_model_card("base_model: [x\nsequence_len: 1"))
-    assert find_run_folder(out).configs == (out / "README.md",)  # found: it is axolotl's block, if broken
+    (out / "training_args.yaml").write_text("some_tool_setting: 1\n")
+    found = find_run_folder(out)
+    assert found.configs == ()
+    card, args = sorted(found.notes)
+    assert card.startswith(f"run folder: {out / 'README.md'} is not used: malformed YAML") and "--config" in card
+    assert args.startswith(f"run folder: {out / 'training_args.yaml'} is not used: unknown config format")
     with pytest.raises(GradianUserError, match="README.md"):
         read_config(out / "README.md")
 
 
 def test_nothing_beside_an_adapter_is_nothing_to_say(tmp_path):
     found = find_run_folder(_adapter(tmp_path / "a"))
-    assert found.configs == () and found.logs is None and found.line() is None
-    assert find_run_folder(tmp_path / "missing").line() is None
+    assert found.configs == () and found.logs is None and found.lines() == []
+    assert find_run_folder(tmp_path / "missing").lines() == []
 
 
 def test_diagnose_reads_the_trainer_s_config_in_a_run_folder_given_as_config(tmp_path):

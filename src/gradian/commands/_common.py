@@ -363,8 +363,7 @@ def run_folder_inputs(
     from gradian.audit.config.runfolder import find_run_folder
 
     found = find_run_folder(adapter, configs=not config, logs=want_logs and logs is None)
-    line = found.line()
-    if line:
+    for line in found.lines():
         print_line(line)
     return (config or list(found.configs)), (logs if logs is not None else found.logs)
 

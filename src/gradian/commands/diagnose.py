@@ -144,7 +144,10 @@ def with_run_configs(configs: list[Path]) -> list[Path]:
     out = list(configs)
     for c in configs:
         if Path(c).is_dir():
-            more = [p for p in find_run_folder(c, logs=False).configs if p not in out]
+            found = find_run_folder(c, logs=False)
+            for note in found.notes:
+                err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+            more = [p for p in found.configs if p not in out]
             if more:
                 err_console.print(
                     f"[yellow]note:[/] {escape(str(c))} is a run folder: also read "

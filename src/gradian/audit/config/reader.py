@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gradian.audit.config.model import META_FIELDS, TrainConfig
-from gradian.audit.config.runfolder import MODEL_CARD, axolotl_card
 from gradian.errors import GradianUserError
 from gradian.safeio import parse_json, parse_yaml, read_text, short_repr
 
@@ -462,9 +461,31 @@ _FW_RE = re.compile(
 )
 
 
+#: axolotl's model card: its config in a "See axolotl config" block (axolotl 0.19.0 ``train.setup_model_card``).
+MODEL_CARD = "README.md"
+
+_AXOLOTL_BLOCK = re.compile(
+    r"<summary>See axolotl config</summary>\s*(?:axolotl version: `(?P<version>[^`\n]*)`\s*)?"
+    r"```ya?ml\n(?P<yaml>.*?)\n```",
+    re.S,
+)
+
+
+def axolotl_card(path: str | Path) -> tuple[str, str | None] | None:
+    """``(YAML text, axolotl version or None)`` of the config an axolotl model card holds; None when it holds none.
+
+    Raises:
+        GradianUserError: the file cannot be read (not a regular file, too large, not UTF-8).
+    """
+    m = _AXOLOTL_BLOCK.search(read_text(path, "model card"))
+    if m is None:
+        return None
+    return m.group("yaml"), (m.group("version") or None)
+
+
 def _card_config(path: Path) -> tuple[dict[str, Any], str, dict[str, str]]:
     """``(settings, YAML text, versions)`` of the axolotl config an axolotl model card holds
-    (:func:`gradian.audit.config.runfolder.axolotl_card`).
+    (:func:`axolotl_card`).
 
     Raises:
         GradianUserError: the card holds no axolotl config, or its YAML is malformed or not a mapping.

@@ -31,35 +31,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gradian.audit.config.reader import MODEL_CARD, axolotl_card, read_config
 from gradian.errors import GradianUserError
-from gradian.safeio import read_text
 
 #: The config files a trainer writes into its output folder, in the order they are read (see the module docstring).
 RUN_CONFIG_FILES = ("training_config.yaml", "torchtune_config.yaml", "training_args.yaml")
 
-#: axolotl's model card: its config in a "See axolotl config" block (axolotl 0.19.0 ``train.setup_model_card``).
-MODEL_CARD = "README.md"
-
-_AXOLOTL_BLOCK = re.compile(
-    r"<summary>See axolotl config</summary>\s*(?:axolotl version: `(?P<version>[^`\n]*)`\s*)?"
-    r"```ya?ml\n(?P<yaml>.*?)\n```",
-    re.S,
-)
-
 #: A checkpoint folder inside a run's output folder: HF ``checkpoint-N``, torchtune ``epoch_N``.
 _CHECKPOINT_NAME = re.compile(r"checkpoint-\d+|epoch_\d+")
-
-
-def axolotl_card(path: str | Path) -> tuple[str, str | None] | None:
-    """``(YAML text, axolotl version or None)`` of the config an axolotl model card holds; None when it holds none.
-
-    Raises:
-        GradianUserError: the file cannot be read (not a regular file, too large, not UTF-8).
-    """
-    m = _AXOLOTL_BLOCK.search(read_text(path, "model card"))
-    if m is None:
-        return None
-    return m.group("yaml"), (m.group("version") or None)
 
 
 def _run_folders(adapter: Path) -> list[Path]:
@@ -87,30 +66,34 @@ class RunFolder:
     """What a trainer left beside an adapter.
 
     Attributes:
-        configs: its training config files (:data:`RUN_CONFIG_FILES`, an axolotl model card), in reading order.
+        configs: its training config files (:data:`RUN_CONFIG_FILES`, an axolotl model card), in reading order; each
+            one reads (:func:`gradian.audit.config.reader.read_config`).
         logs: the folder whose ``trainer_state.json`` (or last ``checkpoint-N/trainer_state.json``) is the log.
-        note: one line when only a pickled ``training_args.bin`` was there (nothing Gradian reads).
+        notes: one line per file found and not used (it does not read: malformed, an unknown format), or for a
+            folder whose only settings are a pickled ``training_args.bin``.
     """
 
     configs: tuple[Path, ...] = ()
     logs: Path | None = None
-    note: str | None = None
+    notes: tuple[str, ...] = ()
 
-    def line(self) -> str | None:
-        """One line naming what was read (None: nothing found and nothing to say)."""
+    def lines(self) -> list[str]:
+        """The lines to print: what was read, then the notes (none: nothing found and nothing to say)."""
         read = [f"{p} (training config)" for p in self.configs]
         if self.logs is not None:
             top = self.logs / "trainer_state.json"
             read.append(
                 f"{top} (trainer log)" if top.is_file() else f"{self.logs}'s last checkpoint-N/trainer_state.json"
             )
-        if not read:
-            return self.note
-        return "run folder: read " + ", ".join(read) + "; --config / --logs read others"
+        head = ["run folder: read " + ", ".join(read) + "; --config / --logs read others"] if read else []
+        return head + list(self.notes)
 
 
 def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = True) -> RunFolder:
     """The training config files and trainer log beside ``adapter`` (see the module docstring).
+
+    A config file found there that does not read is not used, and a note says why: the run goes on with what the
+    other inputs say, where an explicit ``--config`` would have been refused.
 
     Args:
         configs, logs: look for each (False: the caller was given its own).
@@ -133,10 +116,21 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
                 (c / "trainer_state.json").is_file() for c in checkpoint_folders(folder)
             ):
                 log = folder
-    note = None
+    notes: list[str] = []
+    readable: list[Path] = []
+    for path in found:
+        try:
+            read_config(path)
+        except GradianUserError as e:
+            notes.append(
+                f"run folder: {path} is not used: {e.what} (fix it, or pass the run's config with --config; "
+                "--no-run-folder for Gradian's defaults)"
+            )
+        else:
+            readable.append(path)
     if configs and not found and pickled is not None:
-        note = (
+        notes.append(
             f"run folder: {pickled} is a pickle, which Gradian never reads, so the run's max length and loss mask "
             "are Gradian's defaults; pass the trainer's config with --config (TRL: training_args.to_json_string())"
         )
-    return RunFolder(tuple(found), log, note)
+    return RunFolder(tuple(readable), log, tuple(notes))
