@@ -18,7 +18,7 @@ file                       written by
 =========================  ===================================================================================
 
 An HF ``Trainer`` or TRL run leaves only ``training_args.bin``, a pickle, which Gradian never reads: then nothing is
-found, and :func:`find_run_configs` says to pass ``--config``. The trainer log is ``trainer_state.json`` in the folder
+found, and :func:`find_run_folder` says to pass ``--config``. The trainer log is ``trainer_state.json`` in the folder
 or in its last ``checkpoint-N/`` (:func:`gradian.audit.logs.find_trainer_state` reads either).
 
 The adapter folder is searched first, then its parent when the adapter is a ``checkpoint-N`` (HF) or ``epoch_N``
