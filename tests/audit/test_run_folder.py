@@ -110,7 +110,8 @@ def test_hf_output_folder_log_is_its_last_checkpoint_s_and_the_pickle_is_never_r
     found = find_run_folder(out)
     assert found.configs == () and found.logs == out
     read, note = found.lines()
-    assert read == f"run folder: read {out}'s last checkpoint-N/trainer_state.json; --config / --logs read others"
+    want = out / "checkpoint-20" / "trainer_state.json"  # the last checkpoint's: HF writes none at the top
+    assert read == f"run folder: read {want} (trainer log); --config / --logs read others"
     assert "training_args.bin is a pickle" in note and "--config" in note
     assert find_run_folder(out, logs=False).lines() == [note]
 
@@ -205,3 +206,40 @@ def test_diagnose_reads_the_trainer_s_config_in_a_run_folder_given_as_config(tmp
     report = json.loads(res.stdout)
     assert report["config"]["formats"] == ["peft", "llamafactory"]
     assert report["config"]["values"]["max_length"]["from"] == "training_args.yaml: cutoff_len"
+
+
+#: A torchtune 0.6.1 DiskLogger file as its LoRA recipe writes it (``log_dict`` of loss, lr, tokens_per_second_per_gpu
+#: and, with clip_grad_norm set, grad_norm, a tensor written as its repr).
+TORCHTUNE_LOG = "".join(
+    f"Step {s} | loss:{loss} lr:{lr} tokens_per_second_per_gpu:1834.2 grad_norm:tensor({gn}, device='cuda:0') \n"
+    for s, loss, lr, gn in [(1, 2.31, 3e-05, 0.91), (2, 2.05, 6e-05, 0.88), (3, 1.72, 9e-05, 0.75)]
+)
+
+
+def test_torchtune_disk_log_is_the_run_s_log(tmp_path):
+    """torchtune writes no trainer_state.json: its DiskLogger's newest logs/log_<time>.txt, above the epoch_N
+    adapter, is read as the log (loss, lr as learning_rate, grad_norm out of its tensor repr)."""
+    from gradian.audit.logs import load_logs
+
+    out = tmp_path / "lora_single_device"
+    adapter = _adapter(out / "epoch_0")
+    (out / "torchtune_config.yaml").write_text(TORCHTUNE_CONFIG)
+    (out / "logs").mkdir()
+    (out / "logs" / "log_1700000000.txt").write_text("Step 1 | loss:9.9 lr:1e-05 \n")  # an older run's
+    (out / "logs" / "log_1700000500.txt").write_text(TORCHTUNE_LOG)
+    found = find_run_folder(adapter)
+    assert found.logs == out and found.configs == (out / "torchtune_config.yaml",)
+    assert f"{out / 'logs' / 'log_1700000500.txt'} (trainer log)" in found.lines()[0]
+    log = load_logs(found.logs)
+    assert log.kind == "torchtune" and [e["step"] for e in log.train] == [1, 2, 3]
+    assert log.train[1] == {"step": 2, "loss": 2.05, "learning_rate": 6e-05, "grad_norm": 0.88}
+    assert any("torchtune's log" in n for n in log.notes)
+
+
+def test_a_torchtune_log_line_that_is_not_one_is_one_line_naming_it(tmp_path):
+    from gradian.audit.logs import load_logs
+
+    f = tmp_path / "log_1.txt"
+    f.write_text(TORCHTUNE_LOG + "Epoch 1 done\n")
+    with pytest.raises(GradianUserError, match=r"log_1.txt:4: not a torchtune DiskLogger line"):
+        load_logs(f)

@@ -1,6 +1,11 @@
-"""Trainer logs: ``trainer_state.json`` (``log_history``) or JSONL of logged dicts.
+"""Trainer logs: ``trainer_state.json`` (``log_history``), JSONL of logged dicts, or torchtune's text log.
 
-Both become a :class:`TrainLog`: train entries (``loss``, ``grad_norm``,
+torchtune 0.6.1's default ``DiskLogger`` (``training/metric_logging.py``) writes ``{output_dir}/logs/log_<unix
+time>.txt``, one line per ``log_dict`` call: ``Step <global step> | name:value name:value``; its LoRA recipes log
+``loss``, ``lr`` and ``tokens_per_second_per_gpu``, and ``grad_norm`` (a tensor, written as its repr
+``tensor(0.52, device='cuda:0')``) when ``clip_grad_norm`` is set.
+
+Each becomes a :class:`TrainLog`: train entries (``loss``, ``grad_norm``,
 ``learning_rate``, ``epoch``, ``mean_token_accuracy``), eval entries
 (``eval_loss``), the final summary (``train_runtime``, ``train_loss``), and the
 state fields of ``trainer_state.json`` (``global_step``, ``max_steps``,
@@ -14,6 +19,7 @@ a finite number in [0, :data:`MAX_EPOCH`]; anything else is a one-line user erro
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,11 @@ _ALIASES = {
     "eval/loss": "eval_loss",
     "train/mean_token_accuracy": "mean_token_accuracy",
 }
+#: a torchtune DiskLogger line, and one ``name:value`` of it (a tensor's repr: its first number)
+_DISK_LINE = re.compile(r"Step (\d+) \| (.*)")
+_DISK_ITEM = re.compile(r"([A-Za-z_][\w/.-]*):(?:tensor\(\s*([^,)\s]+)[^)]*\)|(\S+))")
+#: where torchtune's DiskLogger writes in an output folder (its recipes' ``log_dir: ${output_dir}/logs``)
+TORCHTUNE_LOGS = "logs/log_*.txt"
 #: trainer_state.json fields the checks compute with: whole, finite, non-negative counts
 _STATE_NUMBERS = (
     "global_step",
@@ -78,7 +89,7 @@ class TrainLog:
         eval: eval entries with ``step``, ``epoch``, ``eval_loss``.
         summary: the final entry (``train_runtime``, ``train_loss``, ...), or None.
         state: top-level ``trainer_state.json`` fields (``global_step``, ``max_steps``, ...).
-        path: the file read; ``kind``: ``"trainer_state"`` or ``"jsonl"``.
+        path: the file read; ``kind``: ``"trainer_state"``, ``"jsonl"`` or ``"torchtune"``.
         steps_inferred: True when entries had no step and their order was used.
     """
 
@@ -155,7 +166,7 @@ def _normalise(entries: list[Any], path: Path, kind: str) -> TrainLog:
     summary = None
     inferred = False
     for i, raw in enumerate(entries):
-        where = f"{path}:{i + 1}" if kind == "jsonl" else f"{path}: log_history[{i}]"
+        where = f"{path}: log_history[{i}]" if kind == "trainer_state" else f"{path}:{i + 1}"
         if not isinstance(raw, dict):
             raise GradianUserError(
                 f"log entry is a JSON {type(raw).__name__}, not an object",
@@ -228,9 +239,12 @@ def find_trainer_state(path: str | Path) -> tuple[Path, str | None]:
         if (p / "trainer_state.json").exists():
             return p / "trainer_state.json", None
         found = [c / "trainer_state.json" for c in checkpoints(p) if (c / "trainer_state.json").exists()]
+        tt = None if found else torchtune_log(p)
+        if tt is not None:
+            return tt, f"logs: read {tt} (torchtune's log in {p})"
         if not found:
             raise GradianUserError(
-                "folder has no trainer_state.json and no checkpoint-N/trainer_state.json",
+                "folder has no trainer_state.json, no checkpoint-N/trainer_state.json and no torchtune logs/log_*.txt",
                 where=str(p),
                 fix="pass the training output folder (with its checkpoint-N folders), a checkpoint folder, "
                 "trainer_state.json or a JSONL of logged dicts",
@@ -306,11 +320,13 @@ def _load_file(p: Path) -> TrainLog:
                 where=str(p),
                 fix="pass trainer_state.json or a JSONL of logged dicts",
             )
+    elif p.suffix.lower() == ".txt":
+        log = _normalise(_disk_logger_entries(p), p, "torchtune")
     else:
         raise GradianUserError(
             f"unknown log file type {p.suffix or '(no extension)'!r}",
             where=str(p),
-            fix="pass trainer_state.json or a .jsonl of logged dicts",
+            fix="pass trainer_state.json, a .jsonl of logged dicts or torchtune's logs/log_*.txt",
         )
     if not log.train and not log.eval:
         raise GradianUserError(
@@ -319,6 +335,34 @@ def _load_file(p: Path) -> TrainLog:
             fix="log 'loss' (and 'eval_loss'): set logging_steps, or pass the full trainer_state.json",
         )
     return log
+
+
+def _disk_logger_entries(p: Path) -> list[dict[str, Any]]:
+    """The entries of a torchtune ``DiskLogger`` file (module docstring): ``{"step": N, name: value, ...}``."""
+    entries: list[dict[str, Any]] = []
+    for i, line in iter_lines(p, "log file"):
+        if not line.strip():
+            continue
+        m = _DISK_LINE.fullmatch(line.strip())
+        if m is None:
+            raise GradianUserError(
+                "not a torchtune DiskLogger line ('Step N | name:value ...')",
+                where=f"{p}:{i}",
+                fix="pass torchtune's logs/log_*.txt unedited, trainer_state.json or a JSONL of logged dicts",
+            )
+        entry: dict[str, Any] = {"step": m.group(1)}
+        for name, tensor, value in _DISK_ITEM.findall(m.group(2)):
+            entry[name] = tensor or value
+        entries.append(entry)
+    if not entries:
+        raise GradianUserError("log file is empty", where=str(p), fix="pass a log with at least one entry")
+    return entries
+
+
+def torchtune_log(folder: Path) -> Path | None:
+    """The newest torchtune ``DiskLogger`` file in an output folder (``logs/log_<unix time>.txt``), or None."""
+    found = [f for f in Path(folder).glob(TORCHTUNE_LOGS) if f.is_file() and f.stem[4:].isdigit()]
+    return max(found, key=lambda f: int(f.stem[4:])) if found else None
 
 
 def is_finite(x: float) -> bool:

@@ -19,7 +19,8 @@ file                       written by
 
 An HF ``Trainer`` or TRL run leaves only ``training_args.bin``, a pickle, which Gradian never reads: then nothing is
 found, and :func:`find_run_folder` says to pass ``--config``. The trainer log is ``trainer_state.json`` in the folder
-or in its last ``checkpoint-N/`` (:func:`gradian.audit.logs.find_trainer_state` reads either).
+or in its last ``checkpoint-N/``, or torchtune's ``logs/log_<unix time>.txt`` (:func:`gradian.audit.logs.find_trainer_state`
+reads each).
 
 The adapter folder is searched first, then its parent when the adapter is a ``checkpoint-N`` (HF) or ``epoch_N``
 (torchtune) folder; the first folder holding any of the files is used, so two runs' files are never mixed.
@@ -68,7 +69,8 @@ class RunFolder:
     Attributes:
         configs: its training config files (:data:`RUN_CONFIG_FILES`, an axolotl model card), in reading order; each
             one reads (:func:`gradian.audit.config.reader.read_config`).
-        logs: the folder whose ``trainer_state.json`` (or last ``checkpoint-N/trainer_state.json``) is the log.
+        logs: the folder whose log is read (:func:`gradian.audit.logs.find_trainer_state`: its ``trainer_state.json``,
+            its last ``checkpoint-N/trainer_state.json``, or torchtune's ``logs/log_*.txt``).
         notes: one line per file found and not used (it does not read: malformed, an unknown format), or for a
             folder whose only settings are a pickled ``training_args.bin``.
     """
@@ -81,10 +83,10 @@ class RunFolder:
         """The lines to print: what was read, then the notes (none: nothing found and nothing to say)."""
         read = [f"{p} (training config)" for p in self.configs]
         if self.logs is not None:
-            top = self.logs / "trainer_state.json"
-            read.append(
-                f"{top} (trainer log)" if top.is_file() else f"{self.logs}'s last checkpoint-N/trainer_state.json"
-            )
+            from gradian.audit.logs import find_trainer_state
+
+            log, _ = find_trainer_state(self.logs)
+            read.append(f"{log} (trainer log)")
         head = ["run folder: read " + ", ".join(read) + "; --config / --logs read others"] if read else []
         return head + list(self.notes)
 
@@ -99,6 +101,7 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
         configs, logs: look for each (False: the caller was given its own).
     """
     from gradian.audit.logs import checkpoints as checkpoint_folders
+    from gradian.audit.logs import torchtune_log
 
     adapter = Path(adapter)
     if not adapter.is_dir():
@@ -112,8 +115,10 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
             if not found and pickled is None and (folder / "training_args.bin").is_file():
                 pickled = folder / "training_args.bin"
         if logs and log is None:
-            if (folder / "trainer_state.json").is_file() or any(
-                (c / "trainer_state.json").is_file() for c in checkpoint_folders(folder)
+            if (
+                (folder / "trainer_state.json").is_file()
+                or any((c / "trainer_state.json").is_file() for c in checkpoint_folders(folder))
+                or torchtune_log(folder) is not None
             ):
                 log = folder
     notes: list[str] = []
