@@ -19,8 +19,8 @@ file                       written by
 
 An HF ``Trainer`` or TRL run leaves only ``training_args.bin``, a pickle, which Gradian never reads: then nothing is
 found, and :func:`find_run_folder` says to pass ``--config``. The trainer log is ``trainer_state.json`` in the folder
-or in its last ``checkpoint-N/``, or torchtune's ``logs/log_<unix time>.txt`` (:func:`gradian.audit.logs.find_trainer_state`
-reads each).
+or in its last ``checkpoint-N/``, or torchtune's ``logs/log_<unix time>.txt``
+(:func:`gradian.audit.logs.find_trainer_state` reads each).
 
 The adapter folder is searched first, then its parent when the adapter is a ``checkpoint-N`` (HF) or ``epoch_N``
 (torchtune) folder; the first folder holding any of the files is used, so two runs' files are never mixed.
