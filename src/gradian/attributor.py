@@ -262,6 +262,7 @@ class Attributor:
         self.data = Path(data)
         self.checkpoints = checkpoints
         self.reference_adapter = Path(reference_adapter) if reference_adapter is not None else None
+        self._card = None
         if run_folder:  # what the trainer left beside the adapter, for what was not given
             import warnings
 
@@ -270,6 +271,7 @@ class Attributor:
 
             found = find_run_folder(adapter, configs=not configs, logs=logs is None)
             configs, logs = (configs or found.configs), (logs if logs is not None else found.logs)
+            self._card = None if configs else found.trl  # TRL's model card: its defaults for the setup
             for note in found.notes:  # a file found and not used, or settings only in a pickle
                 warnings.warn(note, GradianWarning, stacklevel=2)
         self.configs = tuple(Path(c) for c in configs)
@@ -430,8 +432,9 @@ class Attributor:
 
     @property
     def setup(self) -> TrainingSetup:
-        """The run's training setup (:func:`gradian.attribute.run.resolve_run_setup`): from :attr:`configs`, the chat
-        template saved beside the adapter and ``grad.tokenize``'s own fields; resolved once.
+        """The run's training setup (:func:`gradian.attribute.run.resolve_run_setup`): from :attr:`configs` (none, and
+        TRL's model card beside the adapter: TRL's defaults), the chat template saved beside the adapter and
+        ``grad.tokenize``'s own fields; resolved once.
 
         Resolving it sets :attr:`grad`'s tokenisation, so :meth:`index`, :meth:`scores`, :meth:`evaluate` and
         :meth:`attribute` all take the trainer's tokens (and share one index id with ``gradian index`` and
@@ -440,7 +443,7 @@ class Attributor:
         if self._setup is None:
             from gradian.attribute.run import resolve_run_setup
 
-            self._setup = resolve_run_setup(self.configs, self.adapter, self.specs, self.examples)
+            self._setup = resolve_run_setup(self.configs, self.adapter, self.specs, self.examples, card=self._card)
         return self._setup
 
     def _ft_as_trained(self) -> FineTune:

@@ -15,6 +15,7 @@ import pytest
 from gradian.audit import diagnose
 from gradian.audit.context import load_tokenizer_folder
 from gradian.audit.logs import load_logs
+from gradian.data.tokenize import TokenizeSpec
 from gradian.errors import GradianUserError
 
 pytest.importorskip("trl")
@@ -230,12 +231,64 @@ def test_without_config_a_trl_folder_says_its_settings_are_in_a_pickle(run, tmp_
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
     assert f"run folder: {run['out'] / 'training_args.bin'} is a pickle, which Gradian never reads" in text
-    assert "pass the trainer's config with --config" in text
+    assert "README.md says TRL 1.16.0's SFT trainer, so the setup is TRL's defaults" in text
+    assert "pass the trainer's config with --config if it set them" in text
     (manifest,) = (tmp_path / "idx").rglob("manifest.json")
     tokenize = json.loads(manifest.read_text())["grad_spec"]["tokenize"]
     from trl_run import TEMPLATE
 
     assert tokenize["max_length"] == 1024 and tokenize["chat_template"] == TEMPLATE
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory, tok):
+    """A real TRL run at TRL's own defaults (no assistant_only_loss, no max_length): every token of a messages row."""
+    from trl_run import build_trl_run
+
+    return build_trl_run(tmp_path_factory.mktemp("trl-default-run"), tok, assistant_only_loss=None, max_length=None)
+
+
+def test_without_config_a_trl_sft_run_is_read_with_trl_s_defaults(default_run, tmp_path):
+    """TRL keeps the run's settings in a pickle; its model card says the trainer (SFT) and TRL's version. Without
+    --config the setup is then TRL 1.16's SFTConfig defaults, named from the card: on a run that kept them, every
+    row's input_ids and labels equal TRL's own preparation and collator (Gradian's default mask, the final assistant
+    turn, matches none of them)."""
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
+    from trl_parity import gradian_rows, matching, trl_rows, with_template
+    from trl_run import TEMPLATE
+
+    run = default_run
+    args = ["index", "--base", str(run["base"]), "--adapter", str(run["out"]), "--data", str(run["data"])]
+    args += ["--checkpoints", "final", "--unit", "row", "--out", str(tmp_path / "idx")]
+    res = CliRunner().invoke(app, args, env={"GRADIAN_CACHE": str(tmp_path / "cache")})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "so the setup is TRL's defaults (a messages row: every token)" in text
+    assert "loss_on all (TRL 1.16 rule: a 'messages' row has no completion mask" in text
+    (manifest,) = (tmp_path / "idx").rglob("manifest.json")
+    spec = TokenizeSpec(**json.loads(manifest.read_text())["grad_spec"]["tokenize"])
+    assert (spec.loss_on, spec.max_length, spec.chat_template) == ("all", 1024, TEMPLATE)
+    rows = [json.loads(line) for line in run["data"].read_text().splitlines()]
+    trl = trl_rows(
+        [{"id": r["id"], "messages": r["messages"]} for r in rows], with_template(run["tok"], TEMPLATE), tmp_path
+    )
+    assert matching(trl, gradian_rows(rows, run["tok"], spec)) == (len(rows), [])
+    n_default, _ = matching(trl, gradian_rows(rows, run["tok"], dataclasses.replace(spec, loss_on="completion")))
+    assert n_default == 0
+    # the API reads the folder alike: the same setup, so the same tokens
+    from gradian.attributor import Attributor
+
+    with pytest.warns(Warning, match="is a pickle"):
+        att = Attributor(run["base"], run["out"], run["data"], index_dir=tmp_path / "idx")
+    assert att.setup.tokenize_spec() == spec and att.setup.sources["trainer"].startswith("README.md says TRL 1.16.0")
 
 
 def test_attribute_supervises_trl_s_own_tokens_for_the_run(run, tmp_path):

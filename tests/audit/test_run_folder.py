@@ -243,3 +243,32 @@ def test_a_torchtune_log_line_that_is_not_one_is_one_line_naming_it(tmp_path):
     f.write_text(TORCHTUNE_LOG + "Epoch 1 done\n")
     with pytest.raises(GradianUserError, match=r"log_1.txt:4: not a torchtune DiskLogger line"):
         load_logs(f)
+
+
+def test_trl_s_model_card_names_the_trainer_and_version_and_only_sft_gives_a_setup(tmp_path):
+    """TRL's card (trl/templates/lm_model_card.md): 'trained using [TRL]', 'trained with <trainer>', '- TRL: X'.
+    Only an SFT card gives the setup TRL's defaults (data.setup.card_config); a PEFT card or a DPO card gives none."""
+    from gradian.audit.config.runfolder import trl_card
+    from gradian.data.setup import card_config
+
+    def card(trainer):
+        return (
+            "# Model Card for out\n\nIt has been trained using [TRL](https://github.com/huggingface/trl).\n\n"
+            f"## Training procedure\n\nThis model was trained with {trainer}.\n\n### Framework versions\n\n"
+            "- PEFT 0.17.1\n- TRL: 1.16.0\n- Transformers: 5.24.0\n"
+        )
+
+    out = _adapter(tmp_path / "out")
+    (out / "README.md").write_text(card("SFT"))
+    (out / "training_args.bin").write_bytes(b"\x80\x04 never opened")
+    found = find_run_folder(out)
+    assert found.configs == () and found.trl is not None
+    assert (found.trl.trainer, found.trl.version) == ("SFT", "1.16.0")
+    cfg = card_config(found.trl)
+    assert cfg.trainer == "trl" and cfg.max_length == 1024 and cfg.versions["trl"] == "1.16.0"
+    assert cfg.source("trainer").startswith("README.md says TRL 1.16.0's SFT trainer")
+    (out / "README.md").write_text(card("DPO"))
+    assert trl_card(out).trainer == "DPO" and card_config(trl_card(out)) is None
+    assert "Gradian's defaults" in find_run_folder(out).notes[0]
+    (out / "README.md").write_text("---\nlibrary_name: peft\n---\n### Framework versions\n\n- PEFT 0.17.1\n")
+    assert trl_card(out) is None

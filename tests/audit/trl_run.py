@@ -34,9 +34,10 @@ TEMPLATE = (
 )
 
 
-def build_trl_run(root: Path, tok) -> dict:
+def build_trl_run(root: Path, tok, **over) -> dict:
     """Train for 2 epochs with TRL and return the paths a user has: base, output, data, eval, template, config
-    (and ``tok``, the base tokenizer object)."""
+    (and ``tok``, the base tokenizer object). ``over`` changes ``SFTConfig`` fields; a value None leaves the field
+    at TRL's default (e.g. ``assistant_only_loss=None, max_length=None``: a run with TRL's own defaults)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -91,6 +92,7 @@ def build_trl_run(root: Path, tok) -> dict:
         use_cpu=True,
         seed=0,
     )
+    args = {k: v for k, v in {**args, **over}.items() if v is not None}
     cfg = root / "sft_config.json"
     cfg.write_text(json.dumps(args))
     trainer = SFTTrainer(

@@ -195,10 +195,11 @@ def _manifest(
     }
 
 
-def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, examples) -> Any:
+def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, examples, *, card=None) -> Any:
     """The run's :class:`~gradian.data.setup.TrainingSetup` when the caller did not resolve one (the Python API).
 
-    Resolved as ``gradian attribute --config`` does: from ``configs`` (none: Gradian's defaults), the
+    Resolved as ``gradian attribute --config`` does: from ``configs`` (none: TRL's defaults when ``card``, TRL's model
+    card found beside the adapter, says ``SFTTrainer`` (:func:`gradian.data.setup.card_config`), else Gradian's), the
     rows' most common format and the chat template saved beside the adapter. A ``specs.grad.tokenize`` field that
     differs from :class:`TokenizeSpec`'s default counts as given explicitly (it beats the config and is named as the
     source); the others take the config's value. ``specs.grad`` is then set to the setup's tokenisation, so the
@@ -206,13 +207,13 @@ def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, e
     """
     import dataclasses
 
-    from gradian.data.setup import adapter_template, examples_format, resolve_setup
+    from gradian.data.setup import adapter_template, card_config, examples_format, resolve_setup
     from gradian.data.tokenize import TokenizeSpec
 
     tok, default = specs.grad.tokenize, TokenizeSpec()
     flags = {k: getattr(tok, k) for k in ("max_length", "loss_on", "add_eos") if getattr(tok, k) != getattr(default, k)}
     fmt, chat = examples_format(examples)
-    config = None
+    config = card_config(card)
     if configs:
         from gradian.audit.config import load_config
 

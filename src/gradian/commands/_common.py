@@ -353,19 +353,21 @@ def print_line(text: str) -> None:
 
 def run_folder_inputs(
     adapter: Path, config: list[Path] | None, logs: Path | None, *, read: bool, want_logs: bool = True
-) -> tuple[list[Path], Path | None]:
-    """``--config`` and ``--logs``, or (``read``: ``--run-folder``) what the trainer left beside the adapter
-    (:func:`gradian.audit.config.runfolder.find_run_folder`), with one line naming the files read.
+):
+    """``(configs, logs, TRL model card or None)``: ``--config`` and ``--logs``, or (``read``: ``--run-folder``) what
+    the trainer left beside the adapter (:func:`gradian.audit.config.runfolder.find_run_folder`), with one line naming
+    the files read; the card only when no config was given or found (the setup then takes TRL's defaults).
     """
     config = list(config or [])
     if not read or (config and (logs is not None or not want_logs)):
-        return config, logs
+        return config, logs, None
     from gradian.audit.config.runfolder import find_run_folder
 
     found = find_run_folder(adapter, configs=not config, logs=want_logs and logs is None)
     for line in found.lines():
         print_line(line)
-    return (config or list(found.configs)), (logs if logs is not None else found.logs)
+    config = config or list(found.configs)
+    return config, (logs if logs is not None else found.logs), (None if config else found.trl)
 
 
 def print_step(text: str) -> None:

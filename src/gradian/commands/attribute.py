@@ -252,14 +252,21 @@ def default_training_setup(ctx: typer.Context, data: Path, max_length: int, loss
 
 
 def apply_training_setup(
-    ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str, adapter=None
+    ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str, adapter=None, card=None
 ):
     """The :class:`~gradian.data.tokenize.TokenizeSpec` of the resolved training setup (:func:`training_setup`)."""
-    return training_setup(ctx, config, data, max_length, loss_on, adapter=adapter).tokenize_spec()
+    return training_setup(ctx, config, data, max_length, loss_on, adapter=adapter, card=card).tokenize_spec()
 
 
 def training_setup(
-    ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str, adapter=None, examples=None
+    ctx: typer.Context,
+    config: list[Path],
+    data: Path,
+    max_length: int,
+    loss_on: str,
+    adapter=None,
+    examples=None,
+    card=None,
 ):
     """The resolved :class:`~gradian.data.setup.TrainingSetup` (:func:`gradian.data.setup.setup_from_files`).
 
@@ -272,7 +279,7 @@ def training_setup(
     from gradian.errors import GradianWarning
 
     flags = _setup_flags(ctx, max_length, loss_on)
-    setup = setup_from_files(config, data, flags, adapter=adapter, examples=examples)
+    setup = setup_from_files(config, data, flags, adapter=adapter, examples=examples, card=card)
     for w in setup.warnings:
         warnings.warn(w, GradianWarning, stacklevel=2)
     tpl = ""
@@ -508,7 +515,7 @@ def register(app: typer.Typer) -> None:
             rows_per_forward=rows_per_forward,
         )
         # the trainer's own config and log beside the adapter, unless --config / --logs name others
-        config, logs = run_folder_inputs(adapter, config, logs, read=run_folder)
+        config, logs, card = run_folder_inputs(adapter, config, logs, read=run_folder)
         inputs = RunInputs(
             base,
             adapter,
@@ -525,8 +532,10 @@ def register(app: typer.Typer) -> None:
         from gradian.data.formats import load_examples
 
         examples = load_examples(data)
-        if config:
-            setup = training_setup(ctx, config, data, max_length, loss_on, adapter=adapter, examples=examples)
+        if config or card is not None:
+            setup = training_setup(
+                ctx, config, data, max_length, loss_on, adapter=adapter, examples=examples, card=card
+            )
         else:  # Gradian's defaults and the flags given (recorded in the manifest)
             setup = default_training_setup(ctx, data, max_length, loss_on, adapter=adapter, examples=examples)
         grad = dataclasses.replace(grad, tokenize=setup.tokenize_spec())

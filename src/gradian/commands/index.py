@@ -69,11 +69,11 @@ def register(app: typer.Typer) -> None:
         from gradian.models.load import ModelSpec
 
         tokenize = None
-        config, _ = run_folder_inputs(adapter, config, None, read=run_folder, want_logs=False)
-        if config:  # the run's own tokenisation (flags given on the command line still win)
+        config, _, card = run_folder_inputs(adapter, config, None, read=run_folder, want_logs=False)
+        if config or card is not None:  # the run's own tokenisation (flags given on the command line still win)
             from gradian.commands.attribute import apply_training_setup
 
-            tokenize = apply_training_setup(ctx, config, data, max_length, loss_on, adapter=adapter)
+            tokenize = apply_training_setup(ctx, config, data, max_length, loss_on, adapter=adapter, card=card)
             max_length, loss_on = tokenize.max_length, tokenize.loss_on
         # every flag and the data are checked before the model is loaded
         spec = grad_spec_from_options(

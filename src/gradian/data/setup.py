@@ -138,6 +138,27 @@ def row_format(path: str | Path) -> tuple[str, bool]:
     return examples_format(load_examples(path))
 
 
+def card_config(card) -> TrainConfig | None:
+    """The config a run without one is read with when TRL's model card says its trainer was ``SFTTrainer``
+    (:class:`gradian.audit.config.runfolder.TrlCard`): TRL's ``SFTConfig`` defaults, the trainer named from the card.
+
+    For the setup only (Audit is not given it: its checks would judge defaults the run may not have used). None for
+    another TRL trainer (a preference run's data is refused by Attribute anyway).
+    """
+    from gradian.audit.config import TrainConfig, apply_defaults
+
+    if card is None or card.trainer != "SFT":
+        return None
+    cfg = TrainConfig()
+    cfg.set("trainer", "trl", f"{card.says()}; its settings (training_args.bin, a pickle) are not read")
+    cfg.formats.append("trl")
+    if card.version:
+        cfg.versions["trl"] = card.version
+        cfg.version_sources["trl"] = str(card.path)
+    apply_defaults(cfg)
+    return cfg
+
+
 def setup_from_files(
     config_paths: list[str | Path] | tuple,
     data: str | Path,
@@ -145,9 +166,11 @@ def setup_from_files(
     *,
     adapter: str | Path | None = None,
     examples=None,
+    card=None,
 ) -> TrainingSetup:
     """:func:`resolve_setup` for ``gradian attribute [--config ...] --data ... --adapter ...``: the merged config
-    (none: Gradian's defaults), the rows' format and the template saved beside the adapter.
+    (none: TRL's defaults when ``card``, TRL's model card beside the adapter, says SFTTrainer (:func:`card_config`),
+    else Gradian's defaults), the rows' format and the template saved beside the adapter.
 
     Args:
         examples: the rows already loaded from ``data`` (:func:`load_examples`), so the file is read once.
@@ -158,7 +181,7 @@ def setup_from_files(
     from gradian.audit.config import load_config
 
     fmt, chat = examples_format(examples) if examples is not None else row_format(data)
-    config = load_config(list(config_paths)) if config_paths else None
+    config = load_config(list(config_paths)) if config_paths else card_config(card)
     return resolve_setup(config, fmt, chat=chat, flags=flags, saved_template=adapter_template(adapter))
 
 

@@ -34,9 +34,16 @@ from pathlib import Path
 
 from gradian.audit.config.reader import MODEL_CARD, axolotl_card, read_config
 from gradian.errors import GradianUserError
+from gradian.safeio import read_text
 
 #: The config files a trainer writes into its output folder, in the order they are read (see the module docstring).
 RUN_CONFIG_FILES = ("training_config.yaml", "torchtune_config.yaml", "training_args.yaml")
+
+#: TRL's model card (``trl/templates/lm_model_card.md``, TRL 1.16; written into the output folder at every checkpoint
+#: save): "It has been trained using [TRL](...)", "This model was trained with <trainer>." and "- TRL: <version>".
+_TRL_CARD = re.compile(r"It has been trained using \[TRL\]")
+_TRL_TRAINER = re.compile(r"This model was trained with ([A-Za-z0-9_-]+)")
+_TRL_VERSION = re.compile(r"^\s*-\s*TRL:\s*v?([0-9][\w.+-]*)", re.M)
 
 #: A checkpoint folder inside a run's output folder: HF ``checkpoint-N``, torchtune ``epoch_N``.
 _CHECKPOINT_NAME = re.compile(r"checkpoint-\d+|epoch_\d+")
@@ -63,6 +70,35 @@ def _configs_in(folder: Path) -> list[Path]:
 
 
 @dataclass(frozen=True)
+class TrlCard:
+    """What TRL's model card says of a run: its trainer (``"SFT"`` for ``SFTTrainer``) and TRL's version."""
+
+    path: Path
+    trainer: str
+    version: str | None
+
+    def says(self) -> str:
+        """``README.md says TRL 1.16.0's SFT trainer``: the source the setup names."""
+        return f"{self.path.name} says TRL {self.version or '(version not given)'}'s {self.trainer} trainer"
+
+
+def trl_card(folder: Path) -> TrlCard | None:
+    """The TRL model card in ``folder`` (``README.md``; see :data:`_TRL_CARD`), or None."""
+    card = Path(folder) / MODEL_CARD
+    if not card.is_file():
+        return None
+    try:
+        text = read_text(card, "model card")
+    except GradianUserError:  # a model card that cannot be read says nothing
+        return None
+    trainer = _TRL_TRAINER.search(text)
+    if not _TRL_CARD.search(text) or trainer is None:
+        return None
+    version = _TRL_VERSION.search(text)
+    return TrlCard(card, trainer.group(1), version.group(1) if version else None)
+
+
+@dataclass(frozen=True)
 class RunFolder:
     """What a trainer left beside an adapter.
 
@@ -73,11 +109,14 @@ class RunFolder:
             its last ``checkpoint-N/trainer_state.json``, or torchtune's ``logs/log_*.txt``).
         notes: one line per file found and not used (it does not read: malformed, an unknown format), or for a
             folder whose only settings are a pickled ``training_args.bin``.
+        trl: TRL's model card, when no config was found (an HF/TRL run keeps its settings in a pickle): the setup
+            then takes TRL's defaults for what it cannot read (:func:`gradian.data.setup.card_config`).
     """
 
     configs: tuple[Path, ...] = ()
     logs: Path | None = None
     notes: tuple[str, ...] = ()
+    trl: TrlCard | None = None
 
     def lines(self) -> list[str]:
         """The lines to print: what was read, then the notes (none: nothing found and nothing to say)."""
@@ -133,9 +172,16 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
             )
         else:
             readable.append(path)
+    card = None
+    if configs and not found:
+        card = next((c for c in map(trl_card, _run_folders(adapter)) if c is not None), None)
     if configs and not found and pickled is not None:
+        if card is not None and card.trainer == "SFT":
+            assumed = f"{card.says()}, so the setup is TRL's defaults (a messages row: every token)"
+        else:
+            assumed = "so the run's max length and loss mask are Gradian's defaults"
         notes.append(
-            f"run folder: {pickled} is a pickle, which Gradian never reads, so the run's max length and loss mask "
-            "are Gradian's defaults; pass the trainer's config with --config (TRL: training_args.to_json_string())"
+            f"run folder: {pickled} is a pickle, which Gradian never reads; {assumed}; pass the trainer's config "
+            "with --config if it set them (TRL: training_args.to_json_string())"
         )
-    return RunFolder(tuple(readable), log, tuple(notes))
+    return RunFolder(tuple(readable), log, tuple(notes), card)
