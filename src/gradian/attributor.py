@@ -271,7 +271,7 @@ class Attributor:
 
             found = find_run_folder(adapter, configs=not configs, logs=logs is None)
             configs, logs = (configs or found.configs), (logs if logs is not None else found.logs)
-            self._card = None if configs else found.trl  # TRL's model card: its defaults for the setup
+            self._card = None if configs else found.card  # TRL's model card: its defaults for the setup
             for note in found.notes:  # a file found and not used, or settings only in a pickle
                 warnings.warn(note, GradianWarning, stacklevel=2)
         self.configs = tuple(Path(c) for c in configs)

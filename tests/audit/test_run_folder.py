@@ -248,7 +248,7 @@ def test_a_torchtune_log_line_that_is_not_one_is_one_line_naming_it(tmp_path):
 def test_trl_s_model_card_names_the_trainer_and_version_and_only_sft_gives_a_setup(tmp_path):
     """TRL's card (trl/templates/lm_model_card.md): 'trained using [TRL]', 'trained with <trainer>', '- TRL: X'.
     Only an SFT card gives the setup TRL's defaults (data.setup.card_config); a PEFT card or a DPO card gives none."""
-    from gradian.audit.config.runfolder import trl_card
+    from gradian.audit.config.runfolder import trainer_card
     from gradian.data.setup import card_config
 
     def card(trainer):
@@ -262,13 +262,35 @@ def test_trl_s_model_card_names_the_trainer_and_version_and_only_sft_gives_a_set
     (out / "README.md").write_text(card("SFT"))
     (out / "training_args.bin").write_bytes(b"\x80\x04 never opened")
     found = find_run_folder(out)
-    assert found.configs == () and found.trl is not None
-    assert (found.trl.trainer, found.trl.version) == ("SFT", "1.16.0")
-    cfg = card_config(found.trl)
+    assert found.configs == () and found.card is not None
+    assert (found.card.trainer, found.card.kind, found.card.version) == ("trl", "SFT", "1.16.0")
+    cfg = card_config(found.card)
     assert cfg.trainer == "trl" and cfg.max_length == 1024 and cfg.versions["trl"] == "1.16.0"
     assert cfg.source("trainer").startswith("README.md says TRL 1.16.0's SFT trainer")
     (out / "README.md").write_text(card("DPO"))
-    assert trl_card(out).trainer == "DPO" and card_config(trl_card(out)) is None
+    assert trainer_card(out).kind == "DPO" and card_config(trainer_card(out)) is None
     assert "Gradian's defaults" in find_run_folder(out).notes[0]
     (out / "README.md").write_text("---\nlibrary_name: peft\n---\n### Framework versions\n\n- PEFT 0.17.1\n")
-    assert trl_card(out) is None
+    assert trainer_card(out) is None
+
+
+def test_llamafactory_s_model_card_gives_its_defaults(tmp_path):
+    """A LLaMA-Factory CLI run saves no config of its own; its HF Trainer card carries the tags llama-factory and the
+    finetuning type (0.9.5 train/trainer_utils.py create_modelcard_and_push). The setup then takes LLaMA-Factory's
+    defaults: cutoff_len 2048 and every assistant turn's response (train_on_prompt and mask_history false)."""
+    from gradian.data.setup import card_config, resolve_setup
+
+    out = _adapter(tmp_path / "saves" / "lora" / "sft")
+    (out / "README.md").write_text(
+        "---\nlibrary_name: peft\nlicense: other\nbase_model: Qwen/Qwen2.5-0.5B-Instruct\ntags:\n- llama-factory\n"
+        "- lora\n- generated_from_trainer\nmodel-index:\n- name: sft\n  results: []\n---\n\n# sft\n\nThis model is a "
+        "fine-tuned version of [Qwen/Qwen2.5-0.5B-Instruct](https://huggingface.co/Qwen/Qwen2.5-0.5B-Instruct) on the "
+        "capitals dataset.\n"
+    )
+    (out / "training_args.bin").write_bytes(b"\x80\x04 never opened")
+    found = find_run_folder(out)
+    assert found.card is not None and found.card.trainer == "llamafactory"
+    assert "LLaMA-Factory's defaults (cutoff_len 2048, every assistant turn)" in found.notes[0]
+    setup = resolve_setup(card_config(found.card), "messages", chat=True)
+    assert (setup.trainer, setup.max_length, setup.loss_on) == ("llamafactory", 2048, "assistant")
+    assert setup.sources["trainer"].startswith("README.md says LLaMA-Factory")

@@ -367,7 +367,7 @@ def run_folder_inputs(
     for line in found.lines():
         print_line(line)
     config = config or list(found.configs)
-    return config, (logs if logs is not None else found.logs), (None if config else found.trl)
+    return config, (logs if logs is not None else found.logs), (None if config else found.card)
 
 
 def print_step(text: str) -> None:

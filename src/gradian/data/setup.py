@@ -139,22 +139,23 @@ def row_format(path: str | Path) -> tuple[str, bool]:
 
 
 def card_config(card) -> TrainConfig | None:
-    """The config a run without one is read with when TRL's model card says its trainer was ``SFTTrainer``
-    (:class:`gradian.audit.config.runfolder.TrlCard`): TRL's ``SFTConfig`` defaults, the trainer named from the card.
+    """The config a run without one is read with when its trainer's model card names the trainer
+    (:class:`gradian.audit.config.runfolder.TrainerCard`): TRL's ``SFTConfig`` defaults for an ``SFTTrainer`` card,
+    LLaMA-Factory's for a LLaMA-Factory card (its stage unsaid: SFT assumed), the trainer named from the card.
 
     For the setup only (Audit is not given it: its checks would judge defaults the run may not have used). None for
-    another TRL trainer (a preference run's data is refused by Attribute anyway).
+    a TRL trainer other than SFT (a preference run's data is refused by Attribute anyway).
     """
     from gradian.audit.config import TrainConfig, apply_defaults
 
-    if card is None or card.trainer != "SFT":
+    if card is None or not card.sft:
         return None
     cfg = TrainConfig()
-    cfg.set("trainer", "trl", f"{card.says()}; its settings (training_args.bin, a pickle) are not read")
-    cfg.formats.append("trl")
+    cfg.set("trainer", card.trainer, f"{card.says()}; its settings (training_args.bin, a pickle) are not read")
+    cfg.formats.append(card.trainer)
     if card.version:
-        cfg.versions["trl"] = card.version
-        cfg.version_sources["trl"] = str(card.path)
+        cfg.versions[card.trainer] = card.version
+        cfg.version_sources[card.trainer] = str(card.path)
     apply_defaults(cfg)
     return cfg
 

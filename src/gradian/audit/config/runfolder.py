@@ -44,6 +44,16 @@ RUN_CONFIG_FILES = ("training_config.yaml", "torchtune_config.yaml", "training_a
 _TRL_CARD = re.compile(r"It has been trained using \[TRL\]")
 _TRL_TRAINER = re.compile(r"This model was trained with ([A-Za-z0-9_-]+)")
 _TRL_VERSION = re.compile(r"^\s*-\s*TRL:\s*v?([0-9][\w.+-]*)", re.M)
+#: LLaMA-Factory 0.9.5's card (``train/trainer_utils.py`` ``create_modelcard_and_push``: HF ``Trainer``'s card with
+#: the tags ``llama-factory`` and the finetuning type) in the YAML front matter
+_FRONT_MATTER = re.compile(r"\A---\n(.*?)\n---", re.S)
+_LLAMAFACTORY_TAG = re.compile(r"^\s*-\s*['\"]?llama-factory['\"]?\s*$", re.M)
+
+#: what the setup takes from a card, in words (:func:`gradian.data.setup.card_config`)
+_DEFAULTS_SAID = {
+    "trl": "TRL's defaults (a messages row: every token)",
+    "llamafactory": "LLaMA-Factory's defaults (cutoff_len 2048, every assistant turn)",
+}
 
 #: A checkpoint folder inside a run's output folder: HF ``checkpoint-N``, torchtune ``epoch_N``.
 _CHECKPOINT_NAME = re.compile(r"checkpoint-\d+|epoch_\d+")
@@ -70,20 +80,29 @@ def _configs_in(folder: Path) -> list[Path]:
 
 
 @dataclass(frozen=True)
-class TrlCard:
-    """What TRL's model card says of a run: its trainer (``"SFT"`` for ``SFTTrainer``) and TRL's version."""
+class TrainerCard:
+    """What a model card says of the run that wrote it: the trainer (``"trl"``, ``"llamafactory"``), TRL's trainer
+    class (``"SFT"`` for ``SFTTrainer``; None for LLaMA-Factory, whose card does not say its stage) and version."""
 
     path: Path
     trainer: str
+    kind: str | None
     version: str | None
 
     def says(self) -> str:
         """``README.md says TRL 1.16.0's SFT trainer``: the source the setup names."""
-        return f"{self.path.name} says TRL {self.version or '(version not given)'}'s {self.trainer} trainer"
+        if self.trainer == "trl":
+            return f"{self.path.name} says TRL {self.version or '(version not given)'}'s {self.kind} trainer"
+        return f"{self.path.name} says LLaMA-Factory (its tag llama-factory; the stage is not said, SFT assumed)"
+
+    @property
+    def sft(self) -> bool:
+        """Whether the card is of a supervised fine-tune (TRL: ``SFTTrainer``; LLaMA-Factory: assumed)."""
+        return self.trainer == "llamafactory" or self.kind == "SFT"
 
 
-def trl_card(folder: Path) -> TrlCard | None:
-    """The TRL model card in ``folder`` (``README.md``; see :data:`_TRL_CARD`), or None."""
+def trainer_card(folder: Path) -> TrainerCard | None:
+    """The TRL or LLaMA-Factory model card in ``folder`` (``README.md``), or None."""
     card = Path(folder) / MODEL_CARD
     if not card.is_file():
         return None
@@ -92,10 +111,13 @@ def trl_card(folder: Path) -> TrlCard | None:
     except GradianUserError:  # a model card that cannot be read says nothing
         return None
     trainer = _TRL_TRAINER.search(text)
-    if not _TRL_CARD.search(text) or trainer is None:
-        return None
-    version = _TRL_VERSION.search(text)
-    return TrlCard(card, trainer.group(1), version.group(1) if version else None)
+    if _TRL_CARD.search(text) and trainer is not None:
+        version = _TRL_VERSION.search(text)
+        return TrainerCard(card, "trl", trainer.group(1), version.group(1) if version else None)
+    front = _FRONT_MATTER.match(text)
+    if front is not None and _LLAMAFACTORY_TAG.search(front.group(1)):
+        return TrainerCard(card, "llamafactory", None, None)
+    return None
 
 
 @dataclass(frozen=True)
@@ -109,14 +131,14 @@ class RunFolder:
             its last ``checkpoint-N/trainer_state.json``, or torchtune's ``logs/log_*.txt``).
         notes: one line per file found and not used (it does not read: malformed, an unknown format), or for a
             folder whose only settings are a pickled ``training_args.bin``.
-        trl: TRL's model card, when no config was found (an HF/TRL run keeps its settings in a pickle): the setup
-            then takes TRL's defaults for what it cannot read (:func:`gradian.data.setup.card_config`).
+        card: the trainer's model card (TRL, LLaMA-Factory), when no config was found (their runs keep their settings
+            in a pickle): the setup then takes that trainer's defaults (:func:`gradian.data.setup.card_config`).
     """
 
     configs: tuple[Path, ...] = ()
     logs: Path | None = None
     notes: tuple[str, ...] = ()
-    trl: TrlCard | None = None
+    card: TrainerCard | None = None
 
     def lines(self) -> list[str]:
         """The lines to print: what was read, then the notes (none: nothing found and nothing to say)."""
@@ -174,10 +196,10 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
             readable.append(path)
     card = None
     if configs and not found:
-        card = next((c for c in map(trl_card, _run_folders(adapter)) if c is not None), None)
+        card = next((c for c in map(trainer_card, _run_folders(adapter)) if c is not None), None)
     if configs and not found and pickled is not None:
-        if card is not None and card.trainer == "SFT":
-            assumed = f"{card.says()}, so the setup is TRL's defaults (a messages row: every token)"
+        if card is not None and card.sft:
+            assumed = f"{card.says()}, so the setup is {_DEFAULTS_SAID[card.trainer]}"
         else:
             assumed = "so the run's max length and loss mask are Gradian's defaults"
         notes.append(
