@@ -82,7 +82,8 @@ def _configs_in(folder: Path) -> list[Path]:
 @dataclass(frozen=True)
 class TrainerCard:
     """What a model card says of the run that wrote it: the trainer (``"trl"``, ``"llamafactory"``), TRL's trainer
-    class (``"SFT"`` for ``SFTTrainer``; None for LLaMA-Factory, whose card does not say its stage) and version."""
+    class (``"SFT"`` for ``SFTTrainer``; None for LLaMA-Factory, whose card does not say its stage) and version.
+    """
 
     path: Path
     trainer: str
