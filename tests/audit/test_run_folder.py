@@ -294,3 +294,15 @@ def test_llamafactory_s_model_card_gives_its_defaults(tmp_path):
     setup = resolve_setup(card_config(found.card), "messages", chat=True)
     assert (setup.trainer, setup.max_length, setup.loss_on) == ("llamafactory", 2048, "assistant")
     assert setup.sources["trainer"].startswith("README.md says LLaMA-Factory")
+
+
+def test_a_card_without_a_pickle_beside_it_is_said_too(tmp_path):
+    """An adapter folder copied with its TRL card and without training_args.bin: the card still sets the setup, so
+    the line still says so."""
+    out = _adapter(tmp_path / "out")
+    (out / "README.md").write_text(
+        "It has been trained using [TRL](https://github.com/huggingface/trl).\n\nThis model was trained with SFT.\n"
+    )
+    (note,) = find_run_folder(out).notes
+    assert note.startswith("run folder: no training config here; README.md says TRL (version not given)'s SFT")
+    assert "so the setup is TRL's defaults" in note

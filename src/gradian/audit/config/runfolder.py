@@ -198,13 +198,14 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
     card = None
     if configs and not found:
         card = next((c for c in map(trainer_card, _run_folders(adapter)) if c is not None), None)
-    if configs and not found and pickled is not None:
+    if configs and not found and (pickled is not None or (card is not None and card.sft)):
+        why = f"{pickled} is a pickle, which Gradian never reads" if pickled is not None else "no training config here"
         if card is not None and card.sft:
             assumed = f"{card.says()}, so the setup is {_DEFAULTS_SAID[card.trainer]}"
         else:
             assumed = "so the run's max length and loss mask are Gradian's defaults"
         notes.append(
-            f"run folder: {pickled} is a pickle, which Gradian never reads; {assumed}; pass the trainer's config "
-            "with --config if it set them (TRL: training_args.to_json_string())"
+            f"run folder: {why}; {assumed}; pass the trainer's config with --config if it set them "
+            "(TRL: training_args.to_json_string())"
         )
     return RunFolder(tuple(readable), log, tuple(notes), card)
