@@ -272,8 +272,8 @@ class Attributor:
             found = find_run_folder(adapter, configs=not configs, logs=logs is None)
             configs, logs = (configs or found.configs), (logs if logs is not None else found.logs)
             self._card = None if configs else found.card  # TRL's model card: its defaults for the setup
-            for note in found.notes:  # a file found and not used, or settings only in a pickle
-                warnings.warn(note, GradianWarning, stacklevel=2)
+            for note in [*found.notes, *([found.setup_note] if found.setup_note else [])]:
+                warnings.warn(note, GradianWarning, stacklevel=2)  # a file not used; settings only in a pickle
         self.configs = tuple(Path(c) for c in configs)
         self.logs = Path(logs) if logs is not None else None
         self.index_dir = Path(index_dir) if index_dir is not None else None

@@ -269,7 +269,7 @@ def test_trl_s_model_card_names_the_trainer_and_version_and_only_sft_gives_a_set
     assert cfg.source("trainer").startswith("README.md says TRL 1.16.0's SFT trainer")
     (out / "README.md").write_text(card("DPO"))
     assert trainer_card(out).kind == "DPO" and card_config(trainer_card(out)) is None
-    assert "Gradian's defaults" in find_run_folder(out).notes[0]
+    assert "Gradian's defaults" in find_run_folder(out).setup_note
     (out / "README.md").write_text("---\nlibrary_name: peft\n---\n### Framework versions\n\n- PEFT 0.17.1\n")
     assert trainer_card(out) is None
 
@@ -290,7 +290,7 @@ def test_llamafactory_s_model_card_gives_its_defaults(tmp_path):
     (out / "training_args.bin").write_bytes(b"\x80\x04 never opened")
     found = find_run_folder(out)
     assert found.card is not None and found.card.trainer == "llamafactory"
-    assert "LLaMA-Factory's defaults (cutoff_len 2048, every assistant turn)" in found.notes[0]
+    assert "LLaMA-Factory's defaults (cutoff_len 2048, every assistant turn)" in found.setup_note
     setup = resolve_setup(card_config(found.card), "messages", chat=True)
     assert (setup.trainer, setup.max_length, setup.loss_on) == ("llamafactory", 2048, "assistant")
     assert setup.sources["trainer"].startswith("README.md says LLaMA-Factory")
@@ -303,6 +303,26 @@ def test_a_card_without_a_pickle_beside_it_is_said_too(tmp_path):
     (out / "README.md").write_text(
         "It has been trained using [TRL](https://github.com/huggingface/trl).\n\nThis model was trained with SFT.\n"
     )
-    (note,) = find_run_folder(out).notes
+    (note,) = find_run_folder(out).lines()
     assert note.startswith("run folder: no training config here; README.md says TRL (version not given)'s SFT")
     assert "so the setup is TRL's defaults" in note
+
+
+def test_diagnose_on_a_trl_folder_says_the_pickle_and_assumes_nothing(tmp_path):
+    """`gradian diagnose --config OUT` on a TRL folder: the settings are in a pickle (said on stderr); the card's
+    defaults are the gradients' business, never Audit's (no config value comes from them)."""
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    out = _adapter(tmp_path / "out")
+    (out / "README.md").write_text(
+        "It has been trained using [TRL](https://github.com/huggingface/trl).\n\nThis model was trained with SFT.\n"
+    )
+    (out / "training_args.bin").write_bytes(b"\x80\x04 never opened")
+    res = CliRunner().invoke(app, ["diagnose", "--config", str(out), "--format", "json"])
+    assert res.exit_code in (0, 1), res.output
+    assert f"{out / 'training_args.bin'} is a pickle, which Gradian never reads" in res.stderr
+    assert "so the setup is" not in res.stderr
+    report = json.loads(res.stdout)
+    assert report["config"]["formats"] == ["peft"] and "max_length" not in report["config"]["values"]

@@ -130,8 +130,8 @@ class RunFolder:
             one reads (:func:`gradian.audit.config.reader.read_config`).
         logs: the folder whose log is read (:func:`gradian.audit.logs.find_trainer_state`: its ``trainer_state.json``,
             its last ``checkpoint-N/trainer_state.json``, or torchtune's ``logs/log_*.txt``).
-        notes: one line per file found and not used (it does not read: malformed, an unknown format), or for a
-            folder whose only settings are a pickled ``training_args.bin``.
+        notes: one line per file found and not used (it does not read: malformed, an unknown format).
+        pickled: the ``training_args.bin`` of a folder where no config was found (its settings; never opened).
         card: the trainer's model card (TRL, LLaMA-Factory), when no config was found (their runs keep their settings
             in a pickle): the setup then takes that trainer's defaults (:func:`gradian.data.setup.card_config`).
     """
@@ -139,6 +139,7 @@ class RunFolder:
     configs: tuple[Path, ...] = ()
     logs: Path | None = None
     notes: tuple[str, ...] = ()
+    pickled: Path | None = None
     card: TrainerCard | None = None
 
     def lines(self) -> list[str]:
@@ -150,7 +151,24 @@ class RunFolder:
             log, _ = find_trainer_state(self.logs)
             read.append(f"{log} (trainer log)")
         head = ["run folder: read " + ", ".join(read) + "; --config / --logs read others"] if read else []
-        return head + list(self.notes)
+        return head + list(self.notes) + ([self.setup_note] if self.setup_note else [])
+
+    @property
+    def setup_note(self) -> str | None:
+        """For a folder with no readable config: where the training setup comes from instead (the trainer's card,
+        else Gradian's defaults) and that the settings are in a pickle, or None.
+        """
+        if self.configs or (self.pickled is None and (self.card is None or not self.card.sft)):
+            return None
+        why = f"{self.pickled} is a pickle, which Gradian never reads" if self.pickled else "no training config here"
+        if self.card is not None and self.card.sft:
+            assumed = f"{self.card.says()}, so the setup is {_DEFAULTS_SAID[self.card.trainer]}"
+        else:
+            assumed = "so the run's max length and loss mask are Gradian's defaults"
+        return (
+            f"run folder: {why}; {assumed}; pass the trainer's config with --config if it set them "
+            "(TRL: training_args.to_json_string())"
+        )
 
 
 def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = True) -> RunFolder:
@@ -198,14 +216,6 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
     card = None
     if configs and not found:
         card = next((c for c in map(trainer_card, _run_folders(adapter)) if c is not None), None)
-    if configs and not found and (pickled is not None or (card is not None and card.sft)):
-        why = f"{pickled} is a pickle, which Gradian never reads" if pickled is not None else "no training config here"
-        if card is not None and card.sft:
-            assumed = f"{card.says()}, so the setup is {_DEFAULTS_SAID[card.trainer]}"
-        else:
-            assumed = "so the run's max length and loss mask are Gradian's defaults"
-        notes.append(
-            f"run folder: {why}; {assumed}; pass the trainer's config with --config if it set them "
-            "(TRL: training_args.to_json_string())"
-        )
-    return RunFolder(tuple(readable), log, tuple(notes), card)
+    if not configs or found:
+        pickled = None
+    return RunFolder(tuple(readable), log, tuple(notes), pickled=pickled, card=card)
