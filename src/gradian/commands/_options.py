@@ -66,7 +66,8 @@ RUN_FOLDER = typer.Option(
     "--run-folder/--no-run-folder",
     help="Without --config: read the training config the trainer left beside the adapter (gradian train's "
     "training_config.yaml, torchtune's torchtune_config.yaml, LLaMA-Factory's training_args.yaml, axolotl's model "
-    "card); attribute without --logs also reads its trainer_state.json. --no-run-folder: Gradian's defaults.",
+    "card; a TRL or LLaMA-Factory model card: that trainer's defaults); attribute without --logs also reads its "
+    "trainer log. --no-run-folder: Gradian's defaults.",
     rich_help_panel=SETUP,
 )
 CHECKPOINTS = typer.Option(
