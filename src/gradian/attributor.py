@@ -270,8 +270,7 @@ class Attributor:
             from gradian.errors import GradianWarning
 
             found = find_run_folder(adapter, configs=not configs, logs=logs is None)
-            configs, logs = (configs or found.configs), (logs if logs is not None else found.logs)
-            self._card = None if configs else found.card  # TRL's model card: its defaults for the setup
+            configs, logs, self._card = found.inputs(configs, logs)  # the card: its trainer's defaults for the setup
             for note in [*found.notes, *([found.setup_note] if found.setup_note else [])]:
                 warnings.warn(note, GradianWarning, stacklevel=2)  # a file not used; settings only in a pickle
         self.configs = tuple(Path(c) for c in configs)
@@ -433,8 +432,8 @@ class Attributor:
     @property
     def setup(self) -> TrainingSetup:
         """The run's training setup (:func:`gradian.attribute.run.resolve_run_setup`): from :attr:`configs` (none, and
-        TRL's model card beside the adapter: TRL's defaults), the chat template saved beside the adapter and
-        ``grad.tokenize``'s own fields; resolved once.
+        a TRL or LLaMA-Factory model card beside the adapter: that trainer's defaults), the chat template saved beside
+        the adapter and ``grad.tokenize``'s own fields; resolved once.
 
         Resolving it sets :attr:`grad`'s tokenisation, so :meth:`index`, :meth:`scores`, :meth:`evaluate` and
         :meth:`attribute` all take the trainer's tokens (and share one index id with ``gradian index`` and

@@ -198,8 +198,8 @@ def _manifest(
 def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, examples, *, card=None) -> Any:
     """The run's :class:`~gradian.data.setup.TrainingSetup` when the caller did not resolve one (the Python API).
 
-    Resolved as ``gradian attribute --config`` does: from ``configs`` (none: TRL's defaults when ``card``, TRL's model
-    card found beside the adapter, says ``SFTTrainer`` (:func:`gradian.data.setup.card_config`), else Gradian's), the
+    Resolved as ``gradian attribute --config`` does: from ``configs`` (none: the defaults of the trainer whose
+    model card ``card`` is beside the adapter (:func:`gradian.data.setup.card_config`), else Gradian's), the
     rows' most common format and the chat template saved beside the adapter. A ``specs.grad.tokenize`` field that
     differs from :class:`TokenizeSpec`'s default counts as given explicitly (it beats the config and is named as the
     source); the others take the config's value. ``specs.grad`` is then set to the setup's tokenisation, so the

@@ -354,9 +354,9 @@ def print_line(text: str) -> None:
 def run_folder_inputs(
     adapter: Path, config: list[Path] | None, logs: Path | None, *, read: bool, want_logs: bool = True
 ):
-    """``(configs, logs, TRL model card or None)``: ``--config`` and ``--logs``, or (``read``: ``--run-folder``) what
-    the trainer left beside the adapter (:func:`gradian.audit.config.runfolder.find_run_folder`), with one line naming
-    the files read; the card only when no config was given or found (the setup then takes TRL's defaults).
+    """``(configs, logs, trainer card or None)``: ``--config`` and ``--logs``, or (``read``: ``--run-folder``) what the
+    trainer left beside the adapter (:meth:`gradian.audit.config.runfolder.RunFolder.inputs`), with one line naming
+    the files read.
     """
     config = list(config or [])
     if not read or (config and (logs is not None or not want_logs)):
@@ -366,8 +366,7 @@ def run_folder_inputs(
     found = find_run_folder(adapter, configs=not config, logs=want_logs and logs is None)
     for line in found.lines():
         print_line(line)
-    config = config or list(found.configs)
-    return config, (logs if logs is not None else found.logs), (None if config else found.card)
+    return found.inputs(config, logs)
 
 
 def print_step(text: str) -> None:

@@ -170,8 +170,8 @@ def setup_from_files(
     card=None,
 ) -> TrainingSetup:
     """:func:`resolve_setup` for ``gradian attribute [--config ...] --data ... --adapter ...``: the merged config
-    (none: TRL's defaults when ``card``, TRL's model card beside the adapter, says SFTTrainer (:func:`card_config`),
-    else Gradian's defaults), the rows' format and the template saved beside the adapter.
+    (none: the defaults of the trainer whose model card ``card`` is beside the adapter (:func:`card_config`), else
+    Gradian's defaults), the rows' format and the template saved beside the adapter.
 
     Args:
         examples: the rows already loaded from ``data`` (:func:`load_examples`), so the file is read once.

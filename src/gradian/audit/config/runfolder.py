@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from gradian.audit.config.reader import MODEL_CARD, axolotl_card, read_config
 from gradian.errors import GradianUserError
@@ -153,6 +154,16 @@ class RunFolder:
         head = ["run folder: read " + ", ".join(read) + "; --config / --logs read others"] if read else []
         return head + list(self.notes) + ([self.setup_note] if self.setup_note else [])
 
+    def inputs(
+        self, configs: Sequence[str | Path], logs: str | Path | None
+    ) -> tuple[list[Path], Path | None, TrainerCard | None]:
+        """``(configs, logs, card)`` of a run: those given, else the ones found here; the trainer's card only when the
+        run has no config (the setup then takes that trainer's defaults, :func:`gradian.data.setup.card_config`).
+        """
+        merged = [Path(c) for c in configs] or list(self.configs)
+        log = Path(logs) if logs is not None else self.logs
+        return merged, log, (None if merged else self.card)
+
     @property
     def setup_note(self) -> str | None:
         """For a folder with no readable config: where the training setup comes from instead (the trainer's card,
@@ -180,8 +191,7 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
     Args:
         configs, logs: look for each (False: the caller was given its own).
     """
-    from gradian.audit.logs import checkpoints as checkpoint_folders
-    from gradian.audit.logs import torchtune_log
+    from gradian.audit.logs import find_trainer_state
 
     adapter = Path(adapter)
     if not adapter.is_dir():
@@ -195,12 +205,11 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
             if not found and pickled is None and (folder / "training_args.bin").is_file():
                 pickled = folder / "training_args.bin"
         if logs and log is None:
-            if (
-                (folder / "trainer_state.json").is_file()
-                or any((c / "trainer_state.json").is_file() for c in checkpoint_folders(folder))
-                or torchtune_log(folder) is not None
-            ):
+            try:  # the folder is a log when --logs would read one from it
+                find_trainer_state(folder)
                 log = folder
+            except GradianUserError:
+                pass
     notes: list[str] = []
     readable: list[Path] = []
     for path in found:
@@ -216,6 +225,6 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
     card = None
     if configs and not found:
         card = next((c for c in map(trainer_card, _run_folders(adapter)) if c is not None), None)
-    if not configs or found:
+    if found:  # a checkpoint's pickle, where the run folder above it holds the config
         pickled = None
     return RunFolder(tuple(readable), log, tuple(notes), pickled=pickled, card=card)
