@@ -206,54 +206,24 @@ def test_attribute_takes_its_setup_from_the_trl_run(run, tmp_path, monkeypatch):
     assert "chat template (" in " ".join(res.output.split())
 
 
-def test_without_config_a_trl_folder_says_its_settings_are_in_a_pickle(run, tmp_path, monkeypatch):
-    """`gradian index --adapter OUT` without --config on the real TRL folder: TRL leaves its settings only in
-    training_args.bin; the file is never opened (no pickle is loaded), one line says so and asks for --config, and
-    the run goes on with Gradian's defaults and the template TRL saved."""
+def _refuse_unpickling(monkeypatch):
+    """Make every way to unpickle fail the test."""
     import pickle
 
     import torch
-    from typer.testing import CliRunner
-
-    from gradian.cli import app
-
-    assert (run["out"] / "training_args.bin").is_file()
 
     def refuse(*a, **k):
         raise AssertionError("a pickle was loaded")
 
-    monkeypatch.setattr(pickle, "load", refuse)
-    monkeypatch.setattr(pickle, "loads", refuse)
-    monkeypatch.setattr(torch, "load", refuse)
-    args = ["index", "--base", str(run["base"]), "--adapter", str(run["out"]), "--data", str(run["data"])]
-    args += ["--checkpoints", "final", "--unit", "row", "--out", str(tmp_path / "idx")]
-    res = CliRunner().invoke(app, args, env={"GRADIAN_CACHE": str(tmp_path / "cache")})
-    assert res.exit_code == 0, res.output
-    text = " ".join(res.output.split())
-    assert f"run folder: {run['out'] / 'training_args.bin'} is a pickle, which Gradian never reads" in text
-    assert "README.md says TRL 1.16.0's SFT trainer, so the setup is TRL's defaults" in text
-    assert "pass the trainer's config with --config if it set them" in text
-    (manifest,) = (tmp_path / "idx").rglob("manifest.json")
-    tokenize = json.loads(manifest.read_text())["grad_spec"]["tokenize"]
-    from trl_run import TEMPLATE
-
-    assert tokenize["max_length"] == 1024 and tokenize["chat_template"] == TEMPLATE
+    for mod, name in ((pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load")):
+        monkeypatch.setattr(mod, name, refuse)
 
 
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory, tok):
-    """A real TRL run at TRL's own defaults (no assistant_only_loss, no max_length): every token of a messages row."""
-    from trl_run import build_trl_run
-
-    return build_trl_run(tmp_path_factory.mktemp("trl-default-run"), tok, assistant_only_loss=None, max_length=None)
-
-
-def test_without_config_a_trl_sft_run_is_read_with_trl_s_defaults(default_run, tmp_path):
-    """TRL keeps the run's settings in a pickle; its model card says the trainer (SFT) and TRL's version. Without
-    --config the setup is then TRL 1.16's SFTConfig defaults, named from the card: on a run that kept them, every
-    row's input_ids and labels equal TRL's own preparation and collator (Gradian's default mask, the final assistant
-    turn, matches none of them)."""
-    import dataclasses
+def test_without_config_a_trl_folder_is_read_from_its_training_args_never_unpickled(run, tmp_path, monkeypatch):
+    """`gradian index --adapter OUT` without --config on the real TRL folder: TRL keeps the run's settings only in
+    training_args.bin (its SFTConfig, pickled). It is read without unpickling (every unpickler replaced by a
+    failure): the gradients take the run's max_length 128 and assistant-only loss from it, named as their source,
+    and the template TRL saved; every row's input_ids and labels then equal TRL's own preparation and collator."""
     import sys
     from pathlib import Path
 
@@ -265,7 +235,78 @@ def test_without_config_a_trl_sft_run_is_read_with_trl_s_defaults(default_run, t
     from trl_parity import gradian_rows, matching, trl_rows, with_template
     from trl_run import TEMPLATE
 
-    run = default_run
+    bin_ = run["out"] / "training_args.bin"
+    assert bin_.is_file()
+    _refuse_unpickling(monkeypatch)
+    args = ["index", "--base", str(run["base"]), "--adapter", str(run["out"]), "--data", str(run["data"])]
+    args += ["--checkpoints", "final", "--unit", "row", "--out", str(tmp_path / "idx")]
+    res = CliRunner().invoke(app, args, env={"GRADIAN_CACHE": str(tmp_path / "cache")})
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert f"run folder: read {bin_} (training arguments, read without unpickling)" in text
+    assert "max_length 128 (training_args.bin: max_length)" in text
+    assert "loss_on assistant (training_args.bin: assistant_only_loss)" in text
+    (manifest,) = (tmp_path / "idx").rglob("manifest.json")
+    spec = TokenizeSpec(**json.loads(manifest.read_text())["grad_spec"]["tokenize"])
+    assert (spec.max_length, spec.loss_on, spec.chat_template) == (128, "assistant", TEMPLATE)
+    monkeypatch.undo()  # TRL's own preparation below may load what it likes
+    rows = [json.loads(line) for line in run["data"].read_text().splitlines()]
+    trl = trl_rows(
+        [{"id": r["id"], "messages": r["messages"]} for r in rows],
+        with_template(run["tok"], TEMPLATE),
+        tmp_path,
+        assistant_only_loss=True,
+        max_length=128,
+    )
+    assert matching(trl, gradian_rows(rows, run["tok"], spec)) == (len(rows), [])
+
+
+def test_diagnose_reads_the_trl_run_s_own_settings_from_its_training_args(run, monkeypatch):
+    """Audit on the folder alone: the settings are the run's own (learning rate 1e-3, 2 epochs, batch 4), its trainer
+    TRL with TRL's version from the card, and it is an SFT run although SFTConfig 1.16 saves a loss_type field."""
+    from gradian.audit.config import load_config
+
+    _refuse_unpickling(monkeypatch)
+    cfg = load_config([str(run["out"] / "training_args.bin")])
+    assert (cfg.trainer, cfg.learning_rate, cfg.num_epochs, cfg.micro_batch_size) == ("trl", 1e-3, 2, 4)
+    assert (cfg.max_length, cfg.assistant_only_loss, cfg.stage_kind) == (128, True, "sft")
+    assert cfg.versions["trl"] == "1.16.0" and cfg.version_sources["trl"].endswith("README.md")
+    res = diagnose(data=run["data"], configs=[run["out"], run["out"] / "training_args.bin"], logs=run["out"])
+    ids = _ids(res)
+    assert "C02" in ids and "C20" not in ids  # lr 1e-3 is high for LoRA SFT; no preference rule is applied
+    assert not any("dpo" in s.reason for s in res.skipped), res.skipped
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory, tok):
+    """A real TRL run at TRL's own defaults (no assistant_only_loss, no max_length): every token of a messages row."""
+    from trl_run import build_trl_run
+
+    return build_trl_run(tmp_path_factory.mktemp("trl-default-run"), tok, assistant_only_loss=None, max_length=None)
+
+
+def test_without_config_a_trl_sft_run_is_read_with_trl_s_defaults(default_run, tmp_path):
+    """An adapter folder copied without its training_args.bin keeps TRL's model card, which says the trainer (SFT)
+    and TRL's version. Without --config the setup is then TRL 1.16's SFTConfig defaults, named from the card: on a
+    run that kept them, every row's input_ids and labels equal TRL's own preparation and collator (Gradian's default
+    mask, the final assistant turn, matches none of them); with the training_args.bin the setup is the same."""
+    import dataclasses
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
+    from trl_parity import gradian_rows, matching, trl_rows, with_template
+    from trl_run import TEMPLATE
+
+    run = dict(default_run)
+    with_bin = run["out"]
+    run["out"] = tmp_path / "copied"
+    shutil.copytree(with_bin, run["out"], ignore=shutil.ignore_patterns("training_args.bin", "checkpoint-*"))
     args = ["index", "--base", str(run["base"]), "--adapter", str(run["out"]), "--data", str(run["data"])]
     args += ["--checkpoints", "final", "--unit", "row", "--out", str(tmp_path / "idx")]
     res = CliRunner().invoke(app, args, env={"GRADIAN_CACHE": str(tmp_path / "cache")})
@@ -286,9 +327,12 @@ def test_without_config_a_trl_sft_run_is_read_with_trl_s_defaults(default_run, t
     # the API reads the folder alike: the same setup, so the same tokens
     from gradian.attributor import Attributor
 
-    with pytest.warns(Warning, match="is a pickle"):
+    with pytest.warns(Warning, match="README.md says TRL 1.16.0's SFT trainer"):
         att = Attributor(run["base"], run["out"], run["data"], index_dir=tmp_path / "idx")
     assert att.setup.tokenize_spec() == spec and att.setup.sources["trainer"].startswith("README.md says TRL 1.16.0")
+    # the run's own training_args.bin says the same (TRL's defaults were its settings)
+    att = Attributor(run["base"], with_bin, run["data"], index_dir=tmp_path / "idx2")
+    assert att.setup.tokenize_spec() == spec and att.setup.sources["max_length"] == "training_args.bin: max_length"
 
 
 def test_attribute_supervises_trl_s_own_tokens_for_the_run(run, tmp_path):
@@ -329,3 +373,34 @@ def test_attribute_supervises_trl_s_own_tokens_for_the_run(run, tmp_path):
     assert (n_ok, bad) == (len(rows), [])
     n_without, _ = matching(trl, gradian_rows(rows, base, dataclasses.replace(spec, chat_template=None)))
     assert n_without == 0
+
+
+def test_training_args_read_statically_equal_trl_s_own_to_dict(run, monkeypatch):
+    """The static read of the training_args.bin TRL saved gives what TRL's own ``args.to_dict()`` gives, field by
+    field (the hub token hidden alike), with no unpickler called."""
+    from gradian.audit.config.training_args import read_training_args
+
+    _refuse_unpickling(monkeypatch)
+    settings, cls = read_training_args(run["out"] / "training_args.bin")
+    assert cls == "trl.trainer.sft_config.SFTConfig"
+    want = json.loads(run["args_dict"].read_text())
+    tokens = ("eos_token", "pad_token")  # settings, which to_dict hides with the secrets: kept as they are
+    assert {k: settings[k] for k in want if k not in tokens} == {k: v for k, v in want.items() if k not in tokens}
+    assert settings["hub_token"] == "<HUB_TOKEN>" and settings["eos_token"] is None
+    assert len(want) > 100
+
+
+def test_a_pickled_dpo_config_is_a_dpo_run_and_an_sft_config_is_not(tmp_path):
+    """Every field is saved, so the fields cannot say the trainer (SFTConfig 1.16 has a loss_type); the class does."""
+    import torch
+    from trl import DPOConfig, SFTConfig
+
+    from gradian.audit.config import load_config
+
+    for cls, kind in ((DPOConfig, "preference"), (SFTConfig, "sft")):
+        path = tmp_path / cls.__name__ / "training_args.bin"
+        path.parent.mkdir()
+        torch.save(cls(output_dir=str(tmp_path / "o"), report_to=[], use_cpu=True), path)
+        cfg = load_config([str(path)])
+        assert cfg.stage_kind == kind, (cls, cfg.stage)
+    assert "it saved a DPOConfig" in load_config([str(tmp_path / "DPOConfig" / "training_args.bin")]).source("stage")

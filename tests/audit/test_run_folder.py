@@ -101,7 +101,7 @@ def test_gradian_train_folder_gives_its_config_and_its_log(tmp_path):
     assert load_config(list(found.configs)).max_length == 256
 
 
-def test_hf_output_folder_log_is_its_last_checkpoint_s_and_the_pickle_is_never_read(tmp_path):
+def test_hf_output_folder_log_is_its_last_checkpoint_s_and_a_bin_that_does_not_read_is_not_used(tmp_path):
     out = _adapter(tmp_path / "out")
     for step in (10, 20):
         (out / f"checkpoint-{step}").mkdir()
@@ -109,11 +109,13 @@ def test_hf_output_folder_log_is_its_last_checkpoint_s_and_the_pickle_is_never_r
     (out / "training_args.bin").write_bytes(b"\x80\x04 not a pickle anyone may open")
     found = find_run_folder(out)
     assert found.configs == () and found.logs == out
-    read, note = found.lines()
+    read, note, setup = found.lines()
     want = out / "checkpoint-20" / "trainer_state.json"  # the last checkpoint's: HF writes none at the top
     assert read == f"run folder: read {want} (trainer log); --config / --logs read others"
-    assert "training_args.bin is a pickle" in note and "--config" in note
-    assert find_run_folder(out, logs=False).lines() == [note]
+    assert note.startswith(f"run folder: {out / 'training_args.bin'} is not used: cannot be read without unpickling")
+    assert "--config" in note
+    assert "Gradian's defaults" in setup and "--config" in setup
+    assert find_run_folder(out, logs=False).lines() == [note, setup]
 
 
 def test_torchtune_config_is_found_above_its_epoch_folder(tmp_path):
@@ -304,13 +306,13 @@ def test_a_card_without_a_pickle_beside_it_is_said_too(tmp_path):
         "It has been trained using [TRL](https://github.com/huggingface/trl).\n\nThis model was trained with SFT.\n"
     )
     (note,) = find_run_folder(out).lines()
-    assert note.startswith("run folder: no training config here; README.md says TRL (version not given)'s SFT")
+    assert note.startswith("run folder: no training config that reads here; README.md says TRL (version not given)'s")
     assert "so the setup is TRL's defaults" in note
 
 
 def test_diagnose_on_a_trl_folder_says_the_pickle_and_assumes_nothing(tmp_path):
-    """`gradian diagnose --config OUT` on a TRL folder: the settings are in a pickle (said on stderr); the card's
-    defaults are the gradients' business, never Audit's (no config value comes from them)."""
+    """`gradian diagnose --config OUT` on a TRL folder whose training_args.bin does not read: said on stderr; the
+    card's defaults are the gradients' business, never Audit's (no config value comes from them)."""
     from typer.testing import CliRunner
 
     from gradian.cli import app
@@ -322,7 +324,7 @@ def test_diagnose_on_a_trl_folder_says_the_pickle_and_assumes_nothing(tmp_path):
     (out / "training_args.bin").write_bytes(b"\x80\x04 never opened")
     res = CliRunner().invoke(app, ["diagnose", "--config", str(out), "--format", "json"])
     assert res.exit_code in (0, 1), res.output
-    assert f"{out / 'training_args.bin'} is a pickle, which Gradian never reads" in res.stderr
+    assert f"{out / 'training_args.bin'} is not used: cannot be read without unpickling" in " ".join(res.stderr.split())
     assert "so the setup is" not in res.stderr
     report = json.loads(res.stdout)
     assert report["config"]["formats"] == ["peft"] and "max_length" not in report["config"]["values"]

@@ -3,9 +3,9 @@
 ``build_trl_run(root)`` runs TRL's ``SFTTrainer`` for two epochs (``save_strategy="epoch"``) with a LoRA
 adapter, ``assistant_only_loss=True`` and ``chat_template_path`` pointing at a ``.jinja`` file whose
 ``{% generation %}`` block holds ``<|im_end|>``. The folder is whatever TRL writes:
-``OUT/adapter_model.safetensors``, ``OUT/adapter_config.json``, ``OUT/chat_template.jinja`` and the tokenizer
-files at the top, ``OUT/checkpoint-N/`` (``trainer_state.json`` ...) per epoch; no ``trainer_state.json`` at
-the top (``Trainer.save_model`` does not write one).
+``OUT/adapter_model.safetensors``, ``OUT/adapter_config.json``, ``OUT/chat_template.jinja``, ``OUT/training_args.bin``
+(the ``SFTConfig``, pickled) and the tokenizer files at the top, ``OUT/checkpoint-N/`` (``trainer_state.json`` ...)
+per epoch; no ``trainer_state.json`` at the top (``Trainer.save_model`` does not write one).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ TEMPLATE = (
 
 def build_trl_run(root: Path, tok, **over) -> dict:
     """Train for 2 epochs with TRL and return the paths a user has: base, output, data, eval, template, config
-    (and ``tok``, the base tokenizer object). ``over`` changes ``SFTConfig`` fields; a value None leaves the field
-    at TRL's default (e.g. ``assistant_only_loss=None, max_length=None``: a run with TRL's own defaults)."""
+    (and ``tok``, the base tokenizer object; ``args_dict``, TRL's own ``args.to_dict()`` as JSON). ``over`` changes
+    ``SFTConfig`` fields; a value None leaves the field at TRL's default (e.g. ``assistant_only_loss=None,
+    max_length=None``: a run with TRL's own defaults)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -106,4 +107,17 @@ def build_trl_run(root: Path, tok, **over) -> dict:
     )
     trainer.train()
     trainer.save_model(str(out))
-    return {"base": base_dir, "out": out, "data": data, "eval": ev, "template": tpl, "config": cfg, "tok": tok}
+    # what TRL itself says its arguments are (enums as values, *_token fields hidden): what a static read of the
+    # training_args.bin it saved must give, without unpickling it
+    args_dict = root / "args_to_dict.json"
+    args_dict.write_text(json.dumps(trainer.args.to_dict(), default=str))
+    return {
+        "base": base_dir,
+        "out": out,
+        "data": data,
+        "eval": ev,
+        "template": tpl,
+        "config": cfg,
+        "tok": tok,
+        "args_dict": args_dict,
+    }

@@ -145,12 +145,7 @@ def with_run_configs(configs: list[Path]) -> list[Path]:
     for c in configs:
         if Path(c).is_dir():
             found = find_run_folder(c, logs=False)
-            pickle = (
-                [f"{found.pickled} is a pickle, which Gradian never reads: pass the run's config with --config too"]
-                if found.pickled
-                else []
-            )
-            for note in [*found.notes, *pickle]:  # (a trainer card's defaults are for the gradients, not Audit)
+            for note in found.notes:  # (a trainer card's defaults are for the gradients, not Audit)
                 err_console.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
             more = [p for p in found.configs if p not in out]
             if more:

@@ -151,7 +151,7 @@ def card_config(card) -> TrainConfig | None:
     if card is None or not card.sft:
         return None
     cfg = TrainConfig()
-    cfg.set("trainer", card.trainer, f"{card.says()}; its settings (training_args.bin, a pickle) are not read")
+    cfg.set("trainer", card.trainer, f"{card.says()}; no training config of the run reads")
     cfg.formats.append(card.trainer)
     if card.version:
         cfg.versions[card.trainer] = card.version

@@ -36,7 +36,8 @@ not a number where one is needed is a :class:`GradianUserError` naming the
 file and field. A number that is impossible for its field (a negative
 learning rate, zero epochs, ``lora_r: 0``) is kept and reported by check C19.
 Files are read through :mod:`gradian.safeio` (regular files only, size and
-nesting limits). ``training_args.bin`` is a pickle and is refused.
+nesting limits). An HF Trainer's ``training_args.bin`` is a pickle: it is read statically
+(:mod:`.training_args`: its opcodes parsed, nothing imported or called), never unpickled.
 
 Layout: :mod:`.model` (:class:`TrainConfig`), :mod:`.reader` (file loading, aliases, typed access, format
 detection, merging, defaults), :mod:`.hf_args` (the HF TrainingArguments field table TRL, LLaMA-Factory and

@@ -29,6 +29,9 @@ from gradian.safeio import parse_json, parse_yaml, read_text, short_repr
 GRADIAN_TRAIN_HEADER = "# gradian train:"
 #: Key :func:`read_config` adds to a mapping written by ``gradian train`` (a NUL byte: no YAML key collides).
 BY_GRADIAN_TRAIN = "\x00written by gradian train"
+#: Key :func:`read_config` adds to the settings of a ``training_args.bin``: the class it saved
+#: (``trl.trainer.sft_config.SFTConfig``), which says the trainer where the fields cannot (every field is saved).
+SAVED_CLASS = "\x00saved class"
 
 #: Other tools' names for a TRL / HF TrainingArguments setting: ``{alias: TRL name}``.
 ALIASES = {
@@ -54,6 +57,11 @@ def spellings(key: str) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------- file loading
+def is_pickle_name(path: Path) -> bool:
+    """Whether a file's name says it is a pickle (``training_args.bin``, ``*.pt``, ``*.pkl``, ``*.pickle``)."""
+    return path.name.endswith(".bin") or path.suffix in (".pt", ".pkl", ".pickle")
+
+
 def read_mapping(
     path: Path, what: str = "config", *, any_suffix: bool = False, empty_ok: bool = False
 ) -> tuple[dict[str, Any], str]:
@@ -70,7 +78,7 @@ def read_mapping(
             string keys.
 
     """
-    if path.name.endswith(".bin") or path.suffix in (".pt", ".pkl", ".pickle"):
+    if is_pickle_name(path):
         raise GradianUserError(
             "this is a pickle (e.g. training_args.bin); Gradian never unpickles user files",
             where=str(path),
@@ -312,7 +320,12 @@ def detect_config_format(raw: dict[str, Any]) -> str | None:
 
 # ---------------------------------------------------------------------- reading and merging
 def read_config(path: str | Path) -> TrainConfig:
-    """Read one config file (or PEFT adapter folder) into a :class:`TrainConfig` (no defaults applied)."""
+    """Read one config file (or PEFT adapter folder) into a :class:`TrainConfig` (no defaults applied).
+
+    An HF Trainer's ``training_args.bin`` is read without unpickling it
+    (:func:`gradian.audit.config.training_args.read_training_args`), with the library versions of the model card
+    beside it.
+    """
     p = Path(path)
     if not p.exists():
         raise GradianUserError("config not found", where=str(p), fix="check the path")
@@ -330,6 +343,13 @@ def read_config(path: str | Path) -> TrainConfig:
     if p.name == MODEL_CARD and p.is_file():  # an axolotl model card: the config it holds
         raw, text, card_versions = _card_config(p)
         versions.update(card_versions)
+    elif is_pickle_name(p):  # HF Trainer's training_args.bin: read statically, never unpickled
+        from gradian.audit.config.training_args import read_training_args
+
+        raw, cls = read_training_args(p)
+        raw[SAVED_CLASS] = cls
+        text = ""
+        versions = framework_versions(p.parent / MODEL_CARD)  # the card TRL / HF Trainer wrote beside it
     else:
         raw, text = read_mapping(p)
     if text.startswith(GRADIAN_TRAIN_HEADER) and "use_peft" in raw:
@@ -353,7 +373,8 @@ def read_config(path: str | Path) -> TrainConfig:
     if fmt.trainer:
         cfg.set("trainer", fmt.trainer, f"{p.name} ({fmt.trainer_note})")
     for k in cfg.versions:
-        cfg.version_sources[k] = str(p.parent / "README.md") if p.name == "adapter_config.json" else str(p)
+        beside = p.name == "adapter_config.json" or is_pickle_name(p)  # versions from the model card beside it
+        cfg.version_sources[k] = str(p.parent / MODEL_CARD) if beside else str(p)
     # the config's own pins ("# pip install trl==0.19.1", a trl_version field), then a requirements.txt beside it
     for k, (v, where) in pinned_versions(text, p).items():
         if k not in cfg.versions:

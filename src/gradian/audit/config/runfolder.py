@@ -17,9 +17,12 @@ file                       written by
                            "See axolotl config" block after "axolotl version: `X`"
 =========================  ===================================================================================
 
-An HF ``Trainer`` or TRL run leaves only ``training_args.bin``, a pickle, which Gradian never reads: then nothing is
-found, and :func:`find_run_folder` says to pass ``--config``. The trainer log is ``trainer_state.json`` in the folder
-or in its last ``checkpoint-N/``, or torchtune's ``logs/log_<unix time>.txt``
+An HF ``Trainer`` or TRL run leaves its settings only in ``training_args.bin`` (``Trainer.save_model`` writes it beside
+the adapter, and into every ``checkpoint-N/``), a pickle of its ``TrainingArguments`` / ``SFTConfig``. Gradian never
+unpickles it: it is read statically (:mod:`gradian.audit.config.training_args`), and used when no file above is found
+and the pickled class is TRL's or transformers' own (another trainer's subclass, e.g. LLaMA-Factory's, keeps its
+length and template elsewhere: that run is read from its model card, :func:`trainer_card`). The trainer log is
+``trainer_state.json`` in the folder or in its last ``checkpoint-N/``, or torchtune's ``logs/log_<unix time>.txt``
 (:func:`gradian.audit.logs.find_trainer_state` reads each).
 
 The adapter folder is searched first, then its parent when the adapter is a ``checkpoint-N`` (HF) or ``epoch_N``
@@ -66,6 +69,30 @@ def _run_folders(adapter: Path) -> list[Path]:
     if _CHECKPOINT_NAME.fullmatch(adapter.name):
         folders.append(adapter.parent)
     return folders
+
+
+#: The pickled ``TrainingArguments`` class of a run folder's ``training_args.bin`` must come from one of these packages
+#: to be read on its own (TRL's configs carry the max length and loss mask; transformers' the rest).
+_ARGS_PACKAGES = ("trl.", "transformers.")
+
+
+def _training_args_in(folder: Path) -> tuple[Path | None, str | None]:
+    """``(training_args.bin, None)`` when ``folder`` holds one of TRL's or transformers' classes; ``(None, note)``
+    when it holds one that is not read (another trainer's class, or a file that does not read); ``(None, None)``
+    when it has none.
+    """
+    from gradian.audit.config.training_args import TRAINING_ARGS_NAME, read_training_args
+
+    path = folder / TRAINING_ARGS_NAME
+    if not path.is_file():
+        return None, None
+    try:
+        _, cls = read_training_args(path)
+    except GradianUserError as e:
+        return None, f"run folder: {path} is not used: {e.what} (pass the run's config with --config)"
+    if not cls.startswith(_ARGS_PACKAGES):
+        return None, None  # e.g. LLaMA-Factory's TrainingArguments: its model card says more (trainer_card)
+    return path, None
 
 
 def _configs_in(folder: Path) -> list[Path]:
@@ -132,20 +159,21 @@ class RunFolder:
         logs: the folder whose log is read (:func:`gradian.audit.logs.find_trainer_state`: its ``trainer_state.json``,
             its last ``checkpoint-N/trainer_state.json``, or torchtune's ``logs/log_*.txt``).
         notes: one line per file found and not used (it does not read: malformed, an unknown format).
-        pickled: the ``training_args.bin`` of a folder where no config was found (its settings; never opened).
-        card: the trainer's model card (TRL, LLaMA-Factory), when no config was found (their runs keep their settings
-            in a pickle): the setup then takes that trainer's defaults (:func:`gradian.data.setup.card_config`).
+        card: the trainer's model card (TRL, LLaMA-Factory), when no config reads: the setup then takes that
+            trainer's defaults (:func:`gradian.data.setup.card_config`).
     """
 
     configs: tuple[Path, ...] = ()
     logs: Path | None = None
     notes: tuple[str, ...] = ()
-    pickled: Path | None = None
     card: TrainerCard | None = None
 
     def lines(self) -> list[str]:
         """The lines to print: what was read, then the notes (none: nothing found and nothing to say)."""
-        read = [f"{p} (training config)" for p in self.configs]
+        read = [
+            f"{p} ({'training arguments, read without unpickling' if p.suffix == '.bin' else 'training config'})"
+            for p in self.configs
+        ]
         if self.logs is not None:
             from gradian.audit.logs import find_trainer_state
 
@@ -166,19 +194,20 @@ class RunFolder:
 
     @property
     def setup_note(self) -> str | None:
-        """For a folder with no readable config: where the training setup comes from instead (the trainer's card,
-        else Gradian's defaults) and that the settings are in a pickle, or None.
+        """For a folder with no readable config: where the training setup comes from instead (the trainer's model
+        card, else Gradian's defaults when a file was found and not used), or None.
         """
-        if self.configs or (self.pickled is None and (self.card is None or not self.card.sft)):
+        if self.configs:
             return None
-        why = f"{self.pickled} is a pickle, which Gradian never reads" if self.pickled else "no training config here"
         if self.card is not None and self.card.sft:
             assumed = f"{self.card.says()}, so the setup is {_DEFAULTS_SAID[self.card.trainer]}"
-        else:
+        elif self.notes:
             assumed = "so the run's max length and loss mask are Gradian's defaults"
+        else:
+            return None
         return (
-            f"run folder: {why}; {assumed}; pass the trainer's config with --config if it set them "
-            "(TRL: training_args.to_json_string())"
+            f"run folder: no training config that reads here; {assumed}; pass the trainer's config with --config "
+            "if it set them"
         )
 
 
@@ -198,19 +227,23 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
         return RunFolder()
     found: list[Path] = []
     log: Path | None = None
-    pickled: Path | None = None
+    notes: list[str] = []
     for folder in _run_folders(adapter):
         if configs and not found:
             found = _configs_in(folder)
-            if not found and pickled is None and (folder / "training_args.bin").is_file():
-                pickled = folder / "training_args.bin"
         if logs and log is None:
             try:  # the folder is a log when --logs would read one from it
                 find_trainer_state(folder)
                 log = folder
             except GradianUserError:
                 pass
-    notes: list[str] = []
+    if configs and not found:  # no text config in any of the folders: an HF Trainer's training_args.bin
+        for folder in _run_folders(adapter):
+            args, note = _training_args_in(folder)
+            notes += [note] if note else []
+            if args is not None or note is not None:
+                found = [args] if args is not None else []
+                break
     readable: list[Path] = []
     for path in found:
         try:
@@ -223,8 +256,6 @@ def find_run_folder(adapter: str | Path, *, configs: bool = True, logs: bool = T
         else:
             readable.append(path)
     card = None
-    if configs and not found:
+    if configs and not readable:
         card = next((c for c in map(trainer_card, _run_folders(adapter)) if c is not None), None)
-    if found:  # a checkpoint's pickle, where the run folder above it holds the config
-        pickled = None
-    return RunFolder(tuple(readable), log, tuple(notes), pickled=pickled, card=card)
+    return RunFolder(tuple(readable), log, tuple(notes), card=card)

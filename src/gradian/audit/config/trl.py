@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gradian.audit.config.hf_args import HF_DEFAULTS, read_hf_args
 from gradian.audit.config.model import TrainConfig
-from gradian.audit.config.reader import BY_GRADIAN_TRAIN, Format, Reader, Row, set_many, spellings
+from gradian.audit.config.reader import BY_GRADIAN_TRAIN, SAVED_CLASS, Format, Reader, Row, set_many, spellings
 from gradian.safeio import read_text
 
 #: Keys only a TRL config has (detection).
@@ -129,11 +129,38 @@ STAGE_LR = {
 }
 
 
+#: A pickled TRL config's class (``training_args.bin``) → its trainer's stage; SFTConfig and TrainingArguments: none.
+_CLASS_STAGE = {
+    "DPOConfig": "dpo",
+    "KTOConfig": "kto",
+    "CPOConfig": "cpo",
+    "ORPOConfig": "orpo",
+    "RewardConfig": "rm",
+    "GRPOConfig": "grpo",
+    "PPOConfig": "ppo",
+    "RLOOConfig": "rloo",
+    "OnlineDPOConfig": "dpo",
+    "BCOConfig": "bco",
+}
+
+
 def _stage(r: Reader) -> tuple[str, str] | None:
     """A TRL config's trainer, from fields only that trainer has: ``(stage, where)``; a preference field shared by
     several trainers (``beta``, ``loss_type``, ``max_prompt_length``) is DPO unless the file's path or its
     ``loss_type`` names another (``recipes/.../orpo/config_full.yaml``, ``loss_type: simpo``).
+
+    A ``training_args.bin`` holds every field of its class, its defaults too (TRL 1.16's SFTConfig has a
+    ``loss_type``), so there the class says the trainer (:data:`_CLASS_STAGE`; SimPO is a ``CPOConfig`` with
+    ``loss_type: simpo``).
     """
+    cls = r.raw.get(SAVED_CLASS)
+    if isinstance(cls, str):
+        stage = _CLASS_STAGE.get(cls.rsplit(".", 1)[-1])
+        if stage is None:
+            return None
+        if stage == "cpo" and str(r.raw.get("loss_type")).lower() == "simpo":
+            stage = "simpo"
+        return stage, f"{Path(r.path).name} (it saved a {cls.rsplit('.', 1)[-1]})"
     for stage, keys in _STAGE_KEYS:
         for k in keys:
             if k in r.raw:
