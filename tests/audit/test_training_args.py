@@ -161,6 +161,10 @@ def test_tensors_and_archives_that_are_not_training_args_are_refused(tmp_path):
     path.write_bytes(b"PK\x03\x04 damaged")
     with pytest.raises(GradianUserError, match="a damaged archive"):
         read_training_args(path)
+    with open(path, "wb") as f:  # sparse: a file far larger than any training arguments is refused unread
+        f.truncate(64 << 20)
+    with pytest.raises(GradianUserError, match="64 MiB, over the 16 MiB"):
+        read_training_args(path)
     path.write_bytes(b'{"learning_rate": 1}')  # JSON under the pickle's name
     with pytest.raises(GradianUserError, match="a malformed pickle"):
         read_training_args(path)

@@ -35,13 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from gradian.errors import GradianUserError
-from gradian.safeio import read_bytes
+from gradian.safeio import check_regular_file, read_bytes
 
 #: The file's name, as HF Trainer writes it (``transformers.trainer.TRAINING_ARGS_NAME``).
 TRAINING_ARGS_NAME = "training_args.bin"
 
 #: The pickle may be at most this many bytes (a TrainingArguments pickle is about 6 kB).
 MAX_PICKLE_BYTES = 4 << 20
+#: The file may be at most this many bytes (the archive around the pickle adds a few kB).
+MAX_FILE_BYTES = 16 << 20
 #: At most this many opcodes are interpreted (about 600 in a TrainingArguments pickle).
 MAX_OPCODES = 200_000
 #: Nesting levels a value may have when it is turned into plain data.
@@ -97,6 +99,11 @@ def _unsupported(what: str, where: str) -> GradianUserError:
 
 def _pickle_bytes(path: Path) -> bytes:
     """The pickle inside ``path``: the ``data.pkl`` of a ``torch.save`` zip archive, or the file itself."""
+    size = check_regular_file(path, "training arguments").st_size
+    if size > MAX_FILE_BYTES:  # before reading it: a TrainingArguments archive is about 6 kB
+        raise _unsupported(
+            f"{size >> 20} MiB, over the {MAX_FILE_BYTES >> 20} MiB of any training arguments", str(path)
+        )
     raw = read_bytes(path, "training arguments")
     if raw[:4] != b"PK\x03\x04":  # a bare pickle (an old torch.save), or not one: the opcodes will say
         return raw
