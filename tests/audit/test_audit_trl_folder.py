@@ -223,7 +223,9 @@ def test_without_config_a_trl_folder_is_read_from_its_training_args_never_unpick
     """`gradian index --adapter OUT` without --config on the real TRL folder: TRL keeps the run's settings only in
     training_args.bin (its SFTConfig, pickled). It is read without unpickling (every unpickler replaced by a
     failure): the gradients take the run's max_length 128 and assistant-only loss from it, named as their source,
-    and the template TRL saved; every row's input_ids and labels then equal TRL's own preparation and collator."""
+    and the template TRL saved; every row's input_ids and labels then equal TRL's own preparation and collator (TRL's
+    defaults, which the model card gave before, match none)."""
+    import dataclasses
     import sys
     from pathlib import Path
 
@@ -259,6 +261,9 @@ def test_without_config_a_trl_folder_is_read_from_its_training_args_never_unpick
         max_length=128,
     )
     assert matching(trl, gradian_rows(rows, run["tok"], spec)) == (len(rows), [])
+    # what the folder gave before its training_args.bin was read: TRL's defaults from the card (every token)
+    card_defaults = dataclasses.replace(spec, loss_on="all", max_length=1024)
+    assert matching(trl, gradian_rows(rows, run["tok"], card_defaults))[0] == 0
 
 
 def test_diagnose_reads_the_trl_run_s_own_settings_from_its_training_args(run, monkeypatch):

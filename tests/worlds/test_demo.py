@@ -20,7 +20,7 @@ def test_demo_runs_end_to_end(demo):
     assert summary["runs"]["null"]["stopped"]
     for f in ("run.json", "report.html", "report.md", "scorecard.json", "ground_truth.json"):
         assert (out / "poisoned" / f).exists(), f
-    assert "ground-truth scorecard" in res.output
+    assert "ground-truth scorecard" in res.output and "datainf (verdict)" in res.output
     # the attribute stage is not silent in a log (CliRunner is not a terminal): its plan and a line per stage
     out_lines = res.output.splitlines()
     assert any("plan:" in ln for ln in out_lines) and any("within the budget" in ln for ln in out_lines)
@@ -45,6 +45,9 @@ def test_scorecard_is_computed_from_the_run(demo):
     )  # what the verdict ranks by
     got = card["capabilities"]["capitals"]["datainf"]
     assert got["auc"] == pytest.approx(again["auc"]) and 0 <= got["auc"] <= 1
+    # each row of the card says which ranking it is: the verdict's, the second engine's, a reference's alone
+    roles = {k: v["role"] for k, v in card["capabilities"]["capitals"].items() if k != "localisation"}
+    assert roles == {"datainf": "verdict", "graddot": "second engine", "bm25": "alone", "repsim": "alone"}
     assert got["n_culprits"] == len(truth["culprits"]) > 0
     q = got["queried_culprits"]
     assert 0 < q["n_culprits"] <= got["n_culprits"]

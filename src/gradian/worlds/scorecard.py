@@ -15,6 +15,8 @@ whose scores are aligned with ``attribution.train_ids`` (negative = degraded):
   item the tuned model actually lost (only those items become queries; a
   culprit whose target survived did no measurable harm to attribute), with all
   other culprits left out of the comparison.
+* **role**: which ranking a row of the card is: ``verdict`` (the run's ranking: its engine with the references
+  folded in), ``second engine`` (the confidence engine's own), ``alone`` (a reference engine's own ranking).
 * **localisation**: for buried culprits, whether the most harmful sentence of the
   drill-down overlaps the planted wrong sentence's character span.
 """
@@ -104,16 +106,19 @@ def scorecard(
         hit = [c for c in culprits if c.get("eval_id") in queried]
         unqueried = {c["id"] for c in culprits} - {c["id"] for c in hit}
         keep = [j for j, i in enumerate(ids) if i not in unqueried]
-        engines = [(cap["engine"], cap.get("rank_scores", cap["scores"]))]
+        # (name, scores, role): the verdict's ranking (the engine's scores with the references folded in), the second
+        # engine's own, and each reference engine's own ranking alone, for comparison
+        engines = [(cap["engine"], cap.get("rank_scores", cap["scores"]), "verdict")]
         if cap.get("second_scores") is not None and cap.get("agreement"):
-            engines.append((cap["agreement"]["engines"][1], cap["second_scores"]))
+            engines.append((cap["agreement"]["engines"][1], cap["second_scores"], "second engine"))
         for src, e in (cap.get("evidence") or {}).items():
-            if src != "gradient":  # the reference engines' own rankings, for comparison
-                engines.append((e["engine"], e["scores"]))
+            if src != "gradient":
+                engines.append((e["engine"], e["scores"], "alone"))
         entry: dict[str, Any] = {}
-        for name, sc in engines:
+        for name, sc, role in engines:
             entry[name] = score_ranking(sc, ids, culprits)
             entry[name]["queried_culprits"] = score_ranking([sc[j] for j in keep], [ids[j] for j in keep], hit)
+            entry[name]["role"] = role
         buried = {c["id"]: c for c in culprits if c["kind"] == "buried"}
         drills = localisation if localisation is not None else cap.get("drilldown", [])
         hits = n = 0
