@@ -37,12 +37,25 @@ class Generation:
     finished: bool
 
 
+def prompt_text(prompt: str | list[dict[str, str]], tokenizer, where: str = "eval item") -> str:
+    """The prompt as the model runs it, as text: a message list rendered through the chat template with the
+    assistant's generation prompt, a string as it is.
+    """
+    return render_chat(tokenizer, prompt, True, where) if isinstance(prompt, list) else prompt
+
+
+def cut_at_stops(text: str, stops: Sequence[str]) -> str:
+    """``text`` up to the first occurrence of any of ``stops`` (lm-eval's ``until``: ``text.split(s)[0]`` for each)."""
+    for s in stops:
+        if s:
+            text = text.split(s)[0]
+    return text
+
+
 def encode_prompt(prompt: str | list[dict[str, str]], tokenizer, where: str = "eval item") -> list[int]:
     """Token ids of a prompt, as the prompt part of a training row."""
-    if isinstance(prompt, list):
-        text = render_chat(tokenizer, prompt, True, where)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    special = not isinstance(prompt, list)  # a chat template writes BOS and the specials itself
+    return list(tokenizer(prompt_text(prompt, tokenizer, where), add_special_tokens=special)["input_ids"])
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:

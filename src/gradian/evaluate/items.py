@@ -59,6 +59,10 @@ class EvalItem:
         where: ``file:line`` for messages about this item.
         raw: the string prompt is already rendered (an lm-eval sample's prompt): it is
             tokenised as-is, never wrapped in the chat template.
+        stop: strings that end a generated answer (an lm-eval sample's ``until``): the text is cut before the first.
+        ends: a ``loglik`` score covers the end of the answer too (EOS, or the chat template's end of turn), as a
+            training row supervises it. False for an lm-eval sample: its score is lm-eval's own
+            ``log p(continuation | context)`` (:func:`gradian.evaluate.likelihood.score_continuations`).
     """
 
     id: str
@@ -70,6 +74,8 @@ class EvalItem:
     aliases: list[str] = field(default_factory=list)
     where: str = ""
     raw: bool = False
+    stop: list[str] = field(default_factory=list)
+    ends: bool = True
 
     @property
     def accepted(self) -> list[str]:
@@ -244,9 +250,9 @@ def load_eval_set(path: str | Path) -> list[EvalItem]:
     if lm_files:
         items = []
         for row, (rec, where) in enumerate(read_lm_eval(lm_files)):
-            raw = bool(rec.pop("_raw"))
+            raw, ends, stop = bool(rec.pop("_raw")), bool(rec.pop("_ends", True)), list(rec.pop("_stop", []))
             it = parse_item(rec, row, where)
-            it.raw = raw and isinstance(it.prompt, str)
+            it.raw, it.ends, it.stop = raw and isinstance(it.prompt, str), ends, stop
             items.append(it)
         check_items(items, str(p))
         return items

@@ -20,7 +20,9 @@ writes, per run, into one folder:
 
 Mapping, per samples file (one capability = the task name):
 
-* ``generate_until`` with ``exact_match`` in ``metric_list``: prompt = ``arg_0``,
+* ``generate_until`` with ``exact_match`` in ``metric_list``: prompt = ``arg_0``, its
+  generation kwargs' ``until`` strings end the answer (the generated text is cut at
+  the first, as lm-eval cuts it),
   answer = ``target`` with the metric's ``regexes_to_ignore`` removed (what
   lm-eval compares against, e.g. gsm8k's "... #### 72" becomes "72"), stripped;
   metric ``exact_match``. lm-eval's ``ignore_case`` / ``ignore_punctuation`` are
@@ -29,8 +31,11 @@ Mapping, per samples file (one capability = the task name):
   (``bleu``, ``f1``, ...) is refused.
 * ``multiple_choice`` and ``loglikelihood``: metric ``loglik``; prompt = the gold
   choice's ``arg_0``, answer = its ``arg_1`` (the continuation, with lm-eval's
-  target delimiter, e.g. ``" Paris"``). Distractors are not scored (Gradian's
-  ``loglik`` is log p(answer | prompt), not lm-eval's arg-max over choices).
+  target delimiter, e.g. ``" Paris"``), scored by lm-eval's own rule
+  (:func:`gradian.evaluate.likelihood.score_continuations`: the continuation's
+  tokens alone, no end token, so the number is the sample's logged
+  loglikelihood). Distractors are not scored (Gradian's ``loglik`` is
+  log p(answer | prompt), not lm-eval's arg-max over choices).
   ``loglikelihood_rolling`` is refused.
 * The prompt: with no chat template in the results file it is ``arg_0`` kept as
   already rendered (``raw``: never wrapped in the tuned model's chat template).
@@ -321,7 +326,10 @@ def _record(
         m = _exact_match_cfg(task, cfg, res_where)
         prompt, raw = _prompt(args[0]["arg_0"], results)
         answer = _strip_regexes(rec["target"], m, where)
-        return {**base, "prompt": prompt, "answer": answer, "metric": "exact_match", "_raw": raw}
+        gen = args[0].get("arg_1")
+        until = gen.get("until") if isinstance(gen, dict) else None
+        until = [until] if isinstance(until, str) else [u for u in until or [] if isinstance(u, str) and u]
+        return {**base, "prompt": prompt, "answer": answer, "metric": "exact_match", "_raw": raw, "_stop": until}
     if otype in ("multiple_choice", "loglikelihood"):
         n = len(args)
         names = [m.get("metric") if isinstance(m, dict) else m for m in cfg.get("metric_list") or []]
@@ -347,7 +355,15 @@ def _record(
             )
         prompt, raw = _prompt(args[gold[0]]["arg_0"], results)
         conts = [args[g]["arg_1"] for g in gold]
-        return {**base, "prompt": prompt, "answer": conts[0], "aliases": conts[1:], "metric": "loglik", "_raw": raw}
+        return {
+            **base,
+            "prompt": prompt,
+            "answer": conts[0],
+            "aliases": conts[1:],
+            "metric": "loglik",
+            "_raw": raw,
+            "_ends": False,  # scored as lm-eval scores it: the continuation alone
+        }
     raise GradianUserError(
         f"lm-eval output_type {otype!r} of task {task!r} is not supported",
         where=res_where,

@@ -34,9 +34,9 @@ import torch
 
 from gradian.errors import GradianUserError
 from gradian.evaluate.bootstrap import paired_bootstrap, sign_test_p
-from gradian.evaluate.generate import encode_prompt, generate_greedy
+from gradian.evaluate.generate import cut_at_stops, encode_prompt, generate_greedy, prompt_text
 from gradian.evaluate.items import GENERATIVE_METRICS, EvalItem, as_example, check_items, model_prompt
-from gradian.evaluate.likelihood import score_answers
+from gradian.evaluate.likelihood import score_answers, score_continuations
 from gradian.evaluate.normalize import TEXT_METRICS, extract_answer, normalize_answer
 from gradian.evaluate.result import STATUSES, CapabilityResult, EvalResult, ItemResult, Margin, ModelAnswer, Shift
 from gradian.evaluate.spec import EvalSpec
@@ -158,25 +158,36 @@ def _run_model(
         )
         for i, g in zip(gen_idx, gens):
             it = items[i]
-            ok = TEXT_METRICS[it.metric](g.text, it.accepted, spec.normalize)
+            text = cut_at_stops(g.text, it.stop)
+            ok = TEXT_METRICS[it.metric](text, it.accepted, spec.normalize)
             answers[i] = ModelAnswer(
                 score=1.0 if ok else 0.0,
                 passed=ok,
-                output=g.text,
-                answer=extract_answer(g.text, spec.normalize),
+                output=text,
+                answer=extract_answer(text, spec.normalize),
                 finished=g.finished,
             )
     t1 = time.perf_counter()
     if ll_idx:
-        exs, owner = [], []
+        exs, pairs, owner, pair_owner = [], [], [], []
         for i in ll_idx:
-            for a in items[i].accepted:
-                exs.append(as_example(items[i].id, prompts[i], a))
-                owner.append(i)
+            it = items[i]
+            for a in it.accepted:
+                if it.ends:
+                    exs.append(as_example(it.id, prompts[i], a))
+                    owner.append(i)
+                else:  # an lm-eval sample: lm-eval's own rule, over the prompt as the model runs it
+                    pairs.append((it.id, prompt_text(prompts[i], tokenizer, it.where or it.id), a))
+                    pair_owner.append(i)
         scores = _scores(model, tokenizer, exs, spec, f"{label}: loglik", progress)
+        if pairs:
+            cb = (lambda k: progress(f"{label}: loglik", k, len(pairs))) if progress else None
+            scores += score_continuations(
+                model, tokenizer, pairs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb
+            )
         best: dict[int, float] = {}
         greedy: dict[int, bool] = {}
-        for i, s in zip(owner, scores):
+        for i, s in zip(owner + pair_owner, scores):
             best[i] = max(best.get(i, -np.inf), s.logprob)
             greedy[i] = greedy.get(i, False) or s.greedy
         for i in ll_idx:
