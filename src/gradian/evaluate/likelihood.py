@@ -123,7 +123,8 @@ def score_continuations(
             context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
         whole, ctx = encode(context + continuation), encode(context)
         labels = [IGNORE_INDEX] * len(ctx) + whole[len(ctx) :]
-        labels[0] = IGNORE_INDEX  # the first token has no context (as tokenize_example)
+        if labels:
+            labels[0] = IGNORE_INDEX  # the first token has no context (as tokenize_example)
         full, text = len(whole), context + continuation
         toks.append(
             TokenizedExample(
