@@ -134,6 +134,11 @@ def test_base_bounds_numbers():
     assert low.low_base and low.base_score == 0.4 and low.query == "cross_entropy"
     assert not low.margins_available and low.thin_margin_share is None
     assert any("cross-entropy on the correct answer" in q and "sign backwards" in q for q in low.qualifiers)
+    # a loglik capability's score is in nats: the low-base line says which rate it means
+    assert any(
+        q.startswith("low base score 0.40 (< 0.5, the share of items whose answer is the greedy")
+        for q in low.qualifiers
+    )
 
 
 def _item(i, cap, r, t, metric="exact_match", margin=None):

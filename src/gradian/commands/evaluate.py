@@ -26,8 +26,8 @@ def _bounds_cell(c) -> str:
     parts = []
     if b.base_fails:
         parts.append(f"base fails {b.base_fails}/{c.n}")
-    if b.low_base:
-        parts.append(f"low base {b.base_score:.2f}")
+    if b.low_base:  # loglik: the share of items whose answer is the greedy one (the score itself is in nats)
+        parts.append(f"low base {b.base_score:.2f}" if b.margins_available else f"low greedy rate {b.base_score:.2f}")
     if b.margins_available and b.failing:
         parts.append(f"thin margin {b.thin_margin}/{b.failing}")
     if not b.margins_available:

@@ -142,7 +142,9 @@ def base_bounds(
             "so they are excluded from attribution"
         )
     if low:
-        q.append(f"low base score {base_score:.2f} (< {low_base_threshold:g}): there was little there to lose")
+        # a loglik item passes when its answer is the reference's greedy continuation: the score is that share
+        what = "" if generative else ", the share of items whose answer is the greedy continuation"
+        q.append(f"low base score {base_score:.2f} (< {low_base_threshold:g}{what}): there was little there to lose")
     if generative and thin:
         q.append(
             f"{thin}/{len(lost_margins)} failing items have a base preference margin below "
