@@ -46,7 +46,7 @@ def print_summary(summary: dict) -> None:
                 for label, s in (("all planted", s0), ("target lost", s0["queried_culprits"])):
                     rk = s["recall_by_kind"]
                     t.add_row(
-                        f"{eng} ({s0['role']})" if s0.get("role") else eng,
+                        f"{eng} ({s0['role']})",
                         label,
                         str(s["n_culprits"]),
                         _f(s["auc"]),

@@ -179,12 +179,9 @@ def _run_model(
                 else:  # an lm-eval sample: lm-eval's own rule, over the prompt as the model runs it
                     pairs.append((it.id, prompt_text(prompts[i], tokenizer, it.where or it.id), a))
                     pair_owner.append(i)
-        scores = _scores(model, tokenizer, exs, spec, f"{label}: loglik", progress)
-        if pairs:
-            cb = (lambda k: progress(f"{label}: loglik", k, len(pairs))) if progress else None
-            scores += score_continuations(
-                model, tokenizer, pairs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb
-            )
+        task = f"{label}: loglik"
+        scores = _scores(model, tokenizer, exs, spec, task, progress)
+        scores += _scores(model, tokenizer, pairs, spec, task, progress, score=score_continuations)
         best: dict[int, float] = {}
         greedy: dict[int, bool] = {}
         for i, s in zip(owner + pair_owner, scores):
@@ -196,12 +193,16 @@ def _run_model(
     return answers, t1 - t0, t2 - t1  # type: ignore[return-value]
 
 
-def _scores(model, tokenizer, exs: Sequence, spec: EvalSpec, task: str, progress: Progress | None) -> list:
-    """:func:`score_answers` of ``exs`` with the active model, reported to ``progress`` as ``task``."""
+def _scores(
+    model, tokenizer, exs: Sequence, spec: EvalSpec, task: str, progress: Progress | None, score=score_answers
+) -> list:
+    """``score`` (:func:`score_answers`, or :func:`score_continuations` for lm-eval's pairs) of ``exs`` with the
+    active model, reported to ``progress`` as ``task``.
+    """
     if not exs:
         return []
     cb = (lambda k: progress(task, k, len(exs))) if progress else None
-    return score_answers(model, tokenizer, exs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb)
+    return score(model, tokenizer, exs, max_length=spec.max_length, batch_size=spec.batch_size, on_batch=cb)
 
 
 def _status(ref_pass: bool, tuned_pass: bool) -> str:

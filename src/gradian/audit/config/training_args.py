@@ -87,6 +87,32 @@ class _Mark:
 
 _MARK = _Mark()
 
+#: Opcodes whose argument, as :func:`pickletools.genops` decodes it, is the value (protocol 0's ``INT`` 01 / 00 are
+#: True / False, decoded so).
+_LITERALS = frozenset(
+    {
+        "INT",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG",
+        "LONG1",
+        "LONG4",
+        "FLOAT",
+        "BINFLOAT",
+        "UNICODE",
+        "BINUNICODE",
+        "SHORT_BINUNICODE",
+        "BINUNICODE8",
+        "STRING",
+        "BINSTRING",
+        "SHORT_BINSTRING",
+        "BINBYTES",
+        "SHORT_BINBYTES",
+        "BINBYTES8",
+        "BYTEARRAY8",
+    }
+)
 #: Containers older protocols pickle as ``REDUCE(builtins.set, ([...],))``: read as their items.
 _CONTAINERS = frozenset({"builtins.set", "builtins.frozenset", "__builtin__.set", "__builtin__.frozenset"})
 #: What protocols 0 and 1 call to make an instance of a class (``copyreg._reconstructor(cls, object, None)``).
@@ -160,23 +186,7 @@ def _interpret(data: bytes, where: str) -> Any:
             stack.append(None)
         elif name in ("NEWTRUE", "NEWFALSE"):
             stack.append(name == "NEWTRUE")
-        elif name == "INT":  # protocol 0: True/False are written as INT 01 / 00, which genops decodes
-            stack.append(arg)
-        elif name in ("BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT"):
-            stack.append(arg)
-        elif name in (
-            "UNICODE",
-            "BINUNICODE",
-            "SHORT_BINUNICODE",
-            "BINUNICODE8",
-            "STRING",
-            "BINSTRING",
-            "SHORT_BINSTRING",
-            "BINBYTES",
-            "SHORT_BINBYTES",
-            "BINBYTES8",
-            "BYTEARRAY8",
-        ):
+        elif name in _LITERALS:
             stack.append(arg)
         elif name == "EMPTY_DICT":
             stack.append({})

@@ -155,12 +155,13 @@ def _stage(r: Reader) -> tuple[str, str] | None:
     """
     cls = r.raw.get(SAVED_CLASS)
     if isinstance(cls, str):
-        stage = _CLASS_STAGE.get(cls.rsplit(".", 1)[-1])
+        name = cls.rsplit(".", 1)[-1]
+        stage = _CLASS_STAGE.get(name)
         if stage is None:
             return None
         if stage == "cpo" and str(r.raw.get("loss_type")).lower() == "simpo":
             stage = "simpo"
-        return stage, f"{Path(r.path).name} (it saved a {cls.rsplit('.', 1)[-1]})"
+        return stage, f"{Path(r.path).name} (it saved a {name})"
     for stage, keys in _STAGE_KEYS:
         for k in keys:
             if k in r.raw:
