@@ -1,5 +1,7 @@
-"""axolotl, LLaMA-Factory and torchtune tokenisation, written from their source at a named version (none of them
-installs here: their wheels were downloaded with ``pip download --no-deps`` and read, never imported or vendored).
+"""axolotl, LLaMA-Factory and torchtune tokenisation, written from their source at a named version (their wheels were
+downloaded with ``pip download --no-deps`` and read, never vendored). Since then the frameworks themselves run in
+tests/data/test_frameworks_real.py (``make frameworks``); these rules stay as the suite's fast, install-free check
+and as the frameworks' rules in readable form.
 
 Each ``*_rows`` function gives ``{row id: (input_ids, labels)}`` the way that framework builds them for ChatML chat
 rows, with the test's tokenizer standing in for the model's (its ``encode`` where the framework encodes a piece of

@@ -1,6 +1,6 @@
 """axolotl / LLaMA-Factory / torchtune: Gradian's tokenisation under the setup resolved from each framework's config,
 row by row against the framework's own rule (tests/data/framework_parity.py, written from the frameworks' source at
-axolotl 0.19.0, LLaMA-Factory 0.9.5, torchtune 0.6.1; none installs here).
+axolotl 0.19.0, LLaMA-Factory 0.9.5, torchtune 0.6.1; the frameworks themselves run in test_frameworks_real.py).
 
 Where Gradian reproduces the rule (axolotl's content + EOS mask through ``TokenizeSpec.train_roles``, LLaMA-Factory's
 three mask settings) every row is equal. Where it does not, no row is, and the setup must say so
@@ -106,9 +106,9 @@ SETTINGS = [
         llamafactory_rows,
         {"cutoff_len": 80},
         LF.format(n=80),
-        0,
-        "truncation",
-        "shortens a long row",
+        4,
+        None,
+        None,
     ),
     ("torchtune qwen2 train_on_input false (default)", torchtune_rows, {"max_seq_len": 2048}, tt(), 4, None, None),
     (

@@ -116,7 +116,15 @@ def test_llamafactory_mask_history(tmp_path):
     base = "stage: sft\nfinetuning_type: lora\ncutoff_len: 512\ntemplate: qwen\n"
     s = resolve_setup(_cfg(tmp_path, "lf.yaml", base), "messages")
     assert (s.trainer, s.max_length, s.loss_on) == ("llamafactory", 512, "assistant")
-    assert "chat_template" in s.unreproduced  # a named LLaMA-Factory template
+    # LLaMA-Factory 0.9.5's own qwen template, its supervised mask and cutoff_len truncation: reproduced
+    # (tests/data/test_frameworks_real.py runs LLaMA-Factory itself)
+    assert (s.chat_rule, s.chat_template, s.unreproduced) == ("llamafactory_qwen", None, ())
+    assert s.tokenize_spec().chat_rule == "llamafactory_qwen"
+    named = resolve_setup(_cfg(tmp_path, "lf4.yaml", base.replace("qwen", "llama2")), "messages")
+    assert named.chat_rule is None and "chat_template" in named.unreproduced  # a template Gradian does not render
+    assert any("its own registered template 'llama2'" in n for n in named.notes)
+    plain = resolve_setup(_cfg(tmp_path, "lf5.yaml", base), "prompt_completion")
+    assert plain.chat_rule is None  # LLaMA-Factory has no prompt/completion rows: Gradian's rule, as before
     s2 = resolve_setup(_cfg(tmp_path, "lf2.yaml", base + "mask_history: true\n"), "messages")
     assert s2.loss_on == "completion" and "lf2.yaml: mask_history" in s2.sources["loss_on"]
     s3 = resolve_setup(_cfg(tmp_path, "lf3.yaml", base + "train_on_prompt: true\n"), "messages")

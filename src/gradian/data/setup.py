@@ -20,9 +20,12 @@ gradian train      a ``messages`` row trains its final assistant turn (``complet
                    false -> ``all``
 axolotl            ``train_on_inputs: true`` -> ``all``; chat rows: axolotl's own mask (``train_roles``: the
                    content of ``roles_to_train``, default ``[assistant]``, every role under ``train_on_inputs``,
-                   and the EOS after it per ``train_on_eos``, default ``turn``)
+                   and the EOS after it per ``train_on_eos``, default ``turn``); alpaca rows of ``type: alpaca``:
+                   its Alpaca prompt (``chat_rule``, :mod:`gradian.data.axolotl_rules`); another type is noted
 LLaMA-Factory      ``train_on_prompt: true`` -> ``all``; chat rows: ``mask_history: true`` -> ``completion``
-                   (last turn), else ``assistant`` (every turn)
+                   (last turn), else ``assistant`` (every turn); chat and alpaca rows rendered by its own
+                   ``template:`` (``chat_rule``, :mod:`gradian.data.llamafactory_rules`), ``cutoff_len`` included,
+                   for the templates Gradian implements; another is listed as ``chat_template`` not reproduced
 torchtune          ``train_on_input: true`` -> ``all``; chat rows -> ``assistant``, rendered by torchtune's own
                    model tokenizer (``chat_rule``, :mod:`gradian.data.torchtune_rules`) for the Qwen2 / Qwen2.5 and
                    Llama-3 tokenizers; instruct rows -> ``completion``
@@ -186,8 +189,10 @@ def setup_from_files(
     return resolve_setup(config, fmt, chat=chat, flags=flags, saved_template=adapter_template(adapter))
 
 
-def _mask_history(paths: list[str]) -> tuple[bool | None, str | None]:
-    """LLaMA-Factory's ``mask_history`` (the config model does not keep it): read with the audit config reader."""
+def _lf_key(paths: list[str], key: str, kind: str = "bool") -> tuple[Any, str | None]:
+    """``(value, where)`` of a LLaMA-Factory key the config model does not keep (``mask_history``,
+    ``default_system``), read with the audit config reader; ``(None, None)`` when no file sets it.
+    """
     from gradian.audit.config import Reader, read_mapping
 
     for p in paths:
@@ -195,9 +200,42 @@ def _mask_history(paths: list[str]) -> tuple[bool | None, str | None]:
         if path.is_file() and path.suffix.lower() in (".yaml", ".yml", ".json"):
             raw, _ = read_mapping(path)
             r = Reader(raw, str(path))
-            if r.has("mask_history"):
-                return r.bool_("mask_history"), r.where("mask_history")
+            if r.has(key):
+                return (r.bool_(key) if kind == "bool" else r.get(key)), r.where(key)
     return None, None
+
+
+def _lf_rule(cfg: TrainConfig, data_format: str) -> tuple[str | None, str, list[str]]:
+    """``(rule, source, notes)`` of a LLaMA-Factory run's own rendering (:mod:`gradian.data.llamafactory_rules`),
+    read from its ``template:``; rule None: not a row LLaMA-Factory renders (plain prompt/completion or text) or a
+    template Gradian does not reproduce (noted). Settings the rule does not take are noted, so the mask is stated as
+    not reproduced.
+    """
+    from gradian.data.llamafactory_rules import TEMPLATES, VERSION, rule_for_template
+
+    if data_format not in CHAT_FORMATS + ("alpaca",):
+        return None, "", []
+    name = cfg.chat_template
+    where = cfg.source("chat_template") or "LLaMA-Factory config: template"
+    rule = rule_for_template(name)
+    notes = []
+    if rule is None:
+        notes.append(
+            f"chat_template: LLaMA-Factory renders rows with its own registered template {name!r} ({where}: its "
+            "slots, each encoded on its own, and its default system prompt), not the tokenizer's Jinja; Gradian "
+            f"reproduces {', '.join(TEMPLATES)} and renders this one with the tokenizer's chat template"
+        )
+        return None, where, notes
+    ds, ds_where = _lf_key(cfg.paths, "default_system", "str")
+    if ds is not None:
+        notes.append(f"{ds_where}: LLaMA-Factory writes it where a row has no system turn; Gradian's rule does not")
+    mh, mh_where = _lf_key(cfg.paths, "mask_history")
+    if mh and cfg.train_on_inputs:
+        notes.append(
+            f"{mh_where} with train_on_prompt: LLaMA-Factory trains every prompt and the last answer only; Gradian's "
+            "rule trains one or the other"
+        )
+    return rule, f"{where} ({VERSION} data/template.py, processor/supervised.py)", notes
 
 
 def _torchtune_chat(cfg: TrainConfig) -> tuple[str | None, str, list[str]]:
@@ -238,6 +276,32 @@ def _torchtune_chat(cfg: TrainConfig) -> tuple[str | None, str, list[str]]:
         )
         return None, where, notes
     return rule, f"{where} ({SOURCES[rule]})", notes
+
+
+def _axolotl_instruction_rule(cfg: TrainConfig) -> tuple[str | None, str, list[str]]:
+    """``(rule, source, notes)`` for instruction (alpaca) rows of an axolotl run, from its first dataset's ``type``
+    (:mod:`gradian.data.axolotl_rules`); rule None: a type Gradian does not reproduce (noted).
+    """
+    from gradian.data.axolotl_rules import TYPES, VERSION
+
+    ds = list(cfg.datasets or [])
+    first = ds[0] if ds else {}
+    kind = first.get("type") or ("a custom mapping" if first.get("type_mapping") else None)
+    where = f"datasets[{first['index']}].type" if ds else "axolotl config"
+    rule = TYPES.get(kind) if isinstance(kind, str) else None
+    if rule is None:
+        return (
+            None,
+            where,
+            [
+                f"axolotl renders instruction rows with its prompt strategy ({where}: {kind!r}), its own prompt text "
+                f"around them; Gradian reproduces type {', '.join(TYPES)} and renders this one as instruction + output"
+            ],
+        )
+    notes = []
+    if any((d.get("type") or None) != kind for d in ds[1:]):
+        notes.append(f"axolotl datasets of other types than {where}'s; Gradian renders every row as {where}")
+    return rule, f"{where}: {kind} ({VERSION} prompters.py AlpacaPrompter, prompt_tokenizers.py)", notes
 
 
 def _held_out_note(cfg: TrainConfig, trainer: str | None) -> str | None:
@@ -329,7 +393,7 @@ def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str
         return "completion", src("train_on_inputs") or "default (axolotl)", notes
     if t == "llamafactory":
         if chat:
-            mh, where = _mask_history(cfg.paths)
+            mh, where = _lf_key(cfg.paths, "mask_history")
             if mh:
                 return "completion", f"{where} (the last assistant turn only)", notes
             return (
@@ -455,7 +519,13 @@ def resolve_setup(
         sources["truncation"] = c.source("truncation") or sources["max_length"]
         tr = values["truncation"]
         tt_rule, tt_src, tt_notes = _torchtune_chat(c) if (chat and name == "torchtune") else (None, "", [])
+        lf_rule, lf_src, lf_notes = _lf_rule(c, data_format) if name == "llamafactory" else (None, "", [])
         values["chat_rule"], values["eos_truncate"] = tt_rule, bool(tt_rule and values["max_length"] is not None)
+        ax_rule, ax_src, ax_notes = (
+            _axolotl_instruction_rule(c) if (name == "axolotl" and data_format == "alpaca") else (None, "", [])
+        )
+        if lf_rule or ax_rule:
+            values["chat_rule"], sources["chat_rule"] = lf_rule or ax_rule, lf_src or ax_src
         if tt_rule:
             sources["chat_rule"] = tt_src
             sources["eos_truncate"] = (
@@ -463,7 +533,7 @@ def resolve_setup(
                 if values["eos_truncate"]
                 else sources["max_length"]
             )
-        if tr not in ("keep_start", "none") and not (tt_rule and tr == "truncate"):  # torchtune's truncate: the rule
+        if tr not in ("keep_start", "none") and not ((tt_rule or lf_rule) and tr == "truncate"):  # the rule's own
             unrep.append("truncation")
             rule = {
                 "drop": "drops rows longer than max_length",
@@ -484,7 +554,7 @@ def resolve_setup(
             values["train_roles"], values["train_on_eos"] = roles, eos
             sources["train_roles"] = sources["train_on_eos"] = msrc
             lnotes = lnotes + mnotes
-        lnotes = lnotes + tt_notes
+        lnotes = lnotes + tt_notes + [n for n in lf_notes if not n.startswith("chat_template:")] + ax_notes
         if (
             name == "torchtune" and not chat
         ):  # torchtune 0.6.1 data/_messages.py InputOutputToMessages, _text_completion
@@ -503,6 +573,11 @@ def resolve_setup(
             sources["add_eos"] = f"Gradian default (TRL's EOS rule; {name}'s own EOS rule is not read)"
         tmpl, tsrc, tnote = _training_template(c, saved_template)
         values["chat_template"], sources["chat_template"] = tmpl, tsrc
+        if lf_rule:  # LLaMA-Factory renders with its own template, never the tokenizer's Jinja
+            values["chat_template"], sources["chat_template"] = None, f"not used: {lf_src}"
+            tnote = None
+        elif name == "llamafactory" and lf_notes and lf_notes[0].startswith("chat_template:"):
+            tnote = lf_notes[0]
         if tnote:
             unrep.append("chat_template")
             notes.append(tnote)

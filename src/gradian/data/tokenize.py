@@ -29,9 +29,11 @@ Rules (the same as TRL's ``SFTTrainer`` with ``completion_only_loss``):
   conversation to the end of ``render(turns[:i+1])`` (the template's end-of-turn
   included). ``loss_on="completion"`` on a ``messages`` row is the final assistant
   turn only (LLaMA-Factory ``mask_history: true``; Gradian's default).
-* :attr:`TokenizeSpec.chat_rule` (a torchtune recipe whose tokenizer family Gradian implements): chat rows are
-  built piece by piece as torchtune's model tokenizer builds them, header and EOS included, with its mask and its
-  ``truncate`` (:mod:`gradian.data.torchtune_rules`), not through a chat template.
+* :attr:`TokenizeSpec.chat_rule` (a trainer that does not render a chat template, with a rule Gradian
+  implements): the rows are built piece by piece as that trainer builds them, with its mask and its truncation:
+  torchtune's model tokenizers (:mod:`gradian.data.torchtune_rules`), LLaMA-Factory's registered templates, chat and
+  alpaca rows (:mod:`gradian.data.llamafactory_rules`), axolotl's ``type: alpaca`` prompt
+  (:mod:`gradian.data.axolotl_rules`).
 * Truncation keeps the start (TRL's default ``keep_start``), at ``max_length``;
   each example records whether it was truncated and its untruncated length.
 
@@ -85,10 +87,11 @@ class TokenizeSpec:
             trained message; ``"all"``: after every message; ``"last"``: the last one only; ``"none"``). None:
             ``loss_on`` decides. Plain rows always follow ``loss_on``. Left out of :meth:`to_dict` when None.
         train_on_eos: see ``train_roles``.
-        chat_rule: a trainer's own chat rendering in place of a chat template (:mod:`gradian.data.torchtune_rules`:
-            ``"torchtune_qwen2"``, ``"torchtune_llama3"``): chat rows are built piece by piece as that trainer's model
-            tokenizer builds them, with its mask per ``loss_on``. None: the chat template. Left out of
-            :meth:`to_dict` when None (with ``eos_truncate``).
+        chat_rule: a trainer's own rendering in place of a chat template (:func:`chat_rules`: torchtune's
+            ``"torchtune_qwen2"`` / ``"torchtune_llama3"``, LLaMA-Factory's ``"llamafactory_<template>"`` for chat and
+            alpaca rows, axolotl's ``"axolotl_alpaca"`` for alpaca rows): the rows are built piece by piece as that
+            trainer builds them, with its mask per ``loss_on`` (LLaMA-Factory's ``cutoff_len`` truncation included).
+            None: the chat template. Left out of :meth:`to_dict` when None (with ``eos_truncate``).
         eos_truncate: with ``chat_rule``: the trainer truncates at ``max_length`` by torchtune's ``truncate`` (EOS
             written over the last kept token, its label masked; it runs on every row, so a row that fits has its
             final EOS masked). False: the recipe sets no ``max_seq_len``.
@@ -126,9 +129,7 @@ class TokenizeSpec:
         check_bool(self.add_eos, "TokenizeSpec", "add_eos")
         check_choice(self.train_on_eos, ("turn", "all", "none", "last"), "TokenizeSpec", "train_on_eos")
         if self.chat_rule is not None:
-            from gradian.data.torchtune_rules import RULES
-
-            check_choice(self.chat_rule, RULES, "TokenizeSpec", "chat_rule")
+            check_choice(self.chat_rule, chat_rules(), "TokenizeSpec", "chat_rule")
         check_bool(self.eos_truncate, "TokenizeSpec", "eos_truncate")
         if self.train_roles is not None:
             if isinstance(self.train_roles, list):
@@ -411,7 +412,7 @@ class Rendered:
         content_spans: :attr:`TokenizeSpec.train_roles` on a chat row: the ``(start, end, trained)`` character span
             of each message's content in ``text``, in order (axolotl's rule; ``eos_id``: the tokenizer's EOS id).
         tokens: :attr:`TokenizeSpec.chat_rule` on a chat row: ``(ids, labels, offsets, full_length)`` the trainer's
-            own rule built piece by piece, truncation included (:func:`gradian.data.torchtune_rules.render_tokens`);
+            own rule built piece by piece, truncation included (the rule module's ``render_tokens``);
             they replace the ids of ``text``.
     """
 
@@ -541,26 +542,52 @@ def _content_labels(ids: Sequence[int], offsets: Sequence[tuple[int, int]], r: R
     return out
 
 
+def chat_rules() -> tuple[str, ...]:
+    """The trainers' own rules :attr:`TokenizeSpec.chat_rule` takes (torchtune's, LLaMA-Factory's, axolotl's)."""
+    from gradian.data import axolotl_rules, llamafactory_rules, torchtune_rules
+
+    return torchtune_rules.RULES + llamafactory_rules.RULES + axolotl_rules.RULES
+
+
+def _rule_rendered(row: list[dict[str, Any]] | dict[str, Any], tokenizer, spec: TokenizeSpec, where: str) -> Rendered:
+    """A row built by the trainer's own rule (:attr:`TokenizeSpec.chat_rule`), its truncation included: torchtune's
+    when ``spec.eos_truncate``, LLaMA-Factory's (``infer_seqlen`` per pair) always. ``row``: the messages, or an
+    alpaca row's fields for axolotl's rule.
+    """
+    if spec.chat_rule.startswith("llamafactory_"):
+        from gradian.data.llamafactory_rules import render_tokens
+
+        max_length = spec.max_length
+    elif spec.chat_rule.startswith("axolotl_"):
+        from gradian.data.axolotl_rules import render_tokens
+
+        max_length = None
+    else:
+        from gradian.data.torchtune_rules import render_tokens
+
+        max_length = spec.max_length if spec.eos_truncate else None
+    text, start, ids, labels, offsets, full = render_tokens(
+        row, tokenizer, spec.chat_rule, loss_on=spec.loss_on, max_length=max_length, where=where
+    )
+    return Rendered(text, None, start, False, tokens=(ids, labels, offsets, full))
+
+
 def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> Rendered:
     """The string a trainer would tokenise for ``ex`` (see module docstring for the rules)."""
     where = where or f"example {ex.id}"
+    if ex.format == "alpaca" and (spec.chat_rule or "").startswith("llamafactory_"):
+        from gradian.data.llamafactory_rules import alpaca_messages
+
+        return _rule_rendered(alpaca_messages(ex.raw), tokenizer, spec, where)
+    if ex.format == "alpaca" and (spec.chat_rule or "").startswith("axolotl_"):
+        return _rule_rendered(ex.raw, tokenizer, spec, where)
     if ex.is_chat:
         prompt_msgs = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
         compl_msgs = (
             ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
         )
-        if spec.chat_rule is not None:
-            from gradian.data.torchtune_rules import render_tokens
-
-            text, start, ids, labels, offsets, full = render_tokens(
-                prompt_msgs + compl_msgs,
-                tokenizer,
-                spec.chat_rule,
-                loss_on=spec.loss_on,
-                max_length=spec.max_length if spec.eos_truncate else None,
-                where=where,
-            )
-            return Rendered(text, None, start, False, tokens=(ids, labels, offsets, full))
+        if spec.chat_rule is not None and not spec.chat_rule.startswith("axolotl_"):  # axolotl's: instruction rows
+            return _rule_rendered(prompt_msgs + compl_msgs, tokenizer, spec, where)
         tpl = spec.chat_template
         prompt_text = render_chat(tokenizer, prompt_msgs, True, where, tpl)
         text = render_chat(tokenizer, prompt_msgs + compl_msgs, False, where, tpl)

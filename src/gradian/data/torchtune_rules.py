@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from gradian.data.pieces import PieceBuilder, special_id
 from gradian.errors import GradianUserError
 
 IGNORE_INDEX = -100
@@ -57,43 +58,7 @@ def rule_for_component(component: Any) -> str | None:
 
 
 def _special_id(tokenizer, token: str, rule: str, where: str) -> int:
-    tid = tokenizer.convert_tokens_to_ids(token)
-    if tid is None or (tid == tokenizer.unk_token_id and token != tokenizer.unk_token):
-        raise GradianUserError(
-            f"the tokenizer has no {token} token, which torchtune's {rule.split('_', 1)[1]} tokenizer writes",
-            where=where,
-            fix="pass the tokenizer of the model the torchtune recipe trained (its tokenizer._component_ family)",
-        )
-    return int(tid)
-
-
-class _Builder:
-    """Ids, character offsets and per-token mask of a row, piece by piece."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tok = tokenizer
-        self.text: list[str] = []
-        self.n = 0  # characters so far
-        self.ids: list[int] = []
-        self.offsets: list[tuple[int, int]] = []
-        self.mask: list[bool] = []
-
-    def special(self, tid: int, s: str, masked: bool) -> None:
-        self.ids.append(tid)
-        self.offsets.append((self.n, self.n + len(s)))
-        self.mask.append(masked)
-        self.text.append(s)
-        self.n += len(s)
-
-    def piece(self, s: str, masked: bool) -> None:
-        if not s:
-            return
-        enc = self.tok(s, add_special_tokens=False, return_offsets_mapping=True)
-        self.ids += list(enc["input_ids"])
-        self.offsets += [(self.n + a, self.n + b) for a, b in enc["offset_mapping"]]
-        self.mask += [masked] * len(enc["input_ids"])
-        self.text.append(s)
-        self.n += len(s)
+    return special_id(tokenizer, token, f"torchtune's {rule.split('_', 1)[1]} tokenizer", where)
 
 
 def render_tokens(
@@ -123,7 +88,7 @@ def render_tokens(
         raise ValueError(f"unknown torchtune rule {rule!r}")
     msgs = list(messages)
     last_asst = max((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), default=-1)
-    b = _Builder(tokenizer)
+    b = PieceBuilder(tokenizer)
     comp_start = 0
     for i, m in enumerate(msgs):
         role, content = m.get("role"), m.get("content")
