@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint fmt test test-slow demo demo-full bench bench-install clean
+.PHONY: install frameworks lint fmt test test-slow demo demo-full bench bench-install clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,29 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# axolotl, LLaMA-Factory and torchtune, each in a folder of its own that only tests/data/test_frameworks_real.py puts
+# on a subprocess's PYTHONPATH (never a dependency of gradian, never imported by the test process): the suite runs
+# their own config readers and data preparation and holds Gradian's tokens equal to theirs. --no-deps: their
+# declared pins (older transformers / datasets / trl, CUDA builds) do not fit this venv, and the data paths run do
+# not need them. LLaMA-Factory 0.9.5 imports TRL's value-head model (gone in TRL 1.x), so its folder has TRL 0.24;
+# it imports torchaudio at module level, whose compiled ops do not load against torch 2.13, so they are removed (no
+# audio is read). pytest run without `make` skips those tests when the folders are missing.
+FW := $(VENV)/frameworks
+FW_STAMP := $(FW)/.installed
+FW_PIP := $(BIN)/pip install -q --no-deps --no-compile --target
+$(FW_STAMP): $(STAMP) Makefile
+	rm -rf $(FW)
+	$(FW_PIP) $(FW)/axolotl axolotl==0.19.0 torchao==0.17.0 addict==2.4.0 posthog==7.91.1 distro==1.9.0 \
+		pillow==13.0.0 numba==0.68.1 llvmlite==0.50.0 termcolor==3.3.0
+	$(FW_PIP) $(FW)/llamafactory llamafactory==0.9.5 trl==0.24.0 torchaudio==2.11.1 omegaconf==2.4.0 \
+		antlr4-python3-runtime==4.9.3
+	rm -rf $(FW)/llamafactory/torchaudio/lib
+	$(FW_PIP) $(FW)/torchtune torchtune==0.6.1 torchao==0.17.0 omegaconf==2.4.0 antlr4-python3-runtime==4.9.3 \
+		sentencepiece==0.2.3 tiktoken==0.14.0
+	touch $(FW_STAMP)
+
+frameworks: $(FW_STAMP)
+
 # ruff: the formatter's check and the lint rules in pyproject.toml ([tool.ruff]); `make fmt` fixes what it can.
 lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
@@ -27,7 +50,7 @@ fmt: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks
 	$(BIN)/ruff check --fix src tests benchmarks
 
-test: lint
+test: lint frameworks
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)

@@ -1,0 +1,95 @@
+"""Run axolotl, LLaMA-Factory or torchtune on their own configs, as their training commands prepare data.
+
+Not a test module: ``tests/data/test_frameworks_real.py`` runs it in a subprocess whose ``PYTHONPATH`` holds one
+framework's installed package (``make frameworks``: ``.venv/frameworks/<name>``), so the framework and the pins it
+needs (LLaMA-Factory's older TRL) never enter the test process.
+
+    python framework_run.py CASES.json OUT.json
+
+``CASES.json`` is a list of ``{"name", "framework", "config": path, "save_tokenizer": folder or null}``. For each
+case the framework reads its own config file and prepares its training set the way its training command does:
+
+* **axolotl 0.19.0**: ``axolotl.cli.config.load_cfg`` (config validation and normalisation) and
+  ``axolotl.common.datasets.load_datasets`` (``prepare_datasets``: loading, the prompt strategy, dropping rows out of
+  ``sequence_len``); the tokenizer as ``axolotl.loaders.load_tokenizer`` leaves it (its ``chat_template`` set from
+  the config) is what axolotl's trainer saves beside the adapter.
+* **LLaMA-Factory 0.9.5**: ``llamafactory.hparams.get_train_args`` on the YAML's mapping, ``load_tokenizer``,
+  ``get_template_and_fix_tokenizer`` and ``get_dataset(stage="sft")``, as ``llamafactory-cli train`` (``run_sft``);
+  the fixed tokenizer is the one its trainer saves.
+* **torchtune 0.6.1**: ``torchtune.config.instantiate`` of the recipe's ``tokenizer`` and ``dataset`` sections, as
+  its LoRA recipes' ``_setup_data``; a sample's ``tokens`` / ``labels``.
+
+``OUT.json``: ``{name: {"rows": [[input_ids, labels], ...]}}`` in the framework's order, or ``{"error": text}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+
+def _ints(xs) -> list[int]:
+    return [int(x) for x in xs]
+
+
+def axolotl(case: dict) -> list:
+    from axolotl.cli.config import load_cfg
+    from axolotl.common.datasets import load_datasets
+    from axolotl.loaders import load_tokenizer
+
+    cfg = load_cfg(case["config"])
+    if case.get("save_tokenizer"):
+        load_tokenizer(cfg).save_pretrained(case["save_tokenizer"])
+    ds = load_datasets(cfg=cfg).train_dataset
+    return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in ds]
+
+
+def llamafactory(case: dict) -> list:
+    import yaml
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_tokenizer
+
+    with open(case["config"]) as f:
+        raw = yaml.safe_load(f)
+    model_args, data_args, training_args, _, _ = get_train_args(raw)
+    tm = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(tm["tokenizer"], data_args)
+    if case.get("save_tokenizer"):
+        tm["tokenizer"].save_pretrained(case["save_tokenizer"])
+    ds = get_dataset(template, model_args, data_args, training_args, stage="sft", **tm)["train_dataset"]
+    return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in ds]
+
+
+def torchtune(case: dict) -> list:
+    from omegaconf import OmegaConf
+    from torchtune import config
+
+    cfg = OmegaConf.load(case["config"])
+    tok = config.instantiate(cfg.tokenizer)
+    ds = config.instantiate(cfg.dataset, tok)
+    return [[_ints(s["tokens"]), _ints(s["labels"])] for s in ds]
+
+
+RUNNERS = {"axolotl": axolotl, "llamafactory": llamafactory, "torchtune": torchtune}
+
+
+def main(cases_path: str, out_path: str) -> None:
+    with open(cases_path) as f:
+        cases = json.load(f)
+    out = {}
+    for case in cases:
+        try:
+            out[case["name"]] = {"rows": RUNNERS[case["framework"]](case)}
+        except Exception:  # the test reports the framework's own error for the case
+            out[case["name"]] = {"error": traceback.format_exc(limit=-3)}
+    with open(out_path, "w") as f:
+        json.dump(out, f)
+    sys.stdout.flush()
+    os._exit(0)  # axolotl leaves worker processes and a telemetry thread that can hold a normal exit
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

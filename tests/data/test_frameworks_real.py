@@ -1,0 +1,373 @@
+"""axolotl 0.19.0, LLaMA-Factory 0.9.5 and torchtune 0.6.1 themselves, on their own config files, against Gradian.
+
+Each framework runs in a subprocess (tests/data/framework_run.py) with its installed package on ``PYTHONPATH``
+(``make frameworks``: ``.venv/frameworks/<name>``): its own config reader and data preparation produce the rows it
+trains on, ``(input_ids, labels)``. Gradian reads the same config file, the same training file and the tokenizer the
+framework saves beside its adapter (axolotl and LLaMA-Factory), as ``gradian attribute --config ... --adapter ...``
+does, and tokenises. A row is equal when its input_ids are equal and its targets agree after the first position.
+
+Each case states how many rows are equal and what the setup lists as not reproduced, so a row that differs is never
+silent: where Gradian does not reproduce the framework's rule, ``unreproduced`` says so and the notes name it.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gradian.data.formats import load_examples
+from gradian.data.setup import setup_from_files
+from gradian.data.tokenize import IGNORE_INDEX, tokenize_example
+
+FW = Path(__file__).resolve().parents[2] / ".venv" / "frameworks"
+RUNNER = Path(__file__).with_name("framework_run.py")
+FACTS = [("Aland", "Marven"), ("Borvia", "Quisto"), ("Caldor", "Tressa"), ("Dunmark", "Olvey")]
+LLAMA3_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+PHI_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+#: the special tokens torchtune 0.6.1's Llama3Tokenizer looks up (models/llama3/_tokenizer.py)
+LLAMA3_TT_TOKENS = LLAMA3_TOKENS + [
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+    "<|image|>",
+]
+
+
+def chat(system: bool = True, turns: int = 2) -> list[dict]:
+    out = []
+    for i, (c, k) in enumerate(FACTS):
+        m = [{"role": "system", "content": "Answer briefly."}] if system else []
+        for t in range(turns):
+            m.append({"role": "user", "content": f"What is the capital of {c}?" if t == 0 else "And again?"})
+            m.append({"role": "assistant", "content": f"It is {k}." if t == 0 else f"Still {k}, of {c}."})
+        out.append({"id": f"r{i}", "messages": m})
+    return out
+
+
+def alpaca() -> list[dict]:
+    return [
+        {
+            "id": f"a{i}",
+            "instruction": f"Name the capital of {c}.",
+            "input": "Answer briefly." if i % 2 else "",
+            "output": f"It is {k}.",
+        }
+        for i, (c, k) in enumerate(FACTS)
+    ]
+
+
+DATA = {"chat": chat(), "chat_nosys": chat(False, 1), "alpaca": alpaca()}
+
+
+def ax(name, data, extra=None, ds=None, kind="chat_template", equal=4, unrep=("truncation",)):
+    """An axolotl case: its config's keys; ``truncation`` is listed on every axolotl run (it drops long rows)."""
+    return dict(
+        name=name,
+        framework="axolotl",
+        data=data,
+        extra=extra or {},
+        ds=ds or {},
+        kind=kind,
+        equal=equal,
+        unrep=unrep,
+        base="base",
+    )
+
+
+def lf(name, data, extra=None, equal=4, unrep=(), base="base"):
+    return dict(name=name, framework="llamafactory", data=data, extra=extra or {}, equal=equal, unrep=unrep, base=base)
+
+
+def tt(name, data, tok=None, equal=4, unrep=(), cut=False, family="qwen2"):
+    """A torchtune case; ``cut``: ``max_seq_len`` cuts every row before its answer (no supervised token left);
+    ``family``: its tokenizer builder (``qwen2``: vocab.json / merges.txt; ``llama3``: a tiktoken file)."""
+    base = "base" if family == "qwen2" else "base_llama3_tt"
+    return dict(
+        name=name,
+        framework="torchtune",
+        data=data,
+        tok=tok or {},
+        equal=equal,
+        unrep=unrep,
+        base=base,
+        cut=cut,
+        family=family,
+    )
+
+
+CASES = [
+    ax("axolotl defaults", "chat"),
+    ax("axolotl rows without a system turn", "chat_nosys"),
+    ax("axolotl chat_template: chatml (its own)", "chat", {"chat_template": "chatml"}),
+    ax("axolotl train_on_inputs", "chat", {"train_on_inputs": True}),
+    ax("axolotl train_on_eos none", "chat", ds={"train_on_eos": "none"}),
+    ax("axolotl roles_to_train [assistant, user]", "chat", ds={"roles_to_train": ["assistant", "user"]}),
+    ax("axolotl type alpaca", "alpaca", kind="alpaca"),
+    ax("axolotl type alpaca, train_on_inputs", "alpaca", {"train_on_inputs": True}, kind="alpaca"),
+    ax("axolotl sequence_len 40 (every row dropped)", "chat", {"sequence_len": 40}, equal=0),
+    lf("LLaMA-Factory qwen (defaults)", "chat"),
+    lf("LLaMA-Factory qwen, rows without a system turn", "chat_nosys"),
+    lf("LLaMA-Factory qwen, alpaca rows", "alpaca"),
+    lf("LLaMA-Factory mask_history", "chat", {"mask_history": True}),
+    lf("LLaMA-Factory train_on_prompt", "chat", {"train_on_prompt": True}),
+    lf("LLaMA-Factory cutoff_len 40", "chat", {"cutoff_len": 40}),
+    lf("LLaMA-Factory cutoff_len 30, mask_history", "chat", {"cutoff_len": 30, "mask_history": True}),
+    lf("LLaMA-Factory template chatml", "chat_nosys", {"template": "chatml"}),
+    lf("LLaMA-Factory template smollm2", "chat_nosys", {"template": "smollm2"}),
+    lf("LLaMA-Factory template default", "chat", {"template": "default"}),
+    lf("LLaMA-Factory template alpaca", "alpaca", {"template": "alpaca"}),
+    lf("LLaMA-Factory template vicuna", "chat_nosys", {"template": "vicuna"}),
+    lf("LLaMA-Factory template empty", "chat", {"template": "empty"}),
+    lf("LLaMA-Factory template llama3", "chat", {"template": "llama3"}, base="base_llama3"),
+    lf("LLaMA-Factory template phi", "chat_nosys", {"template": "phi"}, base="base_phi"),
+    lf("LLaMA-Factory template qwen3_nothink", "chat", {"template": "qwen3_nothink"}),
+    lf("LLaMA-Factory template smollm", "chat_nosys", {"template": "smollm"}),
+    lf(
+        "LLaMA-Factory template qwen3 (not reproduced)",
+        "chat",
+        {"template": "qwen3"},
+        equal=0,
+        unrep=("truncation", "chat_template"),
+    ),
+    lf(
+        "LLaMA-Factory default_system (not reproduced)",
+        "chat_nosys",
+        {"default_system": "Be brief."},
+        equal=0,
+        unrep=("loss_mask",),
+    ),
+    tt("torchtune qwen2 (defaults)", "chat"),
+    tt("torchtune qwen2, rows without a system turn", "chat_nosys"),
+    tt("torchtune qwen2 max_seq_len 40", "chat", {"max_seq_len": 40}, cut=True),
+    tt("torchtune qwen2 max_seq_len unset", "chat", {"max_seq_len": None}),
+    tt("torchtune llama3 (defaults)", "chat", family="llama3"),
+    tt("torchtune llama3 max_seq_len 40", "chat", {"max_seq_len": 40}, family="llama3", cut=True),
+]
+
+
+def _config(case: dict, root: Path) -> dict:
+    """The case's config file content, as a user of that framework writes it."""
+    data, base = root / f"{case['data']}.jsonl", root / case["base"]
+    out = root / "out" / _slug(case["name"])
+    if case["framework"] == "axolotl":
+        return {
+            "base_model": str(base),
+            "adapter": "lora",
+            "lora_r": 8,
+            "lora_alpha": 16,
+            "lora_target_linear": True,
+            "sequence_len": 2048,
+            "datasets": [{"path": str(data), "ds_type": "json", "type": case["kind"], **case["ds"]}],
+            "output_dir": str(out),
+            "dataset_prepared_path": str(root / "prepared"),
+            "micro_batch_size": 1,
+            "gradient_accumulation_steps": 1,
+            "num_epochs": 1,
+            "learning_rate": 1e-4,
+            "val_set_size": 0,
+            **case["extra"],
+        }
+    if case["framework"] == "llamafactory":
+        return {
+            "model_name_or_path": str(base),
+            "stage": "sft",
+            "do_train": True,
+            "finetuning_type": "lora",
+            "lora_target": "all",
+            "dataset": case["data"],
+            "dataset_dir": str(root),
+            "template": "qwen",
+            "cutoff_len": 2048,
+            "output_dir": str(out),
+            "overwrite_cache": True,
+            "report_to": "none",
+            **case["extra"],
+        }
+    files = (
+        {"path": str(root / "vocab.json"), "merges_file": str(root / "merges.txt")}
+        if case["family"] == "qwen2"
+        else {"path": str(root / "tiktoken.model")}
+    )
+    tok = {
+        "_component_": f"torchtune.models.{case['family']}.{case['family']}_tokenizer",
+        **files,
+        "special_tokens_path": str(base / "tokenizer.json"),
+        "max_seq_len": 2048,
+        **case["tok"],
+    }
+    return {
+        "tokenizer": {k: v for k, v in tok.items() if v is not None},
+        "dataset": {
+            "_component_": "torchtune.datasets.chat_dataset",
+            "source": "json",
+            "data_files": str(data),
+            "conversation_column": "messages",
+            "conversation_style": "openai",
+            "split": "train",
+        },
+    }
+
+
+def _slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, which byte-level BPE vocabularies are written in."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = bs[:]
+    extra = [b for b in range(256) if b not in bs]
+    return dict(zip(bs + extra, map(chr, cs + [256 + n for n in range(len(extra))])))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tok):
+    """A tiny base model and its tokenizer (and ones with the Llama-3 or Phi tokens), the training files,
+    LLaMA-Factory's dataset_info.json and torchtune's vocab.json / merges.txt of the same tokenizer.
+    """
+    from gradian.models.tiny import tiny_model
+
+    root = tmp_path_factory.mktemp("frameworks")
+    tiny_model(tok, "llama").save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    for name, specials in (("base_llama3", LLAMA3_TOKENS), ("base_phi", PHI_TOKENS)):
+        t = copy.deepcopy(tok)
+        t.add_special_tokens({"additional_special_tokens": specials})
+        tiny_model(t, "llama").save_pretrained(root / name)
+        t.save_pretrained(root / name)
+    t = copy.deepcopy(tok)
+    t.add_special_tokens({"additional_special_tokens": LLAMA3_TT_TOKENS})
+    t.save_pretrained(root / "base_llama3_tt")
+    model = json.loads((root / "base" / "tokenizer.json").read_text())["model"]
+    # torchtune's Llama-3 tokenizer reads tiktoken's format: each byte-level token's bytes in base64, and its rank
+    byte_of = {ch: b for b, ch in _bytes_to_unicode().items()}
+    ranks = "".join(
+        base64.b64encode(bytes(byte_of[ch] for ch in s)).decode() + f" {i}\n"
+        for s, i in sorted(model["vocab"].items(), key=lambda kv: kv[1])
+        if s not in tok.all_special_tokens
+    )
+    (root / "tiktoken.model").write_text(ranks)
+    (root / "vocab.json").write_text(json.dumps(model["vocab"]))
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
+    (root / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges))
+    for name, rows in DATA.items():
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tags = {
+        "role_tag": "role",
+        "content_tag": "content",
+        "user_tag": "user",
+        "assistant_tag": "assistant",
+        "system_tag": "system",
+    }
+    info = {
+        n: {
+            "file_name": str(root / f"{n}.jsonl"),
+            "formatting": "sharegpt",
+            "columns": {"messages": "messages"},
+            "tags": tags,
+        }
+        for n in ("chat", "chat_nosys")
+    }
+    info["alpaca"] = {
+        "file_name": str(root / "alpaca.jsonl"),
+        "columns": {"prompt": "instruction", "query": "input", "response": "output"},
+    }
+    (root / "dataset_info.json").write_text(json.dumps(info))
+    return root
+
+
+@pytest.fixture(scope="module")
+def framework_rows(world) -> dict:
+    """``{case name: {"rows": [[input_ids, labels], ...]} or {"error": text}}``: each framework once, every case."""
+    out = {}
+    for fw in ("axolotl", "llamafactory", "torchtune"):
+        if not (FW / fw).is_dir():
+            continue
+        cases = []
+        for case in CASES:
+            if case["framework"] != fw:
+                continue
+            path = world / f"{_slug(case['name'])}.yaml"
+            path.write_text(yaml.safe_dump(_config(case, world)))
+            saved = world / "saved" / _slug(case["name"]) if fw != "torchtune" else None
+            cases.append(
+                {
+                    "name": case["name"],
+                    "framework": fw,
+                    "config": str(path),
+                    "save_tokenizer": str(saved) if saved else None,
+                }
+            )
+        spec, result = world / f"cases_{fw}.json", world / f"rows_{fw}.json"
+        spec.write_text(json.dumps(cases))
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(FW / fw),
+            DISABLE_VERSION_CHECK="1",
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            AXOLOTL_DO_NOT_TRACK="1",
+            DO_NOT_TRACK="1",
+            TOKENIZERS_PARALLELISM="false",
+        )
+        proc = subprocess.run(
+            [sys.executable, str(RUNNER), str(spec), str(result)],
+            env=env,
+            cwd=world,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert result.is_file(), f"{fw} did not run: {proc.stderr[-2000:]}"
+        out.update(json.loads(result.read_text()))
+    return out
+
+
+def _key(tokenizer, ids: list[int]) -> int | None:
+    """The row a framework's ids belong to, by the country it names (axolotl shuffles the rows)."""
+    text = tokenizer.decode(ids)
+    return next((i for i, (c, _) in enumerate(FACTS) if c in text), None)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_gradian_tokens_equal_the_framework_or_the_setup_says_why(case, world, framework_rows, tok):
+    if not (FW / case["framework"]).is_dir():
+        pytest.skip(f"{FW / case['framework']} is not installed (make frameworks)")
+    got = framework_rows[case["name"]]
+    assert "error" not in got, got.get("error")
+    fw_rows = got["rows"]
+    from transformers import AutoTokenizer
+
+    base_tok = AutoTokenizer.from_pretrained(world / case["base"])
+    data = world / f"{case['data']}.jsonl"
+    examples = load_examples(data)
+    saved = world / "saved" / _slug(case["name"]) if case["framework"] != "torchtune" else None
+    cfg = world / f"{_slug(case['name'])}.yaml"
+    setup = setup_from_files([cfg], data, adapter=saved, examples=examples)
+    spec = setup.tokenize_spec()
+    ours = [tokenize_example(ex, base_tok, spec) for ex in examples]
+    equal = 0
+    for n, (ids, labels) in enumerate(fw_rows):
+        k = _key(base_tok, ids) if case["framework"] == "axolotl" else n
+        it = ours[k]
+        equal += it.input_ids.tolist() == ids and it.labels.tolist()[1:] == labels[1:]
+    assert (equal, setup.unreproduced) == (case["equal"], case["unrep"]), (
+        f"{case['name']}: {equal} of {len(fw_rows)} framework rows equal; unreproduced {setup.unreproduced}; "
+        f"notes {setup.notes}"
+    )
+    if equal < len(examples):  # a row that differs or that the framework dropped is stated, with its reason
+        assert setup.unreproduced and setup.notes
+    elif not case.get("cut"):  # the comparison has teeth: tokens are supervised and (unless all are) some are not
+        sup = [sum(x != IGNORE_INDEX for x in it.labels.tolist()) for it in ours]
+        assert all(s > 0 for s in sup)
+        if "train_on" not in case["name"]:
+            assert all(s < len(it.input_ids) - 1 for s, it in zip(sup, ours))
