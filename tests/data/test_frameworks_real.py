@@ -127,6 +127,7 @@ CASES = [
     lf("LLaMA-Factory template alpaca", "alpaca", {"template": "alpaca"}),
     lf("LLaMA-Factory template vicuna", "chat_nosys", {"template": "vicuna"}),
     lf("LLaMA-Factory template empty", "chat", {"template": "empty"}),
+    lf("LLaMA-Factory no template (its parse of the tokenizer's)", "chat", {"template": None}, unrep=("truncation",)),
     lf("LLaMA-Factory template llama3", "chat", {"template": "llama3"}, base="base_llama3"),
     lf("LLaMA-Factory template phi", "chat_nosys", {"template": "phi"}, base="base_phi"),
     lf("LLaMA-Factory template qwen3_nothink", "chat", {"template": "qwen3_nothink"}),
@@ -177,7 +178,7 @@ def _config(case: dict, root: Path) -> dict:
             **case["extra"],
         }
     if case["framework"] == "llamafactory":
-        return {
+        cfg = {
             "model_name_or_path": str(base),
             "stage": "sft",
             "do_train": True,
@@ -192,6 +193,7 @@ def _config(case: dict, root: Path) -> dict:
             "report_to": "none",
             **case["extra"],
         }
+        return {k: v for k, v in cfg.items() if v is not None}
     files = (
         {"path": str(root / "vocab.json"), "merges_file": str(root / "merges.txt")}
         if case["family"] == "qwen2"

@@ -123,6 +123,8 @@ def test_llamafactory_mask_history(tmp_path):
     named = resolve_setup(_cfg(tmp_path, "lf4.yaml", base.replace("qwen", "llama2")), "messages")
     assert named.chat_rule is None and "chat_template" in named.unreproduced  # a template Gradian does not render
     assert any("its own registered template 'llama2'" in n for n in named.notes)
+    unnamed = resolve_setup(_cfg(tmp_path, "lf6.yaml", base.replace("template: qwen\n", "")), "messages")
+    assert unnamed.chat_rule is None and "chat_template" not in unnamed.unreproduced  # it parses the tokenizer's
     plain = resolve_setup(_cfg(tmp_path, "lf5.yaml", base), "prompt_completion")
     assert plain.chat_rule is None  # LLaMA-Factory has no prompt/completion rows: Gradian's rule, as before
     s2 = resolve_setup(_cfg(tmp_path, "lf2.yaml", base + "mask_history: true\n"), "messages")

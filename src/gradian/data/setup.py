@@ -217,6 +217,8 @@ def _lf_rule(cfg: TrainConfig, data_format: str) -> tuple[str | None, str, list[
         return None, "", []
     name = cfg.chat_template
     where = cfg.source("chat_template") or "LLaMA-Factory config: template"
+    if not name:  # get_template_and_fix_tokenizer parses the tokenizer's own chat template (parse_template)
+        return None, where, []
     rule = rule_for_template(name)
     notes = []
     if rule is None:
