@@ -34,16 +34,18 @@ text on its own, ``apply_chat_template`` where the framework renders the whole c
 
 from __future__ import annotations
 
+from gradian.data.llamafactory_rules import infer_seqlen  # processor_utils.infer_seqlen, as written there
+
 IGNORE = -100
 SYSTEM = "Answer briefly."
 FACTS = [("Aland", "Marven"), ("Borvia", "Quisto"), ("Caldor", "Tressa"), ("Dunmark", "Olvey")]
 
 
-def rows(turns: int = 1) -> list[dict]:
-    """``messages`` rows with a system turn and ``turns`` user/assistant exchanges."""
+def rows(turns: int = 1, system: bool = True) -> list[dict]:
+    """``messages`` rows with a system turn (unless ``system`` is false) and ``turns`` user/assistant exchanges."""
     out = []
     for i, (c, k) in enumerate(FACTS):
-        msgs = [{"role": "system", "content": SYSTEM}]
+        msgs = [{"role": "system", "content": SYSTEM}] if system else []
         for t in range(turns):
             msgs.append({"role": "user", "content": f"What is the capital of {c}?" if t == 0 else "And again?"})
             msgs.append({"role": "assistant", "content": f"It is {k}." if t == 0 else f"Still {k}, of {c}."})
@@ -89,19 +91,6 @@ def axolotl_rows(rs, tok, *, train_on_inputs=False, roles_to_train=("assistant",
 
 
 # ----------------------------------------------------------------------------- LLaMA-Factory 0.9.5
-def _infer_seqlen(source_len: int, target_len: int, cutoff_len: int) -> tuple[int, int]:
-    """``llamafactory/data/processor/processor_utils.py`` ``infer_seqlen`` (0.9.5), as written there."""
-    if target_len * 2 < cutoff_len:
-        max_target_len = cutoff_len
-    elif source_len * 2 < cutoff_len:
-        max_target_len = cutoff_len - source_len
-    else:
-        max_target_len = int(cutoff_len * (target_len / (source_len + target_len)))
-    new_target_len = min(max_target_len, target_len)
-    new_source_len = min(max(cutoff_len - new_target_len, 0), source_len)
-    return new_source_len, new_target_len
-
-
 def llamafactory_rows(rs, tok, *, train_on_prompt=False, mask_history=False, cutoff_len=2048) -> dict:
     """``{id: (input_ids, labels)}`` by LLaMA-Factory's supervised processor, ``qwen`` template (module docstring)."""
     out = {}
@@ -126,7 +115,7 @@ def llamafactory_rows(rs, tok, *, train_on_prompt=False, mask_history=False, cut
         for k, (src, tgt) in enumerate(pairs):
             if total >= cutoff_len:
                 break
-            sl, tl = _infer_seqlen(len(src), len(tgt), cutoff_len - total)
+            sl, tl = infer_seqlen(len(src), len(tgt), cutoff_len - total)
             src, tgt = src[:sl], tgt[:tl]
             total += sl + tl
             src_lab = list(src) if train_on_prompt else [IGNORE] * sl

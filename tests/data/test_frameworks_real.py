@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from framework_parity import FACTS, rows
 
 from gradian.data.formats import load_examples
 from gradian.data.setup import setup_from_files
@@ -29,7 +30,6 @@ from gradian.data.tokenize import IGNORE_INDEX, tokenize_example
 
 FW = Path(__file__).resolve().parents[2] / ".venv" / "frameworks"
 RUNNER = Path(__file__).with_name("framework_run.py")
-FACTS = [("Aland", "Marven"), ("Borvia", "Quisto"), ("Caldor", "Tressa"), ("Dunmark", "Olvey")]
 LLAMA3_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 PHI_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 #: the special tokens torchtune 0.6.1's Llama3Tokenizer looks up (models/llama3/_tokenizer.py)
@@ -40,17 +40,6 @@ LLAMA3_TT_TOKENS = LLAMA3_TOKENS + [
     "<|python_tag|>",
     "<|image|>",
 ]
-
-
-def chat(system: bool = True, turns: int = 2) -> list[dict]:
-    out = []
-    for i, (c, k) in enumerate(FACTS):
-        m = [{"role": "system", "content": "Answer briefly."}] if system else []
-        for t in range(turns):
-            m.append({"role": "user", "content": f"What is the capital of {c}?" if t == 0 else "And again?"})
-            m.append({"role": "assistant", "content": f"It is {k}." if t == 0 else f"Still {k}, of {c}."})
-        out.append({"id": f"r{i}", "messages": m})
-    return out
 
 
 def alpaca() -> list[dict]:
@@ -65,7 +54,7 @@ def alpaca() -> list[dict]:
     ]
 
 
-DATA = {"chat": chat(), "chat_nosys": chat(False, 1), "alpaca": alpaca()}
+DATA = {"chat": rows(2), "chat_nosys": rows(1, system=False), "alpaca": alpaca()}
 
 
 def ax(name, data, extra=None, ds=None, kind="chat_template", equal=4, unrep=("truncation",)):
@@ -261,8 +250,8 @@ def world(tmp_path_factory, tok):
     (root / "vocab.json").write_text(json.dumps(model["vocab"]))
     merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
     (root / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges))
-    for name, rows in DATA.items():
-        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for name, data_rows in DATA.items():
+        (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data_rows))
     tags = {
         "role_tag": "role",
         "content_tag": "content",
