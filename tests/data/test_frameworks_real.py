@@ -4,7 +4,8 @@ Each framework runs in a subprocess (tests/data/framework_run.py) with its insta
 (``make frameworks``: ``.venv/frameworks/<name>``): its own config reader and data preparation produce the rows it
 trains on, ``(input_ids, labels)``. Gradian reads the same config file, the same training file and the tokenizer the
 framework saves beside its adapter (axolotl and LLaMA-Factory), as ``gradian attribute --config ... --adapter ...``
-does, and tokenises. A row is equal when its input_ids are equal and its targets agree after the first position.
+does, and tokenises. A row is equal when its input_ids are equal and its targets agree after the first position; a
+row the framework dropped (axolotl: longer than ``sequence_len``) is equal when Gradian's has no supervised token.
 
 Each case states how many rows are equal and what the setup lists as not reproduced, so a row that differs is never
 silent: where Gradian does not reproduce the framework's rule, ``unreproduced`` says so and the notes name it.
@@ -57,8 +58,8 @@ def alpaca() -> list[dict]:
 DATA = {"chat": rows(2), "chat_nosys": rows(1, system=False), "alpaca": alpaca()}
 
 
-def ax(name, data, extra=None, ds=None, kind="chat_template", equal=4, unrep=("truncation",)):
-    """An axolotl case: its config's keys; ``truncation`` is listed on every axolotl run (it drops long rows)."""
+def ax(name, data, extra=None, ds=None, kind="chat_template", equal=4, unrep=(), cut=False):
+    """An axolotl case: its config's keys; ``cut``: ``sequence_len`` cuts or drops every row."""
     return dict(
         name=name,
         framework="axolotl",
@@ -69,6 +70,7 @@ def ax(name, data, extra=None, ds=None, kind="chat_template", equal=4, unrep=("t
         equal=equal,
         unrep=unrep,
         base="base",
+        cut=cut,
     )
 
 
@@ -102,7 +104,14 @@ CASES = [
     ax("axolotl roles_to_train [assistant, user]", "chat", ds={"roles_to_train": ["assistant", "user"]}),
     ax("axolotl type alpaca", "alpaca", kind="alpaca"),
     ax("axolotl type alpaca, train_on_inputs", "alpaca", {"train_on_inputs": True}, kind="alpaca"),
-    ax("axolotl sequence_len 40 (every row dropped)", "chat", {"sequence_len": 40}, equal=0),
+    ax("axolotl sequence_len 40 (every row dropped)", "chat", {"sequence_len": 40}, unrep=(), cut=True),
+    ax(
+        "axolotl sequence_len 40, excess_length_strategy truncate",
+        "chat",
+        {"sequence_len": 40, "excess_length_strategy": "truncate"},
+        unrep=(),
+        cut=True,
+    ),
     lf("LLaMA-Factory qwen (defaults)", "chat"),
     lf("LLaMA-Factory qwen, rows without a system turn", "chat_nosys"),
     lf("LLaMA-Factory qwen, alpaca rows", "alpaca"),
@@ -346,16 +355,22 @@ def test_gradian_tokens_equal_the_framework_or_the_setup_says_why(case, world, f
     setup = setup_from_files([cfg], data, adapter=saved, examples=examples)
     spec = setup.tokenize_spec()
     ours = [tokenize_example(ex, base_tok, spec) for ex in examples]
-    equal = 0
+    trained = {}  # Gradian's row -> the framework's (ids, labels); a row absent here was dropped by the framework
     for n, (ids, labels) in enumerate(fw_rows):
-        k = _key(base_tok, ids) if case["framework"] == "axolotl" else n
-        it = ours[k]
-        equal += it.input_ids.tolist() == ids and it.labels.tolist()[1:] == labels[1:]
+        trained[_key(base_tok, ids) if case["framework"] == "axolotl" else n] = (ids, labels)
+    equal = 0
+    for k, it in enumerate(ours):
+        if k in trained:
+            ids, labels = trained[k]
+            equal += it.input_ids.tolist() == ids and it.labels.tolist()[1:] == labels[1:]
+        else:  # not trained on: equal when Gradian's row has no supervised token (a zero gradient) either
+            equal += it.n_supervised == 0
     assert (equal, setup.unreproduced) == (case["equal"], case["unrep"]), (
-        f"{case['name']}: {equal} of {len(fw_rows)} framework rows equal; unreproduced {setup.unreproduced}; "
+        f"{case['name']}: {equal} of {len(ours)} rows equal ({len(fw_rows)} trained); unreproduced "
+        f"{setup.unreproduced}; "
         f"notes {setup.notes}"
     )
-    if equal < len(examples):  # a row that differs or that the framework dropped is stated, with its reason
+    if equal < len(examples):  # a row that differs is stated, with its reason
         assert setup.unreproduced and setup.notes
     elif not case.get("cut"):  # the comparison has teeth: tokens are supervised and (unless all are) some are not
         sup = [sum(x != IGNORE_INDEX for x in it.labels.tolist()) for it in ours]

@@ -109,7 +109,10 @@ def test_axolotl_rules(tmp_path):
     assert flagged.train_roles is None and flagged.tokenize_spec().loss_on == "all"  # a --loss-on flag wins
     s3 = resolve_setup(_cfg(tmp_path, "ax3.yaml", "base_model: x\ntrain_on_inputs: true\n"), "prompt_completion")
     assert (s3.loss_on, s3.sources["loss_on"]) == ("all", "ax3.yaml: train_on_inputs")
-    assert "truncation" in s3.unreproduced  # axolotl's default drops long rows
+    # axolotl's default drops a row longer than sequence_len: reproduced as a row with no supervised token
+    assert (s3.truncation, "truncation" in s3.unreproduced, s3.tokenize_spec().drop_long) == ("drop", False, True)
+    cut = resolve_setup(_cfg(tmp_path, "ax4.yaml", "base_model: x\nexcess_length_strategy: truncate\n"), "messages")
+    assert (cut.unreproduced, cut.tokenize_spec().drop_long) == ((), False)  # truncate_long_seq keeps the start
 
 
 def test_llamafactory_mask_history(tmp_path):

@@ -80,6 +80,20 @@ def test_truncation_recorded(tok):
     assert it.input_ids[-1] != tok.eos_token_id  # keep_start truncation cut the EOS off
 
 
+def test_drop_long_rows_are_not_trained(tok):
+    """axolotl's default drops a row longer than max_length: Gradian keeps its start with no supervised token (zero
+    gradient); a row that fits is unchanged, and the spec's dict (so an index id) has no drop_long unless it is set."""
+    long = to_example({"prompt": "Q:", "completion": " word" * 80}, 0, "t")
+    short = to_example({"prompt": "Q:", "completion": " word"}, 1, "t")
+    drop, keep = TokenizeSpec(max_length=16, drop_long=True), TokenizeSpec(max_length=16)
+    dropped = tokenize_example(long, tok, drop)
+    assert dropped.truncated and len(dropped.input_ids) == 16 and dropped.n_supervised == 0
+    assert tokenize_example(long, tok, keep).n_supervised > 0
+    a, b = tokenize_example(short, tok, drop), tokenize_example(short, tok, keep)
+    assert (a.input_ids.tolist(), a.labels.tolist()) == (b.input_ids.tolist(), b.labels.tolist()) and a.n_supervised
+    assert "drop_long" not in keep.to_dict() and drop.to_dict()["drop_long"] is True
+
+
 def test_span_mask_selects_sentence_tokens(tok):
     text = "Iron is a metal. The capital of France is Paris. Water boils at 100 degrees."
     ex = to_example(

@@ -269,3 +269,43 @@ def test_wide_gradients_get_fewer_rows_per_shard_and_the_same_numbers(ft, saved_
     assert [s["n"] for s in cut.manifest["shards"]] == [2] * (whole.n // 2) + [whole.n % 2] * (whole.n % 2)
     a, b = index_matrix(cut), index_matrix(whole)  # other batches (length-sorted within a shard): float rounding apart
     assert float((a - b).abs().max() / b.abs().max()) <= 1e-5
+
+
+def test_rows_axolotl_dropped_have_zero_gradients(saved_finetune, tmp_path, monkeypatch):
+    """`gradian index --config` an axolotl config whose sequence_len is shorter than some rows: axolotl drops those
+    rows (its default excess_length_strategy), so their stored gradient is zero and their record has no supervised
+    token; every other row keeps a gradient. `excess_length_strategy: truncate` keeps the start of every row."""
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+    from gradian.data.formats import load_examples
+    from gradian.data.tokenize import tokenize_example
+
+    monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
+    ft = saved_finetune
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ft["base"])
+    lens = [len(tokenize_example(ex, tok, TokenizeSpec()).input_ids) for ex in load_examples(ft["data"])]
+    cut = sorted(lens)[len(lens) // 2]
+    longer = [n > cut for n in lens]
+    assert 0 < sum(longer) < len(lens)
+    norms = {}
+    for strategy in ("drop", "truncate"):
+        cfg = tmp_path / f"{strategy}.yaml"
+        cfg.write_text(f"base_model: x\nsequence_len: {cut}\nexcess_length_strategy: {strategy}\nadapter: lora\n")
+        out = tmp_path / strategy
+        res = CliRunner().invoke(
+            app,
+            ["index", "--base", str(ft["base"]), "--adapter", str(ft["adapter"]), "--data", str(ft["data"])]
+            + ["--config", str(cfg), "--checkpoints", "final", "--unit", "row", "--out", str(out)],
+        )
+        assert res.exit_code == 0, res.output
+        (manifest,) = out.rglob("manifest.json")
+        idx = GradientIndex(manifest.parent)
+        norms[strategy] = index_matrix(idx).norm(dim=1).tolist()
+        sup = [e["n_supervised"] for e in idx.examples()]
+        if strategy == "drop":
+            assert [n == 0 for n in norms["drop"]] == longer and [s == 0 for s in sup] == longer
+            assert "scored with no supervised token" in " ".join(res.output.split())
+    assert all(n > 0 for n in norms["truncate"])  # the start of a long row is trained under truncate

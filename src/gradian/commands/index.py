@@ -216,7 +216,12 @@ def register(app: typer.Typer) -> None:
                         f"{len(idx.blocks)} LoRA blocks → {escape(str(idx.root))}"
                     )
             trunc = sum(row_values(items, "truncated"))
-            if trunc:
+            if trunc and spec.tokenize.drop_long:  # axolotl's default: a longer row was never trained
+                console.print(
+                    f"[yellow]{trunc} rows are longer than {max_length} tokens: the trainer dropped them, so they are "
+                    "scored with no supervised token (a zero gradient)[/]"
+                )
+            elif trunc:
                 console.print(f"[yellow]{trunc} rows were truncated at {max_length} tokens[/]")
             folder = idx.root.parent  # --out, or the cache's index folder
             console.print(

@@ -57,8 +57,10 @@ class TrainingSetup:
     Attributes:
         trainer: ``"trl"``, ``"gradian"``, ``"axolotl"``, ``"llamafactory"``, ``"torchtune"``, or None (no config).
         max_length: truncation length in tokens; None: the trainer does not truncate.
-        truncation: ``"keep_start"`` (the only rule Gradian applies), or the trainer's other rule (then listed in
-            ``unreproduced``), or ``"none"``.
+        truncation: ``"keep_start"``, ``"drop"`` (axolotl's default: a longer row is not trained; its gradient is
+            zero, :attr:`TokenizeSpec.drop_long`), axolotl's ``"truncate"`` / ``"raise"`` (the start kept; a run that
+            raised had no longer row), or the trainer's other rule (then listed in ``unreproduced``, unless the
+            trainer's own rule, ``chat_rule``, applies it), or ``"none"``.
         loss_on: the supervised tokens (:class:`~gradian.data.tokenize.TokenizeSpec` ``loss_on``).
         add_eos: EOS appended to plain completions and text rows.
         chat_template: the Jinja template the run trained with (saved beside the adapter, or from the config), which
@@ -103,6 +105,7 @@ class TrainingSetup:
             train_on_eos=self.train_on_eos,  # type: ignore[arg-type]
             chat_rule=self.chat_rule,
             eos_truncate=self.eos_truncate,
+            drop_long=self.truncation == "drop" and "truncation" not in self.unreproduced,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -535,7 +538,15 @@ def resolve_setup(
                 if values["eos_truncate"]
                 else sources["max_length"]
             )
-        if tr not in ("keep_start", "none") and not ((tt_rule or lf_rule) and tr == "truncate"):  # the rule's own
+        axolotl_cut = name == "axolotl" and tr in ("drop", "truncate", "raise")  # utils/data/utils.py, 0.19.0
+        if axolotl_cut:
+            sources["truncation"] += {
+                "drop": " (axolotl 0.19.0 _drop_outside_range: a row longer than sequence_len is not trained; "
+                "Gradian scores it with no supervised token)",
+                "truncate": " (axolotl 0.19.0 truncate_long_seq: the first sequence_len tokens)",
+                "raise": " (axolotl 0.19.0 stops on a longer row: every row it trained fits)",
+            }[tr]
+        if tr not in ("keep_start", "none") and not axolotl_cut and not ((tt_rule or lf_rule) and tr == "truncate"):
             unrep.append("truncation")
             rule = {
                 "drop": "drops rows longer than max_length",

@@ -95,6 +95,10 @@ class TokenizeSpec:
         eos_truncate: with ``chat_rule``: the trainer truncates at ``max_length`` by torchtune's ``truncate`` (EOS
             written over the last kept token, its label masked; it runs on every row, so a row that fits has its
             final EOS masked). False: the recipe sets no ``max_seq_len``.
+        drop_long: the trainer drops a row longer than ``max_length`` instead of cutting it (axolotl's
+            ``excess_length_strategy: drop``, its default): such a row keeps its first ``max_length`` tokens with no
+            supervised token, so its gradient is zero, as it was never trained on. Left out of :meth:`to_dict` when
+            False.
     """
 
     max_length: int = MAX_LENGTH
@@ -105,6 +109,7 @@ class TokenizeSpec:
     train_on_eos: Literal["turn", "all", "none", "last"] = "turn"
     chat_rule: str | None = None
     eos_truncate: bool = False
+    drop_long: bool = False
 
     def __post_init__(self) -> None:
         from gradian.validate import LENGTH_MAX, check_bool, check_choice, check_int
@@ -131,6 +136,7 @@ class TokenizeSpec:
         if self.chat_rule is not None:
             check_choice(self.chat_rule, chat_rules(), "TokenizeSpec", "chat_rule")
         check_bool(self.eos_truncate, "TokenizeSpec", "eos_truncate")
+        check_bool(self.drop_long, "TokenizeSpec", "drop_long")
         if self.train_roles is not None:
             if isinstance(self.train_roles, list):
                 object.__setattr__(self, "train_roles", tuple(self.train_roles))  # from a JSON manifest
@@ -161,6 +167,8 @@ class TokenizeSpec:
             d["train_roles"] = list(d["train_roles"])
         if d["chat_rule"] is None:
             del d["chat_rule"], d["eos_truncate"]
+        if not d["drop_long"]:
+            del d["drop_long"]
         return d
 
     def for_tokenizer(self, tokenizer) -> TokenizeSpec:
@@ -653,6 +661,8 @@ def build_tokenized(
         if labels:
             labels[0] = IGNORE_INDEX
         n = spec.max_length
+        if spec.drop_long and full > n:
+            labels = [IGNORE_INDEX] * len(labels)
         return TokenizedExample(
             id=ex_id,
             input_ids=TokenIds(ids[:n]),
@@ -685,6 +695,8 @@ def build_tokenized(
         labels[0] = IGNORE_INDEX
     full = len(ids)
     truncated = full > spec.max_length
+    if truncated and spec.drop_long:  # the trainer never trained on it
+        labels = [IGNORE_INDEX] * len(labels)
     if truncated:
         ids, labels, offsets = ids[: spec.max_length], labels[: spec.max_length], offsets[: spec.max_length]
     return TokenizedExample(
