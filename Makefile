@@ -53,7 +53,7 @@ fmt: $(STAMP)
 test: lint frameworks
 	$(BIN)/python -m pytest -q
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) frameworks
 	$(BIN)/python -m pytest -q -m slow
 
 # The quick profile: a smaller SmolLM2 world of its own (15 min on 2 cores: 4 min 37 s from a fresh clone on quiet

@@ -188,7 +188,7 @@ def _config(case: dict, root: Path) -> dict:
             "sequence_len": 2048,
             "datasets": [{"path": str(data), "ds_type": "json", "type": case["kind"], **case["ds"]}],
             "output_dir": str(out),
-            "dataset_prepared_path": str(root / "prepared"),
+            "dataset_prepared_path": str(root / "prepared" / _slug(case["name"])),  # axolotl caches by a hash
             "micro_batch_size": 1,
             "gradient_accumulation_steps": 1,
             "num_epochs": 1,
@@ -307,15 +307,14 @@ def world(tmp_path_factory, tok):
     return root
 
 
-@pytest.fixture(scope="module")
-def framework_rows(world) -> dict:
+def run_frameworks(world: Path, case_list: list[dict]) -> dict:
     """``{case name: {"rows": [[input_ids, labels], ...]} or {"error": text}}``: each framework once, every case."""
     out = {}
     for fw in ("axolotl", "llamafactory", "torchtune"):
         if not (FW / fw).is_dir():
             continue
         cases = []
-        for case in CASES:
+        for case in case_list:
             if case["framework"] != fw:
                 continue
             path = world / f"{_slug(case['name'])}.yaml"
@@ -354,14 +353,19 @@ def framework_rows(world) -> dict:
     return out
 
 
+@pytest.fixture(scope="module")
+def framework_rows(world) -> dict:
+    return run_frameworks(world, CASES)
+
+
 def _key(tokenizer, ids: list[int]) -> int | None:
     """The row a framework's ids belong to, by the country it names (axolotl shuffles the rows)."""
     text = tokenizer.decode(ids)
     return next((i for i, (c, _) in enumerate(FACTS) if c in text), None)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_gradian_tokens_equal_the_framework_or_the_setup_says_why(case, world, framework_rows, tok):
+def check_case(case: dict, world: Path, framework_rows: dict) -> None:
+    """The case's framework rows against Gradian's (module docstring)."""
     if not (FW / case["framework"]).is_dir():
         pytest.skip(f"{FW / case['framework']} is not installed (make frameworks)")
     got = framework_rows[case["name"]]
@@ -399,3 +403,31 @@ def test_gradian_tokens_equal_the_framework_or_the_setup_says_why(case, world, f
         assert all(s > 0 for s in sup)
         if "train_on" not in case["name"] and case.get("kind") != "completion":  # text rows train every token
             assert all(s < len(it.input_ids) - 1 for s, it in zip(sup, ours))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_gradian_tokens_equal_the_framework_or_the_setup_says_why(case, world, framework_rows):
+    check_case(case, world, framework_rows)
+
+
+#: the same runs with SmolLM2-135M-Instruct's own tokenizer (49,152 tokens, its model's template with its own default
+#: system prompt), where a piece encoded on its own meets real merges
+SMOL_CASES = [
+    {**c, "name": c["name"] + " [SmolLM2]", "base": "smol"}
+    for c in CASES
+    if c["framework"] in ("axolotl", "llamafactory") and c["base"] == "base"
+]
+
+
+@pytest.fixture(scope="module")
+def smol_rows(world) -> dict:
+    from gradian.worlds.smollm2 import materialise_smollm2
+
+    (world / "smol").symlink_to(materialise_smollm2(), target_is_directory=True)
+    return run_frameworks(world, SMOL_CASES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SMOL_CASES, ids=[c["name"] for c in SMOL_CASES])
+def test_smollm2_tokens_equal_the_framework_or_the_setup_says_why(case, world, smol_rows):
+    check_case(case, world, smol_rows)
