@@ -296,6 +296,8 @@ def test_llamafactory_s_model_card_gives_its_defaults(tmp_path):
     setup = resolve_setup(card_config(found.card), "messages", chat=True)
     assert (setup.trainer, setup.max_length, setup.loss_on) == ("llamafactory", 2048, "assistant")
     assert setup.sources["trainer"].startswith("README.md says LLaMA-Factory")
+    # LLaMA-Factory renders rows with its config's template:, which the folder does not record: said, not assumed
+    assert "chat_template" in setup.unreproduced and any("does not record" in n for n in setup.notes)
 
 
 def test_a_card_without_a_pickle_beside_it_is_said_too(tmp_path):

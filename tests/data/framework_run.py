@@ -6,8 +6,9 @@ needs (LLaMA-Factory's older TRL) never enter the test process.
 
     python framework_run.py CASES.json OUT.json
 
-``CASES.json`` is a list of ``{"name", "framework", "config": path, "save_tokenizer": folder or null}``. For each
-case the framework reads its own config file and prepares its training set the way its training command does:
+``CASES.json`` is a list of ``{"name", "framework", "config": path, "save_tokenizer": folder or null, "train":
+bool}``. For each case the framework reads its own config file and prepares its training set the way its training
+command does (``train``: LLaMA-Factory then trains, ``llamafactory.train.tuner.run_exp``, leaving its output folder):
 
 * **axolotl 0.19.0**: ``axolotl.cli.config.load_cfg`` (config validation and normalisation) and
   ``axolotl.common.datasets.load_datasets`` (``prepare_datasets``: loading, the prompt strategy, dropping rows out of
@@ -60,7 +61,12 @@ def llamafactory(case: dict) -> list:
     if case.get("save_tokenizer"):
         tm["tokenizer"].save_pretrained(case["save_tokenizer"])
     ds = get_dataset(template, model_args, data_args, training_args, stage="sft", **tm)["train_dataset"]
-    return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in ds]
+    rows = [[_ints(r["input_ids"]), _ints(r["labels"])] for r in ds]
+    if case.get("train"):  # llamafactory-cli train: its output folder as a user's run leaves it
+        from llamafactory.train.tuner import run_exp
+
+        run_exp(raw)
+    return rows
 
 
 def torchtune(case: dict) -> list:

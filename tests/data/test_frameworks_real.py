@@ -326,6 +326,7 @@ def run_frameworks(world: Path, case_list: list[dict]) -> dict:
                     "framework": fw,
                     "config": str(path),
                     "save_tokenizer": str(saved) if saved else None,
+                    "train": case.get("train", False),
                 }
             )
         spec, result = world / f"cases_{fw}.json", world / f"rows_{fw}.json"
@@ -377,6 +378,7 @@ def check_case(case: dict, world: Path, framework_rows: dict) -> None:
     data = world / f"{case['data']}.jsonl"
     examples = load_examples(data)
     saved = world / "saved" / _slug(case["name"]) if case["framework"] != "torchtune" else None
+    saved = Path(case["adapter"]) if case.get("adapter") else saved  # a training run's own output folder
     cfg = world / f"{_slug(case['name'])}.yaml"
     setup = setup_from_files([cfg], data, adapter=saved, examples=examples)
     spec = setup.tokenize_spec()
@@ -431,3 +433,39 @@ def smol_rows(world) -> dict:
 @pytest.mark.parametrize("case", SMOL_CASES, ids=[c["name"] for c in SMOL_CASES])
 def test_smollm2_tokens_equal_the_framework_or_the_setup_says_why(case, world, smol_rows):
     check_case(case, world, smol_rows)
+
+
+def test_a_llamafactory_training_run_s_folder(world):
+    """LLaMA-Factory 0.9.5 trains (``run_exp``, as ``llamafactory-cli train``: LoRA on the tiny model, 2 epochs, a
+    checkpoint each) and Gradian reads its output folder as a user points at it: with the run's config, the rows are
+    LLaMA-Factory's own (its ``qwen`` template writes its default system prompt on these rows); without it, the folder
+    names the trainer (its model card) but not the template, and the setup says so instead of assuming one. Its
+    trainer log is read for Audit."""
+    from gradian.audit.config.runfolder import find_run_folder
+    from gradian.audit.logs import load_logs
+
+    if not (FW / "llamafactory").is_dir():
+        pytest.skip(f"{FW / 'llamafactory'} is not installed (make frameworks)")
+    out = world / "lf-run"
+    case = lf("LLaMA-Factory training run", "chat_nosys")
+    case["train"] = True
+    case["extra"] = {
+        "output_dir": str(out), "per_device_train_batch_size": 2, "num_train_epochs": 2, "learning_rate": 1e-3,
+        "lora_rank": 4, "logging_steps": 1, "save_strategy": "epoch", "use_cpu": True,
+        "disable_gradient_checkpointing": True,  # its checkpointing patch does not fit transformers 5.24's layers
+    }  # fmt: skip
+    got = run_frameworks(world, [case])[case["name"]]
+    assert "error" not in got, got.get("error")
+    assert (out / "adapter_model.safetensors").is_file() and sorted(p.name for p in out.glob("checkpoint-*")) == [
+        "checkpoint-2",
+        "checkpoint-4",
+    ]
+    check_case({**case, "adapter": str(out)}, world, {case["name"]: got})  # with --config: its rows, 4 of 4
+    found = find_run_folder(out)
+    assert found.configs == () and found.card is not None and found.card.trainer == "llamafactory"
+    data = world / "chat_nosys.jsonl"
+    without = setup_from_files([], data, adapter=out, card=found.card)
+    assert without.trainer == "llamafactory" and "chat_template" in without.unreproduced
+    assert any("does not record" in n for n in without.notes)
+    log = load_logs(found.logs)
+    assert [e["step"] for e in log.train] == [1, 2, 3, 4] and all(e["loss"] > 0 for e in log.train)

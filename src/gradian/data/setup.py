@@ -220,6 +220,16 @@ def _lf_rule(cfg: TrainConfig, data_format: str) -> tuple[str | None, str, list[
         return None, "", []
     name = cfg.chat_template
     where = cfg.source("chat_template") or "LLaMA-Factory config: template"
+    if not name and not cfg.paths:  # LLaMA-Factory's defaults, from its model card: the template is not recorded
+        return (
+            None,
+            where,
+            [
+                "chat_template: LLaMA-Factory renders rows with the template: of its config (its own slots and "
+                "default system prompt), which this run folder does not record; Gradian renders them with the "
+                "chat template saved beside the adapter (pass the config with --config)"
+            ],
+        )
     if not name:  # get_template_and_fix_tokenizer parses the tokenizer's own chat template (parse_template)
         return None, where, []
     rule = rule_for_template(name)
