@@ -97,7 +97,7 @@ def lf(name, data, extra=None, equal=4, unrep=(), base="base"):
     return dict(name=name, framework="llamafactory", data=data, extra=extra or {}, equal=equal, unrep=unrep, base=base)
 
 
-def tt(name, data, tok=None, equal=4, unrep=(), cut=False, family="qwen2"):
+def tt(name, data, tok=None, equal=4, unrep=(), cut=False, family="qwen2", ds=None):
     """A torchtune case; ``cut``: ``max_seq_len`` cuts every row before its answer (no supervised token left);
     ``family``: its tokenizer builder (``qwen2``: vocab.json / merges.txt; ``llama3``: a tiktoken file)."""
     base = "base" if family == "qwen2" else "base_llama3_tt"
@@ -111,6 +111,7 @@ def tt(name, data, tok=None, equal=4, unrep=(), cut=False, family="qwen2"):
         base=base,
         cut=cut,
         family=family,
+        ds=ds or {},
     )
 
 
@@ -169,6 +170,9 @@ CASES = [
     tt("torchtune qwen2, rows without a system turn", "chat_nosys"),
     tt("torchtune qwen2 max_seq_len 40", "chat", {"max_seq_len": 40}, cut=True),
     tt("torchtune qwen2 max_seq_len unset", "chat", {"max_seq_len": None}),
+    tt("torchtune alpaca_dataset (train_on_input true, its default)", "alpaca"),
+    tt("torchtune alpaca_dataset, train_on_input false", "alpaca", ds={"train_on_input": False}),
+    tt("torchtune llama3 alpaca_dataset", "alpaca", family="llama3"),
     tt("torchtune llama3 (defaults)", "chat", family="llama3"),
     tt("torchtune llama3 max_seq_len 40", "chat", {"max_seq_len": 40}, family="llama3", cut=True),
 ]
@@ -234,6 +238,14 @@ def _config(case: dict, root: Path) -> dict:
             "conversation_column": "messages",
             "conversation_style": "openai",
             "split": "train",
+        }
+        if case["data"] != "alpaca"
+        else {
+            "_component_": "torchtune.datasets.alpaca_dataset",
+            "source": "json",
+            "data_files": str(data),
+            "split": "train",
+            **case["ds"],
         },
     }
 

@@ -150,10 +150,13 @@ def test_torchtune_rules(tmp_path):
     text2 = text.replace("chat_dataset", "alpaca_dataset")
     s2 = resolve_setup(_cfg(tmp_path, "tt2.yaml", text2), "alpaca")
     assert s2.loss_on == "all"  # alpaca_dataset trains on the prompt unless train_on_input: false
-    # instruct rows: no chat rule, so torchtune's truncate() is stated as not reproduced
-    assert s2.chat_rule is None and {"truncation", "loss_mask"} <= set(s2.unreproduced)
-    assert any("instruct rows" in n for n in s2.notes)
-    assert any("EOS over its last token" in n for n in s2.notes)
+    # alpaca_dataset's rows are messages for the tokenizer's rule (AlpacaToMessages), its truncate() included
+    assert s2.chat_rule == "torchtune_llama3" and s2.unreproduced == ()
+    # other instruct rows (instruct_dataset): no rule, so torchtune's truncate() is stated as not reproduced
+    s3 = resolve_setup(_cfg(tmp_path, "tt3.yaml", text.replace("chat_dataset", "instruct_dataset")), "alpaca")
+    assert s3.chat_rule is None and {"truncation", "loss_mask"} <= set(s3.unreproduced)
+    assert any("instruct rows" in n for n in s3.notes)
+    assert any("EOS over its last token" in n for n in s3.notes)
 
 
 def test_bad_flag_value_names_the_flag(tmp_path):

@@ -19,27 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradian.data.pieces import PieceBuilder
+from gradian.data.pieces import PieceBuilder, alpaca_prompt
 
 IGNORE_INDEX = -100
 VERSION = "axolotl 0.19.0"
 RULES = ("axolotl_alpaca",)
 #: ``datasets[i].type`` -> rule
 TYPES = {"alpaca": "axolotl_alpaca"}
-_SYSTEM = (
-    "Below is an instruction that describes a task, paired with an input that provides further context. Write a "
-    "response that appropriately completes the request."
-)
-_SYSTEM_NO_INPUT = (
-    "Below is an instruction that describes a task. Write a response that appropriately completes the request."
-)
-
-
-def alpaca_prompt(instruction: str, input_text: str | None) -> str:
-    """``AlpacaPrompter._build_result`` (instruct style) without the output: the text the output follows."""
-    if input_text:
-        return f"{_SYSTEM}\n\n### Instruction:\n{instruction}\n\n### Input:\n{input_text}\n\n### Response:\n"
-    return f"{_SYSTEM_NO_INPUT}\n\n### Instruction:\n{instruction}\n\n### Response:\n"
 
 
 def render_tokens(

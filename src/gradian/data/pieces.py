@@ -57,3 +57,21 @@ class PieceBuilder:
         self.mask += [masked] * len(enc["input_ids"])
         self.text.append(s)
         self.n += len(s)
+
+
+_SYSTEM = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. Write a "
+    "response that appropriately completes the request."
+)
+_SYSTEM_NO_INPUT = (
+    "Below is an instruction that describes a task. Write a response that appropriately completes the request."
+)
+
+
+def alpaca_prompt(instruction: str, input_text: str | None) -> str:
+    """The Stanford Alpaca prompt the output follows, as axolotl 0.19.0 (``prompters.py`` ``AlpacaPrompter``, instruct
+    style) and torchtune 0.6.1 (``data/_messages.py`` ``AlpacaToMessages``) both write it: with an input, or without.
+    """
+    if input_text:
+        return f"{_SYSTEM}\n\n### Instruction:\n{instruction}\n\n### Input:\n{input_text}\n\n### Response:\n"
+    return f"{_SYSTEM_NO_INPUT}\n\n### Instruction:\n{instruction}\n\n### Response:\n"

@@ -28,7 +28,8 @@ LLaMA-Factory      ``train_on_prompt: true`` -> ``all``; chat rows: ``mask_histo
                    for the templates Gradian implements; another is listed as ``chat_template`` not reproduced
 torchtune          ``train_on_input: true`` -> ``all``; chat rows -> ``assistant``, rendered by torchtune's own
                    model tokenizer (``chat_rule``, :mod:`gradian.data.torchtune_rules`) for the Qwen2 / Qwen2.5 and
-                   Llama-3 tokenizers; instruct rows -> ``completion``
+                   Llama-3 tokenizers, and so are alpaca rows of ``alpaca_dataset`` (its Alpaca prompt as the user
+                   message); other instruct rows -> ``completion``
 =================  ==========================================================================================
 """
 
@@ -319,6 +320,25 @@ def _axolotl_instruction_rule(cfg: TrainConfig) -> tuple[str | None, str, list[s
     return rule, f"{where}: {kind} ({VERSION} prompters.py AlpacaPrompter, prompt_tokenizers.py)", notes
 
 
+def _torchtune_alpaca(cfg: TrainConfig) -> bool:
+    """The recipe's dataset is torchtune's ``alpaca_dataset`` / ``alpaca_cleaned_dataset`` (its
+    ``data/_messages.py`` ``AlpacaToMessages``: the Alpaca prompt as the user message, the output as the assistant's),
+    with no ``column_map``.
+    """
+    from gradian.audit.config import Reader, read_mapping
+
+    for p in cfg.paths:
+        path = Path(p)
+        if path.is_file() and path.suffix.lower() in (".yaml", ".yml", ".json"):
+            raw, _ = read_mapping(path)
+            ds = Reader(raw, str(path)).get("dataset")
+            for d in ds if isinstance(ds, list) else [ds]:
+                comp = str(d.get("_component_") or "") if isinstance(d, dict) else ""
+                if comp.rsplit(".", 1)[-1] in ("alpaca_dataset", "alpaca_cleaned_dataset") and not d.get("column_map"):
+                    return True
+    return False
+
+
 def _held_out_note(cfg: TrainConfig, trainer: str | None) -> str | None:
     """A note when the trainer held some of the training rows out for evaluation, or None.
 
@@ -533,7 +553,10 @@ def resolve_setup(
             values["truncation"] = c.truncation or "keep_start"
         sources["truncation"] = c.source("truncation") or sources["max_length"]
         tr = values["truncation"]
-        tt_rule, tt_src, tt_notes = _torchtune_chat(c) if (chat and name == "torchtune") else (None, "", [])
+        tt_alpaca = name == "torchtune" and data_format == "alpaca" and _torchtune_alpaca(c)
+        tt_rule, tt_src, tt_notes = (
+            _torchtune_chat(c) if ((chat or tt_alpaca) and name == "torchtune") else (None, "", [])
+        )
         lf_rule, lf_src, lf_notes = _lf_rule(c, data_format) if name == "llamafactory" else (None, "", [])
         values["chat_rule"], values["eos_truncate"] = tt_rule, bool(tt_rule and values["max_length"] is not None)
         ax_rule, ax_src, ax_notes = (
@@ -578,9 +601,8 @@ def resolve_setup(
             sources["train_roles"] = sources["train_on_eos"] = msrc
             lnotes = lnotes + mnotes
         lnotes = lnotes + tt_notes + [n for n in lf_notes if not n.startswith("chat_template:")] + ax_notes
-        if (
-            name == "torchtune" and not chat
-        ):  # torchtune 0.6.1 data/_messages.py InputOutputToMessages, _text_completion
+        if name == "torchtune" and not chat and not (tt_alpaca and tt_rule):
+            # torchtune 0.6.1 data/_messages.py InputOutputToMessages, _text_completion
             lnotes.append(
                 "torchtune turns instruct rows into user/assistant messages for its model tokenizer's "
                 "tokenize_messages (and text rows into BOS + text + EOS); Gradian renders them with its plain "

@@ -589,6 +589,12 @@ def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None
         return _rule_rendered(alpaca_messages(ex.raw), tokenizer, spec, where)
     if ex.format == "alpaca" and (spec.chat_rule or "").startswith("axolotl_"):
         return _rule_rendered(ex.raw, tokenizer, spec, where)
+    if ex.format == "alpaca" and (spec.chat_rule or "").startswith("torchtune_"):  # alpaca_dataset's messages
+        from gradian.data.pieces import alpaca_prompt
+
+        prompt = alpaca_prompt(str(ex.raw.get("instruction", "")), ex.raw.get("input") or None)
+        msgs = [{"role": "user", "content": prompt}, {"role": "assistant", "content": str(ex.raw.get("output", ""))}]
+        return _rule_rendered(msgs, tokenizer, spec, where)
     if ex.is_chat:
         prompt_msgs = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
         compl_msgs = (
