@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gradian.data.pieces import PieceBuilder, alpaca_prompt
+from gradian.data.pieces import PieceBuilder, RuleTokens, alpaca_prompt
 
 IGNORE_INDEX = -100
 VERSION = "axolotl 0.19.0"
@@ -30,7 +30,7 @@ TYPES = {"alpaca": "axolotl_alpaca"}
 
 def render_tokens(
     raw: dict[str, Any], tokenizer, rule: str, *, loss_on: str, max_length: int | None, where: str
-) -> tuple[str, int, list[int], list[int], list[tuple[int, int]], int]:
+) -> RuleTokens:
     """One alpaca row (``instruction``, optional ``input``, ``output``) as axolotl tokenises it (module docstring).
 
     Args:
@@ -39,7 +39,7 @@ def render_tokens(
             the caller keeps the start.
 
     Returns:
-        ``(text, completion_char_start, ids, labels, offsets, full_length)``; ids / labels / offsets are (t,).
+        :data:`~gradian.data.pieces.RuleTokens` (no truncation: ``full_length`` is ``len(ids)``).
     """
     if rule not in RULES:
         raise ValueError(f"unknown axolotl rule {rule!r}")

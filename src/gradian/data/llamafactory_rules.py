@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from gradian.data.pieces import PieceBuilder, special_id
+from gradian.data.pieces import PieceBuilder, RuleTokens, special_id
 from gradian.errors import GradianUserError
 
 IGNORE_INDEX = -100
@@ -173,7 +173,7 @@ def render_tokens(
     loss_on: str,
     max_length: int | None,
     where: str,
-) -> tuple[str, int, list[int], list[int], list[tuple[int, int]], int]:
+) -> RuleTokens:
     """One row as LLaMA-Factory's supervised processor builds it (module docstring).
 
     Args:
@@ -185,8 +185,7 @@ def render_tokens(
         max_length: ``cutoff_len``, or None (no truncation).
 
     Returns:
-        ``(text, completion_char_start, ids, labels, offsets, full_length)``: ids / labels / offsets are (t,) after
-        truncation, ``t <= max_length``; ``full_length`` is the token count before it.
+        :data:`~gradian.data.pieces.RuleTokens`.
     """
     if rule not in RULES:
         raise ValueError(f"unknown LLaMA-Factory rule {rule!r}")

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from gradian.errors import GradianUserError
 
+#: what a trainer rule's ``render_tokens`` returns: ``(text, completion_char_start, ids, labels, offsets,
+#: full_length)``; ids / labels / offsets are (t,) after the rule's truncation, ``full_length`` the count before it
+RuleTokens = tuple[str, int, list[int], list[int], list[tuple[int, int]], int]
+
 
 def special_id(tokenizer, token: str, who: str, where: str) -> int:
     """The id of ``token`` in ``tokenizer``; a one-line error naming ``who`` (the trainer's rule that writes it) when

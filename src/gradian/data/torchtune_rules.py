@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from gradian.data.pieces import PieceBuilder, special_id
+from gradian.data.pieces import PieceBuilder, RuleTokens, special_id
 from gradian.errors import GradianUserError
 
 IGNORE_INDEX = -100
@@ -69,7 +69,7 @@ def render_tokens(
     loss_on: str,
     max_length: int | None,
     where: str,
-) -> tuple[str, int, list[int], list[int], list[tuple[int, int]], int]:
+) -> RuleTokens:
     """One chat row as torchtune builds it (module docstring).
 
     Args:
@@ -81,8 +81,7 @@ def render_tokens(
         max_length: torchtune's ``max_seq_len`` (its ``truncate`` applied), or None (the recipe leaves it unset).
 
     Returns:
-        ``(text, completion_char_start, ids, labels, offsets, full_length)``: ids / labels / offsets are (t,) after
-        truncation; ``full_length`` is the token count before it.
+        :data:`~gradian.data.pieces.RuleTokens`.
     """
     if rule not in RULES:
         raise ValueError(f"unknown torchtune rule {rule!r}")
