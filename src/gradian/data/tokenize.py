@@ -580,28 +580,49 @@ def _rule_rendered(row: list[dict[str, Any]] | dict[str, Any], tokenizer, spec: 
     return Rendered(text, None, start, False, tokens=(ids, labels, offsets, full))
 
 
-def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> Rendered:
-    """The string a trainer would tokenise for ``ex`` (see module docstring for the rules)."""
-    where = where or f"example {ex.id}"
-    if ex.format == "alpaca" and (spec.chat_rule or "").startswith("llamafactory_"):
-        from gradian.data.llamafactory_rules import alpaca_messages
+def uses_rule(ex: Example, spec: TokenizeSpec) -> bool:
+    """Whether ``ex`` is built by the trainer's own rule (:attr:`TokenizeSpec.chat_rule`) rather than a chat template
+    or the plain rule: chat rows under torchtune's and LLaMA-Factory's rules, alpaca rows under all three.
+    """
+    rule = spec.chat_rule or ""
+    if not rule:
+        return False
+    if ex.format == "alpaca":
+        return True
+    return ex.is_chat and not rule.startswith("axolotl_")  # axolotl's rule is for its instruction rows only
 
-        return _rule_rendered(alpaca_messages(ex.raw), tokenizer, spec, where)
-    if ex.format == "alpaca" and (spec.chat_rule or "").startswith("axolotl_"):
-        return _rule_rendered(ex.raw, tokenizer, spec, where)
-    if ex.format == "alpaca" and (spec.chat_rule or "").startswith("torchtune_"):  # alpaca_dataset's messages
+
+def _rule_row(ex: Example, spec: TokenizeSpec) -> list[dict[str, Any]] | dict[str, Any]:
+    """What the trainer's rule reads of ``ex``: its messages (an alpaca row as LLaMA-Factory's converter or
+    torchtune's ``AlpacaToMessages`` makes them), or the alpaca row's fields for axolotl's.
+    """
+    rule = spec.chat_rule or ""
+    if ex.format == "alpaca":
+        if rule.startswith("axolotl_"):
+            return ex.raw
+        if rule.startswith("llamafactory_"):
+            from gradian.data.llamafactory_rules import alpaca_messages
+
+            return alpaca_messages(ex.raw)
         from gradian.data.pieces import alpaca_prompt
 
         prompt = alpaca_prompt(str(ex.raw.get("instruction", "")), ex.raw.get("input") or None)
-        msgs = [{"role": "user", "content": prompt}, {"role": "assistant", "content": str(ex.raw.get("output", ""))}]
-        return _rule_rendered(msgs, tokenizer, spec, where)
+        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": str(ex.raw.get("output", ""))}]
+    prompt = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
+    completion = ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
+    return prompt + completion
+
+
+def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> Rendered:
+    """The string a trainer would tokenise for ``ex`` (see module docstring for the rules)."""
+    where = where or f"example {ex.id}"
+    if uses_rule(ex, spec):
+        return _rule_rendered(_rule_row(ex, spec), tokenizer, spec, where)
     if ex.is_chat:
         prompt_msgs = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
         compl_msgs = (
             ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
         )
-        if spec.chat_rule is not None and not spec.chat_rule.startswith("axolotl_"):  # axolotl's: instruction rows
-            return _rule_rendered(prompt_msgs + compl_msgs, tokenizer, spec, where)
         tpl = spec.chat_template
         prompt_text = render_chat(tokenizer, prompt_msgs, True, where, tpl)
         text = render_chat(tokenizer, prompt_msgs + compl_msgs, False, where, tpl)
