@@ -32,7 +32,7 @@ from gradian.audit.versions import before
 from gradian.data.formats import Example
 from gradian.data.preference import PreferenceExample
 from gradian.data.templates import read_template, saved_template
-from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example
+from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example, uses_rule
 from gradian.defaults import MAX_LENGTH
 from gradian.errors import GradianUserError, first_line
 from gradian.safeio import load_json_file
@@ -578,9 +578,32 @@ class AuditContext:
 
     @cached_property
     def token_spec(self) -> TokenizeSpec:
+        """How the token checks tokenise: unbounded, the config's prompt masking and EOS rule; for a trainer whose
+        own rule builds the rows (torchtune, LLaMA-Factory, axolotl alpaca: :attr:`TokenizeSpec.chat_rule`), that
+        rule and its mask, so a length counts what the trainer trained on (a ``qwen`` run's default system prompt).
+        """
         on_prompt, _ = self.loss_on_prompt()
         add_eos, _ = self.pipeline_appends_eos()
-        return TokenizeSpec(max_length=UNBOUNDED, loss_on="all" if on_prompt else "completion", add_eos=add_eos)
+        spec = TokenizeSpec(max_length=UNBOUNDED, loss_on="all" if on_prompt else "completion", add_eos=add_eos)
+        rule, loss_on = self._trainer_rule()
+        if rule is not None:
+            from dataclasses import replace
+
+            spec = replace(spec, chat_rule=rule, loss_on=loss_on)
+        return spec
+
+    def _trainer_rule(self) -> tuple[str | None, str]:
+        """``(chat_rule, loss_on)`` of the run's setup (:func:`gradian.data.setup.resolve_setup`), or ``(None, "")``."""
+        if self.config is None or not self.examples:
+            return None, ""
+        from gradian.data.setup import examples_format, resolve_setup
+
+        fmt, chat = examples_format(self.examples)
+        try:
+            setup = resolve_setup(self.config, fmt, chat=chat)
+        except (ValueError, GradianUserError):
+            return None, ""
+        return setup.chat_rule, setup.loss_on
 
     def prefetch_token_rows(self) -> None:
         """Start computing :attr:`token_rows` in a background thread.
@@ -666,6 +689,8 @@ class AuditContext:
         special: list[bool] = []
         for i, (ex, tr) in enumerate(zip(self.examples or [], self.token_rows)):
             if tr.tx is None or ex.format == "text" or not ex.prompt_text and not ex.is_chat:
+                continue
+            if uses_rule(ex, self.token_spec):  # pieces encoded on their own: the boundary is a piece boundary
                 continue
             if ex.is_chat:
                 msgs = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
