@@ -171,3 +171,15 @@ def test_lazily_tokenised_rows_read_like_the_list(tok):
     assert list(row_values(eager, "length")) == [len(it.input_ids) for it in eager]
     with pytest.raises(ValueError):
         row_values(eager, "text")
+
+
+def test_a_long_query_is_cut_not_dropped(tok):
+    """drop_long is the trainer's treatment of training rows; a query under the same spec keeps its supervised
+    tokens when its answer survives the cut (only the EOS past max_length goes)."""
+    from gradian.attribute.queries import Query, query_rows
+
+    q = Query.from_text("Q: What is the capital of Aland?\nA:", " Marven.")
+    (_, _, full), *_ = query_rows(tok, [q], TokenizeSpec(max_length=512))
+    n = len(full.input_ids) - 1  # cut only the EOS off
+    (_, _, cut), *_ = query_rows(tok, [q], TokenizeSpec(max_length=n, drop_long=True))
+    assert cut.truncated and cut.n_supervised == full.n_supervised - 1 > 0

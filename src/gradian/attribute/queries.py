@@ -243,10 +243,15 @@ def query_rows(
 ) -> list[tuple[int, float, TokenizedExample]]:
     """The tokenised sequences of the queries: ``(query index, sign, tokenised)``, +1 for ``correct``, −1 for ``said``.
 
-    Tokenised exactly like a training row (``tokenize_spec``). Every query is checked before any is used
+    Tokenised exactly like a training row (``tokenize_spec``; a long query is cut, not dropped). Every query is
+    checked before any is used
     (:func:`check_answer_kept`): a query (a :meth:`Query.from_text` or an eval item's) whose answer is
     truncated away is a :class:`gradian.errors.GradianUserError`, not a row of zero scores.
     """
+    import dataclasses
+
+    # a query is not a training row: the trainer's dropping of long rows (drop_long) does not apply to it
+    tokenize_spec = dataclasses.replace(tokenize_spec, drop_long=False)
     rows: list[tuple[int, float, TokenizedExample]] = []
     for qi, q in enumerate(queries):
         sides = [(1.0, q.correct, "correct")] + ([(-1.0, q.said, "said")] if q.kind == "contrastive" else [])
