@@ -126,6 +126,10 @@ def test_llamafactory_mask_history(tmp_path):
     named = resolve_setup(_cfg(tmp_path, "lf4.yaml", base.replace("qwen", "llama2")), "messages")
     assert named.chat_rule is None and "chat_template" in named.unreproduced  # a template Gradian does not render
     assert any("its own registered template 'llama2'" in n for n in named.notes)
+    sys_ = resolve_setup(_cfg(tmp_path, "lf7.yaml", base + "default_system: Be brief.\n"), "messages")
+    assert (sys_.default_system, sys_.tokenize_spec().default_system, sys_.unreproduced) == ("Be brief.",) * 2 + ((),)
+    assert sys_.to_dict()["values"]["default_system"] == {"value": "Be brief.", "from": "lf7.yaml: default_system"}
+    assert "default_system" not in s.tokenize_spec().to_dict()  # unset: the spec's dict (so index ids) unchanged
     unnamed = resolve_setup(_cfg(tmp_path, "lf6.yaml", base.replace("template: qwen\n", "")), "messages")
     assert unnamed.chat_rule is None and "chat_template" not in unnamed.unreproduced  # it parses the tokenizer's
     plain = resolve_setup(_cfg(tmp_path, "lf5.yaml", base), "prompt_completion")

@@ -6,8 +6,8 @@ registered templates (``llamafactory/data/template.py`` ``register_template``), 
 into *slots* (strings with ``{{content}}``, and the BOS / EOS tokens), and ``Template._encode`` encodes each string
 slot on its own (``_convert_elements_to_ids``: ``tokenizer.encode(slot, add_special_tokens=False)``). The first
 message is preceded by the template's prefix and, when there is a system text, the system slots; the system text is
-the row's own, else the template's ``default_system`` (``system = system or self.default_system``), else the
-config's ``default_system``, which replaces the template's (``get_template_and_fix_tokenizer``). So a row with no
+the row's own, else the template's ``default_system`` (``system = system or self.default_system``), which the
+config's ``default_system`` replaces when it sets one (``get_template_and_fix_tokenizer``). So a row with no
 system turn is trained with a system prompt it never had whenever the template has a default one: ``qwen`` writes
 "You are Qwen, created by Alibaba Cloud. You are a helpful assistant." whatever the model.
 
@@ -173,6 +173,7 @@ def render_tokens(
     loss_on: str,
     max_length: int | None,
     where: str,
+    default_system: str | None = None,
 ) -> RuleTokens:
     """One row as LLaMA-Factory's supervised processor builds it (module docstring).
 
@@ -183,6 +184,8 @@ def render_tokens(
             ``"completion"`` (``mask_history: true``: the last assistant turn, pairs truncated last-first) or
             ``"all"`` (``train_on_prompt: true``: every token).
         max_length: ``cutoff_len``, or None (no truncation).
+        default_system: the config's ``default_system`` (``get_template_and_fix_tokenizer`` puts it in place of the
+            template's), or None.
 
     Returns:
         :data:`~gradian.data.pieces.RuleTokens`.
@@ -209,7 +212,7 @@ def render_tokens(
             where=where,
             fix="end each row with the assistant's answer",
         )
-    system = system or tpl.default_system
+    system = system or (tpl.default_system if default_system is None else default_system)
     eos_tok = tpl.stop_words[0] if tpl.replace_eos and tpl.stop_words else tokenizer.eos_token
     tokens = {"bos_token": (tokenizer.bos_token_id, tokenizer.bos_token), "eos_token": (None, None)}
     if eos_tok is not None and any(EOS in (tpl.user, tpl.assistant, tpl.system, tpl.prefix)[k] for k in range(4)):

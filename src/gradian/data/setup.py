@@ -69,8 +69,10 @@ class TrainingSetup:
             ``unreproduced``; None: the tokenizer's own.
         packing: the trainer packed rows into shared sequences.
         train_roles, train_on_eos: axolotl's chat mask (:attr:`TokenizeSpec.train_roles`); None: ``loss_on`` decides.
-        chat_rule, eos_truncate: torchtune's own chat rendering, named from the recipe's ``tokenizer._component_``
-            (:attr:`TokenizeSpec.chat_rule`); None: the chat template renders chat rows.
+        chat_rule, eos_truncate: the trainer's own rendering (:attr:`TokenizeSpec.chat_rule`): torchtune's, named
+            from the recipe's ``tokenizer._component_``, LLaMA-Factory's from its ``template:``, axolotl's from
+            ``datasets[0].type``; None: the chat template renders chat rows.
+        default_system: a LLaMA-Factory config's ``default_system`` (:attr:`TokenizeSpec.default_system`).
         unreproduced: settings of the run that Gradian does not reproduce (e.g. ``"packing"``).
         sources: ``{field: where its value came from}``.
         warnings: one line per flag that contradicts the config (both named).
@@ -88,6 +90,7 @@ class TrainingSetup:
     train_on_eos: str = "turn"
     chat_rule: str | None = None
     eos_truncate: bool = False
+    default_system: str | None = None
     unreproduced: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -107,6 +110,7 @@ class TrainingSetup:
             chat_rule=self.chat_rule,
             eos_truncate=self.eos_truncate,
             drop_long=self.truncation == "drop" and "truncation" not in self.unreproduced,
+            default_system=self.default_system,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,6 +120,8 @@ class TrainingSetup:
             names += ("train_roles", "train_on_eos")
         if self.chat_rule is not None:
             names += ("chat_rule", "eos_truncate")
+        if self.default_system is not None:
+            names += ("default_system",)
         return {
             "values": {n: {"value": getattr(self, n), "from": self.sources.get(n)} for n in names},
             "unreproduced": list(self.unreproduced),
@@ -242,9 +248,6 @@ def _lf_rule(cfg: TrainConfig, data_format: str) -> tuple[str | None, str, list[
             f"reproduces {', '.join(TEMPLATES)} and renders this one with the tokenizer's chat template"
         )
         return None, where, notes
-    ds, ds_where = _lf_key(cfg.paths, "default_system", "str")
-    if ds is not None:
-        notes.append(f"{ds_where}: LLaMA-Factory writes it where a row has no system turn; Gradian's rule does not")
     mh, mh_where = _lf_key(cfg.paths, "mask_history")
     if mh and cfg.train_on_inputs:
         notes.append(
@@ -564,6 +567,10 @@ def resolve_setup(
         )
         if lf_rule or ax_rule:
             values["chat_rule"], sources["chat_rule"] = lf_rule or ax_rule, lf_src or ax_src
+        if lf_rule:  # written where a row has no system turn, in place of the template's
+            ds, ds_where = _lf_key(c.paths, "default_system", "str")
+            if ds is not None:
+                values["default_system"], sources["default_system"] = str(ds), str(ds_where)
         if tt_rule:
             sources["chat_rule"] = tt_src
             sources["eos_truncate"] = (

@@ -99,6 +99,9 @@ class TokenizeSpec:
             ``excess_length_strategy: drop``, its default): such a row keeps its first ``max_length`` tokens with no
             supervised token, so its gradient is zero, as it was never trained on. Left out of :meth:`to_dict` when
             False.
+        default_system: with a LLaMA-Factory ``chat_rule``: the config's ``default_system``, which replaces the
+            template's own on a row with no system turn. None: the template's. Left out of :meth:`to_dict` when
+            None.
     """
 
     max_length: int = MAX_LENGTH
@@ -110,6 +113,7 @@ class TokenizeSpec:
     chat_rule: str | None = None
     eos_truncate: bool = False
     drop_long: bool = False
+    default_system: str | None = None
 
     def __post_init__(self) -> None:
         from gradian.validate import LENGTH_MAX, check_bool, check_choice, check_int
@@ -137,6 +141,12 @@ class TokenizeSpec:
             check_choice(self.chat_rule, chat_rules(), "TokenizeSpec", "chat_rule")
         check_bool(self.eos_truncate, "TokenizeSpec", "eos_truncate")
         check_bool(self.drop_long, "TokenizeSpec", "drop_long")
+        if self.default_system is not None and not isinstance(self.default_system, str):
+            raise GradianUserError(
+                f"default_system must be a string, not {type(self.default_system).__name__}",
+                where="TokenizeSpec.default_system",
+                fix="give the system text, or None for the template's own",
+            )
         if self.train_roles is not None:
             if isinstance(self.train_roles, list):
                 object.__setattr__(self, "train_roles", tuple(self.train_roles))  # from a JSON manifest
@@ -169,6 +179,8 @@ class TokenizeSpec:
             del d["chat_rule"], d["eos_truncate"]
         if not d["drop_long"]:
             del d["drop_long"]
+        if d["default_system"] is None:
+            del d["default_system"]
         return d
 
     def for_tokenizer(self, tokenizer) -> TokenizeSpec:
@@ -574,8 +586,9 @@ def _rule_rendered(row: list[dict[str, Any]] | dict[str, Any], tokenizer, spec: 
         from gradian.data.torchtune_rules import render_tokens
 
         max_length = spec.max_length if spec.eos_truncate else None
+    extra = {"default_system": spec.default_system} if spec.default_system is not None else {}
     text, start, ids, labels, offsets, full = render_tokens(
-        row, tokenizer, spec.chat_rule, loss_on=spec.loss_on, max_length=max_length, where=where
+        row, tokenizer, spec.chat_rule, loss_on=spec.loss_on, max_length=max_length, where=where, **extra
     )
     return Rendered(text, None, start, False, tokens=(ids, labels, offsets, full))
 
