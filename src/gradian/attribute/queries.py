@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from gradian.data.formats import Example
@@ -244,14 +244,11 @@ def query_rows(
     """The tokenised sequences of the queries: ``(query index, sign, tokenised)``, +1 for ``correct``, −1 for ``said``.
 
     Tokenised exactly like a training row (``tokenize_spec``; a long query is cut, not dropped). Every query is
-    checked before any is used
-    (:func:`check_answer_kept`): a query (a :meth:`Query.from_text` or an eval item's) whose answer is
-    truncated away is a :class:`gradian.errors.GradianUserError`, not a row of zero scores.
+    checked before any is used (:func:`check_answer_kept`): a query (a :meth:`Query.from_text` or an eval item's)
+    whose answer is truncated away is a :class:`gradian.errors.GradianUserError`, not a row of zero scores.
     """
-    import dataclasses
-
     # a query is not a training row: the trainer's dropping of long rows (drop_long) does not apply to it
-    tokenize_spec = dataclasses.replace(tokenize_spec, drop_long=False)
+    tokenize_spec = replace(tokenize_spec, drop_long=False)
     rows: list[tuple[int, float, TokenizedExample]] = []
     for qi, q in enumerate(queries):
         sides = [(1.0, q.correct, "correct")] + ([(-1.0, q.said, "said")] if q.kind == "contrastive" else [])

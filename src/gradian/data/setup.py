@@ -37,12 +37,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from gradian.data.tokenize import TokenizeSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gradian.audit.config import TrainConfig
+    from gradian.audit.config import Reader, TrainConfig
 
 #: the command-line flag of each setup field a user can set
 FLAGS = {"max_length": "--max-length", "loss_on": "--loss-on", "add_eos": "--add-eos"}
@@ -199,81 +199,87 @@ def setup_from_files(
     return resolve_setup(config, fmt, chat=chat, flags=flags, saved_template=adapter_template(adapter))
 
 
-def _lf_key(paths: list[str], key: str, kind: str = "bool") -> tuple[Any, str | None]:
-    """``(value, where)`` of a LLaMA-Factory key the config model does not keep (``mask_history``,
-    ``default_system``), read with the audit config reader; ``(None, None)`` when no file sets it.
+def _config_readers(paths: Sequence[str]) -> list[Reader]:
+    """A :class:`~gradian.audit.config.Reader` over each YAML / JSON config file of the run, in order: the keys the
+    config model does not keep (LLaMA-Factory's ``mask_history``, a torchtune recipe's components) are read from
+    them.
     """
     from gradian.audit.config import Reader, read_mapping
 
+    out = []
     for p in paths:
         path = Path(p)
         if path.is_file() and path.suffix.lower() in (".yaml", ".yml", ".json"):
-            raw, _ = read_mapping(path)
-            r = Reader(raw, str(path))
-            if r.has(key):
-                return (r.bool_(key) if kind == "bool" else r.get(key)), r.where(key)
+            out.append(Reader(read_mapping(path)[0], str(path)))
+    return out
+
+
+def _lf_key(readers: Sequence[Reader], key: str, kind: str = "bool") -> tuple[Any, str | None]:
+    """``(value, where)`` of a LLaMA-Factory key the config model does not keep (``mask_history``,
+    ``default_system``); ``(None, None)`` when no file sets it.
+    """
+    for r in readers:
+        if r.has(key):
+            return (r.bool_(key) if kind == "bool" else r.get(key)), r.where(key)
     return None, None
 
 
-def _lf_rule(cfg: TrainConfig, data_format: str) -> tuple[str | None, str, list[str]]:
-    """``(rule, source, notes)`` of a LLaMA-Factory run's own rendering (:mod:`gradian.data.llamafactory_rules`),
-    read from its ``template:``; rule None: not a row LLaMA-Factory renders (plain prompt/completion or text) or a
-    template Gradian does not reproduce (noted). Settings the rule does not take are noted, so the mask is stated as
-    not reproduced.
+def _lf_rule(
+    cfg: TrainConfig, data_format: str, readers: Sequence[Reader]
+) -> tuple[str | None, str, list[str], str | None]:
+    """``(rule, source, notes, template note)`` of a LLaMA-Factory run's own rendering
+    (:mod:`gradian.data.llamafactory_rules`), read from its ``template:``; rule None: not a row LLaMA-Factory renders
+    (plain prompt/completion or text) or a template Gradian does not reproduce (the template note says so). Settings
+    the rule does not take are in ``notes``, so the mask is stated as not reproduced.
     """
     from gradian.data.llamafactory_rules import TEMPLATES, VERSION, rule_for_template
 
     if data_format not in CHAT_FORMATS + ("alpaca",):
-        return None, "", []
+        return None, "", [], None
     name = cfg.chat_template
     where = cfg.source("chat_template") or "LLaMA-Factory config: template"
     if not name and not cfg.paths:  # LLaMA-Factory's defaults, from its model card: the template is not recorded
         return (
             None,
             where,
-            [
-                "chat_template: LLaMA-Factory renders rows with the template: of its config (its own slots and "
-                "default system prompt), which this run folder does not record; Gradian renders them with the "
-                "chat template saved beside the adapter (pass the config with --config)"
-            ],
+            [],
+            "chat_template: LLaMA-Factory renders rows with the template: of its config (its own slots and default "
+            "system prompt), which this run folder does not record; Gradian renders them with the chat template "
+            "saved beside the adapter (pass the config with --config)",
         )
     if not name:  # get_template_and_fix_tokenizer parses the tokenizer's own chat template (parse_template)
-        return None, where, []
+        return None, where, [], None
     rule = rule_for_template(name)
-    notes = []
     if rule is None:
-        notes.append(
+        return (
+            None,
+            where,
+            [],
             f"chat_template: LLaMA-Factory renders rows with its own registered template {name!r} ({where}: its "
             "slots, each encoded on its own, and its default system prompt), not the tokenizer's Jinja; Gradian "
-            f"reproduces {', '.join(TEMPLATES)} and renders this one with the tokenizer's chat template"
+            f"reproduces {', '.join(TEMPLATES)} and renders this one with the tokenizer's chat template",
         )
-        return None, where, notes
-    mh, mh_where = _lf_key(cfg.paths, "mask_history")
+    notes = []
+    mh, mh_where = _lf_key(readers, "mask_history")
     if mh and cfg.train_on_inputs:
         notes.append(
             f"{mh_where} with train_on_prompt: LLaMA-Factory trains every prompt and the last answer only; Gradian's "
             "rule trains one or the other"
         )
-    return rule, f"{where} ({VERSION} data/template.py, processor/supervised.py)", notes
+    return rule, f"{where} ({VERSION} data/template.py, processor/supervised.py)", notes, None
 
 
-def _torchtune_chat(cfg: TrainConfig) -> tuple[str | None, str, list[str]]:
+def _torchtune_chat(readers: Sequence[Reader]) -> tuple[str | None, str, list[str]]:
     """``(rule, source, notes)`` of a torchtune recipe's chat rendering, read from its ``tokenizer._component_``
     (:data:`gradian.data.torchtune_rules.COMPONENTS`); rule None: a family Gradian does not implement (noted).
 
     Settings that change torchtune's rendering and that the rule does not take (a ``tokenizer.prompt_template``, a
     ``dataset.new_system_prompt``, another ``eos_token``) are noted, so the mask is stated as not reproduced.
     """
-    from gradian.audit.config import Reader, read_mapping
     from gradian.data.torchtune_rules import SOURCES, rule_for_component
 
     comp, where, notes = None, "torchtune config", []
-    for p in cfg.paths:
-        path = Path(p)
-        if not (path.is_file() and path.suffix.lower() in (".yaml", ".yml", ".json")):
-            continue
-        raw, _ = read_mapping(path)
-        r = Reader(raw, str(path))
+    for r in readers:
         if r.has("tokenizer._component_"):
             comp, where = r.get("tokenizer._component_"), r.where("tokenizer._component_")
             for key in ("tokenizer.prompt_template", "tokenizer.eos_token"):
@@ -284,7 +290,7 @@ def _torchtune_chat(cfg: TrainConfig) -> tuple[str | None, str, list[str]]:
         ds = r.get("dataset")
         for d in ds if isinstance(ds, list) else [ds]:
             if isinstance(d, dict) and d.get("new_system_prompt") is not None:
-                notes.append(f"{path}: dataset.new_system_prompt replaces the rows' system turn; Gradian does not")
+                notes.append(f"{r.path}: dataset.new_system_prompt replaces the rows' system turn; Gradian does not")
     rule = rule_for_component(comp)
     if rule is None:
         notes.append(
@@ -323,22 +329,17 @@ def _axolotl_instruction_rule(cfg: TrainConfig) -> tuple[str | None, str, list[s
     return rule, f"{where}: {kind} ({VERSION} prompters.py AlpacaPrompter, prompt_tokenizers.py)", notes
 
 
-def _torchtune_alpaca(cfg: TrainConfig) -> bool:
+def _torchtune_alpaca(readers: Sequence[Reader]) -> bool:
     """The recipe's dataset is torchtune's ``alpaca_dataset`` / ``alpaca_cleaned_dataset`` (its
     ``data/_messages.py`` ``AlpacaToMessages``: the Alpaca prompt as the user message, the output as the assistant's),
     with no ``column_map``.
     """
-    from gradian.audit.config import Reader, read_mapping
-
-    for p in cfg.paths:
-        path = Path(p)
-        if path.is_file() and path.suffix.lower() in (".yaml", ".yml", ".json"):
-            raw, _ = read_mapping(path)
-            ds = Reader(raw, str(path)).get("dataset")
-            for d in ds if isinstance(ds, list) else [ds]:
-                comp = str(d.get("_component_") or "") if isinstance(d, dict) else ""
-                if comp.rsplit(".", 1)[-1] in ("alpaca_dataset", "alpaca_cleaned_dataset") and not d.get("column_map"):
-                    return True
+    for r in readers:
+        ds = r.get("dataset")
+        for d in ds if isinstance(ds, list) else [ds]:
+            comp = str(d.get("_component_") or "") if isinstance(d, dict) else ""
+            if comp.rsplit(".", 1)[-1] in ("alpaca_dataset", "alpaca_cleaned_dataset") and not d.get("column_map"):
+                return True
     return False
 
 
@@ -388,7 +389,7 @@ def _axolotl_mask(cfg: TrainConfig) -> tuple[tuple[str, ...], str, str, list[str
     return roles, eos, src, notes
 
 
-def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str, list[str]]:
+def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool, readers: Sequence[Reader]) -> tuple[str, str, list[str]]:
     """``(loss_on, source, notes of what is not reproduced)`` for the config's trainer and the rows' format."""
     src = cfg.source
     t = cfg.trainer
@@ -431,7 +432,7 @@ def _loss_rule(cfg: TrainConfig, data_format: str, chat: bool) -> tuple[str, str
         return "completion", src("train_on_inputs") or "default (axolotl)", notes
     if t == "llamafactory":
         if chat:
-            mh, where = _lf_key(cfg.paths, "mask_history")
+            mh, where = _lf_key(readers, "mask_history")
             if mh:
                 return "completion", f"{where} (the last assistant turn only)", notes
             return (
@@ -556,11 +557,14 @@ def resolve_setup(
             values["truncation"] = c.truncation or "keep_start"
         sources["truncation"] = c.source("truncation") or sources["max_length"]
         tr = values["truncation"]
-        tt_alpaca = name == "torchtune" and data_format == "alpaca" and _torchtune_alpaca(c)
+        readers = _config_readers(c.paths)  # each config file read once, for the keys the config model does not keep
+        tt_alpaca = name == "torchtune" and data_format == "alpaca" and _torchtune_alpaca(readers)
         tt_rule, tt_src, tt_notes = (
-            _torchtune_chat(c) if ((chat or tt_alpaca) and name == "torchtune") else (None, "", [])
+            _torchtune_chat(readers) if ((chat or tt_alpaca) and name == "torchtune") else (None, "", [])
         )
-        lf_rule, lf_src, lf_notes = _lf_rule(c, data_format) if name == "llamafactory" else (None, "", [])
+        lf_rule, lf_src, lf_notes, lf_tnote = (
+            _lf_rule(c, data_format, readers) if name == "llamafactory" else (None, "", [], None)
+        )
         values["chat_rule"], values["eos_truncate"] = tt_rule, bool(tt_rule and values["max_length"] is not None)
         ax_rule, ax_src, ax_notes = (
             _axolotl_instruction_rule(c) if (name == "axolotl" and data_format == "alpaca") else (None, "", [])
@@ -568,7 +572,7 @@ def resolve_setup(
         if lf_rule or ax_rule:
             values["chat_rule"], sources["chat_rule"] = lf_rule or ax_rule, lf_src or ax_src
         if lf_rule:  # written where a row has no system turn, in place of the template's
-            ds, ds_where = _lf_key(c.paths, "default_system", "str")
+            ds, ds_where = _lf_key(readers, "default_system", "str")
             if ds is not None:
                 values["default_system"], sources["default_system"] = str(ds), str(ds_where)
         if tt_rule:
@@ -599,7 +603,7 @@ def resolve_setup(
                 f"truncation: {name} {rule} ({sources['truncation']}); Gradian keeps the start "
                 "(rows within max_length are unaffected)"
             )
-        loss, lsrc, lnotes = _loss_rule(c, data_format, chat)
+        loss, lsrc, lnotes = _loss_rule(c, data_format, chat, readers)
         values["loss_on"], sources["loss_on"] = loss, lsrc
         values["train_roles"], values["train_on_eos"] = None, "turn"
         if chat and c.trainer == "axolotl" and data_format != "text":
@@ -607,7 +611,7 @@ def resolve_setup(
             values["train_roles"], values["train_on_eos"] = roles, eos
             sources["train_roles"] = sources["train_on_eos"] = msrc
             lnotes = lnotes + mnotes
-        lnotes = lnotes + tt_notes + [n for n in lf_notes if not n.startswith("chat_template:")] + ax_notes
+        lnotes = lnotes + tt_notes + lf_notes + ax_notes
         if name == "torchtune" and not chat and not (tt_alpaca and tt_rule):
             # torchtune 0.6.1 data/_messages.py InputOutputToMessages, _text_completion
             lnotes.append(
@@ -628,8 +632,8 @@ def resolve_setup(
         if lf_rule:  # LLaMA-Factory renders with its own template, never the tokenizer's Jinja
             values["chat_template"], sources["chat_template"] = None, f"not used: {lf_src}"
             tnote = None
-        elif name == "llamafactory" and lf_notes and lf_notes[0].startswith("chat_template:"):
-            tnote = lf_notes[0]
+        elif lf_tnote:
+            tnote = lf_tnote
         if tnote:
             unrep.append("chat_template")
             notes.append(tnote)
