@@ -24,7 +24,9 @@ install: $(STAMP)
 # declared pins (older transformers / datasets / trl, CUDA builds) do not fit this venv, and the data paths run do
 # not need them. LLaMA-Factory 0.9.5 imports TRL's value-head model (gone in TRL 1.x), so its folder has TRL 0.24;
 # it imports torchaudio at module level, whose compiled ops do not load against torch 2.13, so they are removed (no
-# audio is read). pytest run without `make` skips those tests when the folders are missing.
+# audio is read). torchtune's LoRA recipe (run by the suite: a real training run's output folder) needs torchdata
+# and a torchao that still has int4_weight_only (0.16 removed it; 0.12 does not import on torch 2.13), so 0.15.
+# pytest run without `make` skips those tests when the folders are missing.
 FW := $(VENV)/frameworks
 FW_STAMP := $(FW)/.installed
 FW_PIP := $(BIN)/pip install -q --no-deps --no-compile --target
@@ -35,8 +37,8 @@ $(FW_STAMP): $(STAMP) Makefile
 	$(FW_PIP) $(FW)/llamafactory llamafactory==0.9.5 trl==0.24.0 torchaudio==2.11.1 omegaconf==2.4.0 \
 		antlr4-python3-runtime==4.9.3
 	rm -rf $(FW)/llamafactory/torchaudio/lib
-	$(FW_PIP) $(FW)/torchtune torchtune==0.6.1 torchao==0.17.0 omegaconf==2.4.0 antlr4-python3-runtime==4.9.3 \
-		sentencepiece==0.2.3 tiktoken==0.14.0
+	$(FW_PIP) $(FW)/torchtune torchtune==0.6.1 torchao==0.15.0 torchdata==0.11.0 omegaconf==2.4.0 \
+		antlr4-python3-runtime==4.9.3 sentencepiece==0.2.3 tiktoken==0.14.0
 	touch $(FW_STAMP)
 
 frameworks: $(FW_STAMP)

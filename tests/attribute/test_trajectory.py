@@ -569,3 +569,59 @@ def test_a_non_finite_score_never_becomes_a_verdict(where):
         verdict(ev, None, [], [], [q, q], AttributeSpec(), None)  # refused before anything else is read
     line = e.value.one_line()
     assert "capitals" in line and "1 of 5 training rows are not finite" in line and "trainer_state.json" in line
+
+
+def _torchtune_run(run: Path, root: Path, epochs_planned: int = 3, steps: list[int] | None = None) -> Path:
+    """``run``'s three checkpoints laid out as torchtune 0.6.1 leaves them: ``epoch_{0,1,2}/``,
+    ``torchtune_config.yaml`` and ``logs/log_<time>.txt`` (a ``Step N | loss:.. lr:..`` line a step)."""
+    out = root / "tt"
+    for n, p in enumerate(discover_checkpoints(run)):
+        shutil.copytree(p, out / f"epoch_{n}", ignore=shutil.ignore_patterns("trainer_state.json", "optimizer.pt"))
+    (out / "torchtune_config.yaml").write_text(f"epochs: {epochs_planned}\nlog_every_n_steps: 1\n")
+    (out / "logs").mkdir()
+    lines = [
+        f"Step {s} | loss:{2.0 / s} lr:{0.001 * (10 - s)} tokens_per_second_per_gpu:100.0"
+        for s in steps or range(1, 10)
+    ]
+    (out / "logs" / "log_1796637691.txt").write_text("\n".join(lines) + "\n")
+    return out
+
+
+def test_a_torchtune_run_s_epochs_are_its_trajectory(run, tmp_path):
+    """torchtune's ``epoch_N/`` folders are the checkpoints; each ends at step (N + 1) · T / E, T the steps its log
+    holds and E the epochs, and is weighted by the mean ``lr`` logged over its own steps."""
+    out = _torchtune_run(run, tmp_path)
+    assert [p.name for p in discover_checkpoints(out / "epoch_2")] == ["epoch_0", "epoch_1"]
+    assert [p.name for p in discover_checkpoints(out / "epoch_1")] == ["epoch_0"]
+    traj = resolve_trajectory(out / "epoch_2")
+    assert [(c.path.name, c.step, c.final) for c in traj.checkpoints] == [
+        ("epoch_0", 3, False),
+        ("epoch_1", 6, False),
+        ("epoch_2", 9, True),
+    ]
+    eta = [sum(0.001 * (10 - s) for s in range(a, a + 3)) / 3 for a in (1, 4, 7)]
+    assert traj.weights == pytest.approx([e / sum(eta) for e in eta], rel=1e-12)
+    assert "torchtune epochs of 3 steps (log_1796637691.txt: 9 steps over 3 epochs)" in traj.weight_rule
+
+
+@pytest.mark.parametrize(
+    "planned, steps, why",
+    [
+        (4, None, "torchtune_config.yaml plans 4 epochs, 3 are saved"),  # an unfinished (or crashed) run
+        (3, list(range(2, 10, 2)), "does not log every step of 3 whole epochs"),  # log_every_n_steps 2
+        (3, list(range(1, 9)), "does not log every step of 3 whole epochs"),  # 8 steps do not split into 3
+    ],
+)
+def test_a_torchtune_run_whose_epochs_cannot_be_placed_is_weighted_equally(run, tmp_path, planned, steps, why):
+    out = _torchtune_run(run, tmp_path, planned, steps)
+    traj = resolve_trajectory(out / "epoch_2")
+    assert [c.step for c in traj.checkpoints] == [None, None, None]
+    assert traj.weights == pytest.approx([1 / 3] * 3) and why in traj.weight_rule
+    assert traj.weight_rule.startswith("equal (torchtune epochs: ")
+
+
+def test_a_run_folder_without_a_final_adapter_names_its_last_checkpoint(run, tmp_path):
+    out = _torchtune_run(run, tmp_path)
+    with pytest.raises(GradianUserError, match=r"its checkpoints are epoch_0\.\.epoch_2") as err:
+        resolve_trajectory(out)
+    assert err.value.fix == f"pass its last checkpoint, --adapter {out / 'epoch_2'}"

@@ -8,7 +8,8 @@ needs (LLaMA-Factory's older TRL) never enter the test process.
 
 ``CASES.json`` is a list of ``{"name", "framework", "config": path, "save_tokenizer": folder or null, "train":
 bool}``. For each case the framework reads its own config file and prepares its training set the way its training
-command does (``train``: LLaMA-Factory then trains, ``llamafactory.train.tuner.run_exp``, leaving its output folder):
+command does (``train``: LLaMA-Factory then trains, ``llamafactory.train.tuner.run_exp``, and torchtune runs its
+``lora_finetune_single_device`` recipe as ``tune run`` does, each leaving its output folder):
 
 * **axolotl 0.19.0**: ``axolotl.cli.config.load_cfg`` (config validation and normalisation) and
   ``axolotl.common.datasets.load_datasets`` (``prepare_datasets``: loading, the prompt strategy, dropping rows out of
@@ -76,7 +77,23 @@ def torchtune(case: dict) -> list:
     cfg = OmegaConf.load(case["config"])
     tok = config.instantiate(cfg.tokenizer)
     ds = config.instantiate(cfg.dataset, tok)
-    return [[_ints(s["tokens"]), _ints(s["labels"])] for s in ds]
+    rows = [[_ints(s["tokens"]), _ints(s["labels"])] for s in ds]
+    if case.get("train"):  # tune run lora_finetune_single_device --config CONFIG: its output folder
+        import runpy
+        from pathlib import Path
+
+        import torchtune as package
+
+        recipe = str(Path(package.__file__).parents[1] / "recipes" / "lora_finetune_single_device.py")
+        argv, sys.argv = sys.argv, [recipe, "--config", case["config"]]
+        try:
+            runpy.run_path(recipe, run_name="__main__")
+        except SystemExit as e:  # the recipe ends with sys.exit(recipe_main())
+            if e.code not in (None, 0):
+                raise RuntimeError(f"the recipe exited with {e.code}") from None
+        finally:
+            sys.argv = argv
+    return rows
 
 
 RUNNERS = {"axolotl": axolotl, "llamafactory": llamafactory, "torchtune": torchtune}

@@ -228,6 +228,7 @@ def _config(case: dict, root: Path) -> dict:
         **case["tok"],
     }
     return {
+        **case.get("extra", {}),  # a training run's sections (model, checkpointer, optimizer, ...)
         "tokenizer": {k: v for k, v in tok.items() if v is not None},
         "dataset": {
             "_component_": "torchtune.datasets.chat_dataset",
@@ -479,3 +480,155 @@ def test_a_llamafactory_training_run_s_folder(world):
     assert any("does not record" in n for n in without.notes)
     log = load_logs(found.logs)
     assert [e["step"] for e in log.train] == [1, 2, 3, 4] and all(e["loss"] > 0 for e in log.train)
+
+
+def _torchtune_run_config(world: Path, out: Path) -> dict:
+    """What a torchtune user adds to the tokenizer and dataset sections to train: ``lora_finetune_single_device``
+    on a tiny Qwen2 (its config's sizes, LoRA on q, v, output and the MLP), read from an HF checkpoint; batch 1 in
+    order, 2 epochs, every step logged."""
+    hf = json.loads((world / "base_qwen2" / "config.json").read_text())
+    return {
+        "output_dir": str(out),
+        "model": {
+            "_component_": "torchtune.models.qwen2.lora_qwen2",
+            "lora_attn_modules": ["q_proj", "v_proj", "output_proj"],
+            "apply_lora_to_mlp": True,
+            "lora_rank": 4,
+            "lora_alpha": 8,
+            "vocab_size": hf["vocab_size"],
+            "num_layers": hf["num_hidden_layers"],
+            "num_heads": hf["num_attention_heads"],
+            "num_kv_heads": hf["num_key_value_heads"],
+            "embed_dim": hf["hidden_size"],
+            "intermediate_dim": hf["intermediate_size"],
+            "max_seq_len": hf["max_position_embeddings"],
+            "norm_eps": hf["rms_norm_eps"],
+            "rope_base": hf.get("rope_theta") or hf["rope_parameters"]["rope_theta"],
+            "tie_word_embeddings": hf["tie_word_embeddings"],
+        },
+        "checkpointer": {
+            "_component_": "torchtune.training.FullModelHFCheckpointer",
+            "checkpoint_dir": str(world / "base_qwen2"),
+            "checkpoint_files": ["model.safetensors"],
+            "recipe_checkpoint": None,
+            "output_dir": str(out),
+            "model_type": "QWEN2",
+        },
+        "resume_from_checkpoint": False,
+        "save_adapter_weights_only": False,
+        "seed": 0,
+        "shuffle": False,
+        "batch_size": 1,
+        "optimizer": {"_component_": "torch.optim.AdamW", "fused": False, "weight_decay": 0.01, "lr": 2e-2},
+        "lr_scheduler": {
+            "_component_": "torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup",
+            "num_warmup_steps": 1,
+        },
+        "loss": {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"},
+        "epochs": 2,
+        "max_steps_per_epoch": None,
+        "gradient_accumulation_steps": 1,
+        "clip_grad_norm": None,
+        "compile": False,
+        "metric_logger": {"_component_": "torchtune.training.metric_logging.DiskLogger", "log_dir": str(out / "logs")},
+        "log_every_n_steps": 1,
+        "log_peak_memory_stats": False,
+        "device": "cpu",
+        "dtype": "fp32",
+        "enable_activation_checkpointing": False,
+        "enable_activation_offloading": False,
+        "profiler": {"_component_": "torchtune.training.setup_torch_profiler", "enabled": False},
+    }
+
+
+def test_a_torchtune_training_run_s_folder(world, tok):
+    """torchtune 0.6.1 trains (``tune run lora_finetune_single_device``: LoRA on a tiny Qwen2, 2 epochs of 4 steps,
+    an ``epoch_N/`` folder each) and Gradian reads its output folder as a user points at it, with no ``--config``:
+
+    * the setup is read from ``torchtune_config.yaml`` beside ``epoch_1/``, and its rows are torchtune's own;
+    * the loss is the trainer's: Gradian's loss of row 0 on the base model (where the LoRA starts: B = 0) is the
+      loss torchtune logged for step 1 (batch 1, in order), so the mask and the normalisation are the trainer's;
+    * the adapter is the trainer's model: base + ``epoch_0/``'s adapter, loaded by Gradian, gives the logits of the
+      model torchtune merged and saved at the end of epoch 0 (torchtune's PEFT file permutes this Qwen2's q_proj
+      ``lora_B`` rows, so PEFT on the folder as written does not; Gradian un-permutes them, checked against the
+      ``adapter_model.pt`` torchtune writes beside it);
+    * the trajectory is the run's epochs, ``epoch_0`` and ``epoch_1`` at steps 4 and 8, weighted by the mean
+      learning rate torchtune logged in each epoch;
+    * the output folder itself (no adapter at its top) is refused with the checkpoint to pass.
+    """
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.audit.config.runfolder import find_run_folder
+    from gradian.audit.logs import load_logs, torchtune_log
+    from gradian.data.tokenize import collate
+    from gradian.errors import GradianUserError
+    from gradian.finetune import load_finetune
+    from gradian.gradients.loss import head_positions, lm_logits, per_example_loss
+    from gradian.models.spec import ModelSpec
+
+    if not (FW / "torchtune").is_dir():
+        pytest.skip(f"{FW / 'torchtune'} is not installed (make frameworks)")
+    base = world / "base_qwen2"
+    if not base.is_dir():
+        torch.manual_seed(0)
+        cfg = Qwen2Config(
+            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, rope_theta=10000.0,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        )  # fmt: skip
+        Qwen2ForCausalLM(cfg).save_pretrained(base)
+        tok.save_pretrained(base)
+    out = world / "tt-run"
+    case = tt("torchtune training run", "chat_nosys")
+    case.update(base="base_qwen2", train=True, extra=_torchtune_run_config(world, out))
+    got = run_frameworks(world, [case])[case["name"]]
+    assert "error" not in got, got.get("error")
+    assert sorted(p.name for p in out.glob("epoch_*")) == ["epoch_0", "epoch_1"]
+    assert (out / "torchtune_config.yaml").is_file() and (out / "epoch_1" / "adapter_model.safetensors").is_file()
+
+    found = find_run_folder(out / "epoch_1")
+    assert [p.name for p in found.configs] == ["torchtune_config.yaml"]
+    check_case({**case, "adapter": str(out / "epoch_1")}, world, {case["name"]: got})  # its rows, 4 of 4
+    data = world / "chat_nosys.jsonl"
+    examples = load_examples(data)
+    setup = setup_from_files(list(found.configs), data, adapter=out / "epoch_1", examples=examples)
+    assert setup.trainer == "torchtune" and setup.unreproduced == ()
+    log_text = torchtune_log(out).read_text().splitlines()
+    logged = [dict(kv.split(":", 1) for kv in line.split(" | ")[1].split()) for line in log_text]
+    assert len(logged) == 8 and [e["step"] for e in load_logs(torchtune_log(out)).train] == list(range(1, 9))
+
+    ft = load_finetune(ModelSpec(base=str(base)), out / "epoch_0")
+    item = tokenize_example(examples[0], ft.tokenizer, setup.tokenize_spec())
+    assert item.input_ids.tolist() == got["rows"][0][0]
+    batch = collate([item], ft.tokenizer.pad_token_id)
+    with torch.no_grad():
+        with ft.model.disable_adapter():  # the model torchtune's first step saw (LoRA B starts at 0)
+            keep = head_positions(ft.model, batch["labels"])
+            loss = per_example_loss(lm_logits(ft.model, batch, keep), batch["labels"], keep).item()
+        ours = ft.model(input_ids=batch["input_ids"]).logits
+        # the merged model torchtune saved (from its weights alone: transformers' from_pretrained of the folder would
+        # also apply the adapter_config.json beside them, a second time)
+        trained = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out / "epoch_0")).eval()
+        result = trained.load_state_dict(load_file(out / "epoch_0" / "model-00001-of-00001.safetensors"), strict=False)
+        assert result.unexpected_keys == [] and result.missing_keys == ["lm_head.weight"]  # tied to the embeddings
+        merged = trained(input_ids=batch["input_ids"]).logits
+        plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), out / "epoch_0").eval()
+        as_saved = plain(input_ids=batch["input_ids"]).logits  # PEFT on the folder as torchtune wrote it
+    assert loss == pytest.approx(float(logged[0]["loss"]), rel=1e-5)
+    assert (ours - merged).abs().max().item() < 1e-5
+    assert (as_saved - merged).abs().max().item() > 100 * max((ours - merged).abs().max().item(), 1e-7)
+    assert any("un-permuted" in n for n in ft.notes)
+
+    traj = resolve_trajectory(out / "epoch_1")
+    assert [(c.path.name, c.step) for c in traj.checkpoints] == [("epoch_0", 4), ("epoch_1", 8)]
+    lr = [float(e["lr"]) for e in logged]
+    eta = [sum(lr[:4]) / 4, sum(lr[4:]) / 4]
+    assert traj.weights == pytest.approx([e / sum(eta) for e in eta], rel=1e-9)
+    assert "torchtune epochs of 4 steps" in traj.weight_rule
+    with pytest.raises(GradianUserError, match="epoch_0..epoch_1") as err:
+        load_finetune(ModelSpec(base=str(base)), out)
+    assert err.value.fix == f"pass its last checkpoint, --adapter {out / 'epoch_1'}"

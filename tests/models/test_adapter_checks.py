@@ -115,3 +115,87 @@ def test_bin_adapter_read_without_unpickling(tok, saved_finetune, tmp_path):
         pickle.dump(Evil(), f)
     with pytest.raises(GradianUserError, match="never unpickles"):
         read_adapter_weights(ad)
+
+
+def _permute_rows(t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """torchtune 0.6.1's ``_permute_lora_matrix`` (``models/convert_weights.py``), written from its definition."""
+    rank, head_dim = t.shape[-1], t.shape[0] // n_heads
+    return t.view(n_heads, head_dim // 2, 2, rank).transpose(1, 2).reshape(head_dim * n_heads, rank)
+
+
+@pytest.fixture()
+def torchtune_qwen2(tok, tmp_path):
+    """A tiny Qwen2 base and a LoRA adapter on q/k/v written as torchtune 0.6.1 writes one: the PEFT file with q/k
+    ``lora_B`` rows permuted, and ``adapter_model.pt`` in torchtune's names holding the trained ones."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    base = Qwen2ForCausalLM(cfg).eval()
+    base.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"]))
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_B" in n:
+                p.normal_()
+    pm.save_pretrained(tmp_path / "epoch_0")
+    st = tmp_path / "epoch_0" / "adapter_model.safetensors"
+    trained = load_file(st)
+    tune, written = {}, {}
+    for k, v in trained.items():
+        layer, rest = k.split("layers.")[1].split(".", 1)
+        mod, ab = rest.split(".")[1], rest.split(".")[2]
+        tune[f"layers.{layer}.attn.{mod}.{ab.lower()}.weight"] = v
+        heads = {"q_proj": 4, "k_proj": 2}.get(mod)
+        written[k] = _permute_rows(v, heads).contiguous() if heads and ab == "lora_B" else v
+    save_file(written, st)
+    torch.save(tune, tmp_path / "epoch_0" / "adapter_model.pt")
+    return tmp_path, trained
+
+
+def test_a_torchtune_qwen2_adapter_is_loaded_as_trained(torchtune_qwen2):
+    """torchtune 0.6.1's PEFT export permutes q/k ``lora_B`` for Llama's rotary layout, which a Qwen2 base does not
+    use: Gradian un-permutes them (checked against its ``adapter_model.pt``) and says so; the trajectory's weight
+    swap does the same."""
+    from gradian.attribute.trajectory import checkpoint_weights, lora_state
+
+    root, trained = torchtune_qwen2
+    model, _ = load_base(ModelSpec(str(root / "base")))
+    pm, _, notes = load_adapter(model, root / "epoch_0")
+    assert len(notes) == 1 and "un-permuted" in notes[0] and "(4 tensors)" in notes[0]
+    state = {k.replace(".default", ""): v for k, v in lora_state(pm).items()}
+    assert set(state) == set(trained) and all(torch.equal(state[k], trained[k]) for k in trained)
+    with torch.no_grad():
+        for p in pm.parameters():
+            p.zero_()
+    with checkpoint_weights(pm, root / "epoch_0"):
+        swapped = {k.replace(".default", ""): v for k, v in lora_state(pm).items()}
+        assert all(torch.equal(swapped[k], trained[k]) for k in trained)
+
+
+def test_a_torchtune_adapter_is_left_alone_unless_its_pt_confirms(torchtune_qwen2):
+    """Without ``adapter_model.pt``, or when it holds other tensors, the PEFT file is used as written (with a note
+    in the second case); a Llama base (whose torchtune weights are permuted too) is never touched."""
+    from gradian.models.load import read_adapter_weights, torchtune_qk_fix
+
+    root, trained = torchtune_qwen2
+    folder = root / "epoch_0"
+    written = read_adapter_weights(folder)
+    cfg = load_base(ModelSpec(str(root / "base")))[0].config
+    fixed, note = torchtune_qk_fix(written, folder, cfg)
+    assert note and all(torch.equal(fixed[k], trained[k]) for k in trained)
+    cfg.model_type = "llama"
+    assert torchtune_qk_fix(written, folder, cfg) == (written, None)
+    cfg.model_type = "qwen2"
+    tune = torch.load(folder / "adapter_model.pt", weights_only=True)
+    torch.save({k: v + 1 if "lora_b" in k else v for k, v in tune.items()}, folder / "adapter_model.pt")
+    same, note = torchtune_qk_fix(written, folder, cfg)
+    assert same is written and "neither the PEFT file's nor its un-permuted rows" in note
+    (folder / "adapter_model.pt").unlink()
+    assert torchtune_qk_fix(written, folder, cfg) == (written, None)

@@ -22,9 +22,12 @@ answers; their gradients are re-evaluated at every checkpoint.
 
 Layout (HF Trainer): ``output_dir/checkpoint-<step>/`` with
 ``adapter_config.json``, ``adapter_model.safetensors``, ``optimizer.pt`` and
-``trainer_state.json``. :func:`discover_checkpoints` finds the checkpoints
-that are children or siblings of the adapter folder; when the adapter is
-itself ``checkpoint-S``, later checkpoints are excluded (they are the future).
+``trainer_state.json``; torchtune 0.6.1: ``output_dir/epoch_<N>/`` (N from 0)
+with the adapter in PEFT's format, and its log in ``output_dir/logs/``
+(:func:`torchtune_steps_per_epoch` turns an epoch into its last step).
+:func:`discover_checkpoints` finds the checkpoints that are children or
+siblings of the adapter folder; when the adapter is itself ``checkpoint-S``
+(``epoch_N``), later checkpoints are excluded (they are the future).
 Checkpoints with the same adapter weights as another (the last checkpoint is
 usually the final adapter) are counted once. A checkpoint trained on another
 base or with another LoRA shape is refused.
@@ -36,7 +39,6 @@ Cost is linear in the number of checkpoints: one gradient index per checkpoint
 from __future__ import annotations
 
 import math
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +48,9 @@ import torch
 
 from gradian.errors import GradianUserError
 from gradian.index.identity import Checkpoint, adapter_identity
-from gradian.safeio import file_number, load_json_file
+from gradian.paths import checkpoint_folders, checkpoint_number
+from gradian.safeio import file_number, load_json_file, load_yaml_file
 
-_CKPT = re.compile(r"^checkpoint-(\d+)$")
 # LoRA settings that must agree between the final adapter and every checkpoint.
 _MUST_MATCH = ("peft_type", "r", "lora_alpha", "use_rslora", "use_dora", "fan_in_fan_out")
 
@@ -145,36 +147,78 @@ def read_trainer_state(folder: Path) -> TrainerState | None:
     return TrainerState(p, step, out)
 
 
-def _step_of(folder: Path) -> int | None:
-    m = _CKPT.match(folder.name)
-    if m:
-        return int(m.group(1))
+def _step_of(folder: Path, per_epoch: int | None = None) -> int | None:
+    """The global step a checkpoint stands at: ``checkpoint-N``'s N; torchtune's ``epoch_N`` ends at step
+    ``(N + 1) · per_epoch`` (None without ``per_epoch``); else ``trainer_state.json``'s ``global_step``.
+    """
+    num = checkpoint_number(folder)
+    if num is not None and num[0] == "step":
+        return num[1]
+    if num is not None:
+        return (num[1] + 1) * per_epoch if per_epoch else None
     st = read_trainer_state(folder)
     return st.global_step if st is not None else None
 
 
-def _ckpt_folders(parent: Path) -> list[Path]:
-    out = []
-    for p in parent.iterdir() if parent.is_dir() else []:
-        if p.is_dir() and _CKPT.match(p.name) and (p / "adapter_config.json").is_file():
-            out.append(p)
-    return out
-
-
 def discover_checkpoints(adapter: str | Path) -> list[Path]:
-    """``checkpoint-*`` adapter folders that are children or siblings of ``adapter``, by step.
+    """Checkpoint folders (``checkpoint-N``, torchtune's ``epoch_N``) that are children or siblings of ``adapter``,
+    in training order.
 
-    When ``adapter`` is itself ``checkpoint-S``, only checkpoints with step ≤ S are kept.
+    When ``adapter`` is itself a checkpoint, only those of its kind up to it are kept.
     """
     a = Path(adapter)
-    found = {p.resolve() for p in _ckpt_folders(a)}
+    found = {p.resolve() for p in checkpoint_folders(a)}
     if a.parent != a:
-        found |= {p.resolve() for p in _ckpt_folders(a.parent)}
+        found |= {p.resolve() for p in checkpoint_folders(a.parent)}
     found.discard(a.resolve())
-    own = _CKPT.match(a.name)
+    own = checkpoint_number(a)
     if own:
-        found = {p for p in found if int(_CKPT.match(p.name).group(1)) <= int(own.group(1))}  # type: ignore[union-attr]
-    return sorted(found, key=lambda p: int(_CKPT.match(p.name).group(1)))  # type: ignore[union-attr]
+        found = {p for p in found if (n := checkpoint_number(p)) and n[0] == own[0] and n[1] <= own[1]}
+    return sorted(found, key=checkpoint_number)  # type: ignore[arg-type]
+
+
+#: torchtune's config in its output folder (:mod:`gradian.audit.config.runfolder`)
+_TORCHTUNE_CONFIG = "torchtune_config.yaml"
+
+
+def torchtune_steps_per_epoch(run_dir: Path) -> tuple[int | None, str]:
+    """``(steps per epoch, how it was found)`` of a torchtune run, or ``(None, why not)``.
+
+    torchtune 0.6.1's LoRA recipes save ``epoch_N/`` at the end of epoch N and log ``Step <global step> | loss:..
+    lr:..`` every ``log_every_n_steps`` optimizer steps (``logs/log_<time>.txt``); an epoch is
+    ``len(dataloader) // gradient_accumulation_steps`` steps (or ``max_steps_per_epoch``), the same for every epoch.
+    So when the log holds every step ``1..T`` and the run finished its ``E`` epochs (``epochs`` in its
+    ``torchtune_config.yaml`` equals the epoch folders there), an epoch is ``T / E`` steps. A log with gaps
+    (``log_every_n_steps`` above 1), a resumed run (a new log from a later step) or an unfinished run gives None:
+    its checkpoints are then weighted equally, and the rule says why.
+    """
+    from gradian.audit.logs import load_logs, torchtune_log
+
+    log = torchtune_log(run_dir)
+    if log is None:
+        return None, f"no torchtune log in {run_dir / 'logs'}"
+    epochs = [n[1] + 1 for c in checkpoint_folders(run_dir) if (n := checkpoint_number(c)) and n[0] == "epoch"]
+    saved = max(epochs, default=0)
+    cfg_path = run_dir / _TORCHTUNE_CONFIG
+    cfg = load_yaml_file(cfg_path, "torchtune config") if cfg_path.is_file() else None
+    planned = cfg.get("epochs") if isinstance(cfg, dict) else None
+    if not isinstance(planned, int) or isinstance(planned, bool) or planned != saved:
+        return (
+            None,
+            f"{cfg_path.name} plans {planned!r} epochs, {saved} are saved: the run's steps per epoch are unknown",
+        )
+    steps = sorted(int(e["step"]) for e in load_logs(log).train if "step" in e)
+    if not steps or steps != list(range(1, len(steps) + 1)) or len(steps) % saved:
+        return None, f"{log.name} does not log every step of {saved} whole epochs (log_every_n_steps 1)"
+    return len(steps) // saved, f"{log.name}: {len(steps)} steps over {saved} epochs"
+
+
+def _torchtune_lr_history(run_dir: Path) -> list[dict[str, float]]:
+    """The ``step`` / ``learning_rate`` entries of a torchtune run's log (its ``lr``)."""
+    from gradian.audit.logs import load_logs, torchtune_log
+
+    log = torchtune_log(run_dir)
+    return [] if log is None else load_logs(log).train
 
 
 def _read_cfg(folder: Path) -> dict[str, Any]:
@@ -350,7 +394,7 @@ def resolve_trajectory(
 
     Args:
         adapter: the final adapter (the one being debugged).
-        checkpoints: ``"auto"`` (discover ``checkpoint-*`` children/siblings; the
+        checkpoints: ``"auto"`` (discover ``checkpoint-*`` / ``epoch_*`` children/siblings; the
             final adapter alone when there are none), ``"final"`` / None (final
             adapter only), or explicit adapter folders (a subset; the final adapter is
             added when it is not among them).
@@ -371,6 +415,12 @@ def resolve_trajectory(
             _read_cfg(c)
     for c in folders:
         check_compatible(final, c)
+    # torchtune's epoch_N folders: their steps, and the learning rates, from the run's own log
+    epoch_runs = {p.resolve().parent for p in [final, *folders] if (n := checkpoint_number(p)) and n[0] == "epoch"}
+    per_epoch, tt_why, tt_run = None, "", None
+    if len(epoch_runs) == 1:
+        tt_run = next(iter(epoch_runs))
+        per_epoch, tt_why = torchtune_steps_per_epoch(tt_run)
     entries: list[tuple[Path, int | None, bool, str]] = []
     same: dict[str, list[Path]] = {}  # sha -> other folders with these weights
     final_sha = adapter_identity(final)["sha256"]
@@ -382,10 +432,10 @@ def resolve_trajectory(
             )  # the same weights as another point (the last checkpoint is the final adapter)
             continue
         same[sha] = []
-        entries.append((c, _step_of(c), False, sha))
-    dup_steps = [_step_of(c) for c in same.get(final_sha, [])]
+        entries.append((c, _step_of(c, per_epoch), False, sha))
+    dup_steps = [_step_of(c, per_epoch) for c in same.get(final_sha, [])]
     entries.sort(key=lambda e: (e[1] is None, e[1] or 0))
-    fstep = _step_of(final)
+    fstep = _step_of(final, per_epoch)
     if fstep is None and dup_steps and dup_steps[0] is not None:
         fstep = dup_steps[0]
     if fstep is None and entries and entries[-1][1] is not None:
@@ -406,6 +456,11 @@ def resolve_trajectory(
             )
         if weighting == "equal":
             weights, rule = [1.0 / len(entries)] * len(entries), "equal (asked for)"
+        elif tt_run is not None and per_epoch is None:
+            weights, rule = [1.0 / len(entries)] * len(entries), f"equal (torchtune epochs: {tt_why})"
+        elif tt_run is not None:
+            weights, rule = learning_rate_weights(steps, _torchtune_lr_history(tt_run))
+            rule += f"; torchtune epochs of {per_epoch} steps ({tt_why})"
         else:
             weights, rule = learning_rate_weights(steps, _log_history([e[0] for e in entries]))
     else:
@@ -431,23 +486,13 @@ def checkpoint_weights(model: torch.nn.Module, ckpt: Checkpoint | Path) -> Itera
     The base weights are shared; only the LoRA matrices are swapped (in place, so
     hooks and module references stay valid).
     """
-    from peft import set_peft_model_state_dict
-
-    from gradian.models.load import read_adapter_weights
+    from gradian.models.load import read_adapter_weights, set_lora_weights, torchtune_qk_fix
 
     path = ckpt.path if isinstance(ckpt, Checkpoint) else Path(ckpt)
     saved = lora_state(model)
-    weights = read_adapter_weights(path)
+    weights, _ = torchtune_qk_fix(read_adapter_weights(path), path, getattr(model, "config", None))
     try:
-        with torch.no_grad():
-            res = set_peft_model_state_dict(model, weights)
-        missing = [k for k in getattr(res, "unexpected_keys", []) if "lora_" in k]
-        if missing:
-            raise GradianUserError(
-                f"checkpoint tensor {missing[0]} has no place in the loaded adapter",
-                where=str(path),
-                fix="pass only checkpoints of this adapter's training run (--checkpoints)",
-            )
+        set_lora_weights(model, weights, path)
         yield
     finally:
         params = dict(model.named_parameters())

@@ -227,10 +227,20 @@ def read_adapter_config(adapter_dir: str | Path) -> dict[str, Any]:
             "adapter folder not found", where=str(d), fix="pass the folder PEFT's save_pretrained wrote"
         )
     if not cfg_path.exists():
+        from gradian.paths import checkpoint_folders
+
+        saved = checkpoint_folders(d)  # a run's output folder with no final adapter at its top (torchtune's)
         raise GradianUserError(
-            "no adapter_config.json in the adapter folder",
+            "no adapter_config.json in the adapter folder"
+            + (
+                f" (a training run's output folder: its checkpoints are {saved[0].name}..{saved[-1].name})"
+                if saved
+                else ""
+            ),
             where=str(d),
-            fix="pass the folder PEFT's save_pretrained wrote",
+            fix=f"pass its last checkpoint, --adapter {saved[-1]}"
+            if saved
+            else "pass the folder PEFT's save_pretrained wrote",
         )
     cfg = load_json_file(cfg_path, "adapter config", fix="fix the JSON, or re-save the adapter with PEFT")
     if not isinstance(cfg, dict):
@@ -306,6 +316,77 @@ def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
         "no adapter_model.safetensors in the adapter folder",
         where=str(d),
         fix="pass the folder PEFT's save_pretrained wrote",
+    )
+
+
+#: torchtune's own copy of the adapter, in its own key names (``layers.{i}.attn.q_proj.lora_b.weight``), which its
+#: ``FullModelHFCheckpointer`` writes beside the PEFT file (PEFT never does)
+TORCHTUNE_ADAPTER = "adapter_model.pt"
+#: HF ``model_type`` values whose torchtune 0.6.1 checkpoint conversion keeps q/k in HF's rotary layout
+#: (``qwen2_tune_to_hf`` maps names only), while its PEFT export permutes q/k ``lora_B`` for Llama's
+_TORCHTUNE_UNPERMUTED = ("qwen2",)
+_QK_LORA_B = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.([qk])_proj\.lora_B\.weight$")
+
+
+def _unpermute_rows(t: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
+    """The inverse of torchtune's ``_permute_lora_matrix``: ``(H·d, r)`` rows back from ``[h, 2, d/2]`` order to
+    ``[h, d/2, 2]`` (``view(H, 2, d/2, r).transpose(1, 2)``).
+    """
+    r = t.shape[-1]
+    return t.view(n_heads, 2, head_dim // 2, r).transpose(1, 2).reshape(n_heads * head_dim, r)
+
+
+def torchtune_qk_fix(
+    weights: dict[str, torch.Tensor], adapter_dir: str | Path, config: Any
+) -> tuple[dict[str, torch.Tensor], str | None]:
+    """The adapter's PEFT weights as torchtune trained them, and a note when they had to be put right.
+
+    torchtune 0.6.1's ``FullModelHFCheckpointer.save_checkpoint`` writes the PEFT adapter through
+    ``convert_weights.tune_to_peft_adapter_weights``, which permutes every ``q_proj`` / ``k_proj`` ``lora_B``
+    (``(H·d, r)``, rows ``[h, d/2, 2] → [h, 2, d/2]``) as if the model were a Llama, whose torchtune weights use
+    interleaved rotary pairs. For a Qwen2 model (``qwen2_tune_to_hf`` does not permute its base weights) the PEFT
+    file then holds ``B' = P·B``, and ``W + s·B'A`` is not the model torchtune trained. When the folder also holds
+    torchtune's own ``adapter_model.pt`` (read with ``weights_only=True``) and ``config.model_type`` is one of
+    :data:`_TORCHTUNE_UNPERMUTED`, each such ``lora_B`` is un-permuted, and kept only if it then equals the ``.pt``'s
+    ``lora_b`` exactly; otherwise the weights are returned as read, with a note.
+    """
+    d = Path(adapter_dir)
+    keys = [k for k in weights if _QK_LORA_B.search(k)]
+    if (
+        getattr(config, "model_type", None) not in _TORCHTUNE_UNPERMUTED
+        or not keys
+        or not (d / TORCHTUNE_ADAPTER).is_file()
+    ):
+        return weights, None
+    pt = d / TORCHTUNE_ADAPTER
+    check_size(pt, check_regular_file(pt, "torchtune adapter").st_size, "torchtune adapter")
+    try:
+        tune = torch.load(str(pt), map_location="cpu", weights_only=True)
+    except Exception as e:
+        return (
+            weights,
+            f"{pt} does not read safely ({type(e).__name__}): its q/k lora_B are used as the PEFT file has them",
+        )
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    fixed = dict(weights)
+    for k in keys:
+        layer, qk = _QK_LORA_B.search(k).groups()  # type: ignore[union-attr]
+        theirs = tune.get(f"layers.{layer}.attn.{qk}_proj.lora_b.weight") if isinstance(tune, dict) else None
+        if isinstance(theirs, torch.Tensor) and torch.equal(theirs, weights[k]):
+            return weights, None  # the PEFT file is torchtune's model as it is (a torchtune that does not permute)
+        back = _unpermute_rows(weights[k], heads if qk == "q" else kv, head_dim)
+        if not (isinstance(theirs, torch.Tensor) and torch.equal(theirs, back)):
+            return (
+                weights,
+                f"{pt}: its {qk}_proj lora_b of layer {layer} is neither the PEFT file's nor its un-permuted rows; "
+                "the PEFT file is used as it is",
+            )
+        fixed[k] = back
+    return fixed, (
+        f"{d}: torchtune 0.6.1 wrote this {config.model_type} adapter's q_proj/k_proj lora_B rows permuted for "
+        f"Llama's rotary layout ({len(keys)} tensors); Gradian un-permuted them (equal to its {TORCHTUNE_ADAPTER}), so "
+        "the model is the one torchtune trained. PEFT, vLLM or a merge loading this folder as it is get another model"
     )
 
 
@@ -533,8 +614,33 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
             where=str(Path(adapter_dir) / "adapter_config.json"),
             fix="re-save the adapter with PEFT's save_pretrained, against the base model it was trained on",
         ) from None
+    base_config = getattr(model, "config", None)
+    fixed, note = torchtune_qk_fix(read_adapter_weights(adapter_dir), adapter_dir, base_config)
+    if note is not None:
+        notes.append(note)
+        set_lora_weights(peft_model, fixed, adapter_dir)
     prepare_lora_for_gradients(peft_model)
     return peft_model, cfg, notes
+
+
+def set_lora_weights(peft_model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str | Path) -> None:
+    """Copy an adapter's PEFT-named LoRA tensors into the loaded ``peft_model`` in place (hooks and module
+    references stay valid).
+
+    Raises:
+        GradianUserError: a LoRA tensor has no place in the loaded adapter.
+    """
+    from peft import set_peft_model_state_dict
+
+    with torch.no_grad():
+        res = set_peft_model_state_dict(peft_model, weights)
+    unplaced = [k for k in getattr(res, "unexpected_keys", []) if "lora_" in k]
+    if unplaced:
+        raise GradianUserError(
+            f"checkpoint tensor {unplaced[0]} has no place in the loaded adapter",
+            where=str(where),
+            fix="pass only checkpoints of this adapter's training run (--checkpoints)",
+        )
 
 
 def prepare_lora_for_gradients(peft_model: torch.nn.Module) -> None:

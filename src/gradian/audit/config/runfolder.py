@@ -38,6 +38,7 @@ from typing import Sequence
 
 from gradian.audit.config.reader import MODEL_CARD, axolotl_card, read_config
 from gradian.errors import GradianUserError
+from gradian.paths import checkpoint_number
 from gradian.safeio import read_text
 
 #: The config files a trainer writes into its output folder, in the order they are read (see the module docstring).
@@ -59,14 +60,13 @@ _DEFAULTS_SAID = {
     "llamafactory": "LLaMA-Factory's defaults (cutoff_len 2048, every assistant turn)",
 }
 
-#: A checkpoint folder inside a run's output folder: HF ``checkpoint-N``, torchtune ``epoch_N``.
-_CHECKPOINT_NAME = re.compile(r"checkpoint-\d+|epoch_\d+")
-
 
 def _run_folders(adapter: Path) -> list[Path]:
-    """The folders to search: the adapter's, then its parent when it is a checkpoint of a run."""
+    """The folders to search: the adapter's, then its parent when it is a checkpoint of a run (HF ``checkpoint-N``,
+    torchtune ``epoch_N``: :func:`gradian.paths.checkpoint_number`).
+    """
     folders = [adapter]
-    if _CHECKPOINT_NAME.fullmatch(adapter.name):
+    if checkpoint_number(adapter) is not None:
         folders.append(adapter.parent)
     return folders
 
