@@ -364,6 +364,46 @@ def f_c22_sync(w):
     return _yaml_config(w, "dpo.yaml", "use_peft: true\nlora_r: 16\nbeta: 0.1\nsync_ref_model: true\n")
 
 
+#: a torchtune LoRA config on a Qwen2 model saved by its HF checkpointer (the shape of its
+#: recipes/configs/qwen2/0.5B_lora_single_device.yaml), trained as the test's torchtune run is
+_TT_QWEN2 = """model:
+  _component_: torchtune.models.qwen2.lora_qwen2_0_5b
+  lora_attn_modules: [{mods}]
+  apply_lora_to_mlp: true
+  lora_rank: 32
+  lora_alpha: 64
+checkpointer:
+  _component_: torchtune.training.FullModelHFCheckpointer
+  checkpoint_dir: /tmp/Qwen2-0.5B-Instruct
+  checkpoint_files: [model.safetensors]
+  output_dir: /tmp/out
+  model_type: QWEN2
+tokenizer:
+  _component_: torchtune.models.qwen2.qwen2_tokenizer
+  path: /tmp/Qwen2-0.5B-Instruct/vocab.json
+  merges_file: /tmp/Qwen2-0.5B-Instruct/merges.txt
+optimizer:
+  _component_: torch.optim.AdamW
+  lr: 2.0e-4
+epochs: {epochs}
+device: {device}
+{extra}"""
+
+
+def f_c23(w):
+    return _yaml_config(w, "tt.yaml", _TT_QWEN2.format(mods="q_proj, v_proj", epochs=1, device="cuda", extra=""))
+
+
+def f_c23_cpu(w):
+    return _yaml_config(w, "tt.yaml", _TT_QWEN2.format(mods="v_proj", epochs=3, device="cpu", extra=""))
+
+
+def n_c23(w):
+    # LoRA on v and output only; several epochs on CPU, but saving the adapter alone
+    extra = "save_adapter_weights_only: true\n"
+    return _yaml_config(w, "tt.yaml", _TT_QWEN2.format(mods="v_proj, output_proj", epochs=3, device="cpu", extra=extra))
+
+
 def f_c19_inf(w):
     return _yaml_config(
         w,
@@ -582,6 +622,7 @@ FIRE = {
     "C20": [(f_c20, "warning"), (f_c20_prompt, "error")],
     "C21": [(f_c21, "warning")],
     "C22": [(f_c22, "warning"), (f_c22_sync, "error")],
+    "C23": [(f_c23, "error"), (f_c23_cpu, "warning")],
     "T01": [(f_t01, "error")],
     "T02": [(f_t02, "warning")],
     "T03": [(f_t03, "warning"), (f_t03_rows, "warning")],
@@ -667,6 +708,7 @@ NO_FIRE = {
     "D27": n_kto,
     "C21": n_c21,
     "C22": n_c22,
+    "C23": n_c23,
     "C20": n_c20,
     "D09": n_d09,
     "D10": n_d10,

@@ -554,7 +554,9 @@ def test_a_torchtune_training_run_s_folder(world, tok):
       ``adapter_model.pt`` torchtune writes beside it);
     * the trajectory is the run's epochs, ``epoch_0`` and ``epoch_1`` at steps 4 and 8, weighted by the mean
       learning rate torchtune logged in each epoch;
-    * the output folder itself (no adapter at its top) is refused with the checkpoint to pass.
+    * the output folder itself (no adapter at its top) is refused with the checkpoint to pass;
+    * Audit's C23 names both of torchtune's faults this run has (the permuted Qwen2 export, and on CPU the adapter
+      merged into the live base weights at epoch 0's save, which epoch_1/'s merged weights show).
     """
     import torch
     from peft import PeftModel
@@ -562,6 +564,7 @@ def test_a_torchtune_training_run_s_folder(world, tok):
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.audit import diagnose
     from gradian.audit.config.runfolder import find_run_folder
     from gradian.audit.logs import load_logs, torchtune_log
     from gradian.data.tokenize import collate
@@ -622,6 +625,19 @@ def test_a_torchtune_training_run_s_folder(world, tok):
     assert (ours - merged).abs().max().item() < 1e-5
     assert (as_saved - merged).abs().max().item() > 100 * max((ours - merged).abs().max().item(), 1e-7)
     assert any("un-permuted" in n for n in ft.notes)
+
+    # torchtune's other fault on CPU (C23's warning): saving epoch 0 merged its adapter into the live base weights,
+    # so epoch_1/'s merged model is the base plus both epochs' adapters
+    v = "model.layers.0.self_attn.v_proj"
+    w0, w1 = (load_file(out / f"epoch_{e}" / "adapter_model.safetensors") for e in (0, 1))
+    merged_1 = out / "epoch_1" / "model-00001-of-00001.safetensors"
+    w_base, w_saved = (load_file(f)[f"{v}.weight"] for f in (base / "model.safetensors", merged_1))
+    delta = [
+        2.0 * w[f"base_model.model.{v}.lora_B.weight"] @ w[f"base_model.model.{v}.lora_A.weight"] for w in (w0, w1)
+    ]
+    assert (w_saved - (w_base + delta[0] + delta[1])).abs().max() < 1e-6 < (w_saved - (w_base + delta[1])).abs().max()
+    findings = diagnose(configs=[out / "torchtune_config.yaml"], select=["C23"]).by_id("C23")
+    assert sorted(f.severity for f in findings) == ["error", "warning"]
 
     traj = resolve_trajectory(out / "epoch_1")
     assert [(c.path.name, c.step) for c in traj.checkpoints] == [("epoch_0", 4), ("epoch_1", 8)]

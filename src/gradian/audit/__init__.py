@@ -21,6 +21,7 @@ from gradian.audit import (  # noqa: F401  (fill REGISTRY)
     checks_content,
     checks_dataset,
     checks_eval,
+    checks_export,
     checks_logs,
     checks_preference,
     checks_setup,

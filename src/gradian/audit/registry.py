@@ -64,6 +64,16 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Training-stage kinds (:attr:`gradian.audit.config.TrainConfig.stage_kind`); "other" is any stage Gradian
 #: does not classify.
 STAGE_KINDS = ("sft", "pretraining", "preference", "rl", "other")
+#: a check's fix-first rank: what a finding of that rank spoils (lower is fixed first)
+RANK_NAMES = {
+    10: "rows unreadable as meant",
+    20: "wrong training signal",
+    30: "untrustworthy evaluation",
+    40: "data teaches the wrong thing",
+    50: "optimisation mis-set",
+    60: "secondary config risks",
+    70: "symptoms in the logs",
+}
 _STAGE_WORDS = {
     "sft": "SFT",
     "pretraining": "continued pretraining",
@@ -200,6 +210,8 @@ def check(
                 raise ValueError(f"{id}: unknown input {i}")
         if severity not in SEVERITIES:
             raise ValueError(f"{id}: unknown severity {severity}")
+        if rank not in RANK_NAMES:
+            raise ValueError(f"{id}: rank {rank} is not one of {sorted(RANK_NAMES)}")
         if not stages or any(k not in STAGE_KINDS for k in stages):
             raise ValueError(f"{id}: unknown stage kind in {stages}")
         REGISTRY[id] = CheckSpec(

@@ -12,19 +12,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from gradian.audit.model import SEVERITIES, AuditResult, Finding
+from gradian.audit.registry import RANK_NAMES as _RANK_NAMES
 from gradian.audit.registry import STAGE_KINDS, CheckSpec, all_checks, stage_words
 from gradian.tables import FitTable
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-_RANK_NAMES = {
-    10: "rows unreadable as meant",
-    20: "wrong training signal",
-    30: "untrustworthy evaluation",
-    40: "data teaches the wrong thing",
-    50: "optimisation mis-set",
-    60: "secondary config risks",
-    70: "symptoms in the logs",
-}
 
 
 def _ids_preview(xs: list, k: int = 8) -> str:

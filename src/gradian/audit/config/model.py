@@ -138,6 +138,12 @@ class TrainConfig:
     precompute_ref_log_probs: bool | None = None
     dedup_exact: bool | None = None
     messages_loss: str | None = None
+    #: where the run trained (torchtune ``device``: ``cpu``, ``cuda`` ...), and what its checkpoints hold: torchtune
+    #: ``save_adapter_weights_only`` (False: the merged model beside the adapter) and its HF checkpointer's
+    #: ``model_type`` (``QWEN2``, ``LLAMA3`` ...: how it converts weights to HF's layout)
+    device: str | None = None
+    save_adapter_weights_only: bool | None = None
+    checkpoint_model_type: str | None = None
 
     paths: list[str] = field(default_factory=list)
     formats: list[str] = field(default_factory=list)

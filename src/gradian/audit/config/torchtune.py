@@ -11,6 +11,7 @@ from gradian.audit.config.model import TrainConfig
 from gradian.audit.config.reader import Format, Reader, set_many
 
 DEFAULTS = {
+    "save_adapter_weights_only": False,  # recipes/lora_finetune_single_device.py: cfg.get(..., False)
     "train_on_inputs": False,
     "packing": False,
     "gradient_accumulation_steps": 1,
@@ -90,6 +91,9 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             ("lora_dropout", "model.lora_dropout", "num"),
             ("use_dora", "model.use_dora", "bool"),
             ("load_in_4bit", "model.quantize_base", "bool"),
+            ("device", "device", "str"),
+            ("save_adapter_weights_only", "save_adapter_weights_only", "bool"),
+            ("checkpoint_model_type", "checkpointer.model_type", "str"),
         ],
     )
     if r.has("lr_scheduler._component_"):
