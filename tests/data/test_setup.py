@@ -77,9 +77,19 @@ def test_flag_overrides_config_with_one_warning(tmp_path):
 
 
 def test_packing_is_stated_not_approximated(tmp_path):
+    """TRL's default packing (bfd) keeps rows apart (tests/data/test_trl_packing.py): stated, reproduced; packing
+    that cuts rows, or a TRL before 0.20 (its packed completion masks were dropped), is listed as not reproduced."""
     s = resolve_setup(_cfg(tmp_path, "sft.yaml", "max_length: 256\npacking: true\n"), "prompt_completion")
-    assert "packing" in s.unreproduced and s.to_dict()["unreproduced"] == ["packing"]
-    assert any("packing" in n and "sft.yaml: packing" in n for n in s.notes)
+    assert s.unreproduced == () and s.packing
+    assert any("packing bfd (sft.yaml: packing" in n and "default (TRL" in n for n in s.notes)
+    s = resolve_setup(
+        _cfg(tmp_path, "sft.yaml", "max_length: 256\npacking: true\npacking_strategy: wrapped\n"), "prompt_completion"
+    )
+    assert s.to_dict()["unreproduced"] == ["packing"]
+    assert any("packing (sft.yaml: packing, wrapped)" in n for n in s.notes)
+    old = _cfg(tmp_path, "sft.yaml", "max_length: 256\npacking: true\n")
+    old.versions["trl"] = "0.19.1"
+    assert resolve_setup(old, "prompt_completion").unreproduced == ("packing",)
 
 
 def test_gradian_train_config(tmp_path):

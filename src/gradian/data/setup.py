@@ -468,6 +468,39 @@ def adapter_template(adapter: str | Path | None) -> tuple[str, str] | None:
     return found
 
 
+def _packing(c: TrainConfig, source: str) -> tuple[bool, str]:
+    """Whether a packed run trained each row on its own (so Gradian's row-alone gradient is its term of the
+    packed loss), and the note that says so or why not.
+
+    TRL >= 0.20's ``packing_strategy="bfd"`` (1.16's default) keeps each row whole (a row over ``max_length`` cut at
+    it, as Gradian cuts it) and trains padding-free: ``position_ids`` restart at each row, the label at a row's
+    first token is masked, and the model (called with ``use_cache=False``) masks attention within each row, for
+    flash attention's varlen kernels and transformers' sdpa / eager alike. tests/data/test_trl_packing.py holds
+    the gradient of TRL 1.16's ``compute_loss`` on its packed batches (transformers 5.24, sdpa) equal to
+    ``Σ_r n_r g_r / Σ_r n_r`` over Gradian's rows. ``bfd_split`` trains a long row's overflow as a row of its own,
+    ``wrapped`` cuts rows across sequences, and other trainers' packing was not run: those stay unreproduced.
+    """
+    from packaging.version import InvalidVersion, Version
+
+    strategy = (c.packing_strategy or "").lower()
+    where = c.source("packing_strategy") or "not said"
+    try:  # TRL before 0.20 dropped the completion masks of packed rows (Audit's C11); unknown: TRL 1.16's rules
+        old_trl = Version(c.versions.get("trl") or "1.16") < Version("0.20")
+    except InvalidVersion:
+        old_trl = False
+    if c.trainer == "trl" and strategy == "bfd" and not old_trl:
+        return True, (
+            f"packing bfd ({source}; packing_strategy from {where}): TRL keeps each row whole and apart in its packed "
+            "sequences (position_ids restart, attention within the row), so a row's gradient is its own term of "
+            "the packed loss, as Gradian scores it"
+        )
+    why = {
+        "bfd_split": "a row longer than max_length has its overflow trained as a row of its own",
+        "wrapped": "rows are cut across sequence boundaries",
+    }.get(strategy, "rows shared sequences in training")
+    return False, f"packing ({source}{f', {strategy}' if strategy else ''}): {why}; Gradian scores each row alone"
+
+
 def _training_template(c: TrainConfig, saved: tuple[str, str] | None) -> tuple[str | None, str, str | None]:
     """``(template text or name, source, note when Gradian cannot render with it)`` of a config's run.
 
@@ -644,10 +677,10 @@ def resolve_setup(
         values["packing"] = bool(c.packing)
         sources["packing"] = c.source("packing") or "not said (assumed off)"
         if c.packing:
-            unrep.append("packing")
-            notes.append(
-                f"packing ({sources['packing']}): rows shared sequences in training; Gradian scores each row alone"
-            )
+            kept_apart, note = _packing(c, sources["packing"])
+            notes.append(note)
+            if not kept_apart:
+                unrep.append("packing")
         cfg_explicit = {k: v for k, v in sources.items() if not v.startswith(("default", "TRL 1.16", "Gradian"))}
     warnings: list[str] = []
     for k, v in flags.items():
