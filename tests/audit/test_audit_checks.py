@@ -786,3 +786,17 @@ def test_c09_reads_the_configs_own_chat_template(world):
     assert Path(cfg).parent == Path(jinja).parent
     res = diagnose(configs=[cfg], tokenizer=world.tok, select=["C09"])
     assert "C09" in res.passed, [f.message for f in res.by_id("C09")]
+
+
+def test_c12_trl_packing_on_versions_that_keep_rows_apart(world):
+    """TRL >= 1.16 with transformers >= 5.24 keeps packed rows apart on sdpa (tests/data/test_trl_packing.py): C12
+    passes; with the versions unknown it says so as info; a known older TRL keeps the warning, as does 'wrapped'."""
+    packed = world.config_with(packing=True)
+    assert "C12" in diagnose(configs=[packed], versions=["trl=1.16.0", "transformers=5.24.0"], select=["C12"]).passed
+    (info,) = diagnose(configs=[packed], select=["C12"]).by_id("C12")
+    assert info.severity == "info" and "--versions" in info.message
+    old = diagnose(configs=[packed], versions=["trl=0.21.0", "transformers=5.24.0"], select=["C12"]).by_id("C12")
+    assert [f.severity for f in old] == ["warning"]
+    wrapped = world.config_with(packing=True, packing_strategy="wrapped")
+    new = ["trl=1.16.0", "transformers=5.24.0"]
+    assert [f.severity for f in diagnose(configs=[wrapped], versions=new, select=["C12"]).by_id("C12")] == ["warning"]

@@ -14,7 +14,7 @@ from gradian.audit.checks_config import FULL_LR_HIGH, LORA_LR_HIGH, _lora_config
 from gradian.audit.checks_dataset import count_hits
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
-from gradian.audit.versions import within
+from gradian.audit.versions import before, within
 
 # ---------------------------------------------------------------------- C08
 _RESPONSE_MARKERS = (
@@ -187,10 +187,14 @@ def packing_no_varlen_attn(ctx: AuditContext) -> list[Hit]:
     """Packing without variable-length attention.
 
     Rule: packing / padding_free / sample_packing without flash or flex attention: packed rows attend to each other
+    (warning); a TRL run on TRL >= 1.16 with transformers >= 5.24 keeps them apart (padding-free position_ids,
+    use_cache=False, transformers' packed-sequence mask: passes), and one whose versions are unknown is info
 
     Fix: set attn_implementation: flash_attention_2 (or flex_attention); LLaMA-Factory: neat_packing: true
 
-    Source: trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention
+    Source: trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention;
+    transformers#39194 (packed masks for sdpa/eager, 2025-07); tests/data/test_trl_packing.py (TRL 1.16, transformers
+    5.24, sdpa: each packed batch's gradient is its rows' own)
     """
     c = ctx.config
     if not (c.packing or c.padding_free):
@@ -200,16 +204,33 @@ def packing_no_varlen_attn(ctx: AuditContext) -> list[Hit]:
     impl = (c.attn_implementation or "").lower()
     if any(v in impl for v in _VARLEN):
         return []
+    cite = {
+        "value": impl or None,
+        "threshold": "flash_attention_2 / flex_attention",
+        **c.cite("packing", "padding_free", "attn_implementation"),
+    }
+    attn = impl or "the default (sdpa/eager)"
+    if c.trainer == "trl" and (c.packing_strategy or "bfd").lower() != "wrapped":
+        old = [
+            lib for lib, v in (("trl", "1.16"), ("transformers", "5.24")) if before(ctx.versions, lib, v) is not False
+        ]
+        if not old:
+            return []  # measured: rows stay apart (tests/data/test_trl_packing.py)
+        if all(ctx.versions.get(lib) is None for lib in old):
+            return [
+                Hit(
+                    "info",
+                    f"packing is on and attention is {attn}: TRL 1.16 with transformers 5.24 keeps packed rows apart "
+                    "(position_ids restart, transformers' packed-sequence mask); older transformers (before the "
+                    "mask, 2025-07) let them attend across their boundaries; pass --versions trl=X,transformers=Y",
+                    {**cite, "versions": {lib: None for lib in old}},
+                )
+            ]
     return [
         Hit(
             "warning",
-            f"packing is on and attention is {impl or 'the default (sdpa/eager)'}: sequences packed "
-            f"together attend across their boundaries",
-            {
-                "value": impl or None,
-                "threshold": "flash_attention_2 / flex_attention",
-                **c.cite("packing", "padding_free", "attn_implementation"),
-            },
+            f"packing is on and attention is {attn}: sequences packed together attend across their boundaries",
+            cite,
         )
     ]
 
