@@ -85,6 +85,8 @@ def index_identity(
         "seed": seed,
         "versions": library_versions(),
     }
+    if ft.model_spec.quantize:  # a QLoRA run's base, quantised as trained (absent otherwise: ids unchanged)
+        ident["base_quant"] = {"scheme": ft.model_spec.quantize, "from": ft.model_spec.quantize_from}
     if spec.optimizer != "none":
         opt = _optimizer_file(ft, checkpoint)
         ident["optimizer"] = {"kind": spec.optimizer, "sha256": file_hash(opt)}

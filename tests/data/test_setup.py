@@ -80,8 +80,8 @@ def test_packing_is_stated_not_approximated(tmp_path):
     """TRL's default packing (bfd) keeps rows apart (tests/data/test_trl_packing.py): stated, reproduced; packing
     that cuts rows, or a TRL before 0.20 (its packed completion masks were dropped), is listed as not reproduced."""
     s = resolve_setup(_cfg(tmp_path, "sft.yaml", "max_length: 256\npacking: true\n"), "prompt_completion")
-    assert s.unreproduced == () and s.packing
-    assert any("packing bfd (sft.yaml: packing" in n and "default (TRL" in n for n in s.notes)
+    assert s.unreproduced == () and s.packing and s.notes == ()
+    assert s.sources["packing"].startswith("packing bfd (sft.yaml: packing") and "default (TRL" in s.sources["packing"]
     s = resolve_setup(
         _cfg(tmp_path, "sft.yaml", "max_length: 256\npacking: true\npacking_strategy: wrapped\n"), "prompt_completion"
     )

@@ -78,7 +78,7 @@ def _rows_of(batch) -> list[tuple[int, ...]]:
 def test_a_packed_batch_s_gradient_is_gradians_rows_weighted_by_their_tokens(tok, tmp_path):
     model, tr, data, cfg = _packed_run(tok, tmp_path, None)
     setup = setup_from_files([cfg], data)
-    assert "packing" not in setup.unreproduced and any("packing bfd" in n for n in setup.notes)
+    assert "packing" not in setup.unreproduced and setup.sources["packing"].startswith("packing bfd")
     spec = setup.tokenize_spec()
     ours = {tuple(it.input_ids.tolist()): it for it in (tokenize_example(e, tok, spec) for e in load_examples(data))}
     seen = []

@@ -678,9 +678,11 @@ def resolve_setup(
         sources["packing"] = c.source("packing") or "not said (assumed off)"
         if c.packing:
             kept_apart, note = _packing(c, sources["packing"])
-            notes.append(note)
-            if not kept_apart:
+            if kept_apart:  # reproduced: said beside the value, not among what is not reproduced
+                sources["packing"] = note
+            else:
                 unrep.append("packing")
+                notes.append(note)
         cfg_explicit = {k: v for k, v in sources.items() if not v.startswith(("default", "TRL 1.16", "Gradian"))}
     warnings: list[str] = []
     for k, v in flags.items():

@@ -203,10 +203,30 @@ def load_base(spec: ModelSpec):
             fix = "this model needs custom code: pass --trust-remote-code if you trust it"
         raise GradianUserError(f"cannot load the base model ({msg})", where=spec.base, fix=fix) from None
     model.to(device=device, dtype=dtype)
+    if spec.quantize:  # a QLoRA run: the 4-bit base its adapter was trained on
+        from gradian.models.quant import quantize_base
+
+        src = spec.quantize_from or _stored_dtype(base, kw)
+        model.gradian_quantization = quantize_base(model, spec.quantize, DTYPES[src])
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model, load_tokenizer(spec)
+
+
+def _stored_dtype(base: str, kw: dict[str, Any]) -> str:
+    """The dtype the base's config.json names (``dtype`` / ``torch_dtype``), as a :data:`DTYPE_NAMES` name: the one
+    a trainer loads it in with ``dtype="auto"``; float32 when it names none (or for a GGUF base).
+    """
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(base, **{k: v for k, v in kw.items() if k != "gguf_file"})
+    except Exception:  # a GGUF-only folder has no config.json: its weights are de-quantised to float32
+        return "float32"
+    named = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
+    name = str(named).split(".")[-1] if named is not None else "float32"
+    return name if name in DTYPES else "float32"
 
 
 # --------------------------------------------------------------------------- adapters

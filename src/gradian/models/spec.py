@@ -14,6 +14,8 @@ from gradian.errors import GradianUserError
 
 #: The dtypes a base model can be loaded in (:data:`gradian.models.load.DTYPES` maps them to torch's).
 DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
+#: the 4-bit schemes a QLoRA run's base is reproduced in (bitsandbytes' quant type, ``-dq``: double quantisation)
+QUANT_NAMES = ("nf4", "nf4-dq", "fp4", "fp4-dq")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,11 @@ class ModelSpec:
     device: str = DEVICE
     trust_remote_code: bool = False
     gguf_file: str | None = None
+    #: a QLoRA run's 4-bit scheme (:data:`QUANT_NAMES`): the base is loaded as its trainer quantised it
+    #: (:mod:`gradian.models.quant`); None: the base as stored
+    quantize: str | None = None
+    #: the dtype the trainer loaded the base in before quantising it (None: the dtype its config.json names)
+    quantize_from: str | None = None
 
     def __post_init__(self) -> None:
         from gradian.validate import check_bool, check_choice, where
@@ -45,8 +52,18 @@ class ModelSpec:
                 fix="pass the .gguf file's name inside the base folder",
             )
 
+        if self.quantize is not None:
+            check_choice(self.quantize, QUANT_NAMES, "ModelSpec", "quantize", flag="--base-quant")
+        if self.quantize_from is not None:
+            check_choice(self.quantize_from, DTYPE_NAMES, "ModelSpec", "quantize_from")
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields; ``quantize`` / ``quantize_from`` only when set (a base loaded as stored keeps its manifest)."""
+        d = asdict(self)
+        for k in ("quantize", "quantize_from"):
+            if d[k] is None:
+                del d[k]
+        return d
 
 
 _DEVICE = re.compile(r"^(cpu|mps|auto|cuda(:\d+)?)$")
