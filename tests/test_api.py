@@ -366,6 +366,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "plan_only",
         "one_pass",  # attribute_run(one_pass=True): --one-pass/--separate
         "save_evidence",  # attribute_run(save_evidence=False): --save-evidence
+        "base_quant",  # 'auto': ModelSpec.quantize from the training setup (None when it is not QLoRA; checked below)
     }
     params = _params("attribute")
     assert set(params) == set(spec_fields) | inputs, "a new option: add it to the spec fields or the inputs here"
@@ -375,6 +376,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
 
     assert params["max_index_gb"] is None and IndexBudget().max_bytes is None and params["plan_only"] is False
     assert params["one_pass"] is True and params["save_evidence"] is False
+    assert params["base_quant"] == "auto" and m.quantize is None
     assert params["run_folder"] is inspect.signature(Attributor.__init__).parameters["run_folder"].default is True
     # the options that feed two specs agree in both
     assert e.batch_size == r.batch_size and e.seed == r.seed and g.projection.seed == r.seed
@@ -449,7 +451,18 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
         (
             "index",
             index,
-            {"base", "adapter", "data", "config", "run_folder", "out", "checkpoints", "max_index_gb", "plan_only"},
+            {
+                "base",
+                "adapter",
+                "data",
+                "config",
+                "run_folder",
+                "out",
+                "checkpoints",
+                "max_index_gb",
+                "plan_only",
+                "base_quant",  # 'auto', as attribute's
+            },
         ),
         ("evaluate", evaluate, {"base", "adapter", "eval_path", "reference_adapter", "out"}),
     ):

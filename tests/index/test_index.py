@@ -309,3 +309,63 @@ def test_rows_axolotl_dropped_have_zero_gradients(saved_finetune, tmp_path, monk
             assert [n == 0 for n in norms["drop"]] == longer and [s == 0 for s in sup] == longer
             assert "scored with no supervised token" in " ".join(res.output.split())
     assert all(n > 0 for n in norms["truncate"])  # the start of a long row is trained under truncate
+
+
+def test_a_qlora_run_is_indexed_at_its_4bit_base(saved_finetune, tmp_path, monkeypatch):
+    """`gradian index --config` an axolotl QLoRA config (adapter: qlora, load_in_4bit: its nf4 with double
+    quantisation): the gradients are taken at the base quantised as trained (the same numbers as a model loaded with
+    that scheme by hand), the index's identity says so, and `--base-quant none` builds another index at the base
+    as stored."""
+    pytest.importorskip("bitsandbytes")
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+    from gradian.finetune import load_finetune
+    from gradian.models.spec import ModelSpec
+
+    monkeypatch.setenv("GRADIAN_CACHE", str(tmp_path / "cache"))
+    ft = saved_finetune
+    cfg = tmp_path / "qlora.yaml"
+    cfg.write_text("base_model: x\nadapter: qlora\nload_in_4bit: true\nsequence_len: 512\n")
+    mats = {}
+    for quant in ("auto", "none"):
+        out = tmp_path / quant
+        res = CliRunner().invoke(
+            app,
+            ["index", "--base", str(ft["base"]), "--adapter", str(ft["adapter"]), "--data", str(ft["data"])]
+            + ["--config", str(cfg), "--checkpoints", "final", "--unit", "row", "--out", str(out)]
+            + ["--base-quant", quant],
+        )
+        assert res.exit_code == 0, res.output
+        (manifest,) = out.rglob("manifest.json")
+        idx = GradientIndex(manifest.parent)
+        mats[quant] = (idx, index_matrix(idx))
+        said = " ".join(res.output.split())
+        assert ("base: quantised nf4-dq as trained" in said) is (quant == "auto")
+    (q_idx, q), (p_idx, p) = mats["auto"], mats["none"]
+    assert q_idx.id != p_idx.id and not torch.allclose(q, p)
+    # each row's recorded loss is the adapter's on the base loaded with that scheme
+    from gradian.data.formats import load_examples
+    from gradian.data.tokenize import collate, tokenize_example
+    from gradian.gradients.loss import per_example_loss
+
+    model = load_finetune(ModelSpec(str(ft["base"]), quantize="nf4-dq", quantize_from="float32"), ft["adapter"])
+    plain = load_finetune(ModelSpec(str(ft["base"])), ft["adapter"])
+    examples = {e.id: e for e in load_examples(ft["data"])}
+    recs = q_idx.examples()[:4]
+    tokenize = TokenizeSpec(
+        **{k: v for k, v in q_idx.grad_spec["tokenize"].items() if k in TokenizeSpec.__dataclass_fields__}
+    )
+    batch = collate(
+        [tokenize_example(examples[r["id"]], model.tokenizer, tokenize) for r in recs], model.tokenizer.pad_token_id
+    )
+    with torch.no_grad():
+        ours = per_example_loss(
+            model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"]
+        )
+        full = per_example_loss(
+            plain.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, batch["labels"]
+        )
+    recorded = torch.tensor([r["loss"] for r in recs], dtype=ours.dtype)
+    torch.testing.assert_close(ours, recorded, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(full, recorded, rtol=1e-5, atol=1e-6)

@@ -203,7 +203,7 @@ def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, e
     rows' most common format and the chat template saved beside the adapter. A ``specs.grad.tokenize`` field that
     differs from :class:`TokenizeSpec`'s default counts as given explicitly (it beats the config and is named as the
     source); the others take the config's value. ``specs.grad`` is then set to the setup's tokenisation, so the
-    gradients follow the setup.
+    gradients follow the setup, and a QLoRA run's ``specs.model`` its 4-bit base (unless the spec names a scheme).
     """
     import dataclasses
 
@@ -231,6 +231,8 @@ def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, e
         )
     if setup.tokenize_spec() != tok:
         specs.grad = dataclasses.replace(specs.grad, tokenize=setup.tokenize_spec())
+    if setup.base_quant and specs.model.quantize is None:  # a QLoRA run: its base as trained (--base-quant auto)
+        specs.model = dataclasses.replace(specs.model, quantize=setup.base_quant, quantize_from=setup.base_quant_from)
     return setup
 
 

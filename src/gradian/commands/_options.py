@@ -70,6 +70,14 @@ RUN_FOLDER = typer.Option(
     "trainer log. --no-run-folder: Gradian's defaults.",
     rich_help_panel=SETUP,
 )
+BASE_QUANT = typer.Option(
+    "auto",
+    "--base-quant",
+    help="The base as the run trained on it: 'auto' (default: a QLoRA config's 4-bit scheme, bitsandbytes' own "
+    "quantisation, so gradients are taken at the weights the adapter was trained on), 'none' (the base as stored), "
+    "or nf4, nf4-dq, fp4, fp4-dq.",
+    rich_help_panel=SETUP,
+)
 CHECKPOINTS = typer.Option(
     None,
     "--checkpoints",

@@ -251,13 +251,6 @@ def default_training_setup(ctx: typer.Context, data: Path, max_length: int, loss
     return setup_from_files([], data, _setup_flags(ctx, max_length, loss_on), adapter=adapter, examples=examples)
 
 
-def apply_training_setup(
-    ctx: typer.Context, config: list[Path], data: Path, max_length: int, loss_on: str, adapter=None, card=None
-):
-    """The :class:`~gradian.data.tokenize.TokenizeSpec` of the resolved training setup (:func:`training_setup`)."""
-    return training_setup(ctx, config, data, max_length, loss_on, adapter=adapter, card=card).tokenize_spec()
-
-
 def training_setup(
     ctx: typer.Context,
     config: list[Path],
@@ -296,6 +289,29 @@ def training_setup(
     for n in setup.notes:
         console.print(f"[yellow]not reproduced:[/] {escape(n)}", highlight=False, soft_wrap=True)
     return setup
+
+
+def base_model_spec(base: str, dtype: str, device: str, trust_remote_code: bool, base_quant: str, setup=None):
+    """The base's :class:`~gradian.models.spec.ModelSpec`: ``--base-quant`` 'auto' takes a QLoRA run's 4-bit scheme
+    from its training setup (:attr:`~gradian.data.setup.TrainingSetup.base_quant`), 'none' the base as stored, a
+    scheme that scheme; printed when the base is quantised.
+    """
+    from gradian.models.spec import QUANT_NAMES, ModelSpec
+
+    if base_quant not in ("auto", "none", *QUANT_NAMES):
+        raise GradianUserError(
+            f"unknown --base-quant {base_quant!r}",
+            where="--base-quant",
+            fix=f"use auto, none or {', '.join(QUANT_NAMES)}",
+        )
+    quant, frm = None, None
+    if base_quant == "auto" and setup is not None and setup.base_quant:
+        quant, frm = setup.base_quant, setup.base_quant_from
+        src = escape(setup.sources.get("base_quant", ""))
+        console.print(f"base: quantised {quant} as trained ({src}), from {frm or 'its stored dtype'}", highlight=False)
+    elif base_quant not in ("auto", "none"):
+        quant = base_quant
+    return ModelSpec(base, dtype, device, trust_remote_code, quantize=quant, quantize_from=frm)
 
 
 def index_budget(ctx: typer.Context, max_index_gb: float | None):
@@ -341,6 +357,7 @@ def register(app: typer.Typer) -> None:
             None, help="trainer_state.json (or JSONL logs) for the Audit lane.", rich_help_panel=O.SETUP
         ),
         run_folder: bool = O.RUN_FOLDER,
+        base_quant: str = O.BASE_QUANT,
         reference_adapter: Path | None = O.REFERENCE_ADAPTER,
         out: Path = typer.Option(
             Path("gradian-run"),
@@ -540,6 +557,7 @@ def register(app: typer.Typer) -> None:
             setup = default_training_setup(ctx, data, max_length, loss_on, adapter=adapter, examples=examples)
         grad = dataclasses.replace(grad, tokenize=setup.tokenize_spec())
         specs.grad = grad
+        specs.model = base_model_spec(base, dtype, device, trust_remote_code, base_quant, setup)
         from gradian import distributed
         from gradian.commands._common import distributed_job
         from gradian.index.identity import dataset_identity

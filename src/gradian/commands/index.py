@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
         data: Path = O.DATA,
         config: list[Path] | None = O.configs("the tokenisation (max length, loss mask) the gradients use"),
         run_folder: bool = O.RUN_FOLDER,
+        base_quant: str = O.BASE_QUANT,
         max_length: int = O.MAX_LENGTH,
         loss_on: str = O.LOSS_ON,
         modules: str | None = O.MODULES,
@@ -66,14 +67,14 @@ def register(app: typer.Typer) -> None:
         from gradian.finetune import load_finetune, tokenize_training_set, training_index
         from gradian.index.build import check_build_args, check_unit_grads
         from gradian.index.store import select_blocks
-        from gradian.models.load import ModelSpec
 
-        tokenize = None
+        tokenize, setup = None, None
         config, _, card = run_folder_inputs(adapter, config, None, read=run_folder, want_logs=False)
         if config or card is not None:  # the run's own tokenisation (flags given on the command line still win)
-            from gradian.commands.attribute import apply_training_setup
+            from gradian.commands.attribute import training_setup
 
-            tokenize = apply_training_setup(ctx, config, data, max_length, loss_on, adapter=adapter, card=card)
+            setup = training_setup(ctx, config, data, max_length, loss_on, adapter=adapter, card=card)
+            tokenize = setup.tokenize_spec()
             max_length, loss_on = tokenize.max_length, tokenize.loss_on
         # every flag and the data are checked before the model is loaded
         spec = grad_spec_from_options(
@@ -100,7 +101,9 @@ def register(app: typer.Typer) -> None:
         from gradian.commands.attribute import index_budget
 
         budget = index_budget(ctx, max_index_gb)
-        mspec = ModelSpec(base, dtype, device, trust_remote_code)
+        from gradian.commands.attribute import base_model_spec
+
+        mspec = base_model_spec(base, dtype, device, trust_remote_code, base_quant, setup)
         examples = load_examples(data)
 
         def same_on_every_rank() -> dict:  # beside the base, adapter and data (computed only under torchrun)

@@ -73,6 +73,9 @@ class TrainingSetup:
             from the recipe's ``tokenizer._component_``, LLaMA-Factory's from its ``template:``, axolotl's from
             ``datasets[0].type``; None: the chat template renders chat rows.
         default_system: a LLaMA-Factory config's ``default_system`` (:attr:`TokenizeSpec.default_system`).
+        base_quant, base_quant_from: a QLoRA run's 4-bit scheme (``nf4``, ``nf4-dq``, ``fp4``, ``fp4-dq``) and the
+            dtype its base was loaded in before quantising (None: as stored): the base is loaded as trained
+            (:attr:`gradian.models.spec.ModelSpec.quantize`); None: the base as stored.
         unreproduced: settings of the run that Gradian does not reproduce (e.g. ``"packing"``).
         sources: ``{field: where its value came from}``.
         warnings: one line per flag that contradicts the config (both named).
@@ -91,6 +94,8 @@ class TrainingSetup:
     chat_rule: str | None = None
     eos_truncate: bool = False
     default_system: str | None = None
+    base_quant: str | None = None
+    base_quant_from: str | None = None
     unreproduced: tuple[str, ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -122,6 +127,8 @@ class TrainingSetup:
             names += ("chat_rule", "eos_truncate")
         if self.default_system is not None:
             names += ("default_system",)
+        if self.base_quant is not None:
+            names += ("base_quant", "base_quant_from")
         return {
             "values": {n: {"value": getattr(self, n), "from": self.sources.get(n)} for n in names},
             "unreproduced": list(self.unreproduced),
@@ -468,6 +475,62 @@ def adapter_template(adapter: str | Path | None) -> tuple[str, str] | None:
     return found
 
 
+def _base_quant(c: TrainConfig) -> tuple[str | None, str | None, str, str | None]:
+    """A QLoRA run's base as its trainer quantised it: ``(scheme, load dtype, source, None)``, or ``(None, None, "",
+    note)`` when it trained on a quantised base Gradian does not reproduce, or all None when it did not.
+
+    bitsandbytes 4-bit (``BitsAndBytesConfig``) as TRL (``load_in_4bit``, ModelConfig ``bnb_4bit_quant_type`` nf4,
+    ``use_bnb_nested_quant`` false), axolotl 0.19.0 (``adapter: qlora`` + ``load_in_4bit``: nf4 with double
+    quantisation, ``bnb_config_kwargs`` over them; the base loaded in bf16 / fp16 / fp32 as its ``bf16`` / ``fp16``
+    say) and LLaMA-Factory 0.9.5 (``quantization_bit: 4``: ``quantization_type`` nf4, ``double_quantization`` true,
+    loaded in its compute dtype) set it up. 8-bit bases, torchtune's QLoRA (torchao's own NF4) and LLaMA-Factory's
+    other ``quantization_method`` values are listed as not reproduced.
+    """
+    if c.load_in_8bit:
+        return (
+            None,
+            None,
+            "",
+            f"base_quant: the run trained on an 8-bit base ({c.source('load_in_8bit')}); "
+            "Gradian uses the base as stored",
+        )
+    if not c.load_in_4bit and not (c.trainer == "torchtune" and c.finetuning == "qlora"):
+        return None, None, "", None
+    where = c.source("load_in_4bit") or c.source("finetuning")
+    if c.trainer not in ("trl", "axolotl", "llamafactory") or (c.quant_method or "bnb").lower() not in (
+        "bnb",
+        "bitsandbytes",
+    ):
+        how = (
+            "torchao's NF4"
+            if c.trainer == "torchtune"
+            else f"{c.trainer or 'its trainer'}'s {c.quant_method or '4-bit'} quantisation"
+        )
+        return (
+            None,
+            None,
+            "",
+            f"base_quant: the run trained on a 4-bit base ({where}, {how}); Gradian uses the base as stored",
+        )
+    kind = (c.quant_type or "nf4").lower()
+    if kind not in ("nf4", "fp4"):
+        return (
+            None,
+            None,
+            "",
+            f"base_quant: 4-bit type {kind!r} ({c.source('quant_type')}) is not reproduced; the base as stored is used",
+        )
+    scheme = kind + ("-dq" if c.double_quant else "")
+    if c.trainer == "trl":
+        load = (c.load_dtype or "").lower().replace("torch.", "")
+        load = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(load, load)
+        frm = load if load in ("bfloat16", "float16", "float32") else None  # "auto" / unset: the stored dtype
+    else:  # axolotl's torch_dtype and LLaMA-Factory's compute dtype follow bf16 / fp16
+        frm = "bfloat16" if c.bf16 else "float16" if c.fp16 else "float32"
+    src = f"{where}; {c.source('quant_type')}; double quantisation {c.source('double_quant')}"
+    return scheme, frm, src, None
+
+
 def _packing(c: TrainConfig, source: str) -> tuple[bool, str]:
     """Whether a packed run trained each row on its own (so Gradian's row-alone gradient is its term of the
     packed loss), and the note that says so or why not.
@@ -683,6 +746,17 @@ def resolve_setup(
             else:
                 unrep.append("packing")
                 notes.append(note)
+        quant, quant_from, quant_src, quant_note = _base_quant(c)
+        if quant:
+            values["base_quant"], values["base_quant_from"] = quant, quant_from
+            sources["base_quant"], sources["base_quant_from"] = (
+                quant_src,
+                c.source("load_dtype")
+                or ("the training dtype (bf16/fp16)" if quant_from else "the base's stored dtype"),
+            )
+        elif quant_note:
+            unrep.append("base_quant")
+            notes.append(quant_note)
         cfg_explicit = {k: v for k, v in sources.items() if not v.startswith(("default", "TRL 1.16", "Gradian"))}
     warnings: list[str] = []
     for k, v in flags.items():

@@ -60,9 +60,14 @@ FIELDS: tuple[Row, ...] = (
     ("val_set_size", "val_set_size", "num"),
     ("chat_template", "chat_template", "str"),
     ("attn_implementation", "attn_implementation", "str"),
+    # loaders/model.py (0.19.0): a qlora run's BitsAndBytesConfig, updated by bnb_config_kwargs
+    ("quant_type", "bnb_config_kwargs.bnb_4bit_quant_type", "str"),
+    ("double_quant", "bnb_config_kwargs.bnb_4bit_use_double_quant", "bool"),
 )
 
 DEFAULTS = {
+    "quant_type": "nf4",
+    "double_quant": True,
     "max_length": 512,
     "truncation": "drop",
     "micro_batch_size": 1,

@@ -50,6 +50,10 @@ FIELDS: tuple[Row, ...] = (
 )
 
 DEFAULTS = {
+    # hparams/model_args.py QuantizationArguments (0.9.5)
+    "quant_type": "nf4",
+    "double_quant": True,
+    "quant_method": "bnb",
     "finetuning": "lora",
     "lora_r": 8,
     "lora_dropout": 0.0,
@@ -112,6 +116,15 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         kind = ("qlora" if q else "lora") if ft == "lora" else "freeze" if ft == "freeze" else "full"
         cfg.set("finetuning", kind, r.where("finetuning_type"))
     qb = r.int_("quantization_bit")
+    set_many(
+        cfg,
+        r,
+        [
+            ("quant_type", "quantization_type", "str"),
+            ("double_quant", "double_quantization", "bool"),
+            ("quant_method", "quantization_method", "str"),
+        ],
+    )
     if qb == 4:
         cfg.set("load_in_4bit", True, r.where("quantization_bit"))
     elif qb == 8:

@@ -98,6 +98,12 @@ class TrainConfig:
     modules_to_save: list[str] | None = None
     trainable_token_indices: Any = None
     load_in_4bit: bool | None = None
+    #: a 4-bit base's scheme: bitsandbytes' quant type (``nf4`` / ``fp4``), double quantisation, the method
+    #: (LLaMA-Factory ``quantization_method``: ``bnb``, ``hqq`` ...) and the dtype the base was loaded in
+    quant_type: str | None = None
+    double_quant: bool | None = None
+    quant_method: str | None = None
+    load_dtype: str | None = None
     load_in_8bit: bool | None = None
     bnb_4bit_compute_dtype: str | None = None
     bf16: bool | None = None

@@ -53,6 +53,11 @@ FIELDS: tuple[Row, ...] = (
     ("attn_implementation", "attn_implementation", "str"),
     ("attn_implementation", "model_init_kwargs.attn_implementation", "str"),
     ("bnb_4bit_compute_dtype", "bnb_4bit_compute_dtype", "str"),
+    # ModelConfig's 4-bit scheme and load dtype (a `trl sft --config` file)
+    ("quant_type", "bnb_4bit_quant_type", "str"),
+    ("double_quant", "use_bnb_nested_quant", "bool"),
+    ("load_dtype", "torch_dtype", "str"),
+    ("load_dtype", "dtype", "str"),
 )
 
 #: KTO's weights of the desirable and undesirable rows (KTOConfig names; LLaMA-Factory and axolotl rename them).
@@ -80,6 +85,8 @@ DEFAULTS = {
     "truncation": "keep_start",
     "packing": False,
     "packing_strategy": "bfd",
+    "quant_type": "nf4",  # trl/trainer/model_config.py: bnb_4bit_quant_type
+    "double_quant": False,  # use_bnb_nested_quant
     "padding_free": False,
     "assistant_only_loss": False,
     "dataset_text_field": "text",
