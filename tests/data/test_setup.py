@@ -265,3 +265,57 @@ def test_rows_the_trainer_held_out_are_stated_as_not_reproduced(tmp_path):
     s = resolve_setup(_cfg(tmp_path, "lf.yaml", lf + "val_size: 200\n"), "messages")
     assert any("llamafactory held out 200 rows" in n for n in s.notes)
     assert "rows" not in resolve_setup(_cfg(tmp_path, "lf0.yaml", lf), "messages").unreproduced
+
+
+@pytest.mark.parametrize(
+    "name, text, scheme, frm",
+    [
+        # TRL's ModelConfig (a `trl sft --config` file): nf4 without nested quantisation unless it says so
+        ("trl.yaml", "model_name_or_path: m\ndataset_name: d\nuse_peft: true\nload_in_4bit: true\n", "nf4", None),
+        (
+            "trl.yaml",
+            "model_name_or_path: m\ndataset_name: d\nuse_peft: true\nload_in_4bit: true\nuse_bnb_nested_quant: true\n"
+            "bnb_4bit_quant_type: fp4\ndtype: bfloat16\n",
+            "fp4-dq",
+            "bfloat16",
+        ),
+        # axolotl 0.19.0 loaders/model.py: nf4 + double quantisation, in its torch_dtype (bf16 here)
+        ("ax.yaml", "base_model: m\nadapter: qlora\nload_in_4bit: true\nbf16: true\n", "nf4-dq", "bfloat16"),
+        (
+            "ax.yaml",
+            "base_model: m\nadapter: qlora\nload_in_4bit: true\n"
+            "bnb_config_kwargs:\n  bnb_4bit_use_double_quant: false\n",
+            "nf4",
+            "float32",
+        ),
+        # LLaMA-Factory 0.9.5 QuantizationArguments: nf4, double_quantization true, in its compute dtype
+        (
+            "lf.yaml",
+            "model_name_or_path: m\nstage: sft\nfinetuning_type: lora\nquantization_bit: 4\nfp16: true\n",
+            "nf4-dq",
+            "float16",
+        ),
+    ],
+)
+def test_a_qlora_config_names_its_base_s_4bit_scheme(tmp_path, name, text, scheme, frm):
+    s = resolve_setup(_cfg(tmp_path, name, text), "prompt_completion")
+    assert (s.base_quant, s.base_quant_from) == (scheme, frm) and "base_quant" not in s.unreproduced
+    assert s.to_dict()["values"]["base_quant"]["value"] == scheme
+
+
+@pytest.mark.parametrize(
+    "name, text, why",
+    [
+        ("tt.yaml", "model:\n  _component_: torchtune.models.qwen2.qlora_qwen2_0_5b\n", "torchao's NF4"),
+        ("lf.yaml", "model_name_or_path: m\nstage: sft\nfinetuning_type: lora\nquantization_bit: 8\n", "8-bit"),
+        (
+            "lf.yaml",
+            "model_name_or_path: m\nstage: sft\nfinetuning_type: lora\nquantization_bit: 4\nquantization_method: hqq\n",
+            "hqq",
+        ),
+    ],
+)
+def test_a_quantised_base_gradian_cannot_reproduce_is_listed(tmp_path, name, text, why):
+    s = resolve_setup(_cfg(tmp_path, name, text), "prompt_completion")
+    assert s.base_quant is None and "base_quant" in s.unreproduced and any(why in n for n in s.notes)
+    assert resolve_setup(_cfg(tmp_path, "plain.yaml", "max_length: 64\n"), "prompt_completion").base_quant is None
