@@ -7,9 +7,10 @@ needs (LLaMA-Factory's older TRL) never enter the test process.
     python framework_run.py CASES.json OUT.json
 
 ``CASES.json`` is a list of ``{"name", "framework", "config": path, "save_tokenizer": folder or null, "train":
-bool}``. For each case the framework reads its own config file and prepares its training set the way its training
-command does (``train``: LLaMA-Factory then trains, ``llamafactory.train.tuner.run_exp``, and torchtune runs its
-``lora_finetune_single_device`` recipe as ``tune run`` does, each leaving its output folder):
+bool, "quant_out": path or null}``. For each case the framework reads its own config file and prepares its training
+set the way its training command does (``train``: LLaMA-Factory then trains, ``llamafactory.train.tuner.run_exp``,
+and torchtune runs its ``lora_finetune_single_device`` recipe as ``tune run`` does, each leaving its output folder;
+``quant_out``: LLaMA-Factory writes there the 4-bit config its model loader builds):
 
 * **axolotl 0.19.0**: ``axolotl.cli.config.load_cfg`` (config validation and normalisation) and
   ``axolotl.common.datasets.load_datasets`` (``prepare_datasets``: loading, the prompt strategy, dropping rows out of
@@ -63,6 +64,24 @@ def llamafactory(case: dict) -> list:
         tm["tokenizer"].save_pretrained(case["save_tokenizer"])
     ds = get_dataset(template, model_args, data_args, training_args, stage="sft", **tm)["train_dataset"]
     rows = [[_ints(r["input_ids"]), _ints(r["labels"])] for r in ds]
+    if case.get("quant_out"):  # the BitsAndBytesConfig its model loader builds (model_utils/quantization.py)
+        from llamafactory.model.model_utils.quantization import configure_quantization
+        from transformers import AutoConfig
+
+        kw: dict = {}
+        configure_quantization(
+            AutoConfig.from_pretrained(model_args.model_name_or_path), tm["tokenizer"], model_args, True, kw
+        )
+        q = kw["quantization_config"]
+        with open(case["quant_out"], "w") as f:
+            json.dump(
+                {
+                    "quant_type": q.bnb_4bit_quant_type,
+                    "double_quant": q.bnb_4bit_use_double_quant,
+                    "load_dtype": str(model_args.compute_dtype).split(".")[-1],
+                },
+                f,
+            )
     if case.get("train"):  # llamafactory-cli train: its output folder as a user's run leaves it
         from llamafactory.train.tuner import run_exp
 

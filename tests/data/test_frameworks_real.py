@@ -338,6 +338,7 @@ def run_frameworks(world: Path, case_list: list[dict]) -> dict:
                     "config": str(path),
                     "save_tokenizer": str(saved) if saved else None,
                     "train": case.get("train", False),
+                    "quant_out": case.get("quant_out"),
                 }
             )
         spec, result = world / f"cases_{fw}.json", world / f"rows_{fw}.json"
@@ -648,3 +649,24 @@ def test_a_torchtune_training_run_s_folder(world, tok):
     with pytest.raises(GradianUserError, match="epoch_0..epoch_1") as err:
         load_finetune(ModelSpec(base=str(base)), out)
     assert err.value.fix == f"pass its last checkpoint, --adapter {out / 'epoch_1'}"
+
+
+def test_a_llamafactory_qlora_config_is_quantised_as_its_loader_quantises(world):
+    """LLaMA-Factory 0.9.5's own model loader (``configure_quantization``) builds the BitsAndBytesConfig of a
+    ``quantization_bit: 4`` config; Gradian's setup names the same scheme and load dtype (nf4 with double
+    quantisation, in bf16), with the defaults and with ``quantization_type: fp4`` / ``double_quantization: false``."""
+    pytest.importorskip("bitsandbytes")
+    if not (FW / "llamafactory").is_dir():
+        pytest.skip(f"{FW / 'llamafactory'} is not installed (make frameworks)")
+    for extra in ({}, {"quantization_type": "fp4", "double_quantization": False}):
+        case = lf(f"LLaMA-Factory QLoRA {sorted(extra)}", "chat")
+        case["quant_out"] = str(world / f"quant_{len(extra)}.json")
+        case["extra"] = {"quantization_bit": 4, "bf16": True, "use_cpu": True, **extra}
+        got = run_frameworks(world, [case])[case["name"]]
+        assert "error" not in got, got.get("error")
+        theirs = json.loads(Path(case["quant_out"]).read_text())
+        cfg = world / f"{_slug(case['name'])}.yaml"
+        setup = setup_from_files([cfg], world / "chat.jsonl")
+        scheme = theirs["quant_type"] + ("-dq" if theirs["double_quant"] else "")
+        assert (setup.base_quant, setup.base_quant_from) == (scheme, theirs["load_dtype"])
+        assert scheme == ("nf4-dq" if not extra else "fp4") and theirs["load_dtype"] == "bfloat16"
