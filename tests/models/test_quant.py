@@ -93,3 +93,72 @@ def test_an_unknown_scheme_is_one_line(bases):
     with pytest.raises(GradianUserError, match="--base-quant"):
         ModelSpec(str(bases / "f32"), quantize="int3")
     assert "quantize" not in ModelSpec(str(bases / "f32")).to_dict()
+
+
+def test_trl_s_gradient_on_a_4bit_base_is_gradian_s(bases, tok, tmp_path):
+    """TRL 1.16's SFTTrainer on transformers' own 4-bit base (bitsandbytes, nf4 with double quantisation): the LoRA
+    gradient of its ``compute_loss`` on a batch equals the token-weighted sum of Gradian's per-row gradients on the
+    base Gradian quantised (``Σ n_r g_r / Σ n_r``, rows tokenised with the setup read from the same ``SFTConfig``); on
+    the full-precision base it does not. TRL casts a quantised model's LoRA weights to bfloat16 when it is built
+    (QLoRA's recipe); they are saved after that and compared in float32 on both sides, as Gradian computes."""
+    pytest.importorskip("trl")
+    import json
+
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from trl import SFTConfig, SFTTrainer
+
+    from gradian.data.formats import load_examples
+    from gradian.data.setup import setup_from_files
+    from gradian.data.tokenize import collate, tokenize_example
+    from gradian.gradients import per_example_grads
+
+    rows = [{"prompt": f"Q: capital {i}?\nA:", "completion": f" It is city {i} of the north."} for i in range(4)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    torch.manual_seed(0)
+    model = get_peft_model(
+        _transformers_4bit(bases / "f32", "nf4", True, torch.float32),
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
+    )
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(std=0.05)
+    model.eval()
+    args = SFTConfig(
+        output_dir=str(tmp_path / "trl"),
+        report_to=[],
+        dataset_num_proc=None,
+        use_cpu=True,
+        per_device_train_batch_size=4,
+    )
+    tr = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    model.save_pretrained(tmp_path / "adapter")  # the bfloat16 values TRL trains
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    batch = next(iter(tr.get_train_dataloader()))
+    model.zero_grad()
+    tr.compute_loss(model, dict(batch)).backward()
+    theirs = {n.replace(".default", ""): p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
+    cfg = tmp_path / "sft_config.json"
+    cfg.write_text(args.to_json_string())
+    spec = setup_from_files([cfg], data).tokenize_spec()
+    ours_by_ids = {
+        tuple(it.input_ids.tolist()): it for it in (tokenize_example(e, tok, spec) for e in load_examples(data))
+    }
+    trl_rows = [tuple(ids[m.bool()].tolist()) for ids, m in zip(batch["input_ids"], batch["attention_mask"])]
+    assert sorted(trl_rows) == sorted(ours_by_ids)  # the same four rows, token for token (TRL shuffles them)
+    items = [ours_by_ids[r] for r in trl_rows]
+    n = torch.tensor([float(it.n_supervised) for it in items], dtype=torch.float64)
+    for scheme, same in (("nf4-dq", True), (None, False)):
+        base, _ = load_base(ModelSpec(str(bases / "f32"), quantize=scheme))
+        ours, _, _ = load_adapter(base, tmp_path / "adapter")
+        grads = per_example_grads(ours, collate(items, tok.pad_token_id))
+        close = []
+        for name, g in grads.items():
+            want = theirs[name.replace(".default", "")]
+            got = (g.double() * n.view(-1, *[1] * want.dim())).sum(0) / n.sum()
+            close.append(torch.allclose(got, want, rtol=1e-4, atol=1e-7))
+        assert all(close) is same and len(close) == len(theirs)
