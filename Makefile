@@ -33,7 +33,7 @@ FW_PIP := $(BIN)/pip install -q --no-deps --no-compile --target
 $(FW_STAMP): $(STAMP) Makefile
 	rm -rf $(FW)
 	$(FW_PIP) $(FW)/axolotl axolotl==0.19.0 torchao==0.17.0 addict==2.4.0 posthog==7.91.1 distro==1.9.0 \
-		pillow==13.0.0 numba==0.68.1 llvmlite==0.50.0 termcolor==3.3.0
+		pillow==13.0.0 numba==0.68.1 llvmlite==0.50.0 termcolor==3.3.0 fastcore==2.2.41
 	$(FW_PIP) $(FW)/llamafactory llamafactory==0.9.5 trl==0.24.0 torchaudio==2.11.1 omegaconf==2.4.0 \
 		antlr4-python3-runtime==4.9.3
 	rm -rf $(FW)/llamafactory/torchaudio/lib

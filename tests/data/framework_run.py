@@ -10,7 +10,7 @@ needs (LLaMA-Factory's older TRL) never enter the test process.
 bool, "quant_out": path or null}``. For each case the framework reads its own config file and prepares its training
 set the way its training command does (``train``: LLaMA-Factory then trains, ``llamafactory.train.tuner.run_exp``,
 and torchtune runs its ``lora_finetune_single_device`` recipe as ``tune run`` does, each leaving its output folder;
-``quant_out``: LLaMA-Factory writes there the 4-bit config its model loader builds):
+``quant_out``: axolotl or LLaMA-Factory writes there the 4-bit config its model loader builds):
 
 * **axolotl 0.19.0**: ``axolotl.cli.config.load_cfg`` (config validation and normalisation) and
   ``axolotl.common.datasets.load_datasets`` (``prepare_datasets``: loading, the prompt strategy, dropping rows out of
@@ -46,7 +46,26 @@ def axolotl(case: dict) -> list:
     if case.get("save_tokenizer"):
         load_tokenizer(cfg).save_pretrained(case["save_tokenizer"])
     ds = load_datasets(cfg=cfg).train_dataset
+    if case.get("quant_out"):  # the BitsAndBytesConfig its model loader builds (loaders/model.py)
+        from axolotl.loaders.model import ModelLoader
+
+        loader = ModelLoader(cfg, load_tokenizer(cfg))
+        loader._set_quantization_config()
+        _write_quant(case["quant_out"], loader.model_kwargs["quantization_config"], cfg.torch_dtype)
     return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in ds]
+
+
+def _write_quant(path: str, q, load_dtype) -> None:
+    """A BitsAndBytesConfig's 4-bit scheme and the dtype the base is loaded in, as JSON."""
+    with open(path, "w") as f:
+        json.dump(
+            {
+                "quant_type": q.bnb_4bit_quant_type,
+                "double_quant": q.bnb_4bit_use_double_quant,
+                "load_dtype": str(load_dtype).split(".")[-1],
+            },
+            f,
+        )
 
 
 def llamafactory(case: dict) -> list:
@@ -72,16 +91,7 @@ def llamafactory(case: dict) -> list:
         configure_quantization(
             AutoConfig.from_pretrained(model_args.model_name_or_path), tm["tokenizer"], model_args, True, kw
         )
-        q = kw["quantization_config"]
-        with open(case["quant_out"], "w") as f:
-            json.dump(
-                {
-                    "quant_type": q.bnb_4bit_quant_type,
-                    "double_quant": q.bnb_4bit_use_double_quant,
-                    "load_dtype": str(model_args.compute_dtype).split(".")[-1],
-                },
-                f,
-            )
+        _write_quant(case["quant_out"], kw["quantization_config"], model_args.compute_dtype)
     if case.get("train"):  # llamafactory-cli train: its output folder as a user's run leaves it
         from llamafactory.train.tuner import run_exp
 

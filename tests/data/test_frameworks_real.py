@@ -651,22 +651,34 @@ def test_a_torchtune_training_run_s_folder(world, tok):
     assert err.value.fix == f"pass its last checkpoint, --adapter {out / 'epoch_1'}"
 
 
-def test_a_llamafactory_qlora_config_is_quantised_as_its_loader_quantises(world):
-    """LLaMA-Factory 0.9.5's own model loader (``configure_quantization``) builds the BitsAndBytesConfig of a
-    ``quantization_bit: 4`` config; Gradian's setup names the same scheme and load dtype (nf4 with double
-    quantisation, in bf16), with the defaults and with ``quantization_type: fp4`` / ``double_quantization: false``."""
+@pytest.mark.parametrize(
+    "fw, extra, scheme, load",
+    [
+        ("llamafactory", {"bf16": True}, "nf4-dq", "bfloat16"),  # its QuantizationArguments' defaults
+        # no bf16 / fp16: its compute dtype is None, so transformers loads the stored dtype (None here)
+        ("llamafactory", {"quantization_type": "fp4", "double_quantization": False}, "fp4", None),
+        ("axolotl", {"bf16": True}, "nf4-dq", "bfloat16"),  # loaders/model.py's qlora BitsAndBytesConfig
+        ("axolotl", {"fp16": True, "bnb_config_kwargs": {"bnb_4bit_use_double_quant": False}}, "nf4", "float16"),
+    ],
+)
+def test_a_qlora_config_is_quantised_as_the_trainer_s_loader_quantises(world, fw, extra, scheme, load):
+    """The trainer's own model loader (LLaMA-Factory 0.9.5 ``configure_quantization``, axolotl 0.19.0
+    ``ModelLoader._set_quantization_config``) builds the BitsAndBytesConfig of a QLoRA config; Gradian's setup names
+    the same 4-bit scheme and the dtype the base is loaded in."""
     pytest.importorskip("bitsandbytes")
-    if not (FW / "llamafactory").is_dir():
-        pytest.skip(f"{FW / 'llamafactory'} is not installed (make frameworks)")
-    for extra in ({}, {"quantization_type": "fp4", "double_quantization": False}):
-        case = lf(f"LLaMA-Factory QLoRA {sorted(extra)}", "chat")
-        case["quant_out"] = str(world / f"quant_{len(extra)}.json")
-        case["extra"] = {"quantization_bit": 4, "bf16": True, "use_cpu": True, **extra}
-        got = run_frameworks(world, [case])[case["name"]]
-        assert "error" not in got, got.get("error")
-        theirs = json.loads(Path(case["quant_out"]).read_text())
-        cfg = world / f"{_slug(case['name'])}.yaml"
-        setup = setup_from_files([cfg], world / "chat.jsonl")
-        scheme = theirs["quant_type"] + ("-dq" if theirs["double_quant"] else "")
-        assert (setup.base_quant, setup.base_quant_from) == (scheme, theirs["load_dtype"])
-        assert scheme == ("nf4-dq" if not extra else "fp4") and theirs["load_dtype"] == "bfloat16"
+    if not (FW / fw).is_dir():
+        pytest.skip(f"{FW / fw} is not installed (make frameworks)")
+    if fw == "llamafactory":
+        case = lf(f"LLaMA-Factory QLoRA {scheme} {load}", "chat")
+        case["extra"] = {"quantization_bit": 4, "use_cpu": True, **extra}
+    else:
+        case = ax(f"axolotl QLoRA {scheme} {load}", "chat")
+        case["extra"] = {"adapter": "qlora", "load_in_4bit": True, **extra}
+    case["quant_out"] = str(world / f"quant_{_slug(case['name'])}.json")
+    got = run_frameworks(world, [case])[case["name"]]
+    assert "error" not in got, got.get("error")
+    theirs = json.loads(Path(case["quant_out"]).read_text())
+    load_dtype = None if theirs["load_dtype"] == "None" else theirs["load_dtype"]
+    assert (theirs["quant_type"] + ("-dq" if theirs["double_quant"] else ""), load_dtype) == (scheme, load)
+    setup = setup_from_files([world / f"{_slug(case['name'])}.yaml"], world / "chat.jsonl")
+    assert (setup.base_quant, setup.base_quant_from) == (scheme, load) and "base_quant" not in setup.unreproduced

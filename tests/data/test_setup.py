@@ -286,7 +286,7 @@ def test_rows_the_trainer_held_out_are_stated_as_not_reproduced(tmp_path):
             "base_model: m\nadapter: qlora\nload_in_4bit: true\n"
             "bnb_config_kwargs:\n  bnb_4bit_use_double_quant: false\n",
             "nf4",
-            "float32",
+            None,
         ),
         # LLaMA-Factory 0.9.5 QuantizationArguments: nf4, double_quantization true, in its compute dtype
         (

@@ -481,10 +481,12 @@ def _base_quant(c: TrainConfig) -> tuple[str | None, str | None, str, str | None
 
     bitsandbytes 4-bit (``BitsAndBytesConfig``) as TRL (``load_in_4bit``, ModelConfig ``bnb_4bit_quant_type`` nf4,
     ``use_bnb_nested_quant`` false), axolotl 0.19.0 (``adapter: qlora`` + ``load_in_4bit``: nf4 with double
-    quantisation, ``bnb_config_kwargs`` over them; the base loaded in bf16 / fp16 / fp32 as its ``bf16`` / ``fp16``
-    say) and LLaMA-Factory 0.9.5 (``quantization_bit: 4``: ``quantization_type`` nf4, ``double_quantization`` true,
-    loaded in its compute dtype) set it up. 8-bit bases, torchtune's QLoRA (torchao's own NF4) and LLaMA-Factory's
-    other ``quantization_method`` values are listed as not reproduced.
+    quantisation, ``bnb_config_kwargs`` over them) and LLaMA-Factory 0.9.5 (``quantization_bit: 4``:
+    ``quantization_type`` nf4, ``double_quantization`` true) set it up; the last two load the base in bf16 / fp16 as
+    their ``bf16`` / ``fp16`` say (neither: the stored dtype is taken; axolotl then picks by the hardware, 16-bit on
+    the test machine). tests/data/test_frameworks_real.py holds this to both trainers' own model loaders. 8-bit
+    bases, torchtune's QLoRA (torchao's own NF4) and LLaMA-Factory's other ``quantization_method`` values are listed
+    as not reproduced.
     """
     if c.load_in_8bit:
         return (
@@ -525,8 +527,9 @@ def _base_quant(c: TrainConfig) -> tuple[str | None, str | None, str, str | None
         load = (c.load_dtype or "").lower().replace("torch.", "")
         load = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(load, load)
         frm = load if load in ("bfloat16", "float16", "float32") else None  # "auto" / unset: the stored dtype
-    else:  # axolotl's torch_dtype and LLaMA-Factory's compute dtype follow bf16 / fp16
-        frm = "bfloat16" if c.bf16 else "float16" if c.fp16 else "float32"
+    else:  # axolotl's torch_dtype and LLaMA-Factory's compute dtype follow bf16 / fp16; neither said: the trainer
+        # picks by the hardware (axolotl) or leaves transformers its default, the stored dtype (LLaMA-Factory)
+        frm = "bfloat16" if c.bf16 else "float16" if c.fp16 else None
     src = f"{where}; {c.source('quant_type')}; double quantisation {c.source('double_quant')}"
     return scheme, frm, src, None
 
