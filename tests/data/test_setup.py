@@ -319,3 +319,29 @@ def test_a_quantised_base_gradian_cannot_reproduce_is_listed(tmp_path, name, tex
     s = resolve_setup(_cfg(tmp_path, name, text), "prompt_completion")
     assert s.base_quant is None and "base_quant" in s.unreproduced and any(why in n for n in s.notes)
     assert resolve_setup(_cfg(tmp_path, "plain.yaml", "max_length: 64\n"), "prompt_completion").base_quant is None
+
+
+def test_an_adapter_card_s_bitsandbytes_block_names_its_4bit_base(tmp_path):
+    """PEFT's model card block (``The following `bitsandbytes` quantization config was used during training:``) names
+    a QLoRA base when no config does; a card without it, or with an 8-bit config, names none."""
+    from gradian.data.setup import setup_from_files
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "a", "completion": "b"}\n')
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    block = (
+        "## Training procedure\n\n\nThe following `bitsandbytes` quantization config was used during training:\n"
+        "- quant_method: bitsandbytes\n- load_in_8bit: {eight}\n- load_in_4bit: {four}\n- llm_int8_threshold: 6.0\n"
+        "- bnb_4bit_quant_type: nf4\n- bnb_4bit_use_double_quant: True\n- bnb_4bit_compute_dtype: bfloat16\n\n"
+        "### Framework versions\n\n- PEFT 0.6.2\n"
+    )
+    (adapter / "README.md").write_text("---\nlibrary_name: peft\n---\n" + block.format(eight=False, four=True))
+    s = setup_from_files([], data, adapter=adapter)
+    assert (s.base_quant, s.base_quant_from) == ("nf4-dq", None) and "PEFT's bitsandbytes block" in s.sources[
+        "base_quant"
+    ]
+    (adapter / "README.md").write_text(block.format(eight=True, four=False))
+    assert setup_from_files([], data, adapter=adapter).base_quant is None
+    (adapter / "README.md").write_text("---\nlibrary_name: peft\n---\n# An adapter\n")
+    assert setup_from_files([], data, adapter=adapter).base_quant is None

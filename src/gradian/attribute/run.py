@@ -207,7 +207,7 @@ def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, e
     """
     import dataclasses
 
-    from gradian.data.setup import adapter_template, card_config, examples_format, resolve_setup
+    from gradian.data.setup import adapter_template, card_config, examples_format, resolve_setup, with_card_quant
     from gradian.data.tokenize import TokenizeSpec
 
     tok, default = specs.grad.tokenize, TokenizeSpec()
@@ -219,6 +219,7 @@ def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, e
 
         config = load_config([str(c) for c in configs])
     setup = resolve_setup(config, fmt, chat=chat, flags=flags, saved_template=adapter_template(adapter))
+    setup = with_card_quant(setup, adapter)
     sources = {k: (f"given: GradSpec.tokenize.{k}" if k in flags else v) for k, v in setup.sources.items()}
     setup = dataclasses.replace(setup, sources=sources)
     if tok.chat_template is not None:  # a template given in the spec beats the run's

@@ -291,7 +291,9 @@ def training_setup(
     return setup
 
 
-def base_model_spec(base: str, dtype: str, device: str, trust_remote_code: bool, base_quant: str, setup=None):
+def base_model_spec(
+    base: str, dtype: str, device: str, trust_remote_code: bool, base_quant: str, setup=None, adapter=None
+):
     """The base's :class:`~gradian.models.spec.ModelSpec`: ``--base-quant`` 'auto' takes a QLoRA run's 4-bit scheme
     from its training setup (:attr:`~gradian.data.setup.TrainingSetup.base_quant`), 'none' the base as stored, a
     scheme that scheme; printed when the base is quantised.
@@ -305,6 +307,13 @@ def base_model_spec(base: str, dtype: str, device: str, trust_remote_code: bool,
             fix=f"use auto, none or {', '.join(QUANT_NAMES)}",
         )
     quant, frm = None, None
+    if base_quant == "auto" and setup is None:  # no training setup resolved: the adapter's model card may say
+        from gradian.data.setup import card_quant
+
+        found = card_quant(adapter)
+        if found is not None:
+            quant = found[0]
+            console.print(f"base: quantised {quant} as trained ({escape(found[1])})", highlight=False)
     if base_quant == "auto" and setup is not None and setup.base_quant:
         quant, frm = setup.base_quant, setup.base_quant_from
         src = escape(setup.sources.get("base_quant", ""))

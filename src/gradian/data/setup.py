@@ -203,7 +203,8 @@ def setup_from_files(
 
     fmt, chat = examples_format(examples) if examples is not None else row_format(data)
     config = load_config(list(config_paths)) if config_paths else card_config(card)
-    return resolve_setup(config, fmt, chat=chat, flags=flags, saved_template=adapter_template(adapter))
+    setup = resolve_setup(config, fmt, chat=chat, flags=flags, saved_template=adapter_template(adapter))
+    return with_card_quant(setup, adapter)
 
 
 def _config_readers(paths: Sequence[str]) -> list[Reader]:
@@ -473,6 +474,56 @@ def adapter_template(adapter: str | Path | None) -> tuple[str, str] | None:
         if ckpts:
             found = saved_template(max(ckpts, key=lambda p: int(p.name.split("-", 1)[1])))
     return found
+
+
+#: the block PEFT's model card writes for an adapter trained on a bitsandbytes base
+#: (``PeftModel.create_or_update_model_card``; Hub adapters saved with older PEFT carry it, while PEFT 0.21.2 left
+#: it out in a run here): a line per ``BitsAndBytesConfig`` field, ``- load_in_4bit: True``
+_CARD_QUANT = "The following `bitsandbytes` quantization config was used during training:"
+
+
+def card_quant(adapter: str | Path | None) -> tuple[str, str] | None:
+    """``(scheme, where)`` of a 4-bit base named by the adapter's model card (``README.md``: :data:`_CARD_QUANT` and
+    its ``- name: value`` lines), or None (no card, no such block, or not 4-bit).
+    """
+    from gradian.errors import GradianUserError
+    from gradian.safeio import read_text
+
+    card = Path(adapter) / "README.md" if adapter is not None else None
+    if card is None or not card.is_file():
+        return None
+    try:
+        lines = read_text(card, "model card").splitlines()
+    except GradianUserError:
+        return None
+    if _CARD_QUANT not in lines:
+        return None
+    fields: dict[str, str] = {}
+    for line in lines[lines.index(_CARD_QUANT) + 1 :]:
+        name, sep, value = line.strip().removeprefix("- ").partition(": ")
+        if not line.strip().startswith("- ") or not sep:
+            break
+        fields[name.strip()] = value.strip()
+    if fields.get("load_in_4bit") != "True" or fields.get("quant_method", "bitsandbytes") != "bitsandbytes":
+        return None
+    kind = fields.get("bnb_4bit_quant_type", "fp4")  # BitsAndBytesConfig's own default
+    if kind not in ("nf4", "fp4"):
+        return None
+    scheme = kind + ("-dq" if fields.get("bnb_4bit_use_double_quant") == "True" else "")
+    return scheme, f"{card}: PEFT's bitsandbytes block (load_in_4bit, bnb_4bit_quant_type {kind})"
+
+
+def with_card_quant(setup: TrainingSetup, adapter: str | Path | None) -> TrainingSetup:
+    """``setup`` with the 4-bit base its adapter's model card names (:func:`card_quant`), when no config said."""
+    import dataclasses
+
+    if setup.base_quant is not None or "base_quant" in setup.unreproduced:
+        return setup
+    found = card_quant(adapter)
+    if found is None:
+        return setup
+    sources = {**setup.sources, "base_quant": found[1], "base_quant_from": "the base's stored dtype"}
+    return dataclasses.replace(setup, base_quant=found[0], base_quant_from=None, sources=sources)
 
 
 def _base_quant(c: TrainConfig) -> tuple[str | None, str | None, str, str | None]:
