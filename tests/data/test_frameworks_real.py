@@ -483,16 +483,19 @@ def test_a_llamafactory_training_run_s_folder(world):
     assert [e["step"] for e in log.train] == [1, 2, 3, 4] and all(e["loss"] > 0 for e in log.train)
 
 
-def _torchtune_run_config(world: Path, out: Path) -> dict:
+def _torchtune_run_config(world: Path, out: Path, family: str = "qwen2", epochs: int = 2, base: str = "") -> dict:
     """What a torchtune user adds to the tokenizer and dataset sections to train: ``lora_finetune_single_device``
-    on a tiny Qwen2 (its config's sizes, LoRA on q, v, output and the MLP), read from an HF checkpoint; batch 1 in
-    order, 2 epochs, every step logged."""
-    hf = json.loads((world / "base_qwen2" / "config.json").read_text())
+    on a tiny Qwen2 (or Llama-3) from an HF checkpoint (its config's sizes, LoRA on q, v, output and the MLP; on k
+    too for Llama-3); batch 1 in order, ``epochs`` epochs, every step logged."""
+    base = base or f"base_{family}"
+    hf = json.loads((world / base / "config.json").read_text())
+    extra = {"tie_word_embeddings": hf["tie_word_embeddings"]} if family == "qwen2" else {}
+    attn = ["q_proj", "v_proj", "output_proj"] if family == "qwen2" else ["q_proj", "k_proj", "v_proj", "output_proj"]
     return {
         "output_dir": str(out),
         "model": {
-            "_component_": "torchtune.models.qwen2.lora_qwen2",
-            "lora_attn_modules": ["q_proj", "v_proj", "output_proj"],
+            "_component_": f"torchtune.models.{family}.lora_{family}",
+            "lora_attn_modules": attn,
             "apply_lora_to_mlp": True,
             "lora_rank": 4,
             "lora_alpha": 8,
@@ -505,15 +508,15 @@ def _torchtune_run_config(world: Path, out: Path) -> dict:
             "max_seq_len": hf["max_position_embeddings"],
             "norm_eps": hf["rms_norm_eps"],
             "rope_base": hf.get("rope_theta") or hf["rope_parameters"]["rope_theta"],
-            "tie_word_embeddings": hf["tie_word_embeddings"],
+            **extra,
         },
         "checkpointer": {
             "_component_": "torchtune.training.FullModelHFCheckpointer",
-            "checkpoint_dir": str(world / "base_qwen2"),
+            "checkpoint_dir": str(world / base),
             "checkpoint_files": ["model.safetensors"],
             "recipe_checkpoint": None,
             "output_dir": str(out),
-            "model_type": "QWEN2",
+            "model_type": family.upper(),
         },
         "resume_from_checkpoint": False,
         "save_adapter_weights_only": False,
@@ -526,7 +529,7 @@ def _torchtune_run_config(world: Path, out: Path) -> dict:
             "num_warmup_steps": 1,
         },
         "loss": {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"},
-        "epochs": 2,
+        "epochs": epochs,
         "max_steps_per_epoch": None,
         "gradient_accumulation_steps": 1,
         "clip_grad_norm": None,
@@ -682,3 +685,48 @@ def test_a_qlora_config_is_quantised_as_the_trainer_s_loader_quantises(world, fw
     assert (theirs["quant_type"] + ("-dq" if theirs["double_quant"] else ""), load_dtype) == (scheme, load)
     setup = setup_from_files([world / f"{_slug(case['name'])}.yaml"], world / "chat.jsonl")
     assert (setup.base_quant, setup.base_quant_from) == (scheme, load) and "base_quant" not in setup.unreproduced
+
+
+def test_a_torchtune_llama3_run_s_adapter_is_its_merged_model(world):
+    """torchtune 0.6.1 on a tiny Llama-3 (its ``lora_llama3``, LoRA on q, k, v and output, one epoch): its base
+    conversion permutes q/k rows for Llama's rotary layout and its PEFT export permutes ``lora_B`` to match, so the
+    PEFT file is the model trained. Gradian loads it as written (no note), and base + adapter gives the logits of the
+    model torchtune merged and saved; the trajectory is its one epoch."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.finetune import load_finetune
+    from gradian.models.spec import ModelSpec
+
+    if not (FW / "torchtune").is_dir():
+        pytest.skip(f"{FW / 'torchtune'} is not installed (make frameworks)")
+    base = world / "base_llama3_untied"  # torchtune's lora_llama3 has an output projection of its own
+    if not base.is_dir():
+        t = AutoTokenizer.from_pretrained(world / "base_llama3_tt")
+        torch.manual_seed(0)
+        cfg = LlamaConfig(
+            vocab_size=len(t), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, rope_theta=500000.0,
+            rms_norm_eps=1e-5, bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
+        )  # fmt: skip
+        LlamaForCausalLM(cfg).save_pretrained(base)
+        t.save_pretrained(base)
+    out = world / "tt-llama3-run"
+    case = tt("torchtune llama3 training run", "chat_nosys", family="llama3")
+    case.update(train=True, extra=_torchtune_run_config(world, out, "llama3", epochs=1, base=base.name))
+    got = run_frameworks(world, [case])[case["name"]]
+    assert "error" not in got, got.get("error")
+    ft = load_finetune(ModelSpec(str(base)), out / "epoch_0")
+    assert not any("un-permuted" in n for n in ft.notes)
+    trained = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out / "epoch_0")).eval()
+    trained.load_state_dict(load_file(out / "epoch_0" / "model-00001-of-00001.safetensors"))
+    x = torch.tensor([got["rows"][0][0]])
+    with torch.no_grad():
+        ours = ft.model(input_ids=x).logits
+        diff = (ours - trained(input_ids=x).logits).abs().max().item()
+        with ft.model.disable_adapter():
+            moved = (ours - ft.model(input_ids=x).logits).abs().max().item()
+    assert diff < 1e-5 < moved
+    assert [c.path.name for c in resolve_trajectory(out / "epoch_0").checkpoints] == ["epoch_0"]
