@@ -341,6 +341,9 @@ def attribute_run(
         ft = load_finetune(specs.model, inputs.adapter)
     ft = apply_template(ft, specs)
     timing["load"] = time.perf_counter() - t
+    if say and main:  # what loading the fine-tune found (e.g. torchtune's Qwen2 export put right), as `index` says
+        for note in ft.notes:
+            say(f"note: {note}")
 
     # the run plan, before any work: every index, its size, the budget (it may choose the projection), the time
     from gradian.attribute.trajectory import resolve_trajectory
