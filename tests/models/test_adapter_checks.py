@@ -199,3 +199,22 @@ def test_a_torchtune_adapter_is_left_alone_unless_its_pt_confirms(torchtune_qwen
     assert same is written and "neither the PEFT file's nor its un-permuted rows" in note
     (folder / "adapter_model.pt").unlink()
     assert torchtune_qk_fix(written, folder, cfg) == (written, None)
+
+
+def test_a_put_right_torchtune_adapter_has_its_own_index_identity(torchtune_qwen2):
+    """An index built from the un-permuted weights is not the index of the file as written (an index cached before
+    the fix, or by a Gradian without it, is never reused for it)."""
+    from gradian.finetune import FineTune, index_identity
+    from gradian.index.store import GradSpec
+
+    root, _ = torchtune_qwen2
+    spec = ModelSpec(str(root / "base"))
+    model, _ = load_base(spec)
+    pm, cfg, _ = load_adapter(model, root / "epoch_0")
+    data = root / "d.jsonl"
+    data.write_text('{"prompt": "a", "completion": "b"}\n')
+    ident = index_identity(FineTune(pm, None, spec, root / "epoch_0", cfg), data, GradSpec())
+    assert ident["adapter_fix"] == "torchtune-qk-unpermuted"
+    (root / "epoch_0" / "adapter_model.pt").unlink()
+    plain, cfg2, _ = load_adapter(load_base(spec)[0], root / "epoch_0")
+    assert "adapter_fix" not in index_identity(FineTune(plain, None, spec, root / "epoch_0", cfg2), data, GradSpec())

@@ -634,11 +634,13 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
             where=str(Path(adapter_dir) / "adapter_config.json"),
             fix="re-save the adapter with PEFT's save_pretrained, against the base model it was trained on",
         ) from None
-    base_config = getattr(model, "config", None)
-    fixed, note = torchtune_qk_fix(read_adapter_weights(adapter_dir), adapter_dir, base_config)
+    written = read_adapter_weights(adapter_dir)
+    fixed, note = torchtune_qk_fix(written, adapter_dir, getattr(model, "config", None))
     if note is not None:
         notes.append(note)
+    if fixed is not written:  # put right (a new dict only then): loaded, and in the index identity (finetune.py)
         set_lora_weights(peft_model, fixed, adapter_dir)
+        peft_model.gradian_adapter_fix = "torchtune-qk-unpermuted"
     prepare_lora_for_gradients(peft_model)
     return peft_model, cfg, notes
 
