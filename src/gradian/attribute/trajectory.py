@@ -177,12 +177,9 @@ def discover_checkpoints(adapter: str | Path) -> list[Path]:
     return sorted(found, key=checkpoint_number)  # type: ignore[arg-type]
 
 
-#: torchtune's config in its output folder (:mod:`gradian.audit.config.runfolder`)
-_TORCHTUNE_CONFIG = "torchtune_config.yaml"
-
-
-def torchtune_steps_per_epoch(run_dir: Path) -> tuple[int | None, str]:
-    """``(steps per epoch, how it was found)`` of a torchtune run, or ``(None, why not)``.
+def torchtune_steps_per_epoch(run_dir: Path) -> tuple[int | None, str, list[dict[str, float]]]:
+    """``(steps per epoch, how it was found, the log's train entries)`` of a torchtune run, or ``(None, why not,
+    entries)``.
 
     torchtune 0.6.1's LoRA recipes save ``epoch_N/`` at the end of epoch N and log ``Step <global step> | loss:..
     lr:..`` every ``log_every_n_steps`` optimizer steps (``logs/log_<time>.txt``); an epoch is
@@ -190,35 +187,28 @@ def torchtune_steps_per_epoch(run_dir: Path) -> tuple[int | None, str]:
     So when the log holds every step ``1..T`` and the run finished its ``E`` epochs (``epochs`` in its
     ``torchtune_config.yaml`` equals the epoch folders there), an epoch is ``T / E`` steps. A log with gaps
     (``log_every_n_steps`` above 1), a resumed run (a new log from a later step) or an unfinished run gives None:
-    its checkpoints are then weighted equally, and the rule says why.
+    its checkpoints are then weighted equally, and the rule says why. The entries (``step``, ``learning_rate``
+    from its ``lr``) weigh the epochs otherwise; the log is read once.
     """
+    from gradian.audit.config.runfolder import TORCHTUNE_CONFIG
     from gradian.audit.logs import load_logs, torchtune_log
 
     log = torchtune_log(run_dir)
     if log is None:
-        return None, f"no torchtune log in {run_dir / 'logs'}"
+        return None, f"no torchtune log in {run_dir / 'logs'}", []
+    entries = load_logs(log).train
     epochs = [n[1] + 1 for c in checkpoint_folders(run_dir) if (n := checkpoint_number(c)) and n[0] == "epoch"]
     saved = max(epochs, default=0)
-    cfg_path = run_dir / _TORCHTUNE_CONFIG
+    cfg_path = run_dir / TORCHTUNE_CONFIG
     cfg = load_yaml_file(cfg_path, "torchtune config") if cfg_path.is_file() else None
     planned = cfg.get("epochs") if isinstance(cfg, dict) else None
     if not isinstance(planned, int) or isinstance(planned, bool) or planned != saved:
-        return (
-            None,
-            f"{cfg_path.name} plans {planned!r} epochs, {saved} are saved: the run's steps per epoch are unknown",
-        )
-    steps = sorted(int(e["step"]) for e in load_logs(log).train if "step" in e)
+        why = f"{cfg_path.name} plans {planned!r} epochs, {saved} are saved: the run's steps per epoch are unknown"
+        return None, why, entries
+    steps = sorted(int(e["step"]) for e in entries if "step" in e)
     if not steps or steps != list(range(1, len(steps) + 1)) or len(steps) % saved:
-        return None, f"{log.name} does not log every step of {saved} whole epochs (log_every_n_steps 1)"
-    return len(steps) // saved, f"{log.name}: {len(steps)} steps over {saved} epochs"
-
-
-def _torchtune_lr_history(run_dir: Path) -> list[dict[str, float]]:
-    """The ``step`` / ``learning_rate`` entries of a torchtune run's log (its ``lr``)."""
-    from gradian.audit.logs import load_logs, torchtune_log
-
-    log = torchtune_log(run_dir)
-    return [] if log is None else load_logs(log).train
+        return None, f"{log.name} does not log every step of {saved} whole epochs (log_every_n_steps 1)", entries
+    return len(steps) // saved, f"{log.name}: {len(steps)} steps over {saved} epochs", entries
 
 
 def _read_cfg(folder: Path) -> dict[str, Any]:
@@ -417,10 +407,10 @@ def resolve_trajectory(
         check_compatible(final, c)
     # torchtune's epoch_N folders: their steps, and the learning rates, from the run's own log
     epoch_runs = {p.resolve().parent for p in [final, *folders] if (n := checkpoint_number(p)) and n[0] == "epoch"}
-    per_epoch, tt_why, tt_run = None, "", None
+    per_epoch, tt_why, tt_run, tt_log = None, "", None, []
     if len(epoch_runs) == 1:
         tt_run = next(iter(epoch_runs))
-        per_epoch, tt_why = torchtune_steps_per_epoch(tt_run)
+        per_epoch, tt_why, tt_log = torchtune_steps_per_epoch(tt_run)
     entries: list[tuple[Path, int | None, bool, str]] = []
     same: dict[str, list[Path]] = {}  # sha -> other folders with these weights
     final_sha = adapter_identity(final)["sha256"]
@@ -459,7 +449,7 @@ def resolve_trajectory(
         elif tt_run is not None and per_epoch is None:
             weights, rule = [1.0 / len(entries)] * len(entries), f"equal (torchtune epochs: {tt_why})"
         elif tt_run is not None:
-            weights, rule = learning_rate_weights(steps, _torchtune_lr_history(tt_run))
+            weights, rule = learning_rate_weights(steps, tt_log)
             rule += f"; torchtune epochs of {per_epoch} steps ({tt_why})"
         else:
             weights, rule = learning_rate_weights(steps, _log_history([e[0] for e in entries]))

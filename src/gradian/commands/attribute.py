@@ -306,19 +306,18 @@ def base_model_spec(
             where="--base-quant",
             fix=f"use auto, none or {', '.join(QUANT_NAMES)}",
         )
-    quant, frm = None, None
-    if base_quant == "auto" and setup is None:  # no training setup resolved: the adapter's model card may say
-        from gradian.data.setup import card_quant
+    quant, frm, src = None, None, ""
+    if base_quant == "auto":
+        if setup is not None and setup.base_quant:
+            quant, frm, src = setup.base_quant, setup.base_quant_from, setup.sources.get("base_quant", "")
+        elif setup is None:  # no training setup resolved: the adapter's model card may say (as setup_from_files reads)
+            from gradian.data.setup import card_quant
 
-        found = card_quant(adapter)
-        if found is not None:
-            quant = found[0]
-            console.print(f"base: quantised {quant} as trained ({escape(found[1])})", highlight=False)
-    if base_quant == "auto" and setup is not None and setup.base_quant:
-        quant, frm = setup.base_quant, setup.base_quant_from
-        src = escape(setup.sources.get("base_quant", ""))
-        console.print(f"base: quantised {quant} as trained ({src}), from {frm or 'its stored dtype'}", highlight=False)
-    elif base_quant not in ("auto", "none"):
+            quant, src = card_quant(adapter) or (None, "")
+        if quant:
+            said = f"base: quantised {quant} as trained ({escape(src)}), from {frm or 'its stored dtype'}"
+            console.print(said, highlight=False)
+    elif base_quant != "none":
         quant = base_quant
     return ModelSpec(base, dtype, device, trust_remote_code, quantize=quant, quantize_from=frm)
 

@@ -621,9 +621,15 @@ def _rule_row(ex: Example, spec: TokenizeSpec) -> list[dict[str, Any]] | dict[st
 
         prompt = alpaca_prompt(str(ex.raw.get("instruction", "")), ex.raw.get("input") or None)
         return [{"role": "user", "content": prompt}, {"role": "assistant", "content": str(ex.raw.get("output", ""))}]
+    prompt, completion = _chat_messages(ex)
+    return prompt + completion
+
+
+def _chat_messages(ex: Example) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A chat row's prompt and completion as message lists (a string side as one user / assistant message)."""
     prompt = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
     completion = ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
-    return prompt + completion
+    return prompt, completion
 
 
 def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None = None) -> Rendered:
@@ -632,10 +638,7 @@ def render_example(ex: Example, tokenizer, spec: TokenizeSpec, where: str | None
     if uses_rule(ex, spec):
         return _rule_rendered(_rule_row(ex, spec), tokenizer, spec, where)
     if ex.is_chat:
-        prompt_msgs = ex.prompt if isinstance(ex.prompt, list) else [{"role": "user", "content": ex.prompt}]
-        compl_msgs = (
-            ex.completion if isinstance(ex.completion, list) else [{"role": "assistant", "content": ex.completion}]
-        )
+        prompt_msgs, compl_msgs = _chat_messages(ex)
         tpl = spec.chat_template
         prompt_text = render_chat(tokenizer, prompt_msgs, True, where, tpl)
         text = render_chat(tokenizer, prompt_msgs + compl_msgs, False, where, tpl)

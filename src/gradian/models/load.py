@@ -356,6 +356,13 @@ def _unpermute_rows(t: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tenso
     return t.view(n_heads, 2, head_dim // 2, r).transpose(1, 2).reshape(n_heads * head_dim, r)
 
 
+def torchtune_export(adapter_dir: Path, config: Any) -> bool:
+    """Whether the folder may hold torchtune's permuted Qwen2 export (:func:`torchtune_qk_fix`): the base's
+    ``model_type`` is one of :data:`_TORCHTUNE_UNPERMUTED` and torchtune's own ``adapter_model.pt`` is beside it.
+    """
+    return getattr(config, "model_type", None) in _TORCHTUNE_UNPERMUTED and (adapter_dir / TORCHTUNE_ADAPTER).is_file()
+
+
 def torchtune_qk_fix(
     weights: dict[str, torch.Tensor], adapter_dir: str | Path, config: Any
 ) -> tuple[dict[str, torch.Tensor], str | None]:
@@ -372,11 +379,7 @@ def torchtune_qk_fix(
     """
     d = Path(adapter_dir)
     keys = [k for k in weights if _QK_LORA_B.search(k)]
-    if (
-        getattr(config, "model_type", None) not in _TORCHTUNE_UNPERMUTED
-        or not keys
-        or not (d / TORCHTUNE_ADAPTER).is_file()
-    ):
+    if not keys or not torchtune_export(d, config):
         return weights, None
     pt = d / TORCHTUNE_ADAPTER
     check_size(pt, check_regular_file(pt, "torchtune adapter").st_size, "torchtune adapter")
@@ -634,13 +637,14 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
             where=str(Path(adapter_dir) / "adapter_config.json"),
             fix="re-save the adapter with PEFT's save_pretrained, against the base model it was trained on",
         ) from None
-    written = read_adapter_weights(adapter_dir)
-    fixed, note = torchtune_qk_fix(written, adapter_dir, getattr(model, "config", None))
-    if note is not None:
-        notes.append(note)
-    if fixed is not written:  # put right (a new dict only then): loaded, and in the index identity (finetune.py)
-        set_lora_weights(peft_model, fixed, adapter_dir)
-        peft_model.gradian_adapter_fix = "torchtune-qk-unpermuted"
+    if torchtune_export(Path(adapter_dir), getattr(model, "config", None)):  # read the weights again only then
+        written = read_adapter_weights(adapter_dir)
+        fixed, note = torchtune_qk_fix(written, adapter_dir, model.config)
+        if note is not None:
+            notes.append(note)
+        if fixed is not written:  # put right (a new dict only then): loaded, and in the index identity (finetune.py)
+            set_lora_weights(peft_model, fixed, adapter_dir)
+            peft_model.gradian_adapter_fix = "torchtune-qk-unpermuted"
     prepare_lora_for_gradients(peft_model)
     return peft_model, cfg, notes
 

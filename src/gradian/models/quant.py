@@ -14,7 +14,7 @@ by bitsandbytes' own ``quantize_4bit`` / ``dequantize_4bit`` from ``W`` in the d
 work on it unchanged, in Gradian's own dtype. ``tests/models/test_quant.py`` holds each ``Ŵ`` equal to the weight
 of transformers' own 4-bit load, and the logits to its.
 
-Names (:data:`QUANT_NAMES`): ``"nf4"``, ``"nf4-dq"`` (double quantisation), ``"fp4"``, ``"fp4-dq"``.
+Names (:data:`gradian.models.spec.QUANT_NAMES`): ``"nf4"``, ``"nf4-dq"`` (double quantisation), ``"fp4"``, ``"fp4-dq"``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from gradian.errors import GradianUserError
-from gradian.models.spec import QUANT_NAMES  # noqa: F401 (the names, defined torch-free with the spec)
 
 #: bitsandbytes' block size for 4-bit weights in transformers' ``Linear4bit`` (``Params4bit(blocksize=64)``)
 BLOCKSIZE = 64
@@ -56,7 +55,7 @@ def quantize_base(model: torch.nn.Module, name: str, source_dtype: torch.dtype) 
 
     Args:
         model: the base causal LM (float weights, any dtype).
-        name: one of :data:`QUANT_NAMES`.
+        name: one of :data:`gradian.models.spec.QUANT_NAMES`.
         source_dtype: the dtype the trainer loaded the base in before quantising (``Ŵ`` is computed from ``W`` in it
             and returned in it, as bitsandbytes does, then cast to the model's dtype).
 

@@ -41,8 +41,10 @@ from gradian.errors import GradianUserError
 from gradian.paths import checkpoint_number
 from gradian.safeio import read_text
 
+#: torchtune's copy of the recipe config in its output folder (its DiskLogger's ``log_config``)
+TORCHTUNE_CONFIG = "torchtune_config.yaml"
 #: The config files a trainer writes into its output folder, in the order they are read (see the module docstring).
-RUN_CONFIG_FILES = ("training_config.yaml", "torchtune_config.yaml", "training_args.yaml")
+RUN_CONFIG_FILES = ("training_config.yaml", TORCHTUNE_CONFIG, "training_args.yaml")
 
 #: TRL's model card (``trl/templates/lm_model_card.md``, TRL 1.16; written into the output folder at every checkpoint
 #: save): "It has been trained using [TRL](...)", "This model was trained with <trainer>." and "- TRL: <version>".
