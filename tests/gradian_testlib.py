@@ -26,11 +26,14 @@ def make_lora_model(
     rslora: bool = False,
     seed: int = 0,
     hidden: int = 64,
+    dora: bool = False,
 ):
     """A tiny model with a randomly initialised (non-zero) LoRA adapter, ready for gradients.
 
     Random A and B (B = 0 would zero every lora_A gradient), lora_dropout 0.1, alpha 2r; the model
-    from :func:`gradian.models.tiny.tiny_model` (init ``seed``), the adapter seeded with ``seed + 1``.
+    from :func:`gradian.models.tiny.tiny_model` (init ``seed``), the adapter seeded with ``seed + 1``. With
+    ``dora`` a DoRA adapter whose magnitudes are moved off the weight norms PEFT starts them at (m/n ≠ 1, as after
+    training).
     """
     from gradian.models.load import prepare_lora_for_gradients
     from gradian.models.tiny import default_targets, tiny_model
@@ -47,7 +50,14 @@ def make_lora_model(
         random_init=True,
         rslora=rslora,
         copy=False,
+        dora=dora,
     )
+    if dora:
+        gen = torch.Generator().manual_seed(seed + 2)
+        with torch.no_grad():
+            for n, p in pm.named_parameters():
+                if ".lora_magnitude_vector." in n:
+                    p.mul_(1 + 0.3 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
     pm.to(dtype)
     prepare_lora_for_gradients(pm)
     return pm

@@ -162,3 +162,62 @@ def test_the_lm_head_runs_only_at_the_supervised_positions_and_nothing_changes(t
     none = dict(batch, labels=torch.full_like(batch["labels"], -100))
     zero = per_example_grads(model, none, "hooks")
     assert all(float(v.abs().max()) == 0.0 for v in zero.values())
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_dora_hooks_loop_vmap_agree_and_sum_to_peft_s_batch_gradient(tok, arch, side):
+    """DoRA: PEFT's layer output is linear in the magnitude m, ``∂y_t/∂m = (W x_t + s·B A x_t)/n``, so the hooks
+    path's magnitude block is ``Σ_t G_t ⊙ v_t``; A and B keep the plain einsum (n is detached in PEFT's forward).
+    Every trainable parameter of PEFT's DoRA model is a block, the three paths agree, and the blocks summed over
+    the batch equal autograd's gradient of PEFT's own forward for every trainable parameter.
+    """
+    model = make_lora_model(tok, arch, r=4, dtype=torch.float64, dora=True)
+    batch = _batch(tok, side)
+    blocks = lora_blocks(model)
+    mags = [b for b in blocks if b.kind == "M"]
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert mags and {b.name for b in blocks} == set(trainable)
+    hooks = per_example_grads(model, batch, "hooks")
+    loop = per_example_grads(model, batch, "loop")
+    vmap = per_example_grads(model, batch, "vmap")
+    for b in mags:
+        assert hooks[b.name].shape == (batch["input_ids"].shape[0], trainable[b.name].shape[0], 1)
+    assert _rel_maxdiff(hooks, loop) <= 1e-10
+    assert _rel_maxdiff(vmap, loop) <= 1e-10
+    mag_scale = max(float(hooks[b.name].abs().max()) for b in mags)
+    assert mag_scale > 1e-3  # the magnitude blocks are not zero: the comparison above tests them
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits
+    full = torch.autograd.grad(per_example_loss(logits, batch["labels"]).sum(), list(trainable.values()))
+    for (n, p), g in zip(trainable.items(), full):
+        torch.testing.assert_close(hooks[n].sum(0).view(p.shape), g, rtol=1e-10, atol=1e-12)
+
+
+def test_dora_at_its_starting_magnitudes_is_plain_lora_and_not_after(tok):
+    """With m = n (the weight norms PEFT starts the magnitudes at) a DoRA layer computes what plain LoRA with the same
+    A and B computes, and its A/B blocks equal plain LoRA's; once m moves off n (training does) B's output is scaled
+    by m/n and the blocks differ, so a DoRA adapter read as plain LoRA would give other gradients.
+    """
+    plain = make_lora_model(tok, "llama", r=4, dtype=torch.float64, seed=5)
+    dora = make_lora_model(tok, "llama", r=4, dtype=torch.float64, seed=5, dora=True)
+    pp = dict(plain.named_parameters())
+    with torch.no_grad():
+        for n, p in dora.named_parameters():
+            if n in pp:
+                p.copy_(pp[n])
+        for layer in dora.modules():
+            mag = getattr(layer, "lora_magnitude_vector", None)
+            if mag and "default" in mag:
+                W, A, B = layer.base_layer.weight, layer.lora_A["default"].weight, layer.lora_B["default"].weight
+                mag["default"].weight.copy_(torch.linalg.norm(W + layer.scaling["default"] * (B @ A), dim=1))
+    batch = _batch(tok, "right")
+    gp, gd = per_example_grads(plain, batch), per_example_grads(dora, batch)
+    assert _rel_maxdiff({n: gd[n] for n in gp}, gp) <= 1e-10
+    with torch.no_grad():
+        for n, p in dora.named_parameters():
+            if ".lora_magnitude_vector." in n:
+                p.mul_(1.3)
+    moved = per_example_grads(dora, batch)
+    assert _rel_maxdiff({n: moved[n] for n in gp if ".lora_B." in n}, {n: gp[n] for n in gp if ".lora_B." in n}) > 1e-2

@@ -34,12 +34,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # Llama's RMSNorm computes in float32 even in a float64 model, so a sum of unit gradients meets the direct row
 # gradient to ~1e-7 there; GPT-2 runs wholly in float64 and meets it to 1e-10.
+# A DoRA adapter's magnitude blocks are derived the same way (their X is 1 at every token).
 @pytest.mark.parametrize(
-    "arch,dtype,tol",
-    [("gpt2", torch.float64, 1e-10), ("llama", torch.float64, 1e-6), ("llama", torch.float32, 1e-5)],
+    "arch,dtype,tol,dora",
+    [
+        ("gpt2", torch.float64, 1e-10, False),
+        ("llama", torch.float64, 1e-6, False),
+        ("llama", torch.float32, 1e-5, False),
+        ("gpt2", torch.float64, 1e-10, True),
+        ("llama", torch.float64, 1e-6, True),
+    ],
 )
-def test_derived_row_gradient_equals_direct(tok, arch, dtype, tol):
-    model = make_lora_model(tok, arch, dtype=dtype)
+def test_derived_row_gradient_equals_direct(tok, arch, dtype, tol, dora):
+    model = make_lora_model(tok, arch, dtype=dtype, dora=dora)
     exs, items, units = _rows(tok)
     blocks = lora_blocks(model)
     proj = KroneckerProjector([b.shape for b in blocks], [b.kind for b in blocks], ProjectionSpec(dim=16, seed=3))
@@ -160,23 +167,32 @@ def _masked_weight_grad(model, batch, block, positions: torch.Tensor) -> torch.T
     from gradian.gradients.loss import per_example_loss
 
     m = positions.to(block.module.weight.dtype).view(1, -1, 1)
-    h = block.module.register_forward_hook(lambda mod, inp, out: out.detach() + m * (out - out.detach()))
+    h = block.module.register_forward_hook(  # token applications only (not PEFT DoRA's identity call for BA)
+        lambda mod, inp, out: out.detach() + m * (out - out.detach()) if out.dim() == 3 else out
+    )
     try:
         model.zero_grad(set_to_none=True)
         loss = per_example_loss(model(**{k: v for k, v in batch.items() if k != "labels"}).logits, batch["labels"])
         loss.sum().backward()
-        return block.module.weight.grad.detach().clone()
+        return block.module.weight.grad.detach().clone().view(block.shape)
     finally:
         h.remove()
         model.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("arch,dtype,tol", [("gpt2", torch.float64, 1e-10), ("llama", torch.float64, 1e-6)])
-def test_units_split_by_position_are_the_rows_gradient_at_their_positions(tok, arch, dtype, tol):
+@pytest.mark.parametrize(
+    "arch,dtype,tol,dora",
+    [
+        ("gpt2", torch.float64, 1e-10, False),
+        ("llama", torch.float64, 1e-6, False),
+        ("gpt2", torch.float64, 1e-10, True),
+    ],
+)
+def test_units_split_by_position_are_the_rows_gradient_at_their_positions(tok, arch, dtype, tol, dora):
     """``--unit-grads positions``: one backward per row; the row gradient is the direct one, a one-unit row's unit
     is its row, and unit u of a row of several is ``(1/w_u) Σ_{t∈P_u} G_t X_tᵀ``, checked against autograd on the
     weight with the gradient let through only at the unit's positions (its labels shifted by one)."""
-    model = make_lora_model(tok, arch, dtype=dtype)
+    model = make_lora_model(tok, arch, dtype=dtype, dora=dora)
     exs, items, units = _rows(tok)
     blocks = lora_blocks(model)
     seen_multi = False

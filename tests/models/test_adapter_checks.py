@@ -50,10 +50,55 @@ def test_missing_target_module_refused(tok, saved_finetune, tmp_path):
     _expect(tok, saved_finetune, tmp_path, cfg, "does not have", arch="gpt2")
 
 
-def test_dora_refused(tok, saved_finetune, tmp_path):
+def test_dora_adapter_loads_with_its_magnitudes_as_blocks(tok, saved_finetune, tmp_path):
     from peft import LoraConfig
 
-    _expect(tok, saved_finetune, tmp_path, LoraConfig(r=4, target_modules=["q_proj"], use_dora=True), "DoRA")
+    path = _save(tok, tmp_path / "ad", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], use_dora=True))
+    model, _ = load_base(ModelSpec(str(saved_finetune["base"])))
+    pm, cfg, _ = load_adapter(model, path)
+    assert cfg["use_dora"] is True
+    kinds = [b.kind for b in lora_blocks(pm)]
+    assert kinds.count("M") == 2 * 2 and kinds.count("A") == kinds.count("B") == 4  # 2 layers x (q, v)
+    trainable = {n for n, p in pm.named_parameters() if p.requires_grad}
+    assert trainable == {b.name for b in lora_blocks(pm)}
+
+
+def _rewrite_weights(path, edit):
+    from safetensors.torch import load_file, save_file
+
+    f = path / "adapter_model.safetensors"
+    w = load_file(str(f))
+    save_file(edit(w), str(f))
+
+
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("no use_dora", "does not set use_dora"),
+        ("magnitude missing", "DoRA magnitude vectors for 4 LoRA layers"),
+        ("magnitude shape", "needs (64,)"),
+    ],
+)
+def test_dora_adapter_that_peft_would_load_wrongly_is_refused(tok, saved_finetune, tmp_path, case, needle):
+    """A magnitude without use_dora (PEFT drops it), use_dora with a magnitude missing (PEFT starts it at the weight
+    norm, not the trained value) and a magnitude of the wrong length are refused before PEFT loads anything."""
+    import json
+
+    from peft import LoraConfig
+
+    path = _save(tok, tmp_path / "ad", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], use_dora=True))
+    if case == "no use_dora":
+        cfg = json.loads((path / "adapter_config.json").read_text())
+        (path / "adapter_config.json").write_text(json.dumps({**cfg, "use_dora": False}))
+    elif case == "magnitude missing":
+        gone = "layers.0.self_attn.q_proj.lora_magnitude_vector"
+        _rewrite_weights(path, lambda w: {k: v for k, v in w.items() if gone not in k})
+    else:
+        _rewrite_weights(path, lambda w: {k: (v[:-1] if "magnitude" in k else v) for k, v in w.items()})
+    model, _ = load_base(ModelSpec(str(saved_finetune["base"])))
+    with pytest.raises(GradianUserError) as ei:
+        load_adapter(model, path)
+    assert needle in str(ei.value) and "(fix: " in str(ei.value)
 
 
 @pytest.mark.parametrize("kind", ["ia3", "prompt"])

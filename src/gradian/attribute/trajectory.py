@@ -465,8 +465,10 @@ def resolve_trajectory(
 
 
 def lora_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A copy of every LoRA parameter (``name -> tensor``) of the loaded PEFT model."""
-    return {n: p.detach().clone() for n, p in model.named_parameters() if ".lora_A." in n or ".lora_B." in n}
+    """A copy of every LoRA parameter (``name -> tensor``, DoRA magnitudes included) of the loaded PEFT model."""
+    from gradian.models.load import is_adapter_param
+
+    return {n: p.detach().clone() for n, p in model.named_parameters() if is_adapter_param(n)}
 
 
 @contextmanager

@@ -88,7 +88,9 @@ def _scalar(v: Any) -> Any:
 
 
 def _moment(v: Any, where: str, key: str, shape: tuple[int, ...], lora: str, squares: bool = False) -> torch.Tensor:
-    """``state[i][key]``: a dense real tensor of the LoRA matrix's shape, finite (and >= 0 with ``squares``)."""
+    """``state[i][key]``: a dense real tensor of the LoRA matrix's shape, finite (and >= 0 with ``squares``); a DoRA
+    magnitude's (out,) moment is returned as its block's (out, 1).
+    """
     if not isinstance(v, torch.Tensor):
         raise GradianUserError(
             f"{key} is {short_repr(v, 40)}, not a tensor: not an Adam/AdamW state", where=where, fix=_FIX
@@ -99,6 +101,8 @@ def _moment(v: Any, where: str, key: str, shape: tuple[int, ...], lora: str, squ
             where=where,
             fix=_FIX,
         )
+    if v.dim() == 1 and len(shape) == 2 and shape[1] == 1 and v.shape[0] == shape[0]:
+        v = v.view(shape)
     if tuple(v.shape) != shape:
         raise GradianUserError(
             f"{key} has shape {tuple(v.shape)} but LoRA matrix {lora} is {shape}", where=where, fix=_FIX

@@ -15,6 +15,12 @@ What is built from ``(X, G)`` is the consumer's business:
   gradients again for the eigenvalue correction.
 
 Both therefore see the same modules, the same loss and the same masks.
+
+A DoRA magnitude block m (:mod:`gradian.gradients.lora`) is not a Linear, but its gradient has the same form:
+the DoRA layer's output ``y`` is linear in m with ``∂y_t/∂m = v_t`` (b, t, o), so its hook returns
+``y + u ⊙ v`` with ``u = 0`` (b, t, o) a leaf that requires grad (the value is unchanged) and keeps ``u`` as the
+output and ``X = 1`` (b, t, 1): then ``G = ∂L/∂u = ∂L/∂y ⊙ v`` and every consumer's
+``einsum("bto,bti->boi", G, X)`` (or its token masks) gives ``Σ_t G_t ⊙ v_t``, m's gradient, unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +32,33 @@ import torch
 
 from gradian.gradients.lora import LoraBlock
 from gradian.gradients.loss import lm_logits
+
+
+def dora_direction(layer: torch.nn.Module, x: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """``v = ∂y/∂m`` (b, t, o) of one call of PEFT's DoRA layer: ``(W x + s·B A x) / n`` with
+    ``n = ‖W + s·BA‖`` per output row, the base output without its bias (PEFT's ``base_result`` when it passes
+    one) and every term in ``x``'s dtype, as PEFT's ``DoraLinearLayer.forward`` forms them (no grad).
+
+    Args:
+        layer: the ``DoraLinearLayer`` (``lora_magnitude_vector[adapter]``).
+        x: (b, t, i) its input.
+        kwargs: the keywords PEFT called it with (``lora_A``, ``lora_B``, ``scaling``, ``base_layer``, and
+            ``base_result`` when the dropout is the identity or the model is in eval mode).
+    """
+    import torch.nn.functional as F
+
+    A, B, s, base_layer = kwargs["lora_A"].weight, kwargs["lora_B"].weight, kwargs["scaling"], kwargs["base_layer"]
+    with torch.no_grad():
+        W = base_layer.weight.to(x.dtype)
+        if getattr(layer, "fan_in_fan_out", False):  # GPT-2 Conv1D stores (in, out)
+            W = W.T
+        n = torch.linalg.norm(W + s * (B @ A).to(x.dtype), dim=1)  # (o,)
+        base = kwargs.get("base_result")
+        if base is None:
+            base = F.linear(x, W)
+        elif base_layer.bias is not None:
+            base = base - base_layer.bias
+        return (base + F.linear(F.linear(x, A), B) * s) / n
 
 
 @dataclass
@@ -77,14 +110,30 @@ class LoraHooks:
 
         def make_fwd(k: int) -> Callable:
             def fwd(module, inputs, output):
-                if output.requires_grad:
+                # token applications only: PEFT's DoRA layer also runs lora_B(lora_A(I)) on an identity (in, in) to
+                # form BA for its weight norm, which it detaches, so that call has no gradient to keep
+                if output.requires_grad and inputs[0].dim() == 3:
                     self._seen.append((k, inputs[0].detach(), output))
+
+            return fwd
+
+        def make_magnitude(k: int) -> Callable:
+            def fwd(module, args, kwargs, output):
+                if not output.requires_grad:
+                    return None
+                v = dora_direction(module, args[0], kwargs)
+                u = torch.zeros_like(output, requires_grad=True)
+                self._seen.append((k, output.new_ones((*output.shape[:-1], 1)), u))
+                return output + u * v  # the same value; ∂L/∂u = ∂L/∂output ⊙ v
 
             return fwd
 
         try:
             for k, b in enumerate(self.blocks):
-                handles.append(b.module.register_forward_hook(make_fwd(k)))
+                if b.kind == "M":
+                    handles.append(b.module.register_forward_hook(make_magnitude(k), with_kwargs=True))
+                else:
+                    handles.append(b.module.register_forward_hook(make_fwd(k)))
             return lm_logits(model, batch, keep, states)
         finally:
             for h in handles:

@@ -6,6 +6,19 @@ adapter, two plain ``nn.Linear`` modules: ``lora_A`` (in → r) and ``lora_B``
 scaling (``alpha/r``, or ``alpha/√r`` with rsLoRA) is applied *after*
 ``lora_B``, so it is part of the graph and of every captured output gradient:
 per-example gradients need no separate scaling correction.
+
+**DoRA** (``use_dora``) adds, per adapter, a magnitude vector ``m`` (out,)
+(``lora_magnitude_vector[adapter].weight``). PEFT's layer computes, with the
+column norm ``n = ‖W + s·BA‖`` (per output row, detached from the graph as the
+DoRA paper's section 4.3 asks):
+
+    y = W x + (m/n − 1) ⊙ W x + (m/n) ⊙ s·B A x
+
+so ``lora_B``'s output gradient carries ``(m/n)·s`` and the A/B factorisation
+above stays exact. ``m`` is one more block, of kind ``"M"`` and shape (out, 1):
+``∂y_t/∂m = v_t = (W x_t + s·B A x_t) / n``, so its per-example gradient is
+``Σ_t G_t ⊙ v_t``, i.e. the same ``einsum("bto,bti->boi", G', X')`` with
+``G' = G ⊙ v`` and ``X' = 1`` (b, t, 1) (:mod:`gradian.gradients.hooks`).
 """
 
 from __future__ import annotations
@@ -21,8 +34,10 @@ class LoraBlock:
 
     Attributes:
         name: the parameter's name in ``model.named_parameters()``.
-        module: the ``nn.Linear`` (``lora_A[adapter]`` or ``lora_B[adapter]``).
-        kind: ``"A"`` (weight r×in) or ``"B"`` (weight out×r).
+        module: the ``nn.Linear`` (``lora_A[adapter]`` or ``lora_B[adapter]``), or for ``"M"`` PEFT's DoRA layer
+            (``lora_magnitude_vector[adapter]``, whose ``weight`` is m).
+        kind: ``"A"`` (weight r×in), ``"B"`` (weight out×r) or ``"M"`` (DoRA magnitude, out; a block of
+            shape (out, 1)).
         layer: the name of the wrapping LoRA layer (e.g. ``...q_proj``).
     """
 
@@ -33,6 +48,9 @@ class LoraBlock:
 
     @property
     def shape(self) -> tuple[int, int]:
+        """(o, i) of the block's gradient: the weight's shape, (out, 1) for a DoRA magnitude."""
+        if self.kind == "M":
+            return (int(self.module.weight.shape[0]), 1)
         return tuple(self.module.weight.shape)  # type: ignore[return-value]
 
     @property
@@ -41,7 +59,7 @@ class LoraBlock:
 
 
 def lora_blocks(model: torch.nn.Module, modules: list[str] | None = None) -> list[LoraBlock]:
-    """All LoRA ``A``/``B`` matrices of the active adapter, in ``named_parameters`` order.
+    """All LoRA ``A``/``B`` matrices (and DoRA magnitudes) of the active adapter, in ``named_parameters`` order.
 
     Args:
         modules: optional substrings; keep only layers whose name contains one
@@ -66,6 +84,13 @@ def lora_blocks(model: torch.nn.Module, modules: list[str] | None = None) -> lis
                 if mod.bias is not None:
                     raise TypeError(f"{lname}.lora_{kind} has a bias; LoRA bias is not supported")
                 blocks.append(LoraBlock(param_names[id(mod.weight)], mod, kind, lname))
+            mag = getattr(layer, "lora_magnitude_vector", None)
+            if (
+                isinstance(mag, torch.nn.ModuleDict)
+                and adapter in mag
+                and (getattr(layer, "use_dora", {}) or {}).get(adapter)
+            ):
+                blocks.append(LoraBlock(param_names[id(mag[adapter].weight)], mag[adapter], "M", lname))
     order = {n: i for i, (n, _) in enumerate(model.named_parameters())}
     blocks.sort(key=lambda b: order[b.name])
     return blocks

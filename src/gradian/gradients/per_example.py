@@ -80,7 +80,9 @@ def _loop(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         loss = per_example_loss(logits, single["labels"])[0]
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         for blk, g, p in zip(blocks, grads, params):
-            per[blk.name].append(torch.zeros_like(p) if g is None else g)
+            per[blk.name].append(
+                torch.zeros(blk.shape, dtype=p.dtype, device=p.device) if g is None else g.view(blk.shape)
+            )
         losses.append(loss.detach())
     return {k: torch.stack(v) for k, v in per.items()}, torch.stack(losses)
 
@@ -88,7 +90,6 @@ def _loop(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
 def _vmap(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     from torch.func import functional_call, grad_and_value, vmap
 
-    names = [b.name for b in blocks]
     params = {b.name: b.module.weight.detach() for b in blocks}
 
     def loss_one(p, input_ids, mask4d, position_ids, labels):
@@ -108,7 +109,7 @@ def _vmap(model, batch, blocks) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     fn = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0, 0, 0), randomness="error")
     mask4d = _prepared_mask(model, batch["attention_mask"])
     grads, losses = fn(params, batch["input_ids"], mask4d, batch["position_ids"], batch["labels"])
-    return {n: grads[n] for n in names}, losses.detach()
+    return {b.name: grads[b.name].reshape(-1, *b.shape) for b in blocks}, losses.detach()
 
 
 def _prepared_mask(model, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -154,7 +155,8 @@ def per_example_grads(
 
     Returns:
         ``{param_name: (b, *param_shape)}`` — for ``lora_A`` (b, r, in), for
-        ``lora_B`` (b, out, r) (float32 for a half-precision model with ``hooks``); with
+        ``lora_B`` (b, out, r), for a DoRA magnitude (b, out, 1) (float32 for a half-precision model with
+        ``hooks``); with
         ``return_losses``, ``(grads, losses)``.
     """
     if method not in _METHODS:

@@ -6,9 +6,10 @@
   A ``gguf_file`` inside the folder is supported (it is de-quantised).
 * Adapter: a PEFT folder holding ``adapter_config.json`` and
   ``adapter_model.safetensors`` (``.bin`` is read with ``weights_only=True``).
-  Before PEFT touches it we check: the adapter type is plain LoRA (DoRA, IA3,
+  Before PEFT touches it we check: the adapter type is LoRA (plain or DoRA; IA3,
   prompt tuning, ... are refused), the target modules exist in the base, and
-  every ``lora_A``/``lora_B`` shape matches the base layer it attaches to.
+  every ``lora_A``/``lora_B`` (and DoRA magnitude) shape matches the base layer it
+  attaches to.
 """
 
 from __future__ import annotations
@@ -449,12 +450,6 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
             where=f"{where}: peft_type",
             fix="use a LoRA adapter (peft_type LORA)",
         )
-    if cfg.get("use_dora"):
-        raise GradianUserError(
-            "DoRA adapters are not supported (the magnitude vector breaks the per-example gradient factorisation)",
-            where=f"{where}: use_dora",
-            fix="attribute a plain LoRA adapter",
-        )
     r_cfg = cfg.get("r")
     if "r" in cfg and (isinstance(r_cfg, bool) or not isinstance(r_cfg, int) or r_cfg < 1):
         raise GradianUserError(
@@ -474,7 +469,7 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
     weights = read_adapter_weights(d)
     # Map the adapter's module paths onto the base's by longest matching suffix.
     base_names = list(modules)
-    checked = 0
+    checked = magnitudes = 0
     for key, t in weights.items():
         parsed = _module_suffix(key)
         if parsed is None:
@@ -486,9 +481,12 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
                 where=str(d),
                 fix="attribute an adapter whose target_modules are Linear layers",
             )
-        if tag == "lora_magnitude_vector":
+        if tag == "lora_magnitude_vector" and not cfg.get("use_dora"):
             raise GradianUserError(
-                "DoRA adapters are not supported", where=str(d), fix="attribute a plain LoRA adapter"
+                f"the adapter has a DoRA magnitude vector ({key}) but adapter_config.json does not set use_dora, so "
+                "PEFT would load another model than the one trained",
+                where=f"{where}: use_dora",
+                fix="set use_dora: true in adapter_config.json (or re-save the adapter with PEFT)",
             )
         stripped = path
         for prefix in ("base_model.model.", "base_model."):
@@ -515,6 +513,15 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
         fin, fout = io
         if cfg.get("fan_in_fan_out") and type(target).__name__ != "Conv1D":
             fin, fout = fout, fin
+        if tag == "lora_magnitude_vector":
+            if tuple(t.shape) != (fout,):
+                raise GradianUserError(
+                    f"{key} has shape {tuple(t.shape)} but the base layer {stripped} needs ({fout},)",
+                    where=str(d),
+                    fix="pass the base model this adapter was trained on (see base_model_name_or_path)",
+                )
+            magnitudes += 1
+            continue
         if t.dim() != 2:
             raise GradianUserError(
                 f"{key} has shape {tuple(t.shape)}; a LoRA matrix has 2 dimensions",
@@ -545,6 +552,13 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
         checked += 1
     if checked == 0:
         raise GradianUserError("the adapter holds no LoRA weights", where=str(d), fix="re-save the adapter with PEFT")
+    if cfg.get("use_dora") and magnitudes * 2 != checked:
+        raise GradianUserError(
+            f"use_dora is set but the adapter holds {magnitudes} DoRA magnitude vectors for {checked // 2} LoRA "
+            "layers; PEFT would start the missing ones from the base weights' norms, not the trained values",
+            where=str(d),
+            fix="re-save the adapter with PEFT's save_pretrained (it writes every lora_magnitude_vector)",
+        )
 
 
 def _targeted(module_path: str, target_modules: Any) -> bool:
@@ -670,11 +684,16 @@ def set_lora_weights(peft_model: torch.nn.Module, weights: dict[str, torch.Tenso
 
 
 def prepare_lora_for_gradients(peft_model: torch.nn.Module) -> None:
-    """Eval mode, LoRA dropout → identity, only ``lora_A``/``lora_B`` weights require grad."""
+    """Eval mode, LoRA dropout → identity, only ``lora_A``/``lora_B`` weights (and DoRA magnitudes) require grad."""
     peft_model.eval()
     for mod in peft_model.modules():
         if hasattr(mod, "lora_dropout"):
             for k in list(mod.lora_dropout.keys()):
                 mod.lora_dropout[k] = torch.nn.Identity()
     for name, p in peft_model.named_parameters():
-        p.requires_grad_(".lora_A." in name or ".lora_B." in name)
+        p.requires_grad_(is_adapter_param(name))
+
+
+def is_adapter_param(name: str) -> bool:
+    """Whether a PEFT parameter name is one Gradian attributes: a ``lora_A``/``lora_B`` matrix or a DoRA magnitude."""
+    return ".lora_A." in name or ".lora_B." in name or ".lora_magnitude_vector." in name

@@ -234,6 +234,7 @@ def tiny_lora(
     random_init: bool = False,
     rslora: bool = False,
     copy: bool = True,
+    dora: bool = False,
 ):
     """A PEFT LoRA adapter on ``base`` (on a deep copy of it unless ``copy`` is false).
 
@@ -248,6 +249,7 @@ def tiny_lora(
             from the start; otherwise PEFT's default (B = 0: the adapter starts as a no-op).
         rslora: rank-stabilised scaling alpha/√r.
         copy: wrap a deep copy of ``base`` (``base`` itself stays a plain model); false: wrap ``base``.
+        dora: a DoRA adapter (``use_dora``: a magnitude vector per layer beside A and B).
     """
     import copy as _copy
 
@@ -265,6 +267,7 @@ def tiny_lora(
         fan_in_fan_out=(arch == "gpt2"),
         init_lora_weights=not random_init,
         use_rslora=rslora,
+        use_dora=dora,
     )
     model = _copy.deepcopy(base) if copy else base
     torch.manual_seed(seed)
