@@ -268,6 +268,7 @@ def train_lora(
         lora_dropout=spec.lora_dropout,
         target_modules=list(spec.target_modules),
         use_rslora=spec.use_rslora,
+        use_dora=spec.use_dora,
         bias="none",
         task_type="CAUSAL_LM",
     )

@@ -45,6 +45,8 @@ class TrainSpec:
         seed: LoRA init, data order, dropout masks.
         logging_steps: log loss/grad_norm/learning_rate every this many optimizer steps.
         r, lora_alpha, lora_dropout, target_modules, use_rslora: the LoRA adapter.
+        use_dora: a DoRA adapter (PEFT's ``use_dora``: a trained magnitude per output feature beside A and B).
+            Left out of :meth:`to_dict` while false, so the ids of runs made before it existed stay the same.
         dtype: training dtype of the base weights and adapter (``"float32"`` on CPU).
         device: ``"auto"`` (default: CUDA, else MPS, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"mps"``;
             resolved by :func:`gradian.models.load.resolve_device` (``gradian_train.json`` records the result).
@@ -73,6 +75,7 @@ class TrainSpec:
     lora_dropout: float = 0.05
     target_modules: tuple[str, ...] = ALL_LINEAR_LLAMA
     use_rslora: bool = False
+    use_dora: bool = False
     dtype: str = DTYPE
     device: str = DEVICE
     save_strategy: str = "epoch"
@@ -83,6 +86,8 @@ class TrainSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["target_modules"] = list(self.target_modules)
+        if not self.use_dora:
+            del d["use_dora"]
         return d
 
     def replace(self, **kw: Any) -> TrainSpec:
@@ -123,6 +128,8 @@ class TrainSpec:
         cfg["use_peft"] = True
         for k in ("r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora"):
             cfg[_TRL_NAME.get(k, k)] = d[k]
+        if self.use_dora:  # TRL's ModelConfig name; absent when false, as in to_dict
+            cfg["use_dora"] = True
         # gradian's own mask for 'messages' rows, which no TRL field expresses (TRL's assistant_only_loss
         # trains every assistant turn, its default every token): gradian diagnose reads this
         cfg["messages_loss"] = "final_assistant_turn"
@@ -172,7 +179,7 @@ class TrainSpec:
                 raise bad(name, f"{name} must be a whole number (got {v!r})", f"give {name} a whole number")
             if v > hi:
                 raise bad(name, f"{name} must be at most {hi:,} (got {v:,})", f"give {name} a sensible value")
-        for name in ("completion_only_loss", "packing", "add_eos", "group_by_length", "use_rslora"):
+        for name in ("completion_only_loss", "packing", "add_eos", "group_by_length", "use_rslora", "use_dora"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, f"{name} must be true or false (got {getattr(self, name)!r})", "give true or false")
         if (
@@ -348,6 +355,7 @@ TRAIN_FLAGS = {
     "warmup_ratio": "--warmup-ratio",
     "lr_scheduler_type": "--scheduler",
     "completion_only_loss": "--loss-on-all",
+    "use_dora": "--dora",
     "seed": "--seed",
     "logging_steps": "--logging-steps",
     "device": "--device",
@@ -377,7 +385,7 @@ def spec_from_config(path: str | Path | None, **overrides: Any) -> TrainSpec:
             return f"{path}: {name}"
         return f"TrainSpec.{name} (default)"
 
-    merged = {**TrainSpec().to_dict(), **cfg, **given}
+    merged = {**asdict(TrainSpec()), **cfg, **given}
     # YAML gives strings for some numbers (e.g. "2e-4" is a str in YAML 1.1)
     typed: dict[str, Any] = {}
     for f in fields(TrainSpec):

@@ -625,3 +625,45 @@ def test_a_run_folder_without_a_final_adapter_names_its_last_checkpoint(run, tmp
     with pytest.raises(GradianUserError, match=r"its checkpoints are epoch_0\.\.epoch_2") as err:
         resolve_trajectory(out)
     assert err.value.fix == f"pass its last checkpoint, --adapter {out / 'epoch_2'}"
+
+
+@pytest.fixture(scope="module")
+def dora_run(saved_finetune, tmp_path_factory):
+    """A tiny DoRA adapter (``gradian train``'s use_dora) trained for 3 epochs, with its checkpoints."""
+    out = tmp_path_factory.mktemp("traj-dora") / "adapter"
+    train_lora(str(saved_finetune["base"]), saved_finetune["data"], out, SPEC.replace(use_dora=True))
+    return out
+
+
+def test_a_dora_checkpoint_swapped_in_is_that_checkpoint_loaded_alone(dora_run, saved_finetune):
+    """Every checkpoint of a DoRA run holds its magnitudes; swapping a checkpoint into the loaded final adapter gives
+    the model that checkpoint is on its own (the same per-example gradients, magnitude blocks included), and its
+    optimizer.pt's moments of the magnitudes are read as their (out, 1) blocks."""
+    from gradian import per_example_grads
+    from gradian.data.formats import load_examples
+    from gradian.data.tokenize import TokenizeSpec, collate, tokenize_example
+    from gradian.finetune import load_finetune
+    from gradian.gradients.adam import read_adam_state
+    from gradian.gradients.lora import lora_blocks
+    from gradian.models.load import ModelSpec
+
+    base = ModelSpec(str(saved_finetune["base"]))
+    ft = load_finetune(base, dora_run)
+    assert ft.adapter_config["use_dora"] is True
+    ck = resolve_trajectory(dora_run).checkpoints[0]
+    alone = load_finetune(base, ck.path)
+    exs = load_examples(saved_finetune["data"])[:4]
+    batch = collate(
+        [tokenize_example(e, ft.tokenizer, TokenizeSpec(max_length=64)) for e in exs], ft.tokenizer.pad_token_id
+    )
+    final = per_example_grads(ft.model, batch)
+    with checkpoint_weights(ft.model, ck):
+        swapped = per_example_grads(ft.model, batch)
+    want = per_example_grads(alone.model, batch)
+    mags = [b.name for b in lora_blocks(ft.model) if b.kind == "M"]
+    assert mags and set(swapped) == set(want)
+    for n in swapped:
+        torch.testing.assert_close(swapped[n], want[n], rtol=1e-5, atol=1e-7)
+    assert any(not torch.allclose(final[n], want[n]) for n in mags)  # training moved the magnitudes' gradients
+    st = read_adam_state(ck.path / "optimizer.pt", ft.model)
+    assert all(st[n].exp_avg.shape == swapped[n].shape[1:] and st[n].step == 3 for n in mags)

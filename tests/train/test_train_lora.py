@@ -212,3 +212,35 @@ def test_checkpoint_per_epoch(run):
     assert last.keys() == final.keys() and all(torch.equal(last[k], final[k]) for k in final)
     first = load_file(str(cks[0] / "adapter_model.safetensors"))
     assert any(not torch.equal(first[k], final[k]) for k in final)
+
+
+def test_cli_train_dora_writes_a_dora_adapter_and_its_config(saved_finetune, tmp_path):
+    """``gradian train --dora``: PEFT's use_dora in adapter_config.json, a magnitude per adapted layer in the weights,
+    ``use_dora: true`` in the training config (read back the same); a spec without it keeps its old dict (ids)."""
+    import json
+
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+    from gradian.trainconfig import TrainSpec
+
+    out = tmp_path / "dora"
+    args = cli_args(
+        "train",
+        base=saved_finetune["base"],
+        data=saved_finetune["data"],
+        out=out,
+        epochs=1,
+        r=2,
+        targets="q_proj,v_proj",
+        max_length=48,
+        batch_size=4,
+    )
+    res = CliRunner().invoke(app, [*args, "--dora"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "adapter_config.json").read_text())["use_dora"] is True
+    mags = [k for k in load_file(str(out / "adapter_model.safetensors")) if "lora_magnitude_vector" in k]
+    assert len(mags) == 2 * 2  # 2 layers x (q, v)
+    assert load_train_config(out / CONFIG_NAME)["use_dora"] is True and spec_from_config(out / CONFIG_NAME).use_dora
+    assert "use_dora" not in TrainSpec().to_dict() and TrainSpec(use_dora=True).to_dict()["use_dora"] is True

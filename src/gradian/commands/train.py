@@ -71,6 +71,12 @@ def train_cmd(
         help="Supervise prompt tokens too (completion_only_loss: false).",
         rich_help_panel=O.SETUP,
     ),
+    dora: bool = typer.Option(
+        False,
+        "--dora",
+        help="Train a DoRA adapter (PEFT use_dora: a trained magnitude per output feature).",
+        rich_help_panel=O.SETUP,
+    ),
     seed: int | None = _override("--seed", "LoRA init, data order and dropout masks (default 0)."),
     logging_steps: int | None = _override("--logging-steps", "Log every N optimizer steps (default 1)."),
     device: str | None = _override(
@@ -107,6 +113,7 @@ def train_cmd(
         warmup_ratio=warmup_ratio,
         lr_scheduler_type=scheduler,
         completion_only_loss=False if loss_on_all else None,
+        use_dora=True if dora else None,
         seed=seed,
         logging_steps=logging_steps,
         device=device,
@@ -115,7 +122,8 @@ def train_cmd(
     console.print(
         f"[bold]gradian train[/] base={escape(str(base))} data={escape(str(data))} "
         f"lr={spec.learning_rate:g} epochs={spec.num_train_epochs:g} r={spec.r} alpha={spec.lora_alpha} "
-        f"batch={spec.per_device_train_batch_size}x{spec.gradient_accumulation_steps} max_length={spec.max_length}",
+        f"batch={spec.per_device_train_batch_size}x{spec.gradient_accumulation_steps} max_length={spec.max_length}"
+        + (" dora" if spec.use_dora else ""),
         highlight=False,
         soft_wrap=True,
     )

@@ -45,10 +45,11 @@ _MAP = {
     "lora_alpha": "lora_alpha",
     "lora_dropout": "lora_dropout",
     "use_rslora": "use_rslora",
+    "use_dora": "use_dora",
     "seed": "seed",
 }
 # Settings a foreign config may carry that gradian train cannot reproduce (named in the result).
-_NOT_REPRODUCED = ("max_steps", "warmup_steps", "packing", "use_dora", "modules_to_save", "weight_decay", "optim")
+_NOT_REPRODUCED = ("max_steps", "warmup_steps", "packing", "modules_to_save", "weight_decay", "optim")
 
 
 @dataclass
