@@ -263,3 +263,33 @@ def test_a_put_right_torchtune_adapter_has_its_own_index_identity(torchtune_qwen
     (root / "epoch_0" / "adapter_model.pt").unlink()
     plain, cfg2, _ = load_adapter(load_base(spec)[0], root / "epoch_0")
     assert "adapter_fix" not in index_identity(FineTune(plain, None, spec, root / "epoch_0", cfg2), data, GradSpec())
+
+
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        ({"modules_to_save": ["lm_head"]}, "modules_to_save lm_head"),
+        ({"trainable_token_indices": [1, 2]}, "trainable_token_indices"),
+        ({"bias": "all"}, "bias: all"),
+    ],
+    ids=["modules_to_save", "trainable_tokens", "bias"],
+)
+def test_what_else_an_adapter_trained_is_loaded_and_named(tok, saved_finetune, tmp_path, kw, needle):
+    """PEFT loads a whole layer, embedding rows or base biases the adapter trained beside LoRA (the model is the one
+    trained); Gradian's scores use the LoRA blocks only, and the note says so instead of staying silent."""
+    from peft import LoraConfig
+
+    path = _save(tok, tmp_path / "ad", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], **kw))
+    model, _ = load_base(ModelSpec(str(saved_finetune["base"])))
+    pm, _, notes = load_adapter(model, path)
+    assert len(notes) == 1 and needle in notes[0] and "LoRA matrices' gradients only" in notes[0]
+    assert {n for n, p in pm.named_parameters() if p.requires_grad} == {b.name for b in lora_blocks(pm)}
+    plain = _save(tok, tmp_path / "plain", LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert load_adapter(load_base(ModelSpec(str(saved_finetune["base"])))[0], plain)[2] == []
+
+
+def test_a_bias_on_the_lora_matrices_is_refused_by_name(tok, saved_finetune, tmp_path):
+    from peft import LoraConfig
+
+    cfg = LoraConfig(r=4, target_modules=["q_proj"], lora_bias=True)
+    _expect(tok, saved_finetune, tmp_path, cfg, "lora_bias")

@@ -481,6 +481,13 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
                 where=str(d),
                 fix="attribute an adapter whose target_modules are Linear layers",
             )
+        if tag in ("lora_A", "lora_B") and key.endswith(".bias"):
+            raise GradianUserError(
+                f"the adapter has a bias on its LoRA matrices ({key}: PEFT's lora_bias), which Gradian does not "
+                "attribute",
+                where=f"{where}: lora_bias",
+                fix="attribute an adapter trained with lora_bias false (PEFT's default)",
+            )
         if tag == "lora_magnitude_vector" and not cfg.get("use_dora"):
             raise GradianUserError(
                 f"the adapter has a DoRA magnitude vector ({key}) but adapter_config.json does not set use_dora, so "
@@ -631,7 +638,7 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
 
     cfg = read_adapter_config(adapter_dir)
     check_adapter_fits(model, adapter_dir, cfg)
-    notes: list[str] = []
+    notes: list[str] = [n for n in [not_attributed(cfg)] if n]
     declared = cfg.get("base_model_name_or_path")
     if declared and base_name:
         a = Path(str(declared).rstrip("/")).name.lower()
@@ -661,6 +668,26 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
             peft_model.gradian_adapter_fix = "torchtune-qk-unpermuted"
     prepare_lora_for_gradients(peft_model)
     return peft_model, cfg, notes
+
+
+def not_attributed(cfg: dict[str, Any]) -> str | None:
+    """A note naming what else the adapter trained (PEFT's ``modules_to_save``, ``trainable_token_indices``, a
+    ``bias`` other than ``none``): those parameters are loaded, so the model is the one trained, but the gradients
+    Gradian scores are the LoRA matrices' (and DoRA magnitudes') only. None when the adapter trained nothing else.
+    """
+    what = []
+    if cfg.get("modules_to_save"):
+        what.append(f"modules_to_save {', '.join(map(str, cfg['modules_to_save']))} (whole layers)")
+    if cfg.get("trainable_token_indices"):
+        what.append("trainable_token_indices (embedding rows)")
+    if cfg.get("bias") not in (None, "none"):
+        what.append(f"bias: {cfg['bias']} (the base layers' biases)")
+    if not what:
+        return None
+    return (
+        f"the adapter also trained {'; '.join(what)}: they are loaded, so the model is the one trained, but the "
+        "scores use the LoRA matrices' gradients only, so what those parameters learned from a row is not in them"
+    )
 
 
 def set_lora_weights(peft_model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str | Path) -> None:
