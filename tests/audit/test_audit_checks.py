@@ -398,6 +398,15 @@ def f_c23_cpu(w):
     return _yaml_config(w, "tt.yaml", _TT_QWEN2.format(mods="v_proj", epochs=3, device="cpu", extra=""))
 
 
+def f_c23_dora(w):
+    # DoRA on a Llama-style model: the export omits use_dora and keeps the q/k magnitudes in torchtune's order
+    text = _TT_QWEN2.format(mods="q_proj, v_proj", epochs=1, device="cuda", extra="")
+    text = text.replace("apply_lora_to_mlp: true", "apply_lora_to_mlp: true\n  use_dora: true")
+    return _yaml_config(
+        w, "tt.yaml", text.replace("QWEN2", "LLAMA3").replace("qwen2.lora_qwen2_0_5b", "llama3_2.lora_llama3_2_1b")
+    )
+
+
 def n_c23(w):
     # LoRA on v and output only; several epochs on CPU, but saving the adapter alone
     extra = "save_adapter_weights_only: true\n"
@@ -622,7 +631,7 @@ FIRE = {
     "C20": [(f_c20, "warning"), (f_c20_prompt, "error")],
     "C21": [(f_c21, "warning")],
     "C22": [(f_c22, "warning"), (f_c22_sync, "error")],
-    "C23": [(f_c23, "error"), (f_c23_cpu, "warning")],
+    "C23": [(f_c23, "error"), (f_c23_cpu, "warning"), (f_c23_dora, "error")],
     "T01": [(f_t01, "error")],
     "T02": [(f_t02, "warning")],
     "T03": [(f_t03, "warning"), (f_t03_rows, "warning")],

@@ -545,6 +545,43 @@ def _torchtune_run_config(world: Path, out: Path, family: str = "qwen2", epochs:
     }
 
 
+def _tiny_qwen2(world: Path, tok) -> Path:
+    """A tiny Qwen2 (tied embeddings) saved with the test tokenizer, for torchtune's ``lora_qwen2`` to train."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    base = world / "base_qwen2"
+    if not base.is_dir():
+        torch.manual_seed(0)
+        cfg = Qwen2Config(
+            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, rope_theta=10000.0,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        )  # fmt: skip
+        Qwen2ForCausalLM(cfg).save_pretrained(base)
+        tok.save_pretrained(base)
+    return base
+
+
+def _tiny_llama3_untied(world: Path) -> Path:
+    """A tiny Llama-3 with the Llama-3 tokenizer, its output projection its own (as torchtune's ``lora_llama3``)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    base = world / "base_llama3_untied"
+    if not base.is_dir():
+        t = AutoTokenizer.from_pretrained(world / "base_llama3_tt")
+        torch.manual_seed(0)
+        cfg = LlamaConfig(
+            vocab_size=len(t), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, rope_theta=500000.0,
+            rms_norm_eps=1e-5, bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
+        )  # fmt: skip
+        LlamaForCausalLM(cfg).save_pretrained(base)
+        t.save_pretrained(base)
+    return base
+
+
 def test_a_torchtune_training_run_s_folder(world, tok):
     """torchtune 0.6.1 trains (``tune run lora_finetune_single_device``: LoRA on a tiny Qwen2, 2 epochs of 4 steps,
     an ``epoch_N/`` folder each) and Gradian reads its output folder as a user points at it, with no ``--config``:
@@ -565,7 +602,7 @@ def test_a_torchtune_training_run_s_folder(world, tok):
     import torch
     from peft import PeftModel
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from gradian.attribute.trajectory import resolve_trajectory
     from gradian.audit import diagnose
@@ -579,16 +616,7 @@ def test_a_torchtune_training_run_s_folder(world, tok):
 
     if not (FW / "torchtune").is_dir():
         pytest.skip(f"{FW / 'torchtune'} is not installed (make frameworks)")
-    base = world / "base_qwen2"
-    if not base.is_dir():
-        torch.manual_seed(0)
-        cfg = Qwen2Config(
-            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, rope_theta=10000.0,
-            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        )  # fmt: skip
-        Qwen2ForCausalLM(cfg).save_pretrained(base)
-        tok.save_pretrained(base)
+    base = _tiny_qwen2(world, tok)
     out = world / "tt-run"
     case = tt("torchtune training run", "chat_nosys")
     case.update(base="base_qwen2", train=True, extra=_torchtune_run_config(world, out))
@@ -694,7 +722,7 @@ def test_a_torchtune_llama3_run_s_adapter_is_its_merged_model(world):
     model torchtune merged and saved; the trajectory is its one epoch."""
     import torch
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from gradian.attribute.trajectory import resolve_trajectory
     from gradian.finetune import load_finetune
@@ -702,17 +730,7 @@ def test_a_torchtune_llama3_run_s_adapter_is_its_merged_model(world):
 
     if not (FW / "torchtune").is_dir():
         pytest.skip(f"{FW / 'torchtune'} is not installed (make frameworks)")
-    base = world / "base_llama3_untied"  # torchtune's lora_llama3 has an output projection of its own
-    if not base.is_dir():
-        t = AutoTokenizer.from_pretrained(world / "base_llama3_tt")
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            vocab_size=len(t), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, rope_theta=500000.0,
-            rms_norm_eps=1e-5, bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
-        )  # fmt: skip
-        LlamaForCausalLM(cfg).save_pretrained(base)
-        t.save_pretrained(base)
+    base = _tiny_llama3_untied(world)
     out = world / "tt-llama3-run"
     case = tt("torchtune llama3 training run", "chat_nosys", family="llama3")
     case.update(train=True, extra=_torchtune_run_config(world, out, "llama3", epochs=1, base=base.name))
@@ -730,3 +748,58 @@ def test_a_torchtune_llama3_run_s_adapter_is_its_merged_model(world):
             moved = (ours - ft.model(input_ids=x).logits).abs().max().item()
     assert diff < 1e-5 < moved
     assert [c.path.name for c in resolve_trajectory(out / "epoch_0").checkpoints] == ["epoch_0"]
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2"])
+def test_a_torchtune_dora_run_s_adapter_is_its_merged_model(world, tok, family):
+    """torchtune 0.6.1 trains DoRA (``use_dora: true``, on q, k, v, output and the MLP, one epoch) and its PEFT
+    export is wrong twice: ``adapter_config.json`` has no ``use_dora`` (PEFT loads plain LoRA, the magnitudes
+    dropped), and for a Llama the q/k magnitudes stay in torchtune's rotary order while the base's rows are
+    permuted to HF's (for a Qwen2 it is the q/k ``lora_B`` that are permuted wrongly, as without DoRA). Gradian
+    loads it as DoRA and puts both right, checked against ``adapter_model.pt``: base + adapter gives the logits of
+    the model torchtune merged and saved, PEFT on the folder as written does not, and the magnitudes are blocks of
+    the per-example gradient."""
+    import torch
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gradian.audit import diagnose
+    from gradian.finetune import load_finetune
+    from gradian.gradients.lora import lora_blocks
+    from gradian.models.spec import ModelSpec
+
+    if not (FW / "torchtune").is_dir():
+        pytest.skip(f"{FW / 'torchtune'} is not installed (make frameworks)")
+    if family == "llama3":
+        base = _tiny_llama3_untied(world)
+        case = tt("torchtune llama3 DoRA run", "chat_nosys", family="llama3")
+        conf = _torchtune_run_config(world, world / "tt-llama3-dora", "llama3", epochs=1, base=base.name)
+    else:
+        base = _tiny_qwen2(world, tok)
+        case = tt("torchtune qwen2 DoRA run", "chat_nosys")
+        conf = _torchtune_run_config(world, world / "tt-qwen2-dora", "qwen2", epochs=1)
+        conf["model"]["lora_attn_modules"] = ["q_proj", "k_proj", "v_proj", "output_proj"]
+    out = Path(conf["output_dir"])
+    conf["model"]["use_dora"] = True
+    case.update(base=base.name, train=True, extra=conf)
+    got = run_frameworks(world, [case])[case["name"]]
+    assert "error" not in got, got.get("error")
+    assert "use_dora" not in json.loads((out / "epoch_0" / "adapter_config.json").read_text())  # torchtune's omission
+    ft = load_finetune(ModelSpec(str(base)), out / "epoch_0")
+    assert any("without use_dora" in n for n in ft.notes)
+    assert any(("DoRA magnitudes" if family == "llama3" else "un-permuted") in n for n in ft.notes)
+    assert sum(b.kind == "M" for b in lora_blocks(ft.model)) == 2 * 7  # 2 layers x 7 adapted linears
+    trained = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out / "epoch_0")).eval()
+    trained.load_state_dict(load_file(out / "epoch_0" / "model-00001-of-00001.safetensors"), strict=False)
+    trained.tie_weights()  # the Qwen2's lm_head is its embeddings
+    x = torch.tensor([got["rows"][0][0]])
+    with torch.no_grad():
+        merged = trained(input_ids=x).logits
+        ours = ft.model(input_ids=x).logits
+        plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), out / "epoch_0").eval()
+        as_written = plain(input_ids=x).logits
+    diff = (ours - merged).abs().max().item()
+    assert diff < 1e-5 and (as_written - merged).abs().max().item() > 100 * max(diff, 1e-7)
+    c23 = [f.message for f in diagnose(configs=[out / "torchtune_config.yaml"], select=["C23"]).by_id("C23")]
+    assert any("without use_dora" in m and (("rotary order" in m) == (family == "llama3")) for m in c23)

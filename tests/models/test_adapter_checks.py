@@ -227,23 +227,27 @@ def test_a_torchtune_qwen2_adapter_is_loaded_as_trained(torchtune_qwen2):
 def test_a_torchtune_adapter_is_left_alone_unless_its_pt_confirms(torchtune_qwen2):
     """Without ``adapter_model.pt``, or when it holds other tensors, the PEFT file is used as written (with a note
     in the second case); a Llama base (whose torchtune weights are permuted too) is never touched."""
-    from gradian.models.load import read_adapter_weights, torchtune_qk_fix
+    from gradian.models.load import read_adapter_weights
+    from gradian.models.torchtune_export import torchtune_fix
 
     root, trained = torchtune_qwen2
     folder = root / "epoch_0"
     written = read_adapter_weights(folder)
     cfg = load_base(ModelSpec(str(root / "base")))[0].config
-    fixed, note = torchtune_qk_fix(written, folder, cfg)
-    assert note and all(torch.equal(fixed[k], trained[k]) for k in trained)
+    fix = torchtune_fix(written, folder, cfg)
+    assert fix.notes and fix.tag == "torchtune-qk-unpermuted" and not fix.dora
+    assert all(torch.equal(fix.weights[k], trained[k]) for k in trained)
     cfg.model_type = "llama"
-    assert torchtune_qk_fix(written, folder, cfg) == (written, None)
+    fix = torchtune_fix(written, folder, cfg)
+    assert fix.weights is written and fix.notes == [] and fix.tag is None
     cfg.model_type = "qwen2"
     tune = torch.load(folder / "adapter_model.pt", weights_only=True)
     torch.save({k: v + 1 if "lora_b" in k else v for k, v in tune.items()}, folder / "adapter_model.pt")
-    same, note = torchtune_qk_fix(written, folder, cfg)
-    assert same is written and "neither the PEFT file's nor its un-permuted rows" in note
+    fix = torchtune_fix(written, folder, cfg)
+    assert fix.weights is written and "neither the PEFT file's nor its permuted rows" in fix.notes[0]
     (folder / "adapter_model.pt").unlink()
-    assert torchtune_qk_fix(written, folder, cfg) == (written, None)
+    fix = torchtune_fix(written, folder, cfg)
+    assert fix.weights is written and fix.notes == [] and fix.tag is None
 
 
 def test_a_put_right_torchtune_adapter_has_its_own_index_identity(torchtune_qwen2):

@@ -478,11 +478,13 @@ def checkpoint_weights(model: torch.nn.Module, ckpt: Checkpoint | Path) -> Itera
     The base weights are shared; only the LoRA matrices are swapped (in place, so
     hooks and module references stay valid).
     """
-    from gradian.models.load import read_adapter_weights, set_lora_weights, torchtune_qk_fix
+    from gradian.models.load import read_adapter_weights, set_lora_weights
+    from gradian.models.torchtune_export import torchtune_fix
 
     path = ckpt.path if isinstance(ckpt, Checkpoint) else Path(ckpt)
     saved = lora_state(model)
-    weights, _ = torchtune_qk_fix(read_adapter_weights(path), path, getattr(model, "config", None))
+    # the model is already loaded as DoRA or not (use_dora=True: no second look at the config's word for it)
+    weights = torchtune_fix(read_adapter_weights(path), path, getattr(model, "config", None), use_dora=True).weights
     try:
         set_lora_weights(model, weights, path)
         yield

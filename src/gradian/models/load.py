@@ -340,80 +340,6 @@ def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
     )
 
 
-#: torchtune's own copy of the adapter, in its own key names (``layers.{i}.attn.q_proj.lora_b.weight``), which its
-#: ``FullModelHFCheckpointer`` writes beside the PEFT file (PEFT never does)
-TORCHTUNE_ADAPTER = "adapter_model.pt"
-#: HF ``model_type`` values whose torchtune 0.6.1 checkpoint conversion keeps q/k in HF's rotary layout
-#: (``qwen2_tune_to_hf`` maps names only), while its PEFT export permutes q/k ``lora_B`` for Llama's
-_TORCHTUNE_UNPERMUTED = ("qwen2",)
-_QK_LORA_B = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.([qk])_proj\.lora_B\.weight$")
-
-
-def _unpermute_rows(t: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
-    """The inverse of torchtune's ``_permute_lora_matrix``: ``(H·d, r)`` rows back from ``[h, 2, d/2]`` order to
-    ``[h, d/2, 2]`` (``view(H, 2, d/2, r).transpose(1, 2)``).
-    """
-    r = t.shape[-1]
-    return t.view(n_heads, 2, head_dim // 2, r).transpose(1, 2).reshape(n_heads * head_dim, r)
-
-
-def torchtune_export(adapter_dir: Path, config: Any) -> bool:
-    """Whether the folder may hold torchtune's permuted Qwen2 export (:func:`torchtune_qk_fix`): the base's
-    ``model_type`` is one of :data:`_TORCHTUNE_UNPERMUTED` and torchtune's own ``adapter_model.pt`` is beside it.
-    """
-    return getattr(config, "model_type", None) in _TORCHTUNE_UNPERMUTED and (adapter_dir / TORCHTUNE_ADAPTER).is_file()
-
-
-def torchtune_qk_fix(
-    weights: dict[str, torch.Tensor], adapter_dir: str | Path, config: Any
-) -> tuple[dict[str, torch.Tensor], str | None]:
-    """The adapter's PEFT weights as torchtune trained them, and a note when they had to be put right.
-
-    torchtune 0.6.1's ``FullModelHFCheckpointer.save_checkpoint`` writes the PEFT adapter through
-    ``convert_weights.tune_to_peft_adapter_weights``, which permutes every ``q_proj`` / ``k_proj`` ``lora_B``
-    (``(H·d, r)``, rows ``[h, d/2, 2] → [h, 2, d/2]``) as if the model were a Llama, whose torchtune weights use
-    interleaved rotary pairs. For a Qwen2 model (``qwen2_tune_to_hf`` does not permute its base weights) the PEFT
-    file then holds ``B' = P·B``, and ``W + s·B'A`` is not the model torchtune trained. When the folder also holds
-    torchtune's own ``adapter_model.pt`` (read with ``weights_only=True``) and ``config.model_type`` is one of
-    :data:`_TORCHTUNE_UNPERMUTED`, each such ``lora_B`` is un-permuted, and kept only if it then equals the ``.pt``'s
-    ``lora_b`` exactly; otherwise the weights are returned as read, with a note.
-    """
-    d = Path(adapter_dir)
-    keys = [k for k in weights if _QK_LORA_B.search(k)]
-    if not keys or not torchtune_export(d, config):
-        return weights, None
-    pt = d / TORCHTUNE_ADAPTER
-    check_size(pt, check_regular_file(pt, "torchtune adapter").st_size, "torchtune adapter")
-    try:
-        tune = torch.load(str(pt), map_location="cpu", weights_only=True)
-    except Exception as e:
-        return (
-            weights,
-            f"{pt} does not read safely ({type(e).__name__}): its q/k lora_B are used as the PEFT file has them",
-        )
-    heads, kv = config.num_attention_heads, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    fixed = dict(weights)
-    for k in keys:
-        layer, qk = _QK_LORA_B.search(k).groups()  # type: ignore[union-attr]
-        theirs = tune.get(f"layers.{layer}.attn.{qk}_proj.lora_b.weight") if isinstance(tune, dict) else None
-        if isinstance(theirs, torch.Tensor) and torch.equal(theirs, weights[k]):
-            return weights, None  # the PEFT file is torchtune's model as it is (a torchtune that does not permute)
-        back = _unpermute_rows(weights[k], heads if qk == "q" else kv, head_dim)
-        if not (isinstance(theirs, torch.Tensor) and torch.equal(theirs, back)):
-            return (
-                weights,
-                f"{pt}: its {qk}_proj lora_b of layer {layer} is neither the PEFT file's nor its un-permuted rows; "
-                "the PEFT file is used as it is",
-            )
-        fixed[k] = back
-    return fixed, (
-        f"{d}: torchtune 0.6.1 wrote this {config.model_type} adapter's q_proj/k_proj lora_B rows permuted for "
-        f"Llama's rotary layout ({len(keys)} tensors); Gradian un-permuted them (equal to its {TORCHTUNE_ADAPTER}), so "
-        "the model is the one torchtune trained. PEFT, vLLM or a merge loading this folder as it is get another model"
-    )
-
-
 def _module_suffix(key: str) -> tuple[str, str] | None:
     """``...layers.0.self_attn.q_proj.lora_A.weight`` → (``layers.0.self_attn.q_proj``, ``lora_A``)."""
     parts = key.split(".")
@@ -434,8 +360,15 @@ def _in_out(module: torch.nn.Module) -> tuple[int, int] | None:
     return None
 
 
-def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dict[str, Any] | None = None) -> None:
+def check_adapter_fits(
+    model: torch.nn.Module,
+    adapter_dir: str | Path,
+    cfg: dict[str, Any] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> None:
     """Refuse adapters Gradian cannot handle and adapters that do not fit ``model``.
+
+    ``cfg`` and ``weights``, when given, are the adapter's config and tensors already read (else read here).
 
     Raises :class:`GradianUserError` with the module and shapes that disagree.
     """
@@ -466,7 +399,7 @@ def check_adapter_fits(model: torch.nn.Module, adapter_dir: str | Path, cfg: dic
         )
     modules = dict(model.named_modules())
     _check_target_modules(cfg.get("target_modules"), modules, where)
-    weights = read_adapter_weights(d)
+    weights = weights if weights is not None else read_adapter_weights(d)
     # Map the adapter's module paths onto the base's by longest matching suffix.
     base_names = list(modules)
     checked = magnitudes = 0
@@ -636,9 +569,18 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
     """
     from peft import PeftModel
 
+    from gradian.models.torchtune_export import is_torchtune_export, torchtune_fix
+
     cfg = read_adapter_config(adapter_dir)
-    check_adapter_fits(model, adapter_dir, cfg)
-    notes: list[str] = [n for n in [not_attributed(cfg)] if n]
+    tt = None
+    if is_torchtune_export(adapter_dir):  # torchtune's export: its weights are read here, and checked as put right
+        tt = torchtune_fix(
+            read_adapter_weights(adapter_dir), adapter_dir, getattr(model, "config", None), bool(cfg.get("use_dora"))
+        )
+        if tt.dora:
+            cfg = {**cfg, "use_dora": True}
+    check_adapter_fits(model, adapter_dir, cfg, tt.weights if tt else None)
+    notes: list[str] = [n for n in [not_attributed(cfg)] if n] + (tt.notes if tt else [])
     declared = cfg.get("base_model_name_or_path")
     if declared and base_name:
         a = Path(str(declared).rstrip("/")).name.lower()
@@ -651,21 +593,25 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+            peft_config = None
+            if tt is not None and tt.dora:  # DoRA, as torchtune trained it, though its adapter_config.json omits it
+                from peft import PeftConfig
+
+                peft_config = PeftConfig.from_pretrained(str(adapter_dir))
+                peft_config.use_dora = True
+            peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True, config=peft_config)
     except Exception as e:  # PEFT raises ValueError/TypeError/KeyError/RuntimeError on configs it cannot apply
         raise GradianUserError(
             f"PEFT cannot load this adapter ({_first_line(e)})",
             where=str(Path(adapter_dir) / "adapter_config.json"),
             fix="re-save the adapter with PEFT's save_pretrained, against the base model it was trained on",
         ) from None
-    if torchtune_export(Path(adapter_dir), getattr(model, "config", None)):  # read the weights again only then
-        written = read_adapter_weights(adapter_dir)
-        fixed, note = torchtune_qk_fix(written, adapter_dir, model.config)
-        if note is not None:
-            notes.append(note)
-        if fixed is not written:  # put right (a new dict only then): loaded, and in the index identity (finetune.py)
-            set_lora_weights(peft_model, fixed, adapter_dir)
-            peft_model.gradian_adapter_fix = "torchtune-qk-unpermuted"
+    if tt is not None:  # put right: loaded as torchtune trained it, and in the index identity (finetune.py)
+        if tt.tag is not None:
+            set_lora_weights(peft_model, tt.weights, adapter_dir)
+        tags = [t for t in (tt.tag, "torchtune-use-dora" if tt.dora else None) if t]
+        if tags:
+            peft_model.gradian_adapter_fix = "+".join(tags)
     prepare_lora_for_gradients(peft_model)
     return peft_model, cfg, notes
 
