@@ -29,7 +29,7 @@ from gradian.data.tokenize import collate, tokenize_example  # noqa: E402
 from gradian.gradients import per_example_grads  # noqa: E402
 
 
-def _packed_run(tok, tmp_path, strategy: str | None, attn: str = "sdpa"):
+def _packed_run(tok, tmp_path, strategy: str | None, attn: str = "sdpa", dora: bool = False):
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
     from trl import SFTConfig, SFTTrainer
@@ -48,7 +48,8 @@ def _packed_run(tok, tmp_path, strategy: str | None, attn: str = "sdpa"):
         max_length=48, per_device_train_batch_size=4, **extra,
     )  # fmt: skip
     torch.manual_seed(0)
-    model = get_peft_model(tiny_model(tok, attn=attn), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", use_dora=dora)
+    model = get_peft_model(tiny_model(tok, attn=attn), lora)
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_B" in n:
@@ -75,8 +76,11 @@ def _rows_of(batch) -> list[tuple[int, ...]]:
     return [tuple(ids[a:b]) for a, b in zip(starts, starts[1:]) if b > a]
 
 
-def test_a_packed_batch_s_gradient_is_gradians_rows_weighted_by_their_tokens(tok, tmp_path):
-    model, tr, data, cfg = _packed_run(tok, tmp_path, None)
+@pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
+def test_a_packed_batch_s_gradient_is_gradians_rows_weighted_by_their_tokens(tok, tmp_path, dora):
+    """With ``dora`` the adapter is PEFT's DoRA as TRL trains it: its magnitudes are in TRL's gradient and in
+    Gradian's blocks alike (after B moved, m/n ≠ 1)."""
+    model, tr, data, cfg = _packed_run(tok, tmp_path, None, dora=dora)
     setup = setup_from_files([cfg], data)
     assert "packing" not in setup.unreproduced and setup.sources["packing"].startswith("packing bfd")
     spec = setup.tokenize_spec()
@@ -93,8 +97,10 @@ def test_a_packed_batch_s_gradient_is_gradians_rows_weighted_by_their_tokens(tok
         if n.sum() == 0:  # a pack of rows cut before their answer: TRL trains on nothing, Gradian's rows are zero
             assert all(float(g.abs().max()) == 0 for g in [*trl_grad.values(), *grads.values()])
             continue
+        assert dora == any("lora_magnitude_vector" in name for name in trl_grad)
         for name, g in trl_grad.items():
-            expected = (grads[name].double() * n.view(-1, *[1] * g.dim())).sum(0) / n.sum()
+            mine = grads[name].double().reshape(-1, *g.shape)  # a DoRA magnitude's block is (out, 1)
+            expected = (mine * n.view(-1, *[1] * g.dim())).sum(0) / n.sum()
             torch.testing.assert_close(g.double(), expected, rtol=1e-4, atol=1e-7)
     assert sorted(it.id for it in seen) == sorted(it.id for it in ours.values())  # every row trained, once
     assert sorted(it.id for it in seen if it.truncated) == ["pc-long", "pc-long-answer"]  # cut at max_length by both
