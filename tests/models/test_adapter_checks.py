@@ -297,3 +297,18 @@ def test_a_bias_on_the_lora_matrices_is_refused_by_name(tok, saved_finetune, tmp
 
     cfg = LoraConfig(r=4, target_modules=["q_proj"], lora_bias=True)
     _expect(tok, saved_finetune, tmp_path, cfg, "lora_bias")
+
+
+@pytest.mark.parametrize("init,noted", [("pissa_niter_4", True), ("olora", True), ("gaussian", False), (True, False)])
+def test_an_adapter_meant_for_a_residual_base_is_named(tok, saved_finetune, tmp_path, init, noted):
+    """PiSSA / OLoRA / CorDA / LoftQ rewrite the base at initialisation: an adapter saved without PEFT's conversion
+    adds to that residual base, so loading it on the original model is named in a note (PEFT says nothing)."""
+    import json
+
+    from peft import LoraConfig
+
+    path = _save(tok, tmp_path / "ad", LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    cfg = json.loads((path / "adapter_config.json").read_text())
+    (path / "adapter_config.json").write_text(json.dumps({**cfg, "init_lora_weights": init}))
+    _, _, notes = load_adapter(load_base(ModelSpec(str(saved_finetune["base"])))[0], path)
+    assert any(f"init_lora_weights: {init}" in n and "residual" in n for n in notes) == noted

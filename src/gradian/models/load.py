@@ -580,7 +580,7 @@ def load_adapter(model: torch.nn.Module, adapter_dir: str | Path, base_name: str
         if tt.dora:
             cfg = {**cfg, "use_dora": True}
     check_adapter_fits(model, adapter_dir, cfg, tt.weights if tt else None)
-    notes: list[str] = [n for n in [not_attributed(cfg)] if n] + (tt.notes if tt else [])
+    notes: list[str] = [n for n in [not_attributed(cfg), residual_base(cfg)] if n] + (tt.notes if tt else [])
     declared = cfg.get("base_model_name_or_path")
     if declared and base_name:
         a = Path(str(declared).rstrip("/")).name.lower()
@@ -633,6 +633,27 @@ def not_attributed(cfg: dict[str, Any]) -> str | None:
     return (
         f"the adapter also trained {'; '.join(what)}: they are loaded, so the model is the one trained, but the "
         "scores use the LoRA matrices' gradients only, so what those parameters learned from a row is not in them"
+    )
+
+
+#: PEFT ``init_lora_weights`` values that change the base weights at initialisation (the adapter then adds to the
+#: residual base PEFT computed, unless it was saved with ``path_initial_model_for_weight_conversion``, which converts
+#: it to a plain LoRA of twice the rank and writes ``init_lora_weights: true``)
+_RESIDUAL_INITS = ("pissa", "olora", "corda", "loftq")
+
+
+def residual_base(cfg: dict[str, Any]) -> str | None:
+    """A note when the adapter was initialised by a method that rewrites the base (PiSSA, OLoRA, CorDA, LoftQ) and
+    saved without PEFT's conversion: it is meant for that residual base, not the original model. None otherwise.
+    """
+    init = cfg.get("init_lora_weights")
+    if not isinstance(init, str) or not init.lower().startswith(_RESIDUAL_INITS):
+        return None
+    return (
+        f"adapter_config.json says init_lora_weights: {init}: PEFT then rewrites the base weights at initialisation, "
+        "so unless --base is the residual model saved then, base + adapter is not the model trained (re-save the "
+        "adapter with save_pretrained(path_initial_model_for_weight_conversion=...) to attribute it on the original "
+        "base; attribute's data check compares its loss on the training rows with the base's)"
     )
 
 
