@@ -155,25 +155,19 @@ def test_config_parsing_is_strict(tmp_path: Path):
         load_train_config(tmp_path / "missing.yaml")
 
 
+def _small_cli_train(saved_finetune, out, **over) -> list[str]:
+    """``gradian train`` of one epoch, r 2 on q and v, 48 tokens, batch 4 (``over``: more flags)."""
+    flags = dict(epochs=1, r=2, targets="q_proj,v_proj", max_length=48, batch_size=4, **over)
+    return cli_args("train", base=saved_finetune["base"], data=saved_finetune["data"], out=out, **flags)
+
+
 def test_cli_train_and_one_line_errors(saved_finetune, tmp_path):
     from typer.testing import CliRunner
 
     from gradian.cli import app
 
     out = tmp_path / "cli-adapter"
-    args = cli_args(
-        "train",
-        base=saved_finetune["base"],
-        data=saved_finetune["data"],
-        out=out,
-        epochs=1,
-        r=2,
-        alpha=4,
-        targets="q_proj,v_proj",
-        max_length=48,
-        batch_size=4,
-        lr="1e-3",
-    )
+    args = _small_cli_train(saved_finetune, out, alpha=4, lr="1e-3")
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "adapter:" in res.output
@@ -226,18 +220,7 @@ def test_cli_train_dora_writes_a_dora_adapter_and_its_config(saved_finetune, tmp
     from gradian.trainconfig import TrainSpec
 
     out = tmp_path / "dora"
-    args = cli_args(
-        "train",
-        base=saved_finetune["base"],
-        data=saved_finetune["data"],
-        out=out,
-        epochs=1,
-        r=2,
-        targets="q_proj,v_proj",
-        max_length=48,
-        batch_size=4,
-    )
-    res = CliRunner().invoke(app, [*args, "--dora"])
+    res = CliRunner().invoke(app, [*_small_cli_train(saved_finetune, out), "--dora"])
     assert res.exit_code == 0, res.output
     assert json.loads((out / "adapter_config.json").read_text())["use_dora"] is True
     mags = [k for k in load_file(str(out / "adapter_model.safetensors")) if "lora_magnitude_vector" in k]
