@@ -464,7 +464,12 @@ def test_the_index_and_evaluate_commands_defaults_are_the_specs():
                 "base_quant",  # 'auto', as attribute's
             },
         ),
-        ("evaluate", evaluate, {"base", "adapter", "eval_path", "reference_adapter", "out"}),
+        (
+            "evaluate",
+            evaluate,
+            # config / run_folder / base_quant: the base a QLoRA run trained on, as attribute's Evaluate lane has it
+            {"base", "adapter", "eval_path", "reference_adapter", "out", "config", "run_folder", "base_quant"},
+        ),
     ):
         params = _params(command)
         assert set(params) == set(fields) | inputs, command

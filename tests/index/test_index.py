@@ -369,3 +369,40 @@ def test_a_qlora_run_is_indexed_at_its_4bit_base(saved_finetune, tmp_path, monke
     recorded = torch.tensor([r["loss"] for r in recs], dtype=ours.dtype)
     torch.testing.assert_close(ours, recorded, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(full, recorded, rtol=1e-5, atol=1e-6)
+
+
+def test_gradian_evaluate_of_a_qlora_run_loads_its_4bit_base(saved_finetune, tmp_path):
+    """`gradian evaluate` reads a QLoRA run's config as attribute's Evaluate lane does: with `--config` (or the
+    config beside the adapter) its base is quantised as trained, recorded in the result, and `--base-quant none`
+    evaluates the base as stored."""
+    pytest.importorskip("bitsandbytes")
+    import json
+
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    ft = saved_finetune
+    cfg = tmp_path / "qlora.yaml"
+    cfg.write_text("base_model: x\nadapter: qlora\nload_in_4bit: true\nsequence_len: 512\n")
+    ev = tmp_path / "eval.jsonl"
+    ev.write_text(
+        "".join(
+            json.dumps({"id": f"e{i}", "capability": "capitals", "prompt": f"Q: capital {i}?\\nA:", "answer": "Paris"})
+            + "\n"
+            for i in range(4)
+        )
+    )
+    models = {}
+    for quant in ("auto", "none"):
+        out = tmp_path / f"eval-{quant}.json"
+        res = CliRunner().invoke(
+            app,
+            ["evaluate", "--base", str(ft["base"]), "--adapter", str(ft["adapter"]), "--eval", str(ev)]
+            + ["--config", str(cfg), "--max-new-tokens", "4", "--resamples", "1000", "--out", str(out)]
+            + ["--base-quant", quant],
+        )
+        assert res.exit_code == 0, res.output
+        assert ("base: quantised nf4-dq as trained" in " ".join(res.output.split())) is (quant == "auto")
+        models[quant] = json.loads(out.read_text())["meta"]["model"]
+    assert models["auto"]["quantize"] == "nf4-dq" and "quantize" not in models["none"]

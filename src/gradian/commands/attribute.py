@@ -292,11 +292,16 @@ def training_setup(
 
 
 def base_model_spec(
-    base: str, dtype: str, device: str, trust_remote_code: bool, base_quant: str, setup=None, adapter=None
+    base: str,
+    dtype: str,
+    device: str,
+    trust_remote_code: bool,
+    base_quant: str,
+    trained: tuple[str, str | None, str] | None = None,
 ):
-    """The base's :class:`~gradian.models.spec.ModelSpec`: ``--base-quant`` 'auto' takes a QLoRA run's 4-bit scheme
-    from its training setup (:attr:`~gradian.data.setup.TrainingSetup.base_quant`), 'none' the base as stored, a
-    scheme that scheme; printed when the base is quantised.
+    """The base's :class:`~gradian.models.spec.ModelSpec`: ``--base-quant`` 'auto' takes the 4-bit base a QLoRA run
+    trained on (``trained``: :func:`gradian.data.setup.trained_quant`), 'none' the base as stored, a scheme that
+    scheme; printed when the base is quantised.
     """
     from gradian.models.spec import QUANT_NAMES, ModelSpec
 
@@ -308,12 +313,7 @@ def base_model_spec(
         )
     quant, frm, src = None, None, ""
     if base_quant == "auto":
-        if setup is not None and setup.base_quant:
-            quant, frm, src = setup.base_quant, setup.base_quant_from, setup.sources.get("base_quant", "")
-        elif setup is None:  # no training setup resolved: the adapter's model card may say (as setup_from_files reads)
-            from gradian.data.setup import card_quant
-
-            quant, src = card_quant(adapter) or (None, "")
+        quant, frm, src = trained or (None, None, "")
         if quant:
             said = f"base: quantised {quant} as trained ({escape(src)}), from {frm or 'its stored dtype'}"
             console.print(said, highlight=False)
@@ -555,6 +555,7 @@ def register(app: typer.Typer) -> None:
         # the loss mask (flags still win), the template saved beside the adapter renders chat rows; --data is read
         # once, here, for the setup's row format and the run
         from gradian.data.formats import load_examples
+        from gradian.data.setup import trained_quant
 
         examples = load_examples(data)
         if config or card is not None:
@@ -565,7 +566,7 @@ def register(app: typer.Typer) -> None:
             setup = default_training_setup(ctx, data, max_length, loss_on, adapter=adapter, examples=examples)
         grad = dataclasses.replace(grad, tokenize=setup.tokenize_spec())
         specs.grad = grad
-        specs.model = base_model_spec(base, dtype, device, trust_remote_code, base_quant, setup)
+        specs.model = base_model_spec(base, dtype, device, trust_remote_code, base_quant, trained_quant(setup))
         from gradian import distributed
         from gradian.commands._common import distributed_job
         from gradian.index.identity import dataset_identity

@@ -140,11 +140,14 @@ def evaluate_cmd(
         help="Run string prompts through the tokenizer's chat template.",
         rich_help_panel=O.VERDICT,
     ),
+    config: list[Path] | None = O.configs("evaluate reads a QLoRA run's 4-bit base from them, as attribute does"),
+    run_folder: bool = O.RUN_FOLDER,
+    base_quant: str = O.BASE_QUANT,
 ) -> None:
     """Measure what the adapter changed per capability; refuse to diagnose noise; bound the blame on the base."""
     from gradian.evaluate import EvalSpec, evaluate, load_eval_set
     from gradian.index.identity import library_versions
-    from gradian.models.load import ModelSpec, load_adapter, load_base, read_adapter_config
+    from gradian.models.load import load_adapter, load_base, read_adapter_config
     from gradian.util import atomic_write_json, sha256_file
 
     t_start = time.perf_counter()
@@ -162,9 +165,15 @@ def evaluate_cmd(
         read_adapter_config(reference_adapter)
     if out is not None and out.is_dir():
         raise GradianUserError("--out is a folder", where=str(out), fix="give a file path such as result.json")
+    from gradian.commands._common import run_folder_inputs
+    from gradian.commands.attribute import base_model_spec
+    from gradian.data.setup import trained_quant
     from gradian.models.load import resolve_device
 
-    mspec = ModelSpec(base=base, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    # the base the run trained on (a QLoRA run's 4-bit base), from its config as attribute's Evaluate lane takes it
+    configs, _, _ = run_folder_inputs(adapter, config, None, read=run_folder and base_quant == "auto", want_logs=False)
+    trained = trained_quant(None, adapter, configs) if base_quant == "auto" else None
+    mspec = base_model_spec(base, dtype, device, trust_remote_code, base_quant, trained)
     used = resolve_device(device)  # auto: cuda, else mps, else cpu (load_base resolves it the same way)
 
     with console.status("loading the base model and adapter"):

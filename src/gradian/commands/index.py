@@ -102,8 +102,9 @@ def register(app: typer.Typer) -> None:
 
         budget = index_budget(ctx, max_index_gb)
         from gradian.commands.attribute import base_model_spec
+        from gradian.data.setup import trained_quant
 
-        mspec = base_model_spec(base, dtype, device, trust_remote_code, base_quant, setup, adapter=adapter)
+        mspec = base_model_spec(base, dtype, device, trust_remote_code, base_quant, trained_quant(setup, adapter))
         examples = load_examples(data)
 
         def same_on_every_rank() -> dict:  # beside the base, adapter and data (computed only under torchrun)

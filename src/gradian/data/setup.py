@@ -526,6 +526,27 @@ def with_card_quant(setup: TrainingSetup, adapter: str | Path | None) -> Trainin
     return dataclasses.replace(setup, base_quant=found[0], base_quant_from=None, sources=sources)
 
 
+def trained_quant(
+    setup: TrainingSetup | None, adapter: str | Path | None = None, config_paths: Sequence[str | Path] = ()
+) -> tuple[str, str | None, str] | None:
+    """``(scheme, load dtype, source)`` of the 4-bit base a QLoRA run trained on, or None when it did not: from a
+    resolved ``setup``; without one, from the run's ``config_paths`` (as :func:`setup_from_files` reads them, without
+    the rows: ``gradian evaluate``) or else the adapter's model card (:func:`card_quant`).
+    """
+    if setup is not None:
+        if not setup.base_quant:
+            return None
+        return setup.base_quant, setup.base_quant_from, setup.sources.get("base_quant", "")
+    if config_paths:
+        from gradian.audit.config import load_config
+
+        quant, frm, src, _ = _base_quant(load_config(list(config_paths)))
+        if quant:
+            return quant, frm, src
+    found = card_quant(adapter)
+    return (found[0], None, found[1]) if found else None
+
+
 def _base_quant(c: TrainConfig) -> tuple[str | None, str | None, str, str | None]:
     """A QLoRA run's base as its trainer quantised it: ``(scheme, load dtype, source, None)``, or ``(None, None, "",
     note)`` when it trained on a quantised base Gradian does not reproduce, or all None when it did not.
