@@ -197,6 +197,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "gradian.paths",
         "gradian.tables",
         "gradian.version",
+        "gradian.libversions",
         "gradian.runfile",
         "gradian.runtypes",
         "gradian.index.identity",

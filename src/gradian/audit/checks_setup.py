@@ -14,7 +14,7 @@ from gradian.audit.checks_config import FULL_LR_HIGH, LORA_LR_HIGH, _lora_config
 from gradian.audit.checks_dataset import count_hits
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
-from gradian.audit.versions import before, within
+from gradian.libversions import before, within
 
 # ---------------------------------------------------------------------- C08
 _RESPONSE_MARKERS = (

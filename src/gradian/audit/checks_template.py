@@ -13,7 +13,7 @@ from gradian.audit.checks_dataset import count_hits, ids, pct
 from gradian.audit.checks_tokens import _PLAIN_MARKER_FAMILIES, _rendered, end_of_turn
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
-from gradian.audit.versions import before
+from gradian.libversions import before
 
 
 # ---------------------------------------------------------------------- C07

@@ -17,7 +17,7 @@ from gradian.audit import text as T
 from gradian.audit.checks_dataset import count_hits, ids, pct, rate_hit, share_hit
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
-from gradian.audit.versions import before
+from gradian.libversions import before
 
 
 def _need_max_length(ctx: AuditContext) -> tuple[int, str]:

@@ -28,13 +28,13 @@ import numpy as np
 from gradian.audit import text as T
 from gradian.audit.config import TrainConfig
 from gradian.audit.logs import TrainLog
-from gradian.audit.versions import before
 from gradian.data.formats import Example
 from gradian.data.preference import PreferenceExample
 from gradian.data.templates import read_template, saved_template
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, TokenizeSpec, tokenize_example, uses_rule
 from gradian.defaults import MAX_LENGTH
 from gradian.errors import GradianUserError, first_line
+from gradian.libversions import before
 from gradian.safeio import load_json_file
 
 UNBOUNDED = 10**9

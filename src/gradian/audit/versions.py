@@ -47,25 +47,3 @@ def parse_versions(items: Iterable[str] | str | dict | None) -> dict[str, str]:
             ) from None
         out[str(k)] = str(v)
     return out
-
-
-def vt(v: str | None) -> Version | None:
-    """``v`` parsed as a version, or None when absent or unparseable."""
-    if v is None:
-        return None
-    try:
-        return Version(v)
-    except InvalidVersion:
-        return None
-
-
-def before(versions: dict[str, str], lib: str, bound: str) -> bool | None:
-    """True if ``lib``'s version is below ``bound``; None when unknown."""
-    v = vt(versions.get(lib))
-    return None if v is None else v < Version(bound)
-
-
-def within(versions: dict[str, str], lib: str, lo: str, hi: str) -> bool | None:
-    """True if ``lo <= version < hi``; None when unknown."""
-    v = vt(versions.get(lib))
-    return None if v is None else Version(lo) <= v < Version(hi)

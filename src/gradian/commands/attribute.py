@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from gradian.commands import _options as O
 from gradian.commands._common import (
+    base_model_spec,
     console,
     grad_spec_from_options,
     print_line,
@@ -289,37 +290,6 @@ def training_setup(
     for n in setup.notes:
         console.print(f"[yellow]not reproduced:[/] {escape(n)}", highlight=False, soft_wrap=True)
     return setup
-
-
-def base_model_spec(
-    base: str,
-    dtype: str,
-    device: str,
-    trust_remote_code: bool,
-    base_quant: str,
-    trained: tuple[str, str | None, str] | None = None,
-):
-    """The base's :class:`~gradian.models.spec.ModelSpec`: ``--base-quant`` 'auto' takes the 4-bit base a QLoRA run
-    trained on (``trained``: :func:`gradian.data.setup.trained_quant`), 'none' the base as stored, a scheme that
-    scheme; printed when the base is quantised.
-    """
-    from gradian.models.spec import QUANT_NAMES, ModelSpec
-
-    if base_quant not in ("auto", "none", *QUANT_NAMES):
-        raise GradianUserError(
-            f"unknown --base-quant {base_quant!r}",
-            where="--base-quant",
-            fix=f"use auto, none or {', '.join(QUANT_NAMES)}",
-        )
-    quant, frm, src = None, None, ""
-    if base_quant == "auto":
-        quant, frm, src = trained or (None, None, "")
-        if quant:
-            said = f"base: quantised {quant} as trained ({escape(src)}), from {frm or 'its stored dtype'}"
-            console.print(said, highlight=False)
-    elif base_quant != "none":
-        quant = base_quant
-    return ModelSpec(base, dtype, device, trust_remote_code, quantize=quant, quantize_from=frm)
 
 
 def index_budget(ctx: typer.Context, max_index_gb: float | None):

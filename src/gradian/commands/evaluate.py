@@ -165,8 +165,7 @@ def evaluate_cmd(
         read_adapter_config(reference_adapter)
     if out is not None and out.is_dir():
         raise GradianUserError("--out is a folder", where=str(out), fix="give a file path such as result.json")
-    from gradian.commands._common import run_folder_inputs
-    from gradian.commands.attribute import base_model_spec
+    from gradian.commands._common import base_model_spec, run_folder_inputs
     from gradian.data.setup import trained_quant
     from gradian.models.load import resolve_device
 

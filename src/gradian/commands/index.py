@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
         from gradian.commands.attribute import index_budget
 
         budget = index_budget(ctx, max_index_gb)
-        from gradian.commands.attribute import base_model_spec
+        from gradian.commands._common import base_model_spec
         from gradian.data.setup import trained_quant
 
         mspec = base_model_spec(base, dtype, device, trust_remote_code, base_quant, trained_quant(setup, adapter))

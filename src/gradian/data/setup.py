@@ -618,14 +618,12 @@ def _packing(c: TrainConfig, source: str) -> tuple[bool, str]:
     ``Σ_r n_r g_r / Σ_r n_r`` over Gradian's rows. ``bfd_split`` trains a long row's overflow as a row of its own,
     ``wrapped`` cuts rows across sequences, and other trainers' packing was not run: those stay unreproduced.
     """
-    from packaging.version import InvalidVersion, Version
+    from gradian.libversions import before
 
     strategy = (c.packing_strategy or "").lower()
     where = c.source("packing_strategy") or "not said"
-    try:  # TRL before 0.20 dropped the completion masks of packed rows (Audit's C11); unknown: TRL 1.16's rules
-        old_trl = Version(c.versions.get("trl") or "1.16") < Version("0.20")
-    except InvalidVersion:
-        old_trl = False
+    # TRL before 0.20 dropped the completion masks of packed rows (Audit's C11); unknown: TRL 1.16's rules
+    old_trl = bool(before(c.versions, "trl", "0.20"))
     if c.trainer == "trl" and strategy == "bfd" and not old_trl:
         return True, (
             f"packing bfd ({source}; packing_strategy from {where}): TRL keeps each row whole and apart in its packed "
