@@ -6,6 +6,7 @@ ordinary training step's gradient, without per-example gradients).
 
     python benchmarks/bench_per_example_grads.py               # tiny Llama (built from config)
     python benchmarks/bench_per_example_grads.py --smollm2     # also SmolLM2-135M (slow)
+    python benchmarks/bench_per_example_grads.py --dora        # the same with DoRA adapters (use_dora)
 
 Each cell is the median of --repeats timed runs after one warm-up; the runs of
 the four methods are interleaved so that other load on the machine hits all alike.
@@ -58,7 +59,7 @@ def make_batch(tok, b, seq, seed=0):
     return collate(items, tok.pad_token_id)
 
 
-def tiny_setup(hidden=64, layers=2):
+def tiny_setup(hidden=64, layers=2, dora=False):
     from peft import LoraConfig, get_peft_model
 
     from gradian.models.load import prepare_lora_for_gradients
@@ -67,12 +68,13 @@ def tiny_setup(hidden=64, layers=2):
     corpus = ["The capital of France is Paris. Iron is a metal. The river runs north of the city."] * 50
     tok = train_tokenizer(corpus, vocab_size=1000)
     model = tiny_model(tok, "llama", hidden=hidden, layers=layers, heads=4)
-    pm = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=default_targets("llama")))
+    pm = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=default_targets("llama"), use_dora=dora))
     prepare_lora_for_gradients(pm)
-    return f"Llama from config ({hidden} hidden, {layers} layers, LoRA r=8 on all 7 linears)", pm, tok
+    kind = "DoRA" if dora else "LoRA"
+    return f"Llama from config ({hidden} hidden, {layers} layers, {kind} r=8 on all 7 linears)", pm, tok
 
 
-def smollm2_setup():
+def smollm2_setup(dora=False):
     from peft import LoraConfig, get_peft_model
 
     from gradian.models.load import ModelSpec, load_base, prepare_lora_for_gradients
@@ -80,9 +82,9 @@ def smollm2_setup():
 
     folder = materialise_smollm2()
     model, tok = load_base(ModelSpec(str(folder)))
-    pm = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    pm = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], use_dora=dora))
     prepare_lora_for_gradients(pm)
-    return "SmolLM2-135M (LoRA r=8 on q_proj, v_proj)", pm, tok
+    return f"SmolLM2-135M ({'DoRA' if dora else 'LoRA'} r=8 on q_proj, v_proj)", pm, tok
 
 
 def run(name, model, tok, batch_sizes, seq, repeats, methods):
@@ -116,13 +118,15 @@ def main():
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--smollm2", action="store_true", help="also run on SmolLM2-135M (slow)")
+    ap.add_argument("--dora", action="store_true", help="DoRA adapters (use_dora) instead of plain LoRA")
     args = ap.parse_args()
     bs = [int(x) for x in args.batch_sizes.split(",")]
     torch.manual_seed(0)
-    run(*tiny_setup(64, 2), bs, args.seq, args.repeats, ["hooks", "loop", "vmap"])  # the test-suite's tiny model
-    run(*tiny_setup(256, 4), bs, args.seq, args.repeats, ["hooks", "loop", "vmap"])
+    three = ["hooks", "loop", "vmap"]
+    run(*tiny_setup(64, 2, args.dora), bs, args.seq, args.repeats, three)  # the test-suite's tiny model
+    run(*tiny_setup(256, 4, args.dora), bs, args.seq, args.repeats, three)
     if args.smollm2:
-        run(*smollm2_setup(), bs, args.seq, max(1, args.repeats // 3), ["hooks", "loop"])
+        run(*smollm2_setup(args.dora), bs, args.seq, max(1, args.repeats // 3), ["hooks", "loop"])
 
 
 if __name__ == "__main__":
