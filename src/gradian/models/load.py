@@ -622,8 +622,9 @@ def not_attributed(cfg: dict[str, Any]) -> str | None:
     Gradian scores are the LoRA matrices' (and DoRA magnitudes') only. None when the adapter trained nothing else.
     """
     what = []
-    if cfg.get("modules_to_save"):
-        what.append(f"modules_to_save {', '.join(map(str, cfg['modules_to_save']))} (whole layers)")
+    saved = cfg.get("modules_to_save")
+    if saved:
+        what.append(f"modules_to_save {saved if isinstance(saved, str) else ', '.join(map(str, saved))} (whole layers)")
     if cfg.get("trainable_token_indices"):
         what.append("trainable_token_indices (embedding rows)")
     if cfg.get("bias") not in (None, "none"):
