@@ -803,3 +803,44 @@ def test_a_torchtune_dora_run_s_adapter_is_its_merged_model(world, tok, family):
     assert diff < 1e-5 and (as_written - merged).abs().max().item() > 100 * max(diff, 1e-7)
     c23 = [f.message for f in diagnose(configs=[out / "torchtune_config.yaml"], select=["C23"]).by_id("C23")]
     assert any("without use_dora" in m and (("rotary order" in m) == (family == "llama3")) for m in c23)
+
+
+def test_a_llamafactory_dora_run_s_adapter_is_attributed_as_dora(world):
+    """LLaMA-Factory 0.9.5 trains DoRA (``use_dora: true``, one epoch) through PEFT: its folder says ``use_dora``,
+    Gradian loads it with its trained magnitudes (moved off the weight norms PEFT started them at) as blocks of the
+    per-example gradient, and the setup read from the run's config is LLaMA-Factory's, as for LoRA."""
+    import torch
+
+    from gradian.data.tokenize import collate
+    from gradian.finetune import load_finetune
+    from gradian.gradients import per_example_grads
+    from gradian.gradients.lora import lora_blocks
+    from gradian.models.spec import ModelSpec
+
+    if not (FW / "llamafactory").is_dir():
+        pytest.skip(f"{FW / 'llamafactory'} is not installed (make frameworks)")
+    out = world / "lf-dora-run"
+    case = lf("LLaMA-Factory DoRA run", "chat_nosys")
+    case["train"] = True
+    case["extra"] = {
+        "output_dir": str(out), "per_device_train_batch_size": 2, "num_train_epochs": 1, "learning_rate": 1e-3,
+        "lora_rank": 4, "use_dora": True, "logging_steps": 1, "save_strategy": "no", "use_cpu": True,
+        "disable_gradient_checkpointing": True,
+    }  # fmt: skip
+    got = run_frameworks(world, [case])[case["name"]]
+    assert "error" not in got, got.get("error")
+    assert json.loads((out / "adapter_config.json").read_text())["use_dora"] is True
+    check_case({**case, "adapter": str(out)}, world, {case["name"]: got})  # with --config: its rows, 4 of 4
+    ft = load_finetune(ModelSpec(str(world / "base")), out)
+    mags = [b for b in lora_blocks(ft.model) if b.kind == "M"]
+    assert mags and len(mags) * 2 == sum(b.kind in "AB" for b in lora_blocks(ft.model))
+    layer = dict(ft.model.named_modules())[mags[0].layer]
+    with torch.no_grad():
+        W, A, B = layer.base_layer.weight, layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        norm = torch.linalg.norm(W + layer.scaling["default"] * (B @ A), dim=1)
+    assert not torch.allclose(mags[0].module.weight, norm)  # trained: m/n is not 1
+    setup = setup_from_files([world / f"{_slug(case['name'])}.yaml"], world / "chat_nosys.jsonl")
+    examples = load_examples(world / "chat_nosys.jsonl")
+    items = [tokenize_example(e, ft.tokenizer, setup.tokenize_spec()) for e in examples[:2]]
+    grads = per_example_grads(ft.model, collate(items, ft.tokenizer.pad_token_id))
+    assert all(float(grads[b.name].abs().max()) > 0 for b in mags)
