@@ -637,7 +637,8 @@ def dora_run(saved_finetune, tmp_path_factory):
 
 def test_a_dora_checkpoint_swapped_in_is_that_checkpoint_loaded_alone(dora_run, saved_finetune):
     """Every checkpoint of a DoRA run holds its magnitudes; swapping a checkpoint into the loaded final adapter gives
-    the model that checkpoint is on its own (the same per-example gradients, magnitude blocks included), and its
+    the model that checkpoint is on its own (the same per-example gradients, magnitude blocks included), with PEFT's
+    DoRA cache on (``dora_caching``: the same gradients, the cache cleared by the swap and its restore), and its
     optimizer.pt's moments of the magnitudes are read as their (out, 1) blocks."""
     from gradian import per_example_grads
     from gradian.data.formats import load_examples
@@ -645,7 +646,7 @@ def test_a_dora_checkpoint_swapped_in_is_that_checkpoint_loaded_alone(dora_run, 
     from gradian.finetune import load_finetune
     from gradian.gradients.adam import read_adam_state
     from gradian.gradients.lora import lora_blocks
-    from gradian.models.load import ModelSpec
+    from gradian.models.load import ModelSpec, dora_caching
 
     base = ModelSpec(str(saved_finetune["base"]))
     ft = load_finetune(base, dora_run)
@@ -657,8 +658,16 @@ def test_a_dora_checkpoint_swapped_in_is_that_checkpoint_loaded_alone(dora_run, 
         [tokenize_example(e, ft.tokenizer, TokenizeSpec(max_length=64)) for e in exs], ft.tokenizer.pad_token_id
     )
     final = per_example_grads(ft.model, batch)
-    with checkpoint_weights(ft.model, ck):
-        swapped = per_example_grads(ft.model, batch)
+    with dora_caching(ft.model):  # PEFT's DoRA cache (BA, norms) filled by the final adapter, cleared by the swaps
+        cached = per_example_grads(ft.model, batch)
+        assert any(getattr(m, "_dora_cache", None) for m in ft.model.modules())  # the cache is in use
+        with checkpoint_weights(ft.model, ck):
+            swapped = per_example_grads(ft.model, batch)
+        back = per_example_grads(ft.model, batch)
+    assert not any(getattr(m, "_dora_cache", None) for m in ft.model.modules())  # cleared on leaving
+    for n in final:
+        torch.testing.assert_close(cached[n], final[n], rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(back[n], final[n], rtol=1e-6, atol=1e-9)
     want = per_example_grads(alone.model, batch)
     mags = [b.name for b in lora_blocks(ft.model) if b.kind == "M"]
     assert mags and set(swapped) == set(want)

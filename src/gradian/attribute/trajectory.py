@@ -478,7 +478,7 @@ def checkpoint_weights(model: torch.nn.Module, ckpt: Checkpoint | Path) -> Itera
     The base weights are shared; only the LoRA matrices are swapped (in place, so
     hooks and module references stay valid).
     """
-    from gradian.models.load import read_adapter_weights, set_lora_weights
+    from gradian.models.load import clear_dora_cache, read_adapter_weights, set_lora_weights
     from gradian.models.torchtune_export import torchtune_fix
 
     path = ckpt.path if isinstance(ckpt, Checkpoint) else Path(ckpt)
@@ -493,3 +493,4 @@ def checkpoint_weights(model: torch.nn.Module, ckpt: Checkpoint | Path) -> Itera
         with torch.no_grad():
             for n, t in saved.items():
                 params[n].copy_(t)
+        clear_dora_cache(model)

@@ -41,6 +41,7 @@ from gradian.evaluate.normalize import TEXT_METRICS, extract_answer, normalize_a
 from gradian.evaluate.result import STATUSES, CapabilityResult, EvalResult, ItemResult, Margin, ModelAnswer, Shift
 from gradian.evaluate.spec import EvalSpec
 from gradian.evaluate.verdict import LOGLIK_QUERY_NOTE, base_bounds, decide
+from gradian.models.load import dora_cached
 from gradian.util import attrs
 
 #: progress(task, advance, total): ``task`` names the stage, ``advance`` items just finished.
@@ -215,6 +216,7 @@ def _status(ref_pass: bool, tuned_pass: bool) -> str:
     return "both_fail"
 
 
+@dora_cached  # a DoRA layer forms BA and its weight norm once, not for every generated token
 def evaluate(
     model,
     tokenizer,

@@ -14,10 +14,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
@@ -26,6 +28,7 @@ from gradian.models.spec import _DEVICE, DTYPE_NAMES, ModelSpec, check_device  #
 from gradian.safeio import check_regular_file, check_size, load_json_file, short_repr
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
+T = TypeVar("T")
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -658,6 +661,56 @@ def residual_base(cfg: dict[str, Any]) -> str | None:
     )
 
 
+def clear_dora_cache(model: torch.nn.Module) -> None:
+    """Forget what PEFT's DoRA layers cached (``BA`` and ``‖W + s·BA‖``): after any change of the adapter's weights."""
+    for m in model.modules():
+        if callable(getattr(m, "_cache_clear", None)) and hasattr(m, "_dora_cache"):
+            m._cache_clear()
+
+
+@contextlib.contextmanager
+def dora_caching(model: torch.nn.Module) -> Iterator[None]:
+    """PEFT's DoRA caching on for the block: each DoRA layer forms ``BA`` and its weight norm ``‖W + s·BA‖`` once,
+    not in every forward (PEFT's ``ENABLE_DORA_CACHING``, used only in eval mode). The values are the same, so the
+    results are; generation, which runs a forward per token, is ~5x faster on SmolLM2 all-linear DoRA and a row's
+    gradients ~25%. Weights must not change inside the block except through :func:`set_lora_weights` or
+    :func:`gradian.attribute.trajectory.checkpoint_weights`, which clear the cache. A no-op for a model without DoRA
+    layers or a PEFT without the flag; the flag and the caches are restored and cleared on exit.
+    """
+    try:
+        from peft.tuners.lora import dora
+    except ImportError:  # pragma: no cover - PEFT is a dependency
+        dora = None
+    if (
+        dora is None
+        or not hasattr(dora, "ENABLE_DORA_CACHING")
+        or not any(hasattr(m, "_dora_cache") for m in model.modules())
+    ):
+        yield
+        return
+    before = dora.ENABLE_DORA_CACHING
+    clear_dora_cache(model)
+    dora.ENABLE_DORA_CACHING = True
+    try:
+        yield
+    finally:
+        dora.ENABLE_DORA_CACHING = before
+        clear_dora_cache(model)
+
+
+def dora_cached(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn(model, ...)`` run inside :func:`dora_caching` of its first argument (a model it holds for its whole call
+    and changes only through :func:`set_lora_weights` or checkpoint swaps).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(model, *args, **kwargs):
+        with dora_caching(model):
+            return fn(model, *args, **kwargs)
+
+    return wrapper
+
+
 def set_lora_weights(peft_model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str | Path) -> None:
     """Copy an adapter's PEFT-named LoRA tensors into the loaded ``peft_model`` in place (hooks and module
     references stay valid).
@@ -669,6 +722,7 @@ def set_lora_weights(peft_model: torch.nn.Module, weights: dict[str, torch.Tenso
 
     with torch.no_grad():
         res = set_peft_model_state_dict(peft_model, weights)
+    clear_dora_cache(peft_model)
     unplaced = [k for k in getattr(res, "unexpected_keys", []) if "lora_" in k]
     if unplaced:
         raise GradianUserError(
