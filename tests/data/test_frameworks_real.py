@@ -447,6 +447,26 @@ def test_smollm2_tokens_equal_the_framework_or_the_setup_says_why(case, world, s
     check_case(case, world, smol_rows)
 
 
+def _llamafactory_run(world: Path, name: str, folder: str, epochs: int = 2, **extra) -> tuple[dict, dict, Path]:
+    """``(case, its result, output folder)`` of a real ``llamafactory-cli train`` run (``run_exp``: LoRA r 4 on the
+    tiny model, batch 2, ``epochs`` epochs, on CPU; ``extra``: more of its arguments); skipped without the
+    framework."""
+    if not (FW / "llamafactory").is_dir():
+        pytest.skip(f"{FW / 'llamafactory'} is not installed (make frameworks)")
+    out = world / folder
+    case = lf(name, "chat_nosys")
+    case["train"] = True
+    case["extra"] = {
+        "output_dir": str(out), "per_device_train_batch_size": 2, "num_train_epochs": epochs, "learning_rate": 1e-3,
+        "lora_rank": 4, "logging_steps": 1, "use_cpu": True,
+        "disable_gradient_checkpointing": True,  # its checkpointing patch does not fit transformers 5.24's layers
+        **extra,
+    }  # fmt: skip
+    got = run_frameworks(world, [case])[case["name"]]
+    assert "error" not in got, got.get("error")
+    return case, got, out
+
+
 def test_a_llamafactory_training_run_s_folder(world):
     """LLaMA-Factory 0.9.5 trains (``run_exp``, as ``llamafactory-cli train``: LoRA on the tiny model, 2 epochs, a
     checkpoint each) and Gradian reads its output folder as a user points at it: with the run's config, the rows are
@@ -456,18 +476,7 @@ def test_a_llamafactory_training_run_s_folder(world):
     from gradian.audit.config.runfolder import find_run_folder
     from gradian.audit.logs import load_logs
 
-    if not (FW / "llamafactory").is_dir():
-        pytest.skip(f"{FW / 'llamafactory'} is not installed (make frameworks)")
-    out = world / "lf-run"
-    case = lf("LLaMA-Factory training run", "chat_nosys")
-    case["train"] = True
-    case["extra"] = {
-        "output_dir": str(out), "per_device_train_batch_size": 2, "num_train_epochs": 2, "learning_rate": 1e-3,
-        "lora_rank": 4, "logging_steps": 1, "save_strategy": "epoch", "use_cpu": True,
-        "disable_gradient_checkpointing": True,  # its checkpointing patch does not fit transformers 5.24's layers
-    }  # fmt: skip
-    got = run_frameworks(world, [case])[case["name"]]
-    assert "error" not in got, got.get("error")
+    case, got, out = _llamafactory_run(world, "LLaMA-Factory training run", "lf-run", save_strategy="epoch")
     assert (out / "adapter_model.safetensors").is_file() and sorted(p.name for p in out.glob("checkpoint-*")) == [
         "checkpoint-2",
         "checkpoint-4",
@@ -817,18 +826,9 @@ def test_a_llamafactory_dora_run_s_adapter_is_attributed_as_dora(world):
     from gradian.gradients.lora import lora_blocks
     from gradian.models.spec import ModelSpec
 
-    if not (FW / "llamafactory").is_dir():
-        pytest.skip(f"{FW / 'llamafactory'} is not installed (make frameworks)")
-    out = world / "lf-dora-run"
-    case = lf("LLaMA-Factory DoRA run", "chat_nosys")
-    case["train"] = True
-    case["extra"] = {
-        "output_dir": str(out), "per_device_train_batch_size": 2, "num_train_epochs": 1, "learning_rate": 1e-3,
-        "lora_rank": 4, "use_dora": True, "logging_steps": 1, "save_strategy": "no", "use_cpu": True,
-        "disable_gradient_checkpointing": True,
-    }  # fmt: skip
-    got = run_frameworks(world, [case])[case["name"]]
-    assert "error" not in got, got.get("error")
+    case, got, out = _llamafactory_run(
+        world, "LLaMA-Factory DoRA run", "lf-dora-run", 1, use_dora=True, save_strategy="no"
+    )
     assert json.loads((out / "adapter_config.json").read_text())["use_dora"] is True
     check_case({**case, "adapter": str(out)}, world, {case["name"]: got})  # with --config: its rows, 4 of 4
     ft = load_finetune(ModelSpec(str(world / "base")), out)
