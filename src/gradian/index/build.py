@@ -39,7 +39,6 @@ from gradian.index.shards import (
 )
 from gradian.index.size import IndexSizeWarning, effective_shard_size, index_unit_name, size_advice, size_estimate
 from gradian.index.store import STORAGE_DTYPES, GradientIndex, GradSpec, default_index_root, index_id, select_blocks
-from gradian.models.load import dora_cached
 from gradian.util import DiskFullError, free_bytes, release_free_memory
 
 
@@ -140,7 +139,6 @@ def block_projection(blocks: Sequence, spec: GradSpec) -> tuple[KroneckerProject
     return projector, STORAGE_DTYPES[spec.storage_dtype], block_meta
 
 
-@dora_cached
 def build_index(
     model: torch.nn.Module,
     items: Sequence[TokenizedExample],

@@ -37,7 +37,6 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gradian.data.tokenize import IGNORE_INDEX, TokenizedExample, collate, row_values
-from gradian.models.load import dora_cached
 
 #: the ``pass`` field of every shard entry this module writes (kept in the manifest: which path computed it)
 JOINT_PASS = "one pass per row (sentence units; row derived)"
@@ -167,7 +166,6 @@ def assign_jobs(jobs: Sequence[tuple[str, int, int, int]], lengths: Sequence[int
     return [[order[j] for j in blk] for blk in distributed.contiguous_blocks(costs, world_size)]
 
 
-@dora_cached
 def build_jointly(
     model: torch.nn.Module,
     items: Sequence[TokenizedExample],

@@ -672,8 +672,10 @@ def clear_dora_cache(model: torch.nn.Module) -> None:
 def dora_caching(model: torch.nn.Module) -> Iterator[None]:
     """PEFT's DoRA caching on for the block: each DoRA layer forms ``BA`` and its weight norm ``‖W + s·BA‖`` once,
     not in every forward (PEFT's ``ENABLE_DORA_CACHING``, used only in eval mode). The values are the same, so the
-    results are; generation, which runs a forward per token, is ~5x faster on SmolLM2 all-linear DoRA and a row's
-    gradients ~25%. Weights must not change inside the block except through :func:`set_lora_weights` or
+    results are; generation, which runs a forward per token, is ~5x faster on SmolLM2 all-linear DoRA. The cache
+    holds a full ``BA`` per layer (and PEFT keeps the graph that formed it): +0.9 GB peak RSS over an index build
+    on SmolLM2 all-linear DoRA for 8% less time, so Evaluate uses it and the index builds do not. Weights must not
+    change inside the block except through :func:`set_lora_weights` or
     :func:`gradian.attribute.trajectory.checkpoint_weights`, which clear the cache. A no-op for a model without DoRA
     layers or a PEFT without the flag; the flag and the caches are restored and cleared on exit.
     """
