@@ -661,11 +661,15 @@ def residual_base(cfg: dict[str, Any]) -> str | None:
     )
 
 
+def _dora_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """PEFT's DoRA layers of ``model`` (``lora_magnitude_vector[adapter]``: they hold the ``_dora_cache``)."""
+    return [m for m in model.modules() if hasattr(m, "_dora_cache")]
+
+
 def clear_dora_cache(model: torch.nn.Module) -> None:
     """Forget what PEFT's DoRA layers cached (``BA`` and ``‖W + s·BA‖``): after any change of the adapter's weights."""
-    for m in model.modules():
-        if callable(getattr(m, "_cache_clear", None)) and hasattr(m, "_dora_cache"):
-            m._cache_clear()
+    for m in _dora_layers(model):
+        m._cache_clear()
 
 
 @contextlib.contextmanager
@@ -679,15 +683,9 @@ def dora_caching(model: torch.nn.Module) -> Iterator[None]:
     :func:`gradian.attribute.trajectory.checkpoint_weights`, which clear the cache. A no-op for a model without DoRA
     layers or a PEFT without the flag; the flag and the caches are restored and cleared on exit.
     """
-    try:
-        from peft.tuners.lora import dora
-    except ImportError:  # pragma: no cover - PEFT is a dependency
-        dora = None
-    if (
-        dora is None
-        or not hasattr(dora, "ENABLE_DORA_CACHING")
-        or not any(hasattr(m, "_dora_cache") for m in model.modules())
-    ):
+    from peft.tuners.lora import dora
+
+    if not hasattr(dora, "ENABLE_DORA_CACHING") or not _dora_layers(model):
         yield
         return
     before = dora.ENABLE_DORA_CACHING
