@@ -26,6 +26,9 @@ install: $(STAMP)
 # it imports torchaudio at module level, whose compiled ops do not load against torch 2.13, so they are removed (no
 # audio is read). torchtune's LoRA recipe (run by the suite: a real training run's output folder) needs torchdata
 # and a torchao that still has int4_weight_only (0.16 removed it; 0.12 does not import on torch 2.13), so 0.15.
+# axolotl's trainer (tests/data/test_axolotl_packing.py runs its packed training steps) imports triton, wandb and
+# its contribs at module level and needs the TRL (1.9), transformers (5.16) and PEFT its release pins: those sit in
+# axolotl-train, after axolotl on that one test's PYTHONPATH, so the data-preparation tests keep this venv's.
 # pytest run without `make` skips those tests when the folders are missing.
 FW := $(VENV)/frameworks
 FW_STAMP := $(FW)/.installed
@@ -34,6 +37,10 @@ $(FW_STAMP): $(STAMP) Makefile
 	rm -rf $(FW)
 	$(FW_PIP) $(FW)/axolotl axolotl==0.19.0 torchao==0.17.0 addict==2.4.0 posthog==7.91.1 distro==1.9.0 \
 		pillow==13.0.0 numba==0.68.1 llvmlite==0.50.0 termcolor==3.3.0 fastcore==2.2.41
+	$(FW_PIP) $(FW)/axolotl-train axolotl-contribs-lgpl==0.0.7 axolotl-contribs-mit==0.0.6 triton==3.9.0 \
+		evaluate==0.4.1 wandb==0.31.0 protobuf==7.36.2 opentelemetry-api==1.45.3 opentelemetry-sdk==1.45.2 \
+		opentelemetry-semantic-conventions==0.66b2 httpx==0.29.0 httpcore==1.0.9 trl==1.9.0 transformers==5.16.1 \
+		peft==0.20.0 accelerate==1.13.0 datasets==4.8.4 huggingface_hub==1.17.0
 	$(FW_PIP) $(FW)/llamafactory llamafactory==0.9.5 trl==0.24.0 torchaudio==2.11.1 omegaconf==2.4.0 \
 		antlr4-python3-runtime==4.9.3
 	rm -rf $(FW)/llamafactory/torchaudio/lib

@@ -809,3 +809,28 @@ def test_c12_trl_packing_on_versions_that_keep_rows_apart(world):
     wrapped = world.config_with(packing=True, packing_strategy="wrapped")
     new = ["trl=1.16.0", "transformers=5.24.0"]
     assert [f.severity for f in diagnose(configs=[wrapped], versions=new, select=["C12"]).by_id("C12")] == ["warning"]
+
+
+def test_c12_axolotl_packing_with_attention_that_drops_its_mask(tmp_path):
+    """axolotl >= 0.19 drops the packed attention mask for sdpa / eager and keeps rows apart (its own trainer, run in
+    tests/data/test_axolotl_packing.py): C12 passes; version unknown: info; older, or no attn_implementation (axolotl
+    then keeps its segment-id mask, and rows attend across): the warning stays."""
+
+    def cfg(extra: str):
+        path = tmp_path / f"axolotl{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text(
+            "base_model: m\nadapter: lora\nsample_packing: true\nsequence_len: 512\n"
+            "datasets:\n  - path: d.jsonl\n    type: chat_template\n" + extra
+        )
+        return str(path)
+
+    def severities(path, versions=()):
+        res = diagnose(configs=[path], versions=list(versions), select=["C12"])
+        return "passed" if "C12" in res.passed else [f.severity for f in res.by_id("C12")]
+
+    for attn in ("attn_implementation: sdpa\n", "attn_implementation: eager\n", "sdp_attention: true\n"):
+        assert severities(cfg(attn), ["axolotl=0.19.0"]) == "passed"
+        assert severities(cfg(attn)) == ["info"]
+        assert severities(cfg(attn), ["axolotl=0.18.0"]) == ["warning"]
+    assert severities(cfg(""), ["axolotl=0.19.0"]) == ["warning"]
+    assert severities(cfg("flash_attention: true\n")) == "passed"

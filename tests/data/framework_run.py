@@ -22,6 +22,10 @@ and torchtune runs its ``lora_finetune_single_device`` recipe as ``tune run`` do
 * **torchtune 0.6.1**: ``torchtune.config.instantiate`` of the recipe's ``tokenizer`` and ``dataset`` sections, as
   its LoRA recipes' ``_setup_data``; a sample's ``tokens`` / ``labels``.
 
+* **axolotl 0.19.0's trainer** (``"framework": "axolotl-packed"``, ``packed_out``: a folder): its packed batches
+  and their gradients, :func:`axolotl_packed` (tests/data/test_axolotl_packing.py; ``make frameworks`` puts the
+  trainer's own pins in ``.venv/frameworks/axolotl-train``).
+
 ``OUT.json``: ``{name: {"rows": [[input_ids, labels], ...]}}`` in the framework's order, or ``{"error": text}``.
 """
 
@@ -53,6 +57,47 @@ def axolotl(case: dict) -> list:
         loader._set_quantization_config()
         _write_quant(case["quant_out"], loader.model_kwargs["quantization_config"], cfg.torch_dtype)
     return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in ds]
+
+
+def axolotl_packed(case: dict) -> list:
+    """axolotl's own trainer on a ``sample_packing`` config: ``axolotl.train.setup_model_and_trainer`` (its model
+    loader and patches, its multipack sampler and collator), then for each batch of its train dataloader one
+    ``training_step`` (``AxolotlTrainer.compute_loss`` and backward, as its training loop runs it), writing the batch
+    (``batches.json``) and the LoRA gradients (``grad_<step>.safetensors``) into ``case["packed_out"]``, beside the
+    adapter they were taken at. Before the first step ``lora_B`` is drawn from N(0, 0.05²) (seed 0), as a trained
+    adapter's: at PEFT's zero ``lora_B`` every ``lora_A`` gradient is zero. No optimizer step is taken.
+    """
+    from pathlib import Path
+
+    import torch
+    from axolotl.cli.config import load_cfg
+    from axolotl.common.datasets import load_datasets
+    from axolotl.train import setup_model_and_trainer
+    from safetensors.torch import save_file
+
+    cfg = load_cfg(case["config"])
+    meta = load_datasets(cfg=cfg)
+    trainer, model, *_ = setup_model_and_trainer(cfg, meta)
+    out = Path(case["packed_out"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)
+    model.save_pretrained(out)
+    trainer.current_gradient_accumulation_steps = 1  # Trainer's loop sets it; the loop is not run
+    batches, it = [], iter(trainer.get_train_dataloader())
+    while True:
+        samples, n_items = trainer.get_batch_samples(it, 1, torch.device("cpu"))
+        if not samples:
+            break
+        model.zero_grad()
+        trainer.training_step(model, samples[0], n_items)
+        grads = {n: p.grad.detach().contiguous() for n, p in model.named_parameters() if p.grad is not None}
+        save_file(grads, str(out / f"grad_{len(batches)}.safetensors"))
+        batches.append({k: v.tolist() for k, v in samples[0].items()})
+    (out / "batches.json").write_text(json.dumps(batches))
+    return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in meta.train_dataset]
 
 
 def _write_quant(path: str, q, load_dtype) -> None:
@@ -125,7 +170,7 @@ def torchtune(case: dict) -> list:
     return rows
 
 
-RUNNERS = {"axolotl": axolotl, "llamafactory": llamafactory, "torchtune": torchtune}
+RUNNERS = {"axolotl": axolotl, "axolotl-packed": axolotl_packed, "llamafactory": llamafactory, "torchtune": torchtune}
 
 
 def main(cases_path: str, out_path: str) -> None:

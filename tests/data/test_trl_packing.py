@@ -126,4 +126,16 @@ def test_packing_that_does_not_keep_rows_apart_is_listed(tmp_path, strategy, why
     axolotl.write_text(
         "base_model: x\nsample_packing: true\nsequence_len: 48\ndatasets:\n  - path: d\n    type: alpaca\n"
     )
-    assert "packing" in setup_from_files([axolotl], data).unreproduced
+    assert "packing" in setup_from_files([axolotl], data).unreproduced  # no attn_implementation: the mask is kept
+    # axolotl with sdpa keeps rows apart (tests/data/test_axolotl_packing.py runs its trainer), unless a row's first
+    # token is a label (the row packed before it predicts it) or the axolotl is older than the one run
+    sdpa = axolotl.read_text() + "attn_implementation: sdpa\n"
+    for extra, versions, listed in [
+        ("", "", False),
+        ("train_on_inputs: true\n", "", True),
+        ("", "# pip install axolotl==0.18.0\n", True),  # the config's own pin names the version
+        ("", "# pip install axolotl==0.19.0\n", False),
+    ]:
+        axolotl.write_text(versions + sdpa + extra)
+        setup = setup_from_files([axolotl], data)
+        assert ("packing" in setup.unreproduced) == listed, setup.notes

@@ -188,13 +188,16 @@ def packing_no_varlen_attn(ctx: AuditContext) -> list[Hit]:
 
     Rule: packing / padding_free / sample_packing without flash or flex attention: packed rows attend to each other
     (warning); a TRL run on TRL >= 1.16 with transformers >= 5.24 keeps them apart (padding-free position_ids,
-    use_cache=False, transformers' packed-sequence mask: passes), and one whose versions are unknown is info
+    use_cache=False, transformers' packed-sequence mask: passes), and one whose versions are unknown is info; so
+    does an axolotl >= 0.19 run with attn_implementation sdpa / eager / xformers / sage (it drops the packed mask;
+    version unknown: info); axolotl with no attn_implementation keeps its segment-id mask (warning)
 
     Fix: set attn_implementation: flash_attention_2 (or flex_attention); LLaMA-Factory: neat_packing: true
 
     Source: trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention;
     transformers#39194 (packed masks for sdpa/eager, 2025-07); tests/data/test_trl_packing.py (TRL 1.16, transformers
-    5.24, sdpa: each packed batch's gradient is its rows' own)
+    5.24, sdpa: each packed batch's gradient is its rows' own); axolotl 0.19.0 utils/schemas/config.py
+    attn_decontaminates_packing, tests/data/test_axolotl_packing.py (its trainer: sdpa / eager kept apart, none not)
     """
     c = ctx.config
     if not (c.packing or c.padding_free):
@@ -210,6 +213,20 @@ def packing_no_varlen_attn(ctx: AuditContext) -> list[Hit]:
         **c.cite("packing", "padding_free", "attn_implementation"),
     }
     attn = impl or "the default (sdpa/eager)"
+    if c.trainer == "axolotl" and impl.startswith(("sdpa", "eager", "xformers", "sage")):
+        old_axolotl = before(ctx.versions, "axolotl", "0.19")
+        if old_axolotl is False:
+            return []  # measured: axolotl 0.19 drops the packed mask (tests/data/test_axolotl_packing.py)
+        if old_axolotl is None:
+            return [
+                Hit(
+                    "info",
+                    f"sample_packing is on and attention is {attn}: axolotl 0.19 drops the packed attention mask for "
+                    "it and keeps packed rows apart (position_ids restart); older axolotl kept the mask for sdpa / "
+                    "eager; pass --versions axolotl=X",
+                    {**cite, "versions": {"axolotl": None}},
+                )
+            ]
     if c.trainer == "trl" and (c.packing_strategy or "bfd").lower() != "wrapped":
         old = [
             lib for lib, v in (("trl", "1.16"), ("transformers", "5.24")) if before(ctx.versions, lib, v) is not False

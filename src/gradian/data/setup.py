@@ -606,7 +606,52 @@ def _base_quant(c: TrainConfig) -> tuple[str | None, str | None, str, str | None
     return scheme, frm, src, None
 
 
-def _packing(c: TrainConfig, source: str) -> tuple[bool, str]:
+#: The attention axolotl 0.19 keeps packed rows apart with (``utils/schemas/config.py``
+#: ``attn_decontaminates_packing``): for its packing-capable kernels (flash / flex / xformers / sage, varlen by
+#: ``position_ids``) and for sdpa / eager, its trainer drops the packed batch's attention mask, so transformers masks
+#: attention within each row from the restarting ``position_ids``. No ``attn_implementation`` keeps the mask (segment
+#: ids 1, 2, ...), which the model reads as all ones: rows attend to the rows packed before them.
+_AXOLOTL_APART = ("sdpa", "eager", "flash_attention", "flex_attention", "xformers", "sage", "kernels-community/")
+
+
+def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[bool, str]:
+    """:func:`_packing` for axolotl's ``sample_packing`` (0.19.0: its multipack sampler, its
+    ``V2BatchSamplerDataCollatorForSeq2Seq`` and HF Trainer's loss over the packed labels).
+
+    tests/data/test_axolotl_packing.py runs axolotl's own trainer on CPU: with sdpa or eager each packed batch's
+    gradient is ``Σ_r n_r g_r / Σ_r n_r`` over Gradian's rows (to 1e-6), with no ``attn_implementation`` it is not,
+    and where a row's first token is a label (``train_on_inputs``, text rows) the row packed before it predicts it
+    (axolotl does not mask a row's first label), a term of that neighbour's that Gradian cannot know.
+    """
+    from gradian.libversions import before
+
+    impl = (c.attn_implementation or "").lower().split("@", 1)[0]
+    where = c.source("attn_implementation") or "not said"
+    if not impl:
+        why = (
+            "no attn_implementation: axolotl keeps the packed attention mask, so rows attend to the rows packed "
+            "before them (axolotl warns so itself)"
+        )
+    elif not impl.startswith(_AXOLOTL_APART):
+        why = f"attention {impl!r} ({where}): axolotl does not keep packed rows apart with it"
+    elif before(c.versions, "axolotl", "0.19"):
+        why = f"axolotl {c.versions['axolotl']} (before 0.19, whose packing was run) with attention {impl!r}"
+    elif first_trained:
+        why = (
+            "each row's first token is a label (train_on_inputs, or text rows) and axolotl does not mask it at a "
+            "row's start, so the row packed before it is also trained to predict it"
+        )
+    else:
+        return True, (
+            f"sample_packing ({source}; attention {impl} from {where}): axolotl 0.19 drops the packed attention "
+            "mask and restarts position_ids at each row, so a row attends within itself and its gradient is its "
+            "own term of the packed loss, as Gradian scores it (axolotl's multipack sampler also drops the last "
+            "incomplete batch of packs in each epoch; which rows, its shuffle decides, and Gradian scores them all)"
+        )
+    return False, f"packing ({source}): {why}; Gradian scores each row alone"
+
+
+def _packing(c: TrainConfig, source: str, first_trained: bool = False) -> tuple[bool, str]:
     """Whether a packed run trained each row on its own (so Gradian's row-alone gradient is its term of the
     packed loss), and the note that says so or why not.
 
@@ -616,9 +661,13 @@ def _packing(c: TrainConfig, source: str) -> tuple[bool, str]:
     flash attention's varlen kernels and transformers' sdpa / eager alike. tests/data/test_trl_packing.py holds
     the gradient of TRL 1.16's ``compute_loss`` on its packed batches (transformers 5.24, sdpa) equal to
     ``Σ_r n_r g_r / Σ_r n_r`` over Gradian's rows. ``bfd_split`` trains a long row's overflow as a row of its own,
-    ``wrapped`` cuts rows across sequences, and other trainers' packing was not run: those stay unreproduced.
+    ``wrapped`` cuts rows across sequences: those stay unreproduced, as do LLaMA-Factory's and torchtune's packing
+    (not run). axolotl's: :func:`_axolotl_packing` (``first_trained``: a row's first token is a label).
     """
     from gradian.libversions import before
+
+    if c.trainer == "axolotl":
+        return _axolotl_packing(c, source, first_trained)
 
     strategy = (c.packing_strategy or "").lower()
     where = c.source("packing_strategy") or "not said"
@@ -813,7 +862,10 @@ def resolve_setup(
         values["packing"] = bool(c.packing)
         sources["packing"] = c.source("packing") or "not said (assumed off)"
         if c.packing:
-            kept_apart, note = _packing(c, sources["packing"])
+            # a row's first token is a label: text rows, and instruction rows with every token trained (never a
+            # chat row: axolotl labels turn contents; tests/data/test_axolotl_packing.py)
+            first_trained = data_format == "text" or (values["loss_on"] == "all" and not chat)
+            kept_apart, note = _packing(c, sources["packing"], first_trained)
             if kept_apart:  # reproduced: said beside the value, not among what is not reproduced
                 sources["packing"] = note
             else:
