@@ -26,7 +26,7 @@ install: $(STAMP)
 # it imports torchaudio at module level, whose compiled ops do not load against torch 2.13, so they are removed (no
 # audio is read). torchtune's LoRA recipe (run by the suite: a real training run's output folder) needs torchdata
 # and a torchao that still has int4_weight_only (0.16 removed it; 0.12 does not import on torch 2.13), so 0.15.
-# axolotl's trainer (tests/data/test_axolotl_packing.py runs its packed training steps) imports triton, wandb and
+# axolotl's trainer (tests/data/test_framework_packing.py runs its packed training steps) imports triton, wandb and
 # its contribs at module level and needs the TRL (1.9), transformers (5.16) and PEFT its release pins: those sit in
 # axolotl-train, after axolotl on that one test's PYTHONPATH, so the data-preparation tests keep this venv's.
 # pytest run without `make` skips those tests when the folders are missing.

@@ -813,7 +813,7 @@ def test_c12_trl_packing_on_versions_that_keep_rows_apart(world):
 
 def test_c12_axolotl_packing_with_attention_that_drops_its_mask(tmp_path):
     """axolotl >= 0.19 drops the packed attention mask for sdpa / eager and keeps rows apart (its own trainer, run in
-    tests/data/test_axolotl_packing.py): C12 passes; version unknown: info; older, or no attn_implementation (axolotl
+    tests/data/test_framework_packing.py): C12 passes; version unknown: info; older, or no attn_implementation (axolotl
     then keeps its segment-id mask, and rows attend across): the warning stays."""
 
     def cfg(extra: str):
@@ -834,3 +834,20 @@ def test_c12_axolotl_packing_with_attention_that_drops_its_mask(tmp_path):
         assert severities(cfg(attn), ["axolotl=0.18.0"]) == ["warning"]
     assert severities(cfg(""), ["axolotl=0.19.0"]) == ["warning"]
     assert severities(cfg("flash_attention: true\n")) == "passed"
+
+
+def test_c12_llamafactory_packing_is_kept_apart_by_neat_packing_only(tmp_path):
+    """LLaMA-Factory 0.9.5's collator keeps packed rows apart with neat_packing (a block-diagonal mask for sdpa / eager,
+    varlen for flash attention 2), and never without it, flash attention included: its plain packing keeps an
+    all-ones mask (tests/data/test_framework_packing.py runs its trainer)."""
+
+    def severities(extra: str):
+        path = tmp_path / f"lf{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text("model_name_or_path: m\nstage: sft\nfinetuning_type: lora\ntemplate: qwen\n" + extra)
+        res = diagnose(configs=[str(path)], select=["C12"])
+        return "passed" if "C12" in res.passed else [f.severity for f in res.by_id("C12")]
+
+    assert severities("neat_packing: true\n") == "passed"
+    assert severities("neat_packing: true\nflash_attn: sdpa\n") == "passed"
+    assert severities("packing: true\nflash_attn: sdpa\n") == ["warning"]
+    assert severities("packing: true\nflash_attn: fa2\n") == ["warning"]

@@ -22,9 +22,10 @@ and torchtune runs its ``lora_finetune_single_device`` recipe as ``tune run`` do
 * **torchtune 0.6.1**: ``torchtune.config.instantiate`` of the recipe's ``tokenizer`` and ``dataset`` sections, as
   its LoRA recipes' ``_setup_data``; a sample's ``tokens`` / ``labels``.
 
-* **axolotl 0.19.0's trainer** (``"framework": "axolotl-packed"``, ``packed_out``: a folder): its packed batches
-  and their gradients, :func:`axolotl_packed` (tests/data/test_axolotl_packing.py; ``make frameworks`` puts the
-  trainer's own pins in ``.venv/frameworks/axolotl-train``).
+* **axolotl 0.19.0's and LLaMA-Factory 0.9.5's trainers** (``"framework": "axolotl-packed"`` /
+  ``"llamafactory-packed"``, ``packed_out``: a folder): their packed batches and each one's gradient,
+  :func:`axolotl_packed`, :func:`llamafactory_packed` (tests/data/test_framework_packing.py; ``make frameworks``
+  puts axolotl's trainer's own pins in ``.venv/frameworks/axolotl-train``).
 
 ``OUT.json``: ``{name: {"rows": [[input_ids, labels], ...]}}`` in the framework's order, or ``{"error": text}``.
 """
@@ -59,26 +60,16 @@ def axolotl(case: dict) -> list:
     return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in ds]
 
 
-def axolotl_packed(case: dict) -> list:
-    """axolotl's own trainer on a ``sample_packing`` config: ``axolotl.train.setup_model_and_trainer`` (its model
-    loader and patches, its multipack sampler and collator), then for each batch of its train dataloader one
-    ``training_step`` (``AxolotlTrainer.compute_loss`` and backward, as its training loop runs it), writing the batch
-    (``batches.json``) and the LoRA gradients (``grad_<step>.safetensors``) into ``case["packed_out"]``, beside the
-    adapter they were taken at. Before the first step ``lora_B`` is drawn from N(0, 0.05²) (seed 0), as a trained
-    adapter's: at PEFT's zero ``lora_B`` every ``lora_A`` gradient is zero. No optimizer step is taken.
+def _packed_steps(trainer, model, out) -> None:
+    """For each batch of a trainer's train dataloader, one ``training_step`` (its ``compute_loss`` and backward, as
+    its training loop runs it), writing the batch (``batches.json``) and the LoRA gradients
+    (``grad_<step>.safetensors``) into ``out``, beside the adapter they were taken at. Before the first step
+    ``lora_B`` is drawn from N(0, 0.05²) (seed 0), as a trained adapter's: at PEFT's zero ``lora_B`` every ``lora_A``
+    gradient is zero. No optimizer step is taken.
     """
-    from pathlib import Path
-
     import torch
-    from axolotl.cli.config import load_cfg
-    from axolotl.common.datasets import load_datasets
-    from axolotl.train import setup_model_and_trainer
     from safetensors.torch import save_file
 
-    cfg = load_cfg(case["config"])
-    meta = load_datasets(cfg=cfg)
-    trainer, model, *_ = setup_model_and_trainer(cfg, meta)
-    out = Path(case["packed_out"])
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -94,10 +85,65 @@ def axolotl_packed(case: dict) -> list:
         model.zero_grad()
         trainer.training_step(model, samples[0], n_items)
         grads = {n: p.grad.detach().contiguous() for n, p in model.named_parameters() if p.grad is not None}
-        save_file(grads, str(out / f"grad_{len(batches)}.safetensors"))
-        batches.append({k: v.tolist() for k, v in samples[0].items()})
-    (out / "batches.json").write_text(json.dumps(batches))
+        save_file(grads, os.path.join(out, f"grad_{len(batches)}.safetensors"))
+        keep = ("input_ids", "labels", "position_ids")  # LLaMA-Factory's 4D mask is not needed to compare
+        batches.append({k: v.tolist() for k, v in samples[0].items() if k in keep})
+    with open(os.path.join(out, "batches.json"), "w") as f:
+        json.dump(batches, f)
+
+
+def axolotl_packed(case: dict) -> list:
+    """axolotl's own trainer on a ``sample_packing`` config: ``axolotl.train.setup_model_and_trainer`` (its model
+    loader and patches, its multipack sampler and collator), then :func:`_packed_steps` into ``case["packed_out"]``.
+    """
+    from axolotl.cli.config import load_cfg
+    from axolotl.common.datasets import load_datasets
+    from axolotl.train import setup_model_and_trainer
+
+    cfg = load_cfg(case["config"])
+    meta = load_datasets(cfg=cfg)
+    trainer, model, *_ = setup_model_and_trainer(cfg, meta)
+    _packed_steps(trainer, model, case["packed_out"])
     return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in meta.train_dataset]
+
+
+def llamafactory_packed(case: dict) -> list:
+    """LLaMA-Factory's own trainer on a ``packing`` / ``neat_packing`` config, built as its ``run_sft`` builds it
+    (``train/sft/workflow.py``: its packed dataset, ``load_model``, ``SFTDataCollatorWith4DAttentionMask``,
+    ``CustomSeq2SeqTrainer``), then :func:`_packed_steps` into ``case["packed_out"]``.
+    """
+    import yaml
+    from llamafactory.data import SFTDataCollatorWith4DAttentionMask, get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.extras.constants import IGNORE_INDEX
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_model, load_tokenizer
+    from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
+
+    with open(case["config"]) as f:
+        raw = yaml.safe_load(f)
+    model_args, data_args, training_args, finetuning_args, _ = get_train_args(raw)
+    tm = load_tokenizer(model_args)
+    tok = tm["tokenizer"]
+    template = get_template_and_fix_tokenizer(tok, data_args)
+    dm = get_dataset(template, model_args, data_args, training_args, stage="sft", **tm)
+    model = load_model(tok, model_args, finetuning_args, training_args.do_train)
+    collator = SFTDataCollatorWith4DAttentionMask(
+        template=template,
+        model=model,
+        pad_to_multiple_of=8,
+        label_pad_token_id=IGNORE_INDEX if data_args.ignore_pad_token_for_loss else tok.pad_token_id,
+        block_diag_attn=model_args.block_diag_attn,
+        neat_packing=data_args.neat_packing,
+        attn_implementation=getattr(model.config, "_attn_implementation", None),
+        compute_dtype=model_args.compute_dtype,
+        **tm,
+    )
+    trainer = CustomSeq2SeqTrainer(
+        model=model, args=training_args, finetuning_args=finetuning_args, data_collator=collator, gen_kwargs={},
+        **dm, **tm,
+    )  # fmt: skip
+    _packed_steps(trainer, model, case["packed_out"])
+    return []
 
 
 def _write_quant(path: str, q, load_dtype) -> None:
@@ -170,7 +216,13 @@ def torchtune(case: dict) -> list:
     return rows
 
 
-RUNNERS = {"axolotl": axolotl, "axolotl-packed": axolotl_packed, "llamafactory": llamafactory, "torchtune": torchtune}
+RUNNERS = {
+    "axolotl": axolotl,
+    "axolotl-packed": axolotl_packed,
+    "llamafactory": llamafactory,
+    "llamafactory-packed": llamafactory_packed,
+    "torchtune": torchtune,
+}
 
 
 def main(cases_path: str, out_path: str) -> None:

@@ -127,7 +127,7 @@ def test_packing_that_does_not_keep_rows_apart_is_listed(tmp_path, strategy, why
         "base_model: x\nsample_packing: true\nsequence_len: 48\ndatasets:\n  - path: d\n    type: alpaca\n"
     )
     assert "packing" in setup_from_files([axolotl], data).unreproduced  # no attn_implementation: the mask is kept
-    # axolotl with sdpa keeps rows apart (tests/data/test_axolotl_packing.py runs its trainer), unless a row's first
+    # axolotl with sdpa keeps rows apart (tests/data/test_framework_packing.py runs its trainer), unless a row's first
     # token is a label (the row packed before it predicts it) or the axolotl is older than the one run
     sdpa = axolotl.read_text() + "attn_implementation: sdpa\n"
     for extra, versions, listed in [
@@ -139,3 +139,9 @@ def test_packing_that_does_not_keep_rows_apart_is_listed(tmp_path, strategy, why
         axolotl.write_text(versions + sdpa + extra)
         setup = setup_from_files([axolotl], data)
         assert ("packing" in setup.unreproduced) == listed, setup.notes
+    # LLaMA-Factory: neat_packing keeps rows apart, plain packing does not, train_on_prompt trains a row's first token
+    lf = tmp_path / "llamafactory.yaml"
+    for extra, listed in [("neat_packing: true\n", False), ("packing: true\n", True),
+                          ("neat_packing: true\ntrain_on_prompt: true\n", True)]:  # fmt: skip
+        lf.write_text("model_name_or_path: m\nstage: sft\nfinetuning_type: lora\ntemplate: qwen\n" + extra)
+        assert ("packing" in setup_from_files([lf], data).unreproduced) == listed

@@ -178,7 +178,6 @@ _VARLEN = (
     "flash_attention",
     "flex_attention",
     "kernels-community",
-    "neat_packing",
 )
 
 
@@ -190,14 +189,16 @@ def packing_no_varlen_attn(ctx: AuditContext) -> list[Hit]:
     (warning); a TRL run on TRL >= 1.16 with transformers >= 5.24 keeps them apart (padding-free position_ids,
     use_cache=False, transformers' packed-sequence mask: passes), and one whose versions are unknown is info; so
     does an axolotl >= 0.19 run with attn_implementation sdpa / eager / xformers / sage (it drops the packed mask;
-    version unknown: info); axolotl with no attn_implementation keeps its segment-id mask (warning)
+    version unknown: info); axolotl with no attn_implementation keeps its segment-id mask (warning); LLaMA-Factory
+    keeps rows apart with neat_packing (passes) and never without it, flash attention included (warning)
 
     Fix: set attn_implementation: flash_attention_2 (or flex_attention); LLaMA-Factory: neat_packing: true
 
     Source: trl sft_trainer.py warning (cross-contamination); axolotl check_sample_packing_without_attention;
     transformers#39194 (packed masks for sdpa/eager, 2025-07); tests/data/test_trl_packing.py (TRL 1.16, transformers
     5.24, sdpa: each packed batch's gradient is its rows' own); axolotl 0.19.0 utils/schemas/config.py
-    attn_decontaminates_packing, tests/data/test_axolotl_packing.py (its trainer: sdpa / eager kept apart, none not)
+    attn_decontaminates_packing, tests/data/test_framework_packing.py (its trainer: sdpa / eager kept apart, none not);
+    LLaMA-Factory 0.9.5 data/collator.py SFTDataCollatorWith4DAttentionMask (the same test runs its trainer)
     """
     c = ctx.config
     if not (c.packing or c.padding_free):
@@ -205,6 +206,17 @@ def packing_no_varlen_attn(ctx: AuditContext) -> list[Hit]:
     if c.trainer == "torchtune":
         raise NotApplicable("torchtune packs with block-causal masks")
     impl = (c.attn_implementation or "").lower()
+    if c.trainer == "llamafactory":  # its collator decides, not the attention
+        if (c.packing_strategy or "").lower() == "neat":
+            return []  # measured: sdpa / eager (block-diagonal 4D mask) kept apart; fa2 by position_ids
+        return [
+            Hit(
+                "warning",
+                "packing is on without neat_packing: LLaMA-Factory keeps the packed attention mask all ones, so "
+                "packed rows attend to each other whatever the attention (flash attention included)",
+                {"value": impl or None, "threshold": "neat_packing: true", **c.cite("packing", "attn_implementation")},
+            )
+        ]
     if any(v in impl for v in _VARLEN):
         return []
     cite = {
@@ -216,7 +228,7 @@ def packing_no_varlen_attn(ctx: AuditContext) -> list[Hit]:
     if c.trainer == "axolotl" and impl.startswith(("sdpa", "eager", "xformers", "sage")):
         old_axolotl = before(ctx.versions, "axolotl", "0.19")
         if old_axolotl is False:
-            return []  # measured: axolotl 0.19 drops the packed mask (tests/data/test_axolotl_packing.py)
+            return []  # measured: axolotl 0.19 drops the packed mask (tests/data/test_framework_packing.py)
         if old_axolotl is None:
             return [
                 Hit(

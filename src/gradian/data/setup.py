@@ -618,7 +618,7 @@ def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[
     """:func:`_packing` for axolotl's ``sample_packing`` (0.19.0: its multipack sampler, its
     ``V2BatchSamplerDataCollatorForSeq2Seq`` and HF Trainer's loss over the packed labels).
 
-    tests/data/test_axolotl_packing.py runs axolotl's own trainer on CPU: with sdpa or eager each packed batch's
+    tests/data/test_framework_packing.py runs axolotl's own trainer on CPU: with sdpa or eager each packed batch's
     gradient is ``Σ_r n_r g_r / Σ_r n_r`` over Gradian's rows (to 1e-6), with no ``attn_implementation`` it is not,
     and where a row's first token is a label (``train_on_inputs``, text rows) the row packed before it predicts it
     (axolotl does not mask a row's first label), a term of that neighbour's that Gradian cannot know.
@@ -651,6 +651,33 @@ def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[
     return False, f"packing ({source}): {why}; Gradian scores each row alone"
 
 
+def _llamafactory_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[bool, str]:
+    """:func:`_packing` for LLaMA-Factory 0.9.5 (``data/processor/supervised.py`` packs whole rows, ``position_ids``
+    restarting at each; ``data/collator.py`` ``SFTDataCollatorWith4DAttentionMask``).
+
+    tests/data/test_framework_packing.py runs its trainer: with ``neat_packing`` each packed batch's gradient is
+    ``Σ_r n_r g_r / Σ_r n_r`` over Gradian's rows (to 1e-6; sdpa and eager get a block-diagonal 4D mask, flash
+    attention 2 its varlen path), plain ``packing`` keeps the mask all ones (rows attend across), and with
+    ``train_on_prompt`` a row's first token is a label the row packed before it predicts.
+    """
+    impl = (c.attn_implementation or "").lower()
+    if (c.packing_strategy or "").lower() != "neat":
+        why = "without neat_packing, LLaMA-Factory lets packed rows attend to each other"
+    elif impl and impl not in ("sdpa", "eager", "flash_attention_2", "auto"):
+        why = f"attention {impl!r} ({c.source('attn_implementation')}) with neat_packing was not run"
+    elif first_trained:
+        why = (
+            "each row's first token is a label (train_on_prompt) and LLaMA-Factory does not mask it at a row's "
+            "start, so the row packed before it is also trained to predict it"
+        )
+    else:
+        return True, (
+            f"neat_packing ({source}): LLaMA-Factory packs whole rows with position_ids restarting and attention "
+            "kept within each row, so a row's gradient is its own term of the packed loss, as Gradian scores it"
+        )
+    return False, f"packing ({source}): {why}; Gradian scores each row alone"
+
+
 def _packing(c: TrainConfig, source: str, first_trained: bool = False) -> tuple[bool, str]:
     """Whether a packed run trained each row on its own (so Gradian's row-alone gradient is its term of the
     packed loss), and the note that says so or why not.
@@ -668,6 +695,8 @@ def _packing(c: TrainConfig, source: str, first_trained: bool = False) -> tuple[
 
     if c.trainer == "axolotl":
         return _axolotl_packing(c, source, first_trained)
+    if c.trainer == "llamafactory":
+        return _llamafactory_packing(c, source, first_trained)
 
     strategy = (c.packing_strategy or "").lower()
     where = c.source("packing_strategy") or "not said"
@@ -862,9 +891,9 @@ def resolve_setup(
         values["packing"] = bool(c.packing)
         sources["packing"] = c.source("packing") or "not said (assumed off)"
         if c.packing:
-            # a row's first token is a label: text rows, and instruction rows with every token trained (never a
-            # chat row: axolotl labels turn contents; tests/data/test_axolotl_packing.py)
-            first_trained = data_format == "text" or (values["loss_on"] == "all" and not chat)
+            # a row's first token is a label: text rows, and rows with every token trained (never an axolotl chat
+            # row: axolotl labels turn contents; tests/data/test_framework_packing.py)
+            first_trained = data_format == "text" or (values["loss_on"] == "all" and (not chat or name != "axolotl"))
             kept_apart, note = _packing(c, sources["packing"], first_trained)
             if kept_apart:  # reproduced: said beside the value, not among what is not reproduced
                 sources["packing"] = note

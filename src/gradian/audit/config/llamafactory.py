@@ -131,8 +131,8 @@ def read(cfg: TrainConfig, r: Reader) -> None:
         cfg.set("load_in_8bit", True, r.where("quantization_bit"))
     if r.bool_("packing") or r.bool_("neat_packing"):
         cfg.set("packing", True, r.where("neat_packing" if r.bool_("neat_packing") else "packing"))
-        if r.bool_("neat_packing"):
-            cfg.set("attn_implementation", "neat_packing", r.where("neat_packing"))
+        if r.bool_("neat_packing"):  # rows packed apart (a block-diagonal mask, or flash attention's varlen)
+            cfg.set("packing_strategy", "neat", r.where("neat_packing"))
     elif r.has("packing"):
         cfg.set("packing", False, r.where("packing"))
     if r.has("eval_dataset"):
