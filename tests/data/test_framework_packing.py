@@ -32,7 +32,7 @@ import pytest
 import torch
 import yaml
 from framework_parity import FACTS, rows
-from test_frameworks_real import FW, RUNNER
+from test_frameworks_real import FW, RUNNER, framework_env
 
 from gradian.data.formats import load_examples
 from gradian.data.setup import setup_from_files
@@ -143,17 +143,6 @@ def runs(tmp_path_factory, tok) -> dict[str, dict]:
     info = {"file_name": str(root / "chat.jsonl"), "formatting": "sharegpt", "columns": {"messages": "messages"}}
     (root / "dataset_info.json").write_text(json.dumps({"chat": {**info, "tags": {"role_tag": "role",
         "content_tag": "content", **roles}}}))  # fmt: skip
-    env = dict(
-        os.environ,
-        DISABLE_VERSION_CHECK="1",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        AXOLOTL_DO_NOT_TRACK="1",
-        DO_NOT_TRACK="1",
-        TOKENIZERS_PARALLELISM="false",
-        WANDB_MODE="disabled",
-        OMP_NUM_THREADS="1",
-    )
     paths = {"axolotl": f"{FW / 'axolotl'}{os.pathsep}{FW / 'axolotl-train'}", "llamafactory": str(FW / "llamafactory")}
     out, running = {}, []
     for i, (name, (framework, data, extra)) in enumerate(CASES.items()):
@@ -172,7 +161,7 @@ def runs(tmp_path_factory, tok) -> dict[str, dict]:
         out[name] = {"config": path, "data": root / f"{data}.jsonl", "run": case_dir / "run", "dir": case_dir}
         cmd = [sys.executable, str(RUNNER), str(spec), str(case_dir / "result.json")]
         proc = subprocess.Popen(
-            cmd, env={**env, "PYTHONPATH": paths[framework]}, cwd=case_dir, stdout=subprocess.PIPE,
+            cmd, env={**framework_env(paths[framework]), "OMP_NUM_THREADS": "1"}, cwd=case_dir, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
         running.append((name, proc))

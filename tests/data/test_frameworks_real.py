@@ -318,6 +318,21 @@ def world(tmp_path_factory, tok):
     return root
 
 
+def framework_env(pythonpath: str) -> dict[str, str]:
+    """The environment a framework's subprocess runs in: its folder(s) on ``PYTHONPATH``, offline, no telemetry."""
+    return dict(
+        os.environ,
+        PYTHONPATH=pythonpath,
+        DISABLE_VERSION_CHECK="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        AXOLOTL_DO_NOT_TRACK="1",
+        DO_NOT_TRACK="1",
+        WANDB_MODE="disabled",
+        TOKENIZERS_PARALLELISM="false",
+    )
+
+
 def run_frameworks(world: Path, case_list: list[dict]) -> dict:
     """``{case name: {"rows": [[input_ids, labels], ...]} or {"error": text}}``: each framework once, every case."""
     out = {}
@@ -343,19 +358,9 @@ def run_frameworks(world: Path, case_list: list[dict]) -> dict:
             )
         spec, result = world / f"cases_{fw}.json", world / f"rows_{fw}.json"
         spec.write_text(json.dumps(cases))
-        env = dict(
-            os.environ,
-            PYTHONPATH=str(FW / fw),
-            DISABLE_VERSION_CHECK="1",
-            HF_HUB_OFFLINE="1",
-            HF_DATASETS_OFFLINE="1",
-            AXOLOTL_DO_NOT_TRACK="1",
-            DO_NOT_TRACK="1",
-            TOKENIZERS_PARALLELISM="false",
-        )
         proc = subprocess.run(
             [sys.executable, str(RUNNER), str(spec), str(result)],
-            env=env,
+            env=framework_env(str(FW / fw)),
             cwd=world,
             capture_output=True,
             text=True,

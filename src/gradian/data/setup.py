@@ -635,7 +635,7 @@ def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[
     elif not impl.startswith(_AXOLOTL_APART):
         why = f"attention {impl!r} ({where}): axolotl does not keep packed rows apart with it"
     elif before(c.versions, "axolotl", "0.19"):
-        why = f"axolotl {c.versions['axolotl']} (before 0.19, whose packing was run) with attention {impl!r}"
+        why = f"axolotl {c.versions['axolotl']} with attention {impl!r}: only axolotl 0.19's packing was run"
     elif first_trained:
         why = (
             "each row's first token is a label (train_on_inputs, or text rows) and axolotl does not mask it at a "
@@ -688,8 +688,9 @@ def _packing(c: TrainConfig, source: str, first_trained: bool = False) -> tuple[
     flash attention's varlen kernels and transformers' sdpa / eager alike. tests/data/test_trl_packing.py holds
     the gradient of TRL 1.16's ``compute_loss`` on its packed batches (transformers 5.24, sdpa) equal to
     ``Σ_r n_r g_r / Σ_r n_r`` over Gradian's rows. ``bfd_split`` trains a long row's overflow as a row of its own,
-    ``wrapped`` cuts rows across sequences: those stay unreproduced, as do LLaMA-Factory's and torchtune's packing
-    (not run). axolotl's: :func:`_axolotl_packing` (``first_trained``: a row's first token is a label).
+    ``wrapped`` cuts rows across sequences: those stay unreproduced, as does torchtune's packing (not run).
+    axolotl's and LLaMA-Factory's: :func:`_axolotl_packing`, :func:`_llamafactory_packing` (``first_trained``: a
+    row's first token is a label).
     """
     from gradian.libversions import before
 
