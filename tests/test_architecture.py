@@ -246,6 +246,8 @@ UPWARD = {
     ("gradian.runtypes", "gradian.evaluate"),
     # the training setup reads the trainer's config through the one config reader
     ("gradian.data.setup", "gradian.audit.config"),
+    # ... and the attention axolotl keeps packed rows apart with, one table for the setup and Audit's C12
+    ("gradian.data.setup", "gradian.audit.config.axolotl"),
     # the run's identity hashes every file of an lm-eval --log_samples folder, which only its reader can name
     ("gradian.index.identity", "gradian.evaluate.lm_eval"),
     # gradian train prints with the CLI's console and progress bar

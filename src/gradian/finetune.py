@@ -86,9 +86,8 @@ def index_identity(
         "versions": library_versions(),
     }
     fix = getattr(ft.model, "gradian_adapter_fix", None)
-    if (
-        fix
-    ):  # the adapter was put right on loading (a torchtune export, models.torchtune_export): not the file as written
+    # the adapter was put right on loading (a torchtune export, models.torchtune_export): not the file as written
+    if fix:
         ident["adapter_fix"] = fix
     if ft.model_spec.quantize:  # a QLoRA run's base, quantised as trained (absent otherwise: ids unchanged)
         ident["base_quant"] = {"scheme": ft.model_spec.quantize, "from": ft.model_spec.quantize_from}

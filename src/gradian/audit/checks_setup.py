@@ -12,6 +12,7 @@ import re
 
 from gradian.audit.checks_config import FULL_LR_HIGH, LORA_LR_HIGH, _lora_config, _require_possible, total_steps
 from gradian.audit.checks_dataset import count_hits
+from gradian.audit.config.axolotl import PACKING_APART
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Hit, NotApplicable, check
 from gradian.libversions import before, within
@@ -225,7 +226,7 @@ def packing_no_varlen_attn(ctx: AuditContext) -> list[Hit]:
         **c.cite("packing", "padding_free", "attn_implementation"),
     }
     attn = impl or "the default (sdpa/eager)"
-    if c.trainer == "axolotl" and impl.startswith(("sdpa", "eager", "xformers", "sage")):
+    if c.trainer == "axolotl" and impl.startswith(PACKING_APART):  # the varlen kernels passed above
         old_axolotl = before(ctx.versions, "axolotl", "0.19")
         if old_axolotl is False:
             return []  # measured: axolotl 0.19 drops the packed mask (tests/data/test_framework_packing.py)

@@ -606,12 +606,9 @@ def _base_quant(c: TrainConfig) -> tuple[str | None, str | None, str, str | None
     return scheme, frm, src, None
 
 
-#: The attention axolotl 0.19 keeps packed rows apart with (``utils/schemas/config.py``
-#: ``attn_decontaminates_packing``): for its packing-capable kernels (flash / flex / xformers / sage, varlen by
-#: ``position_ids``) and for sdpa / eager, its trainer drops the packed batch's attention mask, so transformers masks
-#: attention within each row from the restarting ``position_ids``. No ``attn_implementation`` keeps the mask (segment
-#: ids 1, 2, ...), which the model reads as all ones: rows attend to the rows packed before them.
-_AXOLOTL_APART = ("sdpa", "eager", "flash_attention", "flex_attention", "xformers", "sage", "kernels-community/")
+def _listed(source: str, why: str) -> tuple[bool, str]:
+    """:func:`_packing`'s answer for a packing Gradian does not reproduce: ``(False, note)``."""
+    return False, f"packing ({source}): {why}; Gradian scores each row alone"
 
 
 def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[bool, str]:
@@ -623,6 +620,7 @@ def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[
     and where a row's first token is a label (``train_on_inputs``, text rows) the row packed before it predicts it
     (axolotl does not mask a row's first label), a term of that neighbour's that Gradian cannot know.
     """
+    from gradian.audit.config.axolotl import PACKING_APART
     from gradian.libversions import before
 
     impl = (c.attn_implementation or "").lower().split("@", 1)[0]
@@ -632,7 +630,7 @@ def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[
             "no attn_implementation: axolotl keeps the packed attention mask, so rows attend to the rows packed "
             "before them (axolotl warns so itself)"
         )
-    elif not impl.startswith(_AXOLOTL_APART):
+    elif not impl.startswith(PACKING_APART):
         why = f"attention {impl!r} ({where}): axolotl does not keep packed rows apart with it"
     elif before(c.versions, "axolotl", "0.19"):
         why = f"axolotl {c.versions['axolotl']} with attention {impl!r}: only axolotl 0.19's packing was run"
@@ -648,7 +646,7 @@ def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[
             "own term of the packed loss, as Gradian scores it (axolotl's multipack sampler also drops the last "
             "incomplete batch of packs in each epoch; which rows, its shuffle decides, and Gradian scores them all)"
         )
-    return False, f"packing ({source}): {why}; Gradian scores each row alone"
+    return _listed(source, why)
 
 
 def _llamafactory_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[bool, str]:
@@ -675,7 +673,7 @@ def _llamafactory_packing(c: TrainConfig, source: str, first_trained: bool) -> t
             f"neat_packing ({source}): LLaMA-Factory packs whole rows with position_ids restarting and attention "
             "kept within each row, so a row's gradient is its own term of the packed loss, as Gradian scores it"
         )
-    return False, f"packing ({source}): {why}; Gradian scores each row alone"
+    return _listed(source, why)
 
 
 def _packing(c: TrainConfig, source: str, first_trained: bool = False) -> tuple[bool, str]:
@@ -713,7 +711,7 @@ def _packing(c: TrainConfig, source: str, first_trained: bool = False) -> tuple[
         "bfd_split": "a row longer than max_length has its overflow trained as a row of its own",
         "wrapped": "rows are cut across sequence boundaries",
     }.get(strategy, "rows shared sequences in training")
-    return False, f"packing ({source}{f', {strategy}' if strategy else ''}): {why}; Gradian scores each row alone"
+    return _listed(f"{source}, {strategy}" if strategy else source, why)
 
 
 def _training_template(c: TrainConfig, saved: tuple[str, str] | None) -> tuple[str | None, str, str | None]:

@@ -37,6 +37,14 @@ KEYS = frozenset(
     }
 )
 
+#: The attention axolotl 0.19 keeps packed rows apart with (``utils/schemas/config.py``
+#: ``attn_decontaminates_packing``): for its packing-capable kernels (flash / flex / xformers / sage, varlen by
+#: ``position_ids``) and for sdpa / eager, its trainer drops the packed batch's attention mask, so transformers masks
+#: attention within each row from the restarting ``position_ids``. No ``attn_implementation`` keeps the mask (segment
+#: ids 1, 2, ...), which the model reads as all ones: rows attend to the rows packed before them. Matched as a prefix
+#: (``kernels-community/flash-attn2@v2``); read by the training setup and Audit's C12.
+PACKING_APART = ("sdpa", "eager", "flash_attention", "flex_attention", "xformers", "sage", "kernels-community/")
+
 #: axolotl's names for the shared TrainingArguments / LoRA keys (None: axolotl does not read that key).
 RENAMED = {
     "model_name_or_path": "base_model",
