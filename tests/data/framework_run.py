@@ -26,6 +26,8 @@ and torchtune runs its ``lora_finetune_single_device`` recipe as ``tune run`` do
   ``"llamafactory-packed"``, ``packed_out``: a folder): their packed batches and each one's gradient,
   :func:`axolotl_packed`, :func:`llamafactory_packed` (tests/data/test_framework_packing.py; ``make frameworks``
   puts axolotl's trainer's own pins in ``.venv/frameworks/axolotl-train``).
+* **torchtune 0.6.1's LoRA recipe** on a ``packed: true`` dataset (``"framework": "torchtune-packed"``): its packed
+  batches and each step's gradient, :func:`torchtune_packed` (tests/data/test_framework_packing.py).
 
 ``OUT.json``: ``{name: {"rows": [[input_ids, labels], ...]}}`` in the framework's order, or ``{"error": text}``.
 """
@@ -216,12 +218,69 @@ def torchtune(case: dict) -> list:
     return rows
 
 
+def torchtune_packed(case: dict) -> list:
+    """torchtune's own LoRA recipe (``lora_finetune_single_device``) on a config whose dataset is ``packed: true``:
+    its ``setup`` (model, ``PackedDataset``, ``padded_collate_packed``) and its ``train`` loop, with two things
+    changed: ``lora_b`` is drawn from N(0, 0.05²) (seed 0) after setup, and the optimizer's ``step`` records each
+    step's gradients instead of stepping, so every batch is taken at the adapter the recipe saves at the epoch's end
+    (``epoch_0/``). Each batch (before ``_loss_step`` pops its labels) goes to ``batches.json`` as ``input_ids``,
+    ``position_ids`` (its ``input_pos``) and ``labels``; each step's gradients (already scaled by the recipe's
+    ``1 / num_tokens``) go to ``grad_<step>.safetensors``, named and laid out as the checkpointer writes the
+    adapter (``tune_to_peft_adapter_weights``), in ``case["packed_out"]`` (the config's ``output_dir``).
+    """
+    import runpy
+    from pathlib import Path
+
+    import torch
+    import torchtune as package
+    from omegaconf import OmegaConf
+    from safetensors.torch import save_file
+    from torchtune.models.convert_weights import tune_to_peft_adapter_weights
+
+    recipe_file = Path(package.__file__).parents[1] / "recipes" / "lora_finetune_single_device.py"
+    cls = runpy.run_path(str(recipe_file), run_name="recipe")["LoRAFinetuneRecipeSingleDevice"]
+    cfg = OmegaConf.load(case["config"])
+    assert cfg.gradient_accumulation_steps == 1, "one batch per step: grad_<step> is the batch's gradient"
+    recipe = cls(cfg=cfg)
+    recipe.setup(cfg=cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in recipe._model.named_parameters():
+            if "lora_b" in name:
+                p.normal_(std=0.05)
+    hf = recipe._checkpointer._config
+    out, batches, loss_step = case["packed_out"], [], recipe._loss_step
+
+    def record_batch(batch):
+        keys = {"tokens": "input_ids", "input_pos": "position_ids", "labels": "labels"}
+        batches.append({ours: batch[theirs].tolist() for theirs, ours in keys.items()})
+        return loss_step(batch)
+
+    def record_step(*args, **kwargs):  # in place of the optimizer's step: the weights stay where they were
+        grads = {n: p.grad.detach().clone() for n, p in recipe._model.named_parameters() if p.grad is not None}
+        grads = tune_to_peft_adapter_weights(
+            grads, num_heads=hf["num_attention_heads"], num_kv_heads=hf["num_key_value_heads"],
+            dim=hf["hidden_size"], head_dim=hf.get("head_dim", None),
+        )  # fmt: skip
+        save_file(
+            {k: v.contiguous() for k, v in grads.items()}, os.path.join(out, f"grad_{len(batches) - 1}.safetensors")
+        )
+
+    recipe._loss_step, recipe._optimizer.step = record_batch, record_step
+    recipe.train()
+    recipe.cleanup()
+    with open(os.path.join(out, "batches.json"), "w") as f:
+        json.dump(batches, f)
+    return []
+
+
 RUNNERS = {
     "axolotl": axolotl,
     "axolotl-packed": axolotl_packed,
     "llamafactory": llamafactory,
     "llamafactory-packed": llamafactory_packed,
     "torchtune": torchtune,
+    "torchtune-packed": torchtune_packed,
 }
 
 

@@ -263,12 +263,17 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tok):
-    """A tiny base model and its tokenizer (and ones with the Llama-3 or Phi tokens), the training files,
-    LLaMA-Factory's dataset_info.json and torchtune's vocab.json / merges.txt of the same tokenizer.
+    return make_world(tmp_path_factory.mktemp("frameworks"), tok)
+
+
+def make_world(root: Path, tok) -> Path:
+    """In ``root``: a tiny base model and its tokenizer (and ones with the Llama-3 or Phi tokens), the training
+    files, LLaMA-Factory's dataset_info.json and torchtune's vocab.json / merges.txt (and Llama-3 tiktoken file) of
+    the same tokenizer.
     """
     from gradian.models.tiny import tiny_model
 
-    root = tmp_path_factory.mktemp("frameworks")
+    root.mkdir(parents=True, exist_ok=True)
     tiny_model(tok, "llama").save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
     for name, specials in (("base_llama3", LLAMA3_TOKENS), ("base_phi", PHI_TOKENS)):

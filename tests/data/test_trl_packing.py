@@ -115,7 +115,8 @@ def test_a_packed_batch_s_gradient_is_gradians_rows_weighted_by_their_tokens(tok
     ],
 )
 def test_packing_that_does_not_keep_rows_apart_is_listed(tmp_path, strategy, why):
-    """TRL's other strategies cut rows, and another trainer's packing was not run: listed as not reproduced."""
+    """TRL's other strategies cut rows, and other trainers' packing where it does not keep rows apart: listed as not
+    reproduced."""
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in pc_rows()))
     cfg = tmp_path / "sft.yaml"
@@ -145,3 +146,18 @@ def test_packing_that_does_not_keep_rows_apart_is_listed(tmp_path, strategy, why
                           ("neat_packing: true\ntrain_on_prompt: true\n", True)]:  # fmt: skip
         lf.write_text("model_name_or_path: m\nstage: sft\nfinetuning_type: lora\ntemplate: qwen\n" + extra)
         assert ("packing" in setup_from_files([lf], data).unreproduced) == listed
+    # torchtune keeps packed rows apart (block-causal mask; the same test runs its recipe); a row's first token is a
+    # label under its Qwen2 rule with train_on_input (alpaca's default), never under Llama-3's (BOS always masked)
+    alpaca = tmp_path / "alpaca.jsonl"
+    alpaca.write_text(json.dumps({"instruction": "Name a capital.", "input": "", "output": "Paris."}) + "\n")
+    tt = tmp_path / "torchtune.yaml"
+    for family, extra, listed in [("llama3", "", False), ("qwen2", "", True),
+                                  ("qwen2", "  train_on_input: false\n", False)]:  # fmt: skip
+        tt.write_text(
+            f"tokenizer:\n  _component_: torchtune.models.{family}.{family}_tokenizer\n  path: x\n  max_seq_len: 64\n"
+            "dataset:\n  _component_: torchtune.datasets.alpaca_dataset\n  source: json\n  data_files: d\n"
+            "  packed: true\n" + extra
+        )
+        setup = setup_from_files([tt], alpaca)
+        assert ("packing" in setup.unreproduced) == listed, setup.notes
+        assert setup.sources["packing"].startswith("packed") != listed

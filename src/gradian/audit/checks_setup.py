@@ -199,13 +199,14 @@ def packing_no_varlen_attn(ctx: AuditContext) -> list[Hit]:
     transformers#39194 (packed masks for sdpa/eager, 2025-07); tests/data/test_trl_packing.py (TRL 1.16, transformers
     5.24, sdpa: each packed batch's gradient is its rows' own); axolotl 0.19.0 utils/schemas/config.py
     attn_decontaminates_packing, tests/data/test_framework_packing.py (its trainer: sdpa / eager kept apart, none not);
-    LLaMA-Factory 0.9.5 data/collator.py SFTDataCollatorWith4DAttentionMask (the same test runs its trainer)
+    LLaMA-Factory 0.9.5 data/collator.py SFTDataCollatorWith4DAttentionMask (the same test runs its trainer); torchtune
+    0.6.1 padded_collate_packed (block-causal masks; the same test runs its LoRA recipe)
     """
     c = ctx.config
     if not (c.packing or c.padding_free):
         raise NotApplicable("packing and padding_free are off")
     if c.trainer == "torchtune":
-        raise NotApplicable("torchtune packs with block-causal masks")
+        raise NotApplicable("torchtune packs with block-causal masks (its recipe keeps packed rows apart)")
     impl = (c.attn_implementation or "").lower()
     if c.trainer == "llamafactory":  # its collator decides, not the attention
         if (c.packing_strategy or "").lower() == "neat":

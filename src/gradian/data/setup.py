@@ -611,6 +611,18 @@ def _listed(source: str, why: str) -> tuple[bool, str]:
     return False, f"packing ({source}): {why}; Gradian scores each row alone"
 
 
+def _first_label(setting: str, how: str) -> str:
+    """Why a packing whose rows start with a label is not reproduced: the row packed before predicts that label."""
+    return (
+        f"each row's first token is a label ({setting}) and {how}, so the row packed before it is also trained to "
+        "predict it"
+    )
+
+
+#: what a packed run's dropped last batch means for the scores (axolotl's multipack sampler, torchtune's DataLoader)
+_DROPPED = "which rows, its shuffle decides, and Gradian scores them all"
+
+
 def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[bool, str]:
     """:func:`_packing` for axolotl's ``sample_packing`` (0.19.0: its multipack sampler, its
     ``V2BatchSamplerDataCollatorForSeq2Seq`` and HF Trainer's loss over the packed labels).
@@ -635,16 +647,13 @@ def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[
     elif before(c.versions, "axolotl", "0.19"):
         why = f"axolotl {c.versions['axolotl']} with attention {impl!r}: only axolotl 0.19's packing was run"
     elif first_trained:
-        why = (
-            "each row's first token is a label (train_on_inputs, or text rows) and axolotl does not mask it at a "
-            "row's start, so the row packed before it is also trained to predict it"
-        )
+        why = _first_label("train_on_inputs, or text rows", "axolotl does not mask it at a row's start")
     else:
         return True, (
             f"sample_packing ({source}; attention {impl} from {where}): axolotl 0.19 drops the packed attention "
             "mask and restarts position_ids at each row, so a row attends within itself and its gradient is its "
             "own term of the packed loss, as Gradian scores it (axolotl's multipack sampler also drops the last "
-            "incomplete batch of packs in each epoch; which rows, its shuffle decides, and Gradian scores them all)"
+            f"incomplete batch of packs in each epoch; {_DROPPED})"
         )
     return _listed(source, why)
 
@@ -664,14 +673,37 @@ def _llamafactory_packing(c: TrainConfig, source: str, first_trained: bool) -> t
     elif impl and impl not in ("sdpa", "eager", "flash_attention_2", "auto"):
         why = f"attention {impl!r} ({c.source('attn_implementation')}) with neat_packing was not run"
     elif first_trained:
-        why = (
-            "each row's first token is a label (train_on_prompt) and LLaMA-Factory does not mask it at a row's "
-            "start, so the row packed before it is also trained to predict it"
-        )
+        why = _first_label("train_on_prompt", "LLaMA-Factory does not mask it at a row's start")
     else:
         return True, (
             f"neat_packing ({source}): LLaMA-Factory packs whole rows with position_ids restarting and attention "
             "kept within each row, so a row's gradient is its own term of the packed loss, as Gradian scores it"
+        )
+    return _listed(source, why)
+
+
+def _torchtune_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[bool, str]:
+    """:func:`_packing` for torchtune's ``packed: true`` (0.6.1: ``datasets/_packed.py`` ``PackedDataset`` packs
+    whole rows greedily, ``input_pos`` restarting at each; ``padded_collate_packed`` gives a block-causal mask, a
+    flex-attention ``BlockMask`` on CUDA; its LoRA recipes' loss is the cross-entropy over the shifted packed labels,
+    normalised by the step's supervised tokens).
+
+    tests/data/test_framework_packing.py runs its ``lora_finetune_single_device`` recipe: each step's gradient is
+    ``Σ_r n_r g_r / Σ_r n_r`` over Gradian's rows where a row's first token is never a label (the Llama-3 tokenizer's
+    BOS is always masked; a Qwen2 row's first token is its first message's, masked unless ``train_on_input``); where
+    it is a label, the last token of the row packed before it is trained to predict it.
+    """
+    from gradian.libversions import before
+
+    if before(c.versions, "torchtune", "0.6"):
+        why = f"torchtune {c.versions['torchtune']}: only torchtune 0.6's packing was run"
+    elif first_trained:
+        why = _first_label("train_on_input, or text rows", "torchtune shifts the labels across the packed sequence")
+    else:
+        return True, (
+            f"packed ({source}): torchtune packs whole rows with input_pos restarting and a block-causal mask, so a "
+            "row attends within itself and its gradient is its own term of the packed loss, as Gradian scores it "
+            f"(its DataLoader also drops the last incomplete batch of packs in each epoch; {_DROPPED})"
         )
     return _listed(source, why)
 
@@ -686,9 +718,9 @@ def _packing(c: TrainConfig, source: str, first_trained: bool = False) -> tuple[
     flash attention's varlen kernels and transformers' sdpa / eager alike. tests/data/test_trl_packing.py holds
     the gradient of TRL 1.16's ``compute_loss`` on its packed batches (transformers 5.24, sdpa) equal to
     ``Σ_r n_r g_r / Σ_r n_r`` over Gradian's rows. ``bfd_split`` trains a long row's overflow as a row of its own,
-    ``wrapped`` cuts rows across sequences: those stay unreproduced, as does torchtune's packing (not run).
-    axolotl's and LLaMA-Factory's: :func:`_axolotl_packing`, :func:`_llamafactory_packing` (``first_trained``: a
-    row's first token is a label).
+    ``wrapped`` cuts rows across sequences: those stay unreproduced. axolotl's, LLaMA-Factory's and torchtune's:
+    :func:`_axolotl_packing`, :func:`_llamafactory_packing`, :func:`_torchtune_packing` (``first_trained``: a row's
+    first token is a label).
     """
     from gradian.libversions import before
 
@@ -696,6 +728,8 @@ def _packing(c: TrainConfig, source: str, first_trained: bool = False) -> tuple[
         return _axolotl_packing(c, source, first_trained)
     if c.trainer == "llamafactory":
         return _llamafactory_packing(c, source, first_trained)
+    if c.trainer == "torchtune":
+        return _torchtune_packing(c, source, first_trained)
 
     strategy = (c.packing_strategy or "").lower()
     where = c.source("packing_strategy") or "not said"
@@ -891,8 +925,13 @@ def resolve_setup(
         sources["packing"] = c.source("packing") or "not said (assumed off)"
         if c.packing:
             # a row's first token is a label: text rows, and rows with every token trained (never an axolotl chat
-            # row: axolotl labels turn contents; tests/data/test_framework_packing.py)
-            first_trained = data_format == "text" or (values["loss_on"] == "all" and (not chat or name != "axolotl"))
+            # row: axolotl labels turn contents; never under torchtune's Llama-3 rule: its BOS is always masked;
+            # tests/data/test_framework_packing.py)
+            first_trained = data_format == "text" or (
+                values["loss_on"] == "all"
+                and (not chat or name != "axolotl")
+                and values.get("chat_rule") != "torchtune_llama3"
+            )
             kept_apart, note = _packing(c, sources["packing"], first_trained)
             if kept_apart:  # reproduced: said beside the value, not among what is not reproduced
                 sources["packing"] = note
