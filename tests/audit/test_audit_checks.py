@@ -797,6 +797,18 @@ def test_c09_reads_the_configs_own_chat_template(world):
     assert "C09" in res.passed, [f.message for f in res.by_id("C09")]
 
 
+def test_c04_max_steps_inside_the_first_epoch_names_the_rows_never_trained(world):
+    """The world's 400 rows at an effective batch of 16: max_steps 20 covers 320 of them, so 80 (20%) were never
+    trained (warning, with the count); max_steps 25 covers the epoch (no warning); a packed run's steps hold several
+    rows each, so its coverage is not judged."""
+    short = diagnose(configs=[world.config_with(max_steps=20)], data=world.data, select=["C04"]).by_id("C04")
+    (hit,) = [f for f in short if "never trained" in f.message]
+    assert hit.severity == "warning" and hit.evidence["never_trained"] == 80 and "80% into its first" in hit.message
+    for cfg in (world.config_with(max_steps=25), world.config_with(max_steps=20, packing=True)):
+        found = diagnose(configs=[cfg], data=world.data, select=["C04"]).by_id("C04")
+        assert not any("never trained" in f.message for f in found)
+
+
 def test_c12_trl_packing_on_versions_that_keep_rows_apart(world):
     """TRL >= 1.16 with transformers >= 5.24 keeps packed rows apart on sdpa (tests/data/test_trl_packing.py): C12
     passes; with the versions unknown it says so as info; a known older TRL keeps the warning, as does 'wrapped'."""

@@ -300,11 +300,14 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
     """Step budget too small or mis-set.
 
     Rule: effective batch > rows (error); total optimiser steps < 30 (warning); max_steps > 0 silently overrides
-    num_train_epochs (info); one device assumed
+    num_train_epochs (info), and max_steps x effective batch < rows ends the run inside its first epoch, so some
+    rows were never trained (warning; not judged for packed runs, whose steps hold several rows each); one device
+    assumed
 
     Fix: lower the batch / gradient accumulation, or train more steps; remove max_steps to train by epochs
 
-    Source: tf TrainingArguments (max_steps overrides num_train_epochs); heuristic step floor
+    Source: tf TrainingArguments (max_steps overrides num_train_epochs; the train sampler shuffles, so which rows a
+    short run saw depends on its seed); heuristic step floor
     """
     c = ctx.config
     _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
@@ -332,8 +335,20 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
                 {"value": steps, "threshold": 30, "how": how, **cite},
             )
         )
-    if c.max_steps and c.num_epochs and not c.is_default("num_epochs"):
-        implied = c.max_steps * eb / ctx.n
+    implied = c.max_steps * eb / ctx.n if c.max_steps and c.max_steps > 0 else None
+    if implied is not None and implied < 1 and not (c.packing or c.padding_free):
+        unseen = ctx.n - c.max_steps * eb
+        hits.append(
+            Hit(
+                "warning",
+                f"max_steps={c.max_steps} x the effective batch {eb} covers {c.max_steps * eb} of the {ctx.n} "
+                f"training rows: the run stopped {implied:.0%} into its first epoch, so about {unseen} rows "
+                f"({unseen / ctx.n:.0%}) were never trained (which ones, its shuffle decided; 1 device assumed). "
+                "Their attribution scores say what they would have done, not what they did",
+                {"value": c.max_steps * eb, "threshold": ctx.n, "never_trained": unseen, **cite},
+            )
+        )
+    elif implied is not None and c.num_epochs and not c.is_default("num_epochs"):
         if abs(implied - c.num_epochs) / c.num_epochs > 0.25:
             hits.append(
                 Hit(
