@@ -301,13 +301,14 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
 
     Rule: effective batch > rows (error); total optimiser steps < 30 (warning); max_steps > 0 silently overrides
     num_train_epochs (info), and max_steps x effective batch < rows ends the run inside its first epoch, so some
-    rows were never trained (warning; not judged for packed runs, whose steps hold several rows each); one device
-    assumed
+    rows were never trained (warning, with their ids where the run's sampler is reproduced: an HF Trainer or TRL SFT
+    run's seeded random sampler; not judged for packed runs, whose steps hold several rows each); one device assumed
 
     Fix: lower the batch / gradient accumulation, or train more steps; remove max_steps to train by epochs
 
-    Source: tf TrainingArguments (max_steps overrides num_train_epochs; the train sampler shuffles, so which rows a
-    short run saw depends on its seed); heuristic step floor
+    Source: tf TrainingArguments (max_steps overrides num_train_epochs); accelerate SeedableRandomSampler (epoch e
+    reads randperm(n) seeded data_seed or seed, + e), tests/audit/test_hf_order.py (transformers' Trainer and TRL's
+    SFTTrainer read exactly those rows); heuristic step floor
     """
     c = ctx.config
     _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
@@ -337,17 +338,7 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
         )
     implied = c.max_steps * eb / ctx.n if c.max_steps and c.max_steps > 0 else None
     if implied is not None and implied < 1 and not (c.packing or c.padding_free):
-        unseen = ctx.n - c.max_steps * eb
-        hits.append(
-            Hit(
-                "warning",
-                f"max_steps={c.max_steps} x the effective batch {eb} covers {c.max_steps * eb} of the {ctx.n} "
-                f"training rows: the run stopped {implied:.0%} into its first epoch, so about {unseen} rows "
-                f"({unseen / ctx.n:.0%}) were never trained (which ones, its shuffle decided; 1 device assumed). "
-                "Their attribution scores say what they would have done, not what they did",
-                {"value": c.max_steps * eb, "threshold": ctx.n, "never_trained": unseen, **cite},
-            )
-        )
+        hits.append(_never_trained(ctx, eb, implied, cite))
     elif implied is not None and c.num_epochs and not c.is_default("num_epochs"):
         if abs(implied - c.num_epochs) / c.num_epochs > 0.25:
             hits.append(
@@ -359,6 +350,36 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
                 )
             )
     return hits
+
+
+def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hit:
+    """C04's warning for a ``max_steps`` that ends the run inside its first epoch: how many rows it never trained,
+    and which, where the trainer's sampler is reproduced (:mod:`gradian.audit.hf_order`).
+    """
+    from gradian.audit.hf_order import order_rule, rows_read
+
+    c = ctx.config
+    seen = c.max_steps * eb
+    seed, how = order_rule(c, ctx.versions)
+    ids, which = [], f"which ones, its shuffle decided ({how})"
+    if seed is not None:
+        read = rows_read(
+            ctx.n, seed=seed, batch=c.micro_batch_size, accumulation=c.gradient_accumulation_steps or 1,
+            steps=c.max_steps, drop_last=bool(c.dataloader_drop_last),
+        )  # fmt: skip
+        trained = {r for step in read for r in step}
+        ids = [e.id for k, e in enumerate(ctx.examples) if k not in trained]
+        which = f"the HF Trainer's seeded sampler, {how}, names them, if it was given the rows in this file's order"
+    unseen = len(ids) if seed is not None else ctx.n - seen
+    return Hit(
+        "warning",
+        f"max_steps={c.max_steps} x the effective batch {eb} covers {seen} of the {ctx.n} training rows: the run "
+        f"stopped {implied:.0%} into its first epoch, so {unseen} rows ({unseen / ctx.n:.0%}) were never trained "
+        f"({which}; 1 device assumed). Their attribution scores say what they would have done, not what they did",
+        {"value": seen, "threshold": ctx.n, "never_trained": unseen, "order": how if seed is not None else None,
+         **cite},
+        row_ids=ids,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------- C05

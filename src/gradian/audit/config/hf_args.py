@@ -7,6 +7,7 @@ PEFT's names (:data:`PEFT_NAMES`).
 
 from __future__ import annotations
 
+import json
 from typing import Mapping
 
 from gradian.audit.config.model import TrainConfig
@@ -29,6 +30,10 @@ HF_ARGS: tuple[Row, ...] = (
     ("save_steps", "save_steps", "num"),
     ("load_best_model_at_end", "load_best_model_at_end", "bool"),
     ("group_by_length", "group_by_length", "bool"),
+    ("seed", "seed", "int"),
+    ("data_seed", "data_seed", "int"),
+    ("dataloader_drop_last", "dataloader_drop_last", "bool"),
+    ("train_sampling_strategy", "train_sampling_strategy", "str"),
 )
 
 #: ``TrainingArguments``' own defaults for the fields above (transformers 4.x/5.x): what an HF Trainer, and a
@@ -47,6 +52,8 @@ HF_DEFAULTS: dict[str, object] = {
     "load_best_model_at_end": False,
     "group_by_length": False,
     "max_grad_norm": 1.0,
+    "seed": 42,
+    "dataloader_drop_last": False,
 }
 
 #: The LoRA and quantisation fields, in TRL ``ModelConfig`` names.
@@ -98,6 +105,14 @@ def read_hf_args(
     """
     set_many(cfg, r, HF_ARGS + LORA_ARGS, keys)
     read_max_steps(cfg, r)
+    acc = r.get("accelerator_config") if r.has("accelerator_config") else None
+    if isinstance(acc, str):  # TrainingArguments also takes it as a JSON string
+        try:
+            acc = json.loads(acc)
+        except ValueError:
+            acc = None
+    if isinstance(acc, dict) and isinstance(acc.get("use_seedable_sampler"), bool):
+        cfg.set("use_seedable_sampler", acc["use_seedable_sampler"], r.where("accelerator_config"))
     for key in eval_keys:
         if r.has(key):
             cfg.set("eval_strategy", str(r.get(key)).lower().replace("intervalstrategy.", ""), r.where(key))

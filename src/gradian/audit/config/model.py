@@ -116,6 +116,12 @@ class TrainConfig:
     val_set_size: float | None = None
     has_eval_dataset: bool | None = None
     group_by_length: bool | None = None
+    #: the train sampler's inputs (HF ``TrainingArguments``; :mod:`gradian.audit.hf_order`)
+    seed: int | None = None
+    data_seed: int | None = None
+    dataloader_drop_last: bool | None = None
+    train_sampling_strategy: str | None = None
+    use_seedable_sampler: bool | None = None
     chat_template: str | None = None
     chat_template_path: str | None = None
     eos_token: str | None = None

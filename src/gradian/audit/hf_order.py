@@ -1,0 +1,81 @@
+"""The rows an HF ``Trainer`` run (TRL's trainers included) read, step by step, reproduced from its config.
+
+transformers >= 4.38 prepares the train set with accelerate's ``SeedableRandomSampler``
+(``AcceleratorConfig.use_seedable_sampler``, default True): epoch ``e`` reads the rows in the order
+``torch.randperm(n, generator=torch.Generator().manual_seed(s + e))``, where ``s`` is ``data_seed`` when set and
+otherwise ``seed`` (the trainer's ``set_seed(seed)`` makes it torch's initial seed, which the sampler takes). The
+order is cut into micro-batches of ``per_device_train_batch_size`` (the last one short, or dropped with
+``dataloader_drop_last``), and each optimizer step takes ``gradient_accumulation_steps`` of them, the epoch's last
+step the micro-batches left. tests/audit/test_hf_order.py holds this to transformers' own ``Trainer``.
+
+Not reproduced (:func:`rows_read` is not called for them, see :func:`order_rule`): another
+``train_sampling_strategy`` (``group_by_length``, ``sequential``, ``batch_rebalance``), packing (a step's sequences
+hold several rows), more than one device, and a train set the trainer filtered or reordered before it sampled.
+"""
+
+from __future__ import annotations
+
+from gradian.audit.config.model import TrainConfig
+from gradian.libversions import before
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The row indices epoch ``epoch`` reads, in order: ``randperm(n)`` of a generator seeded ``seed + epoch``."""
+    import torch
+
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+def rows_read(
+    n: int, *, seed: int, batch: int, accumulation: int, steps: int, drop_last: bool = False
+) -> list[list[int]]:
+    """Per optimizer step (``steps`` of them, across epochs), the row indices it read, on one device.
+
+    Args:
+        n: rows in the train set, in the order the trainer was given them.
+        seed: ``data_seed``, or else ``seed``.
+        batch: ``per_device_train_batch_size``.
+        accumulation: ``gradient_accumulation_steps``.
+        steps: optimizer steps taken (``max_steps``, or the ``global_step`` the run reached).
+        drop_last: ``dataloader_drop_last``.
+    """
+    if n <= 0 or batch <= 0 or accumulation <= 0 or (drop_last and n < batch):
+        return []
+    out: list[list[int]] = []
+    epoch = 0
+    while len(out) < steps:
+        order = epoch_order(n, seed, epoch)
+        micro = [order[i : i + batch] for i in range(0, n, batch)]
+        if drop_last and len(micro[-1]) < batch:
+            micro.pop()
+        for k in range(0, len(micro), accumulation):
+            out.append([r for m in micro[k : k + accumulation] for r in m])
+            if len(out) == steps:
+                break
+        epoch += 1
+    return out
+
+
+def order_rule(c: TrainConfig, versions: dict[str, str]) -> tuple[int | None, str]:
+    """``(seed, how)`` when the run's row order is reproduced (an HF Trainer or TRL run, one device, rows unpacked,
+    the random sampler), else ``(None, why not)``.
+    """
+    if c.trainer not in ("trl", "hf"):
+        return None, f"the {c.trainer or 'unknown'} trainer's sampler is not reproduced"
+    if c.stage_kind != "sft":  # TRL's GRPO and distillation trainers sample rows their own way
+        return None, f"a {c.stage} run's sampler is not reproduced"
+    if c.packing or c.padding_free:
+        return None, "packed steps hold several rows each"
+    strategy = (c.train_sampling_strategy or ("group_by_length" if c.group_by_length else "random")).lower()
+    if strategy != "random":
+        return None, f"train_sampling_strategy {strategy!r} is not reproduced"
+    if c.use_seedable_sampler is False:
+        return None, "accelerator_config.use_seedable_sampler is off: the order followed torch's global generator"
+    if before(versions, "transformers", "4.38"):
+        return None, f"transformers {versions['transformers']} (before 4.38) did not seed its sampler"
+    if c.data_seed is not None:
+        return c.data_seed, f"data_seed {c.data_seed} ({c.source('data_seed')})"
+    seed = c.seed if c.seed is not None else 42
+    return seed, f"seed {seed} ({c.source('seed') or 'not said: TrainingArguments default 42'})"

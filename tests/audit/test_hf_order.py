@@ -1,0 +1,124 @@
+"""gradian.audit.hf_order against transformers' own ``Trainer``: the rows each optimizer step read.
+
+The Trainer trains a tiny model on rows whose tokens name them; a forward hook on the model records the rows of
+every micro-batch it trains on (the Trainer's own sampler, accelerate's seeded one, its batching and its gradient
+accumulation decide them; a collator would also see the batch accelerate fetches ahead), and :func:`rows_read`
+must name the same rows, in the same order, across epochs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gradian.audit import diagnose
+from gradian.audit.hf_order import rows_read
+
+
+class _Collator:
+    """Pads a micro-batch as a causal-LM batch (the rows' index column is dropped here)."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, features):
+        width = max(len(f["input_ids"]) for f in features)
+        ids = torch.full((len(features), width), self.pad_id)
+        for i, f in enumerate(features):
+            ids[i, : len(f["input_ids"])] = torch.tensor(f["input_ids"])
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+@pytest.mark.parametrize(
+    "n, batch, accumulation, steps, extra",
+    [
+        (23, 2, 2, 4, {"seed": 7}),  # inside the first epoch
+        (10, 2, 3, 5, {"seed": 3}),  # two epochs, each ending in a step of fewer micro-batches (5 = 3 + 2)
+        (11, 3, 1, 6, {"data_seed": 5, "dataloader_drop_last": True}),  # data_seed wins; the short batch dropped
+    ],
+)
+def test_rows_read_are_the_trainer_s_own(tok, tmp_path, n, batch, accumulation, steps, extra):
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    from gradian.models.tiny import tiny_model
+
+    ids = [tok(f"row {i} of the set")["input_ids"] for i in range(n)]
+    which = {tuple(x): i for i, x in enumerate(ids)}
+    assert len(which) == n  # every row's tokens are its own
+    rows = Dataset.from_list([{"input_ids": x} for x in ids])
+    model, micro = tiny_model(tok, "llama"), []
+
+    def record(_module, _args, kwargs):  # the micro-batches the model trains on, as row indices
+        micro.append([which[tuple(t for t in x.tolist() if t != tok.pad_token_id)] for x in kwargs["input_ids"]])
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
+        max_steps=steps, report_to=[], save_strategy="no", use_cpu=True, logging_steps=1000, **extra,
+    )  # fmt: skip
+    Trainer(model=model, args=args, train_dataset=rows, data_collator=_Collator(tok.pad_token_id)).train()
+    seed = extra.get("data_seed", extra.get("seed"))
+    ours = rows_read(
+        n, seed=seed, batch=batch, accumulation=accumulation, steps=steps,
+        drop_last=extra.get("dataloader_drop_last", False),
+    )  # fmt: skip
+    assert [r for step in ours for r in step] == [r for m in micro for r in m]
+    assert len(micro) == sum(-(-len(step) // batch) for step in ours)  # micro-batches: the steps' own
+
+
+def test_c04_names_the_rows_a_short_trl_run_never_trained(tmp_path):
+    """A TRL config with max_steps inside the first epoch: C04's warning lists exactly the rows the seeded sampler
+    never reached (the complement of :func:`rows_read`), and a config whose order is not reproduced
+    (group_by_length) keeps the count without names."""
+    import json
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"Q{i}?", "completion": f"A{i}."}) + "\n"
+                            for i in range(40)))  # fmt: skip
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("per_device_train_batch_size: 4\ngradient_accumulation_steps: 2\nmax_steps: 3\nseed: 11\n")
+    (hit,) = [f for f in diagnose(configs=[cfg], data=data, select=["C04"]).by_id("C04") if "never" in f.message]
+    read = {r for step in rows_read(40, seed=11, batch=4, accumulation=2, steps=3) for r in step}
+    assert len(read) == 24 and hit.row_ids == [f"r{i}" for i in range(40) if i not in read]
+    assert hit.evidence["never_trained"] == 16 and "seed 11" in hit.evidence["order"]
+    cfg.write_text(cfg.read_text() + "group_by_length: true\n")
+    (hit,) = [f for f in diagnose(configs=[cfg], data=data, select=["C04"]).by_id("C04") if "never" in f.message]
+    assert hit.row_ids == [] and hit.evidence["never_trained"] == 16 and "group_by_length" in hit.message
+
+
+def test_c04_names_the_rows_trl_s_own_sft_trainer_never_trained(tok, tmp_path):
+    """TRL's SFTTrainer (its own dataset preparation, collator and the Trainer's sampler) on prompt/completion rows
+    with max_steps inside the first epoch: the rows its model trained on, recorded by a forward hook, are exactly
+    those C04 does not name, read from the same settings in a config file."""
+    import json
+
+    import yaml
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from gradian.models.tiny import tiny_model
+
+    rows = [{"id": f"r{i}", "prompt": f"Question {i}?", "completion": f" Answer {i}."} for i in range(30)]
+    settings = {"per_device_train_batch_size": 3, "gradient_accumulation_steps": 2, "max_steps": 3, "seed": 5}
+    model, micro = tiny_model(tok, "llama"), []
+    args = SFTConfig(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, save_strategy="no",
+                     dataset_num_proc=None, logging_steps=1000, **settings)  # fmt: skip
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    prepared = [tuple(r["input_ids"]) for r in trainer.train_dataset]
+    assert all(f"Question {i}?" in tok.decode(list(x)) for i, x in enumerate(prepared))  # the file's order, kept
+    which = {x: i for i, x in enumerate(prepared)}
+
+    def record(_module, _args, kwargs):
+        micro.append([which[tuple(t for t in x.tolist() if t != tok.pad_token_id)] for x in kwargs["input_ids"]])
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    trainer.train()
+    trained = {r for m in micro for r in m}
+    assert len(micro) == 6 and len(trained) == 18
+
+    data, cfg = tmp_path / "train.jsonl", tmp_path / "sft.yaml"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg.write_text(yaml.safe_dump(settings))
+    (hit,) = [f for f in diagnose(configs=[cfg], data=data, select=["C04"]).by_id("C04") if "never" in f.message]
+    assert hit.row_ids == [r["id"] for i, r in enumerate(rows) if i not in trained]
