@@ -225,6 +225,23 @@ def test_join_rules():
     assert e["text"] == "60% of this cluster's rows (6/10) are flagged by “weird rows” (check D99)"
 
 
+def test_join_says_rows_the_run_never_trained_however_common():
+    """C04's never-trained rows in a cluster are said first, even when most of the dataset was never trained (a
+    lift rule would hide them), and a single such row is said too."""
+    n = 100
+    c = _cluster([f"r{i}" for i in range(10)])
+    untrained = _finding("C04", [f"r{i}" for i in range(3)] + [f"x{i}" for i in range(60)], n)
+    truncated = _finding("D04", [f"r{i}" for i in range(7)], n)
+    first, second = explain_cluster(c, [truncated, untrained], n, {"C04", "D04"})
+    assert (first["kind"], first["check"], second["check"]) == ("untrained", "C04", "D04")
+    assert first["text"] == (
+        "3 of its 10 rows were never trained (the run stopped before it reached them) (check C04): their blame says "
+        "what they would have done, not what they did"
+    )
+    (one,) = explain_cluster(c, [_finding("C04", ["r5"] + [f"x{i}" for i in range(60)], n)], n, {"C04"})
+    assert one["text"].startswith("1 of its 10 rows was never trained") and "its blame says what it" in one["text"]
+
+
 def test_join_stand_in_from_cluster_common():
     n = 50
     c = _cluster(["a", "b", "c", "d"], truncated_share=0.75)

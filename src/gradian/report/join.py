@@ -22,6 +22,11 @@ An explanation is reported when one of these holds (first match wins):
   dataset_share``: "3 of this cluster's 12 rows are near-duplicates (check D12),
   against 4% of the whole dataset".
 
+Rows the run never trained (C04: a ``max_steps`` that stopped inside the first epoch, named where the trainer's
+sampler is reproduced) are said first whenever a cluster holds any (``untrained``), however common they are in the
+dataset: "3 of its 12 rows were never trained (...) (check C04): their blame says what they would have done, not
+what they did".
+
 When the Audit lane did not run a row-level check (no config or logs were given
 to ``gradian attribute``, or the check was skipped), the cluster's own
 ``common`` statistics from the Attribute lane (truncated share, missing-EOS
@@ -57,7 +62,13 @@ ROW_PHRASES: dict[str, tuple[str, str]] = {
     "D19": ("have merging prompt/target boundary tokens", "has merging prompt/target boundary tokens"),
     "D20": ("hold refusal boilerplate, HTML or mojibake", "holds refusal boilerplate, HTML or mojibake"),
     "C08": ("are trained with the loss on the prompt", "is trained with the loss on the prompt"),
-}
+    "C04": ("were never trained (the run stopped before it reached them)", "was never trained (the run stopped "
+            "before it reached it)"),
+}  # fmt: skip
+
+#: Checks whose rows the run never trained: any of them in a cluster is said, however common they are (their
+#: scores say what they would have done, not what they did), before any explanation.
+UNTRAINED_CHECKS = ("C04",)
 
 #: The cluster ``common`` fields that stand in for a check when Audit did not run it.
 COMMON_STANDINS = (("truncated_share", "D04", "truncated"), ("missing_eos_share", "D06", "no_eos"))
@@ -121,7 +132,14 @@ def explain_cluster(
         ds = float(ds) if isinstance(ds, (int, float)) else (len(r) / n_train if n_train else 0.0)
         cid = f.get("id", "")
         kind = None
-        if ds > 0 and cs / ds < MIN_LIFT:
+        if cid in UNTRAINED_CHECKS:
+            kind = "untrained"
+            one = size == 1 or ov == 1
+            lead = f"its only row {phrase(f, plural=False)}" if size == 1 else f"{ov} of its {size} rows "
+            lead += "" if size == 1 else phrase(f, plural=not one)
+            whose = "its blame says what it would have done" if one else "their blame says what they would have done"
+            text = f"{lead} (check {cid}): {whose}, not what {'it' if one else 'they'} did"
+        elif ds > 0 and cs / ds < MIN_LIFT:
             continue  # as common in the whole dataset as in the cluster: not an explanation of it
         if len(r) >= 2 and fs >= 1.0:
             kind = "holds_all"
@@ -190,7 +208,7 @@ def explain_cluster(
                 "text": f"{lead} (measured by Attribute's tokenisation; {why}, so no check confirms it)",
             }
         )
-    rank = {"holds_all": 0, "majority": 1, "enriched": 2}
+    rank = {"untrained": -1, "holds_all": 0, "majority": 1, "enriched": 2}
     sev = {"error": 0, "warning": 1, "info": 2, None: 3}
     out.sort(key=lambda e: (rank[e["kind"]], -e["cluster_share"], sev.get(e["severity"], 3)))
     return out

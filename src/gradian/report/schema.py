@@ -39,7 +39,7 @@ _EXPLANATION = obj(
         "finding": {"type": ["integer", "null"]},
         "name": _NS,
         "severity": _NS,
-        "kind": {"enum": ["holds_all", "majority", "enriched"]},
+        "kind": {"enum": ["untrained", "holds_all", "majority", "enriched"]},
         "overlap": _I,
         "size": _I,
         "finding_rows": {"type": ["integer", "null"]},
