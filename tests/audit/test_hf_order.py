@@ -90,7 +90,8 @@ def test_c04_names_the_rows_a_short_trl_run_never_trained(tmp_path):
 def test_c04_names_the_rows_trl_s_own_sft_trainer_never_trained(tok, tmp_path):
     """TRL's SFTTrainer (its own dataset preparation, collator and the Trainer's sampler) on prompt/completion rows
     with max_steps inside the first epoch: the rows its model trained on, recorded by a forward hook, are exactly
-    those C04 does not name, read from the same settings in a config file."""
+    those C04 does not name, read from the same settings in a config file and from the training_args.bin the
+    trainer saved (read without unpickling it)."""
     import json
 
     import yaml
@@ -120,5 +121,9 @@ def test_c04_names_the_rows_trl_s_own_sft_trainer_never_trained(tok, tmp_path):
     data, cfg = tmp_path / "train.jsonl", tmp_path / "sft.yaml"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg.write_text(yaml.safe_dump(settings))
-    (hit,) = [f for f in diagnose(configs=[cfg], data=data, select=["C04"]).by_id("C04") if "never" in f.message]
-    assert hit.row_ids == [r["id"] for i, r in enumerate(rows) if i not in trained]
+    trainer.save_model(str(tmp_path / "run"))  # the run folder a user points at: its training_args.bin
+    never = [r["id"] for i, r in enumerate(rows) if i not in trained]
+    for config in (cfg, tmp_path / "run" / "training_args.bin"):
+        found = diagnose(configs=[config], data=data, select=["C04"]).by_id("C04")
+        (hit,) = [f for f in found if "never" in f.message]
+        assert hit.row_ids == never, config
