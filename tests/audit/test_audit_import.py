@@ -59,6 +59,7 @@ def test_diagnose_command_does_not_import_torch(tmp_path):
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:5]))
     (tmp_path / "sft.yaml").write_text(
         "learning_rate: 2e-4\nnum_train_epochs: 3\nmax_length: 512\nuse_peft: true\nlora_r: 16\nlora_alpha: 32\n"
+        "max_steps: 2\nper_device_train_batch_size: 4\n"  # C04 names the 32 rows the run never reached
     )
     out = tmp_path / "audit.json"
     driver = (
@@ -88,6 +89,8 @@ def test_diagnose_command_does_not_import_torch(tmp_path):
     assert res.stdout.strip().splitlines()[-1] == "CODE 0 HEAVY -", res.stdout + res.stderr
     report = json.loads(out.read_text())
     assert report["counts"]["checks"] >= 41 and report["inputs"]["config"]["trainer"] == "trl"
+    (c04,) = [f for f in report["findings"] if f["id"] == "C04" and "never trained" in f["message"]]
+    assert len(c04["row_ids"]) == 32
     # --help of the command, and a user error, stay torch-free too
     for args in (["diagnose", "--help"], ["diagnose", "--data", str(tmp_path / "missing.jsonl")]):
         res = _python(driver, *args)

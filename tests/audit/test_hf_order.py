@@ -29,6 +29,17 @@ class _Collator:
         return {"input_ids": ids, "labels": ids.clone()}
 
 
+def test_epoch_order_is_torch_randperm():
+    """The pure-Python shuffle (Audit never imports torch) is ``torch.randperm`` of a seeded CPU generator."""
+    from gradian.audit.hf_order import epoch_order
+
+    for seed in (0, 5, 42, 2**31 + 7, 2**32 + 5, 2**63 - 1):
+        for n in (1, 2, 3, 23, 1000, 50_000):
+            g = torch.Generator()
+            g.manual_seed(seed + 2)
+            assert epoch_order(n, seed, 2) == torch.randperm(n, generator=g).tolist(), (seed, n)
+
+
 @pytest.mark.parametrize(
     "n, batch, accumulation, steps, extra",
     [
