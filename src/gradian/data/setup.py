@@ -623,7 +623,7 @@ def _first_label(setting: str, how: str) -> str:
 _DROPPED = "which rows, its shuffle decides, and Gradian scores them all"
 
 
-def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[bool, str]:
+def _axolotl_packing(c: TrainConfig, source: str) -> tuple[str | None, tuple[str, str], str]:
     """:func:`_packing` for axolotl's ``sample_packing`` (0.19.0: its multipack sampler, its
     ``V2BatchSamplerDataCollatorForSeq2Seq`` and HF Trainer's loss over the packed labels).
 
@@ -646,19 +646,18 @@ def _axolotl_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[
         why = f"attention {impl!r} ({where}): axolotl does not keep packed rows apart with it"
     elif before(c.versions, "axolotl", "0.19"):
         why = f"axolotl {c.versions['axolotl']} with attention {impl!r}: only axolotl 0.19's packing was run"
-    elif first_trained:
-        why = _first_label("train_on_inputs, or text rows", "axolotl does not mask it at a row's start")
     else:
-        return True, (
-            f"sample_packing ({source}; attention {impl} from {where}): axolotl 0.19 drops the packed attention "
-            "mask and restarts position_ids at each row, so a row attends within itself and its gradient is its "
-            "own term of the packed loss, as Gradian scores it (axolotl's multipack sampler also drops the last "
-            f"incomplete batch of packs in each epoch; {_DROPPED})"
-        )
-    return _listed(source, why)
+        why = None
+    kept = (
+        f"sample_packing ({source}; attention {impl} from {where}): axolotl 0.19 drops the packed attention "
+        "mask and restarts position_ids at each row, so a row attends within itself and its gradient is its "
+        "own term of the packed loss, as Gradian scores it (axolotl's multipack sampler also drops the last "
+        f"incomplete batch of packs in each epoch; {_DROPPED})"
+    )
+    return why, ("train_on_inputs, or text rows", "axolotl does not mask it at a row's start"), kept
 
 
-def _llamafactory_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[bool, str]:
+def _llamafactory_packing(c: TrainConfig, source: str) -> tuple[str | None, tuple[str, str], str]:
     """:func:`_packing` for LLaMA-Factory 0.9.5 (``data/processor/supervised.py`` packs whole rows, ``position_ids``
     restarting at each; ``data/collator.py`` ``SFTDataCollatorWith4DAttentionMask``).
 
@@ -672,17 +671,16 @@ def _llamafactory_packing(c: TrainConfig, source: str, first_trained: bool) -> t
         why = "without neat_packing, LLaMA-Factory lets packed rows attend to each other"
     elif impl and impl not in ("sdpa", "eager", "flash_attention_2", "auto"):
         why = f"attention {impl!r} ({c.source('attn_implementation')}) with neat_packing was not run"
-    elif first_trained:
-        why = _first_label("train_on_prompt", "LLaMA-Factory does not mask it at a row's start")
     else:
-        return True, (
-            f"neat_packing ({source}): LLaMA-Factory packs whole rows with position_ids restarting and attention "
-            "kept within each row, so a row's gradient is its own term of the packed loss, as Gradian scores it"
-        )
-    return _listed(source, why)
+        why = None
+    kept = (
+        f"neat_packing ({source}): LLaMA-Factory packs whole rows with position_ids restarting and attention "
+        "kept within each row, so a row's gradient is its own term of the packed loss, as Gradian scores it"
+    )
+    return why, ("train_on_prompt", "LLaMA-Factory does not mask it at a row's start"), kept
 
 
-def _torchtune_packing(c: TrainConfig, source: str, first_trained: bool) -> tuple[bool, str]:
+def _torchtune_packing(c: TrainConfig, source: str) -> tuple[str | None, tuple[str, str], str]:
     """:func:`_packing` for torchtune's ``packed: true`` (0.6.1: ``datasets/_packed.py`` ``PackedDataset`` packs
     whole rows greedily, ``input_pos`` restarting at each; ``padded_collate_packed`` gives a block-causal mask, a
     flex-attention ``BlockMask`` on CUDA; its LoRA recipes' loss is the cross-entropy over the shifted packed labels,
@@ -695,17 +693,17 @@ def _torchtune_packing(c: TrainConfig, source: str, first_trained: bool) -> tupl
     """
     from gradian.libversions import before
 
-    if before(c.versions, "torchtune", "0.6"):
-        why = f"torchtune {c.versions['torchtune']}: only torchtune 0.6's packing was run"
-    elif first_trained:
-        why = _first_label("train_on_input, or text rows", "torchtune shifts the labels across the packed sequence")
-    else:
-        return True, (
-            f"packed ({source}): torchtune packs whole rows with input_pos restarting and a block-causal mask, so a "
-            "row attends within itself and its gradient is its own term of the packed loss, as Gradian scores it "
-            f"(its DataLoader also drops the last incomplete batch of packs in each epoch; {_DROPPED})"
-        )
-    return _listed(source, why)
+    why = (
+        f"torchtune {c.versions['torchtune']}: only torchtune 0.6's packing was run"
+        if before(c.versions, "torchtune", "0.6")
+        else None
+    )
+    kept = (
+        f"packed ({source}): torchtune packs whole rows with input_pos restarting and a block-causal mask, so a "
+        "row attends within itself and its gradient is its own term of the packed loss, as Gradian scores it "
+        f"(its DataLoader also drops the last incomplete batch of packs in each epoch; {_DROPPED})"
+    )
+    return why, ("train_on_input, or text rows", "torchtune shifts the labels across the packed sequence"), kept
 
 
 def _packing(c: TrainConfig, source: str, first_trained: bool = False) -> tuple[bool, str]:
@@ -719,17 +717,19 @@ def _packing(c: TrainConfig, source: str, first_trained: bool = False) -> tuple[
     the gradient of TRL 1.16's ``compute_loss`` on its packed batches (transformers 5.24, sdpa) equal to
     ``Σ_r n_r g_r / Σ_r n_r`` over Gradian's rows. ``bfd_split`` trains a long row's overflow as a row of its own,
     ``wrapped`` cuts rows across sequences: those stay unreproduced. axolotl's, LLaMA-Factory's and torchtune's:
-    :func:`_axolotl_packing`, :func:`_llamafactory_packing`, :func:`_torchtune_packing` (``first_trained``: a row's
-    first token is a label).
+    :func:`_axolotl_packing`, :func:`_llamafactory_packing`, :func:`_torchtune_packing` each give why their packing
+    lets rows attend across (None where it keeps them apart), the note when it does keep them apart, and the
+    setting behind a row's first label; none of the three masks that label, so where ``first_trained`` (a row's
+    first token is a label) the row packed before it is trained to predict it, and the packing is listed.
     """
     from gradian.libversions import before
 
-    if c.trainer == "axolotl":
-        return _axolotl_packing(c, source, first_trained)
-    if c.trainer == "llamafactory":
-        return _llamafactory_packing(c, source, first_trained)
-    if c.trainer == "torchtune":
-        return _torchtune_packing(c, source, first_trained)
+    own = {"axolotl": _axolotl_packing, "llamafactory": _llamafactory_packing, "torchtune": _torchtune_packing}
+    if c.trainer in own:  # (why not apart, or None; where a row's first label comes from; the note when apart)
+        why, first, kept = own[c.trainer](c, source)
+        if why is None and first_trained:
+            why = _first_label(*first)
+        return _listed(source, why) if why else (True, kept)
 
     strategy = (c.packing_strategy or "").lower()
     where = c.source("packing_strategy") or "not said"
