@@ -240,6 +240,11 @@ def test_join_says_rows_the_run_never_trained_however_common():
     )
     (one,) = explain_cluster(c, [_finding("C04", ["r5"] + [f"x{i}" for i in range(60)], n)], n, {"C04"})
     assert one["text"].startswith("1 of its 10 rows was never trained") and "its blame says what it" in one["text"]
+    # a cluster the run never reached at all, and every untrained row in it: still "untrained", not "majority"
+    for extra in (60, 0):
+        rows = [f"r{i}" for i in range(10)] + [f"x{i}" for i in range(extra)]
+        (whole,) = explain_cluster(c, [_finding("C04", rows, n)], n, {"C04"})
+        assert whole["kind"] == "untrained" and whole["text"].startswith("10 of its 10 rows were never trained")
 
 
 def test_join_stand_in_from_cluster_common():

@@ -141,7 +141,7 @@ def explain_cluster(
             text = f"{lead} (check {cid}): {whose}, not what {'it' if one else 'they'} did"
         elif ds > 0 and cs / ds < MIN_LIFT:
             continue  # as common in the whole dataset as in the cluster: not an explanation of it
-        if len(r) >= 2 and fs >= 1.0:
+        elif len(r) >= 2 and fs >= 1.0:
             kind = "holds_all"
             text = f"this cluster holds every row that {phrase(f, plural=False)} ({len(r)} rows; check {cid})"
             if cs < 1.0:
