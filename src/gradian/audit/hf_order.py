@@ -8,9 +8,11 @@ order is cut into micro-batches of ``per_device_train_batch_size`` (the last one
 ``dataloader_drop_last``), and each optimizer step takes ``gradient_accumulation_steps`` of them, the epoch's last
 step the micro-batches left. tests/audit/test_hf_order.py holds this to transformers' own ``Trainer``.
 
-Not reproduced (:func:`rows_read` is not called for them, see :func:`order_rule`): another
+Not reproduced (:func:`order_rule` says why, and C04 then gives the count without names): another
 ``train_sampling_strategy`` (``group_by_length``, ``sequential``, ``batch_rebalance``), packing (a step's sequences
-hold several rows), more than one device, and a train set the trainer filtered or reordered before it sampled.
+hold several rows), a stage other than SFT, ``use_seedable_sampler`` off, transformers before 4.38. Not detectable
+from a config, and said in C04's message instead: more than one device (one is assumed) and a train set the user
+reordered or filtered before the trainer sampled it (the file's order is assumed).
 """
 
 from __future__ import annotations
