@@ -804,6 +804,7 @@ def test_c04_max_steps_inside_the_first_epoch_names_the_rows_never_trained(world
     short = diagnose(configs=[world.config_with(max_steps=20)], data=world.data, select=["C04"]).by_id("C04")
     (hit,) = [f for f in short if "never trained" in f.message]
     assert hit.severity == "warning" and hit.evidence["never_trained"] == 80 and "80% into its first" in hit.message
+    assert hit.fix.startswith("set max_steps to at least 25 (one epoch at this batch)")
     for cfg in (world.config_with(max_steps=25), world.config_with(max_steps=20, packing=True)):
         found = diagnose(configs=[cfg], data=world.data, select=["C04"]).by_id("C04")
         assert not any("never trained" in f.message for f in found)

@@ -379,6 +379,7 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
         {"value": seen, "threshold": ctx.n, "never_trained": unseen, "order": how if seed is not None else None,
          **cite},
         row_ids=ids,
+        fix=f"set max_steps to at least {-(-ctx.n // eb)} (one epoch at this batch), or remove it to train by epochs",
     )  # fmt: skip
 
 
