@@ -62,6 +62,27 @@ def axolotl(case: dict) -> list:
     return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in ds]
 
 
+def _draw_lora_b(model) -> None:
+    """Every LoRA B (PEFT's ``lora_B``, torchtune's ``lora_b``) drawn from N(0, 0.05²), seed 0, as a trained
+    adapter's: at the zero B both start from, every A gradient is zero."""
+    import torch
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_b" in name.lower():
+                p.normal_(std=0.05)
+
+
+def _lora_recipe():
+    """The path of torchtune's ``lora_finetune_single_device`` recipe, which ``tune run`` runs."""
+    from pathlib import Path
+
+    import torchtune
+
+    return Path(torchtune.__file__).parents[1] / "recipes" / "lora_finetune_single_device.py"
+
+
 def _packed_steps(trainer, model, out) -> None:
     """For each batch of a trainer's train dataloader, one ``training_step`` (its ``compute_loss`` and backward, as
     its training loop runs it), writing the batch (``batches.json``) and the LoRA gradients
@@ -72,11 +93,7 @@ def _packed_steps(trainer, model, out) -> None:
     import torch
     from safetensors.torch import save_file
 
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.05)
+    _draw_lora_b(model)
     model.save_pretrained(out)
     trainer.current_gradient_accumulation_steps = 1  # Trainer's loop sets it; the loop is not run
     batches, it = [], iter(trainer.get_train_dataloader())
@@ -202,11 +219,8 @@ def torchtune(case: dict) -> list:
     rows = [[_ints(s["tokens"]), _ints(s["labels"])] for s in ds]
     if case.get("train"):  # tune run lora_finetune_single_device --config CONFIG: its output folder
         import runpy
-        from pathlib import Path
 
-        import torchtune as package
-
-        recipe = str(Path(package.__file__).parents[1] / "recipes" / "lora_finetune_single_device.py")
+        recipe = str(_lora_recipe())
         argv, sys.argv = sys.argv, [recipe, "--config", case["config"]]
         try:
             runpy.run_path(recipe, run_name="__main__")
@@ -229,25 +243,17 @@ def torchtune_packed(case: dict) -> list:
     adapter (``tune_to_peft_adapter_weights``), in ``case["packed_out"]`` (the config's ``output_dir``).
     """
     import runpy
-    from pathlib import Path
 
-    import torch
-    import torchtune as package
     from omegaconf import OmegaConf
     from safetensors.torch import save_file
     from torchtune.models.convert_weights import tune_to_peft_adapter_weights
 
-    recipe_file = Path(package.__file__).parents[1] / "recipes" / "lora_finetune_single_device.py"
-    cls = runpy.run_path(str(recipe_file), run_name="recipe")["LoRAFinetuneRecipeSingleDevice"]
+    cls = runpy.run_path(str(_lora_recipe()), run_name="recipe")["LoRAFinetuneRecipeSingleDevice"]
     cfg = OmegaConf.load(case["config"])
     assert cfg.gradient_accumulation_steps == 1, "one batch per step: grad_<step> is the batch's gradient"
     recipe = cls(cfg=cfg)
     recipe.setup(cfg=cfg)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in recipe._model.named_parameters():
-            if "lora_b" in name:
-                p.normal_(std=0.05)
+    _draw_lora_b(recipe._model)
     hf = recipe._checkpointer._config
     out, batches, loss_step = case["packed_out"], [], recipe._loss_step
 

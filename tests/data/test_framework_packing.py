@@ -42,6 +42,7 @@ from test_frameworks_real import (
     _torchtune_run_config,
     framework_env,
     make_world,
+    torchtune_tokenizer,
 )
 
 from gradian.data.formats import load_examples
@@ -151,17 +152,7 @@ def _torchtune_config(family: str, data: str, world, base, root, case_dir) -> di
     cfg = _torchtune_run_config(world, case_dir / "run", family, epochs=1, base=base.name)
     cfg["model"]["max_seq_len"] = 512
     cfg["batch_size"] = 2
-    files = (
-        {"path": str(world / "vocab.json"), "merges_file": str(world / "merges.txt")}
-        if family == "qwen2"
-        else {"path": str(world / "tiktoken.model")}
-    )
-    cfg["tokenizer"] = {
-        "_component_": f"torchtune.models.{family}.{family}_tokenizer",
-        **files,
-        "special_tokens_path": str(base / "tokenizer.json"),
-        "max_seq_len": 512 if data == "alpaca" else 256,
-    }
+    cfg["tokenizer"] = torchtune_tokenizer(world, family, base, 512 if data == "alpaca" else 256)
     source = {"source": "json", "data_files": str(root / f"{data}.jsonl"), "split": "train", "packed": True}
     cfg["dataset"] = (
         {"_component_": "torchtune.datasets.alpaca_dataset", **source}
@@ -232,13 +223,6 @@ def runs(tmp_path_factory, tok) -> dict[str, dict]:
     return out
 
 
-def _unpermute(t: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """The inverse of the row permutation torchtune's PEFT export applies to a ``q_proj`` / ``k_proj`` ``lora_B``
-    (``tune_to_peft_adapter_weights``: each head's rows from pairs to halves), ``t``: (n_heads · head_dim, r)."""
-    rank, head_dim = t.shape[-1], t.shape[0] // n_heads
-    return t.view(n_heads, 2, head_dim // 2, rank).transpose(1, 2).reshape(n_heads * head_dim, rank)
-
-
 def _compare(run: dict) -> dict:
     """Per batch: the worst relative gap between the framework's gradient and ``Σ n_r g_r / Σ n_r`` over Gradian's rows,
     the rows it held, and the labels at a row's start inside a bin (trained from the row before)."""
@@ -246,6 +230,7 @@ def _compare(run: dict) -> dict:
 
     from gradian.models.load import load_adapter, load_base
     from gradian.models.spec import ModelSpec
+    from gradian.models.torchtune_export import _rows  # the un-permutation Gradian applies to the adapter itself
 
     setup = setup_from_files([run["config"]], run["data"])
     spec = setup.tokenize_spec()
@@ -288,7 +273,7 @@ def _compare(run: dict) -> dict:
         worst = 0.0
         for name, g in theirs.items():
             proj = next((h for h in heads if f".{h}.lora_B" in name), None)
-            g = _unpermute(g, heads[proj]) if unpermute and proj else g
+            g = _rows(g, heads[proj], g.shape[0] // heads[proj], to_hf=False) if unpermute and proj else g
             expected = (mine[name].double() * n.view(-1, *[1] * g.dim())).sum(0) / n.sum()
             worst = max(worst, float((g.double() - expected).abs().max() / expected.abs().max()))
         gaps.append(worst)

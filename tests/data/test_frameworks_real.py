@@ -215,18 +215,7 @@ def _config(case: dict, root: Path) -> dict:
             **case["extra"],
         }
         return {k: v for k, v in cfg.items() if v is not None}
-    files = (
-        {"path": str(root / "vocab.json"), "merges_file": str(root / "merges.txt")}
-        if case["family"] == "qwen2"
-        else {"path": str(root / "tiktoken.model")}
-    )
-    tok = {
-        "_component_": f"torchtune.models.{case['family']}.{case['family']}_tokenizer",
-        **files,
-        "special_tokens_path": str(base / "tokenizer.json"),
-        "max_seq_len": 2048,
-        **case["tok"],
-    }
+    tok = {**torchtune_tokenizer(root, case["family"], base, 2048), **case["tok"]}
     return {
         **case.get("extra", {}),  # a training run's sections (model, checkpointer, optimizer, ...)
         "tokenizer": {k: v for k, v in tok.items() if v is not None},
@@ -246,6 +235,22 @@ def _config(case: dict, root: Path) -> dict:
             "split": "train",
             **case["ds"],
         },
+    }
+
+
+def torchtune_tokenizer(root: Path, family: str, base: Path, max_seq_len: int) -> dict:
+    """A torchtune recipe's ``tokenizer`` section for the world's tokenizer files: Qwen2's vocab.json / merges.txt or
+    Llama-3's tiktoken file, the special tokens of ``base``'s tokenizer.json."""
+    files = (
+        {"path": str(root / "vocab.json"), "merges_file": str(root / "merges.txt")}
+        if family == "qwen2"
+        else {"path": str(root / "tiktoken.model")}
+    )
+    return {
+        "_component_": f"torchtune.models.{family}.{family}_tokenizer",
+        **files,
+        "special_tokens_path": str(base / "tokenizer.json"),
+        "max_seq_len": max_seq_len,
     }
 
 

@@ -17,6 +17,7 @@ reordered or filtered before the trainer sampled it (the file's order is assumed
 
 from __future__ import annotations
 
+from gradian.audit.config.hf_args import HF_DEFAULTS
 from gradian.audit.config.model import TrainConfig
 from gradian.libversions import before
 
@@ -97,5 +98,5 @@ def order_rule(c: TrainConfig, versions: dict[str, str]) -> tuple[int | None, st
         return None, f"transformers {versions['transformers']} (before 4.38) did not seed its sampler"
     if c.data_seed is not None:
         return c.data_seed, f"data_seed {c.data_seed} ({c.source('data_seed')})"
-    seed = c.seed if c.seed is not None else 42
-    return seed, f"seed {seed} ({c.source('seed') or 'not said: TrainingArguments default 42'})"
+    seed = c.seed if c.seed is not None else int(HF_DEFAULTS["seed"])  # TRL / HF formats fill it in already
+    return seed, f"seed {seed} ({c.source('seed') or 'TrainingArguments default'})"

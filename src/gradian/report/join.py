@@ -134,11 +134,13 @@ def explain_cluster(
         kind = None
         if cid in UNTRAINED_CHECKS:
             kind = "untrained"
-            one = size == 1 or ov == 1
-            lead = f"its only row {phrase(f, plural=False)}" if size == 1 else f"{ov} of its {size} rows "
-            lead += "" if size == 1 else phrase(f, plural=not one)
-            whose = "its blame says what it would have done" if one else "their blame says what they would have done"
-            text = f"{lead} (check {cid}): {whose}, not what {'it' if one else 'they'} did"
+            lead = "its only row" if size == 1 else f"{ov} of its {size} rows"
+            whose = (
+                "its blame says what it would have done, not what it"
+                if ov == 1
+                else "their blame says what they would have done, not what they"
+            )
+            text = f"{lead} {phrase(f, plural=ov > 1)} (check {cid}): {whose} did"
         elif ds > 0 and cs / ds < MIN_LIFT:
             continue  # as common in the whole dataset as in the cluster: not an explanation of it
         elif len(r) >= 2 and fs >= 1.0:
