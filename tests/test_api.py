@@ -329,6 +329,7 @@ def test_the_attribute_commands_defaults_are_the_specs():
         "query": a.query,
         "top_k": a.top_k,
         "weighting": a.weighting,
+        "visits": a.visits,
         "statistic": a.statistic,
         "unit": a.unit,
         "references": ",".join(a.references),

@@ -83,7 +83,8 @@ def _check_path(value: Any, name: str, what: str, *, must_exist: bool = True, op
 class Scores:
     """Per-query scores of every training row: what :meth:`Attributor.scores` returns.
 
-    With ``w_t`` the checkpoint weights of the trajectory, ``r_q^t`` the engine's preconditioned
+    With ``w_t`` the checkpoint weights of the trajectory (row j's own ``W[t, j]`` where the run's visits are
+    counted, :mod:`gradian.attribute.visits`: 0 for a row it never trained), ``r_q^t`` the engine's preconditioned
     query gradient and ``g_j^t`` row j's training gradient at checkpoint t
     (:mod:`gradian.attribute.evidence`):
 
@@ -102,6 +103,7 @@ class Scores:
         engine: the engine's spec as a dict (``name`` and its options).
         queries: the :class:`Query` objects, in ``query_ids`` order.
         checkpoints: the trajectory's checkpoints (step, weight) the scores are summed over.
+        visits: how each row's visits weigh them (``rule``, ``never_trained``...; the trajectory's ``visits``).
         sign_convention: :data:`gradian.sign.SIGN_CONVENTION`.
     """
 
@@ -112,6 +114,7 @@ class Scores:
     engine: dict[str, Any]
     queries: list[Query]
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    visits: dict[str, Any] | None = None
     sign_convention: str = SIGN_CONVENTION
 
     @property
@@ -168,6 +171,7 @@ class Scores:
             "engine": dict(self.engine),
             "queries": [q.to_dict() for q in self.queries],
             "checkpoints": list(self.checkpoints),
+            "visits": self.visits,
             "sign_convention": self.sign_convention,
         }
 
@@ -530,12 +534,12 @@ class Attributor:
             :class:`Scores`, under :mod:`gradian.sign` (positive = reinforced).
         """
         from gradian.attribute.evidence import trajectory_scores
-        from gradian.attribute.trajectory import resolve_trajectory
+        from gradian.attribute.run import counted_trajectory
 
         qs = self._queries(queries)
         es = self._engine(engine)
         ft = self._ft_as_trained()
-        trajectory = resolve_trajectory(self.adapter, self.checkpoints, weighting=self.spec.weighting)
+        trajectory = counted_trajectory(self.adapter, self.checkpoints, self.configs, self.spec, len(self.examples))
         ev = trajectory_scores(
             ft,
             trajectory,
@@ -562,6 +566,7 @@ class Attributor:
             engine=es.to_dict(),
             queries=qs,
             checkpoints=[{"step": c.step, "final": c.final, "weight": c.weight} for c in trajectory.checkpoints],
+            visits=trajectory.to_dict().get("visits"),
         )
 
     def attribute(self, eval_path: str | Path, out: str | Path = "gradian-run") -> Run | None:

@@ -191,7 +191,24 @@ def _run_json_schema() -> dict[str, Any]:
             "index": some(
                 {"id": STRING, "root": STRING, "reused": BOOLEAN, "n": INTEGER, "blocks": INTEGER, "dims": INTEGER}
             ),
-            "trajectory": some({"weight_rule": STRING, "checkpoints": arr(checkpoint)}, "checkpoints", null=True),
+            "trajectory": some(
+                {
+                    "weight_rule": STRING,
+                    "checkpoints": arr(checkpoint),
+                    "visits": some(
+                        {
+                            "rule": STRING,
+                            "steps": arr(INTEGER),
+                            "rows_read_per_checkpoint": arr(INTEGER),
+                            "never_trained": INTEGER,
+                            "uniform": BOOLEAN,
+                        },
+                        "rule",
+                    ),
+                },
+                "checkpoints",
+                null=True,
+            ),
             "train_ids": arr(STRING),
             "train_meta": arr(OBJECT),
             "capabilities": arr(capability),

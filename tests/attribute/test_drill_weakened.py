@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "report"))
 
-from report_world import real_run  # noqa: E402
+from report_world import VISITS, real_run  # noqa: E402
 
 
 def test_drill_only_items_move_the_blamed_sentence_and_nothing_else(tmp_path):
@@ -38,7 +38,7 @@ def test_drill_only_items_move_the_blamed_sentence_and_nothing_else(tmp_path):
         specs = RunSpecs(
             model=ModelSpec(str(w["base"])),
             grad=GradSpec(tokenize=TokenizeSpec(max_length=MAX_LENGTH)),
-            attribute=AttributeSpec(top_k=10, drilldown_rows=6, **attr),
+            attribute=AttributeSpec(top_k=10, drilldown_rows=6, visits=VISITS, **attr),
             eval=EvalSpec(resamples=2000, max_new_tokens=12, max_length=MAX_LENGTH),
         )
         out = tmp_path / f"run-{attr['drill_weakened_nats']}"

@@ -9,7 +9,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "report"))
 
-from report_world import real_run  # noqa: E402
+from report_world import VISITS, real_run  # noqa: E402
 
 
 def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_path):
@@ -33,7 +33,7 @@ def test_evidence_file_reproduces_the_verdict_and_a_stale_one_is_removed(tmp_pat
         return RunSpecs(
             model=ModelSpec(str(w["base"])),
             grad=GradSpec(tokenize=TokenizeSpec(max_length=MAX_LENGTH)),
-            attribute=AttributeSpec(top_k=10, drilldown_rows=6),
+            attribute=AttributeSpec(top_k=10, drilldown_rows=6, visits=VISITS),
             eval=EvalSpec(resamples=2000, max_new_tokens=12, max_length=MAX_LENGTH),
         )
 

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "report"))
 
-from report_world import real_run  # noqa: E402
+from report_world import VISITS, real_run  # noqa: E402
 
 
 def test_weakened_items_are_queried_after_the_lost_ones_and_averaged_with_them(tmp_path):
@@ -40,7 +40,7 @@ def test_weakened_items_are_queried_after_the_lost_ones_and_averaged_with_them(t
         model=ModelSpec(str(w["base"])),
         grad=GradSpec(tokenize=TokenizeSpec(max_length=MAX_LENGTH)),
         # (the drill-down's own weakened items stay off: this test counts the ranked ones in the report)
-        attribute=AttributeSpec(top_k=10, drilldown_rows=6, weakened_nats=tau, drill_weakened_nats=None),
+        attribute=AttributeSpec(top_k=10, drilldown_rows=6, weakened_nats=tau, drill_weakened_nats=None, visits=VISITS),
         eval=EvalSpec(resamples=2000, max_new_tokens=12, max_length=MAX_LENGTH),
     )
     out = tmp_path / "run"

@@ -34,11 +34,12 @@ TEMPLATE = (
 )
 
 
-def build_trl_run(root: Path, tok, **over) -> dict:
+def build_trl_run(root: Path, tok, record: list | None = None, **over) -> dict:
     """Train for 2 epochs with TRL and return the paths a user has: base, output, data, eval, template, config
     (and ``tok``, the base tokenizer object; ``args_dict``, TRL's own ``args.to_dict()`` as JSON). ``over`` changes
     ``SFTConfig`` fields; a value None leaves the field at TRL's default (e.g. ``assistant_only_loss=None,
-    max_length=None``: a run with TRL's own defaults)."""
+    max_length=None``: a run with TRL's own defaults). ``record``: gets, per forward pass of the training, the
+    indices of the rows in its batch (a forward pre-hook reads the ``(i)`` each row's question ends with)."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -105,6 +106,14 @@ def build_trl_run(root: Path, tok, **over) -> dict:
             r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM"
         ),
     )
+    if record is not None:
+        import re
+
+        def hook(_module, _args, kwargs):  # the rows of each micro-batch the model trains on
+            texts = tok.batch_decode(kwargs["input_ids"])
+            record.append([int(re.search(r"France\? \((\d+)\)", t).group(1)) for t in texts])
+
+        trainer.model.register_forward_pre_hook(hook, with_kwargs=True)
     trainer.train()
     trainer.save_model(str(out))
     # what TRL itself says its arguments are (enums as values, *_token fields hidden): what a static read of the

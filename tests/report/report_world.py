@@ -160,6 +160,12 @@ def build_world(root: Path) -> dict:
     }
 
 
+#: the world is trained by its own loop (:func:`gradian.worlds.tiny.fit`: full, freshly shuffled batches), not by the
+#: HF Trainer's seeded sampler its TRL-shaped config describes, so its rows' visits cannot be counted from that config
+#: (gradian.attribute.visits): every run of it says ``visits="off"`` (``--visits off``)
+VISITS = "off"
+
+
 def run_world(world: dict, out_dir: Path) -> dict:
     """``attribute_run`` on the world (all three lanes); writes ``out_dir/run.json`` and returns the run."""
     from gradian.attribute import AttributeSpec
@@ -183,7 +189,7 @@ def run_world(world: dict, out_dir: Path) -> dict:
         specs = RunSpecs(
             model=ModelSpec(str(world["base"])),
             grad=GradSpec(tokenize=TokenizeSpec(max_length=MAX_LENGTH)),
-            attribute=AttributeSpec(top_k=10, drilldown_rows=6),
+            attribute=AttributeSpec(top_k=10, drilldown_rows=6, visits=VISITS),
             eval=EvalSpec(resamples=2000, max_new_tokens=12, max_length=MAX_LENGTH),
         )
         return attribute_run(inputs, specs, out_dir, index_root=Path(out_dir) / "index")

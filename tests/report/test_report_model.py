@@ -185,6 +185,22 @@ def test_stopped_run(real):
     assert all(c.qualifiers[0].kind == "noise_band" and c.qualifiers[0].level == "caution" for c in r.capabilities)
 
 
+def test_rows_the_run_never_read_are_named_in_the_notes(real):
+    """A run whose visits were counted (gradian.attribute.visits) and found rows the trainer never read: the report
+    says how many, and that they are not ranked; one that found none says nothing."""
+    from gradian.report import render_markdown
+
+    run = copy.deepcopy(real["run"])
+    n = len(run["attribution"]["train_ids"])
+    rule = "the HF Trainer's seeded sampler, seed 7 (training_args.bin: seed); 1 device"
+    run["attribution"]["trajectory"]["visits"] = {"rule": rule, "never_trained": 3, "steps": [4], "uniform": False}
+    line = f"3 of the {n} training rows were never read by the run ({rule}): they score 0 and are not ranked"
+    assert line in build_report(run).notes
+    assert f"3 of the {n} training rows were never read by the run" in render_markdown(build_report(run))
+    run["attribution"]["trajectory"]["visits"] = {"rule": rule, "never_trained": 0, "steps": [4], "uniform": True}
+    assert not [x for x in build_report(run).notes if "never read" in x]
+
+
 # ----------------------------------------------------------------------------- the join, on hand-made sets
 
 

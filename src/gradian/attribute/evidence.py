@@ -8,6 +8,10 @@ own query gradients ``g_q^t`` and each engine fitted on its own index
     raw[q, j]    = Σ_t w_t · ⟨r_q^t, g_j^t⟩                                 (influence, loss units)
     cosine[q, j] = Σ_t w_t · ⟨r_q^t, g_j^t⟩ / (‖r_q^t‖ · ‖g_j^t‖)            (direction only)
 
+where the run's row order is reproduced, ``w_t`` is row j's own ``W[t, j]`` (:mod:`gradian.attribute.visits`: the
+checkpoint's weight times how often its steps read row j, 0 for a row the run never read; a sentence unit takes its
+row's weight).
+
 ``raw`` is the TracIn-weighted influence: its sign follows :mod:`gradian.sign`
 and ``raw / n`` is the first-order change of the query loss if row j were
 removed. ``cosine`` (LESS's unit normalisation) drops the gradient norms: a row
@@ -225,7 +229,9 @@ def trajectory_scores(
             states=final_states if (row_states and ck.final) else None,
         )
 
-    for ck in trajectory.checkpoints:
+    W = trajectory.row_weights()  # (T, n) W[c, j] where the run's visits are counted, else w_c for every row
+    unit_rows = np.array([u.row for u in units], dtype=np.int64) if units is not None else None
+    for t, ck in enumerate(trajectory.checkpoints):
         indexes.append({"checkpoint": ck.label, "weight": ck.weight})
         with checkpoint_weights(ft.model, ck):
             t0 = time.perf_counter()
@@ -306,7 +312,8 @@ def trajectory_scores(
                     per_ck[c][e].append(part)
                 tgt = acc.setdefault(c, {}).setdefault(e, {})
                 for k, v in part.items():
-                    tgt[k] = tgt.get(k, 0.0) + ck.weight * v
+                    w = ck.weight if W is None else (W[t][unit_rows] if k.startswith("unit_") else W[t])
+                    tgt[k] = tgt.get(k, 0.0) + w * v  # (m, n or U) · (n or U,) broadcast per row
     assert final_index is not None, "a trajectory always ends at the final adapter"
     scores = {
         c: {
@@ -335,12 +342,15 @@ class CapabilityEvidence:
         units: the sentence units (when the engines scored them).
         drill: per gradient engine, the scores of the drill-only items (``AttributeSpec.drill_weakened_nats``:
             weakened items asked about by the sentence drill-down, not by the ranking), or None.
+        trained: (n,) bool, the rows the run read (:mod:`gradian.attribute.visits`); None: every row. The verdict's
+            statistics are taken over these rows, and the others score exactly 0.
     """
 
     engines: dict[str, EngineScores]
     references: dict[str, np.ndarray] = field(default_factory=dict)
     units: list[SentenceUnit] | None = None
     drill: dict[str, EngineScores] | None = None
+    trained: np.ndarray | None = None
 
     def with_drill_items(self) -> CapabilityEvidence:
         """The evidence over the ranked items, then the drill-only ones (m + m_d rows; itself when there are
@@ -349,7 +359,10 @@ class CapabilityEvidence:
         if not self.drill:
             return self
         return CapabilityEvidence(
-            {e: stack_items(es, self.drill[e]) for e, es in self.engines.items()}, self.references, self.units
+            {e: stack_items(es, self.drill[e]) for e, es in self.engines.items()},
+            self.references,
+            self.units,
+            trained=self.trained,
         )
 
 
@@ -378,7 +391,10 @@ def split_items(es: EngineScores, m: int) -> tuple[EngineScores, EngineScores]:
 
 
 def save_evidence_file(
-    path: Path, evidence: dict[str, CapabilityEvidence], weights: Sequence[float] | None = None
+    path: Path,
+    evidence: dict[str, CapabilityEvidence],
+    weights: Sequence[float] | None = None,
+    row_weights: np.ndarray | None = None,
 ) -> None:
     """Write the score matrices each capability's verdict was formed from, as safetensors (float64, as the run
     computed them: the fusion gate is a rank correlation, and float32 rounding of tied scores can move it across 0).
@@ -390,6 +406,8 @@ def save_evidence_file(
     * ``c/<engine>/ck<t>/<kind>``: the same four at checkpoint t alone, unweighted (when the engine kept them;
       ``raw = Σ_t weights[t] · ck<t>/raw``), so a benchmark can re-weigh the trajectory without a new run;
     * ``trajectory/weights``: (T,) the checkpoint weights ``w_t`` (when given);
+    * ``trajectory/row_weights``: (T, n) ``W[t, j]`` where the run's visits were counted (then
+      ``raw = Σ_t row_weights[t] ⊙ ck<t>/raw``, :mod:`gradian.attribute.visits`);
     * ``c/<engine>/drill/<kind>`` (and ``drill/ck<t>/<kind>``): the drill-only items' matrices
       (``--drill-weakened``), in the order of the capability's ``drill_queries``;
     * ``c/<reference>``: (m, n) a reference engine's scores;
@@ -416,6 +434,8 @@ def save_evidence_file(
         units = units or ev.units
     if weights is not None:
         tensors["trajectory/weights"] = np.asarray(list(weights), dtype=np.float64)
+    if row_weights is not None:
+        tensors["trajectory/row_weights"] = np.ascontiguousarray(row_weights, dtype=np.float64)
     if units:
         tensors["units/row"] = np.array([u.row for u in units], dtype=np.int64)
         for f in ("char_start", "char_end", "n_supervised"):

@@ -254,14 +254,18 @@ def verdict(
                     refuse_non_finite(cap, f"{e}{label} {kind.replace('unit_', '')}", getattr(es, kind), of)
     for r, m in ev.references.items():
         refuse_non_finite(cap, r, m)
-    stats = {e: rank_statistic(es, spec, ev.units, n) for e, es in ev.engines.items()}
+    tr = ev.trained  # the rows the run read (None: all): the statistics are theirs, the others score 0
+    pop = slice(None) if tr is None else tr
+    stats = {e: rank_statistic(es, spec, ev.units, n, tr) for e, es in ev.engines.items()}
     main = stats[names[0]]
     influence = primary.raw.mean(axis=0)
     ref_caps = {r: m[reference_items(queries)].mean(axis=0) for r, m in ev.references.items()}
+    if tr is not None:  # a row the run never read is evidence of nothing, however it reads
+        ref_caps = {r: np.where(tr, v, 0.0) for r, v in ref_caps.items()}
     fuse_w: dict[str, float] = {}
     rank_scores = main.rows
     if spec.fuse:
-        rank_scores, fuse_w = fuse_scores(main.rows, {r: ref_caps[r] for r in spec.fuse}, spec.fuse_gate)
+        rank_scores, fuse_w = fuse_scores(main.rows, {r: ref_caps[r] for r in spec.fuse}, spec.fuse_gate, tr)
     delta = predicted_loss_delta_if_removed(influence, n)
     k = min(spec.top_k, n)
 
@@ -274,8 +278,8 @@ def verdict(
     evidence = {
         s: {
             "engine": names[0] if s == "gradient" else next(r for r in ref_caps if EVIDENCE_KIND[r] == s),
-            "spearman_with_verdict": spearman(v, rank_scores),
-            "topk_overlap_with_verdict": topk_overlap(v, rank_scores, k),
+            "spearman_with_verdict": spearman(v[pop], rank_scores[pop]),
+            "topk_overlap_with_verdict": topk_overlap(v[pop], rank_scores[pop], k),
             "scores": [float(x) for x in v],
         }
         for s, v in sources.items()
@@ -318,8 +322,8 @@ def verdict(
         ranked.append(row)
     agreement = None
     if len(names) > 1:
-        rho = spearman(main.rows, stats[names[1]].rows)
-        ov = topk_overlap(main.rows, stats[names[1]].rows, k)
+        rho = spearman(main.rows[pop], stats[names[1]].rows[pop])
+        ov = topk_overlap(main.rows[pop], stats[names[1]].rows[pop], k)
         agreement = {
             "engines": names[:2],
             "spearman": rho,
@@ -344,7 +348,7 @@ def verdict(
         drill = _unit_drill(ev_all, spec, examples, items)
     per_item_all = main.per_item  # the drill-down's items' rows: the ranked ones' are computed already
     if ev.drill:
-        per_item_all = np.vstack([main.per_item, rank_statistic(ev.drill[names[0]], spec, units, n).per_item])
+        per_item_all = np.vstack([main.per_item, rank_statistic(ev.drill[names[0]], spec, units, n, tr).per_item])
     drills = []
     if drill is not None:
         # every listed row with more than one sentence, up to drilldown_rows of them (single-sentence rows

@@ -59,7 +59,11 @@ class RankStatistic:
 
 
 def rank_statistic(
-    es: EngineScores, spec: AttributeSpec, units: Sequence[SentenceUnit] | None, n: int
+    es: EngineScores,
+    spec: AttributeSpec,
+    units: Sequence[SentenceUnit] | None,
+    n: int,
+    trained: np.ndarray | None = None,
 ) -> RankStatistic:
     """The rank score of one engine (module docstring, step 4).
 
@@ -77,6 +81,8 @@ def rank_statistic(
     but dilutes a buried sentence, so the two are added on one scale (docs/benchmarks.md "The whole row beside its
     worst sentence"). Dividing by σ without centring keeps the sign (negative = the harmful direction); the
     fusion (:func:`fuse_scores`) standardises the result again, so a shift would not change the verdict.
+
+    ``trained`` ((n,) bool, the rows the run read; None: all): σ is taken over those rows, and the others score 0.
     """
     if spec.unit == "sentence":
         U = es.unit_cosine if spec.statistic == "cosine" else es.unit_raw
@@ -86,17 +92,22 @@ def rank_statistic(
         rows = per_item.mean(axis=0)
         if spec.row_weight > 0:
             whole = (es.cosine if spec.statistic == "cosine" else es.raw).mean(axis=0)
-            rows = with_whole_row(rows, whole, spec.row_weight)
-        return RankStatistic(rows, per_item)
-    per_item = es.cosine if spec.statistic == "cosine" else es.raw
-    return RankStatistic(per_item.mean(axis=0), per_item)
+            rows = with_whole_row(rows, whole, spec.row_weight, trained)
+    else:
+        per_item = es.cosine if spec.statistic == "cosine" else es.raw
+        rows = per_item.mean(axis=0)
+    if trained is not None:
+        rows, per_item = np.where(trained, rows, 0.0), np.where(trained[None, :], per_item, 0.0)
+    return RankStatistic(rows, per_item)
 
 
-def with_whole_row(u: np.ndarray, w: np.ndarray, row_weight: float) -> np.ndarray:
+def with_whole_row(u: np.ndarray, w: np.ndarray, row_weight: float, trained: np.ndarray | None = None) -> np.ndarray:
     """``u / σ(u) + λ · w / σ(w)``: a sentence statistic u (n,) beside the whole rows' score w (n,), each on its
-    robust scale σ (:func:`robust_scale`, not centred: the sign is kept), λ = ``row_weight``.
+    robust scale σ (:func:`robust_scale`, not centred: the sign is kept, over the ``trained`` rows when given),
+    λ = ``row_weight``.
     """
-    return u / robust_scale(u) + row_weight * w / robust_scale(w)
+    pop = slice(None) if trained is None else trained
+    return u / robust_scale(u[pop]) + row_weight * w / robust_scale(w[pop])
 
 
 def robust_scale(x: np.ndarray) -> float:
@@ -150,7 +161,7 @@ def tail_agreement(gradient: np.ndarray, reference: np.ndarray, k: int | None = 
 
 
 def fuse_scores(
-    gradient: np.ndarray, references: dict[str, np.ndarray], gate: str = "global"
+    gradient: np.ndarray, references: dict[str, np.ndarray], gate: str = "global", trained: np.ndarray | None = None
 ) -> tuple[np.ndarray, dict[str, float]]:
     """Agreement-gated fusion of reference evidence into the gradient's rank score.
 
@@ -166,11 +177,19 @@ def fuse_scores(
     data but orders the rest unlike the gradient (issue 23: weight 0.016 on a world where BM25 ranked
     the direct culprits best); measured in docs/benchmarks.md.
 
+    ``trained`` ((n,) bool; None: all rows): z and a_r are taken over the rows the run read, and the others
+    score exactly 0 (neither harmful nor helpful: the run never trained them).
+
     Returns:
         ``(fused (n,), {reference: w_r})``.
     """
     if gate not in FUSE_GATES:
         raise ValueError(f"unknown fusion gate {gate!r}; use one of {FUSE_GATES}")
+    if trained is not None:
+        sub, w_ = fuse_scores(gradient[trained], {r: v[trained] for r, v in references.items()}, gate)
+        out_all = np.zeros_like(gradient, dtype=np.float64)
+        out_all[trained] = sub
+        return out_all, w_
     out = zscore(gradient)
     weights: dict[str, float] = {}
     for name, v in references.items():

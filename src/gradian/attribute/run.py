@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from gradian.attribute.evidence import CapabilityEvidence, save_evidence_file, split_items
 from gradian.attribute.pipeline import AttributeSpec, verdict
 from gradian.attribute.queries import failing_item_query
@@ -237,6 +239,33 @@ def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, e
     return setup
 
 
+def counted_trajectory(adapter: Path, checkpoints, configs: Sequence[Path], spec: AttributeSpec, n: int):
+    """The run's trajectory (:func:`gradian.attribute.trajectory.resolve_trajectory`) with each of its ``n`` rows'
+    visits counted from the run's own ``configs`` (:func:`gradian.attribute.visits.with_visits`; ``spec.visits``).
+    """
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.attribute.visits import with_visits
+
+    trajectory = resolve_trajectory(adapter, checkpoints, weighting=spec.weighting)
+    config = None
+    if configs and spec.visits != "off":
+        from gradian.audit.config import load_config
+
+        config = load_config([str(c) for c in configs])
+    return with_visits(trajectory, config, n, spec.visits)
+
+
+def visits_line(trajectory) -> str:
+    """One line: whether each row's visits weigh the trajectory, and how many rows the run never trained."""
+    v = trajectory.visits
+    if v is None:
+        return f"row visits: every row counted once per checkpoint ({trajectory.visits_rule})"
+    n, k = v.counts.shape[1], len(v.never)
+    never = f"{k} of {n} rows never trained score 0" if k else "every row was trained"
+    how = "" if v.uniform else "; each row weighed by how often each checkpoint's steps read it"
+    return f"row visits: {never}{how} ({v.rule})"
+
+
 def apply_template(ft, specs: RunSpecs):
     """The run's training template (``specs.grad.tokenize.chat_template``) in every lane.
 
@@ -346,12 +375,13 @@ def attribute_run(
             say(f"note: {note}")
 
     # the run plan, before any work: every index, its size, the budget (it may choose the projection), the time
-    from gradian.attribute.trajectory import resolve_trajectory
     from gradian.finetune import tokenize_training_set
     from gradian.index.plan import IndexBudget, run_plan
 
     t = time.perf_counter()
-    trajectory = resolve_trajectory(inputs.adapter, inputs.checkpoints, weighting=specs.attribute.weighting)
+    trajectory = counted_trajectory(inputs.adapter, inputs.checkpoints, inputs.configs, specs.attribute, len(examples))
+    if say and main:
+        say(visits_line(trajectory))
     items = tokenize_training_set(examples, ft.tokenizer, specs.grad, inputs.data)
     unit_kinds = ("row", "sentence") if specs.attribute.unit == "sentence" else ("row",)
     plan, chosen = run_plan(
@@ -491,12 +521,19 @@ def attribute_run(
         t = time.perf_counter()
         caps = []
         kept: dict[str, CapabilityEvidence] = {}
+        never = trajectory.visits.never if trajectory.visits is not None else np.zeros(0, dtype=np.int64)
+        trained = None
+        if len(never):
+            trained = np.ones(len(examples), dtype=bool)
+            trained[never] = False
         for cap, qs in queries.items():
             ranked_scores, drill_scores = {}, {}
             for e, es in evidence.scores[cap].items():  # the ranked items, then the drill-only ones
                 ranked_scores[e], drill_scores[e] = split_items(es, len(qs))
             dq = drill_qs.get(cap, [])
-            cev = CapabilityEvidence(ranked_scores, refs[cap], evidence.units, drill_scores if dq else None)
+            cev = CapabilityEvidence(
+                ranked_scores, refs[cap], evidence.units, drill_scores if dq else None, trained=trained
+            )
             kept[cap] = cev
             drill = (
                 None
@@ -549,6 +586,7 @@ def attribute_run(
         if traj is None
         else {  # content only: no paths, no reuse flags
             "weight_rule": traj["weight_rule"],
+            "visits": traj.get("visits"),
             "checkpoints": [
                 {
                     "step": c["step"],
@@ -570,7 +608,7 @@ def attribute_run(
     run["timing"] = {k: round(v, 3) for k, v in timing.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     if save_evidence and run.get("attribution"):
-        save_evidence_file(out_dir / "evidence.safetensors", kept, trajectory.weights)
+        save_evidence_file(out_dir / "evidence.safetensors", kept, trajectory.weights, trajectory.row_weights())
     else:  # an earlier run's matrices would not match this run.json
         (out_dir / "evidence.safetensors").unlink(missing_ok=True)
     atomic_write_json(out_dir / "run.json", run)
@@ -592,15 +630,16 @@ def _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec):
 
     def drill(j: int, qi: int) -> list[SentenceScore]:
         total: dict[tuple[int, int], SentenceScore] = {}
-        for ck, pre in zip(trajectory.checkpoints, evidence.preconditioned):
+        for t, (ck, pre) in enumerate(zip(trajectory.checkpoints, evidence.preconditioned)):
+            w = trajectory.weight_of(t, j)
             r_q = {k: v[qi] for k, v in pre[spec.engine.name][cap].items()}
             with checkpoint_weights(ft.model, ck):
                 sents = drill_down(ft.model, ft.tokenizer, examples[j], items[j], r_q, proj, block_names, idx.modules)
             for s in sents:
                 key = (s.char_start, s.char_end)
                 acc = total.setdefault(key, SentenceScore(s.char_start, s.char_end, s.text, 0.0, 0.0, s.n_tokens))
-                acc.score += ck.weight * s.score
-                acc.share += ck.weight * s.share
+                acc.score += w * s.score
+                acc.share += w * s.share
         return sort_most_harmful_first(total.values(), lambda s: s.score)
 
     return drill

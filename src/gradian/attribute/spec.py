@@ -21,6 +21,7 @@ STATISTICS = ("cosine", "raw")
 UNITS = ("sentence", "row")
 REFERENCES = ("bm25", "repsim")
 FUSE_GATES = ("tail", "global")
+VISITS = ("auto", "off")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class AttributeSpec:
         clusters: harmful-tail clustering knobs.
         weighting: checkpoint weights over the trajectory, ``"lr"`` (mean learning rate since the
             previous checkpoint) or ``"equal"``.
+        visits: ``"auto"``: where the run's row order is reproduced (an HF Trainer or TRL SFT run's seeded
+            sampler, read from its config), each row takes its checkpoint's weight times how often the checkpoint's
+            steps read it, so a row the run never read scores exactly 0 (:mod:`gradian.attribute.visits`);
+            ``"off"``: every row once per checkpoint (a run on several devices, or rows reordered before training).
         statistic: the rank score of a gradient engine, ``"cosine"`` (direction only, LESS's unit
             normalisation of the training and query gradients) or ``"raw"`` (the influence itself).
         unit: ``"sentence"`` (rank a row by its most harmful sentence for each failing item, averaged over
@@ -83,6 +88,7 @@ class AttributeSpec:
     query_batch_size: int = 2
     clusters: ClusterSpec = field(default_factory=ClusterSpec)
     weighting: str = "lr"
+    visits: str = "auto"
     statistic: str = "cosine"
     unit: str = "sentence"
     row_weight: float = 0.5
@@ -142,6 +148,7 @@ class AttributeSpec:
                 )
             object.__setattr__(self, name, tuple(getattr(self, name)))
         check_choice(self.weighting, ("lr", "equal"), "AttributeSpec", "weighting", flag="--weighting")
+        check_choice(self.visits, VISITS, "AttributeSpec", "visits", flag="--visits")
         check_choice(self.statistic, STATISTICS, "AttributeSpec", "statistic", flag="--statistic")
         check_choice(self.unit, UNITS, "AttributeSpec", "unit", flag="--unit")
         check_choice(self.fuse_gate, FUSE_GATES, "AttributeSpec", "fuse_gate", flag="--fuse-gate")

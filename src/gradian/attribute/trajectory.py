@@ -44,8 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 
+from gradian.attribute.visits import RowVisits
 from gradian.errors import GradianUserError
 from gradian.index.identity import Checkpoint, adapter_identity
 from gradian.paths import checkpoint_folders, checkpoint_number
@@ -66,13 +68,32 @@ class Trajectory:
 
     checkpoints: tuple[Checkpoint, ...]
     weight_rule: str
+    visits: RowVisits | None = None
+    visits_rule: str = ""
 
     @property
     def weights(self) -> list[float]:
         return [c.weight for c in self.checkpoints]
 
+    def row_weights(self) -> np.ndarray | None:
+        """(T, n) ``W[c, j]``, each checkpoint's weight row by row (:mod:`gradian.attribute.visits`); None: every row
+        takes its checkpoint's weight ``w_c`` (no visits counted, or every row read equally often in every interval,
+        where ``W[c, j] = w_c``).
+        """
+        return None if self.visits is None or self.visits.uniform else self.visits.weights(self.weights)
+
+    def weight_of(self, t: int, row: int) -> float:
+        """Row ``row``'s weight at checkpoint ``t``."""
+        w = self.row_weights()
+        return self.checkpoints[t].weight if w is None else float(w[t, row])
+
     def to_dict(self) -> dict[str, Any]:
-        return {"weight_rule": self.weight_rule, "checkpoints": [c.to_dict() for c in self.checkpoints]}
+        out: dict[str, Any] = {"weight_rule": self.weight_rule, "checkpoints": [c.to_dict() for c in self.checkpoints]}
+        if self.visits is not None:
+            out["visits"] = self.visits.to_dict()
+        elif self.visits_rule:
+            out["visits"] = {"rule": f"every row once per checkpoint: {self.visits_rule}"}
+        return out
 
 
 _STATE_FIX = (

@@ -390,6 +390,13 @@ def register(app: typer.Typer) -> None:
             "checkpoint, from trainer_state.json) | equal.",
             rich_help_panel=O.SETUP,
         ),
+        visits: str = typer.Option(
+            "auto",
+            help="auto: where the trainer's row order is reproduced (HF Trainer / TRL SFT, from its config), weigh "
+            "each row by how often each checkpoint's steps read it; a row never trained scores 0 | off: every row "
+            "once per checkpoint (runs on several devices).",
+            rich_help_panel=O.SETUP,
+        ),
         statistic: str = typer.Option(
             "cosine",
             help="Rank score of the gradient engines: cosine (direction only) | raw.",
@@ -494,6 +501,7 @@ def register(app: typer.Typer) -> None:
                 query=query,
                 top_k=top_k,
                 weighting=weighting,
+                visits=visits,
                 statistic=statistic,
                 unit=unit,
                 row_weight=row_weight,

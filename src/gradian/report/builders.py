@@ -718,6 +718,13 @@ def build_report(run: dict[str, Any], log: dict[str, Any] | None = None) -> Repo
     else:
         status = "not_attributed"
     notes = list((run.get("manifest") or {}).get("notes") or []) + list(ev.get("notes") or [])
+    visits = (((run.get("attribution") or {}).get("trajectory")) or {}).get("visits") or {}
+    if visits.get("never_trained"):
+        n_rows = len((run.get("attribution") or {}).get("train_ids") or [])
+        notes.append(
+            f"{visits['never_trained']} of the {n_rows} training rows were never read by the run ({visits['rule']}): "
+            "they score 0 and are not ranked"
+        )
     verification = run.get("verification") or None
     headline = _headline(caps, audit_view, stopped, setup)
     if verification:  # what retraining without the blamed rows showed: right after the verdicts

@@ -1,0 +1,150 @@
+"""Which rows each checkpoint's steps trained: the trajectory's weights, row by row.
+
+TracIn sums a row's first-order effect over the steps whose batch held it. Its checkpoint form
+(:mod:`gradian.attribute.trajectory`) lets checkpoint c stand for the steps ``(s_{c-1}, s_c]`` and assumed that every
+row was read once in that interval. Where the run's row order is reproduced (an HF ``Trainer`` or TRL SFT run:
+:mod:`gradian.audit.hf_order`), Gradian counts instead, for each checkpoint c and row j, ``m[c, j]``: how many of
+those steps read row j. The trajectory score of row j is then
+
+    score_j = Σ_c W[c, j] · score_c(j),    W[c, j] = η_c · m[c, j] / Z,    Z = Σ_c η_c · mean_j m[c, j]
+
+with ``η_c`` the checkpoint's learning-rate weight. When every row is read once between checkpoints (checkpoints at
+the epochs' ends) ``m ≡ 1`` and ``W[c, j] = η_c`` exactly: the scores are those of the plain trajectory. A row the
+run never read (``max_steps`` ending the run inside an epoch: Audit's C04) has ``W = 0``, so its influence is
+exactly 0, as it is in the run; a row read twice in an interval where the average row was read once counts twice.
+``Z`` keeps the units of a single-checkpoint influence (the mean over rows of ``Σ_c W[c, j]`` is 1), so
+``score / n`` stays a first-order loss change (:mod:`gradian.sign`).
+
+Not counted (every row once per checkpoint, and the rule says why): a run without a config Gradian can read the
+batch from, a sampler :func:`gradian.audit.hf_order.order_rule` does not reproduce (packing, ``group_by_length``,
+another trainer), a checkpoint whose step is unknown, ``--visits off``. Assumed, as C04 assumes: one device, and the
+training file's rows in the order the trainer was given them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RowVisits:
+    """How often each checkpoint's steps read each row.
+
+    Attributes:
+        counts: (T, n) ints, ``m[c, j]``: the steps in ``(s_{c-1}, s_c]`` whose batch held row j (T checkpoints in
+            training order, the final adapter last; n training rows in the file's order).
+        steps: (T,) each checkpoint's step ``s_c``.
+        rule: where the order came from (the seed and its source).
+    """
+
+    counts: np.ndarray
+    steps: tuple[int, ...]
+    rule: str
+
+    @property
+    def never(self) -> np.ndarray:
+        """(k,) the rows no step of the run read, ascending."""
+        return np.flatnonzero(self.counts.sum(axis=0) == 0)
+
+    @property
+    def uniform(self) -> bool:
+        """Every row read the same number of times in every interval: then ``W[c, j] = η_c`` exactly, and the
+        trajectory keeps its checkpoint weights (:meth:`gradian.attribute.trajectory.Trajectory.row_weights`).
+        """
+        return bool((self.counts == self.counts.flat[0]).all())
+
+    def weights(self, eta: Sequence[float]) -> np.ndarray:
+        """(T, n) float64 ``W[c, j] = η_c · m[c, j] / Σ_c η_c · mean_j m[c, j]`` (the module docstring).
+
+        When the ``η``-weighted visits sum to 0 (no row read at a checkpoint with weight), W is 0 everywhere.
+        """
+        eta_ = np.asarray(list(eta), dtype=np.float64)[:, None]
+        m = self.counts.astype(np.float64)
+        z = float((eta_[:, 0] * m.mean(axis=1)).sum())
+        return eta_ * m / z if z > 0 else np.zeros_like(m)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "steps": list(self.steps),
+            "rows_read_per_checkpoint": [int(x) for x in (self.counts > 0).sum(axis=1)],
+            "never_trained": int(len(self.never)),
+            "uniform": self.uniform,
+        }
+
+
+def total_steps(config: Any, n: int) -> int | None:
+    """The optimizer steps of a run that trains by epochs, as the HF ``Trainer`` counts them on one device.
+
+    ``max_steps`` when set (> 0); else ``ceil(num_epochs · per_epoch)`` with ``per_epoch = ceil(micro / accumulation)``
+    and ``micro = ceil(n / batch)`` (``floor`` with ``dataloader_drop_last``) micro-batches an epoch. None when a
+    number it needs is missing.
+    """
+    if config.max_steps and config.max_steps > 0:
+        return int(config.max_steps)
+    batch, acc = config.micro_batch_size, config.gradient_accumulation_steps or 1
+    if not batch or batch <= 0 or acc <= 0 or not config.num_epochs or config.num_epochs <= 0:
+        return None
+    micro = n // batch if config.dataloader_drop_last else -(-n // batch)
+    if micro <= 0:
+        return None
+    return int(math.ceil(config.num_epochs * (-(-micro // acc))))
+
+
+def row_visits(config: Any, n: int, steps: Sequence[int | None]) -> tuple[RowVisits | None, str]:
+    """``(visits, rule)`` for a run's checkpoints, or ``(None, why not)`` (the module docstring).
+
+    Args:
+        config: the run's merged :class:`gradian.audit.config.TrainConfig` (None: no config was read).
+        n: training rows, in the training file's order.
+        steps: each checkpoint's step in training order, the final adapter last (None: unknown; the final adapter's
+            unknown step is the run's last, :func:`total_steps`).
+    """
+    from gradian.audit.hf_order import order_rule, rows_read
+
+    if config is None:
+        return None, "no training config was read (--config, or the run folder's training_args.bin)"
+    seed, how = order_rule(config, dict(config.versions))
+    if seed is None:
+        return None, how
+    steps = list(steps)
+    if steps and steps[-1] is None:
+        steps[-1] = total_steps(config, n)
+    if not steps or any(s is None for s in steps):
+        return None, "a checkpoint's step is unknown"
+    batch = config.micro_batch_size
+    if not batch or batch <= 0:
+        return None, "the run's per-device batch size is unknown"
+    read = rows_read(
+        n,
+        seed=seed,
+        batch=batch,
+        accumulation=config.gradient_accumulation_steps or 1,
+        steps=max(steps),  # type: ignore[type-var]
+        drop_last=bool(config.dataloader_drop_last),
+    )
+    counts = np.zeros((len(steps), n), dtype=np.int64)
+    prev = 0
+    for c, s in enumerate(steps):
+        for step_rows in read[prev:s]:  # steps prev+1 .. s (read[k] is step k + 1)
+            np.add.at(counts[c], step_rows, 1)
+        prev = s  # type: ignore[assignment]
+    if not counts.any():
+        return None, "no step of the run read a row"
+    return RowVisits(counts, tuple(int(s) for s in steps), f"the HF Trainer's seeded sampler, {how}; 1 device"), ""
+
+
+def with_visits(trajectory, config: Any, n: int, mode: str = "auto"):
+    """``trajectory`` (:class:`gradian.attribute.trajectory.Trajectory`) with its rows' visits counted
+    (:func:`row_visits`), or with the reason they are not (``mode="off"``: ``--visits off``).
+    """
+    import dataclasses
+
+    if mode == "off":
+        return dataclasses.replace(trajectory, visits=None, visits_rule="--visits off")
+    visits, why = row_visits(config, n, [c.step for c in trajectory.checkpoints])
+    return dataclasses.replace(trajectory, visits=visits, visits_rule=why)

@@ -1,0 +1,153 @@
+"""gradian.attribute.visits: each row weighed by how often the run's steps read it, held to TRL's own SFTTrainer.
+
+A real ``SFTTrainer`` run stops inside its first epoch (``max_steps=3`` at 2 rows a step: 6 of its 8 rows read) and
+saves a checkpoint at step 2 and at step 3; a forward pre-hook records the rows of every batch it trained on. Gradian
+must count the same rows per checkpoint from the run folder's ``training_args.bin``, score the two rows the run never
+read exactly 0, and weigh the others by the counts (the module's formula).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gradian.attribute.visits import RowVisits, row_visits, total_steps
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "audit"))
+
+
+def test_weights_reduce_to_the_checkpoint_weights_when_every_row_is_read_once():
+    v = RowVisits(np.ones((3, 5), dtype=np.int64), (4, 8, 12), "test")
+    assert v.uniform and len(v.never) == 0
+    assert np.allclose(v.weights([0.5, 0.3, 0.2]), np.array([[0.5], [0.3], [0.2]]) * np.ones((1, 5)), atol=0)
+
+
+def test_weights_follow_the_visits_and_keep_the_units():
+    counts = np.array([[1, 2, 0, 1], [0, 1, 0, 2]])
+    v = RowVisits(counts, (2, 4), "test")
+    eta = [0.6, 0.4]
+    W = v.weights(eta)
+    z = 0.6 * counts[0].mean() + 0.4 * counts[1].mean()
+    assert np.allclose(W, np.array(eta)[:, None] * counts / z, rtol=0, atol=1e-15)
+    assert W[:, 2].tolist() == [0.0, 0.0] and v.never.tolist() == [2] and not v.uniform
+    assert W.sum(axis=0).mean() == pytest.approx(1.0)  # the mean row's weights sum to 1, as w_c do
+    assert not RowVisits(np.zeros((1, 3), dtype=np.int64), (1,), "t").weights([1.0]).any()
+
+
+def test_no_config_or_an_unreproduced_order_counts_every_row_once():
+    from gradian.audit.config import TrainConfig
+
+    def config(**values):
+        c = TrainConfig()
+        for k, v in {"trainer": "trl", "micro_batch_size": 2, "max_steps": 3, **values}.items():
+            c.set(k, v, "test")
+        return c
+
+    assert row_visits(None, 8, [3])[0] is None
+    visits, why = row_visits(config(packing=True), 8, [3])
+    assert visits is None and "packed" in why
+    visits, why = row_visits(config(), 8, [None, 3])
+    assert visits is None and why == "a checkpoint's step is unknown"
+    visits, _ = row_visits(config(), 8, [2, None])  # the final adapter's unknown step: the run's last (max_steps)
+    assert visits is not None and visits.steps == (2, 3) and visits.counts.sum() == 6
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory, tok):
+    from trl_run import build_trl_run
+
+    micro: list[list[int]] = []
+    run = build_trl_run(
+        tmp_path_factory.mktemp("trl-short"), tok, record=micro, per_device_train_batch_size=2, max_steps=3,
+        save_strategy="steps", save_steps=2, num_train_epochs=None,
+    )  # fmt: skip
+    return run, micro
+
+
+def test_the_counts_are_the_rows_trl_trained_on(short_run):
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.audit.config import load_config
+
+    run, micro = short_run
+    assert len(micro) == 3 and all(len(m) == 2 for m in micro)  # one micro-batch of 2 rows per step
+    traj = resolve_trajectory(run["out"], "auto")
+    assert [c.step for c in traj.checkpoints] == [2, 3]  # checkpoint-2, and the final adapter (= checkpoint-3)
+    config = load_config([str(run["out"] / "training_args.bin")])
+    visits, why = row_visits(config, 8, [c.step for c in traj.checkpoints])
+    assert visits is not None, why
+    want = np.zeros((2, 8), dtype=np.int64)
+    for step, rows in enumerate(micro, start=1):
+        want[0 if step <= 2 else 1, rows] += 1
+    assert visits.counts.tolist() == want.tolist()
+    assert sorted(visits.never.tolist()) == sorted(set(range(8)) - {r for m in micro for r in m})
+    assert len(visits.never) == 2 and "seed 0" in visits.rule
+
+
+def test_total_steps_is_the_trainer_s_own(tok, tmp_path):
+    """For a run that trains by epochs (a fractional count, gradient accumulation with a short last step),
+    :func:`total_steps` is the ``global_step`` the Trainer reached."""
+    import json
+
+    from trl_run import build_trl_run
+
+    from gradian.audit.config import load_config
+
+    run = build_trl_run(
+        tmp_path, tok, per_device_train_batch_size=3, gradient_accumulation_steps=2, num_train_epochs=1.5,
+        save_strategy="steps", save_steps=100,  # saved once, at the end
+    )  # fmt: skip
+    config = load_config([str(run["out"] / "training_args.bin")])
+    (state,) = run["out"].rglob("trainer_state.json")
+    # 8 rows / 3 a micro-batch = 3 micro-batches, 2 a step (the last alone): 2 steps an epoch, ceil(1.5 x 2) = 3
+    assert total_steps(config, 8) == json.loads(state.read_text())["global_step"] == 3
+
+
+def test_never_trained_rows_score_zero_and_the_rest_follow_their_visits(short_run, tmp_path):
+    from gradian.attribute.queries import Query
+    from gradian.attribute.spec import AttributeSpec
+    from gradian.attributor import Attributor
+
+    run, micro = short_run
+    read = {r for m in micro for r in m}
+    never = [j for j in range(8) if j not in read]
+    q = Query.from_text("What is the capital of France? (0)", " Paris", said=" Rome")
+
+    def scores(visits: str, checkpoints):
+        att = Attributor(
+            run["base"], run["out"], run["data"], spec=AttributeSpec(visits=visits), checkpoints=checkpoints,
+            index_dir=tmp_path / "idx",
+        )  # fmt: skip
+        return att.scores([q])
+
+    on, off = scores("auto", "auto"), scores("off", "auto")
+    assert on.visits["never_trained"] == 2 and not on.visits["uniform"]
+    assert "every row once per checkpoint: --visits off" == off.visits["rule"]
+    assert not on.matrix[:, never].any() and not on.cosine[:, never].any()
+    assert np.abs(off.matrix[:, never]).min() > 0  # without the counts they would be scored
+    assert on.most_harmful(k=8) == [h for h in on.most_harmful(k=8) if int(h[0][1:]) in read]
+    # the final adapter alone: W_j = m_j / mean(m), m_j = the steps that read row j (each read once: 6 of 8)
+    final_on, final_off = scores("auto", "final"), scores("off", "final")
+    m = np.array([1.0 if j in read else 0.0 for j in range(8)])
+    assert np.allclose(final_on.matrix, final_off.matrix * (m / m.mean()), rtol=1e-12, atol=0)
+
+
+def test_attribute_says_which_rows_count_before_any_work(short_run, tmp_path):
+    """``gradian attribute`` on the run folder prints the visits line with its plan; ``--visits off`` says why not."""
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    run, _ = short_run
+    args = ["attribute", "--base", str(run["base"]), "--adapter", str(run["out"]), "--data", str(run["data"])]
+    args += ["--eval", str(run["eval"]), "--out", str(tmp_path / "run"), "--plan-only"]
+    res = CliRunner().invoke(app, args, env={"GRADIAN_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert (
+        "row visits: 2 of 8 rows never trained score 0; each row weighed by how often each checkpoint's" in res.output
+    )
+    assert "seed 0 (training_args.bin" in res.output
+    res = CliRunner().invoke(app, [*args, "--visits", "off"], env={"GRADIAN_CACHE": str(tmp_path / "cache")})
+    assert res.exit_code == 0 and "row visits: every row counted once per checkpoint (--visits off)" in res.output
