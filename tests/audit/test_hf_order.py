@@ -138,3 +138,25 @@ def test_c04_names_the_rows_trl_s_own_sft_trainer_never_trained(tok, tmp_path):
         found = diagnose(configs=[config], data=data, select=["C04"]).by_id("C04")
         (hit,) = [f for f in found if "never" in f.message]
         assert hit.row_ids == never, config
+
+
+def test_a_gradian_train_config_s_silent_settings_are_gradian_train_s(tmp_path):
+    """A ``gradian train`` config that leaves ``seed`` and ``group_by_length`` out was trained with TrainSpec's values
+    (seed 0, grouped by length), not TRL's (42, random): the order is not reproduced while grouped, and its seed is 0
+    once ``group_by_length: false`` is written."""
+    from gradian.audit.config import GRADIAN_TRAIN_HEADER, load_config
+    from gradian.audit.config.gradian_train import TRAIN_DEFAULTS
+    from gradian.audit.hf_order import order_rule
+    from gradian.trainconfig import TrainSpec
+
+    assert TRAIN_DEFAULTS == {k: getattr(TrainSpec(), k) for k in TRAIN_DEFAULTS}
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(
+        f"{GRADIAN_TRAIN_HEADER} test\nlearning_rate: 0.001\nper_device_train_batch_size: 4\nuse_peft: true\n"
+    )
+    seed, why = order_rule(load_config([str(cfg)]), {})
+    assert seed is None and "group_by_length" in why
+    cfg.write_text(cfg.read_text() + "group_by_length: false\n")
+    assert order_rule(load_config([str(cfg)]), {}) == (0, "seed 0 (gradian train's default)")
+    cfg.write_text(cfg.read_text() + "seed: 7\n")
+    assert order_rule(load_config([str(cfg)]), {})[0] == 7

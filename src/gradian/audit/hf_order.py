@@ -17,6 +17,7 @@ reordered or filtered before the trainer sampled it (the file's order is assumed
 
 from __future__ import annotations
 
+from gradian.audit.config.gradian_train import TRAIN_DEFAULTS
 from gradian.audit.config.hf_args import HF_DEFAULTS
 from gradian.audit.config.model import TrainConfig
 from gradian.libversions import before
@@ -89,7 +90,9 @@ def order_rule(c: TrainConfig, versions: dict[str, str]) -> tuple[int | None, st
         return None, f"a {c.stage} run's sampler is not reproduced"
     if c.packing or c.padding_free:
         return None, "packed steps hold several rows each"
-    strategy = (c.train_sampling_strategy or ("group_by_length" if c.group_by_length else "random")).lower()
+    own = TRAIN_DEFAULTS if "gradian" in c.formats else {}  # gradian train's defaults where its config is silent
+    by_length = own["group_by_length"] if own and c.is_default("group_by_length") else c.group_by_length
+    strategy = (c.train_sampling_strategy or ("group_by_length" if by_length else "random")).lower()
     if strategy != "random":
         return None, f"train_sampling_strategy {strategy!r} is not reproduced"
     if c.use_seedable_sampler is False:
@@ -98,5 +101,7 @@ def order_rule(c: TrainConfig, versions: dict[str, str]) -> tuple[int | None, st
         return None, f"transformers {versions['transformers']} (before 4.38) did not seed its sampler"
     if c.data_seed is not None:
         return c.data_seed, f"data_seed {c.data_seed} ({c.source('data_seed')})"
+    if own and (c.seed is None or c.is_default("seed")):
+        return own["seed"], f"seed {own['seed']} (gradian train's default)"
     seed = c.seed if c.seed is not None else int(HF_DEFAULTS["seed"])  # TRL / HF formats fill it in already
     return seed, f"seed {seed} ({c.source('seed') or 'TrainingArguments default'})"

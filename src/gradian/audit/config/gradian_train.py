@@ -13,6 +13,12 @@ def _claims(raw: dict[str, Any]) -> bool:
     return (raw.get("messages_loss") is not None and "use_peft" in raw) or bool(raw.get(BY_GRADIAN_TRAIN))
 
 
+#: what ``gradian train`` uses where its config is silent and TRL's default differs
+#: (:class:`gradian.trainconfig.TrainSpec`; tests/audit/test_hf_order.py holds the two equal): the reader fills in
+#: TRL's, so a reader of the run's order asks here
+TRAIN_DEFAULTS = {"group_by_length": True, "seed": 0}
+
+
 FORMAT = Format(
     name="gradian",
     title="gradian train",
