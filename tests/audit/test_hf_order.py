@@ -93,9 +93,11 @@ def test_c04_names_the_rows_a_short_trl_run_never_trained(tmp_path):
     read = {r for step in rows_read(40, seed=11, batch=4, accumulation=2, steps=3) for r in step}
     assert len(read) == 24 and hit.row_ids == [f"r{i}" for i in range(40) if i not in read]
     assert hit.evidence["never_trained"] == 16 and "seed 11" in hit.evidence["order"]
+    assert "gradian attribute scores them 0" in hit.message  # Attribute counts the same visits
     cfg.write_text(cfg.read_text() + "group_by_length: true\n")
     (hit,) = [f for f in diagnose(configs=[cfg], data=data, select=["C04"]).by_id("C04") if "never" in f.message]
     assert hit.row_ids == [] and hit.evidence["never_trained"] == 16 and "group_by_length" in hit.message
+    assert "say what they would have done, not what they did" in hit.message
 
 
 def test_c04_names_the_rows_trl_s_own_sft_trainer_never_trained(tok, tmp_path):

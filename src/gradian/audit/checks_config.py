@@ -371,11 +371,16 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
         ids = [e.id for k, e in enumerate(ctx.examples) if k not in trained]
         which = f"the HF Trainer's seeded sampler, {how}, names them, if it was given the rows in this file's order"
     unseen = len(ids) if seed is not None else ctx.n - seen
+    after = (
+        "gradian attribute scores them 0 (--visits auto: their influence on the run is none)"
+        if seed is not None
+        else "Their attribution scores say what they would have done, not what they did"
+    )
     return Hit(
         "warning",
         f"max_steps={c.max_steps} x the effective batch {eb} covers {seen} of the {ctx.n} training rows: the run "
         f"stopped {implied:.0%} into its first epoch, so {unseen} rows ({unseen / ctx.n:.0%}) were never trained "
-        f"({which}; 1 device assumed). Their attribution scores say what they would have done, not what they did",
+        f"({which}; 1 device assumed). {after}",
         {"value": seen, "threshold": ctx.n, "never_trained": unseen, "order": how if seed is not None else None,
          **cite},
         row_ids=ids,
