@@ -27,7 +27,9 @@ and torchtune runs its ``lora_finetune_single_device`` recipe as ``tune run`` do
   :func:`axolotl_packed`, :func:`llamafactory_packed` (tests/data/test_framework_packing.py; ``make frameworks``
   puts axolotl's trainer's own pins in ``.venv/frameworks/axolotl-train``).
 * **torchtune 0.6.1's LoRA recipe** on a ``packed: true`` dataset (``"framework": "torchtune-packed"``): its packed
-  batches and each step's gradient, :func:`torchtune_packed` (tests/data/test_framework_packing.py).
+  batches and each step's gradient, :func:`torchtune_packed` (tests/data/test_framework_packing.py); and unpacked
+  (``"torchtune-steps"``): the rows each optimizer step took, :func:`torchtune_steps`
+  (tests/data/test_framework_visits.py).
 
 ``OUT.json``: ``{name: {"rows": [[input_ids, labels], ...]}}`` in the framework's order, or ``{"error": text}``.
 """
@@ -280,6 +282,50 @@ def torchtune_packed(case: dict) -> list:
     return []
 
 
+def torchtune_steps(case: dict) -> list:
+    """torchtune's own LoRA recipe (``lora_finetune_single_device``), its ``setup`` and ``train`` loop unchanged but
+    watched: the padded token rows of every micro-batch ``_loss_step`` trains on, grouped by the optimizer step that
+    took them (recorded as ``step`` is called, before it runs), the number of steps taken when each epoch's
+    checkpoint is saved, and the micro-batches left unstepped at the end; written to ``case["steps_out"]`` as
+    ``{"rows": the dataset's tokens in its order, "pad": the pad id, "steps", "saves", "left"}``
+    (tests/data/test_framework_visits.py).
+    """
+    import runpy
+
+    from omegaconf import OmegaConf
+
+    cls = runpy.run_path(str(_lora_recipe()), run_name="recipe")["LoRAFinetuneRecipeSingleDevice"]
+    cfg = OmegaConf.load(case["config"])
+    recipe = cls(cfg=cfg)
+    recipe.setup(cfg=cfg)
+    pending: list = []
+    steps: list = []
+    saves: list = []
+    loss_step, step, save = recipe._loss_step, recipe._optimizer.step, recipe.save_checkpoint
+
+    def record_batch(batch):
+        pending.extend(batch["tokens"].tolist())
+        return loss_step(batch)
+
+    def record_step(*args, **kwargs):
+        steps.append(list(pending))
+        pending.clear()
+        return step(*args, **kwargs)
+
+    def record_save(epoch):
+        saves.append(len(steps))
+        return save(epoch=epoch)
+
+    recipe._loss_step, recipe._optimizer.step, recipe.save_checkpoint = record_batch, record_step, record_save
+    recipe.train()
+    recipe.cleanup()
+    rows = [_ints(s["tokens"]) for s in recipe._dataloader.dataset]
+    with open(case["steps_out"], "w") as f:
+        json.dump({"rows": rows, "pad": int(recipe._tokenizer.pad_id), "steps": steps, "saves": saves,
+                   "left": pending}, f)  # fmt: skip
+    return []
+
+
 RUNNERS = {
     "axolotl": axolotl,
     "axolotl-packed": axolotl_packed,
@@ -287,6 +333,7 @@ RUNNERS = {
     "llamafactory-packed": llamafactory_packed,
     "torchtune": torchtune,
     "torchtune-packed": torchtune_packed,
+    "torchtune-steps": torchtune_steps,
 }
 
 

@@ -2,9 +2,9 @@
 
 TracIn sums a row's first-order effect over the steps whose batch held it. Its checkpoint form
 (:mod:`gradian.attribute.trajectory`) lets checkpoint c stand for the steps ``(s_{c-1}, s_c]`` and assumed that every
-row was read once in that interval. Where the run's row order is reproduced (an HF ``Trainer`` or TRL SFT run:
-:mod:`gradian.audit.hf_order`), Gradian counts instead, for each checkpoint c and row j, ``m[c, j]``: how many of
-those steps read row j. The trajectory score of row j is then
+row was read once in that interval. Where the run's row order is reproduced (an HF ``Trainer`` or TRL SFT run, or
+torchtune's unpacked LoRA recipe: :mod:`gradian.audit.hf_order`), Gradian counts instead, for each checkpoint c and
+row j, ``m[c, j]``: how many of those steps read row j. The trajectory score of row j is then
 
     score_j = Σ_c W[c, j] · score_c(j),    W[c, j] = η_c · m[c, j] / Z,    Z = Σ_c η_c · mean_j m[c, j]
 
@@ -16,8 +16,8 @@ exactly 0, as it is in the run; a row read twice in an interval where the averag
 ``score / n`` stays a first-order loss change (:mod:`gradian.sign`).
 
 Not counted (every row once per checkpoint, and the rule says why): a run without a config Gradian can read the
-batch from, a sampler :func:`gradian.audit.hf_order.order_rule` does not reproduce (packing, ``group_by_length``,
-another trainer), a checkpoint whose step is unknown, ``--visits off``. Assumed, as C04 assumes: one device, and the
+batch from, a sampler :mod:`gradian.audit.hf_order` does not reproduce (packing, ``group_by_length``, another
+trainer), a checkpoint whose step is unknown, ``--visits off``. Assumed, as C04 assumes: one device, and the
 training file's rows in the order the trainer was given them.
 """
 
@@ -104,29 +104,17 @@ def row_visits(config: Any, n: int, steps: Sequence[int | None]) -> tuple[RowVis
         steps: each checkpoint's step in training order, the final adapter last (None: unknown; the final adapter's
             unknown step is the run's last, :func:`total_steps`).
     """
-    from gradian.audit.hf_order import order_rule, rows_read
-
     if config is None:
         return None, "no training config was read (--config, or the run folder's training_args.bin)"
-    seed, how = order_rule(config, dict(config.versions))
-    if seed is None:
+    read, how = _rows_read(config, n)
+    if read is None:
         return None, how
     steps = list(steps)
     if steps and steps[-1] is None:
-        steps[-1] = total_steps(config, n)
+        steps[-1] = len(read) if config.trainer == "torchtune" else total_steps(config, n)
     if not steps or any(s is None for s in steps):
         return None, "a checkpoint's step is unknown"
-    batch = config.micro_batch_size
-    if not batch or batch <= 0:
-        return None, "the run's per-device batch size is unknown"
-    read = rows_read(
-        n,
-        seed=seed,
-        batch=batch,
-        accumulation=config.gradient_accumulation_steps or 1,
-        steps=max(steps),  # type: ignore[type-var]
-        drop_last=bool(config.dataloader_drop_last),
-    )
+    read = read[: max(steps)]  # type: ignore[type-var]
     counts = np.zeros((len(steps), n), dtype=np.int64)
     prev = 0
     for c, s in enumerate(steps):
@@ -135,7 +123,48 @@ def row_visits(config: Any, n: int, steps: Sequence[int | None]) -> tuple[RowVis
         prev = s  # type: ignore[assignment]
     if not counts.any():
         return None, "no step of the run read a row"
-    return RowVisits(counts, tuple(int(s) for s in steps), f"the HF Trainer's seeded sampler, {how}; 1 device"), ""
+    return RowVisits(counts, tuple(int(s) for s in steps), how), ""
+
+
+def _rows_read(config: Any, n: int) -> tuple[list[list[int]] | None, str]:
+    """Every optimizer step's rows for the whole run, and where the order came from; or ``(None, why not)``."""
+    from gradian.audit.hf_order import order_rule, rows_read, torchtune_order_rule, torchtune_rows_read
+
+    batch, acc = config.micro_batch_size, config.gradient_accumulation_steps or 1
+    if config.trainer == "torchtune":
+        why = torchtune_order_rule(config)
+        if why is not None:
+            return None, why
+        read = torchtune_rows_read(
+            n, shuffle=bool(config.shuffle), batch=batch, accumulation=acc, epochs=int(math.ceil(config.num_epochs)),
+            max_steps_per_epoch=config.max_steps_per_epoch,
+        )  # fmt: skip
+        return read, f"torchtune's recipe sampler, seed 0, shuffle {str(config.shuffle).lower()}, drop_last; 1 device"
+    seed, how = order_rule(config, dict(config.versions))
+    if seed is None:
+        return None, how
+    if not batch or batch <= 0:
+        return None, "the run's per-device batch size is unknown"
+    total = total_steps(config, n)
+    if total is None:
+        return None, "the run's number of steps is unknown"
+    read = rows_read(
+        n, seed=seed, batch=batch, accumulation=acc, steps=total, drop_last=bool(config.dataloader_drop_last)
+    )
+    return read, f"the HF Trainer's seeded sampler, {how}; 1 device"
+
+
+def torchtune_steps(config: Any, n: int, epoch: int) -> int | None:
+    """The global step torchtune's recipe had reached when it saved ``epoch_<epoch>`` (steps per epoch:
+    ``floor((n // batch) / accumulation)``, capped by ``max_steps_per_epoch``).
+    """
+    batch, acc = config.micro_batch_size, config.gradient_accumulation_steps or 1
+    if not batch or batch <= 0 or acc <= 0:
+        return None
+    per = (n // batch) // acc
+    if config.max_steps_per_epoch is not None and config.max_steps_per_epoch < per:
+        per = config.max_steps_per_epoch
+    return (epoch + 1) * per
 
 
 def with_visits(trajectory, config: Any, n: int, mode: str = "auto"):
@@ -146,5 +175,13 @@ def with_visits(trajectory, config: Any, n: int, mode: str = "auto"):
 
     if mode == "off":
         return dataclasses.replace(trajectory, visits=None, visits_rule="--visits off")
-    visits, why = row_visits(config, n, [c.step for c in trajectory.checkpoints])
+    steps = [c.step for c in trajectory.checkpoints]
+    if config is not None and config.trainer == "torchtune":  # epoch_N folders without a log: their steps from N
+        from gradian.paths import checkpoint_number
+
+        for i, c in enumerate(trajectory.checkpoints):
+            num = checkpoint_number(c.path)
+            if steps[i] is None and num and num[0] == "epoch":
+                steps[i] = torchtune_steps(config, n, num[1])
+    visits, why = row_visits(config, n, steps)
     return dataclasses.replace(trajectory, visits=visits, visits_rule=why)

@@ -302,13 +302,16 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
     Rule: effective batch > rows (error); total optimiser steps < 30 (warning); max_steps > 0 silently overrides
     num_train_epochs (info), and max_steps x effective batch < rows ends the run inside its first epoch, so some
     rows were never trained (warning, with their ids where the run's sampler is reproduced: an HF Trainer or TRL SFT
-    run's seeded random sampler; not judged for packed runs, whose steps hold several rows each); one device assumed
+    run's seeded random sampler; not judged for packed runs, whose steps hold several rows each); for a torchtune
+    run, the rows its recipe never stepped on (warning, named: drop_last drops the same last rows every epoch when
+    shuffle is off; max_steps_per_epoch; the last epoch's unstepped micro-batches); one device assumed
 
     Fix: lower the batch / gradient accumulation, or train more steps; remove max_steps to train by epochs
 
     Source: tf TrainingArguments (max_steps overrides num_train_epochs); accelerate SeedableRandomSampler (epoch e
     reads randperm(n) seeded data_seed or seed, + e), tests/audit/test_hf_order.py (transformers' Trainer and TRL's
-    SFTTrainer read exactly those rows); heuristic step floor
+    SFTTrainer read exactly those rows); torchtune lora_finetune_single_device (StatefulDistributedSampler seed 0,
+    DataLoader drop_last=True), tests/data/test_framework_visits.py; heuristic step floor
     """
     c = ctx.config
     _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
@@ -336,6 +339,8 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
                 {"value": steps, "threshold": 30, "how": how, **cite},
             )
         )
+    if c.trainer == "torchtune":
+        hits += _torchtune_never_trained(ctx, cite)
     implied = c.max_steps * eb / ctx.n if c.max_steps and c.max_steps > 0 else None
     if implied is not None and implied < 1 and not (c.packing or c.padding_free):
         hits.append(_never_trained(ctx, eb, implied, cite))
@@ -386,6 +391,51 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
         row_ids=ids,
         fix=f"set max_steps to at least {-(-ctx.n // eb)} (one epoch at this batch), or remove it to train by epochs",
     )  # fmt: skip
+
+
+def _torchtune_never_trained(ctx: AuditContext, cite: dict) -> list[Hit]:
+    """C04's warning for the rows torchtune's recipe never stepped on, named
+    (:func:`gradian.audit.hf_order.torchtune_rows_read`: its DataLoader drops each epoch's last incomplete batch, the
+    same rows every epoch with ``shuffle: false``; ``max_steps_per_epoch`` stops an epoch early; the last epoch's
+    unstepped micro-batches).
+    """
+    from gradian.audit.hf_order import torchtune_order_rule, torchtune_rows_read
+
+    c = ctx.config
+    if torchtune_order_rule(c) is not None:
+        return []
+    read = torchtune_rows_read(
+        ctx.n, shuffle=bool(c.shuffle), batch=c.micro_batch_size, accumulation=c.gradient_accumulation_steps or 1,
+        epochs=int(math.ceil(c.num_epochs)), max_steps_per_epoch=c.max_steps_per_epoch,
+    )  # fmt: skip
+    trained = {r for step in read for r in step}
+    ids = [e.id for k, e in enumerate(ctx.examples) if k not in trained]
+    if not ids:
+        return []
+    why = (
+        f"its DataLoader drops each epoch's last {ctx.n % c.micro_batch_size} row(s) (drop_last) and shuffle is off, "
+        "so they are the same rows every epoch"
+        if not c.shuffle and ctx.n % c.micro_batch_size
+        else f"its seed-0 shuffle, drop_last, max_steps_per_epoch ({c.max_steps_per_epoch}) and the last epoch's "
+        "unstepped micro-batches left them out"
+    )
+    return [
+        Hit(
+            "warning",
+            f"torchtune's recipe never trained {len(ids)} of the {ctx.n} rows ({why}; 1 device assumed). "
+            "gradian attribute scores them 0",
+            {
+                "value": ctx.n - len(ids),
+                "threshold": ctx.n,
+                "never_trained": len(ids),
+                "order": "torchtune's recipe sampler, seed 0",
+                **cite,
+                **c.cite("shuffle", "max_steps_per_epoch"),
+            },
+            row_ids=ids,
+            fix="set shuffle: true, or make the rows a multiple of batch_size (x gradient_accumulation_steps)",
+        )
+    ]
 
 
 # ---------------------------------------------------------------------- C05

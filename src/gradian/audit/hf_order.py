@@ -1,4 +1,5 @@
-"""The rows an HF ``Trainer`` run (TRL's trainers included) read, step by step, reproduced from its config.
+"""The rows an HF ``Trainer`` run (TRL's trainers included) or torchtune's LoRA recipe read, step by step, reproduced
+from its config (torchtune: :func:`torchtune_rows_read`).
 
 transformers >= 4.38 prepares the train set with accelerate's ``SeedableRandomSampler``
 (``AcceleratorConfig.use_seedable_sampler``, default True): epoch ``e`` reads the rows in the order
@@ -78,6 +79,50 @@ def rows_read(
                 break
         epoch += 1
     return out
+
+
+def torchtune_rows_read(
+    n: int, *, shuffle: bool, batch: int, accumulation: int, epochs: int, max_steps_per_epoch: int | None = None
+) -> list[list[int]]:
+    """Per optimizer step, across the run's ``epochs``, the row indices torchtune 0.6's ``lora_finetune_single_device``
+    recipe trained on.
+
+    Its ``StatefulDistributedSampler`` (one replica, ``seed=0`` whatever the config's ``seed``) reads epoch ``e`` in
+    the order ``randperm(n)`` of a generator seeded ``0 + e`` (``shuffle: true``) or ``0 .. n-1``; its DataLoader
+    drops the last incomplete micro-batch (``drop_last=True``: ``n // batch`` micro-batches an epoch); a step every
+    ``accumulation`` micro-batches, and an epoch ends after ``max_steps_per_epoch`` steps when that is set. The
+    micro-batches an epoch leaves after its last step keep their gradients (the loop neither steps nor zeroes them),
+    so they join the next epoch's first step; the last epoch's are never stepped.
+    tests/data/test_framework_visits.py holds this to the recipe's own loop.
+    """
+    if n <= 0 or batch <= 0 or accumulation <= 0 or epochs <= 0:
+        return []
+    out: list[list[int]] = []
+    pending: list[int] = []
+    for e in range(int(epochs)):
+        order = epoch_order(n, 0, e) if shuffle else list(range(n))
+        taken = 0
+        for idx, start in enumerate(range(0, n - n % batch, batch)):
+            pending += order[start : start + batch]
+            if (idx + 1) % accumulation == 0:
+                out.append(pending)
+                pending, taken = [], taken + 1
+                if max_steps_per_epoch is not None and taken == max_steps_per_epoch:
+                    break
+    return out
+
+
+def torchtune_order_rule(c: TrainConfig) -> str | None:
+    """Why a torchtune run's rows cannot be read step by step from its config (:func:`torchtune_rows_read`), or
+    None when they can.
+    """
+    if c.stage_kind != "sft":
+        return f"a {c.stage} run's sampler is not reproduced"
+    if c.packing:
+        return "packed steps hold several rows each"
+    if c.shuffle is None or not c.micro_batch_size or not c.num_epochs:
+        return "the recipe's shuffle, batch_size or epochs is not in the config"
+    return None
 
 
 def order_rule(c: TrainConfig, versions: dict[str, str]) -> tuple[int | None, str]:

@@ -392,9 +392,9 @@ def register(app: typer.Typer) -> None:
         ),
         visits: str = typer.Option(
             "auto",
-            help="auto: where the trainer's row order is reproduced (HF Trainer / TRL SFT, from its config), weigh "
-            "each row by how often each checkpoint's steps read it; a row never trained scores 0 | off: every row "
-            "once per checkpoint (runs on several devices).",
+            help="auto: where the trainer's row order is reproduced (HF Trainer / TRL SFT / torchtune, from its "
+            "config), weigh each row by how often each checkpoint's steps read it; a row never trained scores 0 | "
+            "off: every row once per checkpoint (runs on several devices).",
             rich_help_panel=O.SETUP,
         ),
         statistic: str = typer.Option(

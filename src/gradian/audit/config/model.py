@@ -122,6 +122,9 @@ class TrainConfig:
     dataloader_drop_last: bool | None = None
     train_sampling_strategy: str | None = None
     use_seedable_sampler: bool | None = None
+    #: torchtune's recipe: ``shuffle`` (its sampler's; seed 0 always) and ``max_steps_per_epoch``
+    shuffle: bool | None = None
+    max_steps_per_epoch: int | None = None
     chat_template: str | None = None
     chat_template_path: str | None = None
     eos_token: str | None = None

@@ -83,6 +83,8 @@ def read(cfg: TrainConfig, r: Reader) -> None:
             ("num_epochs", "epochs", "num"),
             ("micro_batch_size", "batch_size", "int"),
             ("gradient_accumulation_steps", "gradient_accumulation_steps", "int"),
+            ("shuffle", "shuffle", "bool"),
+            ("max_steps_per_epoch", "max_steps_per_epoch", "int"),
             ("warmup_steps", "lr_scheduler.num_warmup_steps", "num"),
             ("max_grad_norm", "clip_grad_norm", "num"),
             ("max_length", "tokenizer.max_seq_len", "int"),

@@ -1,0 +1,139 @@
+"""Which rows each step of torchtune 0.6.1's LoRA recipe trained, held against the recipe's own loop.
+
+``framework_run.py``'s ``torchtune_steps`` runs ``lora_finetune_single_device`` as ``tune run`` builds it (its
+sampler, DataLoader, gradient accumulation and epoch loop unchanged) and records the rows of every micro-batch, grouped
+by the optimizer step that took them, and when each epoch's checkpoint is saved. Gradian must read the same from the
+config alone (:func:`gradian.audit.hf_order.torchtune_rows_read`) and count the same visits per ``epoch_N`` checkpoint
+(:mod:`gradian.attribute.visits`): the rows its DataLoader drops (``drop_last``), the micro-batches an epoch leaves
+that join the next epoch's first step, and the last epoch's that are never stepped. Needs ``make frameworks``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from test_frameworks_real import (  # noqa: E402
+    FW,
+    RUNNER,
+    _tiny_qwen2,
+    _torchtune_run_config,
+    framework_env,
+    make_world,
+    torchtune_tokenizer,
+)
+
+if not (FW / "torchtune").is_dir():
+    pytest.skip(f"{FW / 'torchtune'} is not installed (make frameworks)", allow_module_level=True)
+
+N = 15
+CASES = {
+    # 7 micro-batches an epoch, a step every 2: one micro-batch carried into epoch 1's first step, one never stepped;
+    # the row the DataLoader drops each epoch differs by epoch
+    "shuffled, accumulation 2": {"shuffle": True, "batch_size": 2, "gradient_accumulation_steps": 2},
+    # in order, batches of 4: the same last 3 rows dropped in both epochs, never trained
+    "in order, drop_last": {"shuffle": False, "batch_size": 4},
+    # max_steps_per_epoch ends each epoch after 3 of its 7 steps
+    "shuffled, max_steps_per_epoch 3": {"shuffle": True, "batch_size": 2, "max_steps_per_epoch": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tok) -> dict:
+    root = tmp_path_factory.mktemp("framework_visits")
+    world = make_world(root / "world", tok)
+    base = _tiny_qwen2(world, tok)
+    rows = [
+        {"id": f"r{i}", "messages": [{"role": "user", "content": f"Which city is number {i}?"},
+                                     {"role": "assistant", "content": f"City {i} is Paris {i}."}]}
+        for i in range(N)
+    ]  # fmt: skip
+    data = root / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out, procs = {}, []
+    for i, (name, extra) in enumerate(CASES.items()):
+        case_dir = root / f"case{i}"
+        case_dir.mkdir()
+        cfg = _torchtune_run_config(world, case_dir / "run", "qwen2", epochs=2, base=base.name)
+        cfg.update(extra)
+        cfg["tokenizer"] = torchtune_tokenizer(world, "qwen2", base, 256)
+        cfg["dataset"] = {
+            "_component_": "torchtune.datasets.chat_dataset", "source": "json", "data_files": str(data),
+            "split": "train", "conversation_column": "messages", "conversation_style": "openai", "packed": False,
+        }  # fmt: skip
+        config = case_dir / "torchtune.yaml"
+        config.write_text(yaml.safe_dump(cfg))
+        job = {"name": name, "framework": "torchtune-steps", "config": str(config),
+               "steps_out": str(case_dir / "steps.json")}  # fmt: skip
+        (case_dir / "case.json").write_text(json.dumps([job]))
+        cmd = [sys.executable, str(RUNNER), str(case_dir / "case.json"), str(case_dir / "result.json")]
+        env = {**framework_env(str(FW / "torchtune")), "OMP_NUM_THREADS": "1"}
+        procs.append((name, case_dir, subprocess.Popen(cmd, env=env, cwd=case_dir, stdout=subprocess.PIPE,
+                                                       stderr=subprocess.STDOUT)))  # fmt: skip
+        out[name] = {"config": config, "run": case_dir / "run", "data": data}
+    for name, case_dir, p in procs:
+        log = p.communicate(timeout=900)[0].decode(errors="replace")
+        result = json.loads((case_dir / "result.json").read_text()).get(name, {})
+        assert "rows" in result, f"torchtune did not run {name!r}: {result.get('error') or log[-3000:]}"
+        out[name]["recorded"] = json.loads((case_dir / "steps.json").read_text())
+    return out
+
+
+def _as_rows(rec: dict, padded: list[list[int]]) -> list[int]:
+    """The dataset rows of padded token sequences (each row's tokens, then only padding)."""
+    found = []
+    for seq in padded:
+        (j,) = [j for j, r in enumerate(rec["rows"]) if seq[: len(r)] == r and set(seq[len(r) :]) <= {rec["pad"]}]
+        found.append(j)
+    return found
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_gradian_reads_the_rows_each_torchtune_step_took(runs, name):
+    import numpy as np
+
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.attribute.visits import with_visits
+    from gradian.audit.config import load_config
+    from gradian.audit.hf_order import torchtune_rows_read
+
+    run = runs[name]
+    rec = run["recorded"]
+    assert len(rec["rows"]) == N
+    steps = [_as_rows(rec, s) for s in rec["steps"]]
+    config = load_config([str(run["config"])])
+    extra = CASES[name]
+    acc = extra.get("gradient_accumulation_steps", 1)
+    ours = torchtune_rows_read(
+        N, shuffle=extra["shuffle"], batch=extra["batch_size"], accumulation=acc, epochs=2,
+        max_steps_per_epoch=extra.get("max_steps_per_epoch"),
+    )  # fmt: skip
+    assert ours == steps  # the same rows, in the same order, step by step
+    assert (config.shuffle, config.micro_batch_size) == (extra["shuffle"], extra["batch_size"])
+
+    # the visits per epoch checkpoint, from the run folder's epoch_1 adapter and the config, as Attribute counts them
+    traj = with_visits(resolve_trajectory(run["run"] / "epoch_1", "auto"), config, N)
+    assert traj.visits is not None, traj.visits_rule
+    want = np.zeros((2, N), dtype=np.int64)
+    for k, step_rows in enumerate(steps):
+        np.add.at(want[0 if k < rec["saves"][0] else 1], step_rows, 1)
+    assert traj.visits.counts.tolist() == want.tolist()
+    never = sorted(set(range(N)) - {r for s in steps for r in s})
+    assert traj.visits.never.tolist() == never
+    if name == "in order, drop_last":
+        assert never == [12, 13, 14] and _as_rows(rec, rec["left"]) == []
+    # Audit's C04 names the same rows from the config and the data file
+    from gradian.audit import diagnose
+
+    hits = [f for f in diagnose(configs=[run["config"]], data=run["data"], select=["C04"]).by_id("C04")
+            if "torchtune's recipe never trained" in f.message]  # fmt: skip
+    assert [h.row_ids for h in hits] == ([[f"r{j}" for j in never]] if never else [])
+    if name == "shuffled, accumulation 2":  # the last epoch's leftover micro-batch: read, never stepped
+        assert len(_as_rows(rec, rec["left"])) == 2 and len(steps[rec["saves"][0]]) == 6
