@@ -29,7 +29,8 @@ and torchtune runs its ``lora_finetune_single_device`` recipe as ``tune run`` do
 * **torchtune 0.6.1's LoRA recipe** on a ``packed: true`` dataset (``"framework": "torchtune-packed"``): its packed
   batches and each step's gradient, :func:`torchtune_packed` (tests/data/test_framework_packing.py); and unpacked
   (``"torchtune-steps"``): the rows each optimizer step took, :func:`torchtune_steps`
-  (tests/data/test_framework_visits.py).
+  (tests/data/test_framework_visits.py); LLaMA-Factory's trainer likewise (``"llamafactory-steps"``,
+  :func:`llamafactory_steps`).
 
 ``OUT.json``: ``{name: {"rows": [[input_ids, labels], ...]}}`` in the framework's order, or ``{"error": text}``.
 """
@@ -164,6 +165,62 @@ def llamafactory_packed(case: dict) -> list:
         **dm, **tm,
     )  # fmt: skip
     _packed_steps(trainer, model, case["packed_out"])
+    return []
+
+
+def llamafactory_steps(case: dict) -> list:
+    """LLaMA-Factory's own trainer on an unpacked SFT config, built as its ``run_sft`` builds it (its dataset,
+    ``load_model``, ``SFTDataCollatorWith4DAttentionMask``, ``CustomSeq2SeqTrainer``) and trained (``train()``,
+    ``save_model()``, ``save_state()``: the run folder a user has), watched: a forward pre-hook records the padded rows
+    of every micro-batch, and a callback groups them by the optimizer step that took them. Written to
+    ``case["steps_out"]`` as ``{"rows": its train dataset's input_ids in order, "pad", "steps"}``
+    (tests/data/test_framework_visits.py).
+    """
+    import yaml
+    from llamafactory.data import SFTDataCollatorWith4DAttentionMask, get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.extras.constants import IGNORE_INDEX
+    from llamafactory.hparams import get_train_args
+    from llamafactory.model import load_model, load_tokenizer
+    from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
+    from transformers import TrainerCallback
+
+    with open(case["config"]) as f:
+        raw = yaml.safe_load(f)
+    model_args, data_args, training_args, finetuning_args, _ = get_train_args(raw)
+    tm = load_tokenizer(model_args)
+    tok = tm["tokenizer"]
+    template = get_template_and_fix_tokenizer(tok, data_args)
+    dm = get_dataset(template, model_args, data_args, training_args, stage="sft", **tm)
+    model = load_model(tok, model_args, finetuning_args, training_args.do_train)
+    collator = SFTDataCollatorWith4DAttentionMask(
+        template=template, model=model, pad_to_multiple_of=8, label_pad_token_id=IGNORE_INDEX,
+        block_diag_attn=model_args.block_diag_attn, neat_packing=data_args.neat_packing,
+        attn_implementation=getattr(model.config, "_attn_implementation", None), compute_dtype=model_args.compute_dtype,
+        **tm,
+    )  # fmt: skip
+    pending: list = []
+    steps: list = []
+
+    class Steps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append(list(pending))
+            pending.clear()
+
+    def record(_module, _args, kwargs):
+        if model.training:
+            pending.extend(kwargs["input_ids"].tolist())
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    trainer = CustomSeq2SeqTrainer(
+        model=model, args=training_args, finetuning_args=finetuning_args, data_collator=collator, gen_kwargs={},
+        callbacks=[Steps()], **dm, **tm,
+    )  # fmt: skip
+    trainer.train()
+    trainer.save_model()
+    trainer.save_state()
+    rows = [_ints(r["input_ids"]) for r in dm["train_dataset"]]
+    with open(case["steps_out"], "w") as f:
+        json.dump({"rows": rows, "pad": int(tok.pad_token_id), "steps": steps}, f)
     return []
 
 
@@ -334,6 +391,7 @@ RUNNERS = {
     "torchtune": torchtune,
     "torchtune-packed": torchtune_packed,
     "torchtune-steps": torchtune_steps,
+    "llamafactory-steps": llamafactory_steps,
 }
 
 

@@ -137,3 +137,96 @@ def test_gradian_reads_the_rows_each_torchtune_step_took(runs, name):
     assert [h.row_ids for h in hits] == ([[f"r{j}" for j in never]] if never else [])
     if name == "shuffled, accumulation 2":  # the last epoch's leftover micro-batch: read, never stepped
         assert len(_as_rows(rec, rec["left"])) == 2 and len(steps[rec["saves"][0]]) == 6
+
+
+LF_CASES = {
+    # the sampler over the first 11 rows (max_samples), seeded 3; rows 11-14 never given to the trainer
+    "LLaMA-Factory shuffled, max_samples 11": {
+        "max_samples": 11, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "num_train_epochs": 2,
+        "seed": 3,
+    },
+    # disable_shuffling: the rows in order, and max_steps 2 of 3 rows stops inside the first epoch
+    "LLaMA-Factory in order, max_steps 2": {
+        "disable_shuffling": True, "per_device_train_batch_size": 3, "max_steps": 2,
+    },
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lf_runs(tmp_path_factory, tok) -> dict:
+    from gradian.models.tiny import tiny_model
+
+    if not (FW / "llamafactory").is_dir():
+        pytest.skip(f"{FW / 'llamafactory'} is not installed (make frameworks)")
+    root = tmp_path_factory.mktemp("framework_visits_lf")
+    tiny_model(tok, "llama").save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    rows = [
+        {"id": f"r{i}", "messages": [{"role": "user", "content": f"Which city is number {i}?"},
+                                     {"role": "assistant", "content": f"City {i} is Paris {i}."}]}
+        for i in range(N)
+    ]  # fmt: skip
+    data = root / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    info = {"file_name": str(data), "formatting": "sharegpt", "columns": {"messages": "messages"}, "tags": tags}
+    (root / "dataset_info.json").write_text(json.dumps({"visits": info}))
+    out, procs = {}, []
+    for i, (name, extra) in enumerate(LF_CASES.items()):
+        case_dir = root / f"case{i}"
+        case_dir.mkdir()
+        cfg = {
+            "model_name_or_path": str(root / "base"), "stage": "sft", "do_train": True, "finetuning_type": "lora",
+            "lora_target": "all", "lora_rank": 4, "lora_alpha": 8, "dataset": "visits", "dataset_dir": str(root),
+            "template": "qwen", "cutoff_len": 256, "output_dir": str(case_dir / "out"), "overwrite_cache": True,
+            "report_to": "none", "save_strategy": "no", "logging_steps": 1, "learning_rate": 1e-3,
+            "disable_gradient_checkpointing": True, **extra,
+        }  # fmt: skip
+        config = case_dir / "llamafactory.yaml"
+        config.write_text(yaml.safe_dump(cfg))
+        job = {"name": name, "framework": "llamafactory-steps", "config": str(config),
+               "steps_out": str(case_dir / "steps.json")}  # fmt: skip
+        (case_dir / "case.json").write_text(json.dumps([job]))
+        cmd = [sys.executable, str(RUNNER), str(case_dir / "case.json"), str(case_dir / "result.json")]
+        env = {**framework_env(str(FW / "llamafactory")), "OMP_NUM_THREADS": "1"}
+        procs.append((name, case_dir, subprocess.Popen(cmd, env=env, cwd=case_dir, stdout=subprocess.PIPE,
+                                                       stderr=subprocess.STDOUT)))  # fmt: skip
+        out[name] = {"config": config, "run": case_dir / "out", "data": data}
+    for name, case_dir, p in procs:
+        log = p.communicate(timeout=900)[0].decode(errors="replace")
+        result = json.loads((case_dir / "result.json").read_text()).get(name, {})
+        assert "rows" in result, f"LLaMA-Factory did not run {name!r}: {result.get('error') or log[-3000:]}"
+        out[name]["recorded"] = json.loads((case_dir / "steps.json").read_text())
+    return out
+
+
+@pytest.mark.parametrize("name", list(LF_CASES))
+def test_gradian_reads_the_rows_each_llamafactory_step_took(lf_runs, name):
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.attribute.visits import run_rows_read, with_visits
+    from gradian.audit import diagnose
+    from gradian.audit.config import load_config
+
+    run = lf_runs[name]
+    rec = run["recorded"]
+    given = LF_CASES[name].get("max_samples", N)
+    assert len(rec["rows"]) == given  # LLaMA-Factory's train set: the file's first max_samples rows
+    steps = [_as_rows(rec, s) for s in rec["steps"]]
+    config = load_config([str(run["config"])])
+    assert run_rows_read(config, N)[0] == steps  # the same rows, in the same order, step by step
+    traj = with_visits(resolve_trajectory(run["run"], "auto"), config, N)
+    assert traj.visits is not None, traj.visits_rule
+    assert [c.step for c in traj.checkpoints] == [len(steps)]  # the final adapter, at the trainer's global_step
+    want = [0] * N
+    for step_rows in steps:
+        for r in step_rows:
+            want[r] += 1
+    assert traj.visits.counts.tolist() == [want]
+    never = [j for j in range(N) if want[j] == 0]
+    assert traj.visits.never.tolist() == never and set(range(given, N)) <= set(never)
+    if name.endswith("max_steps 2"):
+        assert steps == [[0, 1, 2], [3, 4, 5]]  # in order
+    # Audit's C04 names the same rows: max_samples' cut, and the rows max_steps never reached
+    found = diagnose(configs=[run["config"]], data=run["data"], select=["C04"]).by_id("C04")
+    named = sorted({i for f in found if "never trained" in f.message for i in f.row_ids}, key=lambda x: int(x[1:]))
+    assert named == [f"r{j}" for j in never]

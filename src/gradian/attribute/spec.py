@@ -43,9 +43,9 @@ class AttributeSpec:
         clusters: harmful-tail clustering knobs.
         weighting: checkpoint weights over the trajectory, ``"lr"`` (mean learning rate since the
             previous checkpoint) or ``"equal"``.
-        visits: ``"auto"``: where the run's row order is reproduced (an HF Trainer or TRL SFT run's seeded
-            sampler, or torchtune's LoRA recipe, read from its config), each row takes its checkpoint's weight times
-            how often the checkpoint's steps read it, so a row the run never read scores exactly 0
+        visits: ``"auto"``: where the run's row order is reproduced (an HF Trainer, TRL SFT or LLaMA-Factory
+            run's seeded sampler, or torchtune's LoRA recipe, read from its config), each row takes its checkpoint's
+            weight times how often the checkpoint's steps read it, so a row the run never read scores exactly 0
             (:mod:`gradian.attribute.visits`);
             ``"off"``: every row once per checkpoint (a run on several devices, or rows reordered before training).
         statistic: the rank score of a gradient engine, ``"cosine"`` (direction only, LESS's unit

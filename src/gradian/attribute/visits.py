@@ -2,9 +2,9 @@
 
 TracIn sums a row's first-order effect over the steps whose batch held it. Its checkpoint form
 (:mod:`gradian.attribute.trajectory`) lets checkpoint c stand for the steps ``(s_{c-1}, s_c]`` and assumed that every
-row was read once in that interval. Where the run's row order is reproduced (an HF ``Trainer`` or TRL SFT run, or
-torchtune's unpacked LoRA recipe: :mod:`gradian.audit.hf_order`), Gradian counts instead, for each checkpoint c and
-row j, ``m[c, j]``: how many of those steps read row j. The trajectory score of row j is then
+row was read once in that interval. Where the run's row order is reproduced (an HF ``Trainer``, TRL SFT or
+LLaMA-Factory SFT run, or torchtune's unpacked LoRA recipe: :mod:`gradian.audit.hf_order`), Gradian counts instead,
+for each checkpoint c and row j, ``m[c, j]``: how many of those steps read row j. The trajectory score of row j is then
 
     score_j = Σ_c W[c, j] · score_c(j),    W[c, j] = η_c · m[c, j] / Z,    Z = Σ_c η_c · mean_j m[c, j]
 
@@ -106,7 +106,7 @@ def row_visits(config: Any, n: int, steps: Sequence[int | None]) -> tuple[RowVis
     """
     if config is None:
         return None, "no training config was read (--config, or the run folder's training_args.bin)"
-    read, how = _rows_read(config, n)
+    read, how = run_rows_read(config, n)
     if read is None:
         return None, how
     steps = list(steps)
@@ -126,9 +126,15 @@ def row_visits(config: Any, n: int, steps: Sequence[int | None]) -> tuple[RowVis
     return RowVisits(counts, tuple(int(s) for s in steps), how), ""
 
 
-def _rows_read(config: Any, n: int) -> tuple[list[list[int]] | None, str]:
+def run_rows_read(config: Any, n: int) -> tuple[list[list[int]] | None, str]:
     """Every optimizer step's rows for the whole run, and where the order came from; or ``(None, why not)``."""
-    from gradian.audit.hf_order import order_rule, rows_read, torchtune_order_rule, torchtune_rows_read
+    from gradian.audit.hf_order import (
+        order_rule,
+        rows_read,
+        torchtune_order_rule,
+        torchtune_rows_read,
+        trained_rows,
+    )
 
     batch, acc = config.micro_batch_size, config.gradient_accumulation_steps or 1
     if config.trainer == "torchtune":
@@ -145,13 +151,14 @@ def _rows_read(config: Any, n: int) -> tuple[list[list[int]] | None, str]:
         return None, how
     if not batch or batch <= 0:
         return None, "the run's per-device batch size is unknown"
-    total = total_steps(config, n)
+    given = trained_rows(config, n)  # LLaMA-Factory's max_samples: the first rows only
+    total = total_steps(config, given)
     if total is None:
         return None, "the run's number of steps is unknown"
-    read = rows_read(
-        n, seed=seed, batch=batch, accumulation=acc, steps=total, drop_last=bool(config.dataloader_drop_last)
-    )
-    return read, f"the HF Trainer's seeded sampler, {how}; 1 device"
+    drop = bool(config.dataloader_drop_last)
+    read = rows_read(given, seed=seed, batch=batch, accumulation=acc, steps=total, drop_last=drop)
+    cut = f"; max_samples {config.max_samples}: its first {given} of {n} rows" if given < n else ""
+    return read, f"the HF Trainer's sampler, {how}{cut}; 1 device"
 
 
 def torchtune_steps(config: Any, n: int, epoch: int) -> int | None:

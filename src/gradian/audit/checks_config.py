@@ -12,6 +12,7 @@ import math
 import re
 
 from gradian.audit.context import AuditContext
+from gradian.audit.hf_order import trained_rows
 from gradian.audit.registry import Hit, NotApplicable, check
 
 LORA_LR_LOW = 5e-5
@@ -304,14 +305,16 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
     rows were never trained (warning, with their ids where the run's sampler is reproduced: an HF Trainer or TRL SFT
     run's seeded random sampler; not judged for packed runs, whose steps hold several rows each); for a torchtune
     run, the rows its recipe never stepped on (warning, named: drop_last drops the same last rows every epoch when
-    shuffle is off; max_steps_per_epoch; the last epoch's unstepped micro-batches); one device assumed
+    shuffle is off; max_steps_per_epoch; the last epoch's unstepped micro-batches); for a LLaMA-Factory run, the rows
+    past max_samples (warning, named: it trains each dataset's first N); one device assumed
 
     Fix: lower the batch / gradient accumulation, or train more steps; remove max_steps to train by epochs
 
     Source: tf TrainingArguments (max_steps overrides num_train_epochs); accelerate SeedableRandomSampler (epoch e
     reads randperm(n) seeded data_seed or seed, + e), tests/audit/test_hf_order.py (transformers' Trainer and TRL's
     SFTTrainer read exactly those rows); torchtune lora_finetune_single_device (StatefulDistributedSampler seed 0,
-    DataLoader drop_last=True), tests/data/test_framework_visits.py; heuristic step floor
+    DataLoader drop_last=True), LLaMA-Factory data/loader.py (max_samples: dataset.select(range(N))),
+    tests/data/test_framework_visits.py (both, against their own training loops); heuristic step floor
     """
     c = ctx.config
     _require_possible(ctx, "num_epochs", "micro_batch_size", "gradient_accumulation_steps", "total_batch_size")
@@ -341,7 +344,21 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
         )
     if c.trainer == "torchtune":
         hits += _torchtune_never_trained(ctx, cite)
-    implied = c.max_steps * eb / ctx.n if c.max_steps and c.max_steps > 0 else None
+    given = trained_rows(c, ctx.n)  # LLaMA-Factory's max_samples keeps the first rows
+    if given < ctx.n:
+        ids = [e.id for e in ctx.examples[given:]]
+        hits.append(
+            Hit(
+                "warning",
+                f"max_samples={c.max_samples} keeps the dataset's first {given} rows: the other {len(ids)} of "
+                f"{ctx.n} were never trained (LLaMA-Factory cuts each dataset before training). gradian attribute "
+                "scores them 0",
+                {"value": given, "threshold": ctx.n, "never_trained": len(ids), **c.cite("max_samples")},
+                row_ids=ids,
+                fix=f"remove max_samples to train every row, or pass only the first {given} rows as --data",
+            )
+        )
+    implied = c.max_steps * eb / given if c.max_steps and c.max_steps > 0 else None
     if implied is not None and implied < 1 and not (c.packing or c.padding_free):
         hits.append(_never_trained(ctx, eb, implied, cite))
     elif implied is not None and c.num_epochs and not c.is_default("num_epochs"):
@@ -365,17 +382,18 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
 
     c = ctx.config
     seen = c.max_steps * eb
+    given = trained_rows(c, ctx.n)  # the rows the sampler drew from (LLaMA-Factory's max_samples: the first ones)
     seed, how = order_rule(c, ctx.versions)
     ids, which = [], f"which ones, its shuffle decided ({how})"
     if seed is not None:
         read = rows_read(
-            ctx.n, seed=seed, batch=c.micro_batch_size, accumulation=c.gradient_accumulation_steps or 1,
+            given, seed=seed, batch=c.micro_batch_size, accumulation=c.gradient_accumulation_steps or 1,
             steps=c.max_steps, drop_last=bool(c.dataloader_drop_last),
         )  # fmt: skip
         trained = {r for step in read for r in step}
-        ids = [e.id for k, e in enumerate(ctx.examples) if k not in trained]
-        which = f"the HF Trainer's seeded sampler, {how}, names them, if it was given the rows in this file's order"
-    unseen = len(ids) if seed is not None else ctx.n - seen
+        ids = [e.id for k, e in enumerate(ctx.examples[:given]) if k not in trained]
+        which = f"the HF Trainer's sampler, {how}, names them, if it was given the rows in this file's order"
+    unseen = len(ids) if seed is not None else given - seen
     after = (
         "gradian attribute scores them 0 (--visits auto: their influence on the run is none)"
         if seed is not None
@@ -383,13 +401,13 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
     )
     return Hit(
         "warning",
-        f"max_steps={c.max_steps} x the effective batch {eb} covers {seen} of the {ctx.n} training rows: the run "
-        f"stopped {implied:.0%} into its first epoch, so {unseen} rows ({unseen / ctx.n:.0%}) were never trained "
+        f"max_steps={c.max_steps} x the effective batch {eb} covers {seen} of the {given} training rows: the run "
+        f"stopped {implied:.0%} into its first epoch, so {unseen} rows ({unseen / given:.0%}) were never trained "
         f"({which}; 1 device assumed). {after}",
-        {"value": seen, "threshold": ctx.n, "never_trained": unseen, "order": how if seed is not None else None,
+        {"value": seen, "threshold": given, "never_trained": unseen, "order": how if seed is not None else None,
          **cite},
         row_ids=ids,
-        fix=f"set max_steps to at least {-(-ctx.n // eb)} (one epoch at this batch), or remove it to train by epochs",
+        fix=f"set max_steps to at least {-(-given // eb)} (one epoch at this batch), or remove it to train by epochs",
     )  # fmt: skip
 
 

@@ -51,6 +51,11 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+#: :func:`order_rule`'s "seed" of a run whose sampler reads the rows in order every epoch (LLaMA-Factory's
+#: ``disable_shuffling``: a ``SequentialSampler``)
+SEQUENTIAL = -1
+
+
 def rows_read(
     n: int, *, seed: int, batch: int, accumulation: int, steps: int, drop_last: bool = False
 ) -> list[list[int]]:
@@ -58,7 +63,7 @@ def rows_read(
 
     Args:
         n: rows in the train set, in the order the trainer was given them.
-        seed: ``data_seed``, or else ``seed``.
+        seed: ``data_seed``, or else ``seed``; :data:`SEQUENTIAL`: ``0 .. n-1`` every epoch.
         batch: ``per_device_train_batch_size``.
         accumulation: ``gradient_accumulation_steps``.
         steps: optimizer steps taken (``max_steps``, or the ``global_step`` the run reached).
@@ -69,7 +74,7 @@ def rows_read(
     out: list[list[int]] = []
     epoch = 0
     while len(out) < steps:
-        order = epoch_order(n, seed, epoch)
+        order = list(range(n)) if seed == SEQUENTIAL else epoch_order(n, seed, epoch)
         micro = [order[i : i + batch] for i in range(0, n, batch)]
         if drop_last and len(micro[-1]) < batch:
             micro.pop()
@@ -79,6 +84,15 @@ def rows_read(
                 break
         epoch += 1
     return out
+
+
+def trained_rows(c: TrainConfig, n: int) -> int:
+    """How many of the training file's ``n`` rows the trainer was given: LLaMA-Factory's ``max_samples`` keeps a
+    dataset's first N (``data/loader.py``: ``dataset.select(range(max_samples))``); every other trainer, all.
+    """
+    if c.trainer == "llamafactory" and c.max_samples is not None and c.max_samples >= 0:
+        return min(n, c.max_samples)
+    return n
 
 
 def torchtune_rows_read(
@@ -126,11 +140,17 @@ def torchtune_order_rule(c: TrainConfig) -> str | None:
 
 
 def order_rule(c: TrainConfig, versions: dict[str, str]) -> tuple[int | None, str]:
-    """``(seed, how)`` when the run's row order is reproduced (an HF Trainer or TRL run, one device, rows unpacked,
-    the random sampler), else ``(None, why not)``.
+    """``(seed, how)`` when the run's row order is reproduced (an HF Trainer, TRL or LLaMA-Factory run, one device,
+    rows unpacked, the random sampler; :data:`SEQUENTIAL` for LLaMA-Factory's ``disable_shuffling``), else
+    ``(None, why not)``. A LLaMA-Factory run's rows are its dataset's first ``max_samples`` (:func:`trained_rows`).
     """
-    if c.trainer not in ("trl", "hf"):
+    if c.trainer not in ("trl", "hf", "llamafactory"):
         return None, f"the {c.trainer or 'unknown'} trainer's sampler is not reproduced"
+    if c.trainer == "llamafactory":
+        if c.val_set_size and c.val_set_size > 0:
+            return None, f"val_size {c.val_set_size:g} splits the rows with datasets' own shuffle"
+        if c.datasets and len(c.datasets) > 1:
+            return None, "several datasets are concatenated (which file's rows come first is not read)"
     if c.stage_kind != "sft":  # TRL's GRPO and distillation trainers sample rows their own way
         return None, f"a {c.stage} run's sampler is not reproduced"
     if c.packing or c.padding_free:
@@ -142,6 +162,8 @@ def order_rule(c: TrainConfig, versions: dict[str, str]) -> tuple[int | None, st
         return None, f"train_sampling_strategy {strategy!r} is not reproduced"
     if c.use_seedable_sampler is False:
         return None, "accelerator_config.use_seedable_sampler is off: the order followed torch's global generator"
+    if c.trainer == "llamafactory" and c.disable_shuffling:
+        return SEQUENTIAL, f"in order (disable_shuffling, {c.source('disable_shuffling')})"
     if before(versions, "transformers", "4.38"):
         return None, f"transformers {versions['transformers']} (before 4.38) did not seed its sampler"
     if c.data_seed is not None:

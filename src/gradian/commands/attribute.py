@@ -392,7 +392,8 @@ def register(app: typer.Typer) -> None:
         ),
         visits: str = typer.Option(
             "auto",
-            help="auto: where the trainer's row order is reproduced (HF Trainer / TRL SFT / torchtune, from its "
+            help="auto: where the trainer's row order is reproduced (HF Trainer / TRL SFT / LLaMA-Factory / "
+            "torchtune, from its "
             "config), weigh each row by how often each checkpoint's steps read it; a row never trained scores 0 | "
             "off: every row once per checkpoint (runs on several devices).",
             rich_help_panel=O.SETUP,

@@ -44,6 +44,8 @@ FIELDS: tuple[Row, ...] = (
     ("max_length", "cutoff_len", "int"),
     ("train_on_inputs", "train_on_prompt", "bool"),
     ("val_set_size", "val_size", "num"),
+    ("max_samples", "max_samples", "int"),
+    ("disable_shuffling", "disable_shuffling", "bool"),
     ("chat_template", "template", "str"),
     ("create_new_adapter", "create_new_adapter", "bool"),
     ("ref_model", "ref_model", "str"),

@@ -125,6 +125,9 @@ class TrainConfig:
     #: torchtune's recipe: ``shuffle`` (its sampler's; seed 0 always) and ``max_steps_per_epoch``
     shuffle: bool | None = None
     max_steps_per_epoch: int | None = None
+    #: LLaMA-Factory: ``max_samples`` (each dataset cut to its first N rows) and ``disable_shuffling`` (rows in order)
+    max_samples: int | None = None
+    disable_shuffling: bool | None = None
     chat_template: str | None = None
     chat_template_path: str | None = None
     eos_token: str | None = None
