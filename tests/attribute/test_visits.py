@@ -151,3 +151,45 @@ def test_attribute_says_which_rows_count_before_any_work(short_run, tmp_path):
     assert "seed 0 (training_args.bin" in res.output
     res = CliRunner().invoke(app, [*args, "--visits", "off"], env={"GRADIAN_CACHE": str(tmp_path / "cache")})
     assert res.exit_code == 0 and "row visits: every row counted once per checkpoint (--visits off)" in res.output
+
+
+def test_a_run_on_two_devices_is_not_counted_as_one(tok, tmp_path):
+    """The same TRL settings on two processes (torchrun, gloo): each step reads twice the rows, so the run's own
+    trainer_state.json says an epoch one device would not have reached; the visits are not counted (every row
+    once, and the rule says why), where the one-device reading would have named rows as never trained."""
+    import json
+    import os
+    import subprocess
+
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.attribute.visits import with_visits
+    from gradian.audit.config import load_config
+    from gradian.models.tiny import tiny_model
+    from gradian_testlib import torchrun_command
+
+    tiny_model(tok, "llama", seed=0).save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    rows = [
+        {"id": f"r{i}", "messages": [{"role": "user", "content": f"What is the capital of France? ({i})"},
+                                     {"role": "assistant", "content": "The capital of France is Paris."}]}
+        for i in range(16)
+    ]  # fmt: skip
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    script = Path(__file__).with_name("trl_ddp_run.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(torchrun_command(2, str(script), str(tmp_path)), env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = tmp_path / "out"
+    config = load_config([str(out / "training_args.bin")])
+    traj = resolve_trajectory(out, "auto")
+    assert [c.step for c in traj.checkpoints] == [2, 3]
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["epoch"] == pytest.approx(0.75)  # 3 steps x 2 devices x 2 rows of 8 micro-batches
+    one, _ = row_visits(config, 16, [2, 3])  # what one device would have read: 6 of the 16 rows
+    assert one is not None and len(one.never) == 10
+    counted = with_visits(traj, config, 16)
+    assert counted.visits is None
+    assert "says epoch 0.75 at step 3, where one device reading 16 rows in micro-batches of 2 would be at 0.375" in (
+        counted.visits_rule
+    )
+    assert "several devices" in counted.visits_rule

@@ -117,11 +117,13 @@ class TrainerState:
         global_step: its ``global_step`` (a whole number >= 0), or None when absent.
         history: its ``log_history`` entries, each reduced to the checked ``step`` (int >= 0),
             ``learning_rate`` (finite, >= 0) and ``epoch`` (finite, >= 0) it holds.
+        epoch: its ``epoch`` (finite, >= 0: epochs done plus the share of the current one's micro-batches), or None.
     """
 
     path: Path
     global_step: int | None
     history: list[dict[str, float]]
+    epoch: float | None = None
 
 
 def read_trainer_state(folder: Path) -> TrainerState | None:
@@ -145,8 +147,9 @@ def read_trainer_state(folder: Path) -> TrainerState | None:
         )
     gs = obj.get("global_step")
     step = None if gs is None else int(file_number(gs, where, "global_step", "step", lo=0, whole=True, fix=_STATE_FIX))
+    epoch = None
     if obj.get("epoch") is not None:
-        file_number(obj["epoch"], where, "epoch", "epoch", lo=0, fix=_STATE_FIX)
+        epoch = float(file_number(obj["epoch"], where, "epoch", "epoch", lo=0, fix=_STATE_FIX))
     hist = obj.get("log_history")
     if hist is None:
         hist = []
@@ -165,7 +168,7 @@ def read_trainer_state(folder: Path) -> TrainerState | None:
                 if e.get(k) is not None
             }
         )
-    return TrainerState(p, step, out)
+    return TrainerState(p, step, out, epoch)
 
 
 def _step_of(folder: Path, per_epoch: int | None = None) -> int | None:
