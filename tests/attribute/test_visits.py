@@ -193,3 +193,14 @@ def test_a_run_on_two_devices_is_not_counted_as_one(tok, tmp_path):
         counted.visits_rule
     )
     assert "several devices" in counted.visits_rule
+    # Audit's C04 alike: from the config alone it names one device's 10 unread rows; given the run's log, it does not
+    from gradian.audit import diagnose
+
+    def never_hit(**logs):
+        found = diagnose(configs=[out / "training_args.bin"], data=tmp_path / "train.jsonl", select=["C04"], **logs)
+        (hit,) = [f for f in found.by_id("C04") if "never trained" in f.message]
+        return hit
+
+    assert len(never_hit().row_ids) == 10
+    hit = never_hit(logs=out / "checkpoint-3" / "trainer_state.json")
+    assert hit.row_ids == [] and "several devices" in hit.message

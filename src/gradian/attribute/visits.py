@@ -200,39 +200,18 @@ def with_visits(trajectory, config: Any, n: int, mode: str = "auto"):
 
 
 def epoch_disagrees(config: Any, n: int, checkpoints) -> str | None:
-    """Why the run's own ``trainer_state.json`` contradicts one device reading ``n`` rows, or None.
-
-    The HF Trainer saves ``epoch`` = epochs done + the share of the current epoch's micro-batches read, at
-    ``global_step``. One device reading the rows :func:`run_rows_read` gives takes ``Σ ⌈|step| / batch⌉``
-    micro-batches in those steps, of ``⌈rows / batch⌉`` an epoch (``⌊⌋`` with ``dataloader_drop_last``). A run on
-    ``W`` devices reads ``W`` times as many rows a step, so its epoch is further on; a train set other than the file
-    gives another count. The newest checkpoint (or the final adapter) with a ``trainer_state.json`` that holds both
-    numbers is read (its ``also`` folders too); none: nothing to contradict.
+    """Why the run's own ``trainer_state.json`` contradicts one device reading ``n`` rows, or None
+    (:func:`gradian.audit.hf_order.epoch_contradiction`: the ``epoch`` it saved at ``global_step``). The newest
+    checkpoint (or the final adapter) with a ``trainer_state.json`` that holds both is read (its ``also`` folders
+    too); none: nothing to contradict.
     """
     from gradian.attribute.trajectory import read_trainer_state
-    from gradian.audit.hf_order import trained_rows
+    from gradian.audit.hf_order import epoch_contradiction, order_rule
 
-    state = None
+    seed, _ = order_rule(config, dict(config.versions))
     for c in reversed(list(checkpoints)):
         for folder in (c.path, *c.also):
             st = read_trainer_state(folder)
-            if st is not None and st.global_step and st.epoch is not None:
-                state = st
-                break
-        if state is not None:
-            break
-    if state is None:
-        return None
-    read, _ = run_rows_read(config, n)
-    batch, given = config.micro_batch_size, trained_rows(config, n)
-    per_epoch = given // batch if config.dataloader_drop_last else -(-given // batch)
-    if read is None or state.global_step > len(read) or per_epoch <= 0:
-        return f"{state.path}: global_step {state.global_step} is past the {len(read or [])} steps one device takes"
-    micro = sum(-(-len(rows) // batch) for rows in read[: state.global_step])
-    ours = micro / per_epoch
-    if abs(ours - state.epoch) <= 1e-6 * max(1.0, ours):
-        return None
-    return (
-        f"{state.path} says epoch {state.epoch:g} at step {state.global_step}, where one device reading {given} rows "
-        f"in micro-batches of {batch} would be at {ours:g}: the run used several devices, or other rows"
-    )
+            if st is not None and st.global_step and st.epoch is not None and seed is not None:
+                return epoch_contradiction(config, n, seed, st.global_step, st.epoch, str(st.path))
+    return None

@@ -378,12 +378,17 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
     """C04's warning for a ``max_steps`` that ends the run inside its first epoch: how many rows it never trained,
     and which, where the trainer's sampler is reproduced (:mod:`gradian.audit.hf_order`).
     """
-    from gradian.audit.hf_order import order_rule, rows_read
+    from gradian.audit.hf_order import epoch_contradiction, order_rule, rows_read
 
     c = ctx.config
     seen = c.max_steps * eb
     given = trained_rows(c, ctx.n)  # the rows the sampler drew from (LLaMA-Factory's max_samples: the first ones)
     seed, how = order_rule(c, ctx.versions)
+    state = ctx.logs.state if ctx.logs is not None else {}
+    if seed is not None and state.get("global_step") and state.get("epoch") is not None:
+        odd = epoch_contradiction(c, ctx.n, seed, int(state["global_step"]), float(state["epoch"]), "the log")
+        if odd is not None:  # several devices, or other rows: the one-device order would name the wrong rows
+            seed, how = None, odd
     ids, which = [], f"which ones, its shuffle decided ({how})"
     if seed is not None:
         read = rows_read(

@@ -95,6 +95,38 @@ def trained_rows(c: TrainConfig, n: int) -> int:
     return n
 
 
+def one_device_epoch(c: TrainConfig, n: int, seed: int, steps: int) -> float | None:
+    """The ``epoch`` an HF Trainer on one device reports after ``steps`` optimizer steps over the file's ``n`` rows:
+    the micro-batches read, ``Σ ⌈|step| / batch⌉``, over the micro-batches of an epoch, ``⌈rows / batch⌉``
+    (``⌊⌋`` with ``dataloader_drop_last``). ``trainer_state.json`` saves the same number, so a run on ``W`` devices,
+    which reads ``W`` times the rows a step, or on other rows, says another. None when the batch is unknown.
+    """
+    batch, given = c.micro_batch_size, trained_rows(c, n)
+    if not batch or batch <= 0:
+        return None
+    per_epoch = given // batch if c.dataloader_drop_last else -(-given // batch)
+    if per_epoch <= 0:
+        return None
+    read = rows_read(
+        given, seed=seed, batch=batch, accumulation=c.gradient_accumulation_steps or 1, steps=steps,
+        drop_last=bool(c.dataloader_drop_last),
+    )  # fmt: skip
+    return sum(-(-len(rows) // batch) for rows in read) / per_epoch
+
+
+def epoch_contradiction(c: TrainConfig, n: int, seed: int, global_step: int, epoch: float, where: str) -> str | None:
+    """Why a saved ``epoch`` at ``global_step`` (``where``: the file) contradicts one device reading the file's ``n``
+    rows (:func:`one_device_epoch`), or None when it agrees (to 1e-6).
+    """
+    ours = one_device_epoch(c, n, seed, global_step)
+    if ours is None or abs(ours - epoch) <= 1e-6 * max(1.0, ours):
+        return None
+    return (
+        f"{where} says epoch {epoch:g} at step {global_step}, where one device reading {trained_rows(c, n)} rows in "
+        f"micro-batches of {c.micro_batch_size} would be at {ours:g}: the run used several devices, or other rows"
+    )
+
+
 def torchtune_rows_read(
     n: int, *, shuffle: bool, batch: int, accumulation: int, epochs: int, max_steps_per_epoch: int | None = None
 ) -> list[list[int]]:
