@@ -11,9 +11,11 @@ step the micro-batches left. tests/audit/test_hf_order.py holds this to transfor
 
 Not reproduced (:func:`order_rule` says why, and C04 then gives the count without names): another
 ``train_sampling_strategy`` (``group_by_length``, ``sequential``, ``batch_rebalance``), packing (a step's sequences
-hold several rows), a stage other than SFT, ``use_seedable_sampler`` off, transformers before 4.38. Not detectable
-from a config, and said in C04's message instead: more than one device (one is assumed) and a train set the user
-reordered or filtered before the trainer sampled it (the file's order is assumed).
+hold several rows), a stage other than SFT, ``use_seedable_sampler`` off, transformers before 4.38; LLaMA-Factory's
+``val_size`` split and several concatenated datasets. Not detectable from a config, and said in C04's message
+instead: more than one device (one is assumed) and a train set the user reordered or filtered before the trainer
+sampled it (the file's order is assumed); the run's own ``trainer_state.json``, when given, contradicts both
+(:func:`epoch_contradiction`), and then nothing is named.
 """
 
 from __future__ import annotations
