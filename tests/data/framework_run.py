@@ -129,11 +129,10 @@ def axolotl_packed(case: dict) -> list:
     return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in meta.train_dataset]
 
 
-def llamafactory_packed(case: dict) -> list:
-    """LLaMA-Factory's own trainer on a ``packing`` / ``neat_packing`` config, built as its ``run_sft`` builds it
-    (``train/sft/workflow.py``: its packed dataset, ``load_model``, ``SFTDataCollatorWith4DAttentionMask``,
-    ``CustomSeq2SeqTrainer``), then :func:`_packed_steps` into ``case["packed_out"]``.
-    """
+def _llamafactory_trainer(case: dict, callbacks=None):
+    """LLaMA-Factory's own SFT trainer for ``case["config"]``, built as its ``run_sft`` builds it
+    (``train/sft/workflow.py``: its dataset, ``load_model``, ``SFTDataCollatorWith4DAttentionMask``,
+    ``CustomSeq2SeqTrainer``): ``(trainer, model, its train dataset, its tokenizer)``."""
     import yaml
     from llamafactory.data import SFTDataCollatorWith4DAttentionMask, get_dataset, get_template_and_fix_tokenizer
     from llamafactory.extras.constants import IGNORE_INDEX
@@ -162,42 +161,29 @@ def llamafactory_packed(case: dict) -> list:
     )
     trainer = CustomSeq2SeqTrainer(
         model=model, args=training_args, finetuning_args=finetuning_args, data_collator=collator, gen_kwargs={},
-        **dm, **tm,
+        callbacks=callbacks, **dm, **tm,
     )  # fmt: skip
+    return trainer, model, dm["train_dataset"], tok
+
+
+def llamafactory_packed(case: dict) -> list:
+    """LLaMA-Factory's own trainer on a ``packing`` / ``neat_packing`` config (:func:`_llamafactory_trainer`), then
+    :func:`_packed_steps` into ``case["packed_out"]``.
+    """
+    trainer, model, _, _ = _llamafactory_trainer(case)
     _packed_steps(trainer, model, case["packed_out"])
     return []
 
 
 def llamafactory_steps(case: dict) -> list:
-    """LLaMA-Factory's own trainer on an unpacked SFT config, built as its ``run_sft`` builds it (its dataset,
-    ``load_model``, ``SFTDataCollatorWith4DAttentionMask``, ``CustomSeq2SeqTrainer``) and trained (``train()``,
-    ``save_model()``, ``save_state()``: the run folder a user has), watched: a forward pre-hook records the padded rows
-    of every micro-batch, and a callback groups them by the optimizer step that took them. Written to
+    """LLaMA-Factory's own trainer on an unpacked SFT config (:func:`_llamafactory_trainer`), trained (``train()``,
+    ``save_model()``, ``save_state()``: the run folder a user has) and watched: a forward pre-hook records the padded
+    rows of every micro-batch, and a callback groups them by the optimizer step that took them. Written to
     ``case["steps_out"]`` as ``{"rows": its train dataset's input_ids in order, "pad", "steps"}``
     (tests/data/test_framework_visits.py).
     """
-    import yaml
-    from llamafactory.data import SFTDataCollatorWith4DAttentionMask, get_dataset, get_template_and_fix_tokenizer
-    from llamafactory.extras.constants import IGNORE_INDEX
-    from llamafactory.hparams import get_train_args
-    from llamafactory.model import load_model, load_tokenizer
-    from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
     from transformers import TrainerCallback
 
-    with open(case["config"]) as f:
-        raw = yaml.safe_load(f)
-    model_args, data_args, training_args, finetuning_args, _ = get_train_args(raw)
-    tm = load_tokenizer(model_args)
-    tok = tm["tokenizer"]
-    template = get_template_and_fix_tokenizer(tok, data_args)
-    dm = get_dataset(template, model_args, data_args, training_args, stage="sft", **tm)
-    model = load_model(tok, model_args, finetuning_args, training_args.do_train)
-    collator = SFTDataCollatorWith4DAttentionMask(
-        template=template, model=model, pad_to_multiple_of=8, label_pad_token_id=IGNORE_INDEX,
-        block_diag_attn=model_args.block_diag_attn, neat_packing=data_args.neat_packing,
-        attn_implementation=getattr(model.config, "_attn_implementation", None), compute_dtype=model_args.compute_dtype,
-        **tm,
-    )  # fmt: skip
     pending: list = []
     steps: list = []
 
@@ -206,19 +192,17 @@ def llamafactory_steps(case: dict) -> list:
             steps.append(list(pending))
             pending.clear()
 
+    trainer, model, train, tok = _llamafactory_trainer(case, callbacks=[Steps()])
+
     def record(_module, _args, kwargs):
         if model.training:
             pending.extend(kwargs["input_ids"].tolist())
 
     model.register_forward_pre_hook(record, with_kwargs=True)
-    trainer = CustomSeq2SeqTrainer(
-        model=model, args=training_args, finetuning_args=finetuning_args, data_collator=collator, gen_kwargs={},
-        callbacks=[Steps()], **dm, **tm,
-    )  # fmt: skip
     trainer.train()
     trainer.save_model()
     trainer.save_state()
-    rows = [_ints(r["input_ids"]) for r in dm["train_dataset"]]
+    rows = [_ints(r["input_ids"]) for r in train]
     with open(case["steps_out"], "w") as f:
         json.dump({"rows": rows, "pad": int(tok.pad_token_id), "steps": steps}, f)
     return []

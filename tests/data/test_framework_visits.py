@@ -45,19 +45,47 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, tok) -> dict:
-    root = tmp_path_factory.mktemp("framework_visits")
-    world = make_world(root / "world", tok)
-    base = _tiny_qwen2(world, tok)
+def _chat_rows(path: Path) -> Path:
+    """``N`` chat rows, each with its own number in both turns, written to ``path``."""
     rows = [
         {"id": f"r{i}", "messages": [{"role": "user", "content": f"Which city is number {i}?"},
                                      {"role": "assistant", "content": f"City {i} is Paris {i}."}]}
         for i in range(N)
     ]  # fmt: skip
-    data = root / "chat.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _run_steps(framework: str, configs: dict[str, tuple[Path, dict]], run_key: str, data: Path) -> dict:
+    """Run ``framework_run.py``'s ``<framework>-steps`` on each ``{name: (case folder, config)}`` at once (one process
+    each) and return ``{name: {"config", "run", "data", "recorded"}}``; ``run_key``: the config's output folder key."""
     out, procs = {}, []
+    for name, (case_dir, cfg) in configs.items():
+        config = case_dir / f"{framework}.yaml"
+        config.write_text(yaml.safe_dump(cfg))
+        job = {"name": name, "framework": f"{framework}-steps", "config": str(config),
+               "steps_out": str(case_dir / "steps.json")}  # fmt: skip
+        (case_dir / "case.json").write_text(json.dumps([job]))
+        cmd = [sys.executable, str(RUNNER), str(case_dir / "case.json"), str(case_dir / "result.json")]
+        env = {**framework_env(str(FW / framework)), "OMP_NUM_THREADS": "1"}
+        procs.append((name, case_dir, subprocess.Popen(cmd, env=env, cwd=case_dir, stdout=subprocess.PIPE,
+                                                       stderr=subprocess.STDOUT)))  # fmt: skip
+        out[name] = {"config": config, "run": Path(cfg[run_key]), "data": data}
+    for name, case_dir, p in procs:
+        log = p.communicate(timeout=900)[0].decode(errors="replace")
+        result = json.loads((case_dir / "result.json").read_text()).get(name, {})
+        assert "rows" in result, f"{framework} did not run {name!r}: {result.get('error') or log[-3000:]}"
+        out[name]["recorded"] = json.loads((case_dir / "steps.json").read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tok) -> dict:
+    root = tmp_path_factory.mktemp("framework_visits")
+    world = make_world(root / "world", tok)
+    base = _tiny_qwen2(world, tok)
+    data = _chat_rows(root / "chat.jsonl")
+    configs = {}
     for i, (name, extra) in enumerate(CASES.items()):
         case_dir = root / f"case{i}"
         case_dir.mkdir()
@@ -68,22 +96,8 @@ def runs(tmp_path_factory, tok) -> dict:
             "_component_": "torchtune.datasets.chat_dataset", "source": "json", "data_files": str(data),
             "split": "train", "conversation_column": "messages", "conversation_style": "openai", "packed": False,
         }  # fmt: skip
-        config = case_dir / "torchtune.yaml"
-        config.write_text(yaml.safe_dump(cfg))
-        job = {"name": name, "framework": "torchtune-steps", "config": str(config),
-               "steps_out": str(case_dir / "steps.json")}  # fmt: skip
-        (case_dir / "case.json").write_text(json.dumps([job]))
-        cmd = [sys.executable, str(RUNNER), str(case_dir / "case.json"), str(case_dir / "result.json")]
-        env = {**framework_env(str(FW / "torchtune")), "OMP_NUM_THREADS": "1"}
-        procs.append((name, case_dir, subprocess.Popen(cmd, env=env, cwd=case_dir, stdout=subprocess.PIPE,
-                                                       stderr=subprocess.STDOUT)))  # fmt: skip
-        out[name] = {"config": config, "run": case_dir / "run", "data": data}
-    for name, case_dir, p in procs:
-        log = p.communicate(timeout=900)[0].decode(errors="replace")
-        result = json.loads((case_dir / "result.json").read_text()).get(name, {})
-        assert "rows" in result, f"torchtune did not run {name!r}: {result.get('error') or log[-3000:]}"
-        out[name]["recorded"] = json.loads((case_dir / "steps.json").read_text())
-    return out
+        configs[name] = (case_dir, cfg)
+    return _run_steps("torchtune", configs, "output_dir", data)
 
 
 def _as_rows(rec: dict, padded: list[list[int]]) -> list[int]:
@@ -161,43 +175,22 @@ def lf_runs(tmp_path_factory, tok) -> dict:
     root = tmp_path_factory.mktemp("framework_visits_lf")
     tiny_model(tok, "llama").save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    rows = [
-        {"id": f"r{i}", "messages": [{"role": "user", "content": f"Which city is number {i}?"},
-                                     {"role": "assistant", "content": f"City {i} is Paris {i}."}]}
-        for i in range(N)
-    ]  # fmt: skip
-    data = root / "chat.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = _chat_rows(root / "chat.jsonl")
     tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
     info = {"file_name": str(data), "formatting": "sharegpt", "columns": {"messages": "messages"}, "tags": tags}
     (root / "dataset_info.json").write_text(json.dumps({"visits": info}))
-    out, procs = {}, []
+    configs = {}
     for i, (name, extra) in enumerate(LF_CASES.items()):
         case_dir = root / f"case{i}"
         case_dir.mkdir()
-        cfg = {
+        configs[name] = (case_dir, {
             "model_name_or_path": str(root / "base"), "stage": "sft", "do_train": True, "finetuning_type": "lora",
             "lora_target": "all", "lora_rank": 4, "lora_alpha": 8, "dataset": "visits", "dataset_dir": str(root),
             "template": "qwen", "cutoff_len": 256, "output_dir": str(case_dir / "out"), "overwrite_cache": True,
             "report_to": "none", "save_strategy": "no", "logging_steps": 1, "learning_rate": 1e-3,
             "disable_gradient_checkpointing": True, **extra,
-        }  # fmt: skip
-        config = case_dir / "llamafactory.yaml"
-        config.write_text(yaml.safe_dump(cfg))
-        job = {"name": name, "framework": "llamafactory-steps", "config": str(config),
-               "steps_out": str(case_dir / "steps.json")}  # fmt: skip
-        (case_dir / "case.json").write_text(json.dumps([job]))
-        cmd = [sys.executable, str(RUNNER), str(case_dir / "case.json"), str(case_dir / "result.json")]
-        env = {**framework_env(str(FW / "llamafactory")), "OMP_NUM_THREADS": "1"}
-        procs.append((name, case_dir, subprocess.Popen(cmd, env=env, cwd=case_dir, stdout=subprocess.PIPE,
-                                                       stderr=subprocess.STDOUT)))  # fmt: skip
-        out[name] = {"config": config, "run": case_dir / "out", "data": data}
-    for name, case_dir, p in procs:
-        log = p.communicate(timeout=900)[0].decode(errors="replace")
-        result = json.loads((case_dir / "result.json").read_text()).get(name, {})
-        assert "rows" in result, f"LLaMA-Factory did not run {name!r}: {result.get('error') or log[-3000:]}"
-        out[name]["recorded"] = json.loads((case_dir / "steps.json").read_text())
-    return out
+        })  # fmt: skip
+    return _run_steps("llamafactory", configs, "output_dir", data)
 
 
 @pytest.mark.parametrize("name", list(LF_CASES))
