@@ -103,7 +103,7 @@ def row_visits(config: Any, n: int, steps: Sequence[int | None]) -> tuple[RowVis
         config: the run's merged :class:`gradian.audit.config.TrainConfig` (None: no config was read).
         n: training rows, in the training file's order.
         steps: each checkpoint's step in training order, the final adapter last (None: unknown; the final adapter's
-            unknown step is the run's last, :func:`total_steps`).
+            unknown step is the run's last: :func:`total_steps`, or torchtune's epochs).
     """
     if config is None:
         return None, "no training config was read (--config, or the run folder's training_args.bin)"
@@ -112,7 +112,7 @@ def row_visits(config: Any, n: int, steps: Sequence[int | None]) -> tuple[RowVis
         return None, how
     steps = list(steps)
     if steps and steps[-1] is None:
-        steps[-1] = len(read) if config.trainer == "torchtune" else total_steps(config, n)
+        steps[-1] = len(read)  # the run's last step
     if not steps or any(s is None for s in steps):
         return None, "a checkpoint's step is unknown"
     read = read[: max(steps)]  # type: ignore[type-var]
