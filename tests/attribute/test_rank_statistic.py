@@ -72,3 +72,31 @@ def test_row_rank_is_the_mean_over_items_and_raw_follows_the_statistic():
     np.testing.assert_allclose(st.per_item, cos)
     st = rank_statistic(es, AttributeSpec(unit="row", statistic="raw"), None, 2)
     np.testing.assert_allclose(st.rows, [2.0, -3.0])
+
+
+def test_rows_the_run_never_read_score_0_and_leave_the_statistics_to_the_rows_it_trained():
+    """``trained`` (gradian.attribute.visits): the robust scales and the fusion are those of the trained rows alone,
+    and an untrained row scores exactly 0 whatever its evidence (a reference engine's included)."""
+    from gradian.attribute.ranking import fuse_scores, robust_scale, zscore
+
+    rng = np.random.default_rng(0)
+    n = 12
+    U = rng.normal(size=(2, n))
+    S = rng.normal(size=(2, n))
+    trained = np.ones(n, dtype=bool)
+    trained[[3, 7, 8]] = False
+    units = _units(range(n))
+    es = EngineScores("datainf", S, S, U, U)
+    st = rank_statistic(es, AttributeSpec(), units, n, trained)
+    u, w = U.mean(0), S.mean(0)
+    want = u / robust_scale(u[trained]) + 0.5 * w / robust_scale(w[trained])
+    np.testing.assert_allclose(st.rows[trained], want[trained])
+    assert not st.rows[~trained].any() and not st.per_item[:, ~trained].any()
+    assert robust_scale(u[trained]) != robust_scale(u)  # the untrained rows would have moved the scale
+    bm25 = rng.normal(size=n)
+    bm25[3] = -50.0  # an untrained row that reads like the wrong answer
+    fused, weights = fuse_scores(st.rows, {"bm25": bm25}, "global", trained)
+    sub, sub_w = fuse_scores(st.rows[trained], {"bm25": bm25[trained]}, "global")
+    np.testing.assert_array_equal(fused[trained], sub)
+    assert weights == sub_w and not fused[~trained].any()
+    np.testing.assert_allclose(sub, zscore(st.rows[trained]) + sub_w["bm25"] * zscore(bm25[trained]))

@@ -204,3 +204,41 @@ def test_a_run_on_two_devices_is_not_counted_as_one(tok, tmp_path):
     assert len(never_hit().row_ids) == 10
     hit = never_hit(logs=out / "checkpoint-3" / "trainer_state.json")
     assert hit.row_ids == [] and "several devices" in hit.message
+
+
+def test_the_verdict_lists_no_row_the_run_never_read(short_run, tmp_path):
+    """The verdict over the TRL run's own scores with the rows it read marked: no untrained row is ranked, clustered
+    or counted in the engines' agreement, and its verdict score is 0."""
+    from gradian.attribute.evidence import CapabilityEvidence, EngineScores
+    from gradian.attribute.pipeline import verdict
+    from gradian.attribute.queries import Query
+    from gradian.attribute.ranking import spearman
+    from gradian.attribute.spec import AttributeSpec
+    from gradian.attributor import Attributor
+
+    run, micro = short_run
+    read = sorted({r for m in micro for r in m})
+    trained = np.zeros(8, dtype=bool)
+    trained[read] = True
+    spec = AttributeSpec(unit="row", references=(), fuse=(), top_k=8)
+    att = Attributor(run["base"], run["out"], run["data"], spec=spec, index_dir=tmp_path / "idx")
+    qs = [Query.from_text(f"What is the capital of France? ({i})", " Paris", said=" Rome") for i in (0, 5)]
+    dinf, gdot = att.scores(qs, "datainf"), att.scores(qs, "graddot")
+    engines = {"datainf": EngineScores("datainf", dinf.matrix, dinf.cosine),
+               "graddot": EngineScores("graddot", gdot.matrix, gdot.cosine)}  # fmt: skip
+    ev = CapabilityEvidence(engines, trained=trained)
+    res = verdict(ev, att.finetune.tokenizer, att.examples, att._tokenized(), qs, spec, att.index())
+    ids = [f"r{j}" for j in range(8)]
+    listed = [r["id"] for r in res.ranked] + [i for c in res.clusters for i in c["row_ids"]]
+    assert res.ranked and not set(listed) & {ids[j] for j in range(8) if not trained[j]}
+    # the same run with every row counted once (--visits off), no mask: the untrained rows are listed
+    off = Attributor(run["base"], run["out"], run["data"], spec=AttributeSpec(unit="row", references=(), fuse=(),
+                     top_k=8, visits="off"), index_dir=tmp_path / "idx")  # fmt: skip
+    d_off, g_off = off.scores(qs, "datainf"), off.scores(qs, "graddot")
+    blind_ev = CapabilityEvidence({"datainf": EngineScores("datainf", d_off.matrix, d_off.cosine),
+                                   "graddot": EngineScores("graddot", g_off.matrix, g_off.cosine)})  # fmt: skip
+    blind = verdict(blind_ev, off.finetune.tokenizer, off.examples, off._tokenized(), qs, spec, off.index())
+    assert {r["id"] for r in blind.ranked} & {ids[j] for j in range(8) if not trained[j]}
+    assert [res.verdict_scores[j] for j in range(8) if not trained[j]] == [0.0, 0.0]
+    rows = lambda m: m.cosine.mean(0)  # noqa: E731
+    assert res.agreement["spearman"] == pytest.approx(spearman(rows(dinf)[trained], rows(gdot)[trained]))
