@@ -539,7 +539,7 @@ class Attributor:
         qs = self._queries(queries)
         es = self._engine(engine)
         ft = self._ft_as_trained()
-        trajectory = counted_trajectory(self.adapter, self.checkpoints, self.configs, self.spec, len(self.examples))
+        trajectory = counted_trajectory(self.adapter, self.checkpoints, self.configs, self.spec, self._tokenized())
         ev = trajectory_scores(
             ft,
             trajectory,

@@ -242,3 +242,41 @@ def test_the_verdict_lists_no_row_the_run_never_read(short_run, tmp_path):
     assert [res.verdict_scores[j] for j in range(8) if not trained[j]] == [0.0, 0.0]
     rows = lambda m: m.cosine.mean(0)  # noqa: E731
     assert res.agreement["spearman"] == pytest.approx(spearman(rows(dinf)[trained], rows(gdot)[trained]))
+
+
+def test_rows_trl_drops_before_sampling_leave_the_order_unreproduced(tok, tmp_path):
+    """TRL 1.16's SFTTrainer drops a row that truncation leaves with no supervised token before it samples (its
+    ``Dropping fully masked examples``), so every later row moves in the sampler's order: Gradian, whose tokens are
+    TRL's, sees the row with no supervised token and does not count the visits, saying why."""
+    import json
+
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from gradian.attribute.trajectory import Trajectory
+    from gradian.attribute.visits import with_visits
+    from gradian.audit.config import load_config
+    from gradian.data.formats import load_examples
+    from gradian.data.tokenize import TokenizeSpec, tokenize_examples
+    from gradian.index.identity import Checkpoint
+    from gradian.models.tiny import tiny_model
+
+    rows = [{"id": f"r{i}", "prompt": f"Question {i}?", "completion": f" Answer {i}."} for i in range(6)]
+    rows[2]["prompt"] = "A question so long that the whole of max_length is taken by its prompt alone? " * 3
+    settings = {"per_device_train_batch_size": 2, "max_steps": 2, "max_length": 24, "seed": 1}
+    args = SFTConfig(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, save_strategy="no",
+                     dataset_num_proc=None, **settings)  # fmt: skip
+    trainer = SFTTrainer(model=tiny_model(tok, "llama"), args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=tok)  # fmt: skip
+    assert len(trainer.train_dataset) == 5  # TRL dropped row 2
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    items = tokenize_examples(load_examples(data), tok, TokenizeSpec(max_length=24))
+    assert [it.n_supervised == 0 for it in items] == [False, False, True, False, False, False]
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
+    traj = Trajectory((Checkpoint(tmp_path, 2, True, 1.0, "x"),), "single")
+    config = load_config([str(cfg)])
+    assert with_visits(traj, config, 6).visits is not None  # without the tokens: counted over 6 rows (wrongly)
+    got = with_visits(traj, config, 6, unsupervised=[it.n_supervised == 0 for it in items])
+    assert got.visits is None and got.visits_rule.startswith("TRL drops the 1 row(s) left with no supervised token")

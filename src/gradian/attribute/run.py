@@ -239,9 +239,10 @@ def resolve_run_setup(configs: Sequence[Path], adapter: Path, specs: RunSpecs, e
     return setup
 
 
-def counted_trajectory(adapter: Path, checkpoints, configs: Sequence[Path], spec: AttributeSpec, n: int):
-    """The run's trajectory (:func:`gradian.attribute.trajectory.resolve_trajectory`) with each of its ``n`` rows'
-    visits counted from the run's own ``configs`` (:func:`gradian.attribute.visits.with_visits`; ``spec.visits``).
+def counted_trajectory(adapter: Path, checkpoints, configs: Sequence[Path], spec: AttributeSpec, items):
+    """The run's trajectory (:func:`gradian.attribute.trajectory.resolve_trajectory`) with the visits of each of its
+    rows (``items``, tokenised as the run trained) counted from the run's own ``configs``
+    (:func:`gradian.attribute.visits.with_visits`; ``spec.visits``).
     """
     from gradian.attribute.trajectory import resolve_trajectory
     from gradian.attribute.visits import with_visits
@@ -252,7 +253,8 @@ def counted_trajectory(adapter: Path, checkpoints, configs: Sequence[Path], spec
         from gradian.audit.config import load_config
 
         config = load_config([str(c) for c in configs])
-    return with_visits(trajectory, config, n, spec.visits)
+    unsupervised = [it.n_supervised == 0 for it in items]
+    return with_visits(trajectory, config, len(items), spec.visits, unsupervised=unsupervised)
 
 
 def visits_line(trajectory) -> str:
@@ -379,10 +381,10 @@ def attribute_run(
     from gradian.index.plan import IndexBudget, run_plan
 
     t = time.perf_counter()
-    trajectory = counted_trajectory(inputs.adapter, inputs.checkpoints, inputs.configs, specs.attribute, len(examples))
+    items = tokenize_training_set(examples, ft.tokenizer, specs.grad, inputs.data)
+    trajectory = counted_trajectory(inputs.adapter, inputs.checkpoints, inputs.configs, specs.attribute, items)
     if say and main:
         say(visits_line(trajectory))
-    items = tokenize_training_set(examples, ft.tokenizer, specs.grad, inputs.data)
     unit_kinds = ("row", "sentence") if specs.attribute.unit == "sentence" else ("row",)
     plan, chosen = run_plan(
         ft,

@@ -175,14 +175,26 @@ def torchtune_steps(config: Any, n: int, epoch: int) -> int | None:
     return (epoch + 1) * per
 
 
-def with_visits(trajectory, config: Any, n: int, mode: str = "auto"):
+def with_visits(trajectory, config: Any, n: int, mode: str = "auto", unsupervised: Sequence[bool] | None = None):
     """``trajectory`` (:class:`gradian.attribute.trajectory.Trajectory`) with its rows' visits counted
     (:func:`row_visits`), or with the reason they are not (``mode="off"``: ``--visits off``).
+
+    ``unsupervised``: per row, whether it has no supervised token as the run tokenised it. TRL's ``SFTTrainer``
+    (1.16) drops such rows before it samples (``Dropping fully masked examples``), which moves every later row's
+    place in the sampler's order: that order is not reproduced, and the rule says so.
     """
     import dataclasses
 
     if mode == "off":
         return dataclasses.replace(trajectory, visits=None, visits_rule="--visits off")
+    masked = sum(bool(u) for u in unsupervised or ())
+    drops = config is not None and config.trainer == "trl" and "gradian" not in config.formats
+    if masked and drops and config.max_length and not config.packing:
+        why = (
+            f"TRL drops the {masked} row(s) left with no supervised token before it samples, which moves the "
+            "sampler's order of the others"
+        )
+        return dataclasses.replace(trajectory, visits=None, visits_rule=why)
     steps = [c.step for c in trajectory.checkpoints]
     if config is not None and config.trainer == "torchtune":  # epoch_N folders without a log: their steps from N
         from gradian.paths import checkpoint_number
