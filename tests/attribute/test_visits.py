@@ -192,6 +192,7 @@ def test_a_run_on_two_devices_is_not_counted_as_one(tok, tmp_path):
     assert "says epoch 0.75 at step 3, where one device reading 16 rows in micro-batches of 2 would be at 0.375" in (
         counted.visits_rule
     )
+    assert counted.visits_rule.startswith("checkpoint-3/trainer_state.json says")  # no absolute path in the manifest
     assert "several devices" in counted.visits_rule
     # Audit's C04 alike: from the config alone it names one device's 10 unread rows; given the run's log, it does not
     from gradian.audit import diagnose

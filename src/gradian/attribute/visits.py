@@ -225,5 +225,6 @@ def epoch_disagrees(config: Any, n: int, checkpoints) -> str | None:
         for folder in (c.path, *c.also):
             st = read_trainer_state(folder)
             if st is not None and st.global_step and st.epoch is not None and seed is not None:
-                return epoch_contradiction(config, n, seed, st.global_step, st.epoch, str(st.path))
+                where = f"{st.path.parent.name}/{st.path.name}"  # no absolute path: the rule is in the manifest
+                return epoch_contradiction(config, n, seed, st.global_step, st.epoch, where)
     return None
