@@ -82,6 +82,17 @@ class Trajectory:
         """
         return None if self.visits is None or self.visits.uniform else self.visits.weights(self.weights)
 
+    def saved_state(self) -> TrainerState | None:
+        """The newest ``trainer_state.json`` among the checkpoints (and their ``also`` folders) that holds both
+        ``global_step`` and ``epoch`` (:func:`gradian.attribute.visits.epoch_disagrees` reads it), or None.
+        """
+        for c in reversed(self.checkpoints):
+            for folder in (c.path, *c.also):
+                st = read_trainer_state(folder)
+                if st is not None and st.global_step and st.epoch is not None:
+                    return st
+        return None
+
     def weight_of(self, t: int, row: int) -> float:
         """Row ``row``'s weight at checkpoint ``t``."""
         w = self.row_weights()

@@ -205,26 +205,22 @@ def with_visits(trajectory, config: Any, n: int, mode: str = "auto", unsupervise
                 steps[i] = torchtune_steps(config, n, num[1])
     visits, why = row_visits(config, n, steps)
     if visits is not None and config.trainer != "torchtune":
-        disagree = epoch_disagrees(config, n, trajectory.checkpoints)
+        disagree = epoch_disagrees(config, n, trajectory.saved_state())
         if disagree is not None:
             visits, why = None, disagree
     return dataclasses.replace(trajectory, visits=visits, visits_rule=why)
 
 
-def epoch_disagrees(config: Any, n: int, checkpoints) -> str | None:
+def epoch_disagrees(config: Any, n: int, state) -> str | None:
     """Why the run's own ``trainer_state.json`` contradicts one device reading ``n`` rows, or None
-    (:func:`gradian.audit.hf_order.epoch_contradiction`: the ``epoch`` it saved at ``global_step``). The newest
-    checkpoint (or the final adapter) with a ``trainer_state.json`` that holds both is read (its ``also`` folders
-    too); none: nothing to contradict.
+    (:func:`gradian.audit.hf_order.epoch_contradiction`: the ``epoch`` it saved at ``global_step``). ``state``: the
+    newest one the trajectory holds (:meth:`gradian.attribute.trajectory.Trajectory.saved_state`); None: nothing to
+    contradict.
     """
-    from gradian.attribute.trajectory import read_trainer_state
     from gradian.audit.hf_order import epoch_contradiction, order_rule
 
     seed, _ = order_rule(config, dict(config.versions))
-    for c in reversed(list(checkpoints)):
-        for folder in (c.path, *c.also):
-            st = read_trainer_state(folder)
-            if st is not None and st.global_step and st.epoch is not None and seed is not None:
-                where = f"{st.path.parent.name}/{st.path.name}"  # no absolute path: the rule is in the manifest
-                return epoch_contradiction(config, n, seed, st.global_step, st.epoch, where)
-    return None
+    if state is None or seed is None:
+        return None
+    where = f"{state.path.parent.name}/{state.path.name}"  # no absolute path: the rule is in the manifest
+    return epoch_contradiction(config, n, seed, state.global_step, state.epoch, where)
