@@ -630,10 +630,12 @@ def _trajectory_drill(ft, trajectory, evidence, cap, examples, items, spec):
     proj = projector_for(idx)
     block_names = [b["name"] for b in idx.blocks]
 
+    W = trajectory.row_weights()  # (T, n), computed once for every drilled row; None: the checkpoint weights
+
     def drill(j: int, qi: int) -> list[SentenceScore]:
         total: dict[tuple[int, int], SentenceScore] = {}
         for t, (ck, pre) in enumerate(zip(trajectory.checkpoints, evidence.preconditioned)):
-            w = trajectory.weight_of(t, j)
+            w = ck.weight if W is None else float(W[t, j])
             r_q = {k: v[qi] for k, v in pre[spec.engine.name][cap].items()}
             with checkpoint_weights(ft.model, ck):
                 sents = drill_down(ft.model, ft.tokenizer, examples[j], items[j], r_q, proj, block_names, idx.modules)

@@ -93,11 +93,6 @@ class Trajectory:
                     return st
         return None
 
-    def weight_of(self, t: int, row: int) -> float:
-        """Row ``row``'s weight at checkpoint ``t``."""
-        w = self.row_weights()
-        return self.checkpoints[t].weight if w is None else float(w[t, row])
-
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"weight_rule": self.weight_rule, "checkpoints": [c.to_dict() for c in self.checkpoints]}
         if self.visits is not None:
