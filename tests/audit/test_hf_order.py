@@ -162,3 +162,70 @@ def test_a_gradian_train_config_s_silent_settings_are_gradian_train_s(tmp_path):
     assert order_rule(load_config([str(cfg)]), {}) == (0, "seed 0 (gradian train's default)")
     cfg.write_text(cfg.read_text() + "seed: 7\n")
     assert order_rule(load_config([str(cfg)]), {})[0] == 7
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("accumulation", [1, 2, 3])
+def test_the_one_device_epoch_counts_the_micro_batches_the_sampler_steps_through(drop_last, accumulation):
+    """:func:`one_device_epoch`'s closed form equals the micro-batches :func:`rows_read` steps through (the epochs'
+    short last steps and a dropped last micro-batch included), for every step count over three epochs."""
+    from gradian.audit.config.model import TrainConfig
+    from gradian.audit.hf_order import one_device_epoch
+
+    for n, batch in ((13, 2), (12, 4), (7, 3), (5, 8)):
+        c = TrainConfig(micro_batch_size=batch, gradient_accumulation_steps=accumulation)
+        c.dataloader_drop_last = drop_last
+        per_epoch = n // batch if drop_last else -(-n // batch)
+        if per_epoch == 0:
+            assert one_device_epoch(c, n, 3) is None
+            continue
+        for steps in range(1, 3 * -(-per_epoch // accumulation) + 1):
+            read = rows_read(n, seed=5, batch=batch, accumulation=accumulation, steps=steps, drop_last=drop_last)
+            replayed = sum(-(-len(rows) // batch) for rows in read) / per_epoch
+            assert one_device_epoch(c, n, steps) == pytest.approx(replayed, abs=1e-12), (n, batch, steps)
+
+
+def _axolotl(tmp_path, extra: str = ""):
+    from gradian.audit.config import load_config
+
+    path = tmp_path / "axolotl.yaml"
+    path.write_text(
+        "base_model: m\nadapter: lora\nsequence_len: 10\nmicro_batch_size: 2\nmax_steps: 2\n"
+        "datasets:\n  - path: d.jsonl\n    type: chat_template\n" + extra
+    )
+    return load_config([str(path)])
+
+
+def test_axolotl_s_train_set_is_rebuilt_from_its_config_and_the_rows_lengths(tmp_path):
+    """axolotl's train set: the rows shuffled by ``datasets``' seeded shuffle (numpy's PCG64 permutation), less the
+    rows out of ``[min_sample_len, sequence_len]`` and the last ``val_set_size`` rows; ``truncate`` keeps long rows.
+    tests/data/test_framework_visits.py holds it to axolotl's own trainer."""
+    import datasets
+
+    from gradian.audit.hf_order import axolotl_train_rows, given_rows, order_rule
+
+    lengths = [5, 12, 1, 7, 9, 10, 11, 3, 4, 6]
+    c = _axolotl(tmp_path, "seed: 3\n")
+    perm = datasets.Dataset.from_dict({"j": list(range(10))}).shuffle(seed=3)["j"]
+    keep = [j for j in perm if 2 <= lengths[j] <= 10]
+    assert axolotl_train_rows(c, 10, lengths)[0] == keep
+    assert given_rows(c, 10, lengths)[0] == keep and order_rule(c, {})[0] == 3
+    c = _axolotl(tmp_path, "seed: 3\nexcess_length_strategy: truncate\nval_set_size: 2\nmin_sample_len: 4\n")
+    assert axolotl_train_rows(c, 10, lengths)[0] == [j for j in perm if lengths[j] >= 4][:-2]
+    c = _axolotl(tmp_path, "shuffle_merged_datasets: false\nval_set_size: 0.25\n")
+    rows, how = axolotl_train_rows(c, 10, lengths)
+    assert rows == [0, 3, 4, 5, 7] and "last 2 held out" in how  # ceil(0.25 x 7 kept rows) = 2
+    assert order_rule(c, {}) == (42, "seed 42 (TrainingArguments default: axolotl passes none)")
+    for extra, why in (
+        ("", "unseeded"),  # shuffled, but no seed: datasets draws one from numpy's global state
+        ("seed: 1\ndataset_exact_deduplication: true\n", "deduplication"),
+        ("seed: 1\ndataset_shard_num: 2\ndataset_shard_idx: 0\n", "sharded"),
+    ):
+        rows, got = axolotl_train_rows(_axolotl(tmp_path, extra), 10, lengths)
+        assert rows is None and why in got, extra
+    two = _axolotl(tmp_path, "seed: 1\n")
+    two.datasets = [*two.datasets, dict(two.datasets[0], index=1)]
+    assert axolotl_train_rows(two, 10, lengths)[0] is None
+    assert axolotl_train_rows(_axolotl(tmp_path, "seed: 1\n"), 10, None)[0] is None  # the lengths are needed
+    packed = _axolotl(tmp_path, "seed: 1\nsample_packing: true\n")
+    assert order_rule(packed, {})[0] is None

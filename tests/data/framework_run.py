@@ -129,6 +129,55 @@ def axolotl_packed(case: dict) -> list:
     return [[_ints(r["input_ids"]), _ints(r["labels"])] for r in meta.train_dataset]
 
 
+def _record_steps(trainer, model) -> list:
+    """Watch ``trainer``'s training: a forward pre-hook records the padded rows of every micro-batch the model trains
+    on, and a callback groups them by the optimizer step that took them. Returns the list of steps it fills."""
+    from transformers import TrainerCallback
+
+    pending: list = []
+    steps: list = []
+
+    class Steps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append(list(pending))
+            pending.clear()
+
+    def record(_module, _args, kwargs):
+        if model.training:
+            pending.extend(kwargs["input_ids"].tolist())
+
+    trainer.add_callback(Steps())
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    return steps
+
+
+def _train_and_record(trainer, model, rows: list, pad: int, out: str) -> None:
+    """Train (``train()``, ``save_model()``, ``save_state()``: the run folder a user has), watched by
+    :func:`_record_steps`, and write ``{"rows": the train set's input_ids in order, "pad", "steps"}`` to ``out``."""
+    steps = _record_steps(trainer, model)
+    trainer.train()
+    trainer.save_model()
+    trainer.save_state()
+    with open(out, "w") as f:
+        json.dump({"rows": rows, "pad": int(pad), "steps": steps}, f)
+
+
+def axolotl_steps(case: dict) -> list:
+    """axolotl 0.19's own trainer on an unpacked config (``axolotl.train.setup_model_and_trainer``: its dataset
+    preparation, model loader, sampler and collator), trained and watched (:func:`_train_and_record`, into
+    ``case["steps_out"]``); tests/data/test_framework_visits.py."""
+    from axolotl.cli.config import load_cfg
+    from axolotl.common.datasets import load_datasets
+    from axolotl.train import setup_model_and_trainer
+
+    cfg = load_cfg(case["config"])
+    meta = load_datasets(cfg=cfg)
+    trainer, model, tok, *_ = setup_model_and_trainer(cfg, meta)
+    rows = [_ints(r["input_ids"]) for r in meta.train_dataset]
+    _train_and_record(trainer, trainer.model, rows, tok.pad_token_id, case["steps_out"])
+    return rows
+
+
 def _llamafactory_trainer(case: dict, callbacks=None):
     """LLaMA-Factory's own SFT trainer for ``case["config"]``, built as its ``run_sft`` builds it
     (``train/sft/workflow.py``: its dataset, ``load_model``, ``SFTDataCollatorWith4DAttentionMask``,
@@ -176,35 +225,11 @@ def llamafactory_packed(case: dict) -> list:
 
 
 def llamafactory_steps(case: dict) -> list:
-    """LLaMA-Factory's own trainer on an unpacked SFT config (:func:`_llamafactory_trainer`), trained (``train()``,
-    ``save_model()``, ``save_state()``: the run folder a user has) and watched: a forward pre-hook records the padded
-    rows of every micro-batch, and a callback groups them by the optimizer step that took them. Written to
-    ``case["steps_out"]`` as ``{"rows": its train dataset's input_ids in order, "pad", "steps"}``
-    (tests/data/test_framework_visits.py).
+    """LLaMA-Factory's own trainer on an unpacked SFT config (:func:`_llamafactory_trainer`), trained and watched
+    (:func:`_train_and_record`, into ``case["steps_out"]``; tests/data/test_framework_visits.py).
     """
-    from transformers import TrainerCallback
-
-    pending: list = []
-    steps: list = []
-
-    class Steps(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            steps.append(list(pending))
-            pending.clear()
-
-    trainer, model, train, tok = _llamafactory_trainer(case, callbacks=[Steps()])
-
-    def record(_module, _args, kwargs):
-        if model.training:
-            pending.extend(kwargs["input_ids"].tolist())
-
-    model.register_forward_pre_hook(record, with_kwargs=True)
-    trainer.train()
-    trainer.save_model()
-    trainer.save_state()
-    rows = [_ints(r["input_ids"]) for r in train]
-    with open(case["steps_out"], "w") as f:
-        json.dump({"rows": rows, "pad": int(tok.pad_token_id), "steps": steps}, f)
+    trainer, model, train, tok = _llamafactory_trainer(case)
+    _train_and_record(trainer, model, [_ints(r["input_ids"]) for r in train], tok.pad_token_id, case["steps_out"])
     return []
 
 
@@ -370,6 +395,7 @@ def torchtune_steps(case: dict) -> list:
 RUNNERS = {
     "axolotl": axolotl,
     "axolotl-packed": axolotl_packed,
+    "axolotl-steps": axolotl_steps,
     "llamafactory": llamafactory,
     "llamafactory-packed": llamafactory_packed,
     "torchtune": torchtune,

@@ -1,16 +1,22 @@
-"""Which rows each step of torchtune 0.6.1's LoRA recipe trained, held against the recipe's own loop.
+"""Which rows each step of torchtune 0.6.1's LoRA recipe, LLaMA-Factory 0.9.5 and axolotl 0.19 trained, held against
+their own loops.
 
 ``framework_run.py``'s ``torchtune_steps`` runs ``lora_finetune_single_device`` as ``tune run`` builds it (its
 sampler, DataLoader, gradient accumulation and epoch loop unchanged) and records the rows of every micro-batch, grouped
 by the optimizer step that took them, and when each epoch's checkpoint is saved. Gradian must read the same from the
 config alone (:func:`gradian.audit.hf_order.torchtune_rows_read`) and count the same visits per ``epoch_N`` checkpoint
 (:mod:`gradian.attribute.visits`): the rows its DataLoader drops (``drop_last``), the micro-batches an epoch leaves
-that join the next epoch's first step, and the last epoch's that are never stepped. Needs ``make frameworks``.
+that join the next epoch's first step, and the last epoch's that are never stepped. ``llamafactory_steps`` and
+``axolotl_steps`` train with LLaMA-Factory's and axolotl's own trainers and record the same; for axolotl Gradian also
+rebuilds the train set it sampled from (its seeded shuffle, the rows it drops for their length, its ``val_set_size``
+split: :func:`gradian.audit.hf_order.axolotl_train_rows`). Needs ``make frameworks``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,9 +62,12 @@ def _chat_rows(path: Path) -> Path:
     return path
 
 
-def _run_steps(framework: str, configs: dict[str, tuple[Path, dict]], run_key: str, data: Path) -> dict:
+def _run_steps(
+    framework: str, configs: dict[str, tuple[Path, dict]], run_key: str, data: Path, path: str | None = None
+) -> dict:
     """Run ``framework_run.py``'s ``<framework>-steps`` on each ``{name: (case folder, config)}`` at once (one process
-    each) and return ``{name: {"config", "run", "data", "recorded"}}``; ``run_key``: the config's output folder key."""
+    each) and return ``{name: {"config", "run", "data", "recorded"}}``; ``run_key``: the config's output folder key;
+    ``path``: the framework's ``PYTHONPATH`` (its folder under ``.venv/frameworks`` by default)."""
     out, procs = {}, []
     for name, (case_dir, cfg) in configs.items():
         config = case_dir / f"{framework}.yaml"
@@ -67,10 +76,10 @@ def _run_steps(framework: str, configs: dict[str, tuple[Path, dict]], run_key: s
                "steps_out": str(case_dir / "steps.json")}  # fmt: skip
         (case_dir / "case.json").write_text(json.dumps([job]))
         cmd = [sys.executable, str(RUNNER), str(case_dir / "case.json"), str(case_dir / "result.json")]
-        env = {**framework_env(str(FW / framework)), "OMP_NUM_THREADS": "1"}
+        env = {**framework_env(path or str(FW / framework)), "OMP_NUM_THREADS": "1"}
         procs.append((name, case_dir, subprocess.Popen(cmd, env=env, cwd=case_dir, stdout=subprocess.PIPE,
                                                        stderr=subprocess.STDOUT)))  # fmt: skip
-        out[name] = {"config": config, "run": Path(cfg[run_key]), "data": data}
+        out[name] = {"config": config, "run": Path(cfg[run_key]), "data": data, "base": cfg.get("base_model")}
     for name, case_dir, p in procs:
         log = p.communicate(timeout=900)[0].decode(errors="replace")
         result = json.loads((case_dir / "result.json").read_text()).get(name, {})
@@ -223,3 +232,104 @@ def test_gradian_reads_the_rows_each_llamafactory_step_took(lf_runs, name):
     found = diagnose(configs=[run["config"]], data=run["data"], select=["C04"]).by_id("C04")
     named = sorted({i for f in found if "never trained" in f.message for i in f.row_ids}, key=lambda x: int(x[1:]))
     assert named == [f"r{j}" for j in never]
+
+
+#: axolotl 0.19 unpacked: its train set is the file's rows shuffled (``shuffle_merged_datasets``, seeded ``seed``),
+#: less the rows out of ``[min_sample_len, sequence_len]`` (row 1 is too long) and the last ``val_set_size`` rows;
+#: its trainer then samples that set with the HF Trainer's seeded sampler (``seed``, else 42)
+AX_CASES = {
+    # shuffled with seed 7, then sampled with seed 7; max_steps 3 of 2 x 2 rows stops inside the first epoch
+    "axolotl shuffled, seed 7, max_steps 3": {
+        "seed": 7, "micro_batch_size": 2, "gradient_accumulation_steps": 2, "max_steps": 3,
+    },
+    # the file's order, no seed (the sampler's is TrainingArguments' 42), 3 of the 14 kept rows held out, 2 epochs
+    "axolotl in order, val_set_size 0.2, 2 epochs": {
+        "shuffle_merged_datasets": False, "val_set_size": 0.2, "micro_batch_size": 3, "num_epochs": 2,
+    },
+    # curriculum_sampling: no shuffle and a sequential sampler (the long row 1 skipped)
+    "axolotl curriculum_sampling, max_steps 2": {"curriculum_sampling": True, "micro_batch_size": 2, "max_steps": 2},
+}  # fmt: skip
+AX_LONG = 1  # the row axolotl drops for its length
+
+
+@pytest.fixture(scope="module")
+def ax_runs(tmp_path_factory, tok) -> dict:
+    from gradian.models.tiny import tiny_model
+
+    if not (FW / "axolotl-train").is_dir():
+        pytest.skip(f"{FW / 'axolotl-train'} is not installed (make frameworks)")
+    root = tmp_path_factory.mktemp("framework_visits_axolotl")
+    tiny_model(tok, "llama").save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    data = _chat_rows(root / "chat.jsonl")
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    rows[AX_LONG]["messages"][1]["content"] = " ".join(f"Paris {k}." for k in range(60))  # far over sequence_len
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    configs = {}
+    for i, (name, extra) in enumerate(AX_CASES.items()):
+        case_dir = root / f"case{i}"
+        case_dir.mkdir()
+        configs[name] = (case_dir, {
+            "base_model": str(root / "base"), "adapter": "lora", "lora_r": 4, "lora_alpha": 8,
+            "lora_target_linear": True, "sequence_len": 96, "sample_packing": False, "num_epochs": 1,
+            "learning_rate": 1e-3, "optimizer": "adamw_torch", "val_set_size": 0, "bf16": False, "fp16": False,
+            "tf32": False, "dataset_num_proc": 1, "lora_mlp_kernel": False, "lora_qkv_kernel": False,
+            "lora_o_kernel": False, "save_strategy": "no", "logging_steps": 1, "output_dir": str(case_dir / "out"),
+            "dataset_prepared_path": str(case_dir / "prepared"),
+            "datasets": [{"path": str(data), "ds_type": "json", "type": "chat_template"}], **extra,
+        })  # fmt: skip
+    return _run_steps(
+        "axolotl", configs, "output_dir", data, path=f"{FW / 'axolotl'}{os.pathsep}{FW / 'axolotl-train'}"
+    )
+
+
+def _file_rows(run: dict, rec: dict) -> tuple[list[int], list[int]]:
+    """``(lengths, file_row)``: each file row's token count as Gradian tokenises it under the run's own config, and
+    the file row of each row of axolotl's train set (``rec["rows"]``, matched by its token ids)."""
+    from transformers import AutoTokenizer
+
+    from gradian.data.formats import load_examples
+    from gradian.data.setup import setup_from_files
+    from gradian.data.tokenize import tokenize_example
+
+    setup = setup_from_files([run["config"]], run["data"])
+    tok = AutoTokenizer.from_pretrained(run["base"])
+    ours = [tokenize_example(e, tok, dataclasses.replace(setup.tokenize_spec(), max_length=10**6))
+            for e in load_examples(run["data"])]  # fmt: skip
+    ids = [it.input_ids.tolist() for it in ours]
+    return [it.full_length for it in ours], [ids.index(r) for r in rec["rows"]]
+
+
+@pytest.mark.parametrize("name", list(AX_CASES))
+def test_gradian_reads_the_rows_each_axolotl_step_took(ax_runs, name):
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.attribute.visits import run_rows_read, with_visits
+    from gradian.audit import diagnose
+    from gradian.audit.config import load_config
+
+    run = ax_runs[name]
+    rec = run["recorded"]
+    lengths, file_row = _file_rows(run, rec)
+    assert AX_LONG not in file_row and len(file_row) == (11 if "val_set_size" in name else N - 1)
+    steps = [[file_row[k] for k in _as_rows(rec, s)] for s in rec["steps"]]  # the file's rows, step by step
+    config = load_config([str(run["config"])])
+    read, how = run_rows_read(config, N, lengths)
+    assert read == steps, how  # the same rows, in the same order, step by step
+    if "curriculum" in name:
+        assert steps == [[0, 2], [3, 4]]  # in the file's order, the long row skipped
+    traj = with_visits(resolve_trajectory(run["run"], "auto"), config, N, lengths=lengths)
+    assert traj.visits is not None, traj.visits_rule
+    want = [0] * N
+    for step_rows in steps:
+        for r in step_rows:
+            want[r] += 1
+    assert traj.visits.counts.tolist() == [want]
+    never = [j for j in range(N) if want[j] == 0]
+    assert traj.visits.never.tolist() == never and AX_LONG in never
+    # without its token counts the train set cannot be rebuilt, and nothing is counted
+    assert with_visits(resolve_trajectory(run["run"], "auto"), config, N).visits is None
+    # Audit's C04, given the tokenizer, names the rows the sampler never reached (not the one dropped for length)
+    found = diagnose(configs=[run["config"]], data=run["data"], tokenizer=str(run["base"]), select=["C04"])
+    named = sorted({i for f in found.by_id("C04") if "never trained" in f.message for i in f.row_ids},
+                   key=lambda x: int(x[1:]))  # fmt: skip
+    assert named == ([f"r{j}" for j in never if j in file_row] if "max_steps" in name else [])

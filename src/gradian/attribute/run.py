@@ -254,7 +254,8 @@ def counted_trajectory(adapter: Path, checkpoints, configs: Sequence[Path], spec
 
         config = load_config([str(c) for c in configs])
     unsupervised = [it.n_supervised == 0 for it in items]
-    return with_visits(trajectory, config, len(items), spec.visits, unsupervised=unsupervised)
+    lengths = [it.full_length for it in items]
+    return with_visits(trajectory, config, len(items), spec.visits, unsupervised=unsupervised, lengths=lengths)
 
 
 def visits_line(trajectory) -> str:

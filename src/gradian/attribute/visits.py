@@ -3,7 +3,8 @@
 TracIn sums a row's first-order effect over the steps whose batch held it. Its checkpoint form
 (:mod:`gradian.attribute.trajectory`) lets checkpoint c stand for the steps ``(s_{c-1}, s_c]`` and assumed that every
 row was read once in that interval. Where the run's row order is reproduced (an HF ``Trainer``, TRL SFT or
-LLaMA-Factory SFT run, or torchtune's unpacked LoRA recipe: :mod:`gradian.audit.hf_order`), Gradian counts instead,
+LLaMA-Factory SFT run, an unpacked axolotl run, or torchtune's unpacked LoRA recipe: :mod:`gradian.audit.hf_order`),
+Gradian counts instead,
 for each checkpoint c and row j, ``m[c, j]``: how many of those steps read row j. The trajectory score of row j is then
 
     score_j = Σ_c W[c, j] · score_c(j),    W[c, j] = η_c · m[c, j] / Z,    Z = Σ_c η_c · mean_j m[c, j]
@@ -19,7 +20,8 @@ Not counted (every row once per checkpoint, and the rule says why): a run withou
 batch from, a sampler :mod:`gradian.audit.hf_order` does not reproduce (packing, ``group_by_length``, another
 trainer), a checkpoint whose step is unknown, an HF run whose ``trainer_state.json`` contradicts one device
 (:func:`epoch_disagrees`), ``--visits off``. Assumed otherwise, as C04 assumes: one device, and the training file's
-rows in the order the trainer was given them.
+rows in the order the trainer was given them (axolotl's own shuffle and length filter are rebuilt:
+:func:`gradian.audit.hf_order.axolotl_train_rows`).
 """
 
 from __future__ import annotations
@@ -96,7 +98,9 @@ def total_steps(config: Any, n: int) -> int | None:
     return int(math.ceil(config.num_epochs * (-(-micro // acc))))
 
 
-def row_visits(config: Any, n: int, steps: Sequence[int | None]) -> tuple[RowVisits | None, str]:
+def row_visits(
+    config: Any, n: int, steps: Sequence[int | None], lengths: Sequence[int] | None = None
+) -> tuple[RowVisits | None, str]:
     """``(visits, rule)`` for a run's checkpoints, or ``(None, why not)`` (the module docstring).
 
     Args:
@@ -104,10 +108,11 @@ def row_visits(config: Any, n: int, steps: Sequence[int | None]) -> tuple[RowVis
         n: training rows, in the training file's order.
         steps: each checkpoint's step in training order, the final adapter last (None: unknown; the final adapter's
             unknown step is the run's last: :func:`total_steps`, or torchtune's epochs).
+        lengths: each row's token count as the run tokenised it, before any cut (axolotl drops rows by length).
     """
     if config is None:
         return None, "no training config was read (--config, or the run folder's training_args.bin)"
-    read, how = run_rows_read(config, n)
+    read, how = run_rows_read(config, n, lengths)
     if read is None:
         return None, how
     steps = list(steps)
@@ -127,15 +132,11 @@ def row_visits(config: Any, n: int, steps: Sequence[int | None]) -> tuple[RowVis
     return RowVisits(counts, tuple(int(s) for s in steps), how), ""
 
 
-def run_rows_read(config: Any, n: int) -> tuple[list[list[int]] | None, str]:
-    """Every optimizer step's rows for the whole run, and where the order came from; or ``(None, why not)``."""
-    from gradian.audit.hf_order import (
-        order_rule,
-        rows_read,
-        torchtune_order_rule,
-        torchtune_rows_read,
-        trained_rows,
-    )
+def run_rows_read(config: Any, n: int, lengths: Sequence[int] | None = None) -> tuple[list[list[int]] | None, str]:
+    """Every optimizer step's rows (the training file's row indices) for the whole run, and where the order came
+    from; or ``(None, why not)``. ``lengths``: as in :func:`row_visits`.
+    """
+    from gradian.audit.hf_order import given_rows, order_rule, rows_read, torchtune_order_rule, torchtune_rows_read
 
     batch, acc = config.micro_batch_size, config.gradient_accumulation_steps or 1
     if config.trainer == "torchtune":
@@ -152,14 +153,16 @@ def run_rows_read(config: Any, n: int) -> tuple[list[list[int]] | None, str]:
         return None, how
     if not batch or batch <= 0:
         return None, "the run's per-device batch size is unknown"
-    given = trained_rows(config, n)  # LLaMA-Factory's max_samples: the first rows only
-    total = total_steps(config, given)
+    rows, built = given_rows(config, n, lengths)  # LLaMA-Factory's max_samples, axolotl's shuffle and drops
+    if rows is None:
+        return None, built
+    total = total_steps(config, len(rows))
     if total is None:
         return None, "the run's number of steps is unknown"
     drop = bool(config.dataloader_drop_last)
-    read = rows_read(given, seed=seed, batch=batch, accumulation=acc, steps=total, drop_last=drop)
-    cut = f"; max_samples {config.max_samples}: its first {given} of {n} rows" if given < n else ""
-    return read, f"the HF Trainer's sampler, {how}{cut}; 1 device"
+    read = rows_read(len(rows), seed=seed, batch=batch, accumulation=acc, steps=total, drop_last=drop)
+    read = [[rows[k] for k in step] for step in read]  # the train set's positions -> the file's rows
+    return read, f"the HF Trainer's sampler, {how}{'; ' + built if built else ''}; 1 device"
 
 
 def torchtune_steps(config: Any, n: int, epoch: int) -> int | None:
@@ -175,13 +178,21 @@ def torchtune_steps(config: Any, n: int, epoch: int) -> int | None:
     return (epoch + 1) * per
 
 
-def with_visits(trajectory, config: Any, n: int, mode: str = "auto", unsupervised: Sequence[bool] | None = None):
+def with_visits(
+    trajectory,
+    config: Any,
+    n: int,
+    mode: str = "auto",
+    unsupervised: Sequence[bool] | None = None,
+    lengths: Sequence[int] | None = None,
+):
     """``trajectory`` (:class:`gradian.attribute.trajectory.Trajectory`) with its rows' visits counted
     (:func:`row_visits`), or with the reason they are not (``mode="off"``: ``--visits off``).
 
     ``unsupervised``: per row, whether it has no supervised token as the run tokenised it. TRL's ``SFTTrainer``
     (1.16) drops such rows before it samples (``Dropping fully masked examples``), which moves every later row's
-    place in the sampler's order: that order is not reproduced, and the rule says so.
+    place in the sampler's order: that order is not reproduced, and the rule says so. ``lengths``: per row, its
+    token count as the run tokenised it before any cut (axolotl drops rows by length before it samples).
     """
     import dataclasses
 
@@ -203,24 +214,25 @@ def with_visits(trajectory, config: Any, n: int, mode: str = "auto", unsupervise
             num = checkpoint_number(c.path)
             if steps[i] is None and num and num[0] == "epoch":
                 steps[i] = torchtune_steps(config, n, num[1])
-    visits, why = row_visits(config, n, steps)
+    visits, why = row_visits(config, n, steps, lengths)
     if visits is not None and config.trainer != "torchtune":
-        disagree = epoch_disagrees(config, n, trajectory.saved_state())
+        disagree = epoch_disagrees(config, n, trajectory.saved_state(), lengths)
         if disagree is not None:
             visits, why = None, disagree
     return dataclasses.replace(trajectory, visits=visits, visits_rule=why)
 
 
-def epoch_disagrees(config: Any, n: int, state) -> str | None:
-    """Why the run's own ``trainer_state.json`` contradicts one device reading ``n`` rows, or None
-    (:func:`gradian.audit.hf_order.epoch_contradiction`: the ``epoch`` it saved at ``global_step``). ``state``: the
-    newest one the trajectory holds (:meth:`gradian.attribute.trajectory.Trajectory.saved_state`); None: nothing to
-    contradict.
+def epoch_disagrees(config: Any, n: int, state, lengths: Sequence[int] | None = None) -> str | None:
+    """Why the run's own ``trainer_state.json`` contradicts one device reading the train set built from the file's
+    ``n`` rows, or None (:func:`gradian.audit.hf_order.epoch_contradiction`: the ``epoch`` it saved at
+    ``global_step``). ``state``: the newest one the trajectory holds
+    (:meth:`gradian.attribute.trajectory.Trajectory.saved_state`); None: nothing to contradict.
     """
-    from gradian.audit.hf_order import epoch_contradiction, order_rule
+    from gradian.audit.hf_order import epoch_contradiction, given_rows, order_rule
 
     seed, _ = order_rule(config, dict(config.versions))
-    if state is None or seed is None:
+    rows, _ = given_rows(config, n, lengths)
+    if state is None or seed is None or rows is None:
         return None
     where = f"{state.path.parent.name}/{state.path.name}"  # no absolute path: the rule is in the manifest
-    return epoch_contradiction(config, n, seed, state.global_step, state.epoch, where)
+    return epoch_contradiction(config, len(rows), state.global_step, state.epoch, where)

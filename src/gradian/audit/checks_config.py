@@ -378,26 +378,30 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
     """C04's warning for a ``max_steps`` that ends the run inside its first epoch: how many rows it never trained,
     and which, where the trainer's sampler is reproduced (:mod:`gradian.audit.hf_order`).
     """
-    from gradian.audit.hf_order import epoch_contradiction, order_rule, rows_read
+    from gradian.audit.hf_order import epoch_contradiction, given_rows, order_rule, rows_read
 
     c = ctx.config
     seen = c.max_steps * eb
-    given = trained_rows(c, ctx.n)  # the rows the sampler drew from (LLaMA-Factory's max_samples: the first ones)
+    rows, built = given_rows(c, ctx.n, _token_lengths(ctx) if c.trainer == "axolotl" else None)
+    given = len(rows) if rows is not None else trained_rows(c, ctx.n)  # the rows the sampler drew from
     seed, how = order_rule(c, ctx.versions)
+    if seed is not None and rows is None:  # axolotl's train set cannot be rebuilt: its sampler names nothing
+        seed, how = None, built
     state = ctx.logs.state if ctx.logs is not None else {}
     if seed is not None and state.get("global_step") and state.get("epoch") is not None:
-        odd = epoch_contradiction(c, ctx.n, seed, int(state["global_step"]), float(state["epoch"]), "the log")
+        odd = epoch_contradiction(c, given, int(state["global_step"]), float(state["epoch"]), "the log")
         if odd is not None:  # several devices, or other rows: the one-device order would name the wrong rows
             seed, how = None, odd
     ids, which = [], f"which ones, its shuffle decided ({how})"
-    if seed is not None:
+    if seed is not None and rows is not None:
         read = rows_read(
             given, seed=seed, batch=c.micro_batch_size, accumulation=c.gradient_accumulation_steps or 1,
             steps=c.max_steps, drop_last=bool(c.dataloader_drop_last),
         )  # fmt: skip
-        trained = {r for step in read for r in step}
-        ids = [e.id for k, e in enumerate(ctx.examples[:given]) if k not in trained]
-        which = f"the HF Trainer's sampler, {how}, names them, if it was given the rows in this file's order"
+        trained = {rows[k] for step in read for k in step}
+        ids = [ctx.examples[j].id for j in sorted(set(rows) - trained)]
+        built = f"; {built}" if built else ""
+        which = f"the HF Trainer's sampler, {how}{built}, names them, if it was given the rows in this file's order"
     unseen = len(ids) if seed is not None else given - seen
     after = (
         "gradian attribute scores them 0 (--visits auto: their influence on the run is none)"
@@ -414,6 +418,18 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
         row_ids=ids,
         fix=f"set max_steps to at least {-(-given // eb)} (one epoch at this batch), or remove it to train by epochs",
     )  # fmt: skip
+
+
+def _token_lengths(ctx: AuditContext) -> list[int] | None:
+    """Each training row's token count as the run's tokenisation builds it, before any cut; None without a tokenizer
+    or when a row did not render (axolotl's train set is rebuilt from them: :func:`gradian.audit.hf_order.given_rows`).
+    """
+    if ctx.tokenizer is None:
+        return None
+    rows = ctx.token_rows
+    if any(tr.tx is None for tr in rows):
+        return None
+    return [tr.tx.full_length for tr in rows]
 
 
 def _torchtune_never_trained(ctx: AuditContext, cite: dict) -> list[Hit]:

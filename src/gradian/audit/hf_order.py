@@ -1,5 +1,6 @@
-"""The rows an HF ``Trainer`` run (TRL's trainers included) or torchtune's LoRA recipe read, step by step, reproduced
-from its config (torchtune: :func:`torchtune_rows_read`).
+"""The rows an HF ``Trainer`` run (TRL's trainers, LLaMA-Factory's and axolotl's included) or torchtune's LoRA recipe
+read, step by step, reproduced from its config (torchtune: :func:`torchtune_rows_read`; the train set a trainer built
+from the file before it sampled, axolotl's shuffled and filtered one included: :func:`given_rows`).
 
 transformers >= 4.38 prepares the train set with accelerate's ``SeedableRandomSampler``
 (``AcceleratorConfig.use_seedable_sampler``, default True): epoch ``e`` reads the rows in the order
@@ -12,13 +13,17 @@ step the micro-batches left. tests/audit/test_hf_order.py holds this to transfor
 Not reproduced (:func:`order_rule` says why, and C04 then gives the count without names): another
 ``train_sampling_strategy`` (``group_by_length``, ``sequential``, ``batch_rebalance``), packing (a step's sequences
 hold several rows), a stage other than SFT, ``use_seedable_sampler`` off, transformers before 4.38; LLaMA-Factory's
-``val_size`` split and several concatenated datasets. Not detectable from a config, and said in C04's message
+``val_size`` split and several concatenated datasets; axolotl's several datasets, shards, exact deduplication and an
+unseeded shuffle (:func:`axolotl_train_rows`). Not detectable from a config, and said in C04's message
 instead: more than one device (one is assumed) and a train set the user reordered or filtered before the trainer
 sampled it (the file's order is assumed); the run's own ``trainer_state.json``, when given, contradicts both
 (:func:`epoch_contradiction`), and then nothing is named.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 from gradian.audit.config.gradian_train import TRAIN_DEFAULTS
 from gradian.audit.config.hf_args import HF_DEFAULTS
@@ -97,34 +102,92 @@ def trained_rows(c: TrainConfig, n: int) -> int:
     return n
 
 
-def one_device_epoch(c: TrainConfig, n: int, seed: int, steps: int) -> float | None:
-    """The ``epoch`` an HF Trainer on one device reports after ``steps`` optimizer steps over the file's ``n`` rows:
-    the micro-batches read, ``Σ ⌈|step| / batch⌉``, over the micro-batches of an epoch, ``⌈rows / batch⌉``
-    (``⌊⌋`` with ``dataloader_drop_last``). ``trainer_state.json`` saves the same number, so a run on ``W`` devices,
-    which reads ``W`` times the rows a step, or on other rows, says another. None when the batch is unknown.
+def axolotl_train_rows(c: TrainConfig, n: int, lengths: Sequence[int] | None) -> tuple[list[int] | None, str]:
+    """The training file's row at each position of the train set axolotl 0.19 handed its trainer (one dataset,
+    unpacked), and how it was built; or ``(None, why not)``.
+
+    axolotl tokenises the rows in the file's order; ``merge_datasets`` (``utils/data/shared.py``) shuffles them with
+    ``Dataset.shuffle(seed=seed)``, i.e. ``numpy.random.default_rng(seed).permutation(n)`` (``shuffle_merged_datasets``,
+    default true; not under ``curriculum_sampling``); ``handle_long_seq_in_dataset`` then drops the rows of fewer
+    than ``min_sample_len`` tokens (2) and, under ``excess_length_strategy`` ``drop`` (its default) or ``raise``, of
+    more than ``sequence_len``; a ``val_set_size`` keeps the first rows (``train_test_split(shuffle=False)``: ``v``
+    rows held out for ``v > 1``, else ``ceil(v · rows)``). tests/data/test_framework_visits.py holds it to axolotl's
+    own trainer.
+
+    Args:
+        lengths: each file row's token count as axolotl tokenised it, before any cut (None: unknown).
     """
-    batch, given = c.micro_batch_size, trained_rows(c, n)
-    if not batch or batch <= 0:
+    if c.datasets and len(c.datasets) > 1:
+        return None, "several datasets are merged (which file's rows come first is not read)"
+    if c.dataset_shards or any(d.get("shards") for d in c.datasets or ()):
+        return None, "its dataset is sharded (a shuffle of its own picks each shard's rows)"
+    if c.dedup_exact:
+        return None, "dataset_exact_deduplication drops repeated rows"
+    shuffled = c.shuffle_merged is not False and not c.curriculum_sampling
+    if shuffled and c.seed is None:
+        return None, "axolotl shuffled the rows with numpy's unseeded generator (the config sets no seed)"
+    if lengths is None or len(lengths) != n:
+        return None, "the rows' token counts under axolotl's tokenisation are unknown"
+    order: Sequence[int] = range(n)
+    if shuffled:
+        import numpy as np
+
+        order = np.random.default_rng(c.seed).permutation(n).tolist()
+    low, high = c.min_sample_len or 2, c.max_length
+    cut = (c.truncation or "drop").lower() == "truncate"
+    rows = [j for j in order if lengths[j] >= low and (cut or high is None or lengths[j] <= high)]
+    dropped = n - len(rows)
+    held = 0
+    if c.val_set_size and c.val_set_size > 0:
+        held = int(c.val_set_size) if c.val_set_size > 1 else math.ceil(c.val_set_size * len(rows))
+        rows = rows[: max(0, len(rows) - held)]
+    how = [f"shuffled, seed {c.seed}" if shuffled else "in the file's order"]
+    if dropped:
+        how.append(f"{dropped} row(s) dropped for their length")
+    if held:
+        how.append(f"the last {held} held out by val_set_size")
+    return rows, "axolotl's train set: " + ", ".join(how)
+
+
+def given_rows(c: TrainConfig, n: int, lengths: Sequence[int] | None = None) -> tuple[list[int] | None, str]:
+    """The training file's row at each position of the train set the trainer's sampler drew from, and how that set
+    was built ("" when it is the file as it is); ``(None, why not)`` when it cannot be told. LLaMA-Factory's
+    ``max_samples``: the first rows (:func:`trained_rows`); axolotl: :func:`axolotl_train_rows`.
+    """
+    if c.trainer == "axolotl":
+        return axolotl_train_rows(c, n, lengths)
+    given = trained_rows(c, n)
+    return list(range(given)), (f"max_samples {c.max_samples}: its first {given} of {n} rows" if given < n else "")
+
+
+def one_device_epoch(c: TrainConfig, given: int, steps: int) -> float | None:
+    """The ``epoch`` an HF Trainer on one device reports after ``steps`` optimizer steps over a train set of ``given``
+    rows: the micro-batches read over the micro-batches of an epoch, ``m = ⌈rows / batch⌉`` (``⌊⌋`` with
+    ``dataloader_drop_last``). An epoch takes ``s = ⌈m / accumulation⌉`` steps, its last one the micro-batches left,
+    so ``steps`` read ``⌊steps / s⌋ · m + min((steps mod s) · accumulation, m)`` of them, whatever the shuffle (the
+    same count :func:`rows_read` steps through). ``trainer_state.json`` saves the same number, so a run on ``W``
+    devices, which reads ``W`` times the rows a step, or on other rows, says another. None when the batch is unknown.
+    """
+    batch, acc = c.micro_batch_size, c.gradient_accumulation_steps or 1
+    if not batch or batch <= 0 or acc <= 0:
         return None
     per_epoch = given // batch if c.dataloader_drop_last else -(-given // batch)
     if per_epoch <= 0:
         return None
-    read = rows_read(
-        given, seed=seed, batch=batch, accumulation=c.gradient_accumulation_steps or 1, steps=steps,
-        drop_last=bool(c.dataloader_drop_last),
-    )  # fmt: skip
-    return sum(-(-len(rows) // batch) for rows in read) / per_epoch
+    epoch_steps = -(-per_epoch // acc)
+    read = (steps // epoch_steps) * per_epoch + min((steps % epoch_steps) * acc, per_epoch)
+    return read / per_epoch
 
 
-def epoch_contradiction(c: TrainConfig, n: int, seed: int, global_step: int, epoch: float, where: str) -> str | None:
-    """Why a saved ``epoch`` at ``global_step`` (``where``: the file) contradicts one device reading the file's ``n``
-    rows (:func:`one_device_epoch`), or None when it agrees (to 1e-6).
+def epoch_contradiction(c: TrainConfig, given: int, global_step: int, epoch: float, where: str) -> str | None:
+    """Why a saved ``epoch`` at ``global_step`` (``where``: the file) contradicts one device reading a train set of
+    ``given`` rows (:func:`one_device_epoch`), or None when it agrees (to 1e-6).
     """
-    ours = one_device_epoch(c, n, seed, global_step)
+    ours = one_device_epoch(c, given, global_step)
     if ours is None or abs(ours - epoch) <= 1e-6 * max(1.0, ours):
         return None
     return (
-        f"{where} says epoch {epoch:g} at step {global_step}, where one device reading {trained_rows(c, n)} rows in "
+        f"{where} says epoch {epoch:g} at step {global_step}, where one device reading {given} rows in "
         f"micro-batches of {c.micro_batch_size} would be at {ours:g}: the run used several devices, or other rows"
     )
 
@@ -178,7 +241,7 @@ def order_rule(c: TrainConfig, versions: dict[str, str]) -> tuple[int | None, st
     rows unpacked, the random sampler; :data:`SEQUENTIAL` for LLaMA-Factory's ``disable_shuffling``), else
     ``(None, why not)``. A LLaMA-Factory run's rows are its dataset's first ``max_samples`` (:func:`trained_rows`).
     """
-    if c.trainer not in ("trl", "hf", "llamafactory"):
+    if c.trainer not in ("trl", "hf", "llamafactory", "axolotl"):
         return None, f"the {c.trainer or 'unknown'} trainer's sampler is not reproduced"
     if c.trainer == "llamafactory":
         if c.val_set_size and c.val_set_size > 0:
@@ -198,8 +261,13 @@ def order_rule(c: TrainConfig, versions: dict[str, str]) -> tuple[int | None, st
         return None, "accelerator_config.use_seedable_sampler is off: the order followed torch's global generator"
     if c.trainer == "llamafactory" and c.disable_shuffling:
         return SEQUENTIAL, f"in order (disable_shuffling, {c.source('disable_shuffling')})"
+    if c.trainer == "axolotl" and c.curriculum_sampling:
+        return SEQUENTIAL, f"in order (curriculum_sampling, {c.source('curriculum_sampling')})"
     if before(versions, "transformers", "4.38"):
         return None, f"transformers {versions['transformers']} (before 4.38) did not seed its sampler"
+    if c.trainer == "axolotl":  # core/builders/base.py hands TrainingArguments its seed only when set, no data_seed
+        seed = c.seed if c.seed is not None else int(HF_DEFAULTS["seed"])
+        return seed, f"seed {seed} ({c.source('seed') or 'TrainingArguments default: axolotl passes none'})"
     if c.data_seed is not None:
         return c.data_seed, f"data_seed {c.data_seed} ({c.source('data_seed')})"
     if own and (c.seed is None or c.is_default("seed")):

@@ -68,6 +68,11 @@ FIELDS: tuple[Row, ...] = (
     ("val_set_size", "val_set_size", "num"),
     ("chat_template", "chat_template", "str"),
     ("attn_implementation", "attn_implementation", "str"),
+    # the train set's order (utils/data/shared.py merge_datasets, utils/data/utils.py handle_long_seq_in_dataset)
+    ("shuffle_merged", "shuffle_merged_datasets", "bool"),
+    ("min_sample_len", "min_sample_len", "int"),
+    ("curriculum_sampling", "curriculum_sampling", "bool"),
+    ("dataset_shards", "dataset_shard_num", "int"),
     # loaders/model.py (0.19.0): a qlora run's BitsAndBytesConfig, updated by bnb_config_kwargs
     ("quant_type", "bnb_config_kwargs.bnb_4bit_quant_type", "str"),
     ("double_quant", "bnb_config_kwargs.bnb_4bit_use_double_quant", "bool"),
@@ -88,6 +93,8 @@ DEFAULTS = {
     "group_by_length": False,
     "finetuning": "full",
     "stage": "sft",
+    "shuffle_merged": True,
+    "min_sample_len": 2,
 }
 
 
@@ -159,6 +166,7 @@ def read(cfg: TrainConfig, r: Reader) -> None:
                     if isinstance(d.get("roles_to_train"), list)
                     else None,
                     "train_on_eos": text("train_on_eos"),
+                    "shards": d["shards"] if isinstance(d.get("shards"), int) else None,
                     "chat_template": text("chat_template"),
                     "type_mapping": {str(k): v for k, v in d["type"].items() if isinstance(v, str) or v is None}
                     if isinstance(d.get("type"), dict)
