@@ -14,7 +14,6 @@ split: :func:`gradian.audit.hf_order.axolotl_train_rows`). Needs ``make framewor
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -283,25 +282,26 @@ def ax_runs(tmp_path_factory, tok) -> dict:
     )
 
 
-def _file_rows(run: dict, rec: dict) -> tuple[list[int], list[int]]:
-    """``(lengths, file_row)``: each file row's token count as Gradian tokenises it under the run's own config, and
-    the file row of each row of axolotl's train set (``rec["rows"]``, matched by its token ids)."""
+def _pipeline_items(run: dict) -> list:
+    """The training rows as ``gradian attribute`` tokenises them for this run (its setup read from the run's config:
+    axolotl's rule, ``sequence_len``, its drop of long rows)."""
     from transformers import AutoTokenizer
 
     from gradian.data.formats import load_examples
     from gradian.data.setup import setup_from_files
-    from gradian.data.tokenize import tokenize_example
+    from gradian.finetune import tokenize_training_set
+    from gradian.index.spec import GradSpec
 
     setup = setup_from_files([run["config"]], run["data"])
     tok = AutoTokenizer.from_pretrained(run["base"])
-    ours = [tokenize_example(e, tok, dataclasses.replace(setup.tokenize_spec(), max_length=10**6))
-            for e in load_examples(run["data"])]  # fmt: skip
-    ids = [it.input_ids.tolist() for it in ours]
-    return [it.full_length for it in ours], [ids.index(r) for r in rec["rows"]]
+    return list(tokenize_training_set(load_examples(run["data"]), tok, GradSpec(tokenize=setup.tokenize_spec()),
+                                      run["data"]))  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(AX_CASES))
 def test_gradian_reads_the_rows_each_axolotl_step_took(ax_runs, name):
+    from gradian.attribute.run import counted_trajectory
+    from gradian.attribute.spec import AttributeSpec
     from gradian.attribute.trajectory import resolve_trajectory
     from gradian.attribute.visits import run_rows_read, with_visits
     from gradian.audit import diagnose
@@ -309,7 +309,10 @@ def test_gradian_reads_the_rows_each_axolotl_step_took(ax_runs, name):
 
     run = ax_runs[name]
     rec = run["recorded"]
-    lengths, file_row = _file_rows(run, rec)
+    items = _pipeline_items(run)
+    lengths = [it.full_length for it in items]
+    ids = [it.input_ids.tolist() for it in items]
+    file_row = [ids.index(r) for r in rec["rows"]]  # axolotl's train set, row by row, as the file's rows
     assert AX_LONG not in file_row and len(file_row) == (11 if "val_set_size" in name else N - 1)
     steps = [[file_row[k] for k in _as_rows(rec, s)] for s in rec["steps"]]  # the file's rows, step by step
     config = load_config([str(run["config"])])
@@ -317,7 +320,8 @@ def test_gradian_reads_the_rows_each_axolotl_step_took(ax_runs, name):
     assert read == steps, how  # the same rows, in the same order, step by step
     if "curriculum" in name:
         assert steps == [[0, 2], [3, 4]]  # in the file's order, the long row skipped
-    traj = with_visits(resolve_trajectory(run["run"], "auto"), config, N, lengths=lengths)
+    # as gradian attribute counts them: the run folder's trajectory, the config, the rows as it tokenised them
+    traj = counted_trajectory(run["run"], "auto", [run["config"]], AttributeSpec(), items)
     assert traj.visits is not None, traj.visits_rule
     want = [0] * N
     for step_rows in steps:
