@@ -245,39 +245,78 @@ def test_the_verdict_lists_no_row_the_run_never_read(short_run, tmp_path):
     assert res.agreement["spearman"] == pytest.approx(spearman(rows(dinf)[trained], rows(gdot)[trained]))
 
 
-def test_rows_trl_drops_before_sampling_leave_the_order_unreproduced(tok, tmp_path):
-    """TRL 1.16's SFTTrainer drops a row that truncation leaves with no supervised token before it samples (its
-    ``Dropping fully masked examples``), so every later row moves in the sampler's order: Gradian, whose tokens are
-    TRL's, sees the row with no supervised token and does not count the visits, saying why."""
+@pytest.mark.parametrize("shuffle_dataset", [False, True])
+def test_rows_trl_drops_before_sampling_are_taken_out_of_its_order(tok, tmp_path, shuffle_dataset):
+    """TRL 1.16's SFTTrainer drops the rows truncation leaves with no supervised token before it samples (its
+    ``Dropping fully masked examples``, since TRL 1.9), and ``shuffle_dataset`` then shuffles what is left once:
+    Gradian, whose tokens are TRL's, rebuilds that train set and counts the rows each step of TRL's own training read
+    (a forward pre-hook records them), from the run folder's ``training_args.bin`` and the TRL version its model card
+    records. Without the version it cannot tell whether the rows were dropped, and says so."""
     import json
 
+    import trl
     from datasets import Dataset
+    from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
-    from gradian.attribute.trajectory import Trajectory
-    from gradian.attribute.visits import with_visits
+    from gradian.attribute.trajectory import Trajectory, resolve_trajectory
+    from gradian.attribute.visits import run_rows_read, with_visits
     from gradian.audit.config import load_config
     from gradian.data.formats import load_examples
     from gradian.data.tokenize import TokenizeSpec, tokenize_examples
     from gradian.index.identity import Checkpoint
     from gradian.models.tiny import tiny_model
 
-    rows = [{"id": f"r{i}", "prompt": f"Question {i}?", "completion": f" Answer {i}."} for i in range(6)]
-    rows[2]["prompt"] = "A question so long that the whole of max_length is taken by its prompt alone? " * 3
-    settings = {"per_device_train_batch_size": 2, "max_steps": 2, "max_length": 24, "seed": 1}
-    args = SFTConfig(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, save_strategy="no",
-                     dataset_num_proc=None, **settings)  # fmt: skip
-    trainer = SFTTrainer(model=tiny_model(tok, "llama"), args=args, train_dataset=Dataset.from_list(rows),
-                         processing_class=tok)  # fmt: skip
-    assert len(trainer.train_dataset) == 5  # TRL dropped row 2
+    rows = [{"id": f"r{i}", "prompt": f"Question {i}?", "completion": f" Answer {i}."} for i in range(10)]
+    for j in (2, 5):  # prompts that fill max_length alone: no supervised token left
+        rows[j]["prompt"] = f"A question {j} so long that the whole of max_length is taken by its prompt alone? " * 3
+    settings = {"per_device_train_batch_size": 2, "max_steps": 3, "max_length": 24, "seed": 1,
+                "shuffle_dataset": shuffle_dataset}  # fmt: skip
+    out = tmp_path / "out"
+    args = SFTConfig(output_dir=str(out), report_to=[], use_cpu=True, save_strategy="steps", save_steps=3,
+                     dataset_num_proc=None, learning_rate=1e-3, **settings)  # fmt: skip
+    model = tiny_model(tok, "llama")
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
+                         peft_config=LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    assert len(trainer.train_dataset) == 8  # TRL dropped rows 2 and 5
+    seen: list[list[int]] = []
+    model.register_forward_pre_hook(lambda _m, _a, kw: seen.extend(kw["input_ids"].tolist()), with_kwargs=True)
+    trainer.train()
+    trainer.save_model()
+    trainer.save_state()
+
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     items = tokenize_examples(load_examples(data), tok, TokenizeSpec(max_length=24))
-    assert [it.n_supervised == 0 for it in items] == [False, False, True, False, False, False]
-    cfg = tmp_path / "sft.yaml"
-    cfg.write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
-    traj = Trajectory((Checkpoint(tmp_path, 2, True, 1.0, "x"),), "single")
-    config = load_config([str(cfg)])
-    assert with_visits(traj, config, 6).visits is not None  # without the tokens: counted over 6 rows (wrongly)
-    got = with_visits(traj, config, 6, unsupervised=[it.n_supervised == 0 for it in items])
-    assert got.visits is None and got.visits_rule.startswith("TRL drops the 1 row(s) left with no supervised token")
+    unsupervised = [it.n_supervised == 0 for it in items]
+    assert [j for j, u in enumerate(unsupervised) if u] == [2, 5]
+    ids = [it.input_ids.tolist() for it in items]
+    pad = tok.pad_token_id
+    found = [next(j for j, r in enumerate(ids) if seq[: len(r)] == r and set(seq[len(r) :]) <= {pad}) for seq in seen]
+    steps = [found[k : k + 2] for k in range(0, len(found), 2)]  # one micro-batch of 2 rows a step
+
+    config = load_config([str(out / "training_args.bin")])
+    assert config.shuffle_dataset is shuffle_dataset
+    assert config.versions["trl"] == trl.__version__  # from the model card TRL wrote with its checkpoint
+    read, how = run_rows_read(config, 10, unsupervised=unsupervised)
+    assert read == steps, how
+    assert "2 row(s) with no supervised token dropped" in how and ("shuffled once" in how) is shuffle_dataset
+    traj = with_visits(resolve_trajectory(out, "auto"), config, 10, unsupervised=unsupervised)
+    assert traj.visits is not None, traj.visits_rule
+    assert {2, 5} <= set(traj.visits.never.tolist())
+    assert traj.visits.counts.sum() == 6
+
+    # Audit's C04, given the run's tokenizer, names the rows the sampler never reached, not the two TRL dropped
+    from gradian.audit import diagnose
+
+    found = diagnose(configs=[out / "training_args.bin"], data=data, tokenizer=str(out), select=["C04"])
+    (hit,) = [f for f in found.by_id("C04") if "never trained" in f.message]
+    assert hit.row_ids == [f"r{j}" for j in range(10) if j not in (2, 5) and not traj.visits.counts[:, j].any()]
+    assert len(hit.row_ids) == 2
+
+    config.versions.pop("trl")  # the version unknown: dropped (1.9 and later) or kept (before)?
+    one = Trajectory((Checkpoint(tmp_path, 3, True, 1.0, "x"),), "single")
+    got = with_visits(one, config, 10, unsupervised=unsupervised)
+    assert got.visits is None and "TRL 1.9 and later drop the 2 row(s)" in got.visits_rule
+    config.versions["trl"] = "1.8.0"  # before 1.9 TRL kept them: the sampler's order over all 10 rows
+    assert run_rows_read(config, 10, unsupervised=unsupervised)[0] != steps

@@ -99,7 +99,11 @@ def total_steps(config: Any, n: int) -> int | None:
 
 
 def row_visits(
-    config: Any, n: int, steps: Sequence[int | None], lengths: Sequence[int] | None = None
+    config: Any,
+    n: int,
+    steps: Sequence[int | None],
+    lengths: Sequence[int] | None = None,
+    unsupervised: Sequence[bool] | None = None,
 ) -> tuple[RowVisits | None, str]:
     """``(visits, rule)`` for a run's checkpoints, or ``(None, why not)`` (the module docstring).
 
@@ -109,10 +113,11 @@ def row_visits(
         steps: each checkpoint's step in training order, the final adapter last (None: unknown; the final adapter's
             unknown step is the run's last: :func:`total_steps`, or torchtune's epochs).
         lengths: each row's token count as the run tokenised it, before any cut (axolotl drops rows by length).
+        unsupervised: per row, whether it has no supervised token as the run tokenised it (TRL drops such rows).
     """
     if config is None:
         return None, "no training config was read (--config, or the run folder's training_args.bin)"
-    read, how = run_rows_read(config, n, lengths)
+    read, how = run_rows_read(config, n, lengths, unsupervised)
     if read is None:
         return None, how
     steps = list(steps)
@@ -132,9 +137,11 @@ def row_visits(
     return RowVisits(counts, tuple(int(s) for s in steps), how), ""
 
 
-def run_rows_read(config: Any, n: int, lengths: Sequence[int] | None = None) -> tuple[list[list[int]] | None, str]:
+def run_rows_read(
+    config: Any, n: int, lengths: Sequence[int] | None = None, unsupervised: Sequence[bool] | None = None
+) -> tuple[list[list[int]] | None, str]:
     """Every optimizer step's rows (the training file's row indices) for the whole run, and where the order came
-    from; or ``(None, why not)``. ``lengths``: as in :func:`row_visits`.
+    from; or ``(None, why not)``. ``lengths``, ``unsupervised``: as in :func:`row_visits`.
     """
     from gradian.audit.hf_order import given_rows, order_rule, rows_read, torchtune_order_rule, torchtune_rows_read
 
@@ -153,7 +160,7 @@ def run_rows_read(config: Any, n: int, lengths: Sequence[int] | None = None) -> 
         return None, how
     if not batch or batch <= 0:
         return None, "the run's per-device batch size is unknown"
-    rows, built = given_rows(config, n, lengths)  # LLaMA-Factory's max_samples, axolotl's shuffle and drops
+    rows, built = given_rows(config, n, lengths, unsupervised)  # max_samples; axolotl's, TRL's drops and shuffle
     if rows is None:
         return None, built
     total = total_steps(config, len(rows))
@@ -189,23 +196,15 @@ def with_visits(
     """``trajectory`` (:class:`gradian.attribute.trajectory.Trajectory`) with its rows' visits counted
     (:func:`row_visits`), or with the reason they are not (``mode="off"``: ``--visits off``).
 
-    ``unsupervised``: per row, whether it has no supervised token as the run tokenised it. TRL's ``SFTTrainer``
-    (1.16) drops such rows before it samples (``Dropping fully masked examples``), which moves every later row's
-    place in the sampler's order: that order is not reproduced, and the rule says so. ``lengths``: per row, its
-    token count as the run tokenised it before any cut (axolotl drops rows by length before it samples).
+    ``unsupervised``: per row, whether it has no supervised token as the run tokenised it (TRL's ``SFTTrainer``,
+    1.9 and later, drops such rows before it samples: ``Dropping fully masked examples``). ``lengths``: per row, its
+    token count as the run tokenised it before any cut (axolotl drops rows by length before it samples). Both build
+    the train set the sampler drew from (:func:`gradian.audit.hf_order.given_rows`).
     """
     import dataclasses
 
     if mode == "off":
         return dataclasses.replace(trajectory, visits=None, visits_rule="--visits off")
-    masked = sum(bool(u) for u in unsupervised or ())
-    drops = config is not None and config.trainer == "trl" and "gradian" not in config.formats
-    if masked and drops and config.max_length and not config.packing:
-        why = (
-            f"TRL drops the {masked} row(s) left with no supervised token before it samples, which moves the "
-            "sampler's order of the others"
-        )
-        return dataclasses.replace(trajectory, visits=None, visits_rule=why)
     steps = [c.step for c in trajectory.checkpoints]
     if config is not None and config.trainer == "torchtune":  # epoch_N folders without a log: their steps from N
         from gradian.paths import checkpoint_number
@@ -214,15 +213,21 @@ def with_visits(
             num = checkpoint_number(c.path)
             if steps[i] is None and num and num[0] == "epoch":
                 steps[i] = torchtune_steps(config, n, num[1])
-    visits, why = row_visits(config, n, steps, lengths)
+    visits, why = row_visits(config, n, steps, lengths, unsupervised)
     if visits is not None and config.trainer != "torchtune":
-        disagree = epoch_disagrees(config, n, trajectory.saved_state(), lengths)
+        disagree = epoch_disagrees(config, n, trajectory.saved_state(), lengths, unsupervised)
         if disagree is not None:
             visits, why = None, disagree
     return dataclasses.replace(trajectory, visits=visits, visits_rule=why)
 
 
-def epoch_disagrees(config: Any, n: int, state, lengths: Sequence[int] | None = None) -> str | None:
+def epoch_disagrees(
+    config: Any,
+    n: int,
+    state,
+    lengths: Sequence[int] | None = None,
+    unsupervised: Sequence[bool] | None = None,
+) -> str | None:
     """Why the run's own ``trainer_state.json`` contradicts one device reading the train set built from the file's
     ``n`` rows, or None (:func:`gradian.audit.hf_order.epoch_contradiction`: the ``epoch`` it saved at
     ``global_step``). ``state``: the newest one the trajectory holds
@@ -231,7 +236,7 @@ def epoch_disagrees(config: Any, n: int, state, lengths: Sequence[int] | None = 
     from gradian.audit.hf_order import epoch_contradiction, given_rows, order_rule
 
     seed, _ = order_rule(config, dict(config.versions))
-    rows, _ = given_rows(config, n, lengths)
+    rows, _ = given_rows(config, n, lengths, unsupervised)
     if state is None or seed is None or rows is None:
         return None
     where = f"{state.path.parent.name}/{state.path.name}"  # no absolute path: the rule is in the manifest

@@ -382,7 +382,7 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
 
     c = ctx.config
     seen = c.max_steps * eb
-    rows, built = given_rows(c, ctx.n, _token_lengths(ctx) if c.trainer == "axolotl" else None)
+    rows, built = given_rows(c, ctx.n, *_token_facts(ctx))
     given = len(rows) if rows is not None else trained_rows(c, ctx.n)  # the rows the sampler drew from
     seed, how = order_rule(c, ctx.versions)
     if seed is not None and rows is None:  # axolotl's train set cannot be rebuilt: its sampler names nothing
@@ -420,16 +420,20 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
     )  # fmt: skip
 
 
-def _token_lengths(ctx: AuditContext) -> list[int] | None:
-    """Each training row's token count as the run's tokenisation builds it, before any cut; None without a tokenizer
-    or when a row did not render (axolotl's train set is rebuilt from them: :func:`gradian.audit.hf_order.given_rows`).
+def _token_facts(ctx: AuditContext) -> tuple[list[int] | None, list[bool] | None]:
+    """``(lengths, unsupervised)``: each training row's token count as the run's tokenisation builds it, before any
+    cut, and whether its ``max_length`` cut (keeping the start) leaves it no supervised token; ``(None, None)``
+    without a tokenizer or when a row did not render. The train set a trainer built from them (axolotl's length
+    filter, TRL's drop of fully masked rows) is :func:`gradian.audit.hf_order.given_rows`.
     """
-    if ctx.tokenizer is None:
-        return None
-    rows = ctx.token_rows
-    if any(tr.tx is None for tr in rows):
-        return None
-    return [tr.tx.full_length for tr in rows]
+    if ctx.tokenizer is None or any(tr.tx is None for tr in ctx.token_rows):
+        return None, None
+    c = ctx.config
+    lengths = [tr.tx.full_length for tr in ctx.token_rows]
+    if (c.truncation or "keep_start").lower() == "keep_end":
+        return lengths, None
+    limit = c.max_length if c.max_length is not None else float("inf")
+    return lengths, [tr.first_sup >= min(limit, len(tr.tx.input_ids)) for tr in ctx.token_rows]
 
 
 def _torchtune_never_trained(ctx: AuditContext, cite: dict) -> list[Hit]:

@@ -1,6 +1,6 @@
 """The rows an HF ``Trainer`` run (TRL's trainers, LLaMA-Factory's and axolotl's included) or torchtune's LoRA recipe
 read, step by step, reproduced from its config (torchtune: :func:`torchtune_rows_read`; the train set a trainer built
-from the file before it sampled, axolotl's shuffled and filtered one included: :func:`given_rows`).
+from the file before it sampled, TRL's and axolotl's shuffled and filtered ones included: :func:`given_rows`).
 
 transformers >= 4.38 prepares the train set with accelerate's ``SeedableRandomSampler``
 (``AcceleratorConfig.use_seedable_sampler``, default True): epoch ``e`` reads the rows in the order
@@ -123,7 +123,7 @@ def axolotl_train_rows(c: TrainConfig, n: int, lengths: Sequence[int] | None) ->
         return None, "its dataset is sharded (a shuffle of its own picks each shard's rows)"
     if c.dedup_exact:
         return None, "dataset_exact_deduplication drops repeated rows"
-    shuffled = c.shuffle_merged is not False and not c.curriculum_sampling
+    shuffled = c.shuffle_dataset is not False and not c.curriculum_sampling
     if shuffled and c.seed is None:
         return None, "axolotl shuffled the rows with numpy's unseeded generator (the config sets no seed)"
     if lengths is None or len(lengths) != n:
@@ -149,13 +149,58 @@ def axolotl_train_rows(c: TrainConfig, n: int, lengths: Sequence[int] | None) ->
     return rows, "axolotl's train set: " + ", ".join(how)
 
 
-def given_rows(c: TrainConfig, n: int, lengths: Sequence[int] | None = None) -> tuple[list[int] | None, str]:
+#: The TRL release whose SFTTrainer first drops the rows truncation leaves with no supervised token, before it samples
+#: (huggingface/trl#6320, "Drop fully-masked examples after truncation in SFT")
+TRL_DROPS_MASKED = "1.9"
+
+
+def trl_train_rows(c: TrainConfig, n: int, unsupervised: Sequence[bool] | None) -> tuple[list[int] | None, str]:
+    """The training file's row at each position of the train set TRL's ``SFTTrainer`` sampled from (unpacked), and how
+    it was built; or ``(None, why not)``.
+
+    ``_prepare_dataset`` (TRL 1.16): with a ``max_length``, the rows truncation leaves with no supervised token are
+    dropped (TRL 1.9 and later: :data:`TRL_DROPS_MASKED`); then ``shuffle_dataset`` (TRL 0.26 and later, default
+    false) shuffles what is left once, ``Dataset.shuffle(seed=seed)``: ``numpy.random.default_rng(seed).permutation``.
+    tests/attribute/test_visits.py holds it to TRL's own trainer.
+
+    Args:
+        unsupervised: per file row, whether it has no supervised token as the run tokenised it (None: unknown, every
+            row taken as kept).
+    """
+    masked = [j for j in range(n) if unsupervised is not None and unsupervised[j]]
+    drops = bool(masked) and c.max_length is not None and not c.packing
+    version = c.versions.get("trl")
+    if drops and version is None:
+        return None, (
+            f"TRL {TRL_DROPS_MASKED} and later drop the {len(masked)} row(s) left with no supervised token before they "
+            "sample, earlier versions keep them, and the run's TRL version is not recorded"
+        )
+    drops = drops and not before(c.versions, "trl", TRL_DROPS_MASKED)
+    dropped = set(masked) if drops else set()
+    rows = [j for j in range(n) if j not in dropped]
+    how = [f"{len(masked)} row(s) with no supervised token dropped (TRL {version})"] if drops else []
+    if c.shuffle_dataset:
+        import numpy as np
+
+        seed = c.seed if c.seed is not None else int(HF_DEFAULTS["seed"])
+        rows = [rows[p] for p in np.random.default_rng(seed).permutation(len(rows)).tolist()]
+        how.append(f"shuffled once, seed {seed} (shuffle_dataset)")
+    return rows, ", ".join(how)
+
+
+def given_rows(
+    c: TrainConfig, n: int, lengths: Sequence[int] | None = None, unsupervised: Sequence[bool] | None = None
+) -> tuple[list[int] | None, str]:
     """The training file's row at each position of the train set the trainer's sampler drew from, and how that set
     was built ("" when it is the file as it is); ``(None, why not)`` when it cannot be told. LLaMA-Factory's
-    ``max_samples``: the first rows (:func:`trained_rows`); axolotl: :func:`axolotl_train_rows`.
+    ``max_samples``: the first rows (:func:`trained_rows`); axolotl: :func:`axolotl_train_rows` (``lengths``: each
+    row's token count before any cut); TRL: :func:`trl_train_rows` (``unsupervised``: per row, no supervised token
+    as the run tokenised it).
     """
     if c.trainer == "axolotl":
         return axolotl_train_rows(c, n, lengths)
+    if c.trainer == "trl" and "gradian" not in c.formats:
+        return trl_train_rows(c, n, unsupervised)
     given = trained_rows(c, n)
     return list(range(given)), (f"max_samples {c.max_samples}: its first {given} of {n} rows" if given < n else "")
 

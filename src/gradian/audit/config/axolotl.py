@@ -69,7 +69,7 @@ FIELDS: tuple[Row, ...] = (
     ("chat_template", "chat_template", "str"),
     ("attn_implementation", "attn_implementation", "str"),
     # the train set's order (utils/data/shared.py merge_datasets, utils/data/utils.py handle_long_seq_in_dataset)
-    ("shuffle_merged", "shuffle_merged_datasets", "bool"),
+    ("shuffle_dataset", "shuffle_merged_datasets", "bool"),
     ("min_sample_len", "min_sample_len", "int"),
     ("curriculum_sampling", "curriculum_sampling", "bool"),
     ("dataset_shards", "dataset_shard_num", "int"),
@@ -93,7 +93,7 @@ DEFAULTS = {
     "group_by_length": False,
     "finetuning": "full",
     "stage": "sft",
-    "shuffle_merged": True,
+    "shuffle_dataset": True,
     "min_sample_len": 2,
 }
 

@@ -128,9 +128,10 @@ class TrainConfig:
     #: LLaMA-Factory: ``max_samples`` (each dataset cut to its first N rows) and ``disable_shuffling`` (rows in order)
     max_samples: int | None = None
     disable_shuffling: bool | None = None
-    #: axolotl: ``shuffle_merged_datasets`` (its train set shuffled, seeded ``seed``, before the sampler),
+    #: the train set shuffled once by ``datasets``' ``shuffle(seed=seed)`` before the sampler (axolotl
+    #: ``shuffle_merged_datasets``, default true; TRL ``shuffle_dataset``, default false); axolotl's
     #: ``min_sample_len`` (shorter rows dropped), ``curriculum_sampling`` (rows in order) and ``dataset_shard_num``
-    shuffle_merged: bool | None = None
+    shuffle_dataset: bool | None = None
     min_sample_len: int | None = None
     curriculum_sampling: bool | None = None
     dataset_shards: int | None = None

@@ -38,6 +38,7 @@ KEYS = frozenset(
 FIELDS: tuple[Row, ...] = (
     ("truncation", "truncation_mode", "str"),
     ("packing", "packing", "bool"),
+    ("shuffle_dataset", "shuffle_dataset", "bool"),  # TRL >= 0.26: the train set shuffled, seeded seed, once
     ("packing_strategy", "packing_strategy", "str"),
     ("padding_free", "padding_free", "bool"),
     ("completion_only_loss", "completion_only_loss", "bool"),
