@@ -229,3 +229,24 @@ def test_axolotl_s_train_set_is_rebuilt_from_its_config_and_the_rows_lengths(tmp
     assert axolotl_train_rows(_axolotl(tmp_path, "seed: 1\n"), 10, None)[0] is None  # the lengths are needed
     packed = _axolotl(tmp_path, "seed: 1\nsample_packing: true\n")
     assert order_rule(packed, {})[0] is None
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_c04_s_step_count_is_the_trainer_s(tmp_path, drop_last):
+    """Audit's step count (``checks_config.total_steps``) equals the HF Trainer's own (:func:`total_steps` of
+    Attribute, held to transformers' Trainer in tests/attribute/test_visits.py), with ``dataloader_drop_last`` too."""
+    from gradian.attribute.visits import total_steps as trainer_steps
+    from gradian.audit.checks_config import total_steps
+    from gradian.audit.config import load_config
+    from gradian.audit.context import AuditContext
+    from gradian.data.formats import Example
+
+    for n, batch, acc, epochs in ((13, 2, 2, 1.5), (12, 4, 3, 2), (7, 3, 2, 3), (9, 2, 4, 1)):
+        cfg = tmp_path / "sft.yaml"
+        cfg.write_text(f"per_device_train_batch_size: {batch}\ngradient_accumulation_steps: {acc}\n"
+                       f"num_train_epochs: {epochs}\ndataloader_drop_last: {str(drop_last).lower()}\n"
+                       "learning_rate: 0.0001\n")  # fmt: skip
+        config = load_config([str(cfg)])
+        rows = [Example(id=f"r{i}", row=i, format="text", prompt="", completion=f"row {i}") for i in range(n)]
+        ctx = AuditContext(rows, None, config, None, None, None, {}, {})
+        assert total_steps(ctx)[0] == trainer_steps(config, n), (n, batch, acc, epochs)

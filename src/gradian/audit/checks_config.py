@@ -154,6 +154,12 @@ def total_steps(ctx: AuditContext) -> tuple[int | None, str]:
     eb = c.effective_batch()
     if ctx.examples is None or not eb or not c.num_epochs:
         return None, "unknown (needs --data and a batch size)"
+    if c.dataloader_drop_last and c.micro_batch_size:  # the last short micro-batch of each epoch is never read
+        micro = ctx.n // c.micro_batch_size
+        spe = math.ceil(micro / (c.gradient_accumulation_steps or 1))
+        how = f"ceil({micro} full micro-batches / accumulation {c.gradient_accumulation_steps or 1})"
+        return int(math.ceil(spe * c.num_epochs)), f"{how} x {c.num_epochs:g} epochs, 1 device, dataloader_drop_last"
+    # = the HF Trainer's ceil(ceil(rows / micro batch) / accumulation) per epoch (ceil(ceil(x/a)/b) = ceil(x/ab))
     spe = math.ceil(ctx.n / eb)
     return int(math.ceil(spe * c.num_epochs)), f"ceil({ctx.n} rows / batch {eb}) x {c.num_epochs:g} epochs, 1 device"
 
