@@ -153,10 +153,11 @@ def test_attribute_says_which_rows_count_before_any_work(short_run, tmp_path):
     assert res.exit_code == 0 and "row visits: every row counted once per checkpoint (--visits off)" in res.output
 
 
-def test_a_run_on_two_devices_is_not_counted_as_one(tok, tmp_path):
-    """The same TRL settings on two processes (torchrun, gloo): each step reads twice the rows, so the run's own
-    trainer_state.json says an epoch one device would not have reached; the visits are not counted (every row
-    once, and the rule says why), where the one-device reading would have named rows as never trained."""
+def test_a_run_on_two_devices_is_counted_as_two(tok, tmp_path):
+    """The same TRL settings on two processes (torchrun, gloo), 15 rows in micro-batches of 2, 5 steps: each step
+    reads a micro-batch on each process, and the second epoch's last round is filled from its first rows
+    (accelerate's ``even_batches``). The run's own trainer_state.json (epoch 1.25 at step 5, where one device would be
+    at 0.625) tells Gradian two devices read the rows, and it counts, per checkpoint, what each process recorded."""
     import json
     import os
     import subprocess
@@ -164,17 +165,23 @@ def test_a_run_on_two_devices_is_not_counted_as_one(tok, tmp_path):
     from gradian.attribute.trajectory import resolve_trajectory
     from gradian.attribute.visits import with_visits
     from gradian.audit.config import load_config
+    from gradian.audit.hf_order import devices_from_state
+    from gradian.data.formats import load_examples
+    from gradian.data.setup import setup_from_files
+    from gradian.data.tokenize import tokenize_examples
     from gradian.models.tiny import tiny_model
     from gradian_testlib import torchrun_command
 
     tiny_model(tok, "llama", seed=0).save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")
+    n = 15
     rows = [
         {"id": f"r{i}", "messages": [{"role": "user", "content": f"What is the capital of France? ({i})"},
                                      {"role": "assistant", "content": "The capital of France is Paris."}]}
-        for i in range(16)
+        for i in range(n)
     ]  # fmt: skip
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     script = Path(__file__).with_name("trl_ddp_run.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     res = subprocess.run(torchrun_command(2, str(script), str(tmp_path)), env=env, capture_output=True, text=True)
@@ -182,29 +189,44 @@ def test_a_run_on_two_devices_is_not_counted_as_one(tok, tmp_path):
     out = tmp_path / "out"
     config = load_config([str(out / "training_args.bin")])
     traj = resolve_trajectory(out, "auto")
-    assert [c.step for c in traj.checkpoints] == [2, 3]
-    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
-    assert state["epoch"] == pytest.approx(0.75)  # 3 steps x 2 devices x 2 rows of 8 micro-batches
-    one, _ = row_visits(config, 16, [2, 3])  # what one device would have read: 6 of the 16 rows
-    assert one is not None and len(one.never) == 10
-    counted = with_visits(traj, config, 16)
-    assert counted.visits is None
-    assert "says epoch 0.75 at step 3, where one device reading 16 rows in micro-batches of 2 would be at 0.375" in (
-        counted.visits_rule
-    )
-    assert counted.visits_rule.startswith("checkpoint-3/trainer_state.json says")  # no absolute path in the manifest
-    assert "several devices" in counted.visits_rule
-    # Audit's C04 alike: from the config alone it names one device's 10 unread rows; given the run's log, it does not
+    assert [c.step for c in traj.checkpoints] == [2, 4, 5]
+    state = json.loads((out / "checkpoint-5" / "trainer_state.json").read_text())
+    assert state["epoch"] == pytest.approx(1.25)  # 5 steps of the 4 micro-batches each process reads an epoch
+
+    # what each process trained on, step by step, as the file's rows
+    setup = setup_from_files([out / "training_args.bin"], data)
+    ids = [it.input_ids.tolist() for it in tokenize_examples(load_examples(data), tok, setup.tokenize_spec())]
+    pad = tok.pad_token_id
+
+    def row(seq):
+        (j,) = [j for j, r in enumerate(ids) if seq[: len(r)] == r and set(seq[len(r) :]) <= {pad}]
+        return j
+
+    seen = [json.loads((tmp_path / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
+    assert len(seen[0]) == len(seen[1]) == 5  # a micro-batch a step on each process
+    steps = [[row(s) for rank in (0, 1) for s in seen[rank][k]] for k in range(5)]
+
+    assert devices_from_state(config, n, 5, 1.25, "x")[0] == 2
+    counted = with_visits(traj, config, n)
+    assert counted.visits is not None, counted.visits_rule
+    assert "2 devices (checkpoint-5/trainer_state.json: epoch 1.25 at step 5)" in counted.visits.rule
+    want = np.zeros((3, n), dtype=np.int64)
+    for k, step_rows in enumerate(steps, start=1):
+        np.add.at(want[0 if k <= 2 else 1 if k <= 4 else 2], step_rows, 1)
+    assert counted.visits.counts.tolist() == want.tolist()
+    assert sum(len(s) for s in steps) == 20 and len({r for s in steps[:4] for r in s}) == n  # epoch 1: every row,
+    # the first round's rows twice (15 rows filled up to 16)
+
+    # Audit's C04: from the config alone it assumes one device; given the run's log it reads two
     from gradian.audit import diagnose
 
     def never_hit(**logs):
-        found = diagnose(configs=[out / "training_args.bin"], data=tmp_path / "train.jsonl", select=["C04"], **logs)
-        (hit,) = [f for f in found.by_id("C04") if "never trained" in f.message]
-        return hit
+        found = diagnose(configs=[out / "training_args.bin"], data=data, select=["C04"], **logs)
+        return [f for f in found.by_id("C04") if "never trained" in f.message]
 
-    assert len(never_hit().row_ids) == 10
-    hit = never_hit(logs=out / "checkpoint-3" / "trainer_state.json")
-    assert hit.row_ids == [] and "several devices" in hit.message
+    (one,) = never_hit()  # 5 steps x 2 rows of 15 on one device: 10 rows read, 5 never
+    assert len(one.row_ids) == 5 and "1 device assumed" in one.message
+    assert never_hit(logs=out / "checkpoint-5" / "trainer_state.json") == []  # two devices read every row
 
 
 def test_the_verdict_lists_no_row_the_run_never_read(short_run, tmp_path):

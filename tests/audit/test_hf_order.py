@@ -166,23 +166,57 @@ def test_a_gradian_train_config_s_silent_settings_are_gradian_train_s(tmp_path):
 
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("accumulation", [1, 2, 3])
-def test_the_one_device_epoch_counts_the_micro_batches_the_sampler_steps_through(drop_last, accumulation):
-    """:func:`one_device_epoch`'s closed form equals the micro-batches :func:`rows_read` steps through (the epochs'
-    short last steps and a dropped last micro-batch included), for every step count over three epochs."""
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_the_epoch_counts_the_micro_batches_the_sampler_steps_through(drop_last, accumulation, world):
+    """:func:`epoch_at`'s closed form equals the micro-batches :func:`rows_read` steps through on ``world`` devices
+    (the epochs' short last steps and a dropped last micro-batch included), for every step count over three epochs,
+    and :func:`devices_from_state` tells ``world`` back from it wherever one count fits."""
     from gradian.audit.config.model import TrainConfig
-    from gradian.audit.hf_order import one_device_epoch
+    from gradian.audit.hf_order import devices_from_state, epoch_at, epoch_micro_batches
 
-    for n, batch in ((13, 2), (12, 4), (7, 3), (5, 8)):
+    for n, batch in ((13, 2), (12, 4), (7, 3), (5, 8), (23, 2)):
         c = TrainConfig(micro_batch_size=batch, gradient_accumulation_steps=accumulation)
         c.dataloader_drop_last = drop_last
-        per_epoch = n // batch if drop_last else -(-n // batch)
+        per_epoch = epoch_micro_batches(n, batch, world, drop_last)
         if per_epoch == 0:
-            assert one_device_epoch(c, n, 3) is None
+            assert epoch_at(c, n, 3, world) is None
             continue
         for steps in range(1, 3 * -(-per_epoch // accumulation) + 1):
-            read = rows_read(n, seed=5, batch=batch, accumulation=accumulation, steps=steps, drop_last=drop_last)
-            replayed = sum(-(-len(rows) // batch) for rows in read) / per_epoch
-            assert one_device_epoch(c, n, steps) == pytest.approx(replayed, abs=1e-12), (n, batch, steps)
+            read = rows_read(
+                n, seed=5, batch=batch, accumulation=accumulation, steps=steps, drop_last=drop_last, world=world
+            )
+            replayed = sum(-(-len(rows) // (batch * world)) for rows in read) / per_epoch
+            epoch = epoch_at(c, n, steps, world)
+            assert epoch == pytest.approx(replayed, abs=1e-12), (n, batch, steps)
+            told, why = devices_from_state(c, n, steps, epoch, "log")
+            assert told in (world, None), why
+            assert told is not None or "all fit" in why
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_each_device_reads_the_micro_batches_accelerate_shards_it(drop_last):
+    """:func:`shard` is accelerate's own ``BatchSamplerShard`` (``split_batches`` false, ``even_batches`` true, as
+    ``prepare_data_loader`` wraps the Trainer's batch sampler on several processes), micro-batch for micro-batch,
+    and :func:`epoch_micro_batches` its length."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+
+    from gradian.audit.hf_order import epoch_micro_batches, epoch_order, shard
+
+    for n in (1, 3, 7, 15, 16, 29):
+        order = epoch_order(n, 3, 0)
+        for batch in (1, 2, 4):
+            micro = [order[i : i + batch] for i in range(0, n, batch)]
+            if drop_last and len(micro[-1]) < batch:
+                micro.pop()
+            for world in (2, 3, 4):
+                for rank in range(world):
+                    theirs = BatchSamplerShard(
+                        BatchSampler(order, batch, drop_last), num_processes=world, process_index=rank,
+                        split_batches=False, even_batches=True,
+                    )  # fmt: skip
+                    assert shard(micro, world, rank, batch, drop_last) == list(theirs), (n, batch, world, rank)
+                    assert epoch_micro_batches(n, batch, world, drop_last) == len(theirs)
 
 
 def _axolotl(tmp_path, extra: str = ""):

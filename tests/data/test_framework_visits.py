@@ -174,16 +174,22 @@ LF_CASES = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def lf_runs(tmp_path_factory, tok) -> dict:
+def _tiny_base_and_rows(tmp_path_factory, tok, framework: str, name: str) -> tuple[Path, Path]:
+    """``(root, data)``: a folder holding a tiny Llama base (``root / "base"``, with ``tok``) and the ``N`` chat rows;
+    skips when ``.venv/frameworks/<framework>`` is not installed."""
     from gradian.models.tiny import tiny_model
 
-    if not (FW / "llamafactory").is_dir():
-        pytest.skip(f"{FW / 'llamafactory'} is not installed (make frameworks)")
-    root = tmp_path_factory.mktemp("framework_visits_lf")
+    if not (FW / framework).is_dir():
+        pytest.skip(f"{FW / framework} is not installed (make frameworks)")
+    root = tmp_path_factory.mktemp(name)
     tiny_model(tok, "llama").save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    data = _chat_rows(root / "chat.jsonl")
+    return root, _chat_rows(root / "chat.jsonl")
+
+
+@pytest.fixture(scope="module")
+def lf_runs(tmp_path_factory, tok) -> dict:
+    root, data = _tiny_base_and_rows(tmp_path_factory, tok, "llamafactory", "framework_visits_lf")
     tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
     info = {"file_name": str(data), "formatting": "sharegpt", "columns": {"messages": "messages"}, "tags": tags}
     (root / "dataset_info.json").write_text(json.dumps({"visits": info}))
@@ -199,6 +205,17 @@ def lf_runs(tmp_path_factory, tok) -> dict:
             "disable_gradient_checkpointing": True, **extra,
         })  # fmt: skip
     return _run_steps("llamafactory", configs, "output_dir", data)
+
+
+def _one_checkpoint_counts(traj, steps: list[list[int]]) -> list[int]:
+    """Assert that ``traj``'s one checkpoint counts each row as often as the recorded ``steps`` read it; return the
+    rows never read."""
+    want = [0] * N
+    for step_rows in steps:
+        for r in step_rows:
+            want[r] += 1
+    assert traj.visits.counts.tolist() == [want]
+    return [j for j in range(N) if want[j] == 0]
 
 
 @pytest.mark.parametrize("name", list(LF_CASES))
@@ -218,12 +235,7 @@ def test_gradian_reads_the_rows_each_llamafactory_step_took(lf_runs, name):
     traj = with_visits(resolve_trajectory(run["run"], "auto"), config, N)
     assert traj.visits is not None, traj.visits_rule
     assert [c.step for c in traj.checkpoints] == [len(steps)]  # the final adapter, at the trainer's global_step
-    want = [0] * N
-    for step_rows in steps:
-        for r in step_rows:
-            want[r] += 1
-    assert traj.visits.counts.tolist() == [want]
-    never = [j for j in range(N) if want[j] == 0]
+    never = _one_checkpoint_counts(traj, steps)
     assert traj.visits.never.tolist() == never and set(range(given, N)) <= set(never)
     if name.endswith("max_steps 2"):
         assert steps == [[0, 1, 2], [3, 4, 5]]  # in order
@@ -253,14 +265,7 @@ AX_LONG = 1  # the row axolotl drops for its length
 
 @pytest.fixture(scope="module")
 def ax_runs(tmp_path_factory, tok) -> dict:
-    from gradian.models.tiny import tiny_model
-
-    if not (FW / "axolotl-train").is_dir():
-        pytest.skip(f"{FW / 'axolotl-train'} is not installed (make frameworks)")
-    root = tmp_path_factory.mktemp("framework_visits_axolotl")
-    tiny_model(tok, "llama").save_pretrained(root / "base")
-    tok.save_pretrained(root / "base")
-    data = _chat_rows(root / "chat.jsonl")
+    root, data = _tiny_base_and_rows(tmp_path_factory, tok, "axolotl-train", "framework_visits_axolotl")
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     rows[AX_LONG]["messages"][1]["content"] = " ".join(f"Paris {k}." for k in range(60))  # far over sequence_len
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -323,12 +328,7 @@ def test_gradian_reads_the_rows_each_axolotl_step_took(ax_runs, name):
     # as gradian attribute counts them: the run folder's trajectory, the config, the rows as it tokenised them
     traj = counted_trajectory(run["run"], "auto", [run["config"]], AttributeSpec(), items)
     assert traj.visits is not None, traj.visits_rule
-    want = [0] * N
-    for step_rows in steps:
-        for r in step_rows:
-            want[r] += 1
-    assert traj.visits.counts.tolist() == [want]
-    never = [j for j in range(N) if want[j] == 0]
+    never = _one_checkpoint_counts(traj, steps)
     assert traj.visits.never.tolist() == never and AX_LONG in never
     # without its token counts the train set cannot be rebuilt, and nothing is counted
     assert with_visits(resolve_trajectory(run["run"], "auto"), config, N).visits is None

@@ -18,10 +18,11 @@ exactly 0, as it is in the run; a row read twice in an interval where the averag
 
 Not counted (every row once per checkpoint, and the rule says why): a run without a config Gradian can read the
 batch from, a sampler :mod:`gradian.audit.hf_order` does not reproduce (packing, ``group_by_length``, another
-trainer), a checkpoint whose step is unknown, an HF run whose ``trainer_state.json`` contradicts one device
-(:func:`epoch_disagrees`), ``--visits off``. Assumed otherwise, as C04 assumes: one device, and the training file's
-rows in the order the trainer was given them (axolotl's own shuffle and length filter are rebuilt:
-:func:`gradian.audit.hf_order.axolotl_train_rows`).
+trainer), a checkpoint whose step is unknown, an HF run whose ``trainer_state.json`` fits no device count or several
+(:func:`run_devices`), ``--visits off``. Where that file tells how many devices read the rows, each reads its share
+(:func:`gradian.audit.hf_order.shard`); without it one device is assumed, as C04 assumes, and the training file's
+rows in the order the trainer was given them (TRL's and axolotl's own drops and shuffles are rebuilt:
+:func:`gradian.audit.hf_order.given_rows`).
 """
 
 from __future__ import annotations
@@ -80,19 +81,22 @@ class RowVisits:
         }
 
 
-def total_steps(config: Any, n: int) -> int | None:
-    """The optimizer steps of a run that trains by epochs, as the HF ``Trainer`` counts them on one device.
+def total_steps(config: Any, n: int, world: int = 1) -> int | None:
+    """The optimizer steps of a run that trains by epochs, as the HF ``Trainer`` counts them on ``world`` devices.
 
     ``max_steps`` when set (> 0); else ``ceil(num_epochs · per_epoch)`` with ``per_epoch = ceil(micro / accumulation)``
-    and ``micro = ceil(n / batch)`` (``floor`` with ``dataloader_drop_last``) micro-batches an epoch. None when a
-    number it needs is missing.
+    and ``micro`` each process's micro-batches an epoch (one device: ``ceil(n / batch)``, ``floor`` with
+    ``dataloader_drop_last``; :func:`gradian.audit.hf_order.epoch_micro_batches`). None when a number it needs is
+    missing.
     """
+    from gradian.audit.hf_order import epoch_micro_batches
+
     if config.max_steps and config.max_steps > 0:
         return int(config.max_steps)
     batch, acc = config.micro_batch_size, config.gradient_accumulation_steps or 1
     if not batch or batch <= 0 or acc <= 0 or not config.num_epochs or config.num_epochs <= 0:
         return None
-    micro = n // batch if config.dataloader_drop_last else -(-n // batch)
+    micro = epoch_micro_batches(n, batch, world, bool(config.dataloader_drop_last))
     if micro <= 0:
         return None
     return int(math.ceil(config.num_epochs * (-(-micro // acc))))
@@ -104,6 +108,7 @@ def row_visits(
     steps: Sequence[int | None],
     lengths: Sequence[int] | None = None,
     unsupervised: Sequence[bool] | None = None,
+    devices: tuple[int, str] = (1, ""),
 ) -> tuple[RowVisits | None, str]:
     """``(visits, rule)`` for a run's checkpoints, or ``(None, why not)`` (the module docstring).
 
@@ -114,10 +119,12 @@ def row_visits(
             unknown step is the run's last: :func:`total_steps`, or torchtune's epochs).
         lengths: each row's token count as the run tokenised it, before any cut (axolotl drops rows by length).
         unsupervised: per row, whether it has no supervised token as the run tokenised it (TRL drops such rows).
+        devices: how many devices read the rows, and how that was told (:func:`run_devices`; ``(1, "")``: one,
+            assumed).
     """
     if config is None:
         return None, "no training config was read (--config, or the run folder's training_args.bin)"
-    read, how = run_rows_read(config, n, lengths, unsupervised)
+    read, how = run_rows_read(config, n, lengths, unsupervised, devices)
     if read is None:
         return None, how
     steps = list(steps)
@@ -138,10 +145,14 @@ def row_visits(
 
 
 def run_rows_read(
-    config: Any, n: int, lengths: Sequence[int] | None = None, unsupervised: Sequence[bool] | None = None
+    config: Any,
+    n: int,
+    lengths: Sequence[int] | None = None,
+    unsupervised: Sequence[bool] | None = None,
+    devices: tuple[int, str] = (1, ""),
 ) -> tuple[list[list[int]] | None, str]:
     """Every optimizer step's rows (the training file's row indices) for the whole run, and where the order came
-    from; or ``(None, why not)``. ``lengths``, ``unsupervised``: as in :func:`row_visits`.
+    from; or ``(None, why not)``. ``lengths``, ``unsupervised``, ``devices``: as in :func:`row_visits`.
     """
     from gradian.audit.hf_order import given_rows, order_rule, rows_read, torchtune_order_rule, torchtune_rows_read
 
@@ -163,13 +174,14 @@ def run_rows_read(
     rows, built = given_rows(config, n, lengths, unsupervised)  # max_samples; axolotl's, TRL's drops and shuffle
     if rows is None:
         return None, built
-    total = total_steps(config, len(rows))
+    world, told = devices
+    total = total_steps(config, len(rows), world)
     if total is None:
         return None, "the run's number of steps is unknown"
     drop = bool(config.dataloader_drop_last)
-    read = rows_read(len(rows), seed=seed, batch=batch, accumulation=acc, steps=total, drop_last=drop)
+    read = rows_read(len(rows), seed=seed, batch=batch, accumulation=acc, steps=total, drop_last=drop, world=world)
     read = [[rows[k] for k in step] for step in read]  # the train set's positions -> the file's rows
-    return read, f"the HF Trainer's sampler, {how}{'; ' + built if built else ''}; 1 device"
+    return read, f"the HF Trainer's sampler, {how}{'; ' + built if built else ''}; {told or '1 device'}"
 
 
 def torchtune_steps(config: Any, n: int, epoch: int) -> int | None:
@@ -213,31 +225,33 @@ def with_visits(
             num = checkpoint_number(c.path)
             if steps[i] is None and num and num[0] == "epoch":
                 steps[i] = torchtune_steps(config, n, num[1])
-    visits, why = row_visits(config, n, steps, lengths, unsupervised)
-    if visits is not None and config.trainer != "torchtune":
-        disagree = epoch_disagrees(config, n, trajectory.saved_state(), lengths, unsupervised)
-        if disagree is not None:
-            visits, why = None, disagree
+    world, told = 1, ""
+    if config is not None and config.trainer != "torchtune":
+        world, told = run_devices(config, n, trajectory.saved_state(), lengths, unsupervised)  # type: ignore[assignment]
+        if world is None:
+            return dataclasses.replace(trajectory, visits=None, visits_rule=told)
+    visits, why = row_visits(config, n, steps, lengths, unsupervised, (world, told))
     return dataclasses.replace(trajectory, visits=visits, visits_rule=why)
 
 
-def epoch_disagrees(
+def run_devices(
     config: Any,
     n: int,
     state,
     lengths: Sequence[int] | None = None,
     unsupervised: Sequence[bool] | None = None,
-) -> str | None:
-    """Why the run's own ``trainer_state.json`` contradicts one device reading the train set built from the file's
-    ``n`` rows, or None (:func:`gradian.audit.hf_order.epoch_contradiction`: the ``epoch`` it saved at
-    ``global_step``). ``state``: the newest one the trajectory holds
-    (:meth:`gradian.attribute.trajectory.Trajectory.saved_state`); None: nothing to contradict.
+) -> tuple[int | None, str]:
+    """How many devices read the train set built from the file's ``n`` rows, told by the run's own
+    ``trainer_state.json`` (:func:`gradian.audit.hf_order.devices_from_state`: the ``epoch`` it saved at
+    ``global_step``), and how; ``(None, why not)`` when the file contradicts every count or fits several. ``state``:
+    the newest one the trajectory holds (:meth:`gradian.attribute.trajectory.Trajectory.saved_state`); None, or an
+    order not reproduced: ``(1, "")``, one device assumed.
     """
-    from gradian.audit.hf_order import epoch_contradiction, given_rows, order_rule
+    from gradian.audit.hf_order import devices_from_state, given_rows, order_rule
 
     seed, _ = order_rule(config, dict(config.versions))
     rows, _ = given_rows(config, n, lengths, unsupervised)
     if state is None or seed is None or rows is None:
-        return None
+        return 1, ""
     where = f"{state.path.parent.name}/{state.path.name}"  # no absolute path: the rule is in the manifest
-    return epoch_contradiction(config, len(rows), state.global_step, state.epoch, where)
+    return devices_from_state(config, len(rows), state.global_step, state.epoch, where)

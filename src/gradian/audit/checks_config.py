@@ -366,7 +366,8 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
         )
     implied = c.max_steps * eb / given if c.max_steps and c.max_steps > 0 else None
     if implied is not None and implied < 1 and not (c.packing or c.padding_free):
-        hits.append(_never_trained(ctx, eb, implied, cite))
+        hit = _never_trained(ctx, eb, implied, cite)
+        hits += [hit] if hit is not None else []
     elif implied is not None and c.num_epochs and not c.is_default("num_epochs"):
         if abs(implied - c.num_epochs) / c.num_epochs > 0.25:
             hits.append(
@@ -380,49 +381,57 @@ def step_budget(ctx: AuditContext) -> list[Hit]:
     return hits
 
 
-def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hit:
-    """C04's warning for a ``max_steps`` that ends the run inside its first epoch: how many rows it never trained,
-    and which, where the trainer's sampler is reproduced (:mod:`gradian.audit.hf_order`).
+def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hit | None:
+    """C04's warning for a ``max_steps`` that ends the run inside its first epoch on one device: how many rows it
+    never trained, and which, where the trainer's sampler is reproduced (:mod:`gradian.audit.hf_order`). None when
+    the run's log shows several devices that read every row.
     """
-    from gradian.audit.hf_order import epoch_contradiction, given_rows, order_rule, rows_read
+    from gradian.audit.hf_order import devices_from_state, given_rows, order_rule, rows_read
 
     c = ctx.config
-    seen = c.max_steps * eb
     rows, built = given_rows(c, ctx.n, *_token_facts(ctx))
     given = len(rows) if rows is not None else trained_rows(c, ctx.n)  # the rows the sampler drew from
     seed, how = order_rule(c, ctx.versions)
     if seed is not None and rows is None:  # axolotl's train set cannot be rebuilt: its sampler names nothing
         seed, how = None, built
+    world, devices = 1, "1 device assumed"
     state = ctx.logs.state if ctx.logs is not None else {}
     if seed is not None and state.get("global_step") and state.get("epoch") is not None:
-        odd = epoch_contradiction(c, given, int(state["global_step"]), float(state["epoch"]), "the log")
-        if odd is not None:  # several devices, or other rows: the one-device order would name the wrong rows
-            seed, how = None, odd
+        told, why = devices_from_state(c, given, int(state["global_step"]), float(state["epoch"]), "the log")
+        if told is None:  # other rows, or a device count the log cannot tell: the order would name the wrong rows
+            seed, how = None, why
+        elif told > 1:
+            world, devices = told, f"{why}, read from the log"
+    seen = c.max_steps * eb * world
     ids, which = [], f"which ones, its shuffle decided ({how})"
     if seed is not None and rows is not None:
         read = rows_read(
             given, seed=seed, batch=c.micro_batch_size, accumulation=c.gradient_accumulation_steps or 1,
-            steps=c.max_steps, drop_last=bool(c.dataloader_drop_last),
+            steps=c.max_steps, drop_last=bool(c.dataloader_drop_last), world=world,
         )  # fmt: skip
         trained = {rows[k] for step in read for k in step}
         ids = [ctx.examples[j].id for j in sorted(set(rows) - trained)]
         built = f"; {built}" if built else ""
         which = f"the HF Trainer's sampler, {how}{built}, names them, if it was given the rows in this file's order"
-    unseen = len(ids) if seed is not None else given - seen
+    unseen = len(ids) if seed is not None else max(0, given - seen)
+    if world > 1 and not unseen:
+        return None
     after = (
         "gradian attribute scores them 0 (--visits auto: their influence on the run is none)"
         if seed is not None
         else "Their attribution scores say what they would have done, not what they did"
     )
+    batch = f"the effective batch {eb}" + (f" on {world} devices" if world > 1 else "")
     return Hit(
         "warning",
-        f"max_steps={c.max_steps} x the effective batch {eb} covers {seen} of the {given} training rows: the run "
-        f"stopped {implied:.0%} into its first epoch, so {unseen} rows ({unseen / given:.0%}) were never trained "
-        f"({which}; 1 device assumed). {after}",
+        f"max_steps={c.max_steps} x {batch} covers {min(seen, given)} of the {given} training rows: the run "
+        f"stopped {min(implied * world, 1.0):.0%} into its first epoch, so {unseen} rows ({unseen / given:.0%}) were "
+        f"never trained ({which}; {devices}). {after}",
         {"value": seen, "threshold": given, "never_trained": unseen, "order": how if seed is not None else None,
-         **cite},
+         "devices": world, **cite},
         row_ids=ids,
-        fix=f"set max_steps to at least {-(-given // eb)} (one epoch at this batch), or remove it to train by epochs",
+        fix=f"set max_steps to at least {-(-given // (eb * world))} (one epoch at this batch), or remove it to train "
+        "by epochs",
     )  # fmt: skip
 
 

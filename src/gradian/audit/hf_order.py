@@ -8,7 +8,9 @@ transformers >= 4.38 prepares the train set with accelerate's ``SeedableRandomSa
 otherwise ``seed`` (the trainer's ``set_seed(seed)`` makes it torch's initial seed, which the sampler takes). The
 order is cut into micro-batches of ``per_device_train_batch_size`` (the last one short, or dropped with
 ``dataloader_drop_last``), and each optimizer step takes ``gradient_accumulation_steps`` of them, the epoch's last
-step the micro-batches left. tests/audit/test_hf_order.py holds this to transformers' own ``Trainer``.
+step the micro-batches left. On several devices each process reads its share of the same micro-batches
+(:func:`shard`), and a step takes ``gradient_accumulation_steps`` of each. tests/audit/test_hf_order.py holds this to
+transformers' own ``Trainer``; tests/attribute/test_visits.py to TRL's on two torchrun processes.
 
 Not reproduced (:func:`order_rule` says why, and C04 then gives the count without names): another
 ``train_sampling_strategy`` (``group_by_length``, ``sequential``, ``batch_rebalance``), packing (a step's sequences
@@ -16,8 +18,8 @@ hold several rows), a stage other than SFT, ``use_seedable_sampler`` off, transf
 ``val_size`` split and several concatenated datasets; axolotl's several datasets, shards, exact deduplication and an
 unseeded shuffle (:func:`axolotl_train_rows`). Not detectable from a config, and said in C04's message
 instead: more than one device (one is assumed) and a train set the user reordered or filtered before the trainer
-sampled it (the file's order is assumed); the run's own ``trainer_state.json``, when given, contradicts both
-(:func:`epoch_contradiction`), and then nothing is named.
+sampled it (the file's order is assumed); the run's own ``trainer_state.json``, when given, tells how many devices
+read the rows (:func:`devices_from_state`) or that the rows were others, and then nothing is named.
 """
 
 from __future__ import annotations
@@ -63,10 +65,62 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 SEQUENTIAL = -1
 
 
+def shard(micro: list[list[int]], world: int, rank: int, batch: int, drop_last: bool) -> list[list[int]]:
+    """The micro-batches process ``rank`` of ``world`` reads of an epoch's ``micro`` (all of them, in order):
+    accelerate's ``BatchSamplerShard`` as ``prepare_data_loader`` wraps the Trainer's batch sampler on several
+    processes (``split_batches`` false, ``even_batches`` true, their defaults): micro-batch ``k`` goes to process
+    ``k mod world`` in whole rounds, and the last round is completed from the epoch's first rows (a short last
+    micro-batch is filled up, the missing processes' micro-batches taken from the start), so every process reads
+    ``ceil(len(micro) / world)`` full micro-batches (``floor`` with ``drop_last``). On one process nothing is wrapped.
+    """
+    if world <= 1:
+        return list(micro)
+    first: list[int] = []
+    out: list[list[int]] = []
+    mine: list[int] | None = None
+    idx, last = -1, []
+    for idx, last in enumerate(micro):
+        if not drop_last and idx < world:
+            first += last
+        if idx % world == rank:
+            mine = last
+        if idx % world == world - 1 and len(last) == batch:
+            out.append(mine)  # type: ignore[arg-type]
+            mine = None
+    if drop_last or not first:
+        return out
+    if mine and len(mine) == batch:
+        out.append(mine)
+    while len(first) < world * batch:
+        first += first
+    pending = list(last)
+    if len(pending) == batch:
+        pending, idx = [], idx + 1
+    cycle = 0
+    while idx % world != 0 or pending:
+        end = cycle + batch - len(pending)
+        pending += first[cycle:end]
+        if idx % world == rank:
+            out.append(pending)
+        cycle, pending, idx = end, [], idx + 1
+    return out
+
+
+def epoch_micro_batches(n: int, batch: int, world: int = 1, drop_last: bool = False) -> int:
+    """The micro-batches each process reads an epoch (the Trainer's ``len(train_dataloader)``): ``M = ceil(n /
+    batch)`` (``floor`` with ``drop_last``) on one process; on ``world`` of them ``M // world``, plus one when
+    ``world`` does not divide ``M`` and ``drop_last`` is off (:func:`shard`).
+    """
+    total = n // batch if drop_last else -(-n // batch)
+    if world <= 1 or total % world == 0:
+        return total // max(world, 1)
+    return total // world + (0 if drop_last else 1)
+
+
 def rows_read(
-    n: int, *, seed: int, batch: int, accumulation: int, steps: int, drop_last: bool = False
+    n: int, *, seed: int, batch: int, accumulation: int, steps: int, drop_last: bool = False, world: int = 1
 ) -> list[list[int]]:
-    """Per optimizer step (``steps`` of them, across epochs), the row indices it read, on one device.
+    """Per optimizer step (``steps`` of them, across epochs), the row indices it read, on all ``world`` devices.
 
     Args:
         n: rows in the train set, in the order the trainer was given them.
@@ -75,8 +129,10 @@ def rows_read(
         accumulation: ``gradient_accumulation_steps``.
         steps: optimizer steps taken (``max_steps``, or the ``global_step`` the run reached).
         drop_last: ``dataloader_drop_last``.
+        world: processes (each reads its own micro-batches of the same order: :func:`shard`); a step is
+            ``accumulation`` micro-batches of each.
     """
-    if n <= 0 or batch <= 0 or accumulation <= 0 or (drop_last and n < batch):
+    if n <= 0 or batch <= 0 or accumulation <= 0 or world <= 0 or epoch_micro_batches(n, batch, world, drop_last) <= 0:
         return []
     out: list[list[int]] = []
     epoch = 0
@@ -85,8 +141,9 @@ def rows_read(
         micro = [order[i : i + batch] for i in range(0, n, batch)]
         if drop_last and len(micro[-1]) < batch:
             micro.pop()
-        for k in range(0, len(micro), accumulation):
-            out.append([r for m in micro[k : k + accumulation] for r in m])
+        each = [shard(micro, world, rank, batch, drop_last) for rank in range(world)]
+        for k in range(0, len(each[0]), accumulation):
+            out.append([r for mine in each for m in mine[k : k + accumulation] for r in m])
             if len(out) == steps:
                 break
         epoch += 1
@@ -205,18 +262,18 @@ def given_rows(
     return list(range(given)), (f"max_samples {c.max_samples}: its first {given} of {n} rows" if given < n else "")
 
 
-def one_device_epoch(c: TrainConfig, given: int, steps: int) -> float | None:
-    """The ``epoch`` an HF Trainer on one device reports after ``steps`` optimizer steps over a train set of ``given``
-    rows: the micro-batches read over the micro-batches of an epoch, ``m = ⌈rows / batch⌉`` (``⌊⌋`` with
-    ``dataloader_drop_last``). An epoch takes ``s = ⌈m / accumulation⌉`` steps, its last one the micro-batches left,
-    so ``steps`` read ``⌊steps / s⌋ · m + min((steps mod s) · accumulation, m)`` of them, whatever the shuffle (the
-    same count :func:`rows_read` steps through). ``trainer_state.json`` saves the same number, so a run on ``W``
-    devices, which reads ``W`` times the rows a step, or on other rows, says another. None when the batch is unknown.
+def epoch_at(c: TrainConfig, given: int, steps: int, world: int = 1) -> float | None:
+    """The ``epoch`` an HF Trainer on ``world`` devices reports after ``steps`` optimizer steps over a train set of
+    ``given`` rows: the micro-batches each process read over those of an epoch, ``m`` (:func:`epoch_micro_batches`).
+    An epoch takes ``s = ⌈m / accumulation⌉`` steps, its last one the micro-batches left, so ``steps`` read
+    ``⌊steps / s⌋ · m + min((steps mod s) · accumulation, m)`` of them, whatever the shuffle (the same count
+    :func:`rows_read` steps through). ``trainer_state.json`` saves the same number, so it tells how many devices read
+    the rows (:func:`devices_from_state`). None when the batch is unknown.
     """
     batch, acc = c.micro_batch_size, c.gradient_accumulation_steps or 1
-    if not batch or batch <= 0 or acc <= 0:
+    if not batch or batch <= 0 or acc <= 0 or world <= 0:
         return None
-    per_epoch = given // batch if c.dataloader_drop_last else -(-given // batch)
+    per_epoch = epoch_micro_batches(given, batch, world, bool(c.dataloader_drop_last))
     if per_epoch <= 0:
         return None
     epoch_steps = -(-per_epoch // acc)
@@ -224,17 +281,38 @@ def one_device_epoch(c: TrainConfig, given: int, steps: int) -> float | None:
     return read / per_epoch
 
 
-def epoch_contradiction(c: TrainConfig, given: int, global_step: int, epoch: float, where: str) -> str | None:
-    """Why a saved ``epoch`` at ``global_step`` (``where``: the file) contradicts one device reading a train set of
-    ``given`` rows (:func:`one_device_epoch`), or None when it agrees (to 1e-6).
+#: the most devices :func:`devices_from_state` tries
+MAX_DEVICES = 1024
+
+
+def devices_from_state(
+    c: TrainConfig, given: int, global_step: int, epoch: float, where: str
+) -> tuple[int | None, str]:
+    """How many devices read the ``given`` rows, from the ``epoch`` a ``trainer_state.json`` (``where``) saved at
+    ``global_step``: the one count ``W`` (1 to :data:`MAX_DEVICES`) for which :func:`epoch_at` gives that epoch (to
+    1e-6), and how it was told; ``(None, why not)`` when no count or several fit (a run on other rows, or an epoch
+    that does not tell them apart). One device needs no saying: ``(1, "")``.
     """
-    ours = one_device_epoch(c, given, global_step)
-    if ours is None or abs(ours - epoch) <= 1e-6 * max(1.0, ours):
-        return None
-    return (
+    fits = [w for w in range(1, MAX_DEVICES + 1) if _agrees(epoch_at(c, given, global_step, w), epoch)]
+    if fits == [1]:
+        return 1, ""
+    if len(fits) == 1:
+        return fits[0], f"{fits[0]} devices ({where}: epoch {epoch:g} at step {global_step})"
+    one = epoch_at(c, given, global_step)
+    said = (
         f"{where} says epoch {epoch:g} at step {global_step}, where one device reading {given} rows in "
-        f"micro-batches of {c.micro_batch_size} would be at {ours:g}: the run used several devices, or other rows"
+        f"micro-batches of {c.micro_batch_size} would be at {one:g}"
+        if one is not None
+        else f"{where} says epoch {epoch:g} at step {global_step}"
     )
+    if not fits:
+        return None, f"{said}, and no number of devices reading them would: the run trained other rows"
+    counts = ", ".join(map(str, fits[:4])) + (" ..." if len(fits) > 4 else "")
+    return None, f"{said}: {counts} devices all fit, so the run's device count cannot be told"
+
+
+def _agrees(ours: float | None, saved: float) -> bool:
+    return ours is not None and abs(ours - saved) <= 1e-6 * max(1.0, ours)
 
 
 def torchtune_rows_read(
