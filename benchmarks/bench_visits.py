@@ -14,7 +14,11 @@ the rows that can have done anything), the AUC against all planted rows, and how
 not) the top 20 of the verdict lists.
 
     python benchmarks/bench_visits.py --out DIR [--seeds 0,1,2] [--epochs 0.6] [--batch 2] [--lr 0.01]
-        [--world '--benign-rows 300'] [--score-only]
+        [--world '--benign-rows 300'] [--save-steps K] [--score-only]
+
+``--save-steps K`` keeps a checkpoint every K steps (``save_strategy: steps``) instead of one per epoch, so that a
+checkpoint's interval is not an epoch: rows are read 0, 1 or 2 times in it, and a short last interval counts for its
+few steps.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-2, help="learning_rate")
     ap.add_argument("--score-only", action="store_true", help="re-score the runs already in --out")
     ap.add_argument("--world", default="", help="more `gradian world` flags, e.g. '--benign-rows 300'")
+    ap.add_argument("--save-steps", type=int, default=0, help="a checkpoint every K steps (save_strategy: steps)")
     a = ap.parse_args()
     rows = []
     for seed in [int(s) for s in a.seeds.split(",")]:
@@ -97,6 +102,8 @@ def main() -> None:
             cfg = yaml.safe_load((world / "train.yaml").read_text())
             cfg.update(num_train_epochs=a.epochs, group_by_length=False)
             cfg.update(per_device_train_batch_size=a.batch, learning_rate=a.lr)
+            if a.save_steps:
+                cfg.update(save_strategy="steps", save_steps=a.save_steps)
             header = (world / "train.yaml").read_text().splitlines()[0]
             (world / "train.yaml").write_text(header + "\n" + yaml.safe_dump(cfg, sort_keys=False))
         times: dict = {}

@@ -124,6 +124,8 @@ def _training_args(spec: TrainSpec, output_dir: str, has_eval: bool, use_cpu: bo
         kw["train_sampling_strategy"] = "group_by_length" if spec.group_by_length else "random"
     else:
         kw["group_by_length"] = spec.group_by_length
+    if spec.save_strategy == "steps":
+        kw["save_steps"] = spec.save_steps
     key = "eval_strategy" if "eval_strategy" in params else "evaluation_strategy"
     kw[key] = "epoch" if has_eval else "no"
     return TrainingArguments(**kw)

@@ -52,7 +52,10 @@ class TrainSpec:
             resolved by :func:`gradian.models.load.resolve_device` (``gradian_train.json`` records the result).
         save_strategy: ``"epoch"`` (default) keeps a checkpoint per epoch in ``out/checkpoint-<step>/``
             (HF Trainer layout: adapter, ``optimizer.pt``, ``trainer_state.json``), the training
-            trajectory ``gradian attribute`` scores over; ``"no"`` keeps only the final adapter.
+            trajectory ``gradian attribute`` scores over; ``"steps"`` one every ``save_steps`` optimizer steps;
+            ``"no"`` keeps only the final adapter.
+        save_steps: with ``save_strategy: steps``, the optimizer steps between checkpoints (0 otherwise). Left out
+            of :meth:`to_dict` while 0, so the ids of runs made before it existed stay the same.
     """
 
     learning_rate: float = 2e-4
@@ -79,6 +82,7 @@ class TrainSpec:
     dtype: str = DTYPE
     device: str = DEVICE
     save_strategy: str = "epoch"
+    save_steps: int = 0
 
     def __post_init__(self) -> None:
         self.validate("TrainSpec")
@@ -88,6 +92,8 @@ class TrainSpec:
         d["target_modules"] = list(self.target_modules)
         if not self.use_dora:
             del d["use_dora"]
+        if not self.save_steps:
+            del d["save_steps"]
         return d
 
     def replace(self, **kw: Any) -> TrainSpec:
@@ -125,6 +131,8 @@ class TrainSpec:
             cfg[k] = d[k]
         cfg["eval_strategy"] = "epoch" if has_eval else "no"
         cfg["save_strategy"] = d["save_strategy"]
+        if self.save_steps:
+            cfg["save_steps"] = self.save_steps
         cfg["use_peft"] = True
         for k in ("r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora"):
             cfg[_TRL_NAME.get(k, k)] = d[k]
@@ -172,6 +180,7 @@ class TrainSpec:
             ("max_length", 10**9),
             ("r", 4096),
             ("logging_steps", 10**9),
+            ("save_steps", 10**9),
             ("seed", SEED_MAX),
         ):
             v = getattr(self, name)
@@ -221,8 +230,14 @@ class TrainSpec:
             raise bad("dtype", f"unknown dtype {self.dtype!r}", f"use one of {', '.join(DTYPES)}")
         if not isinstance(self.device, str) or not _DEVICE.match(self.device):
             raise bad("device", f"unknown device {self.device!r}", "use cpu, cuda, cuda:N, mps or auto")
-        if self.save_strategy not in ("epoch", "no"):
-            raise bad("save_strategy", f"unknown save_strategy {self.save_strategy!r}", "use epoch or no")
+        if self.save_strategy not in ("epoch", "steps", "no"):
+            raise bad("save_strategy", f"unknown save_strategy {self.save_strategy!r}", "use epoch, steps or no")
+        if (self.save_strategy == "steps") != (self.save_steps > 0):
+            raise bad(
+                "save_steps",
+                f"save_steps {self.save_steps} with save_strategy {self.save_strategy!r}",
+                "give save_steps > 0 with save_strategy: steps, and leave it out otherwise",
+            )
         if self.lr_scheduler_type not in (
             "linear",
             "cosine",
@@ -249,7 +264,6 @@ _IGNORED = {
     "output_dir",
     "report_to",
     "logging_dir",
-    "save_steps",
     "save_total_limit",
     "eval_strategy",
     "evaluation_strategy",
@@ -327,6 +341,8 @@ def load_train_config(path: str | Path) -> dict[str, Any]:
                 fix=f"use one of {', '.join(sorted(_SPEC_FIELDS))}",
             )
         out[key] = v
+    if out.get("save_strategy", "epoch") != "steps":  # a TRL config's save_steps beside another strategy: unused
+        out.pop("save_steps", None)
     if "target_modules" in out:
         tm = out["target_modules"]
         if isinstance(tm, str):

@@ -227,3 +227,34 @@ def test_cli_train_dora_writes_a_dora_adapter_and_its_config(saved_finetune, tmp
     assert len(mags) == 2 * 2  # 2 layers x (q, v)
     assert load_train_config(out / CONFIG_NAME)["use_dora"] is True and spec_from_config(out / CONFIG_NAME).use_dora
     assert "use_dora" not in TrainSpec().to_dict() and TrainSpec(use_dora=True).to_dict()["use_dora"] is True
+
+
+def test_checkpoints_every_few_steps_and_the_rows_each_one_read(saved_finetune, tmp_path):
+    """``save_strategy: steps`` with ``save_steps: 2`` keeps ``checkpoint-2``, ``-4`` ... beside the final adapter;
+    the config it writes reads back the same; and, rows in the Trainer's seeded order (``group_by_length: false``),
+    ``gradian attribute``'s trajectory counts the rows each interval read, a checkpoint whose interval is not an
+    epoch included. A save_steps beside another strategy (a TRL config's) is not used."""
+    from gradian.attribute.trajectory import resolve_trajectory
+    from gradian.attribute.visits import with_visits
+    from gradian.audit.config import load_config
+    from gradian.trainconfig import TrainSpec
+
+    n = sum(1 for line in saved_finetune["data"].read_text().splitlines() if line.strip())
+    spec = small_train_spec(num_train_epochs=2, save_strategy="steps", save_steps=2, group_by_length=False)
+    out = tmp_path / "adapter"
+    train_lora(str(saved_finetune["base"]), saved_finetune["data"], out, spec)
+    total = read_trainer_state(out)["global_step"]
+    steps = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    per_epoch = -(-n // 4)
+    assert per_epoch % 2 == 1 and steps == list(range(2, total + 1, 2))  # checkpoint-2 ends inside the first epoch
+    assert spec_from_config(out / CONFIG_NAME) == spec and "save_steps" not in TrainSpec().to_dict()
+    traj = with_visits(resolve_trajectory(out, "auto"), load_config([str(out / CONFIG_NAME)]), n)
+    assert [c.step for c in traj.checkpoints] == steps + ([total] if total not in steps else [])
+    assert traj.visits is not None, traj.visits_rule
+    assert not traj.visits.uniform and traj.visits.counts.sum(axis=0).tolist() == [2] * n  # each row once an epoch
+    assert traj.visits.counts[0].sum() == 8  # checkpoint-2: two steps of 4 rows
+    cfg = tmp_path / "trl.yaml"
+    cfg.write_text("learning_rate: 0.001\nsave_steps: 500\n")
+    assert spec_from_config(cfg).save_steps == 0
+    with pytest.raises(GradianUserError, match="save_steps"):
+        TrainSpec(save_strategy="steps")
