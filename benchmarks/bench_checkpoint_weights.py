@@ -60,6 +60,29 @@ def weightings(w: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+def _used(wt: np.ndarray) -> int:
+    """How many checkpoints a weighting (``(T,)`` or ``(T, n)``) needs: those with a weight other than 0."""
+    return int(np.any(np.reshape(wt, (len(wt), -1)) != 0, axis=1).sum())
+
+
+def visit_rules(W: np.ndarray, w: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Row-weight rules for a run whose visits were counted (``trajectory/row_weights`` W, (T, n); ``w`` (T,) the
+    checkpoint weights): ``lr (default)`` the run's own W; ``lr, every row once`` (``--visits off``); ``lr, rows never
+    read 0`` (w, but 0 for a row no step read); ``visits, each row's total w`` (W rescaled per row so that its
+    weights sum to Σ_t w_t: which checkpoints read it, not how often).
+    """
+    read = W.sum(axis=0) > 0
+    once = np.repeat(w[:, None], W.shape[1], axis=1)
+    total = np.where(read, w.sum() / np.where(read, W.sum(axis=0), 1.0), 0.0)
+    rules = {
+        "lr (default)": W,
+        "lr, every row once": once,
+        "lr, rows never read 0": once * read[None, :],
+        "visits, each row's total w": W * total[None, :],
+    }
+    return {k: (v, v) for k, v in rules.items()}
+
+
 def verdicts(run_dir: Path, today: bool = False) -> tuple[dict[str, dict[str, Any]], list[str], dict[str, Any]]:
     """``({weighting: {"rows": (n,) rank scores, "spans": {row: (a, b)}, "checkpoints": k}}, train_ids, facts)``."""
     from gradian.attribute.drilldown import blamed_units
@@ -86,21 +109,39 @@ def verdicts(run_dir: Path, today: bool = False) -> tuple[dict[str, dict[str, An
         spec = AttributeSpec()
 
     def weighted(kind: str, wt: np.ndarray) -> np.ndarray:
-        return sum(x * T[f"{c}/{e}/ck{t}/{kind}"][lost] for t, x in enumerate(wt) if x != 0)
+        """Σ_t wt[t] · ck<t>/kind; ``wt`` (T,) per checkpoint, or (T, n) per checkpoint and row (a unit takes its
+        row's weight).
+        """
+        per_row = np.ndim(wt) == 2
+        if per_row and kind.startswith("unit_"):
+            wt = wt[:, rows]
+        return sum(
+            (x[None, :] if per_row else x) * T[f"{c}/{e}/ck{t}/{kind}"][lost]
+            for t, x in enumerate(wt)
+            if np.any(x != 0)
+        )
 
+    table = weightings(w)
+    if "trajectory/row_weights" in T:  # a run whose visits were counted: its own weights, and other rules for them
+        table = {
+            **visit_rules(T["trajectory/row_weights"], w),
+            **{k: v for k, v in table.items() if k != "lr (default)"},
+        }
     out: dict[str, dict[str, Any]] = {}
-    for name, (wr, wu) in weightings(w).items():
+    for name, (wr, wu) in table.items():
         es = EngineScores(
             e, weighted("raw", wr), weighted("cosine", wr), weighted("unit_raw", wu), weighted("unit_cosine", wu)
         )
-        g = rank_statistic(es, spec, units, n).rows
-        fused, fw = default_fusion(g, T, c, lost, spec)
+        read = np.reshape(wr, (len(wr), -1)).any(axis=0) if np.ndim(wr) == 2 else None
+        trained = None if read is None or read.all() else read  # the rows the rule counts, as the verdict takes them
+        g = rank_statistic(es, spec, units, n, trained).rows
+        fused, fw = default_fusion(g, T, c, lost, spec, trained)
         blamed = blamed_units(es.unit_raw, rows, has_span)
         spans = {j: (int(a[k]), int(b[k])) for j, (k, _) in blamed.items()}
         out[name] = {
             "rows": fused,
             "spans": spans,
-            "checkpoints": f"{int((wr != 0).sum())}+{int((wu != 0).sum())}",
+            "checkpoints": f"{_used(wr)}+{_used(wu)}",
             "fuse_weights": fw,
         }
     if (

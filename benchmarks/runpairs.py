@@ -100,7 +100,7 @@ def run_spec(run_dir: Path):
     return AttributeSpec.from_dict(run["manifest"]["identity"]["specs"]["attribute"])
 
 
-def default_fusion(gradient, T: dict, capability: str, items=None, spec=None):
+def default_fusion(gradient, T: dict, capability: str, items=None, spec=None, trained=None):
     """``(fused (n,), {reference: weight})``: the references the spec fuses (the default's unless ``spec``) folded
     into a row ranking, as the verdict does (:func:`gradian.attribute.ranking.fuse_scores` with the spec's gate).
 
@@ -109,6 +109,8 @@ def default_fusion(gradient, T: dict, capability: str, items=None, spec=None):
         T: a saved run's evidence tensors; ``T[f"{capability}/{reference}"]`` is (m, n), one row per failing item.
         items: (m,) bool, the items to average (default: all); a run's own reference scores average the items
             with a wrong answer (``pipeline.reference_items``), which are all of them in a facts world.
+        trained: (n,) bool, the rows the run read (None: all): the references score the others 0, and the fusion's
+            scales are the trained rows', as the verdict's are.
     """
     import numpy as np
 
@@ -119,4 +121,6 @@ def default_fusion(gradient, T: dict, capability: str, items=None, spec=None):
     if not spec.fuse:
         return np.asarray(gradient), {}
     refs = {r: (T[f"{capability}/{r}"] if items is None else T[f"{capability}/{r}"][items]).mean(0) for r in spec.fuse}
-    return fuse_scores(gradient, refs, spec.fuse_gate)
+    if trained is not None:
+        refs = {r: np.where(trained, v, 0.0) for r, v in refs.items()}
+    return fuse_scores(gradient, refs, spec.fuse_gate, trained)

@@ -233,7 +233,8 @@ def test_checkpoints_every_few_steps_and_the_rows_each_one_read(saved_finetune, 
     """``save_strategy: steps`` with ``save_steps: 2`` keeps ``checkpoint-2``, ``-4`` ... beside the final adapter;
     the config it writes reads back the same; and, rows in the Trainer's seeded order (``group_by_length: false``),
     ``gradian attribute``'s trajectory counts the rows each interval read, a checkpoint whose interval is not an
-    epoch included. A save_steps beside another strategy (a TRL config's) is not used."""
+    epoch included (every row read: each keeps its checkpoint weights). A save_steps beside another strategy (a TRL
+    config's) is not used."""
     from gradian.attribute.trajectory import resolve_trajectory
     from gradian.attribute.visits import with_visits
     from gradian.audit.config import load_config
@@ -251,8 +252,9 @@ def test_checkpoints_every_few_steps_and_the_rows_each_one_read(saved_finetune, 
     traj = with_visits(resolve_trajectory(out, "auto"), load_config([str(out / CONFIG_NAME)]), n)
     assert [c.step for c in traj.checkpoints] == steps + ([total] if total not in steps else [])
     assert traj.visits is not None, traj.visits_rule
-    assert not traj.visits.uniform and traj.visits.counts.sum(axis=0).tolist() == [2] * n  # each row once an epoch
-    assert traj.visits.counts[0].sum() == 8  # checkpoint-2: two steps of 4 rows
+    assert traj.visits.counts.sum(axis=0).tolist() == [2] * n  # each row once an epoch
+    assert traj.visits.counts[0].sum() == 8 and (traj.visits.counts == 0).any()  # checkpoint-2: two steps of 4 rows
+    assert traj.visits.uniform and traj.row_weights() is None  # every row read: the checkpoint weights, as before
     cfg = tmp_path / "trl.yaml"
     cfg.write_text("learning_rate: 0.001\nsave_steps: 500\n")
     assert spec_from_config(cfg).save_steps == 0

@@ -9,8 +9,8 @@ own query gradients ``g_q^t`` and each engine fitted on its own index
     cosine[q, j] = Σ_t w_t · ⟨r_q^t, g_j^t⟩ / (‖r_q^t‖ · ‖g_j^t‖)            (direction only)
 
 where the run's row order is reproduced, ``w_t`` is row j's own ``W[t, j]`` (:mod:`gradian.attribute.visits`: the
-checkpoint's weight times how often its steps read row j, 0 for a row the run never read; a sentence unit takes its
-row's weight).
+checkpoint's weight for a row some step read, 0 for a row the run never read; a sentence unit takes its row's
+weight).
 
 ``raw`` is the TracIn-weighted influence: its sign follows :mod:`gradian.sign`
 and ``raw / n`` is the first-order change of the query loss if row j were

@@ -265,8 +265,7 @@ def visits_line(trajectory) -> str:
         return f"row visits: every row counted once per checkpoint ({trajectory.visits_rule})"
     n, k = v.counts.shape[1], len(v.never)
     never = f"{k} of {n} rows never trained score 0" if k else "every row was trained"
-    how = "" if v.uniform else "; each row weighed by how often each checkpoint's steps read it"
-    return f"row visits: {never}{how} ({v.rule})"
+    return f"row visits: {never} ({v.rule})"
 
 
 def apply_template(ft, specs: RunSpecs):

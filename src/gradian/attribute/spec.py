@@ -43,11 +43,10 @@ class AttributeSpec:
         clusters: harmful-tail clustering knobs.
         weighting: checkpoint weights over the trajectory, ``"lr"`` (mean learning rate since the
             previous checkpoint) or ``"equal"``.
-        visits: ``"auto"``: where the run's row order is reproduced (an HF Trainer, TRL SFT or LLaMA-Factory
-            run's seeded sampler, or torchtune's LoRA recipe, read from its config), each row takes its checkpoint's
-            weight times how often the checkpoint's steps read it, so a row the run never read scores exactly 0
-            (:mod:`gradian.attribute.visits`);
-            ``"off"``: every row once per checkpoint (a run on several devices, or rows reordered before training).
+        visits: ``"auto"``: where the run's row order is reproduced (an HF Trainer, TRL SFT, LLaMA-Factory or
+            axolotl run's seeded sampler, or torchtune's LoRA recipe, read from its config), a row the run never
+            read scores exactly 0 and the verdict is taken over the rows it read (:mod:`gradian.attribute.visits`);
+            ``"off"``: every row once per checkpoint (rows reordered before training).
         statistic: the rank score of a gradient engine, ``"cosine"`` (direction only, LESS's unit
             normalisation of the training and query gradients) or ``"raw"`` (the influence itself).
         unit: ``"sentence"`` (rank a row by its most harmful sentence for each failing item, averaged over

@@ -77,8 +77,7 @@ class Trajectory:
 
     def row_weights(self) -> np.ndarray | None:
         """(T, n) ``W[c, j]``, each checkpoint's weight row by row (:mod:`gradian.attribute.visits`); None: every row
-        takes its checkpoint's weight ``w_c`` (no visits counted, or every row read equally often in every interval,
-        where ``W[c, j] = w_c``).
+        takes its checkpoint's weight ``w_c`` (no visits counted, or every row read, where ``W[c, j] = w_c``).
         """
         return None if self.visits is None or self.visits.uniform else self.visits.weights(self.weights)
 

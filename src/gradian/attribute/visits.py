@@ -1,20 +1,25 @@
 """Which rows each checkpoint's steps trained: the trajectory's weights, row by row.
 
 TracIn sums a row's first-order effect over the steps whose batch held it. Its checkpoint form
-(:mod:`gradian.attribute.trajectory`) lets checkpoint c stand for the steps ``(s_{c-1}, s_c]`` and assumed that every
-row was read once in that interval. Where the run's row order is reproduced (an HF ``Trainer``, TRL SFT or
-LLaMA-Factory SFT run, an unpacked axolotl run, or torchtune's unpacked LoRA recipe: :mod:`gradian.audit.hf_order`),
-Gradian counts instead,
-for each checkpoint c and row j, ``m[c, j]``: how many of those steps read row j. The trajectory score of row j is then
+(:mod:`gradian.attribute.trajectory`) lets checkpoint c stand for the steps ``(s_{c-1}, s_c]`` and counts every row
+once in each. Where the run's row order is reproduced (an HF ``Trainer``, TRL SFT or LLaMA-Factory SFT run, an
+unpacked axolotl run, or torchtune's unpacked LoRA recipe: :mod:`gradian.audit.hf_order`), Gradian counts, for each
+checkpoint c and row j, ``m[c, j]``: how many of those steps read row j, and weighs
 
-    score_j = Σ_c W[c, j] · score_c(j),    W[c, j] = η_c · m[c, j] / Z,    Z = Σ_c η_c · mean_j m[c, j]
+    score_j = Σ_c W[c, j] · score_c(j),    W[c, j] = η_c · [Σ_c m[c, j] > 0]
 
-with ``η_c`` the checkpoint's learning-rate weight. When every row is read once between checkpoints (checkpoints at
-the epochs' ends) ``m ≡ 1`` and ``W[c, j] = η_c`` exactly: the scores are those of the plain trajectory. A row the
-run never read (``max_steps`` ending the run inside an epoch: Audit's C04) has ``W = 0``, so its influence is
-exactly 0, as it is in the run; a row read twice in an interval where the average row was read once counts twice.
-``Z`` keeps the units of a single-checkpoint influence (the mean over rows of ``Σ_c W[c, j]`` is 1), so
-``score / n`` stays a first-order loss change (:mod:`gradian.sign`).
+with ``η_c`` the checkpoint's learning-rate weight: a row the run never read (``max_steps`` ending the run inside an
+epoch, LLaMA-Factory's ``max_samples``, torchtune's dropped batch, axolotl's dropped rows: Audit's C04) has
+``W = 0``, so its influence is exactly 0, as it is in the run, and the verdict's statistics are taken over the rows
+the run read; every row it read keeps TracIn-CP's once per checkpoint, so with every row read the scores are those of
+the plain trajectory, bit for bit.
+
+How often a row was read is not weighed. ``W[c, j] = η_c · m[c, j] / Σ_c η_c · mean_j m[c, j]`` (the rule from
+2026-12-07 to 2026-12-08) ranked the planted culprits worse on 13 of the 14 tiny worlds it was measured on where
+the counts vary between rows (checkpoints every few steps, inside an epoch or across two, and a run of 1.5 epochs:
+AUC up to 0.13 lower, 0.001 higher on one; docs/benchmarks.md "Row visits: counted, or only whether a row was
+read"): a checkpoint's gradient stands for its whole interval, and a row that interval happened to skip, or to read
+twice, is no less or more the cause. The counts stay in the manifest (rows read per checkpoint).
 
 Not counted (every row once per checkpoint, and the rule says why): a run without a config Gradian can read the
 batch from, a sampler :mod:`gradian.audit.hf_order` does not reproduce (packing, ``group_by_length``, another
@@ -56,20 +61,16 @@ class RowVisits:
 
     @property
     def uniform(self) -> bool:
-        """Every row read the same number of times in every interval: then ``W[c, j] = η_c`` exactly, and the
-        trajectory keeps its checkpoint weights (:meth:`gradian.attribute.trajectory.Trajectory.row_weights`).
+        """Every row was read: then ``W[c, j] = η_c`` exactly, and the trajectory keeps its checkpoint weights
+        (:meth:`gradian.attribute.trajectory.Trajectory.row_weights`).
         """
-        return bool((self.counts == self.counts.flat[0]).all())
+        return not len(self.never)
 
     def weights(self, eta: Sequence[float]) -> np.ndarray:
-        """(T, n) float64 ``W[c, j] = η_c · m[c, j] / Σ_c η_c · mean_j m[c, j]`` (the module docstring).
-
-        When the ``η``-weighted visits sum to 0 (no row read at a checkpoint with weight), W is 0 everywhere.
-        """
+        """(T, n) float64 ``W[c, j] = η_c · [row j read by some step of the run]`` (the module docstring)."""
         eta_ = np.asarray(list(eta), dtype=np.float64)[:, None]
-        m = self.counts.astype(np.float64)
-        z = float((eta_[:, 0] * m.mean(axis=1)).sum())
-        return eta_ * m / z if z > 0 else np.zeros_like(m)
+        read = (self.counts.sum(axis=0) > 0).astype(np.float64)
+        return eta_ * read[None, :]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -225,13 +226,25 @@ def with_visits(
             num = checkpoint_number(c.path)
             if steps[i] is None and num and num[0] == "epoch":
                 steps[i] = torchtune_steps(config, n, num[1])
-    world, told = 1, ""
+    fits, told = [1], ""
     if config is not None and config.trainer != "torchtune":
-        world, told = run_devices(config, n, trajectory.saved_state(), lengths, unsupervised)  # type: ignore[assignment]
-        if world is None:
+        fits, told = run_devices(config, n, trajectory.saved_state(), lengths, unsupervised)
+        if not fits or len(fits) > MAX_ALIKE:
             return dataclasses.replace(trajectory, visits=None, visits_rule=told)
-    visits, why = row_visits(config, n, steps, lengths, unsupervised, (world, told))
-    return dataclasses.replace(trajectory, visits=visits, visits_rule=why)
+    if len(fits) == 1:
+        visits, why = row_visits(config, n, steps, lengths, unsupervised, (fits[0], told))
+        return dataclasses.replace(trajectory, visits=visits, visits_rule=why)
+    # several device counts fit the log: the verdict needs only which rows were read, which may not differ
+    found = [row_visits(config, n, steps, lengths, unsupervised, (w, f"{w} device(s)")) for w in fits]
+    if any(v is None for v, _ in found) or len({tuple(v.never.tolist()) for v, _ in found}) != 1:  # type: ignore[union-attr]
+        return dataclasses.replace(trajectory, visits=None, visits_rule=told)
+    visits = found[0][0]
+    rule = f"{visits.rule}, or {', '.join(map(str, fits[1:]))}: the log fits each, and each reads the same rows"  # type: ignore[union-attr]
+    return dataclasses.replace(trajectory, visits=dataclasses.replace(visits, rule=rule), visits_rule="")
+
+
+#: the most device counts that may fit a run's log for :func:`with_visits` to compare the rows each reads
+MAX_ALIKE = 64
 
 
 def run_devices(
@@ -240,18 +253,18 @@ def run_devices(
     state,
     lengths: Sequence[int] | None = None,
     unsupervised: Sequence[bool] | None = None,
-) -> tuple[int | None, str]:
-    """How many devices read the train set built from the file's ``n`` rows, told by the run's own
+) -> tuple[list[int], str]:
+    """The device counts that could have read the train set built from the file's ``n`` rows, told by the run's own
     ``trainer_state.json`` (:func:`gradian.audit.hf_order.devices_from_state`: the ``epoch`` it saved at
-    ``global_step``), and how; ``(None, why not)`` when the file contradicts every count or fits several. ``state``:
-    the newest one the trajectory holds (:meth:`gradian.attribute.trajectory.Trajectory.saved_state`); None, or an
-    order not reproduced: ``(1, "")``, one device assumed.
+    ``global_step``), and how; none when the file contradicts every count. ``state``: the newest one the trajectory
+    holds (:meth:`gradian.attribute.trajectory.Trajectory.saved_state`); None, or an order not reproduced:
+    ``([1], "")``, one device assumed.
     """
     from gradian.audit.hf_order import devices_from_state, given_rows, order_rule
 
     seed, _ = order_rule(config, dict(config.versions))
     rows, _ = given_rows(config, n, lengths, unsupervised)
     if state is None or seed is None or rows is None:
-        return 1, ""
+        return [1], ""
     where = f"{state.path.parent.name}/{state.path.name}"  # no absolute path: the rule is in the manifest
     return devices_from_state(config, len(rows), state.global_step, state.epoch, where)

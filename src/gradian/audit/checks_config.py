@@ -397,11 +397,11 @@ def _never_trained(ctx: AuditContext, eb: int, implied: float, cite: dict) -> Hi
     world, devices = 1, "1 device assumed"
     state = ctx.logs.state if ctx.logs is not None else {}
     if seed is not None and state.get("global_step") and state.get("epoch") is not None:
-        told, why = devices_from_state(c, given, int(state["global_step"]), float(state["epoch"]), "the log")
-        if told is None:  # other rows, or a device count the log cannot tell: the order would name the wrong rows
+        fits, why = devices_from_state(c, given, int(state["global_step"]), float(state["epoch"]), "the log")
+        if len(fits) != 1:  # other rows, or a device count the log cannot tell: the order would name the wrong rows
             seed, how = None, why
-        elif told > 1:
-            world, devices = told, f"{why}, read from the log"
+        elif fits[0] > 1:
+            world, devices = fits[0], f"{why}, read from the log"
     seen = c.max_steps * eb * world
     ids, which = [], f"which ones, its shuffle decided ({how})"
     if seed is not None and rows is not None:

@@ -282,22 +282,21 @@ def epoch_at(c: TrainConfig, given: int, steps: int, world: int = 1) -> float | 
 
 
 #: the most devices :func:`devices_from_state` tries
-MAX_DEVICES = 1024
+MAX_DEVICES = 64
 
 
-def devices_from_state(
-    c: TrainConfig, given: int, global_step: int, epoch: float, where: str
-) -> tuple[int | None, str]:
+def devices_from_state(c: TrainConfig, given: int, global_step: int, epoch: float, where: str) -> tuple[list[int], str]:
     """How many devices read the ``given`` rows, from the ``epoch`` a ``trainer_state.json`` (``where``) saved at
-    ``global_step``: the one count ``W`` (1 to :data:`MAX_DEVICES`) for which :func:`epoch_at` gives that epoch (to
-    1e-6), and how it was told; ``(None, why not)`` when no count or several fit (a run on other rows, or an epoch
-    that does not tell them apart). One device needs no saying: ``(1, "")``.
+    ``global_step``: the counts ``W`` (1 to :data:`MAX_DEVICES`) for which :func:`epoch_at` gives that epoch (to
+    1e-6), and how they were told. One count is the answer (one device needs no saying: ``([1], "")``); none means
+    the run trained other rows; several (an epoch that does not tell them apart, as a whole number of epochs of one
+    step each can) leave it to the caller, whom the rows read may not differ between them.
     """
     fits = [w for w in range(1, MAX_DEVICES + 1) if _agrees(epoch_at(c, given, global_step, w), epoch)]
     if fits == [1]:
-        return 1, ""
+        return fits, ""
     if len(fits) == 1:
-        return fits[0], f"{fits[0]} devices ({where}: epoch {epoch:g} at step {global_step})"
+        return fits, f"{fits[0]} devices ({where}: epoch {epoch:g} at step {global_step})"
     one = epoch_at(c, given, global_step)
     said = (
         f"{where} says epoch {epoch:g} at step {global_step}, where one device reading {given} rows in "
@@ -306,9 +305,9 @@ def devices_from_state(
         else f"{where} says epoch {epoch:g} at step {global_step}"
     )
     if not fits:
-        return None, f"{said}, and no number of devices reading them would: the run trained other rows"
+        return fits, f"{said}, and no number of devices reading them would: the run trained other rows"
     counts = ", ".join(map(str, fits[:4])) + (" ..." if len(fits) > 4 else "")
-    return None, f"{said}: {counts} devices all fit, so the run's device count cannot be told"
+    return fits, f"{said}: {counts} devices all fit, so the run's device count cannot be told"
 
 
 def _agrees(ours: float | None, saved: float) -> bool:

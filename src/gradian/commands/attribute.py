@@ -392,10 +392,9 @@ def register(app: typer.Typer) -> None:
         ),
         visits: str = typer.Option(
             "auto",
-            help="auto: where the trainer's row order is reproduced (HF Trainer / TRL SFT / LLaMA-Factory / "
-            "torchtune, from its "
-            "config), weigh each row by how often each checkpoint's steps read it; a row never trained scores 0 | "
-            "off: every row once per checkpoint (runs on several devices).",
+            help="auto: where the trainer's row order is reproduced (HF Trainer / TRL SFT / LLaMA-Factory / axolotl / "
+            "torchtune, from its config; the device count from its trainer_state.json), a row the run never read "
+            "scores 0 and the verdict is taken over the rows it read | off: every row once per checkpoint.",
             rich_help_panel=O.SETUP,
         ),
         statistic: str = typer.Option(
