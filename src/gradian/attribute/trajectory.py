@@ -83,7 +83,8 @@ class Trajectory:
 
     def saved_state(self) -> TrainerState | None:
         """The newest ``trainer_state.json`` among the checkpoints (and their ``also`` folders) that holds both
-        ``global_step`` and ``epoch`` (:func:`gradian.attribute.visits.epoch_disagrees` reads it), or None.
+        ``global_step`` and ``epoch`` (:func:`gradian.attribute.visits.run_devices` reads the device count from it),
+        or None.
         """
         for c in reversed(self.checkpoints):
             for folder in (c.path, *c.also):
