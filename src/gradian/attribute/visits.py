@@ -23,9 +23,10 @@ twice, is no less or more the cause. The counts stay in the manifest (rows read 
 
 Not counted (every row once per checkpoint, and the rule says why): a run without a config Gradian can read the
 batch from, a sampler :mod:`gradian.audit.hf_order` does not reproduce (packing, ``group_by_length``, another
-trainer), a checkpoint whose step is unknown, an HF run whose ``trainer_state.json`` fits no device count or several
-(:func:`run_devices`), ``--visits off``. Where that file tells how many devices read the rows, each reads its share
-(:func:`gradian.audit.hf_order.shard`); without it one device is assumed, as C04 assumes, and the training file's
+trainer), a checkpoint whose step is unknown, an HF run whose ``trainer_state.json`` fits no device count, or several
+that read different rows (:func:`run_devices`), ``--visits off``. Where that file tells how many devices read the
+rows, each reads its share (:func:`gradian.audit.hf_order.shard`); without it one device is assumed, as C04 assumes,
+and the training file's
 rows in the order the trainer was given them (TRL's and axolotl's own drops and shuffles are rebuilt:
 :func:`gradian.audit.hf_order.given_rows`).
 """
