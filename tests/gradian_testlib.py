@@ -339,6 +339,16 @@ def cli_args(*words: str, **flags) -> list[str]:
     return out
 
 
+def padded_rows(padded: list[list[int]], rows: list[list[int]], pad: int) -> list[int]:
+    """The index in ``rows`` (token ids) of each padded sequence a trainer's batch held: the one row whose tokens it
+    starts with, followed by padding only (a forward pre-hook's ``input_ids``)."""
+    found = []
+    for seq in padded:
+        (j,) = [j for j, r in enumerate(rows) if seq[: len(r)] == r and set(seq[len(r) :]) <= {pad}]
+        found.append(j)
+    return found
+
+
 def torchrun_command(nproc: int, *args: str) -> list[str]:
     """The command line that runs ``args`` on ``nproc`` local ranks, as a user launches it:
     ``python -m torch.distributed.run --standalone --nproc-per-node=N ARGS`` (``ARGS`` e.g. ``-m gradian index ...``).

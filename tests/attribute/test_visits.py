@@ -166,7 +166,7 @@ def test_a_run_on_two_devices_is_counted_as_two(tok, tmp_path):
     from gradian.data.setup import setup_from_files
     from gradian.data.tokenize import tokenize_examples
     from gradian.models.tiny import tiny_model
-    from gradian_testlib import torchrun_command
+    from gradian_testlib import padded_rows, torchrun_command
 
     tiny_model(tok, "llama", seed=0).save_pretrained(tmp_path / "base")
     tok.save_pretrained(tmp_path / "base")
@@ -194,13 +194,9 @@ def test_a_run_on_two_devices_is_counted_as_two(tok, tmp_path):
     ids = [it.input_ids.tolist() for it in tokenize_examples(load_examples(data), tok, setup.tokenize_spec())]
     pad = tok.pad_token_id
 
-    def row(seq):
-        (j,) = [j for j, r in enumerate(ids) if seq[: len(r)] == r and set(seq[len(r) :]) <= {pad}]
-        return j
-
     seen = [json.loads((tmp_path / f"seen-{rank}.json").read_text()) for rank in (0, 1)]
     assert len(seen[0]) == len(seen[1]) == 5  # a micro-batch a step on each process
-    steps = [[row(s) for rank in (0, 1) for s in seen[rank][k]] for k in range(5)]
+    steps = [padded_rows([s for rank in (0, 1) for s in seen[rank][k]], ids, pad) for k in range(5)]
 
     assert devices_from_state(config, n, 5, 1.25, "x")[0] == [2]
     counted = with_visits(traj, config, n)
@@ -284,6 +280,7 @@ def test_rows_trl_drops_before_sampling_are_taken_out_of_its_order(tok, tmp_path
     from gradian.data.tokenize import TokenizeSpec, tokenize_examples
     from gradian.index.identity import Checkpoint
     from gradian.models.tiny import tiny_model
+    from gradian_testlib import padded_rows
 
     rows = [{"id": f"r{i}", "prompt": f"Question {i}?", "completion": f" Answer {i}."} for i in range(10)]
     for j in (2, 5):  # prompts that fill max_length alone: no supervised token left
@@ -310,7 +307,7 @@ def test_rows_trl_drops_before_sampling_are_taken_out_of_its_order(tok, tmp_path
     assert [j for j, u in enumerate(unsupervised) if u] == [2, 5]
     ids = [it.input_ids.tolist() for it in items]
     pad = tok.pad_token_id
-    found = [next(j for j, r in enumerate(ids) if seq[: len(r)] == r and set(seq[len(r) :]) <= {pad}) for seq in seen]
+    found = padded_rows(seen, ids, pad)
     steps = [found[k : k + 2] for k in range(0, len(found), 2)]  # one micro-batch of 2 rows a step
 
     config = load_config([str(out / "training_args.bin")])

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gradian_testlib import padded_rows
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_frameworks_real import (  # noqa: E402
@@ -110,11 +112,7 @@ def runs(tmp_path_factory, tok) -> dict:
 
 def _as_rows(rec: dict, padded: list[list[int]]) -> list[int]:
     """The dataset rows of padded token sequences (each row's tokens, then only padding)."""
-    found = []
-    for seq in padded:
-        (j,) = [j for j, r in enumerate(rec["rows"]) if seq[: len(r)] == r and set(seq[len(r) :]) <= {rec["pad"]}]
-        found.append(j)
-    return found
+    return padded_rows(padded, rec["rows"], rec["pad"])
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -159,6 +159,15 @@ def trained_rows(c: TrainConfig, n: int) -> int:
     return n
 
 
+def datasets_shuffle(n: int, seed: int) -> list[int]:
+    """The order ``datasets``' ``Dataset.shuffle(seed=seed)`` puts ``n`` rows in: ``numpy.random.default_rng(seed)
+    .permutation(n)`` (the train-set shuffle of axolotl's ``shuffle_merged_datasets`` and TRL's ``shuffle_dataset``).
+    """
+    import numpy as np
+
+    return np.random.default_rng(seed).permutation(n).tolist()
+
+
 def axolotl_train_rows(c: TrainConfig, n: int, lengths: Sequence[int] | None) -> tuple[list[int] | None, str]:
     """The training file's row at each position of the train set axolotl 0.19 handed its trainer (one dataset,
     unpacked), and how it was built; or ``(None, why not)``.
@@ -187,9 +196,7 @@ def axolotl_train_rows(c: TrainConfig, n: int, lengths: Sequence[int] | None) ->
         return None, "the rows' token counts under axolotl's tokenisation are unknown"
     order: Sequence[int] = range(n)
     if shuffled:
-        import numpy as np
-
-        order = np.random.default_rng(c.seed).permutation(n).tolist()
+        order = datasets_shuffle(n, c.seed)  # type: ignore[arg-type]
     low, high = c.min_sample_len or 2, c.max_length
     cut = (c.truncation or "drop").lower() == "truncate"
     rows = [j for j in order if lengths[j] >= low and (cut or high is None or lengths[j] <= high)]
@@ -237,10 +244,8 @@ def trl_train_rows(c: TrainConfig, n: int, unsupervised: Sequence[bool] | None) 
     rows = [j for j in range(n) if j not in dropped]
     how = [f"{len(masked)} row(s) with no supervised token dropped (TRL {version})"] if drops else []
     if c.shuffle_dataset:
-        import numpy as np
-
         seed = c.seed if c.seed is not None else int(HF_DEFAULTS["seed"])
-        rows = [rows[p] for p in np.random.default_rng(seed).permutation(len(rows)).tolist()]
+        rows = [rows[p] for p in datasets_shuffle(len(rows), seed)]
         how.append(f"shuffled once, seed {seed} (shuffle_dataset)")
     return rows, ", ".join(how)
 
